@@ -1,0 +1,127 @@
+"""GPU catalog: peak FLOP/s, memory, links; loaded from data/gpus.toml.
+
+Called by the spec conversion, the memory model and the performance model. Pure: reads only the
+package's own data file.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+
+from .errors import InvalidSpec
+
+__all__ = ["Precision", "Gpu", "gpu_catalog", "resolve_gpu", "GIB"]
+
+GIB = 1024**3
+
+
+class Precision(enum.StrEnum):
+    BF16 = "bf16"
+    FP8 = "fp8"
+    FP4 = "fp4"
+    INT4 = "int4"
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per weight, including block scales (fp4: one fp8 scale per 16 weights)."""
+        return {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625, "int4": 0.5625}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    id: str
+    name: str
+    memory_gib: float
+    hbm_gbps: float
+    bf16_tflops: float
+    fp8_tflops: float
+    fp4_tflops: float
+    int4_tflops: float
+    nvlink_gbps: float
+    pcie_gbps: float
+    nic_gbit: float
+    gpus_per_node: int
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def scaleup_gbps(self) -> float:
+        """One-way bandwidth between two GPUs of one node: NVLink, else PCIe."""
+        return self.nvlink_gbps if self.nvlink_gbps > 0 else self.pcie_gbps
+
+    def peak_tflops(self, precision: Precision) -> float:
+        """Dense tensor peak for GEMMs in `precision`; falls back to the next wider type it supports."""
+        order = {"fp4": ("fp4", "fp8", "bf16"), "int4": ("int4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "bf16": ("bf16",)}
+        for p in order[precision.value]:
+            value = float(getattr(self, f"{p}_tflops"))
+            if value > 0:
+                return value
+        return self.bf16_tflops
+
+    def supports(self, precision: Precision) -> bool:
+        """Whether the GPU has native tensor cores for `precision` (int4 weights run as weight-only on all)."""
+        if precision is Precision.BF16 or precision is Precision.INT4:
+            return True
+        return float(getattr(self, f"{precision.value}_tflops")) > 0
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+@cache
+def gpu_catalog() -> dict[str, Gpu]:
+    """Every GPU in data/gpus.toml, by catalog id."""
+    text = resources.files(__package__).joinpath("data/gpus.toml").read_text()
+    raw = tomllib.loads(text)
+    return {
+        gid: Gpu(
+            id=gid,
+            name=str(e["name"]),
+            memory_gib=float(e["memory_gib"]),
+            hbm_gbps=float(e["hbm_gbps"]),
+            bf16_tflops=float(e["bf16_tflops"]),
+            fp8_tflops=float(e["fp8_tflops"]),
+            fp4_tflops=float(e["fp4_tflops"]),
+            int4_tflops=float(e["int4_tflops"]),
+            nvlink_gbps=float(e["nvlink_gbps"]),
+            pcie_gbps=float(e["pcie_gbps"]),
+            nic_gbit=float(e["nic_gbit"]),
+            gpus_per_node=int(e["gpus_per_node"]),
+        )
+        for gid, e in raw.items()
+    }
+
+
+@cache
+def _aliases() -> dict[str, str]:
+    text = resources.files(__package__).joinpath("data/gpus.toml").read_text()
+    table: dict[str, str] = {}
+    for gid, e in tomllib.loads(text).items():
+        table[_norm(gid)] = gid
+        for alias in e.get("aliases", []):
+            table[_norm(alias)] = gid
+    return table
+
+
+def resolve_gpu(name: str, *, field: str = "hardware.gpu", nvlink_gbps: float | None = None,
+                nic_gbit: float | None = None, gpus_per_node: int | None = None) -> Gpu:
+    """Find a GPU by id or alias (case and '-'/'_' insensitive), with optional link overrides."""
+    gid = _aliases().get(_norm(name))
+    if gid is None:
+        allowed = ", ".join(sorted(gpu_catalog()))
+        raise InvalidSpec(field, f"unknown GPU {name!r}; allowed: {allowed} (or an alias such as H100, h100-sxm)")
+    gpu = gpu_catalog()[gid]
+    if nvlink_gbps is not None:
+        gpu = replace(gpu, nvlink_gbps=nvlink_gbps)
+    if nic_gbit is not None:
+        gpu = replace(gpu, nic_gbit=nic_gbit)
+    if gpus_per_node is not None:
+        gpu = replace(gpu, gpus_per_node=gpus_per_node)
+    return gpu

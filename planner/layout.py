@@ -1,0 +1,132 @@
+"""Layouts: how GPUs are grouped into engine instances and roles, plus the engine knobs.
+
+Owned values shared by the funnel, the simulator, the operator's manifest builders and the CLI.
+Pure frozen dataclasses; no behaviour beyond derived counts and a short label.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .hardware import Precision
+
+__all__ = ["Engine", "KvDtype", "LayoutKind", "Role", "Parallelism", "EngineKnobs", "RoleLayout", "Layout"]
+
+
+class Engine(enum.StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class KvDtype(enum.StrEnum):
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+    @property
+    def bytes_per_value(self) -> int:
+        """AUTO follows the model's activation dtype, which is bf16 for every catalog model."""
+        return 1 if self is KvDtype.FP8 else 2
+
+
+class LayoutKind(enum.StrEnum):
+    REPLICAS = "replicas"
+    PD = "pd"
+
+
+class Role(enum.StrEnum):
+    AGGREGATED = "aggregated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    """One engine instance: `tp` GPUs per attention group, `dp` attention data-parallel ranks, `pp` stages.
+
+    The instance spans tp × dp × pp GPUs. MoE experts are sharded over tp × dp (expert parallel when `ep`).
+    vLLM spells this `-tp tp -dp dp`; SGLang `--tp tp*dp --dp dp --enable-dp-attention`.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def label(self) -> str:
+        parts = [f"TP{self.tp}"]
+        if self.pp > 1:
+            parts.append(f"PP{self.pp}")
+        if self.dp > 1:
+            parts.append(f"DP{self.dp}")
+        if self.ep:
+            parts.append("EP")
+        return "·".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKnobs:
+    """Capacity knobs of one instance, in engine-neutral names.
+
+    max_num_seqs: vLLM --max-num-seqs / SGLang --max-running-requests (per DP rank).
+    max_num_batched_tokens: vLLM --max-num-batched-tokens / SGLang --chunked-prefill-size (per step).
+    memory_fraction: vLLM --gpu-memory-utilization / SGLang --mem-fraction-static.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    memory_fraction: float = 0.9
+    kv_dtype: KvDtype = KvDtype.AUTO
+    block_size_tokens: int = 16
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RoleLayout:
+    count: int
+    parallelism: Parallelism
+    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.parallelism.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A whole deployment: replicas (one AGGREGATED role) or PD (PREFILL and DECODE roles)."""
+
+    kind: LayoutKind
+    roles: Mapping[Role, RoleLayout]
+    precision: Precision = Precision.BF16
+
+    @property
+    def gpus(self) -> int:
+        return sum(r.gpus for r in self.roles.values())
+
+    @property
+    def label(self) -> str:
+        """Short human label: `4×TP2`, `2P3D@TP4`, `2P(TP2)·3D(TP4)`."""
+        if self.kind is LayoutKind.REPLICAS:
+            r = self.roles[Role.AGGREGATED]
+            return f"{r.count}×{r.parallelism.label}"
+        p, d = self.roles[Role.PREFILL], self.roles[Role.DECODE]
+        if p.parallelism == d.parallelism:
+            return f"{p.count}P{d.count}D@{p.parallelism.label}"
+        return f"{p.count}P({p.parallelism.label})·{d.count}D({d.parallelism.label})"
+
+    @staticmethod
+    def replicas(count: int, parallelism: Parallelism, knobs: EngineKnobs | None = None,
+                 precision: Precision = Precision.BF16) -> Layout:
+        return Layout(LayoutKind.REPLICAS, {Role.AGGREGATED: RoleLayout(count, parallelism, knobs or EngineKnobs())}, precision)
+
+    @staticmethod
+    def pd(prefill: RoleLayout, decode: RoleLayout, precision: Precision = Precision.BF16) -> Layout:
+        return Layout(LayoutKind.PD, {Role.PREFILL: prefill, Role.DECODE: decode}, precision)

@@ -1,0 +1,103 @@
+"""The planner's input (`Problem`) and output (`Decision`, `Prediction`, `FunnelStage`) values.
+
+Built by the spec conversion (CLI, operator) and returned by `decide`. Frozen dataclasses only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .hardware import Gpu, Precision
+from .layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind
+from .model import ModelArch
+from .workload import Objective, Slo, Workload
+
+__all__ = ["SearchSpace", "Problem", "Prediction", "FunnelStage", "Candidate", "Decision"]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """What the funnel may enumerate. Empty knob tuples mean "the preset's list"."""
+
+    layouts: tuple[LayoutKind, ...] = (LayoutKind.REPLICAS, LayoutKind.PD)
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    pp: tuple[int, ...] = (1, 2)
+    dp: tuple[int, ...] = (1,)
+    max_num_seqs: tuple[int, ...] = (64, 128, 256)
+    max_num_batched_tokens: tuple[int, ...] = (2048, 8192)
+    memory_fraction: tuple[float, ...] = (0.9,)
+    kv_dtypes: tuple[KvDtype, ...] = (KvDtype.AUTO,)
+    allow_cross_node_tp: bool = False
+    top_k: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Everything `decide` needs; `pinned` skips the search and only predicts that layout."""
+
+    model: ModelArch
+    gpu: Gpu
+    engine: Engine
+    precision: Precision
+    max_gpus: int
+    workload: Workload
+    slo: Slo
+    objective: Objective = Objective.GOODPUT_PER_GPU
+    search: SearchSpace = field(default_factory=SearchSpace)
+    pinned: Layout | None = None
+    current: Layout | None = None
+    # Observed/predicted ratio for TTFT and TPOT from live metrics (closed-loop calibration), 1 = none.
+    ttft_correction: float = 1.0
+    tpot_correction: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Predicted figures of one layout at the problem's load (times in ms at the SLO percentiles)."""
+
+    ttft_ms: float
+    tpot_ms: float
+    throughput_tok_s: float          # output tokens per second, whole deployment
+    capacity_rps: float              # the highest request rate the layout carries within the SLOs
+    goodput_rps: float               # requests/s meeting every SLO at the problem's load
+    goodput_per_gpu: float
+    tokens_per_s_per_user: float     # 1000 / mean TPOT
+    kv_pool_tokens: int              # per attention-DP rank (decode role for PD)
+    max_request_tokens: int
+    meets_slo: bool
+    source: str = "analytical"       # "analytical" or "simulated"
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    layout: Layout
+    prediction: Prediction
+    score: float
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FunnelStage:
+    stage: str
+    admitted: int
+    rejected: int
+    seconds: float
+    reasons: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The plan: the best candidate, ranked alternatives, the funnel, and the reasons."""
+
+    best: Candidate
+    alternatives: tuple[Candidate, ...]
+    funnel: tuple[FunnelStage, ...]
+    candidates_total: int
+    kv_bytes_per_token: int
+    weight_bytes: float
+    reasons: tuple[str, ...] = ()
+    current: Candidate | None = None  # the current layout's prediction, when one was given
+
+
+_ = EngineKnobs

@@ -1,0 +1,1 @@
+"""Command line: `servingtopology plan | simulate | sweep | validate | operator`."""
