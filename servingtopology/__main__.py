@@ -1,0 +1,1 @@
+from servingtopology.cli.main import main; raise SystemExit(main())
