@@ -9,10 +9,9 @@ Sources: vLLM `request_memory`/`determine_available_memory`/`get_num_blocks` and
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeAlias
 
 import numpy as np
-import numpy.typing as npt
 
 from .hardware import GIB, Gpu, Precision
 from .layout import Engine, EngineKnobs, KvDtype, Parallelism
@@ -24,7 +23,8 @@ __all__ = [
     "transfer_floor_s", "RUNTIME_RESERVE_BYTES",
 ]
 
-Num = TypeVar("Num", int, float, npt.NDArray[np.float64], npt.NDArray[np.int64])
+# A scalar or a numpy array of candidates; every formula here broadcasts.
+Num: TypeAlias = Any
 
 # CUDA context, NCCL buffers, CUDA graphs and allocator slack not seen by the activation profile.
 # Calibrated on the RTX 4090 vLLM 0.19 run in shared/groundtruth/llmservingsim_vllm_refs: 0.9 × 25.25 GB
@@ -45,15 +45,15 @@ def weight_bytes_total(model: ModelArch, precision: Precision) -> float:
     return body * precision.weight_bytes + _embedding_bytes(model)
 
 
-def weight_bytes_per_gpu(model: ModelArch, precision: Precision, *, tp: Num, pp: Num, dp: Num = 1) -> Num:  # type: ignore[assignment]
+def weight_bytes_per_gpu(model: ModelArch, precision: Precision, *, tp: Num, pp: Num, dp: Num = 1) -> Num:
     """Weights on one GPU: non-expert weights sharded by TP (replicated across attention-DP ranks),
     routed experts sharded over TP × DP (tensor or expert parallel), layers split by PP."""
     non_expert = (model.non_expert_params - model.embedding_params) * precision.weight_bytes + _embedding_bytes(model)
     experts = model.routed_expert_params_total * precision.weight_bytes
-    return (non_expert / tp + experts / (tp * dp)) / pp  # type: ignore[no-any-return]
+    return (non_expert / tp + experts / (tp * dp)) / pp
 
 
-def kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num = 1) -> Num:  # type: ignore[assignment]
+def kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num = 1) -> Num:
     """KV bytes one GPU stores per cached token, counting only layers that grow with context.
 
     MHA/GQA: 2 × (L_full/PP) × max(1, n_kv // TP) × head_dim × dtype bytes (KV heads replicate when TP > n_kv).
@@ -61,31 +61,31 @@ def kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num 
     """
     b = kv_dtype.bytes_per_value
     if model.is_mla:
-        return model.num_layers / pp * model.kv_latent_dim * b + 0 * tp  # type: ignore[no-any-return]
+        return model.num_layers / pp * model.kv_latent_dim * b + 0 * tp
     heads = np.maximum(1, model.num_kv_heads // tp)
-    return 2 * (model.num_full_attention_layers / pp) * heads * model.head_dim * b  # type: ignore[no-any-return]
+    return 2 * (model.num_full_attention_layers / pp) * heads * model.head_dim * b
 
 
-def sliding_kv_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:  # type: ignore[assignment]
+def sliding_kv_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:
     """Fixed KV one running sequence holds in sliding-window layers: min(window − 1 + step budget) tokens."""
     if model.num_sliding_layers == 0:
-        return 0 * tp  # type: ignore[no-any-return]
+        return 0 * tp
     heads = np.maximum(1, model.num_kv_heads // tp)
     tokens = np.minimum(model.sliding_window - 1 + max_num_batched_tokens, model.max_context_tokens)
-    return 2 * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value * tokens  # type: ignore[no-any-return]
+    return 2 * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value * tokens
 
 
-def activation_reserve_bytes(model: ModelArch, *, tp: Num, max_num_batched_tokens: Num, max_num_seqs: Num) -> Num:  # type: ignore[assignment]
+def activation_reserve_bytes(model: ModelArch, *, tp: Num, max_num_batched_tokens: Num, max_num_seqs: Num) -> Num:
     """Peak activation memory of vLLM's profile run at the token budget, plus logits, NCCL and runtime."""
     ffn = model.moe_intermediate_size * model.experts_per_token if model.is_moe else model.intermediate_size
     act = max_num_batched_tokens * (18 * model.hidden_size + 4 * ffn / tp)
     logits = np.minimum(max_num_batched_tokens, max_num_seqs) * model.vocab_size * 4.0
     nccl = (tp > 1) * NCCL_RESERVE_BYTES_PER_PEER * np.log2(np.maximum(tp, 1) * 2)
-    return act + logits + nccl + RUNTIME_RESERVE_BYTES  # type: ignore[no-any-return]
+    return act + logits + nccl + RUNTIME_RESERVE_BYTES
 
 
 def kv_pool_bytes(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Precision, tp: Num, pp: Num, dp: Num,
-                  max_num_batched_tokens: Num, max_num_seqs: Num, memory_fraction: Num) -> Num:  # type: ignore[assignment]
+                  max_num_batched_tokens: Num, max_num_seqs: Num, memory_fraction: Num) -> Num:
     """KV bytes available on one GPU (each attention-DP rank has its own pool; never add them).
 
     vLLM: gpu_memory_utilization × memory − weights − activation peak − runtime reserve.
@@ -95,8 +95,8 @@ def kv_pool_bytes(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Prec
     weights = weight_bytes_per_gpu(model, precision, tp=tp, pp=pp, dp=dp)
     budget = np.ceil(gpu.memory_bytes * memory_fraction)
     if engine is Engine.SGLANG:
-        return budget - weights  # type: ignore[no-any-return]
-    return budget - weights - activation_reserve_bytes(model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)  # type: ignore[no-any-return]
+        return budget - weights
+    return budget - weights - activation_reserve_bytes(model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
 
 
 def kv_pool_tokens(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Precision, parallelism: Parallelism,

@@ -1,1 +1,5 @@
-from servingtopology.cli.main import main; raise SystemExit(main())
+"""`python -m servingtopology`: the same as the `servingtopology` command."""
+
+from servingtopology.cli.main import main
+
+raise SystemExit(main())
