@@ -2,7 +2,7 @@
 
 `StepTimeModel` is the seam the simulator calls once per step; `InstancePerf` implements it for one
 engine instance (model, GPU, precision, parallelism). The funnel calls the same arithmetic on numpy
-arrays (`step_time_s` accepts arrays for every batch argument and for tp/pp/dp), so the analytical
+arrays (`step_time_s` accepts arrays for every batch argument and for tp/pp/dp/moe_ep), so the analytical
 stage and the simulator cannot drift apart. Efficiency parameters come from data/perf_params.json,
 written by benchmarks/fit_perf.py with its provenance; none is keyed by model.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
 from typing import Any, Protocol
@@ -23,7 +24,8 @@ from .layout import Engine, KvDtype, Parallelism
 from .memory import kv_bytes_per_token
 from .model import ModelArch
 
-__all__ = ["StepTimeModel", "PerfParams", "perf_params", "InstancePerf", "step_time_s", "kv_transfer_s"]
+__all__ = ["StepTimeModel", "PerfParams", "perf_params", "InstancePerf", "step_time_s", "kv_transfer_s", "StepCoefficients",
+           "step_coefficients", "evaluate_step_s"]
 
 
 class StepTimeModel(Protocol):
@@ -41,19 +43,39 @@ class StepTimeModel(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PerfParams:
-    """Global efficiency curves (fitted, see benchmarks/fit_perf.py); times in seconds."""
+    """Global efficiency curves (fitted, see benchmarks/fit_perf.py); times in seconds.
 
-    gemm_eff_max: float = 0.70        # best fraction of dense peak FLOP/s a GEMM reaches
-    gemm_half_tokens: float = 96.0    # tokens per step at which GEMM efficiency is half of gemm_eff_max
-    mem_eff: float = 0.80             # fraction of HBM bandwidth reached streaming weights
-    attn_prefill_eff: float = 0.45    # fraction of peak FLOP/s reached by prefill attention
-    attn_decode_mem_eff: float = 0.70 # fraction of HBM bandwidth reached reading KV in decode
-    link_eff: float = 0.75            # fraction of link bandwidth reached by collectives
-    allreduce_latency_s: float = 10e-6
-    step_overhead_s: float = 1.5e-3   # scheduling, launch, sampling setup per step
-    per_seq_overhead_s: float = 8e-6  # per scheduled sequence per step (sampling, bookkeeping)
+    The last three describe the closed-loop benchmark protocol the calibration rows were measured with
+    (read by planner.closed_loop), not the engine.
+    """
+
+    gemm_eff_max: float = 0.70          # best fraction of dense BF16 peak FLOP/s a GEMM reaches
+    gemm_half_tokens: float = 64.0      # tokens per step at which GEMM compute efficiency is half its best
+    fp8_eff_scale: float = 0.80         # FP8 GEMMs reach this share of the BF16 efficiency (scales, smaller tiles)
+    fp4_eff_scale: float = 0.60         # FP4 GEMMs likewise (block scales, immature kernels)
+    moe_eff_scale: float = 0.70         # grouped expert GEMMs relative to dense GEMMs
+    mem_eff: float = 0.80               # fraction of HBM bandwidth reached streaming weights
+    roofline_sharpness: float = 2.0     # p of the p-norm joining compute and memory time (∞ = max)
+    attn_prefill_eff: float = 0.45      # fraction of BF16 peak FLOP/s reached by prefill attention
+    attn_decode_mem_eff: float = 0.70   # fraction of HBM bandwidth reached reading KV in decode
+    link_eff: float = 0.75              # fraction of link bandwidth reached by collectives
+    allreduce_latency_s: float = 10e-6  # fixed cost of one TP all-reduce
+    a2a_latency_s: float = 20e-6        # fixed cost of one expert-parallel dispatch or combine
+    layer_overhead_s: float = 15e-6     # per layer and step: norms, rotary, activations, launches
+    step_overhead_s: float = 1.5e-3     # scheduling, launch, sampling setup per step
+    per_seq_overhead_s: float = 8e-6    # per scheduled sequence per step (sampling, bookkeeping)
     sglang_overhead_scale: float = 0.8  # SGLang's per-step overhead relative to vLLM's
+    trtllm_overhead_scale: float = 0.5  # TensorRT-LLM's (C++ runtime) relative to vLLM's; used by calibration only
+    bench_requests_per_client: float = 10.0  # benchmark length: requests each client sends (start-up wave weight)
+    arrival_burst: float = 0.5          # share of a rank's clients whose prefills collide in one step
+    queue_factor: float = 1.0           # scale of the prefill queueing delay
     source: str = "defaults (unfitted)"
+
+
+def _load_params(raw: dict[str, Any]) -> PerfParams:
+    known = {f.name for f in fields(PerfParams)} - {"source"}
+    values = {k: float(v) for k, v in raw.get("params", {}).items() if k in known}
+    return PerfParams(**values, source=str(raw.get("source", "")))
 
 
 @cache
@@ -62,9 +84,7 @@ def perf_params() -> PerfParams:
     path = resources.files(__package__).joinpath("data/perf_params.json")
     if not path.is_file():
         return PerfParams()
-    raw: dict[str, Any] = json.loads(path.read_text())
-    known = {f.name for f in fields(PerfParams)}
-    return PerfParams(**{k: v for k, v in raw.get("params", {}).items() if k in known}, source=str(raw.get("source", "")))
+    return _load_params(json.loads(path.read_text()))
 
 
 def _link_gbps(gpu: Gpu, group: Any) -> Any:
@@ -72,68 +92,159 @@ def _link_gbps(gpu: Gpu, group: Any) -> Any:
     return np.where(group <= gpu.gpus_per_node, gpu.scaleup_gbps, gpu.nic_gbit / 8.0)
 
 
-def step_time_s(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
-                tp: Any, pp: Any, dp: Any, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any,
-                decode_context_tokens: Any, params: PerfParams | None = None) -> Any:
-    """Step time of one instance for a batch, per attention-DP rank (ranks run in lockstep).
+def _compute_peak(gpu: Gpu, precision: Precision) -> float:
+    """FLOP/s a GEMM in `precision` can use: native peak, or BF16 for weight-only formats (FP4 on Hopper)."""
+    native = float(getattr(gpu, f"{precision.value}_tflops", 0.0)) if precision is not Precision.INT4 else 0.0
+    return (native if native > 0 else gpu.bf16_tflops) * 1e12
 
-    Pipeline parallelism splits the batch into pp micro-batches over pp stages: the step takes pp stage
-    times of a micro-batch plus pp − 1 activation hand-offs (a bubble when the batch is smaller than pp).
+
+def _gemm_eff(p: PerfParams, gpu: Gpu, precision: Precision) -> float:
+    native = precision is not Precision.BF16 and float(getattr(gpu, f"{precision.value}_tflops", 0.0)) > 0
+    scale = {Precision.FP8: p.fp8_eff_scale, Precision.FP4: p.fp4_eff_scale}.get(precision, 1.0) if native else 1.0
+    return p.gemm_eff_max * scale
+
+
+@dataclass(frozen=True, slots=True)
+class StepCoefficients:
+    """Per-instance constants of the step-time formula (floats or arrays, one per candidate).
+
+    Times are seconds per token, per pair, per context token or per step, for one pipeline stage.
+    """
+
+    lin_flop_s: Any        # dense GEMM compute time per token at full efficiency
+    lin_mem_s: Any         # dense weight streaming time per step
+    moe_flop_s: Any        # routed-expert compute time per routed token (dp ranks' tokens all arrive)
+    moe_mem_s: Any         # time to stream one active local expert in all MoE layers
+    local_experts: Any     # routed experts held per GPU (E / ep)
+    dp: Any
+    experts: float
+    topk: float
+    a2a_s_per_token: Any   # EP/DP dispatch+combine bytes time per token of this rank
+    a2a_fixed_s: Any
+    attn_pair_s: Any       # prefill attention time per (query, key) pair
+    attn_ctx_s: Any        # decode attention time per context token
+    tp_s_per_token: Any    # TP all-reduce bandwidth time per token
+    tp_fixed_s: Any
+    handoff_s_per_token: Any
+    handoff_fixed_s: Any
+    layer_fixed_s: Any
+    pp: Any
+    step_fixed_s: float
+    per_seq_s: float
+    gemm_half_tokens: float
+    sharp: float
+
+
+def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
+                      tp: Any, pp: Any, dp: Any, moe_ep: Any = 1, moe_precision: Precision | None = None,
+                      overhead_scale: float | None = None, params: PerfParams | None = None) -> StepCoefficients:
+    """Fold model, GPU and parallelism into the constants `evaluate_step_s` needs (arrays broadcast).
+
+    `moe_ep` is the expert-parallel degree of the expert layers (1 = experts tensor-sharded over tp × dp).
+    `overhead_scale` overrides the engine's per-step overhead scale (an engine outside `Engine`, e.g. TRT-LLM).
     """
     p = params or perf_params()
-    tokens = prefill_tokens + decode_tokens
-    micro = np.maximum(tokens / pp, 1.0)
-    frac = 1.0 / pp  # share of layers per stage
-    peak = gpu.peak_tflops(precision) * 1e12
+    mp = moe_precision or precision
+    frac = 1.0 / pp
+    peak = _compute_peak(gpu, precision) * _gemm_eff(p, gpu, precision)
     peak16 = gpu.bf16_tflops * 1e12
     hbm = gpu.hbm_gbps * 1e9
-    wb = precision.weight_bytes
 
     # Dense linear layers (attention projections, dense/shared FFN, router) and the LM head, TP-sharded.
     linear_params = (model.non_expert_params - model.embedding_params) + model.vocab_size * model.hidden_size
-    gemm_eff = p.gemm_eff_max * micro / (micro + p.gemm_half_tokens)
-    t_lin_c = 2.0 * micro * linear_params * frac / tp / (peak * gemm_eff)
-    t_lin_m = linear_params * wb * frac / tp / (hbm * p.mem_eff)
-    t_linear = np.maximum(t_lin_c, t_lin_m)
+    lin_flop_s = 2.0 * linear_params * frac / tp / peak
+    lin_mem_s = linear_params * precision.weight_bytes * frac / tp / (hbm * p.mem_eff)
 
-    # Routed experts: all attention-DP ranks' tokens meet in the expert layers, sharded over tp × dp.
-    t_moe = 0.0 * tokens
-    t_a2a = 0.0 * tokens
+    group = tp * dp
+    ep = np.minimum(moe_ep, group)
+    moe_tp = group / ep
+    zero = 0.0 * group
     if model.is_moe:
-        group = tp * dp
-        routed = micro * dp
-        e, k = model.num_experts, model.experts_per_token
-        active = e * (1.0 - (1.0 - k / e) ** routed)
         moe_layers = model.num_moe_layers * frac
-        moe_eff = p.gemm_eff_max * (routed * k / e) / (routed * k / e + p.gemm_half_tokens)
-        t_moe_c = 2.0 * routed * k * model.expert_params * moe_layers / group / (peak * np.maximum(moe_eff, 1e-3))
-        t_moe_m = active * model.expert_params * wb * moe_layers / group / (hbm * p.mem_eff)
-        t_moe = np.maximum(t_moe_c, t_moe_m)
-        a2a_bytes = 2.0 * micro * model.hidden_size * 2.0 * k * (group - 1) / np.maximum(group, 1)
-        t_a2a = np.where(group > 1, moe_layers * (a2a_bytes / (_link_gbps(gpu, group) * 1e9 * p.link_eff) + 2 * p.allreduce_latency_s), 0.0)
+        moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
+        moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak
+        moe_mem_s = model.expert_params * mp.weight_bytes * moe_layers / moe_tp / (hbm * p.mem_eff)
+        # Dispatch (FP8/BF16 activations) and combine (BF16) of every token's k copies, when tokens leave the rank.
+        moved = np.where(ep > 1, model.experts_per_token * (ep - 1) / ep, 0.0) + np.where(dp > 1, (dp - 1) / dp, 0.0)
+        a2a_tok = moe_layers * 2.0 * model.hidden_size * 2.0 * moved / (_link_gbps(gpu, group) * 1e9 * p.link_eff)
+        a2a_fixed = np.where((ep > 1) | (dp > 1), moe_layers * 2.0 * p.a2a_latency_s, zero)
+        local = model.num_experts / ep
+    else:
+        moe_flop_s = moe_mem_s = a2a_tok = a2a_fixed = zero
+        local = zero
 
     # Attention: prefill is compute (pairs of query and key tokens), decode reads the KV cache.
-    heads = model.num_heads / tp
+    heads = np.maximum(model.num_heads / tp, 1.0)
     qk_v_dim = (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) if model.is_mla else 2 * model.head_dim
-    att_layers = model.num_full_attention_layers + model.num_sliding_layers * 0.1
-    t_attn_p = 2.0 * heads * qk_v_dim * prefill_pairs / pp * att_layers * frac / (peak16 * p.attn_prefill_eff)
+    att_layers = (model.num_full_attention_layers + model.num_sliding_layers * 0.1) * frac
+    attn_pair_s = 2.0 * heads * qk_v_dim * att_layers / (peak16 * p.attn_prefill_eff)
     kv_tok = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
-    t_attn_d_m = decode_context_tokens * kv_tok / (hbm * p.attn_decode_mem_eff) / pp
-    if model.is_mla:  # absorbed MLA decode multiplies every head against the latent: compute can dominate
-        mla_flops = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * decode_context_tokens * model.num_layers * frac / pp
-        t_attn_d = np.maximum(t_attn_d_m, mla_flops / (peak16 * p.attn_prefill_eff))
-    else:
-        t_attn_d = t_attn_d_m
+    attn_ctx_s = kv_tok / (hbm * p.attn_decode_mem_eff)
+    if model.is_mla:  # absorbed MLA decode multiplies every local head against the latent: compute can dominate
+        mla_s = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_layers * frac / (peak16 * p.attn_prefill_eff)
+        attn_ctx_s = np.maximum(attn_ctx_s, mla_s)
 
     # Two all-reduces per layer under TP (ring: 2(n−1)/n of the activations cross each link).
-    ar_bytes = micro * model.hidden_size * 2.0
     layers = model.num_layers * frac
-    t_tp = np.where(tp > 1, 2.0 * layers * (2.0 * (tp - 1) / tp * ar_bytes / (_link_gbps(gpu, tp) * 1e9 * p.link_eff) + p.allreduce_latency_s), 0.0)
+    tp_tok = np.where(tp > 1, 2.0 * layers * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / (_link_gbps(gpu, tp) * 1e9 * p.link_eff), zero)
+    tp_fixed = np.where(tp > 1, 2.0 * layers * p.allreduce_latency_s * np.log2(np.maximum(tp, 2)), zero)
+    handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / (_link_gbps(gpu, tp * dp * pp) * 1e9 * p.link_eff), zero)
+    handoff_fixed = np.where(pp > 1, 2.0 * p.allreduce_latency_s, zero)
+    scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)
+    return StepCoefficients(
+        lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
+        experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), a2a_s_per_token=a2a_tok,
+        a2a_fixed_s=a2a_fixed, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
+        handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
+        pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
+        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness,
+    )
 
-    stage = t_linear + t_moe + t_a2a + t_attn_p + t_attn_d + t_tp
-    handoff = (pp - 1) * (micro * model.hidden_size * 2.0 / (gpu.scaleup_gbps * 1e9 * p.link_eff) + p.allreduce_latency_s)
-    overhead = p.step_overhead_s * (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0) + p.per_seq_overhead_s * (decode_tokens + np.minimum(prefill_tokens, 1.0))
-    return pp * stage + handoff + overhead
+
+def _fmax(a: float, b: float) -> float:
+    return a if a > b else b
+
+
+def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any,
+                    decode_context_tokens: Any, maximum: Callable[[Any, Any], Any] = np.maximum) -> Any:
+    """Step time from folded coefficients; plain arithmetic so floats and arrays both work.
+
+    Pipeline parallelism splits the batch into pp micro-batches over pp stages: the step takes pp stage
+    times of a micro-batch (coefficients are per stage) plus pp − 1 activation hand-offs.
+    Linear time is the p-norm of compute and weight-streaming time (a smooth roofline).
+    """
+    tokens = prefill_tokens + decode_tokens
+    micro = maximum(tokens / c.pp, 1.0)
+    k = c.sharp
+    t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
+    t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
+    routed = micro * c.dp
+    # Expected distinct local experts hit by `routed` tokens choosing top-k of E (uniform routing).
+    active = c.local_experts * (1.0 - (1.0 - c.topk / c.experts) ** routed)
+    t_moe_c = c.moe_flop_s * (routed + c.gemm_half_tokens)
+    t_moe_m = c.moe_mem_s * active
+    t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
+    t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
+    t_attn = c.attn_pair_s * prefill_pairs / c.pp + c.attn_ctx_s * decode_context_tokens / c.pp
+    stage = t_linear + t_moe + t_comm + t_attn + c.layer_fixed_s
+    handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
+    seqs = decode_tokens + (prefill_tokens > 0) * 1.0  # a prefill finishing this step samples one more token
+    return c.pp * stage + handoff + c.step_fixed_s + c.per_seq_s * seqs
+
+
+def step_time_s(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
+                tp: Any, pp: Any, dp: Any, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any,
+                decode_context_tokens: Any, params: PerfParams | None = None, moe_ep: Any = 1,
+                moe_precision: Precision | None = None, overhead_scale: float | None = None) -> Any:
+    """Step time of one instance for a batch, per attention-DP rank (ranks run in lockstep).
+
+    Batch arguments are per DP rank; the expert layers see all dp ranks' tokens. Vectorised: every
+    argument after `engine` may be a numpy array (broadcast together).
+    """
+    c = step_coefficients(model, gpu, precision=precision, kv_dtype=kv_dtype, engine=engine, tp=tp, pp=pp, dp=dp,
+                          moe_ep=moe_ep, moe_precision=moe_precision, overhead_scale=overhead_scale, params=params)
+    return evaluate_step_s(c, prefill_tokens=np.asarray(prefill_tokens, dtype=float), prefill_pairs=prefill_pairs,
+                           decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
 
 
 def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any, same_node: bool, params: PerfParams | None = None) -> Any:
@@ -144,9 +255,13 @@ def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any,
     return nbytes / (gbps * 1e9 * p.link_eff) + 50e-6
 
 
+def _scalar(x: Any) -> Any:
+    return float(x) if np.ndim(x) == 0 else x
+
+
 @dataclass(frozen=True, slots=True)
 class InstancePerf:
-    """`StepTimeModel` for one engine instance."""
+    """`StepTimeModel` for one engine instance; folds the coefficients once so each step costs a few µs."""
 
     model: ModelArch
     gpu: Gpu
@@ -155,12 +270,22 @@ class InstancePerf:
     engine: Engine
     parallelism: Parallelism
     params: PerfParams | None = None
+    moe_ep: int | None = None
+    _coeffs: StepCoefficients | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        par = self.parallelism
+        ep = self.moe_ep if self.moe_ep is not None else (par.tp * par.dp if par.ep else 1)
+        c = step_coefficients(self.model, self.gpu, precision=self.precision, kv_dtype=self.kv_dtype, engine=self.engine,
+                              tp=par.tp, pp=par.pp, dp=par.dp, moe_ep=ep, params=self.params)
+        scalar = StepCoefficients(**{f.name: _scalar(getattr(c, f.name)) for f in fields(StepCoefficients)})
+        object.__setattr__(self, "_coeffs", scalar)
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
                     decode_context_tokens: float) -> float:
-        par = self.parallelism
-        t = step_time_s(self.model, self.gpu, precision=self.precision, kv_dtype=self.kv_dtype, engine=self.engine,
-                        tp=par.tp, pp=par.pp, dp=par.dp, prefill_tokens=float(prefill_tokens), prefill_pairs=float(prefill_pairs),
-                        decode_tokens=float(decode_tokens), decode_context_tokens=float(decode_context_tokens), params=self.params)
+        assert self._coeffs is not None
+        t = evaluate_step_s(self._coeffs, prefill_tokens=float(prefill_tokens), prefill_pairs=float(prefill_pairs),
+                            decode_tokens=float(decode_tokens), decode_context_tokens=float(decode_context_tokens),
+                            maximum=_fmax)
         value = float(t)
         return value if math.isfinite(value) else float("inf")

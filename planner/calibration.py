@@ -1,0 +1,279 @@
+"""Calibration cases: silicon benchmark rows (already parsed into str dicts) turned into problems and predictions.
+
+Called by `servingtopology validate`, benchmarks/fit_perf.py and benchmarks/validate_silicon.py. It reads
+the aiconfigurator silicon CSV schema (agg: tp/pp/attention_dp/moe_tp/moe_ep; disagg: prefill_*/decode_*
+with worker counts; concurrency in `silicon_concurrency=N`), and predicts each row's mean TTFT and TPOT with
+planner.closed_loop over the shared step-time model, vectorised per (model, GPU, precision, backend, mode).
+Pure: the caller reads files and resolves models.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .closed_loop import aggregated, disaggregated
+from .hardware import Gpu, Precision
+from .layout import Engine, KvDtype
+from .memory import kv_bytes_per_token, kv_pool_bytes
+from .model import ModelArch
+from .perf import PerfParams, kv_transfer_s, perf_params, step_time_s
+
+__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "Prediction", "predict_cases", "predict_all", "BACKENDS"]
+
+BACKENDS = ("vllm", "sglang", "trtllm")
+_QUANT = {"": Precision.BF16, "bf16": Precision.BF16, "fp16": Precision.BF16, "fp8": Precision.FP8, "fp8_block": Precision.FP8,
+          "w8a8": Precision.FP8, "nvfp4": Precision.FP4, "fp4": Precision.FP4, "mxfp4": Precision.FP4, "int4": Precision.INT4,
+          "w4a16": Precision.INT4}
+_CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+
+
+class Skip(Exception):
+    """A row that cannot be predicted; `kind` groups the reasons in the summary."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """One worker kind: `workers` engines of tp × dp × pp GPUs; experts over moe_tp × moe_ep = tp × dp."""
+
+    tp: int
+    pp: int
+    dp: int
+    moe_ep: int
+    workers: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.workers
+
+    @property
+    def label(self) -> str:
+        s = f"{self.workers}x" if self.workers > 1 else ""
+        s += f"TP{self.tp}"
+        s += f"PP{self.pp}" if self.pp > 1 else ""
+        s += f"DP{self.dp}" if self.dp > 1 else ""
+        return s + (f"EP{self.moe_ep}" if self.moe_ep > 1 else "")
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationCase:
+    row_id: str
+    backend: str
+    mode: str  # agg | disagg
+    system: str
+    model_path: str
+    isl: int
+    osl: int
+    concurrency: int
+    precision: Precision
+    moe_precision: Precision
+    agg: Topology | None
+    prefill: Topology | None
+    decode: Topology | None
+    ttft_ms: float
+    tpot_ms: float
+
+    @property
+    def gpus(self) -> int:
+        if self.agg is not None:
+            return self.agg.gpus
+        assert self.prefill is not None and self.decode is not None
+        return self.prefill.gpus + self.decode.gpus
+
+    @property
+    def topology_label(self) -> str:
+        if self.agg is not None:
+            return self.agg.label
+        assert self.prefill is not None and self.decode is not None
+        return f"P[{self.prefill.label}] D[{self.decode.label}]"
+
+
+def _int(row: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = (row.get(key) or "").strip()
+    if not raw:
+        if default is None:
+            raise Skip("missing topology", f"{key} is empty")
+        return default
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise Skip("bad value", f"{key}={raw!r} is not a number") from None
+
+
+def _topology(row: Mapping[str, str], prefix: str, *, workers: bool) -> Topology:
+    tp = _int(row, f"{prefix}tp_size")
+    pp = _int(row, f"{prefix}pp_size", 1)
+    moe_tp = _int(row, f"{prefix}moe_tp_size", 0)
+    moe_ep = _int(row, f"{prefix}moe_ep_size", 0)
+    dp_raw = (row.get(f"{prefix}attention_dp_size") or "").strip()
+    # When attention DP is blank, moe_tp × moe_ep = tp × dp gives it back (vLLM -dp on MoE models).
+    dp = _int(row, f"{prefix}attention_dp_size") if dp_raw else max(1, (max(moe_tp, 1) * max(moe_ep, 1)) // max(tp, 1))
+    if min(tp, pp, dp) < 1:
+        raise Skip("missing topology", f"{prefix}tp/pp/dp must be ≥ 1")
+    return Topology(tp=tp, pp=pp, dp=dp, moe_ep=max(moe_ep, 1), workers=_int(row, f"{prefix}num_workers", 1) if workers else 1)
+
+
+def _precision(row: Mapping[str, str], key: str) -> Precision:
+    raw = (row.get(key) or row.get("precision") or "").strip().lower()
+    if raw not in _QUANT:
+        raise Skip("unsupported precision", raw)
+    return _QUANT[raw]
+
+
+def parse_row(row: Mapping[str, str]) -> CalibrationCase:
+    """One CSV row (str values) as a case; raises Skip with the reason kind for unusable rows."""
+    backend = (row.get("backend") or "").strip().lower()
+    mode = (row.get("mode") or "agg").strip().lower()
+    if mode not in ("agg", "disagg"):
+        raise Skip("unsupported mode", mode)
+    m = _CONCURRENCY.search(row.get("silicon_data_source") or "")
+    if m:
+        concurrency = int(m.group(1))
+    elif (row.get("batch_size") or "").strip():
+        concurrency = _int(row, "batch_size")
+    elif mode == "disagg":
+        concurrency = _int(row, "decode_batch_size") * _int(row, "decode_num_workers", 1)
+    else:
+        raise Skip("missing concurrency", "no silicon_concurrency and no batch_size")
+    try:
+        ttft, tpot = float(row.get("silicon_ttft_ms") or "nan"), float(row.get("silicon_tpot_ms") or "nan")
+    except ValueError:
+        raise Skip("bad measurement", "TTFT/TPOT not numbers") from None
+    if not (math.isfinite(ttft) and math.isfinite(tpot) and ttft > 0 and tpot > 0):
+        raise Skip("bad measurement", "TTFT/TPOT missing or non-positive")
+    agg = _topology(row, "", workers=False) if mode == "agg" else None
+    pre = _topology(row, "prefill_", workers=True) if mode == "disagg" else None
+    dec = _topology(row, "decode_", workers=True) if mode == "disagg" else None
+    return CalibrationCase(
+        row_id=str(row.get("id", "")), backend=backend, mode=mode, system=(row.get("system") or "").strip(),
+        model_path=(row.get("model_path") or "").strip(), isl=_int(row, "isl"), osl=_int(row, "osl"),
+        concurrency=max(concurrency, 1), precision=_precision(row, "gemm_quant_mode"), moe_precision=_precision(row, "moe_quant_mode"),
+        agg=agg, prefill=pre, decode=dec, ttft_ms=ttft, tpot_ms=tpot,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    ttft_ms: float
+    tpot_ms: float
+    throughput_rps: float
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineDefaults:
+    engine: Engine
+    mixed: bool
+    kv_dtype: KvDtype
+    memory_fraction: float
+    max_running: int
+    overhead_scale: float | None
+
+
+def _defaults(backend: str, p: PerfParams) -> _EngineDefaults:
+    """Engine defaults the benchmarks ran with (shared/reference/engines.md sections 1.1 and 2.1)."""
+    if backend == "sglang":
+        return _EngineDefaults(Engine.SGLANG, False, KvDtype.AUTO, 0.85, 2048, None)
+    if backend == "trtllm":  # in-flight batching mixes context and generation; FP8 KV in the recipes
+        return _EngineDefaults(Engine.VLLM, True, KvDtype.FP8, 0.9, 2048, p.trtllm_overhead_scale)
+    return _EngineDefaults(Engine.VLLM, True, KvDtype.AUTO, 0.9, 1024, None)
+
+
+def _token_budget(backend: str, gpu: Gpu, dp: Any) -> Any:
+    if backend == "sglang":  # chunked-prefill-size by GPU memory, split across DP-attention ranks
+        total = 2048 if gpu.memory_gib < 35 else (8192 if gpu.memory_gib < 160 else 16384)
+        return np.maximum(total / dp, 1024.0)
+    return (8192 if gpu.memory_gib >= 70 else 2048) + 0 * dp
+
+
+def _arr(cases: Sequence[CalibrationCase], fn: Any) -> Any:
+    return np.array([fn(c) for c in cases], dtype=float)
+
+
+def _rank_cap(model: ModelArch, gpu: Gpu, d: _EngineDefaults, prec: Precision, budget: Any, topo: Sequence[Topology],
+              ctx_tokens: Any) -> Any:
+    """Requests one rank can run: max sequences, or KV pool over the mean context (no cap when the pool is unknown)."""
+    tp, pp, dp = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp"))
+    pool = kv_pool_bytes(model, gpu, engine=d.engine, precision=prec, tp=tp, pp=pp, dp=dp, max_num_batched_tokens=budget,
+                         max_num_seqs=d.max_running, memory_fraction=d.memory_fraction)
+    per_tok = kv_bytes_per_token(model, d.kv_dtype, tp=tp, pp=pp)
+    seqs = np.where(pool > 0, pool / np.maximum(per_tok, 1e-9) / ctx_tokens, np.inf)
+    return np.minimum(np.maximum(seqs, 1.0), d.max_running)
+
+
+def _stepper(model: ModelArch, gpu: Gpu, case: CalibrationCase, d: _EngineDefaults, topo: Sequence[Topology], p: PerfParams) -> Any:
+    tp, pp, dp, ep = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp", "moe_ep"))
+
+    def step(*, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any) -> Any:
+        return step_time_s(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp,
+                           prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
+                           decode_context_tokens=decode_context_tokens, params=p, moe_ep=ep, moe_precision=case.moe_precision,
+                           overhead_scale=d.overhead_scale)
+    return step
+
+
+def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, *, params: PerfParams | None = None) -> list[Prediction]:
+    """Predict cases that share model, GPU, precisions, backend and mode (one vectorised pass)."""
+    if not cases:
+        return []
+    p = params or perf_params()
+    first = cases[0]
+    d = _defaults(first.backend, p)
+    isl, osl, conc = _arr(cases, lambda c: c.isl), _arr(cases, lambda c: c.osl), _arr(cases, lambda c: c.concurrency)
+    ctx = isl + 0.5 * osl
+    if first.mode == "agg":
+        topo = [c.agg for c in cases if c.agg is not None]
+        dp = np.array([t.dp for t in topo], dtype=float)
+        budget = _token_budget(first.backend, gpu, dp)
+        res = aggregated(_stepper(model, gpu, first, d, topo, p), clients_per_rank=conc / dp, isl=isl, osl=osl,
+                         token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx),
+                         mixed_batches=d.mixed, ranks=dp, params=p)
+    else:
+        pre = [c.prefill for c in cases if c.prefill is not None]
+        dec = [c.decode for c in cases if c.decode is not None]
+        pdp = np.array([t.dp for t in pre], dtype=float)
+        ddp = np.array([t.dp for t in dec], dtype=float)
+        gpus = np.array([c.gpus for c in cases], dtype=float)
+        same_node = bool(np.all(gpus <= gpu.gpus_per_node))
+        transfer = kv_transfer_s(model, gpu, kv_dtype=d.kv_dtype, tokens=isl, same_node=same_node, params=p)
+        dbudget = _token_budget(first.backend, gpu, ddp)
+        res = disaggregated(_stepper(model, gpu, first, d, pre, p), _stepper(model, gpu, first, d, dec, p), clients=conc,
+                            prefill_ranks=pdp * np.array([t.workers for t in pre], dtype=float),
+                            decode_ranks=ddp * np.array([t.workers for t in dec], dtype=float), isl=isl, osl=osl,
+                            prefill_budget=_token_budget(first.backend, gpu, pdp),
+                            decode_max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx),
+                            transfer_s=transfer, params=p)
+    ttft, tpot, x = (np.broadcast_to(np.asarray(v, dtype=float), isl.shape) for v in (res.ttft_s, res.tpot_s, res.throughput_rps))
+    return [Prediction(ttft_ms=float(a) * 1e3, tpot_ms=float(b) * 1e3, throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
+
+
+def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip], *,
+                params: PerfParams | None = None) -> list[Prediction | Skip]:
+    """Predict every case, in order; a case whose model or GPU did not resolve gets that Skip."""
+    out: list[Prediction | Skip] = [Skip("internal", "not predicted")] * len(cases)
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, c in enumerate(cases):
+        model, gpu = models.get(c.model_path), gpus.get(c.system)
+        if isinstance(model, Skip) or model is None:
+            out[i] = model if isinstance(model, Skip) else Skip("unknown model", c.model_path)
+            continue
+        if isinstance(gpu, Skip) or gpu is None:
+            out[i] = gpu if isinstance(gpu, Skip) else Skip("unknown GPU", c.system)
+            continue
+        groups.setdefault((c.model_path, c.system, c.precision, c.moe_precision, c.backend, c.mode), []).append(i)
+    for key, idx in groups.items():
+        model, gpu = models[key[0]], gpus[key[1]]
+        assert isinstance(model, ModelArch) and isinstance(gpu, Gpu)
+        for i, pred in zip(idx, predict_cases([cases[i] for i in idx], model, gpu, params=params), strict=True):
+            ok = math.isfinite(pred.ttft_ms) and math.isfinite(pred.tpot_ms) and pred.ttft_ms > 0 and pred.tpot_ms > 0
+            out[i] = pred if ok else Skip("no steady state", "the estimator found no finite figures")
+    return out

@@ -1,0 +1,157 @@
+"""Steady-state estimator of closed-loop benchmarks (N clients, fixed input and output lengths).
+
+Called by planner.calibration (and by the funnel when it wants a closed-loop figure) with a vectorised
+step-time function: every argument may be a numpy array, one element per benchmark. It finds the running
+batch that balances the loop (Little's law) by bisection instead of stepping an engine, so thousands of
+rows take a fraction of a second. It must not shorten the benchmark: the start-up wave of a benchmark of
+`bench_requests_per_client` requests per client is weighed in. Pure numpy; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .perf import PerfParams, perf_params
+
+__all__ = ["BatchStepTime", "ClosedLoopResult", "aggregated", "disaggregated"]
+
+_ITERATIONS = 40
+_RHO_MAX = 0.97
+
+
+class BatchStepTime(Protocol):
+    """Vectorised step time (s) of one DP rank for batches given per rank."""
+
+    def __call__(self, *, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoopResult:
+    """Mean figures per benchmark (arrays): TTFT and TPOT in seconds, request throughput of the whole deployment."""
+
+    ttft_s: Any
+    tpot_s: Any
+    throughput_rps: Any
+    running_per_rank: Any
+    saturated: Any  # True where a cap (sequences, KV or prefill capacity) holds clients in a queue
+
+
+def _bisect(fn: Any, hi: Any) -> tuple[Any, Any]:
+    """Largest b in (0, hi] with fn(b) <= 0 for an increasing fn (vectorised); also fn(hi) <= 0."""
+    lo = np.zeros_like(hi) + 1e-6
+    hi = np.asarray(hi, dtype=float)
+    top_ok = fn(hi) <= 0.0
+    a, b = lo.copy(), hi.copy()
+    for _ in range(_ITERATIONS):
+        mid = 0.5 * (a + b)
+        ok = fn(mid) <= 0.0
+        a = np.where(ok, mid, a)
+        b = np.where(ok, b, mid)
+    return np.where(top_ok, hi, a), top_ok
+
+
+def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
+               mixed_batches: bool, ranks: Any = 1, params: PerfParams | None = None) -> ClosedLoopResult:
+    """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
+
+    mixed_batches: prefill chunks ride in decode steps under one token budget (vLLM V1, TRT-LLM);
+    otherwise prefill batches pause decoding (SGLang). In steady state a request lives n_c = ⌈isl/C⌉
+    prefill steps plus osl − 1 decode steps, so per step b/L requests finish and b·isl/L prompt tokens
+    arrive; prefills of a burst of clients collide in one step.
+    """
+    p = params or perf_params()
+    clients = np.asarray(clients_per_rank, dtype=float)
+    isl = np.asarray(isl, dtype=float)
+    budget = np.maximum(np.asarray(token_budget, dtype=float), 1.0)
+    n_c = np.ceil(isl / budget)
+    n_d = np.maximum(np.asarray(osl, dtype=float) - 1.0, 0.0)
+    life = n_c + np.maximum(n_d, 1.0)
+    ctx = isl + 0.5 * n_d
+    colliding = 1.0 + p.arrival_burst * (np.minimum(clients, np.maximum(budget / isl, 1.0)) - 1.0)
+
+    def state(b: Any) -> tuple[Any, Any, Any, Any, Any]:
+        d = b * n_d / life
+        p_bar = b * isl / life
+        q = np.clip(np.maximum(p_bar, colliding * np.minimum(isl, budget)), 1.0, np.maximum(budget - d, 1.0))
+        f = p_bar / q
+        pairs = q * isl / 2.0
+        t_d = step(prefill_tokens=0.0 * d, prefill_pairs=0.0 * d, decode_tokens=d, decode_context_tokens=d * ctx)
+        if mixed_batches:
+            t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=d, decode_context_tokens=d * ctx)
+            tau = (1.0 - np.minimum(f, 1.0)) * t_d + np.minimum(f, 1.0) * t_p
+        else:
+            t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=0.0 * d, decode_context_tokens=0.0 * d)
+            tau = t_d + f * t_p
+        return tau, t_p, f, b / (life * tau), d
+
+    def wait(tau: Any, t_p: Any, f: Any) -> Any:
+        rho = np.minimum(f, _RHO_MAX)
+        return 0.5 * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
+
+    def excess(b: Any) -> Any:
+        tau, t_p, f, x, _ = state(b)
+        over = np.where(f >= _RHO_MAX, np.inf, 0.0)
+        return b + x * wait(tau, t_p, f) - clients + over
+
+    hi = np.maximum(np.minimum(clients, np.asarray(max_running, dtype=float)), 1e-3)
+    b, capped = _bisect(excess, hi)
+    tau, t_p, f, x, _ = state(b)
+    w = wait(tau, t_p, f)
+    queued = np.maximum(clients - b - x * w, 0.0)
+    ttft = w + queued / np.maximum(x, 1e-12) + n_c * t_p
+    # Start-up wave: all clients arrive at once and their prompts go through C tokens per step.
+    wave_tokens = np.minimum(clients * isl, budget)
+    t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
+    wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5
+    ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / p.bench_requests_per_client
+    return ClosedLoopResult(ttft_s=ttft, tpot_s=tau, throughput_rps=x * ranks, running_per_rank=b, saturated=capped | (queued > 0))
+
+
+def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, clients: Any, prefill_ranks: Any,
+                  decode_ranks: Any, isl: Any, osl: Any, prefill_budget: Any, decode_max_running: Any, transfer_s: Any,
+                  params: PerfParams | None = None) -> ClosedLoopResult:
+    """Closed loop against prefill/decode pools: prefill ranks queue prompts, decode ranks run pure decode.
+
+    For a decode batch b per rank: TPOT = decode step(b), throughput X = R_d·b/((osl − 1)·TPOT), each prefill
+    rank sees X/R_p requests per second and queues them (M/D/1 wait); the loop balances when
+    X·(TTFT + (osl − 1)·TPOT) = N.
+    """
+    p = params or perf_params()
+    clients = np.asarray(clients, dtype=float)
+    isl = np.asarray(isl, dtype=float)
+    n_d = np.maximum(np.asarray(osl, dtype=float) - 1.0, 1.0)
+    ctx = isl + 0.5 * n_d
+    r_p = np.asarray(prefill_ranks, dtype=float)
+    r_d = np.asarray(decode_ranks, dtype=float)
+    budget = np.maximum(np.asarray(prefill_budget, dtype=float), 1.0)
+    zero = 0.0 * clients
+    chunks = np.ceil(isl / budget)
+    chunk = np.minimum(isl, budget)
+    s1 = chunks * prefill_step(prefill_tokens=chunk, prefill_pairs=chunk * isl / 2.0, decode_tokens=zero, decode_context_tokens=zero)
+    # Batched prefill: a full budget of prompts shares the weight reads, which sets the rank's capacity.
+    per_batch = np.maximum(np.floor(budget / isl), 1.0)
+    s_batch = prefill_step(prefill_tokens=per_batch * chunk, prefill_pairs=per_batch * chunk * isl / 2.0, decode_tokens=zero,
+                           decode_context_tokens=zero) * chunks / per_batch
+
+    def state(b: Any) -> tuple[Any, Any, Any, Any]:
+        t_d = decode_step(prefill_tokens=0.0 * b, prefill_pairs=0.0 * b, decode_tokens=b, decode_context_tokens=b * ctx)
+        x = r_d * b / (n_d * t_d)
+        rho = x / r_p * s_batch
+        w = p.queue_factor * np.minimum(rho, _RHO_MAX) / (2.0 * (1.0 - np.minimum(rho, _RHO_MAX))) * s1
+        ttft = w + s1 + transfer_s + 0.5 * t_d
+        return t_d, x, rho, ttft
+
+    def excess(b: Any) -> Any:
+        t_d, x, rho, ttft = state(b)
+        return x * (ttft + n_d * t_d) - clients + np.where(rho >= _RHO_MAX, np.inf, 0.0)
+
+    hi = np.maximum(np.minimum(clients / r_d, np.asarray(decode_max_running, dtype=float)), 1e-3)
+    b, capped = _bisect(excess, hi)
+    t_d, x, _, ttft = state(b)
+    ttft = np.maximum(ttft, clients / np.maximum(x, 1e-12) - n_d * t_d)
+    wave = 0.5 * clients / r_p * s_batch + s1
+    ttft = ttft + np.maximum(wave - ttft, 0.0) / p.bench_requests_per_client
+    return ClosedLoopResult(ttft_s=ttft, tpot_s=t_d, throughput_rps=x, running_per_rank=b, saturated=capped)

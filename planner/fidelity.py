@@ -1,0 +1,93 @@
+"""Fidelity scores of predictions against measurements: percentage errors, skip reasons and ranking agreement.
+
+Called by `servingtopology validate` and the benchmarks after planner.calibration has predicted the rows.
+Ranking: among rows with the same model, system, backend, input/output lengths and concurrency but
+different topologies, is the predicted best (lowest TPOT; separately highest output tokens/s per GPU) the
+measured best? Duplicate measurements of one topology are averaged first. Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .calibration import CalibrationCase, Prediction, Skip
+
+__all__ = ["ape_stats", "ranking_score", "summarize", "tokens_per_gpu_s"]
+
+Result = Prediction | Skip
+
+
+def ape_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, float | None]:
+    """Median and mean absolute percentage error (in %) and the share of rows within ±20 % (0–1)."""
+    if not predicted:
+        return {"median_ape": None, "mape": None, "within_20pct": None}
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    ape = np.abs(p / m - 1.0) * 100.0
+    return {"median_ape": round(float(np.median(ape)), 2), "mape": round(float(np.mean(ape)), 2),
+            "within_20pct": round(float(np.mean(ape <= 20.0)), 4)}
+
+
+def tokens_per_gpu_s(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> float:
+    """Output tokens per second per GPU of a closed loop: N clients each emitting osl tokens per request."""
+    cycle_s = (ttft_ms + max(case.osl - 1, 0) * tpot_ms) / 1e3
+    return case.concurrency * case.osl / max(cycle_s, 1e-9) / case.gpus
+
+
+def _best(values: dict[str, float], *, lowest: bool) -> str:
+    return min(values, key=values.__getitem__) if lowest else max(values, key=values.__getitem__)
+
+
+def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -> dict[str, Any]:
+    """Top-1 agreement over topology groups, for lowest TPOT and for highest tokens/s per GPU."""
+    groups: dict[tuple[Any, ...], dict[str, list[tuple[CalibrationCase, Prediction]]]] = {}
+    for c, r in zip(cases, results, strict=True):
+        if isinstance(r, Prediction):
+            key = (c.model_path, c.system, c.backend, c.isl, c.osl, c.concurrency)
+            groups.setdefault(key, {}).setdefault(f"{c.mode}:{c.topology_label}", []).append((c, r))
+    hits_tpot = hits_tput = n = 0
+    for topos in groups.values():
+        if len(topos) < 2:
+            continue
+        n += 1
+        meas_tpot = {t: float(np.mean([c.tpot_ms for c, _ in v])) for t, v in topos.items()}
+        pred_tpot = {t: float(np.mean([r.tpot_ms for _, r in v])) for t, v in topos.items()}
+        meas_tput = {t: float(np.mean([tokens_per_gpu_s(c, c.ttft_ms, c.tpot_ms) for c, _ in v])) for t, v in topos.items()}
+        pred_tput = {t: float(np.mean([tokens_per_gpu_s(c, r.ttft_ms, r.tpot_ms) for c, r in v])) for t, v in topos.items()}
+        hits_tpot += _best(pred_tpot, lowest=True) == _best(meas_tpot, lowest=True)
+        hits_tput += _best(pred_tput, lowest=False) == _best(meas_tput, lowest=False)
+    if n == 0:
+        return {"groups": 0, "top1_agreement": None, "top1_tpot": None, "top1_tokens_per_gpu": None}
+    return {"groups": n, "top1_agreement": round((hits_tpot + hits_tput) / (2 * n), 4),
+            "top1_tpot": round(hits_tpot / n, 4), "top1_tokens_per_gpu": round(hits_tput / n, 4)}
+
+
+def _block(cases: Sequence[CalibrationCase], results: Sequence[Result], skipped_at_parse: Counter[str]) -> dict[str, Any]:
+    ok = [(c, r) for c, r in zip(cases, results, strict=True) if isinstance(r, Prediction)]
+    skipped: Counter[str] = Counter(skipped_at_parse)
+    skipped.update(r.kind for r in results if isinstance(r, Skip))
+    total = len(cases) + sum(skipped_at_parse.values())
+    return {
+        "rows": total,
+        "predicted": len(ok),
+        "skipped": {"count": sum(skipped.values()), "share": round(sum(skipped.values()) / max(total, 1), 4), "by_reason": dict(skipped)},
+        "ttft": ape_stats([r.ttft_ms for _, r in ok], [c.ttft_ms for c, _ in ok]),
+        "tpot": ape_stats([r.tpot_ms for _, r in ok], [c.tpot_ms for c, _ in ok]),
+        "ranking": ranking_score([c for c, _ in ok], [r for _, r in ok]),
+    }
+
+
+def summarize(cases: Sequence[CalibrationCase], results: Sequence[Result], *, skipped_at_parse: Counter[str] | None = None,
+              key: Callable[[CalibrationCase], str] | None = None) -> dict[str, Any]:
+    """Overall block plus one block per (backend, mode, system) (or per `key`)."""
+    parse_skips: Counter[str] = skipped_at_parse or Counter()
+    out = _block(cases, results, parse_skips)
+    keyfn = key or (lambda c: f"{c.backend}/{c.mode}/{c.system}")
+    groups: dict[str, list[int]] = {}
+    for i, c in enumerate(cases):
+        groups.setdefault(keyfn(c), []).append(i)
+    out["groups"] = {k: _block([cases[i] for i in idx], [results[i] for i in idx], Counter()) for k, idx in sorted(groups.items())}
+    return out

@@ -1,0 +1,151 @@
+"""`servingtopology validate`: predict silicon benchmark rows and compare with what was measured.
+
+Reads a CSV in the aiconfigurator silicon schema, resolves each `model_path` as DIR/<org>/<name>/config.json
+(when --model-dir is given) or in the built-in catalog, simulates every row as the closed-loop benchmark
+it was (planner.calibration / planner.closed_loop) and prints per-row predicted against measured TTFT and
+TPOT, then a summary overall and per (backend, mode, system). All file reading lives here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servingtopology.planner.calibration import BACKENDS, CalibrationCase, Prediction, Skip, parse_row, predict_all
+from servingtopology.planner.errors import PlannerError
+from servingtopology.planner.fidelity import summarize
+from servingtopology.planner.hardware import Gpu, resolve_gpu
+from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
+from servingtopology.planner.perf import PerfParams
+
+__all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Measurements:
+    cases: list[CalibrationCase]
+    models: dict[str, ModelArch | Skip]
+    gpus: dict[str, Gpu | Skip]
+    skipped_at_parse: Counter[str]
+
+
+def _resolve_model(path: str, model_dir: Path | None) -> ModelArch | Skip:
+    if model_dir is not None:
+        cfg = model_dir / path / "config.json"
+        if cfg.is_file():
+            try:
+                return from_hf_config(json.loads(cfg.read_text()), name=path)
+            except PlannerError as exc:
+                return Skip("unsupported architecture", str(exc))
+            except (OSError, json.JSONDecodeError) as exc:
+                return Skip("unreadable model config", f"{cfg}: {exc}")
+    try:
+        return resolve_model(path)
+    except PlannerError:
+        return Skip("unknown model", path)
+
+
+def _resolve_gpu(system: str) -> Gpu | Skip:
+    try:
+        return resolve_gpu(system)
+    except PlannerError:
+        return Skip("unknown GPU", system)
+
+
+def load_measurements(csv_path: Path, *, model_dir: Path | None = None, backends: Sequence[str] | None = None) -> Measurements:
+    """Read and parse the rows of `backends` (all when None), resolving each model and GPU once."""
+    cases: list[CalibrationCase] = []
+    skipped: Counter[str] = Counter()
+    with csv_path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if backends and (row.get("backend") or "").strip().lower() not in backends:
+                continue
+            try:
+                cases.append(parse_row(row))
+            except Skip as s:
+                skipped[s.kind] += 1
+    models = {p: _resolve_model(p, model_dir) for p in sorted({c.model_path for c in cases})}
+    gpus = {s: _resolve_gpu(s) for s in sorted({c.system for c in cases})}
+    return Measurements(cases, models, gpus, skipped)
+
+
+def evaluate(m: Measurements, params: PerfParams | None = None) -> tuple[list[Prediction | Skip], dict[str, Any]]:
+    """Predictions for every case and the summary dictionary."""
+    results = predict_all(m.cases, m.models, m.gpus, params=params)
+    return results, summarize(m.cases, results, skipped_at_parse=m.skipped_at_parse)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("validate", help="compare the performance model with measured benchmark rows",
+                              description="Predict each silicon benchmark row (closed loop, fixed lengths) and report the errors.")
+    p.add_argument("--measurements", required=True, type=Path, help="CSV in the aiconfigurator silicon schema")
+    p.add_argument("--model-dir", type=Path, default=None, help="folder holding <org>/<name>/config.json")
+    p.add_argument("--backend", default="", help=f"comma-separated backends to keep ({', '.join(BACKENDS)}); default all")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--rows", action="store_true", help="with --json, include every row's figures")
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _print_block(name: str, b: dict[str, Any]) -> None:
+    t, o, r, s = b["ttft"], b["tpot"], b["ranking"], b["skipped"]
+    print(f"{name:34s} {b['rows']:5d} {s['count']:5d}  {_fmt(t['median_ape']):>6s} {_fmt(t['mape']):>7s} {_fmt(t['within_20pct'], '.2f'):>5s}"
+          f"  {_fmt(o['median_ape']):>6s} {_fmt(o['mape']):>7s} {_fmt(o['within_20pct'], '.2f'):>5s}  {r['groups']:4d} {_fmt(r['top1_tpot'], '.2f'):>5s}"
+          f" {_fmt(r['top1_tokens_per_gpu'], '.2f'):>5s}")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The human table: overall first, then one line per (backend, mode, system)."""
+    print(f"{'':34s} {'rows':>5s} {'skip':>5s}  {'TTFT: med%':>6s} {'mean%':>7s} {'±20%':>5s}  {'TPOT: med%':>6s} {'mean%':>7s} {'±20%':>5s}"
+          f"  {'grps':>4s} {'top1 TPOT':>5s} {'tok/GPU':>5s}")
+    _print_block("overall", summary)
+    for k, b in summary["groups"].items():
+        _print_block(k, b)
+    reasons = summary["skipped"]["by_reason"]
+    if reasons:
+        print("skipped: " + ", ".join(f"{k} ({v})" for k, v in sorted(reasons.items())))
+
+
+def run(args: argparse.Namespace) -> int:
+    backends = [b.strip().lower() for b in args.backend.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        print(f"--backend: unknown backend {unknown[0]!r}; allowed: {', '.join(BACKENDS)}", file=sys.stderr)
+        return 2
+    if not args.measurements.is_file():
+        print(f"--measurements: no such file {args.measurements}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    m = load_measurements(args.measurements, model_dir=args.model_dir, backends=backends or None)
+    results, summary = evaluate(m)
+    summary["seconds"] = round(time.perf_counter() - t0, 2)
+    if args.json:
+        if args.rows:
+            summary["row_figures"] = [
+                {"id": c.row_id, "measured_ttft_ms": c.ttft_ms, "measured_tpot_ms": c.tpot_ms,
+                 **({"predicted_ttft_ms": round(r.ttft_ms, 3), "predicted_tpot_ms": round(r.tpot_ms, 3)} if isinstance(r, Prediction)
+                    else {"skipped": str(r)})}
+                for c, r in zip(m.cases, results, strict=True)]
+        print(json.dumps(summary))
+        return 0
+    print(f"{'row':60s} {'topology':28s} {'conc':>5s} {'TTFT ms meas':>12s} {'pred':>9s} {'TPOT ms meas':>12s} {'pred':>8s}")
+    for c, r in zip(m.cases, results, strict=True):
+        head = f"{c.row_id[:60]:60s} {c.topology_label[:28]:28s} {c.concurrency:5d} {c.ttft_ms:12.1f}"
+        if isinstance(r, Prediction):
+            print(f"{head} {r.ttft_ms:9.1f} {c.tpot_ms:12.2f} {r.tpot_ms:8.2f}")
+        else:
+            print(f"{head} {'skipped':>9s} {c.tpot_ms:12.2f}  {r}")
+    print()
+    print_summary(summary)
+    print(f"validated {summary['rows']} rows in {summary['seconds']} s")
+    return 0
