@@ -29,10 +29,11 @@ class InvalidSpec(PlannerError):
 class Infeasible(PlannerError):
     """No candidate survived; `stage` removed the last ones, `closest_miss` says by how much."""
 
-    def __init__(self, stage: str, closest_miss: str) -> None:
+    def __init__(self, stage: str, closest_miss: str, *, funnel: tuple[object, ...] = ()) -> None:
         super().__init__(f"no feasible layout: the last candidates were removed by stage '{stage}'; closest miss: {closest_miss}")
         self.stage = stage
         self.closest_miss = closest_miss
+        self.funnel = funnel  # the FunnelStage rows, so a caller can still print the table
 
 
 class InsufficientData(PlannerError):

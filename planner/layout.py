@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .hardware import Precision
 
-__all__ = ["Engine", "KvDtype", "LayoutKind", "Role", "Parallelism", "EngineKnobs", "RoleLayout", "Layout"]
+__all__ = ["Engine", "KvDtype", "LayoutKind", "Role", "Parallelism", "EngineKnobs", "RoleLayout", "Layout", "layout_to_dict"]
 
 
 class Engine(enum.StrEnum):
@@ -130,3 +130,24 @@ class Layout:
     @staticmethod
     def pd(prefill: RoleLayout, decode: RoleLayout, precision: Precision = Precision.BF16) -> Layout:
         return Layout(LayoutKind.PD, {Role.PREFILL: prefill, Role.DECODE: decode}, precision)
+
+
+def _knobs_dict(k: EngineKnobs) -> dict[str, object]:
+    return {"maxNumSeqs": k.max_num_seqs, "maxNumBatchedTokens": k.max_num_batched_tokens, "memoryFraction": k.memory_fraction,
+            "blockSize": k.block_size_tokens, "enablePrefixCaching": k.enable_prefix_caching}
+
+
+def layout_to_dict(layout: Layout) -> dict[str, object]:
+    """The layout in the spec's `layout` block shape (camelCase), so a plan can be pinned as it is."""
+    if layout.kind is LayoutKind.REPLICAS:
+        r = layout.roles[Role.AGGREGATED]
+        p = r.parallelism
+        return {"kind": layout.kind.value, "replicas": r.count, "tp": p.tp, "pp": p.pp, "dp": p.dp, "ep": p.ep,
+                "engineArgs": _knobs_dict(r.knobs)}
+    out: dict[str, object] = {"kind": layout.kind.value, "ep": layout.roles[Role.DECODE].parallelism.ep,
+                              "engineArgs": _knobs_dict(layout.roles[Role.DECODE].knobs)}
+    for role in (Role.PREFILL, Role.DECODE):
+        r = layout.roles[role]
+        p = r.parallelism
+        out[role.value] = {"count": r.count, "tp": p.tp, "pp": p.pp, "dp": p.dp, "engineArgs": _knobs_dict(r.knobs)}
+    return out

@@ -98,6 +98,7 @@ class Decision:
     weight_bytes: float
     reasons: tuple[str, ...] = ()
     current: Candidate | None = None  # the current layout's prediction, when one was given
+    evaluated: tuple[Candidate, ...] = ()  # every refined candidate (for Pareto plots)
 
 
 _ = EngineKnobs

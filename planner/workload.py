@@ -23,6 +23,13 @@ class LengthKind(enum.StrEnum):
     EMPIRICAL = "empirical"
 
 
+def _normal_quantile(q: float) -> float:
+    """Standard normal quantile (statistics.NormalDist)."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(min(max(q, 1e-12), 1 - 1e-12))
+
+
 @dataclass(frozen=True, slots=True)
 class LengthDist:
     """Token-length distribution. FIXED uses `mean`; UNIFORM `low`..`high`; LOGNORMAL `mean` and `sigma`
@@ -50,14 +57,18 @@ class LengthDist:
     @property
     def p99_tokens(self) -> float:
         """An upper quantile used for capacity checks (the longest request a layout must hold)."""
+        return self.quantile(0.99)
+
+    def quantile(self, q: float) -> float:
+        """Length at quantile q in (0, 1); lognormal uses the closed form, empirical the sample quantile."""
         if self.kind is LengthKind.FIXED:
             return self.mean
         if self.kind is LengthKind.UNIFORM:
-            return float(self.high)
+            return self.low + q * (self.high - self.low)
         if self.kind is LengthKind.EMPIRICAL and self.values:
-            return float(np.quantile(np.asarray(self.values), 0.99))
+            return float(np.quantile(np.asarray(self.values), q))
         mu = math.log(self.mean) - self.sigma**2 / 2
-        return math.exp(mu + 2.326 * self.sigma)
+        return math.exp(mu + _normal_quantile(q) * self.sigma)
 
     def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.int64]:
         """Draw n lengths (at least 1 token each)."""

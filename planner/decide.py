@@ -1,0 +1,163 @@
+"""`decide`: the planner's one entry point, from a Problem to a Decision.
+
+Runs the funnel (stages 1–5), refines the survivors' SLO capacity, simulates the top K (stage 6) when
+a simulator is given, ranks by the objective (stage 7), and predicts the pinned and current layouts.
+Called by the CLI and the operator. Pure: the simulator is passed in as a function; no I/O, no clock
+other than the funnel's own stage timings.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .errors import Infeasible, InvalidSpec
+from .funnel import LOAD_MARGIN, SLO_MARGIN, Progress, Survivor, run_funnel
+from .layout import Layout, LayoutKind, Role
+from .memory import kv_bytes_per_token, weight_bytes_total
+from .predict import predict_figures, slo_capacity_rps, to_prediction
+from .problem import Candidate, Decision, FunnelStage, Problem
+from .workload import Objective
+
+__all__ = ["SimFigures", "Simulate", "decide", "predict_layout"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimFigures:
+    """What stage 6 needs from a simulation run: latencies at the SLO percentiles and the mean TPOT (s)."""
+
+    ttft_s: float
+    tpot_s: float
+    tpot_mean_s: float
+
+
+Simulate = Callable[[Problem, Layout], SimFigures]
+
+
+def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidate, ...]) -> tuple[str, ...]:
+    p, slo = best.prediction, problem.slo
+    out = [
+        f"{best.layout.label} meets p{slo.ttft_percentile:g} TTFT {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and "
+        f"p{slo.tpot_percentile:g} TPOT {p.tpot_ms:.1f} ≤ {slo.tpot_ms:g} ms at {problem.workload.arrival_rate_rps:g} req/s",
+        f"it carries up to {p.capacity_rps:.1f} req/s within the SLOs on {best.layout.gpus} GPUs ({p.goodput_per_gpu:.2f} req/s per GPU)",
+    ]
+    for alt in alternatives[:3]:
+        out.append(f"{alt.layout.label}: {alt.why}")
+    return tuple(out)
+
+
+def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
+    a, b = alt.prediction, best.prediction
+    if problem.objective is Objective.MIN_GPUS and alt.layout.gpus > best.layout.gpus:
+        return f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
+    if a.goodput_per_gpu < b.goodput_per_gpu:
+        return f"{a.goodput_per_gpu:.2f} req/s per GPU within the SLOs against {b.goodput_per_gpu:.2f}"
+    return f"ties on goodput per GPU; ranked lower on GPUs ({alt.layout.gpus}) or TTFT ({a.ttft_ms:.0f} ms)"
+
+
+def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None) -> Candidate:
+    """Predict one layout at the problem's load (used for pinned and current layouts)."""
+    rate = float(problem.workload.arrival_rate_rps or 0.0)
+    f = predict_figures(problem, [layout], [rate])
+    cap = float(slo_capacity_rps(problem, [layout])[0])
+    ttft, tpot, tpm, source = float(f.ttft_s[0]), float(f.tpot_s[0]), float(f.tpot_mean_s[0]), "analytical"
+    if simulate is not None and np.isfinite(ttft) and rate < float(f.capacity_rps[0]):
+        sim = simulate(problem, layout)
+        ttft, tpot, tpm, source = sim.ttft_s, sim.tpot_s, sim.tpot_mean_s, "simulated"
+    ttft *= problem.ttft_correction
+    tpot *= problem.tpot_correction
+    pred = to_prediction(problem, layout, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm, capacity_rps=float(f.capacity_rps[0]),
+                         slo_capacity_rps=cap, pool_tokens=int(f.pool_tokens[0]), source=source)
+    return Candidate(layout, pred, score=pred.goodput_per_gpu)
+
+
+def _structure(layout: Layout) -> str:
+    """A layout's structure without its scale: the instance shapes and, for PD, the reduced P:D ratio."""
+    if layout.kind is LayoutKind.REPLICAS:
+        return layout.roles[Role.AGGREGATED].parallelism.label
+    p, d = layout.roles[Role.PREFILL], layout.roles[Role.DECODE]
+    g = math.gcd(p.count, d.count)
+    return f"{p.count // g}P({p.parallelism.label}):{d.count // g}D({d.parallelism.label})"
+
+
+def _score(problem: Problem, c: Candidate) -> tuple[float, ...]:
+    p = c.prediction
+    if problem.objective is Objective.MIN_GPUS:
+        return (0.0 if p.meets_slo else 1.0, float(c.layout.gpus), -p.goodput_per_gpu, p.ttft_ms)
+    return (0.0 if p.meets_slo else 1.0, -round(p.goodput_per_gpu, 6), float(c.layout.gpus), p.ttft_ms)
+
+
+def _refine(problem: Problem, survivors: list[Survivor]) -> list[Candidate]:
+    layouts = [s.layout for s in survivors]
+    caps = slo_capacity_rps(problem, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN)
+    out = []
+    for s, cap in zip(survivors, caps, strict=True):
+        pred = to_prediction(problem, s.layout, ttft_s=s.ttft_s * problem.ttft_correction, tpot_s=s.tpot_s * problem.tpot_correction,
+                             tpot_mean_s=s.tpot_mean_s, capacity_rps=s.capacity_rps, slo_capacity_rps=float(cap), pool_tokens=s.pool_tokens)
+        out.append(Candidate(s.layout, pred, score=pred.goodput_per_gpu))
+    return out
+
+
+def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate | None) -> tuple[list[Candidate], FunnelStage]:
+    t0 = time.perf_counter()
+    k = min(problem.search.top_k, len(ranked))
+    if simulate is None or k == 0:
+        return ranked, FunnelStage("6 simulation of the top K", k, 0, time.perf_counter() - t0, {"not simulated: analytical figures kept": k} if k else {})
+    out, rejected = [], 0
+    for c in ranked[:k]:
+        sim = simulate(problem, c.layout)
+        ttft, tpot = sim.ttft_s * problem.ttft_correction, sim.tpot_s * problem.tpot_correction
+        pred = replace(c.prediction, ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, tokens_per_s_per_user=1.0 / max(sim.tpot_mean_s, 1e-9),
+                       source="simulated")
+        meets = pred.ttft_ms <= problem.slo.ttft_ms and pred.tpot_ms <= problem.slo.tpot_ms
+        pred = replace(pred, meets_slo=meets, goodput_rps=pred.goodput_rps if meets else 0.0)
+        rejected += not meets
+        out.append(Candidate(c.layout, pred, c.score))
+    reasons = {"simulated SLO miss": rejected} if rejected else {}
+    return out + ranked[k:], FunnelStage("6 simulation of the top K", k - rejected, rejected, time.perf_counter() - t0, reasons)
+
+
+def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None) -> Decision:
+    """Plan a layout for the problem; raise Infeasible (with the funnel) when nothing meets it."""
+    if problem.workload.arrival_rate_rps is None:
+        raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
+    kv_dtype = problem.search.kv_dtypes[0]
+    kv_tok = int(kv_bytes_per_token(problem.model, kv_dtype, tp=1, pp=1))
+    weights = weight_bytes_total(problem.model, problem.precision)
+    result = run_funnel(problem, progress=progress, keep=max(64, 8 * problem.search.top_k))
+    stages = list(result.stages)
+    current = predict_layout(problem, problem.current, simulate=simulate) if problem.current is not None else None
+    if not result.survivors and problem.pinned is None:
+        raise Infeasible(result.last_stage, result.closest_miss, funnel=tuple(stages))
+    t0 = time.perf_counter()
+    ranked = sorted(_refine(problem, result.survivors), key=lambda c: _score(problem, c))
+    ranked, stage6 = _simulate_top(problem, ranked, simulate)
+    stages.append(stage6)
+    ranked = sorted(ranked, key=lambda c: _score(problem, c))
+    stages.append(FunnelStage("7 ranking by objective", len(ranked), 0, time.perf_counter() - t0 - stage6.seconds, {}))
+    if problem.pinned is not None:
+        best = predict_layout(problem, problem.pinned, simulate=simulate)
+        best = replace(best, why="pinned by the spec")
+    else:
+        best = ranked[0]
+    alternatives: list[Candidate] = []
+    labels = {_structure(best.layout)}
+    for c in ranked:
+        if _structure(c.layout) in labels:
+            continue
+        labels.add(_structure(c.layout))
+        alternatives.append(replace(c, why=_why_not(problem, best, c)))
+        if len(alternatives) >= max(problem.search.top_k - 1, 3):
+            break
+    return Decision(
+        best=best, alternatives=tuple(alternatives), funnel=tuple(stages), candidates_total=result.candidates_total,
+        kv_bytes_per_token=kv_tok, weight_bytes=weights, reasons=_reasons_for(problem, best, tuple(alternatives)), current=current,
+        evaluated=tuple(ranked),
+    )
+
+
+

@@ -1,0 +1,31 @@
+"""Shared CLI output: spec errors (exit 2) and the stage-6 simulator adapter for `plan`.
+
+Used by every subcommand that reads a spec. Owns no planning logic.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from servingtopology.planner.decide import Simulate
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.spec import PlanSpec, SpecError
+
+__all__ = ["emit_spec_error", "simulator_for"]
+
+
+def emit_spec_error(exc: SpecError | InvalidSpec, *, as_json: bool = False) -> int:
+    """Print a spec error naming each bad field and the allowed values; return exit code 2."""
+    errors = exc.errors if isinstance(exc, SpecError) else [(exc.field, exc.message)]
+    if as_json:
+        print(json.dumps({"error": "invalid spec", "fields": [{"field": f, "message": m} for f, m in errors]}))
+    print("invalid spec:", file=sys.stderr)
+    for field, message in errors:
+        print(f"  {field}: {message}", file=sys.stderr)
+    return 2
+
+
+def simulator_for(spec: PlanSpec) -> Simulate | None:
+    """The stage-6 simulator for this spec, or None when the step-level simulator is unavailable."""
+    return None

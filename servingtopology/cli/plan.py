@@ -1,0 +1,168 @@
+"""`servingtopology plan [SPEC.yaml]`: search layouts, print the funnel, the best plans and a decision record.
+
+With no spec it plans the embedded default scenario. `--json` prints one object; `--record FILE.md`
+writes the record; `--plot FILE.png` draws the Pareto frontier. Exit 0 planned, 1 infeasible,
+2 invalid spec (the message names the field and the allowed values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from servingtopology.cli.output import emit_spec_error, simulator_for
+from servingtopology.planner.decide import decide
+from servingtopology.planner.engine_args import layout_engine_args
+from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.layout import layout_to_dict
+from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
+from servingtopology.planner.record import render_record
+from servingtopology.spec import SpecError, load_spec, to_problem
+
+__all__ = ["add_parser", "run", "candidate_json", "funnel_json"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="plan a layout for a spec (default: the embedded scenario)",
+                       description="Search candidate layouts and print the funnel, the best plans and a decision record.")
+    p.add_argument("spec", nargs="?", help="planning spec (YAML); omit for the embedded default scenario")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--record", metavar="FILE.md", help="write the decision record to this file")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the Pareto frontier (throughput per GPU against tokens/s per user)")
+    p.add_argument("--no-simulate", action="store_true", help="skip stage 6 (step-level simulation of the top K)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def funnel_json(stages: tuple[FunnelStage, ...] | list[FunnelStage]) -> list[dict[str, Any]]:
+    return [{"stage": s.stage, "admitted": s.admitted, "rejected": s.rejected, "seconds": round(s.seconds, 6), "reasons": dict(s.reasons)}
+            for s in stages]
+
+
+def candidate_json(problem: Problem, c: Candidate) -> dict[str, Any]:
+    p = c.prediction
+    return {
+        "label": c.layout.label,
+        "gpus": c.layout.gpus,
+        "layout": layout_to_dict(c.layout),
+        "kvCacheDtype": next(iter(c.layout.roles.values())).knobs.kv_dtype.value,
+        "prediction": {
+            "ttft_ms": round(p.ttft_ms, 3), "tpot_ms": round(p.tpot_ms, 3), "throughput_tok_s": round(p.throughput_tok_s, 1),
+            "slo_capacity_rps": round(p.capacity_rps, 3), "goodput_rps": round(p.goodput_rps, 3),
+            "goodput_per_gpu": round(p.goodput_per_gpu, 4), "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
+            "kv_pool_tokens": p.kv_pool_tokens, "max_request_tokens": p.max_request_tokens, "meets_slo": p.meets_slo, "source": p.source,
+        },
+        "engine_args": {r.value: a for r, a in layout_engine_args(problem.engine, c.layout, moe=problem.model.is_moe).items()},
+        "why": c.why,
+    }
+
+
+def _print_funnel(stages: tuple[FunnelStage, ...] | list[FunnelStage], total: int | None = None) -> None:
+    if total is not None:
+        print(f"Funnel: {total:,} candidates")
+    print(f"{'stage':<30} {'admitted':>12} {'rejected':>12} {'seconds':>9}  main rejection reasons")
+    for s in stages:
+        top = ", ".join(f"{k} ({v:,})" for k, v in sorted(s.reasons.items(), key=lambda kv: -kv[1])[:2])
+        print(f"{s.stage:<30} {s.admitted:>12,} {s.rejected:>12,} {s.seconds:>9.3f}  {top}")
+
+
+def _print_best(problem: Problem, d: Decision) -> None:
+    slo = problem.slo
+    print()
+    print(f"{'#':>2} {'layout':<28} {'GPUs':>4} {f'p{slo.ttft_percentile:g} TTFT':>10} {f'p{slo.tpot_percentile:g} TPOT':>10} "
+          f"{'tok/s':>9} {'req/s/GPU':>9} {'source':>10}")
+    for i, c in enumerate((d.best, *d.alternatives)):
+        p = c.prediction
+        print(f"{i + 1:>2} {c.layout.label:<28} {c.layout.gpus:>4} {p.ttft_ms:>8.0f}ms {p.tpot_ms:>8.1f}ms {p.throughput_tok_s:>9.0f} "
+              f"{p.goodput_per_gpu:>9.2f} {p.source:>10}")
+    print()
+    for role, args in layout_engine_args(problem.engine, d.best.layout, moe=problem.model.is_moe).items():
+        print(f"{role.value} × {d.best.layout.roles[role].count}: {problem.engine.value} {' '.join(args)}")
+    print()
+
+
+def _plot(d: Decision, problem: Problem, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_tok = problem.workload.output_tokens.expected_tokens
+    pts = [(c.prediction.capacity_rps * out_tok / c.layout.gpus, c.prediction.tokens_per_s_per_user, c.layout.label) for c in d.evaluated]
+    pts = [p for p in pts if p[0] > 0 and p[1] > 0]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ax.scatter([p[1] for p in pts], [p[0] for p in pts], s=12, alpha=0.4, label="evaluated candidates")
+    frontier, best_y = [], -1.0
+    for x, y, label in sorted(((p[1], p[0], p[2]) for p in pts), reverse=True):
+        if y > best_y:
+            frontier.append((x, y, label))
+            best_y = y
+    ax.plot([f[0] for f in frontier], [f[1] for f in frontier], "r-o", ms=4, label="Pareto frontier")
+    for x, y, label in frontier[:12]:
+        ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("tokens/s per user (1 / mean TPOT)")
+    ax.set_ylabel("output tokens/s per GPU at the SLO capacity")
+    ax.set_title(f"{problem.model.name} on {problem.gpu.id} ({problem.engine.value})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+        problem = to_problem(spec)
+    except (SpecError, InvalidSpec) as exc:
+        return emit_spec_error(exc, as_json=args.json)
+    bar = None
+    progress = None
+    if not args.json and not args.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=5, desc="funnel", unit="stage", file=sys.stderr, leave=False)
+
+        def progress(stage: str, fraction: float) -> None:
+            assert bar is not None
+            bar.set_postfix_str(stage)
+            bar.n = round(fraction * 5)
+            bar.refresh()
+    try:
+        decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress)
+    except Infeasible as exc:
+        if bar:
+            bar.close()
+        funnel = [s for s in exc.funnel if isinstance(s, FunnelStage)]
+        if args.json:
+            print(json.dumps({"error": "infeasible", "stage": exc.stage, "closest_miss": exc.closest_miss, "funnel": funnel_json(funnel)}))
+        else:
+            _print_funnel(funnel)
+            print(f"\nNo feasible layout: stage '{exc.stage}' removed the last candidates.\nClosest miss: {exc.closest_miss}")
+        return 1
+    except InvalidSpec as exc:
+        return emit_spec_error(exc, as_json=args.json)
+    if bar:
+        bar.close()
+    record = render_record(problem, decision)
+    if args.record:
+        Path(args.record).write_text(record)
+    if args.plot:
+        _plot(decision, problem, args.plot)
+    if args.json:
+        print(json.dumps({
+            "funnel": funnel_json(decision.funnel),
+            "candidates_total": decision.candidates_total,
+            "best": candidate_json(problem, decision.best),
+            "alternatives": [candidate_json(problem, c) for c in decision.alternatives],
+            "kv_bytes_per_token": decision.kv_bytes_per_token,
+            "weight_bytes": decision.weight_bytes,
+            "reasons": list(decision.reasons),
+            "record": record,
+        }, indent=1))
+        return 0
+    _print_funnel(decision.funnel, decision.candidates_total)
+    _print_best(problem, decision)
+    print(record)
+    return 0
