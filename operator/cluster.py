@@ -1,0 +1,170 @@
+"""The `Cluster` seam: the few API verbs the reconcile uses, and their implementation over the
+Kubernetes dynamic client (server-side apply with one field manager, owned-object listing, Events).
+
+Called by the kopf handlers (operator/handlers.py), which pass a `KubeCluster` to the reconcile; tests
+pass an in-memory fake with the same protocol. The only module that calls the Kubernetes client for
+workloads; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from .manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
+
+__all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "KubeCluster", "ref_of", "owned_selector"]
+
+FIELD_MANAGER = "servingtopology-operator"
+# Every kind the builders create, so that pruning can find what an old plan left behind.
+MANAGED_KINDS: tuple[tuple[str, str], ...] = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    (LWS_API_VERSION, "LeaderWorkerSet"),
+)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ObjectRef:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def ref_of(obj: Mapping[str, Any]) -> ObjectRef:
+    meta = obj["metadata"]
+    return ObjectRef(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def owned_selector(name: str) -> str:
+    return f"{TOPOLOGY_LABEL}={name},app.kubernetes.io/managed-by={MANAGED_BY}"
+
+
+class ClusterError(Exception):
+    """A transient API failure (the handler retries with a delay)."""
+
+
+class Cluster(Protocol):
+    def apply(self, obj: Mapping[str, Any]) -> bool:
+        """Server-side apply with the operator's field manager; True when the object was created or changed."""
+        ...
+
+    def read(self, ref: ObjectRef) -> Mapping[str, Any] | None: ...
+
+    def delete(self, ref: ObjectRef) -> None: ...
+
+    def list_owned(self, namespace: str, name: str) -> list[ObjectRef]:
+        """Objects of MANAGED_KINDS that carry the topology's label (whatever plan made them)."""
+        ...
+
+    def has_leader_worker_set(self) -> bool: ...
+
+    def read_config_map(self, namespace: str, name: str, key: str) -> str | None: ...
+
+    def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None: ...
+
+    def read_secret(self, namespace: str, name: str, key: str) -> str | None: ...
+
+
+class KubeCluster:
+    """`Cluster` over kubernetes.dynamic.DynamicClient (sync; kopf runs sync handlers in a thread pool)."""
+
+    def __init__(self, api_client: Any, *, reporting_instance: str = "") -> None:
+        from kubernetes import dynamic
+
+        self._client = dynamic.DynamicClient(api_client)
+        self._instance = reporting_instance or f"{FIELD_MANAGER}-{uuid.uuid4().hex[:8]}"
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self._client.resources.get(api_version=api_version, kind=kind)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.dynamic import exceptions
+
+        try:
+            return fn(*args, **kwargs)
+        except exceptions.NotFoundError:
+            return None
+        except (exceptions.DynamicApiError, OSError) as exc:
+            raise ClusterError(str(exc)) from exc
+
+    def apply(self, obj: Mapping[str, Any]) -> bool:
+        ref = ref_of(obj)
+        res = self._resource(ref.api_version, ref.kind)
+        before = self._call(self._client.get, res, name=ref.name, namespace=ref.namespace)
+        after = self._call(self._client.server_side_apply, res, body=dict(obj), namespace=ref.namespace,
+                           field_manager=FIELD_MANAGER, force_conflicts=True)
+        old_version = before.metadata.resourceVersion if before is not None else None
+        return after is None or after.metadata.resourceVersion != old_version
+
+    def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:
+        got = self._call(self._client.get, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace)
+        return got.to_dict() if got is not None else None
+
+    def delete(self, ref: ObjectRef) -> None:
+        self._call(self._client.delete, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace,
+                   propagation_policy="Background")
+
+    def _kinds(self) -> Iterable[tuple[str, str]]:
+        lws = self.has_leader_worker_set()
+        return (k for k in MANAGED_KINDS if lws or k[0] != LWS_API_VERSION)
+
+    def list_owned(self, namespace: str, name: str) -> list[ObjectRef]:
+        out = []
+        for api_version, kind in self._kinds():
+            listing = self._call(self._client.get, self._resource(api_version, kind), namespace=namespace,
+                                 label_selector=owned_selector(name))
+            for item in (listing.items if listing is not None else []):
+                out.append(ObjectRef(api_version, kind, namespace, item.metadata.name))
+        return sorted(out)
+
+    def has_leader_worker_set(self) -> bool:
+        from kubernetes.dynamic import exceptions
+
+        try:
+            self._resource(LWS_API_VERSION, "LeaderWorkerSet")
+        except exceptions.ResourceNotFoundError:
+            return False
+        return True
+
+    def read_config_map(self, namespace: str, name: str, key: str) -> str | None:
+        cm = self._call(self._client.get, self._resource("v1", "ConfigMap"), name=name, namespace=namespace)
+        data = (cm.to_dict().get("data") or {}) if cm is not None else {}
+        value = data.get(key)
+        return str(value) if value is not None else None
+
+    def read_secret(self, namespace: str, name: str, key: str) -> str | None:
+        secret = self._call(self._client.get, self._resource("v1", "Secret"), name=name, namespace=namespace)
+        data = (secret.to_dict().get("data") or {}) if secret is not None else {}
+        value = data.get(key)
+        return base64.b64decode(value).decode() if value is not None else None
+
+    def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:
+        meta = owner["metadata"]
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        event = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "eventTime": stamp,
+            "type": type,
+            "reason": reason,
+            "action": reason,
+            "note": message[:1024],
+            "reportingController": f"{API_VERSION.split('/')[0]}/operator",
+            "reportingInstance": self._instance,
+            "regarding": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "namespace": meta["namespace"],
+                          "uid": meta.get("uid", "")},
+        }
+        self._call(self._client.create, self._resource("events.k8s.io/v1", "Event"), body=event, namespace=meta["namespace"])

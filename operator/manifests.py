@@ -1,0 +1,348 @@
+"""Manifest builders: the Kubernetes objects that run one plan (Deployments or LeaderWorkerSets per role,
+the PD router and its RBAC, Services), as plain JSON-ready dicts.
+
+Called by the reconcile (operator/reconcile.py) and the golden tests. Pure `build_*` functions over a
+frozen `Blueprint`; they never talk to the API server and never pick a layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..planner.hardware import Precision
+from ..planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
+from .engine_args import (
+    ENGINE_PORT,
+    NIXL_SIDE_CHANNEL_PORT,
+    ROUTER_PORT,
+    SGLANG_BOOTSTRAP_PORT,
+    EngineCommand,
+    engine_command,
+    router_command,
+)
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "GROUP",
+    "ROLE_LABEL",
+    "TOPOLOGY_LABEL",
+    "SERVING_LABEL",
+    "MANAGED_BY",
+    "LWS_API_VERSION",
+    "Blueprint",
+    "role_nodes",
+    "multinode_roles",
+    "object_name",
+    "build_labels",
+    "build_owner_reference",
+    "build_engine_pod_template",
+    "build_deployment",
+    "build_leader_worker_set",
+    "build_service",
+    "build_router_rbac",
+    "build_router_deployment",
+    "build_workloads",
+]
+
+GROUP = "servingtopology.io"
+API_VERSION = f"{GROUP}/v1alpha1"
+KIND = "ServingTopology"
+ROLE_LABEL = f"{GROUP}/role"
+TOPOLOGY_LABEL = f"{GROUP}/topology"
+SERVING_LABEL = f"{GROUP}/serving"        # only pods that answer HTTP (not LWS workers) carry "true"
+LAYOUT_ANNOTATION = f"{GROUP}/layout"
+MANAGED_BY = "servingtopology-operator"
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+ROUTER = "router"
+
+
+@dataclass(frozen=True, slots=True)
+class Blueprint:
+    """Everything the builders need about one ServingTopology and its plan; no pydantic, no client."""
+
+    name: str
+    namespace: str
+    uid: str
+    engine: Engine
+    image: str
+    model: str                 # what the engine loads: a Hugging Face id or a path in the image
+    served_model_name: str
+    layout: Layout
+    gpus_per_node: int
+    router_image: str = ""     # empty: the engine image (SGLang images ship sglang_router)
+    extra_args: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    transfer_backend: str = "nixl"
+    shm_size: str = "16Gi"
+
+    @property
+    def precision(self) -> Precision:
+        return self.layout.precision
+
+
+def role_nodes(bp: Blueprint, role_layout: RoleLayout) -> int:
+    """Nodes one instance of this role spans: 1, or ceil(instance GPUs / GPUs per node)."""
+    return max(1, math.ceil(role_layout.parallelism.gpus / bp.gpus_per_node))
+
+
+def multinode_roles(bp: Blueprint) -> tuple[Role, ...]:
+    """Roles whose instances span more than one node (they need LeaderWorkerSet)."""
+    return tuple(role for role, rl in bp.layout.roles.items() if role_nodes(bp, rl) > 1)
+
+
+def object_name(bp: Blueprint, component: str) -> str:
+    return f"{bp.name}-{component}"
+
+
+def build_labels(bp: Blueprint, component: str) -> dict[str, str]:
+    """The selector labels of one component (stable across plans: Deployment selectors are immutable)."""
+    return {
+        "app.kubernetes.io/name": bp.engine.value if component != ROUTER else f"{bp.engine.value}-router",
+        "app.kubernetes.io/instance": bp.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "servingtopology",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        TOPOLOGY_LABEL: bp.name,
+        ROLE_LABEL: component,
+    }
+
+
+def _selector(bp: Blueprint, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": bp.name, ROLE_LABEL: component}
+
+
+def build_owner_reference(bp: Blueprint) -> dict[str, Any]:
+    """The controller reference that lets the garbage collector delete every object with its CR."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": bp.name, "uid": bp.uid, "controller": True,
+            "blockOwnerDeletion": True}
+
+
+def _metadata(bp: Blueprint, component: str, *, name: str | None = None) -> dict[str, Any]:
+    return {
+        "name": name or object_name(bp, component),
+        "namespace": bp.namespace,
+        "labels": build_labels(bp, component),
+        "annotations": {LAYOUT_ANNOTATION: bp.layout.label},
+        "ownerReferences": [build_owner_reference(bp)],
+    }
+
+
+def _http_probe(path: str, port: int, *, period_s: int, failures: int, initial_s: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {"httpGet": {"path": path, "port": port}, "periodSeconds": period_s,
+                             "failureThreshold": failures, "timeoutSeconds": 5}
+    if initial_s:
+        probe["initialDelaySeconds"] = initial_s
+    return probe
+
+
+def _engine_env(bp: Blueprint, role: Role) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = []
+    if bp.engine is Engine.VLLM and role is not Role.AGGREGATED:
+        # NIXL's side channel must advertise the pod IP, not localhost, when P and D are on different hosts.
+        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)})
+    return env
+
+
+def _engine_ports(bp: Blueprint, role: Role) -> list[dict[str, Any]]:
+    ports: list[dict[str, Any]] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if bp.engine is Engine.SGLANG and role is Role.PREFILL:
+        ports.append({"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
+    if bp.engine is Engine.VLLM and role is not Role.AGGREGATED:
+        ports.append({"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"})
+    return ports
+
+
+def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...], command: tuple[str, ...],
+                              gpus_per_pod: int, serving: bool = True) -> dict[str, Any]:
+    """One engine pod: GPUs, /dev/shm, probes (only on pods that serve HTTP), scrape annotations."""
+    labels = {**build_labels(bp, role.value), SERVING_LABEL: "true" if serving else "false"}
+    # No layout annotation here: a pod template that changed with the layout label would restart every
+    # pod when only the replica count changes.
+    annotations: dict[str, str] = {}
+    if serving:
+        annotations |= {"prometheus.io/scrape": "true", "prometheus.io/port": str(ENGINE_PORT), "prometheus.io/path": "/metrics"}
+    if bp.engine is Engine.SGLANG and role is Role.PREFILL:
+        annotations["sglang.ai/bootstrap-port"] = str(SGLANG_BOOTSTRAP_PORT)
+    gpu = str(gpus_per_pod)
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": bp.image,
+        "command": list(command),
+        "args": list(args),
+        "ports": _engine_ports(bp, role),
+        "resources": {"requests": {"nvidia.com/gpu": gpu}, "limits": {"nvidia.com/gpu": gpu}},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    env = _engine_env(bp, role)
+    if env:
+        container["env"] = env
+    if serving:
+        # Loading weights can take many minutes: the startup probe holds liveness off for up to 30 min.
+        container["startupProbe"] = _http_probe("/health", ENGINE_PORT, period_s=10, failures=180)
+        container["readinessProbe"] = _http_probe("/health", ENGINE_PORT, period_s=5, failures=3)
+        container["livenessProbe"] = _http_probe("/health", ENGINE_PORT, period_s=15, failures=4)
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": 60,
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": bp.shm_size}}],
+    }
+    if bp.node_selector:
+        spec["nodeSelector"] = dict(sorted(bp.node_selector.items()))
+    if bp.tolerations:
+        spec["tolerations"] = [dict(t) for t in bp.tolerations]
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
+
+
+def _command(bp: Blueprint, role: Role, rl: RoleLayout, nodes: int) -> EngineCommand:
+    return engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role,
+                          par=rl.parallelism, knobs=rl.knobs, precision=bp.precision, extra_args=bp.extra_args,
+                          nodes=nodes, transfer_backend=bp.transfer_backend)
+
+
+def build_deployment(bp: Blueprint, role: Role) -> dict[str, Any]:
+    """A Deployment of `count` single-node engine instances of one role."""
+    rl = bp.layout.roles[role]
+    cmd = _command(bp, role, rl, 1)
+    template = build_engine_pod_template(bp, role, args=cmd.args, command=cmd.command, gpus_per_pod=rl.parallelism.gpus)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(bp, role.value),
+        "spec": {
+            "replicas": rl.count,
+            "selector": {"matchLabels": _selector(bp, role.value)},
+            # A GPU pod cannot surge on a full node: replace one instance at a time, never below count-1.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": template,
+        },
+    }
+
+
+def build_leader_worker_set(bp: Blueprint, role: Role) -> dict[str, Any]:
+    """A LeaderWorkerSet of `count` multi-node instances: the leader serves, workers join headless.
+
+    Raises ValueError when the instance's GPUs do not split evenly over whole nodes.
+    """
+    rl = bp.layout.roles[role]
+    nodes = role_nodes(bp, rl)
+    if rl.parallelism.gpus % nodes:
+        raise ValueError(f"{rl.parallelism.gpus} GPUs per instance do not split evenly over {nodes} nodes of {bp.gpus_per_node}")
+    per_pod = rl.parallelism.gpus // nodes
+    cmd = _command(bp, role, rl, nodes)
+    leader = build_engine_pod_template(bp, role, args=cmd.args, command=cmd.command, gpus_per_pod=per_pod)
+    worker = build_engine_pod_template(bp, role, args=cmd.worker_args, command=cmd.command, gpus_per_pod=per_pod, serving=False)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": _metadata(bp, role.value),
+        "spec": {
+            "replicas": rl.count,
+            "leaderWorkerTemplate": {
+                "size": nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+def build_service(bp: Blueprint, component: str, *, entry: bool) -> dict[str, Any]:
+    """The entry Service `<name>` (router or aggregated engines), or a headless per-role Service."""
+    port = ROUTER_PORT if component == ROUTER else ENGINE_PORT
+    spec: dict[str, Any] = {
+        "selector": {**_selector(bp, component), **({} if component == ROUTER else {SERVING_LABEL: "true"})},
+        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+    }
+    if entry:
+        spec["type"] = "ClusterIP"
+    else:
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(bp, component, name=bp.name if entry else None),
+            "spec": spec}
+
+
+def build_router_rbac(bp: Blueprint) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding that let the router watch engine pods in its namespace."""
+    name = object_name(bp, ROUTER)
+    rules = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(bp, ROUTER)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _metadata(bp, ROUTER), "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _metadata(bp, ROUTER),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": bp.namespace}]},
+    ]
+
+
+def _label_selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
+    """The PD router: pairs a prefill and a decode instance for each request (two replicas, no GPU)."""
+    serving = {SERVING_LABEL: "true"}
+    cmd = router_command(
+        engine=bp.engine, namespace=bp.namespace,
+        prefill_selector=_label_selector({**_selector(bp, Role.PREFILL.value), **serving}),
+        decode_selector=_label_selector({**_selector(bp, Role.DECODE.value), **serving}),
+    )
+    container = {
+        "name": ROUTER,
+        "image": bp.router_image or bp.image,
+        "command": list(cmd.command),
+        "args": list(cmd.args),
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "readinessProbe": _http_probe("/health", ROUTER_PORT, period_s=5, failures=3),
+        "livenessProbe": _http_probe("/health", ROUTER_PORT, period_s=15, failures=4, initial_s=10),
+    }
+    spec: dict[str, Any] = {"serviceAccountName": object_name(bp, ROUTER), "containers": [container]}
+    if bp.node_selector:
+        spec["nodeSelector"] = dict(sorted(bp.node_selector.items()))
+    if bp.tolerations:
+        spec["tolerations"] = [dict(t) for t in bp.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(bp, ROUTER),
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": _selector(bp, ROUTER)},
+            "template": {"metadata": {"labels": build_labels(bp, ROUTER)}, "spec": spec},
+        },
+    }
+
+
+def build_workloads(bp: Blueprint) -> list[dict[str, Any]]:
+    """Every object of the plan, in apply order (RBAC, engines, router, Services).
+
+    Multi-node roles become LeaderWorkerSets; the caller must have checked that the LWS CRD exists.
+    """
+    objects: list[dict[str, Any]] = []
+    pd = bp.layout.kind is LayoutKind.PD
+    if pd:
+        objects += build_router_rbac(bp)
+    for role in (Role.AGGREGATED, Role.PREFILL, Role.DECODE):
+        rl = bp.layout.roles.get(role)
+        if rl is None:
+            continue
+        multinode = role_nodes(bp, rl) > 1
+        objects.append(build_leader_worker_set(bp, role) if multinode else build_deployment(bp, role))
+    if pd:
+        objects.append(build_router_deployment(bp))
+        objects.append(build_service(bp, ROUTER, entry=True))
+        objects.append(build_service(bp, Role.PREFILL.value, entry=False))
+        objects.append(build_service(bp, Role.DECODE.value, entry=False))
+    else:
+        objects.append(build_service(bp, Role.AGGREGATED.value, entry=True))
+    return objects

@@ -1,0 +1,137 @@
+"""Plans in status: converts a planner Decision into `status.plan` / `status.proposal` and back into a
+Layout, writes conditions, and words the Event messages ("would change 4×TP2 → 2P3D@TP4: …").
+
+Called by the reconcile (operator/reconcile.py). Pure: values in, values out; time is an argument.
+Must not talk to the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from ..planner.hardware import Precision
+from ..planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
+from ..planner.problem import Candidate, Prediction
+from .api import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
+
+__all__ = [
+    "timestamp",
+    "pd_ratio",
+    "predicted",
+    "plan_status",
+    "proposal_status",
+    "layout_from_plan",
+    "change_message",
+    "set_condition",
+    "condition",
+    "append_history",
+]
+
+ArgsOf = Callable[[Role, RoleLayout], tuple[int, tuple[str, ...]]]  # role -> (nodes per instance, engine args)
+
+
+def timestamp(now: datetime) -> str:
+    """RFC 3339 in UTC with a Z, second precision (what Kubernetes writes)."""
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pd_ratio(layout: Layout) -> str:
+    """`P:D` instance counts of a PD layout, `-` for replicas (the printer column)."""
+    if layout.kind is LayoutKind.REPLICAS:
+        return "-"
+    return f"{layout.roles[Role.PREFILL].count}:{layout.roles[Role.DECODE].count}"
+
+
+def predicted(p: Prediction) -> Predicted:
+    return Predicted(ttftMs=round(p.ttft_ms, 1), tpotMs=round(p.tpot_ms, 2), throughputTokS=round(p.throughput_tok_s, 1),
+                     capacityRps=round(p.capacity_rps, 3), goodputRps=round(p.goodput_rps, 3), meetsSlo=p.meets_slo,
+                     source=p.source)
+
+
+def _roles(layout: Layout, args_of: ArgsOf) -> list[RolePlan]:
+    out = []
+    for role, rl in layout.roles.items():
+        par, k = rl.parallelism, rl.knobs
+        nodes, args = args_of(role, rl)
+        out.append(RolePlan(role=role.value, replicas=rl.count, tp=par.tp, pp=par.pp, dp=par.dp, ep=par.ep,
+                            gpusPerInstance=par.gpus, nodesPerInstance=nodes, maxNumSeqs=k.max_num_seqs,
+                            maxNumBatchedTokens=k.max_num_batched_tokens, memoryFraction=k.memory_fraction,
+                            kvCacheDtype=k.kv_dtype.value, blockSize=k.block_size_tokens,
+                            enablePrefixCaching=k.enable_prefix_caching, engineArgs=list(args)))
+    return out
+
+
+def plan_status(candidate: Candidate, *, args_of: ArgsOf, reasons: Sequence[str], now: datetime, generation: int) -> PlanStatus:
+    """`status.plan` for a chosen candidate."""
+    layout = candidate.layout
+    return PlanStatus(layout=layout.label, kind=layout.kind, precision=layout.precision.value, gpus=layout.gpus,
+                      pd=pd_ratio(layout), roles=_roles(layout, args_of), predicted=predicted(candidate.prediction),
+                      reasons=list(reasons)[:8], decidedAt=timestamp(now), generation=generation)
+
+
+def proposal_status(candidate: Candidate, *, current: PlanStatus | None, before: Prediction | None, args_of: ArgsOf,
+                    reasons: Sequence[str], now: datetime, generation: int, percentile: str) -> ProposalStatus:
+    """`status.proposal`: the plan a DryRun would apply, with the figures before and after."""
+    plan = plan_status(candidate, args_of=args_of, reasons=reasons, now=now, generation=generation)
+    before_p = predicted(before) if before is not None else (current.predicted if current is not None else None)
+    reason = reasons[0] if reasons else (candidate.why or "best ranked layout under the SLOs")
+    message = change_message(current_layout=current.layout if current else None, current_gpus=current.gpus if current else None,
+                             before=before_p, after=plan, reason=reason, percentile=percentile, verb="would")
+    return ProposalStatus(**plan.model_dump(), fromLayout=current.layout if current else None,
+                          fromGPUs=current.gpus if current else None, before=before_p, reason=reason, message=message)
+
+
+def change_message(*, current_layout: str | None, current_gpus: int | None, before: Predicted | None, after: PlanStatus,
+                   reason: str, percentile: str, verb: str) -> str:
+    """`would change 4×TP2 → 2P3D@TP4: p95 TTFT 310→180 ms, TPOT 30→28 ms, GPUs 8→10, because …`.
+
+    `verb` is "would" for a proposal and "did" for an applied change (worded "changed").
+    """
+    a = after.predicted
+    if current_layout is None or (current_layout == after.layout and current_gpus == after.gpus):
+        head = f"{'would create' if verb == 'would' else 'created'} {after.layout}"
+        figures = [f"{after.gpus} GPUs"]
+        if a is not None:
+            figures = [f"{percentile} TTFT {a.ttftMs:.0f} ms", f"TPOT {a.tpotMs:.1f} ms", *figures]
+    else:
+        head = f"{'would change' if verb == 'would' else 'changed'} {current_layout} → {after.layout}"
+        figures = []
+        if a is not None:
+            if before is not None:
+                figures += [f"{percentile} TTFT {before.ttftMs:.0f}→{a.ttftMs:.0f} ms", f"TPOT {before.tpotMs:.1f}→{a.tpotMs:.1f} ms"]
+            else:
+                figures += [f"{percentile} TTFT {a.ttftMs:.0f} ms", f"TPOT {a.tpotMs:.1f} ms"]
+        figures.append(f"GPUs {current_gpus}→{after.gpus}")
+    return f"{head}: {', '.join(figures)}, because {reason}"
+
+
+def layout_from_plan(plan: PlanStatus) -> Layout:
+    """Rebuild the planner Layout a plan in status describes (the `current` layout of the next decision)."""
+    roles = {}
+    for r in plan.roles:
+        knobs = EngineKnobs(max_num_seqs=r.maxNumSeqs, max_num_batched_tokens=r.maxNumBatchedTokens, memory_fraction=r.memoryFraction,
+                            kv_dtype=KvDtype(r.kvCacheDtype), block_size_tokens=r.blockSize, enable_prefix_caching=r.enablePrefixCaching)
+        roles[Role(r.role)] = RoleLayout(r.replicas, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=r.ep), knobs)
+    return Layout(plan.kind, roles, Precision(plan.precision))
+
+
+def condition(conditions: Sequence[Condition], kind: ConditionType) -> Condition | None:
+    return next((c for c in conditions if c.type is kind), None)
+
+
+def set_condition(conditions: Sequence[Condition], kind: ConditionType, *, status: bool | None, reason: str, message: str,
+                  now: datetime, generation: int) -> list[Condition]:
+    """Replace one condition; lastTransitionTime moves only when the status flips."""
+    text = "Unknown" if status is None else ("True" if status else "False")
+    old = condition(conditions, kind)
+    since = old.lastTransitionTime if old is not None and old.status == text else timestamp(now)
+    new = Condition(type=kind, status=text, reason=reason, message=message[:1024], lastTransitionTime=since,
+                    observedGeneration=generation)
+    out = [c for c in conditions if c.type is not kind] + [new]
+    return sorted(out, key=lambda c: list(ConditionType).index(c.type))
+
+
+def append_history(history: Sequence[HistoryEntry], entry: HistoryEntry, limit: int) -> list[HistoryEntry]:
+    """Newest last, at most `limit` entries."""
+    return [*history, entry][-limit:]

@@ -1,0 +1,72 @@
+"""Named plans for the operator tests: blueprints of every engine × layout shape, and hand-made Decisions.
+
+Shared by the builder golden tests, the validation tests and the reconcile tests, so that each shape is
+spelled once. Decisions are built by hand here so the operator can be tested without the planner's search.
+"""
+
+from __future__ import annotations
+
+from servingtopology.operator.manifests import Blueprint
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
+from servingtopology.planner.problem import Candidate, Decision, Prediction
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+SGLANG_IMAGE = "lmsysorg/sglang:v0.5.3"
+UID = "0d9c1e4e-5b7a-4c1e-9a57-000000000001"
+
+
+def knobs(**kw: object) -> EngineKnobs:
+    return EngineKnobs(**kw)  # type: ignore[arg-type]
+
+
+def blueprint(engine: Engine, layout: Layout, *, gpus_per_node: int = 8, model: str = "meta-llama/Llama-3.1-8B-Instruct",
+              **kw: object) -> Blueprint:
+    image = VLLM_IMAGE if engine is Engine.VLLM else SGLANG_IMAGE
+    return Blueprint(name="llama", namespace="serving", uid=UID, engine=engine, image=image, model=model,
+                     served_model_name=model, layout=layout, gpus_per_node=gpus_per_node, **kw)  # type: ignore[arg-type]
+
+
+# name -> blueprint; each row is one shape the golden files pin down.
+BLUEPRINTS: dict[str, Blueprint] = {
+    # plain replicas, default knobs
+    "vllm-replicas-4xtp2": blueprint(Engine.VLLM, Layout.replicas(4, Parallelism(tp=2))),
+    # FP8 weights and KV, tuned knobs, placement constraints, user extra args
+    "vllm-replicas-fp8-placement": blueprint(
+        Engine.VLLM,
+        Layout.replicas(2, Parallelism(tp=4), knobs(max_num_seqs=128, max_num_batched_tokens=4096, memory_fraction=0.92,
+                                                    kv_dtype=KvDtype.FP8), precision=Precision.FP8),
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        extra_args=("--max-model-len", "16384")),
+    # TP and PP inside one node
+    "vllm-tp4pp2": blueprint(Engine.VLLM, Layout.replicas(2, Parallelism(tp=4, pp=2)), gpus_per_node=8,
+                             model="meta-llama/Llama-3.1-70B"),
+    # PD with the same parallelism on both sides, the vLLM router
+    "vllm-pd-2p3d-tp4": blueprint(Engine.VLLM, Layout.pd(RoleLayout(2, Parallelism(tp=4)), RoleLayout(3, Parallelism(tp=4)))),
+    # one instance over two nodes: LeaderWorkerSet with the mp executor's rendezvous flags
+    "vllm-multinode-tp8pp2": blueprint(Engine.VLLM, Layout.replicas(1, Parallelism(tp=8, pp=2)), model="meta-llama/Llama-3.1-405B"),
+    # SGLang replicas with DP attention and expert parallelism (an MoE model)
+    "sglang-replicas-tp2dp4-ep": blueprint(Engine.SGLANG, Layout.replicas(2, Parallelism(tp=2, dp=4, ep=True)),
+                                           model="Qwen/Qwen3-30B-A3B"),
+    # SGLang with pipeline parallel, prefix caching off
+    "sglang-tp2pp2": blueprint(Engine.SGLANG, Layout.replicas(3, Parallelism(tp=2, pp=2), knobs(enable_prefix_caching=False))),
+    # SGLang PD with different parallelism per role and the SGLang router
+    "sglang-pd-1p2d-mixed": blueprint(Engine.SGLANG, Layout.pd(RoleLayout(1, Parallelism(tp=4)),
+                                                               RoleLayout(2, Parallelism(tp=2), knobs(max_num_seqs=512)))),
+    # SGLang multi-node TP16 on 8-GPU nodes
+    "sglang-multinode-tp16": blueprint(Engine.SGLANG, Layout.replicas(1, Parallelism(tp=16)), model="deepseek-ai/DeepSeek-V3"),
+}
+
+
+def prediction(ttft_ms: float, tpot_ms: float, *, meets_slo: bool = True) -> Prediction:
+    return Prediction(ttft_ms=ttft_ms, tpot_ms=tpot_ms, throughput_tok_s=5000.0, capacity_rps=20.0, goodput_rps=18.0,
+                      goodput_per_gpu=2.25, tokens_per_s_per_user=1000 / tpot_ms, kv_pool_tokens=400_000,
+                      max_request_tokens=32_768, meets_slo=meets_slo)
+
+
+def decision(layout: Layout, *, ttft_ms: float = 180.0, tpot_ms: float = 25.0, reasons: tuple[str, ...] = ("prefill-heavy traffic",),
+             current: Candidate | None = None) -> Decision:
+    best = Candidate(layout, prediction(ttft_ms, tpot_ms), score=1.0, why="ranked first")
+    return Decision(best=best, alternatives=(), funnel=(), candidates_total=1, kv_bytes_per_token=131072,
+                    weight_bytes=16e9, reasons=reasons, current=current)

@@ -1,0 +1,99 @@
+"""An in-memory `Cluster` for reconcile tests: server-side apply as replace-with-version, owner-reference
+garbage collection, Events in a list, and a switch for whether the LeaderWorkerSet CRD is installed.
+
+Deployments and LeaderWorkerSets report every replica ready unless `ready` is turned off, so tests can
+drive readiness. Not a Kubernetes emulator: no admission, no defaulting, no watches.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from servingtopology.operator.cluster import MANAGED_KINDS, ObjectRef, ref_of
+from servingtopology.operator.manifests import LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
+
+
+@dataclass
+class RecordedEvent:
+    type: str
+    reason: str
+    message: str
+    regarding: str
+
+
+@dataclass
+class FakeCluster:
+    lws_installed: bool = False
+    ready: bool = True
+    objects: dict[ObjectRef, dict[str, Any]] = field(default_factory=dict)
+    events: list[RecordedEvent] = field(default_factory=list)
+    config_maps: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    applies: int = 0
+    _version: int = 0
+
+    def apply(self, obj: Mapping[str, Any]) -> bool:
+        ref = ref_of(obj)
+        if ref.api_version == LWS_API_VERSION and not self.lws_installed:
+            raise AssertionError("applied a LeaderWorkerSet without its CRD")
+        self.applies += 1
+        old = self.objects.get(ref)
+        body = json.loads(json.dumps(obj))  # JSON-serialisable, as the real client requires
+        if old is not None:
+            same = {k: v for k, v in old.items() if k != "status"}
+            same["metadata"] = {k: v for k, v in old["metadata"].items() if k not in ("resourceVersion", "generation")}
+            if same == body:
+                return False
+            body["metadata"]["generation"] = old["metadata"]["generation"] + 1
+        else:
+            body["metadata"]["generation"] = 1
+        self._version += 1
+        body["metadata"]["resourceVersion"] = str(self._version)
+        self.objects[ref] = body
+        return True
+
+    def _with_status(self, obj: dict[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(obj)
+        if out["kind"] in ("Deployment", "LeaderWorkerSet"):
+            n = int(out["spec"]["replicas"]) if self.ready else 0
+            out["status"] = {"readyReplicas": n, "updatedReplicas": n, "observedGeneration": out["metadata"]["generation"]}
+        return out
+
+    def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:
+        obj = self.objects.get(ref)
+        return self._with_status(obj) if obj is not None else None
+
+    def delete(self, ref: ObjectRef) -> None:
+        self.objects.pop(ref, None)
+
+    def list_owned(self, namespace: str, name: str) -> list[ObjectRef]:
+        kinds = set(MANAGED_KINDS)
+        return sorted(ref for ref, obj in self.objects.items()
+                      if ref.namespace == namespace and (ref.api_version, ref.kind) in kinds
+                      and obj["metadata"].get("labels", {}).get(TOPOLOGY_LABEL) == name
+                      and obj["metadata"]["labels"].get("app.kubernetes.io/managed-by") == MANAGED_BY)
+
+    def has_leader_worker_set(self) -> bool:
+        return self.lws_installed
+
+    def read_config_map(self, namespace: str, name: str, key: str) -> str | None:
+        return self.config_maps.get((namespace, name), {}).get(key)
+
+    def read_secret(self, namespace: str, name: str, key: str) -> str | None:
+        return None
+
+    def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:
+        self.events.append(RecordedEvent(type, reason, message, owner["metadata"]["name"]))
+
+    def collect_garbage(self, owner_uid: str) -> None:
+        """What the garbage collector does after the owner is deleted: remove every dependent."""
+        for ref in [r for r, o in self.objects.items()
+                    if any(ref_.get("uid") == owner_uid for ref_ in o["metadata"].get("ownerReferences", []))]:
+            del self.objects[ref]
+
+    def kinds(self) -> list[str]:
+        return sorted(str(r) for r in self.objects)

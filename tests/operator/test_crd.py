@@ -1,0 +1,73 @@
+"""The CRD is generated from the API models: the committed YAML must match, and the schema must be structural."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from servingtopology.operator.crd import CRD_PATHS, build_crd, render_crd_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("rel", CRD_PATHS)
+def test_committed_crd_matches_the_api_models(rel: str) -> None:
+    path = ROOT / rel
+    assert path.read_text() == render_crd_yaml(), (
+        f"{rel} drifted from operator/api.py; regenerate with `python -m servingtopology.operator.crd --write`")
+
+
+def _walk(node: dict[str, Any], path: str = "") -> list[str]:
+    """Violations of the structural-schema rules Kubernetes enforces on CRDs."""
+    problems = []
+    if not node.get("type") and not node.get("x-kubernetes-preserve-unknown-fields") and not node.get("x-kubernetes-int-or-string"):
+        problems.append(f"{path or '/'}: no type")
+    for bad in ("anyOf", "oneOf", "allOf", "$ref", "$defs", "const", "title"):
+        if bad in node:
+            problems.append(f"{path}: {bad}")
+    if "properties" in node and "additionalProperties" in node:
+        problems.append(f"{path}: properties beside additionalProperties")
+    if isinstance(node.get("exclusiveMinimum"), int | float) and not isinstance(node.get("exclusiveMinimum"), bool):
+        problems.append(f"{path}: numeric exclusiveMinimum")
+    for name, child in node.get("properties", {}).items():
+        problems += _walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        problems += _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        problems += _walk(node["additionalProperties"], f"{path}{{}}")
+    return problems
+
+
+def test_the_schema_is_structural() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _walk(schema) == []
+
+
+def test_the_crd_names_group_version_short_name_status_and_printer_columns() -> None:
+    crd = build_crd()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "servingtopologies.servingtopology.io"
+    assert spec["scope"] == "Namespaced" and spec["names"]["shortNames"] == ["stopo"]
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert columns == ["LAYOUT", "GPUS", "P:D", "TTFT", "TPOT", "READY", "AGE"]
+
+
+def test_the_spec_schema_carries_enums_minimums_and_required_fields() -> None:
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props = spec["properties"]
+    assert set(spec["required"]) >= {"engine", "hardware", "workload", "slo"}
+    assert props["policy"]["properties"]["mode"]["enum"] == ["Auto", "DryRun", "Pinned"]
+    assert props["engine"]["properties"]["name"]["enum"] == ["vllm", "sglang"]
+    assert props["hardware"]["properties"]["maxGPUs"]["minimum"] == 1
+    assert "image" in props["engine"]["required"]
+    assert "layout" not in props and "modelConfig" not in props  # CLI-only fields
+    assert props["pinned"]["properties"]["kind"]["enum"] == ["replicas", "pd"]
+
+
+def test_the_generated_yaml_round_trips() -> None:
+    text = render_crd_yaml()
+    assert yaml.safe_load(text) == build_crd()

@@ -1,0 +1,129 @@
+"""The manifest builders: golden YAML per engine × layout shape, and the invariants every plan keeps."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import yaml
+from cases import BLUEPRINTS, blueprint
+from servingtopology.operator.manifests import (
+    SERVING_LABEL,
+    build_leader_worker_set,
+    build_workloads,
+    multinode_roles,
+)
+from servingtopology.planner.layout import Engine, Layout, LayoutKind, Parallelism, Role
+
+
+def render(objects: list[dict]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, allow_unicode=True, width=120)
+
+
+@pytest.mark.parametrize("name", sorted(BLUEPRINTS))
+def test_workloads_match_their_golden_yaml(name: str, golden: Callable[[str, str], None]) -> None:
+    golden(f"{name}.yaml", render(build_workloads(BLUEPRINTS[name])))
+
+
+@pytest.mark.parametrize("name", sorted(BLUEPRINTS))
+def test_gpu_requests_add_up_to_the_layout(name: str) -> None:
+    bp = BLUEPRINTS[name]
+    total = 0
+    for obj in build_workloads(bp):
+        if obj["kind"] == "Deployment":
+            gpus = obj["spec"]["template"]["spec"]["containers"][0]["resources"].get("limits", {}).get("nvidia.com/gpu", "0")
+            total += obj["spec"]["replicas"] * int(gpus)
+        elif obj["kind"] == "LeaderWorkerSet":
+            lwt = obj["spec"]["leaderWorkerTemplate"]
+            per_pod = int(lwt["leaderTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+            total += obj["spec"]["replicas"] * lwt["size"] * per_pod
+    assert total == bp.layout.gpus
+
+
+@pytest.mark.parametrize("name", sorted(BLUEPRINTS))
+def test_every_object_is_owned_by_the_topology_and_labelled(name: str) -> None:
+    for obj in build_workloads(BLUEPRINTS[name]):
+        meta = obj["metadata"]
+        assert meta["ownerReferences"][0]["uid"] == BLUEPRINTS[name].uid
+        assert meta["ownerReferences"][0]["controller"] is True
+        assert meta["labels"]["app.kubernetes.io/instance"] == "llama"
+        assert meta["labels"]["servingtopology.io/role"]
+
+
+@pytest.mark.parametrize("name", sorted(BLUEPRINTS))
+def test_object_names_are_unique_per_kind(name: str) -> None:
+    keys = Counter((o["kind"], o["metadata"]["name"]) for o in build_workloads(BLUEPRINTS[name]))
+    assert max(keys.values()) == 1
+
+
+def test_pd_layouts_get_a_router_that_selects_serving_pods_of_each_role() -> None:
+    objects = build_workloads(BLUEPRINTS["vllm-pd-2p3d-tp4"])
+    router = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "llama-router")
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--vllm-pd-disaggregation" in args
+    prefill_at = args.index("--prefill-selector")
+    assert "servingtopology.io/role=prefill" in args[prefill_at + 1: args.index("--decode-selector")]
+    assert f"{SERVING_LABEL}=true" in args
+    entry = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "llama")
+    assert entry["spec"]["selector"]["servingtopology.io/role"] == "router"
+
+
+def test_vllm_pd_engines_carry_the_nixl_connector_and_the_pod_ip() -> None:
+    objects = build_workloads(BLUEPRINTS["vllm-pd-2p3d-tp4"])
+    prefill = next(o for o in objects if o["metadata"]["name"] == "llama-prefill" and o["kind"] == "Deployment")
+    c = prefill["spec"]["template"]["spec"]["containers"][0]
+    assert '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}' in c["args"]
+    assert {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+
+
+def test_sglang_dp_attention_counts_tp_over_all_ranks_and_scales_the_global_budgets() -> None:
+    objects = build_workloads(BLUEPRINTS["sglang-replicas-tp2dp4-ep"])
+    args = objects[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = dict(itertools.pairwise(args))
+    assert flags["--tp-size"] == "8" and flags["--dp-size"] == "4"
+    assert "--enable-dp-attention" in args
+    assert flags["--max-running-requests"] == str(256 * 4)
+    assert flags["--chunked-prefill-size"] == str(8192 * 4)
+
+
+def test_sglang_prefill_advertises_its_bootstrap_port() -> None:
+    objects = build_workloads(BLUEPRINTS["sglang-pd-1p2d-mixed"])
+    prefill = next(o for o in objects if o["metadata"]["name"] == "llama-prefill" and o["kind"] == "Deployment")
+    tmpl = prefill["spec"]["template"]
+    args = tmpl["spec"]["containers"][0]["args"]
+    assert args[args.index("--disaggregation-mode") + 1] == "prefill"
+    assert args[args.index("--disaggregation-transfer-backend") + 1] == "nixl"
+    assert tmpl["metadata"]["annotations"]["sglang.ai/bootstrap-port"] == "8998"
+
+
+def test_instances_wider_than_a_node_become_leader_worker_sets_with_headless_workers() -> None:
+    bp = BLUEPRINTS["vllm-multinode-tp8pp2"]
+    assert multinode_roles(bp) == (Role.AGGREGATED,)
+    lws = build_leader_worker_set(bp, Role.AGGREGATED)
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 2
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert "--headless" in worker["args"] and "readinessProbe" not in worker
+    assert lwt["workerTemplate"]["metadata"]["labels"][SERVING_LABEL] == "false"
+
+
+def test_an_instance_that_does_not_split_over_whole_nodes_is_refused() -> None:
+    bp = blueprint(Engine.VLLM, Layout.replicas(1, Parallelism(tp=3, pp=3)), gpus_per_node=8)  # 9 GPUs over 2 nodes
+    with pytest.raises(ValueError, match="do not split evenly"):
+        build_workloads(bp)
+
+
+def test_extra_args_come_last_so_they_override_generated_flags() -> None:
+    objects = build_workloads(BLUEPRINTS["vllm-replicas-fp8-placement"])
+    args = objects[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-2:] == ["--max-model-len", "16384"]
+    assert args[args.index("--quantization") + 1] == "fp8"
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+
+
+def test_replicas_layouts_have_no_router() -> None:
+    for name, bp in BLUEPRINTS.items():
+        has_router = any(o["metadata"]["name"] == "llama-router" for o in build_workloads(bp))
+        assert has_router == (bp.layout.kind is LayoutKind.PD), name
