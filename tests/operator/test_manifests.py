@@ -74,18 +74,19 @@ def test_vllm_pd_engines_carry_the_nixl_connector_and_the_pod_ip() -> None:
     objects = build_workloads(BLUEPRINTS["vllm-pd-2p3d-tp4"])
     prefill = next(o for o in objects if o["metadata"]["name"] == "llama-prefill" and o["kind"] == "Deployment")
     c = prefill["spec"]["template"]["spec"]["containers"][0]
-    assert '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}' in c["args"]
+    config = c["args"][c["args"].index("--kv-transfer-config") + 1]
+    assert '"kv_connector":"NixlConnector"' in config
     assert {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
 
 
-def test_sglang_dp_attention_counts_tp_over_all_ranks_and_scales_the_global_budgets() -> None:
+def test_sglang_dp_attention_counts_tp_over_all_ranks_and_scales_the_running_requests() -> None:
     objects = build_workloads(BLUEPRINTS["sglang-replicas-tp2dp4-ep"])
     args = objects[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = dict(itertools.pairwise(args))
     assert flags["--tp-size"] == "8" and flags["--dp-size"] == "4"
     assert "--enable-dp-attention" in args
     assert flags["--max-running-requests"] == str(256 * 4)
-    assert flags["--chunked-prefill-size"] == str(8192 * 4)
+    assert flags["--model-path"] == "Qwen/Qwen3-30B-A3B" and "--enable-metrics" in args
 
 
 def test_sglang_prefill_advertises_its_bootstrap_port() -> None:
