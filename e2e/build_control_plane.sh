@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds, once, the binaries of a real local Kubernetes control plane and caches them outside the repo:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (from the Go module proxy) and kwok.
+# Called by e2e/harness.py (and `make e2e`); prints the cache folder on its last line. Must not download
+# from anywhere but the Go module proxy, and must never write binaries into the repository.
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.35.4}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+CACHE_ROOT="${SERVINGTOPOLOGY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servingtopology}"
+OUT="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
+WORK="$CACHE_ROOT/work"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+
+export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:--buildvcs=false}"
+mkdir -p "$OUT" "$WORK"
+
+log() { echo "[build $(date -u +%H:%M:%S)] $*" >&2; }
+
+build_etcd() {
+  [ -x "$OUT/etcd" ] && return
+  log "etcd $ETCD_VERSION"
+  local dir="$WORK/etcd-$ETCD_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp "$HERE/controlplane/etcd_main.go.txt" "$dir/main.go"
+  (cd "$dir" && go mod init servingtopology.local/etcd >/dev/null 2>&1 \
+    && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null \
+    && go mod tidy >/dev/null \
+    && go build -trimpath -ldflags "-s -w" -o "$OUT/etcd.tmp" . && mv "$OUT/etcd.tmp" "$OUT/etcd")
+}
+
+build_kubernetes() {
+  [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && [ -x "$OUT/kube-scheduler" ] && return
+  log "kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler)"
+  local dir="$WORK/kubernetes-$K8S_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir"
+  local gomod minor staging
+  gomod="$(cd "$dir" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+  [ -f "$gomod" ] || { log "cannot find go.mod of k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  # Every `k8s.io/<name> v0.0.0` requirement of k8s.io/kubernetes is a staging module, published as v0.<minor>.<patch>.
+  staging="$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$gomod" | sort -u)"
+  [ -n "$staging" ] || { log "no staging modules found in $gomod"; exit 1; }
+  local published="v0.${K8S_VERSION#v1.}"
+  (
+    cd "$dir"
+    go mod init servingtopology.local/kubernetes >/dev/null 2>&1
+    go mod edit -go="$(awk '$1 == "go" {print $2; exit}' "$gomod")"
+    go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+    for m in $staging; do go mod edit -replace="$m=$m@$published"; done
+    cat >tools.go <<'EOF'
+//go:build tools
+
+package tools
+EOF
+    go mod download k8s.io/kubernetes
+    local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1"
+    ldflags="$ldflags -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+    mkdir -p bin
+    GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o bin/ \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+    mv bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler "$OUT/"
+  )
+}
+
+build_kwok() {
+  if [ ! -x "$OUT/kwok" ]; then
+    log "kwok $KWOK_VERSION"
+    GOBIN="$OUT/.kwok-bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    mv "$OUT/.kwok-bin/kwok" "$OUT/kwok" && rmdir "$OUT/.kwok-bin"
+  fi
+  [ -s "$OUT/kwok-stages.yaml" ] && return
+  # kwok's own stages: nodes initialise and heartbeat through leases; pods become Ready, complete and go away.
+  local dir stages=""
+  dir="$(cd "$WORK" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+           pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+    stages="$stages$(cat "$dir/kustomize/stage/$f.yaml")"$'\n---\n'
+  done
+  printf '%s' "$stages" >"$OUT/kwok-stages.yaml.tmp" && mv "$OUT/kwok-stages.yaml.tmp" "$OUT/kwok-stages.yaml"
+}
+
+start_s=$(date +%s)
+build_etcd
+build_kwok
+build_kubernetes
+log "done in $(( $(date +%s) - start_s )) s"
+echo "$OUT"

@@ -1,0 +1,252 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC on), controller-manager, scheduler,
+kwok with fake GPU nodes whose pods become Ready, and Prometheus with file-based service discovery.
+
+Used by e2e/conftest.py (one cluster per test session). `LocalCluster.start` either finishes with every
+component healthy or stops what it started and raises with the failing component's log tail. Binaries come
+from e2e/build_control_plane.sh's cache; nothing is downloaded here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .pki import Pki, admin_kubeconfig, make_pki, token_kubeconfig
+from .processes import Child, Supervisor, free_port, http_ok, wait_until
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+@dataclass(frozen=True, slots=True)
+class NodePool:
+    """Fake GPU nodes to create: `count` nodes with `gpus_per_node` GPUs of `gpu_product` each."""
+
+    count: int = 4
+    gpus_per_node: int = 8
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    name_prefix: str = "gpu-node"
+
+
+class LocalCluster:
+    """Starts, holds and stops every process of the local cluster; a context manager."""
+
+    def __init__(self, *, binaries: Path, work_dir: Path | None = None, node_pool: NodePool | None = None,
+                 with_prometheus: bool = True) -> None:
+        self.binaries = binaries
+        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="st-e2e-"))
+        self.node_pool = node_pool or NodePool()
+        self.with_prometheus = with_prometheus
+        self.supervisor = Supervisor(self.work_dir / "logs")
+        self.pki: Pki | None = None
+        self.apiserver_port = 0
+        self.prometheus_port = 0
+        self.kubeconfig = self.work_dir / "admin.kubeconfig"
+        self.file_sd_path = self.work_dir / "prometheus" / "targets.json"
+        self.prometheus: Child | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def server_url(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    def start(self) -> None:
+        """Starts every component in order, waiting for each to be healthy."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stops every process; keeps the work folder (logs) for post-mortems."""
+        self.supervisor.stop_all()
+
+    def _start(self) -> None:
+        self.pki = make_pki(self.work_dir / "pki")
+        etcd_port, etcd_peer_port = free_port(), free_port()
+        etcd = self.supervisor.start("etcd", [
+            str(self.binaries / "etcd"), "--name=e2e", f"--data-dir={self.work_dir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}", f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}", f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}",
+            f"--initial-cluster=e2e=http://127.0.0.1:{etcd_peer_port}", "--unsafe-no-fsync", "--log-level=warn",
+            "--quota-backend-bytes=2147483648",
+        ])
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{etcd_port}/health"), timeout_s=60, what="etcd /health",
+                   on_timeout=etcd.log_tail)
+
+        self.apiserver_port = free_port()
+        apiserver = self.supervisor.start("kube-apiserver", [
+            str(self.binaries / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--tls-cert-file={self.pki.server_crt}", f"--tls-private-key-file={self.pki.server_key}",
+            f"--client-ca-file={self.pki.ca_crt}",
+            f"--service-account-issuer=https://127.0.0.1:{self.apiserver_port}",
+            f"--service-account-key-file={self.pki.sa_pub}", f"--service-account-signing-key-file={self.pki.sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC", "--allow-privileged=true",
+            "--disable-admission-plugins=ServiceAccount", "--max-requests-inflight=0",
+            "--max-mutating-requests-inflight=0", "--enable-priority-and-fairness=false", "--profiling=false",
+            "--endpoint-reconciler-type=none", "-v=1",
+        ])
+        wait_until(self._apiserver_ready, timeout_s=120, what="kube-apiserver /readyz", on_timeout=apiserver.log_tail)
+        admin_kubeconfig(self.kubeconfig, server_url=self.server_url, pki=self.pki)
+
+        cm = self.supervisor.start("kube-controller-manager", [
+            str(self.binaries / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
+            "--controllers=*,-nodeipam,-nodelifecycle,-csrsigning,-csrapproving,-bootstrapsigner,-tokencleaner",
+            f"--service-account-private-key-file={self.pki.sa_key}", f"--root-ca-file={self.pki.ca_crt}",
+            "--secure-port=0", "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
+            "--concurrent-gc-syncs=20", "-v=1",
+        ])
+        scheduler = self.supervisor.start("kube-scheduler", [
+            str(self.binaries / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
+            "--secure-port=0", "-v=1",
+        ])
+        kwok = self.supervisor.start("kwok", [
+            str(self.binaries / "kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", "--cidr=10.0.0.0/24",
+            "--node-ip=10.0.0.1", f"--config={self.binaries / 'kwok-stages.yaml'}", "--server-address=127.0.0.1:0",
+        ])
+        self._wait_for_default_service_account(children=(cm, scheduler, kwok))
+        self.create_gpu_nodes(self.node_pool)
+        wait_until(lambda: self._ready_node_count() >= self.node_pool.count, timeout_s=90,
+                   what=f"{self.node_pool.count} fake GPU nodes Ready", on_timeout=kwok.log_tail)
+        if self.with_prometheus:
+            self.start_prometheus()
+
+    # ---- probes ----------------------------------------------------------------------------------------
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        assert self.pki is not None
+        context = ssl.create_default_context(cafile=str(self.pki.ca_crt))
+        context.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
+        return context
+
+    def _apiserver_ready(self) -> bool:
+        return http_ok(f"{self.server_url}/readyz", context=self._ssl_context())
+
+    def _wait_for_default_service_account(self, children: tuple[Child, ...]) -> None:
+        def ready() -> bool:
+            for child in children:
+                child.raise_if_dead()
+            return self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
+
+        wait_until(ready, timeout_s=90, what="controller-manager (default ServiceAccount)",
+                   on_timeout=lambda: "\n".join(c.log_tail(1500) for c in children))
+
+    def _ready_node_count(self) -> int:
+        nodes = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        return sum(
+            1 for n in nodes
+            for c in n.get("status", {}).get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"
+        )
+
+    # ---- nodes and tools -------------------------------------------------------------------------------
+
+    def create_gpu_nodes(self, pool: NodePool) -> None:
+        """Creates `pool.count` kwok-managed nodes advertising `pool.gpus_per_node` GPUs each."""
+        resources = {"cpu": "128", "memory": "1Ti", "pods": "110", GPU_RESOURCE: str(pool.gpus_per_node)}
+        for i in range(pool.count):
+            node: dict[str, Any] = {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {
+                    "name": f"{pool.name_prefix}-{i}",
+                    "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {
+                        "kubernetes.io/hostname": f"{pool.name_prefix}-{i}", "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64", "type": "kwok", GPU_PRODUCT_LABEL: pool.gpu_product,
+                        "nvidia.com/gpu.count": str(pool.gpus_per_node),
+                    },
+                },
+                "spec": {"taints": [{"key": FAKE_NODE_ANNOTATION, "value": "fake", "effect": "NoSchedule"}]},
+                "status": {"capacity": resources, "allocatable": resources},
+            }
+            self.kubectl_apply(node)
+            # Creating a Node may drop status; set capacity through the status subresource as well.
+            self.kubectl("patch", "node", node["metadata"]["name"], "--subresource=status", "--type=merge",
+                         "-p", json.dumps({"status": {"capacity": resources, "allocatable": resources}}))
+
+    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Runs kubectl against this cluster (as admin unless `kubeconfig` is given)."""
+        from .kubetools import tool
+
+        done = subprocess.run(
+            [str(tool("kubectl")), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            input=input_text, capture_output=True, text=True, timeout=120,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def kubectl_apply(self, *objects: dict[str, Any], kubeconfig: Path | None = None) -> None:
+        """Applies objects with server-side apply as the e2e field manager."""
+        text = yaml.safe_dump_all(objects, sort_keys=False)
+        self.kubectl("apply", "--server-side", "--field-manager=e2e", "--force-conflicts", "-f", "-",
+                     input_text=text, kubeconfig=kubeconfig)
+
+    def service_account_kubeconfig(self, *, namespace: str, name: str, duration: str = "6h") -> Path:
+        """Writes a kubeconfig that authenticates as ServiceAccount `namespace/name` (so its RBAC is what counts)."""
+        assert self.pki is not None
+        token = self.kubectl("create", "token", name, "-n", namespace, f"--duration={duration}").stdout.strip()
+        return token_kubeconfig(self.work_dir / f"sa-{namespace}-{name}.kubeconfig", server_url=self.server_url,
+                                ca_crt=self.pki.ca_crt, token=token, user_name=f"{namespace}-{name}")
+
+    # ---- Prometheus ------------------------------------------------------------------------------------
+
+    def start_prometheus(self) -> Child:
+        """Starts Debian's Prometheus on loopback, scraping the targets in `file_sd_path` every 2 s."""
+        prometheus_bin = shutil.which("prometheus")
+        if prometheus_bin is None:
+            raise FileNotFoundError("prometheus is not installed (Debian: apt-get install -y prometheus)")
+        folder = self.file_sd_path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        if not self.file_sd_path.exists():
+            self.file_sd_path.write_text("[]")
+        config = {
+            "global": {"scrape_interval": "2s", "evaluation_interval": "2s", "scrape_timeout": "1s"},
+            "scrape_configs": [{
+                "job_name": "engines",
+                "file_sd_configs": [{"files": [str(self.file_sd_path)], "refresh_interval": "2s"}],
+            }],
+        }
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self.prometheus_port = self.prometheus_port or free_port()
+        self.prometheus = self.supervisor.start("prometheus", [
+            prometheus_bin, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.prometheus_port}", "--web.enable-lifecycle",
+            "--storage.tsdb.retention.time=2h", "--log.level=warn",
+        ])
+        child = self.prometheus
+        wait_until(lambda: http_ok(f"{self.prometheus_url}/-/ready"), timeout_s=60, what="Prometheus /-/ready",
+                   on_timeout=child.log_tail)
+        return child
+
+    def stop_prometheus(self) -> None:
+        """Stops Prometheus (the port stays reserved for a restart)."""
+        if self.prometheus is not None:
+            self.supervisor.stop(self.prometheus)
+            self.prometheus = None
+

@@ -1,0 +1,237 @@
+"""What an emulated engine computes: the pluggable `EngineSimulator` seam and the built-in stepper behind it.
+
+An instance submits requests and advances the simulator to the wall-clock offset it has reached; the
+simulator answers with finished requests, token counts and gauges. `BatchingEngine` is a small continuous-
+batching stepper (token budget, running cap, KV pool admission, chunked prefill) priced by the planner's
+`StepTimeModel`; the project's full simulator (planner/sim) can stand behind the same protocol. No clock here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Parallelism, Role
+from servingtopology.planner.memory import kv_pool_tokens
+from servingtopology.planner.model import resolve_model
+from servingtopology.planner.perf import InstancePerf, StepTimeModel
+
+from .engine_args import EngineArgsError, EngineConfig
+
+__all__ = ["BatchingEngine", "Completion", "EngineSimulator", "Gauges", "Progress", "build_simulator", "gpu_for_label"]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One finished request, with the times the engine's histograms observe (seconds)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    queue_s: float
+    ttft_s: float
+    e2e_s: float
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def mean_itl_s(self) -> float:
+        return self.decode_s / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    running: int
+    waiting: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+
+
+@dataclass(slots=True)
+class Progress:
+    """What happened during one `advance` call."""
+
+    completions: list[Completion] = field(default_factory=list)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+
+
+class EngineSimulator(Protocol):
+    """A simulated engine instance driven by the caller's clock (seconds since the instance started)."""
+
+    def submit(self, *, arrival_s: float, input_tokens: int, output_tokens: int, cached_tokens: int) -> None: ...
+
+    def advance(self, until_s: float) -> Progress: ...
+
+    def gauges(self) -> Gauges: ...
+
+
+@dataclass(slots=True)
+class _Request:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    prefilled: int = 0
+    generated: int = 0
+    admitted_s: float = -1.0
+    first_token_s: float = -1.0
+    prefill_done_s: float = -1.0
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prefilled + self.generated
+
+
+class BatchingEngine:
+    """Continuous batching: each step decodes every running sequence and fills the rest of the token budget with
+    prefill chunks, admitting FCFS while the running cap and the KV pool allow. A prefill-role instance stops
+    each request after its first token (the KV leaves for a decode instance); a decode-role instance receives
+    requests already prefilled."""
+
+    def __init__(self, *, step_model: StepTimeModel, role: Role, max_running: int, token_budget: int,
+                 kv_capacity_tokens: int) -> None:
+        if max_running < 1 or token_budget < 1 or kv_capacity_tokens < 1:
+            raise ValueError("max_running, token_budget and kv_capacity_tokens must be positive")
+        self.step_model = step_model
+        self.role = role
+        self.max_running = max_running
+        self.token_budget = token_budget
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.now_s = 0.0
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+
+    def submit(self, *, arrival_s: float, input_tokens: int, output_tokens: int, cached_tokens: int) -> None:
+        output = 1 if self.role is Role.PREFILL else output_tokens
+        request = _Request(arrival_s, input_tokens, output, min(cached_tokens, input_tokens - 1))
+        if self.role is Role.DECODE:
+            request.prefilled = input_tokens  # the KV arrives from a prefill instance
+            request.cached_tokens = input_tokens
+        self.waiting.append(request)
+
+    def gauges(self) -> Gauges:
+        used = sum(r.context_tokens for r in self.running)
+        return Gauges(len(self.running), len(self.waiting), min(used, self.kv_capacity_tokens), self.kv_capacity_tokens)
+
+    def _admit(self, now_s: float) -> None:
+        used = sum(r.input_tokens + r.generated for r in self.running)
+        while self.waiting and self.waiting[0].arrival_s <= now_s and len(self.running) < self.max_running:
+            head = self.waiting[0]
+            if used + head.input_tokens + 1 > self.kv_capacity_tokens and self.running:
+                break
+            self.waiting.popleft()
+            head.admitted_s = now_s
+            if head.prefilled < head.cached_tokens:
+                head.prefilled = head.cached_tokens
+            self.running.append(head)
+            used += head.input_tokens
+
+    def advance(self, until_s: float) -> Progress:
+        progress = Progress()
+        while True:
+            self._admit(self.now_s)
+            if not self.running:
+                next_arrival = self.waiting[0].arrival_s if self.waiting else None
+                if next_arrival is None or next_arrival > until_s:
+                    self.now_s = max(self.now_s, until_s)
+                    return progress
+                self.now_s = max(self.now_s, next_arrival)
+                continue
+            if self.now_s >= until_s:
+                return progress
+            self._step(progress)
+
+    def _step(self, progress: Progress) -> None:
+        decoding = [r for r in self.running if r.prefilled >= r.input_tokens]
+        budget = max(self.token_budget - len(decoding), 0)
+        chunks: list[tuple[_Request, int]] = []
+        pairs = 0.0
+        for r in self.running:
+            if r.prefilled < r.input_tokens and budget > 0:
+                chunk = min(r.input_tokens - r.prefilled, budget)
+                chunks.append((r, chunk))
+                pairs += chunk * (r.prefilled + chunk / 2)
+                budget -= chunk
+        prefill_tokens = sum(c for _, c in chunks)
+        duration_s = self.step_model.step_time_s(
+            prefill_tokens=prefill_tokens, prefill_pairs=pairs, decode_tokens=len(decoding),
+            decode_context_tokens=sum(r.context_tokens for r in decoding),
+        )
+        end_s = self.now_s + max(duration_s, 1e-4)
+        for r, chunk in chunks:
+            r.prefilled += chunk
+            if r.prefilled >= r.input_tokens:
+                r.prefill_done_s = end_s
+                r.generated = 1  # the step that finishes the prompt samples the first token
+                r.first_token_s = end_s
+                progress.generation_tokens += 1
+        progress.prompt_tokens += prefill_tokens
+        for r in decoding:
+            if r.first_token_s < 0:
+                r.first_token_s = end_s
+                r.prefill_done_s = self.now_s
+            r.generated += 1
+            progress.generation_tokens += 1
+        self.now_s = end_s
+        progress.steps += 1
+        still: list[_Request] = []
+        for r in self.running:
+            if r.first_token_s >= 0 and r.generated >= r.output_tokens:
+                progress.completions.append(Completion(
+                    input_tokens=r.input_tokens, output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
+                    queue_s=r.admitted_s - r.arrival_s, ttft_s=r.first_token_s - r.arrival_s, e2e_s=end_s - r.arrival_s,
+                    prefill_s=r.prefill_done_s - r.admitted_s, decode_s=end_s - r.first_token_s,
+                ))
+            else:
+                still.append(r)
+        self.running = still
+
+
+def gpu_for_label(product: str | None) -> Gpu:
+    """The catalog GPU for a node's `nvidia.com/gpu.product` label (`NVIDIA-H100-80GB-HBM3` → H100); H100 if unknown."""
+    if product:
+        for candidate in (product, *product.replace("_", "-").split("-")):
+            try:
+                return resolve_gpu(candidate)
+            except Exception:  # the catalog raises InvalidSpec for names it does not know
+                continue
+    return resolve_gpu("h100_sxm")
+
+
+_KV_DTYPES = {"fp8": KvDtype.FP8, "fp8_e4m3": KvDtype.FP8, "fp8_e5m2": KvDtype.FP8, "bf16": KvDtype.BF16, "bfloat16": KvDtype.BF16}
+
+
+def build_simulator(config: EngineConfig, *, gpu: Gpu) -> BatchingEngine:
+    """The built-in simulator for one engine instance as its arguments configure it; EngineArgsError if it cannot load."""
+    try:
+        model = resolve_model(config.model)
+    except Exception as exc:  # InvalidSpec from the catalog: the real engine would fail to load the model too
+        raise EngineArgsError(f"model {config.model!r}: {exc}") from None
+    attention_tp = config.tp // config.dp if (config.engine is Engine.SGLANG and config.dp_attention) else config.tp
+    ranks = config.dp
+    parallelism = Parallelism(tp=attention_tp, pp=config.pp, dp=config.dp)
+    default_budget = 8192 if gpu.memory_bytes >= 70 * 2**30 else 2048
+    default_running = 1024 if config.engine is Engine.VLLM and gpu.memory_bytes >= 70 * 2**30 else 256
+    knobs = EngineKnobs(
+        max_num_seqs=config.max_running or default_running,
+        max_num_batched_tokens=config.token_budget or default_budget,
+        memory_fraction=config.memory_fraction or (0.9 if config.engine is Engine.VLLM else 0.88),
+        kv_dtype=_KV_DTYPES.get(config.kv_cache_dtype, KvDtype.AUTO),
+    )
+    capacity = kv_pool_tokens(model, gpu, engine=config.engine, precision=Precision.BF16, parallelism=parallelism, knobs=knobs)
+    if capacity < 1:
+        raise EngineArgsError(
+            f"{config.model} does not fit: no KV cache left on {gpu.name} with TP{attention_tp} PP{config.pp} "
+            f"at memory fraction {knobs.memory_fraction}"
+        )
+    perf = InstancePerf(model=model, gpu=gpu, precision=Precision.BF16, kv_dtype=knobs.kv_dtype, engine=config.engine,
+                        parallelism=parallelism)
+    # Approximation: DP ranks are folded into one stepper with summed caps and pools (per-rank admission is not
+    # modelled); a request never needs more than one rank's pool here because the profile's lengths are fixed.
+    return BatchingEngine(step_model=perf, role=config.role, max_running=knobs.max_num_seqs * ranks,
+                          token_budget=knobs.max_num_batched_tokens * ranks, kv_capacity_tokens=capacity * ranks)

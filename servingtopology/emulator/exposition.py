@@ -1,0 +1,195 @@
+"""vLLM- and SGLang-shaped Prometheus metrics for an emulated engine, in the text exposition format.
+
+Names, labels and bucket edges follow shared/reference/engines.md §1.4 (vLLM: `model_name`, `engine`) and
+§2.3 (SGLang: `model_name`; scheduler gauges add `engine_type`, `tp_rank`, `pp_rank`). Fed by
+emulator/instance.py from the simulator's progress; rendered on every scrape. Thread-safe; no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from servingtopology.planner.layout import Engine, Role
+
+from .engine import Gauges, Progress
+from .engine_args import EngineConfig
+
+__all__ = ["EngineMetrics", "Histogram"]
+
+_VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                      40.0, 80.0, 160.0, 640.0, 2560.0)
+_VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_VLLM_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                         480.0, 960.0, 1920.0, 7680.0)
+_SGL_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+_SGL_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4,
+                    0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
+_SGL_LATENCY_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
+                        800.0, 1200.0, 2400.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """A cumulative-bucket histogram; `observe` may add several identical observations at once."""
+
+    edges: Sequence[float]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.edges)
+
+    def observe(self, value: float, times: int = 1) -> None:
+        index = bisect.bisect_left(self.edges, value)
+        if index < len(self.edges):
+            self.counts[index] += times
+        self.total += value * times
+        self.count += times
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, running = [], 0
+        sep = "," if labels else ""
+        for edge, n in zip(self.edges, self.counts, strict=True):
+            running += n
+            out.append(f'{name}_bucket{{{labels}{sep}le="{_fmt(edge)}"}} {running}')
+        out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum{{{labels}}} {_fmt(self.total)}")
+        out.append(f"{name}_count{{{labels}}} {self.count}")
+        return out
+
+
+def _fmt(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf"
+    return repr(float(value)) if not float(value).is_integer() else f"{float(value):.1f}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(pairs: dict[str, str]) -> str:
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items())
+
+
+class EngineMetrics:
+    """The metric state of one emulated engine; `record` after each advance, `render` on each scrape."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        vllm = config.engine is Engine.VLLM
+        self._ttft = Histogram(_VLLM_TTFT_BUCKETS if vllm else _SGL_TTFT_BUCKETS)
+        self._itl = Histogram(_VLLM_ITL_BUCKETS if vllm else _SGL_ITL_BUCKETS)
+        self._e2e = Histogram(_VLLM_LATENCY_BUCKETS if vllm else _SGL_LATENCY_BUCKETS)
+        self._queue = Histogram(_VLLM_LATENCY_BUCKETS if vllm else _SGL_LATENCY_BUCKETS)
+        self._prompt_len = Histogram(_TOKEN_BUCKETS)
+        self._output_len = Histogram(_TOKEN_BUCKETS)
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._cached_tokens = 0
+        self._queried_tokens = 0
+        self._finished = 0
+        self._preemptions = 0
+        self._gauges = Gauges(0, 0, 0, 1)
+        self._recent_tokens_s = 0.0
+
+    def record(self, progress: Progress, gauges: Gauges, *, window_s: float) -> None:
+        """Adds one advance's completions and token counts; `window_s` is the wall time it covered."""
+        with self._lock:
+            for c in progress.completions:
+                self._ttft.observe(c.ttft_s)
+                if c.output_tokens > 1:
+                    self._itl.observe(c.mean_itl_s, c.output_tokens - 1)
+                self._e2e.observe(c.e2e_s)
+                self._queue.observe(c.queue_s)
+                self._prompt_len.observe(c.input_tokens)
+                self._output_len.observe(c.output_tokens)
+                self._cached_tokens += c.cached_tokens
+                self._queried_tokens += c.input_tokens
+                self._finished += 1
+            self._prompt_tokens += progress.prompt_tokens
+            self._generation_tokens += progress.generation_tokens
+            self._preemptions += progress.preemptions
+            self._gauges = gauges
+            if window_s > 0:
+                self._recent_tokens_s = progress.generation_tokens / window_s
+
+    def render(self) -> str:
+        """The `/metrics` body."""
+        with self._lock:
+            return self._render_vllm() if self.config.engine is Engine.VLLM else self._render_sglang()
+
+    def _render_vllm(self) -> str:
+        c, g = self.config, self._gauges
+        base = _labels({"model_name": c.served_model_name, "engine": "0"})
+        usage = g.kv_used_tokens / g.kv_capacity_tokens if g.kv_capacity_tokens else 0.0
+        block_size = 16
+        info = _labels({"block_size": str(block_size), "cache_dtype": c.kv_cache_dtype,
+                        "gpu_memory_utilization": str(c.memory_fraction or 0.9),
+                        "num_gpu_blocks": str(g.kv_capacity_tokens // block_size), "engine": "0"})
+        lines = [
+            *_family("vllm:num_requests_running", "gauge", [f"vllm:num_requests_running{{{base}}} {g.running}"]),
+            *_family("vllm:num_requests_waiting", "gauge", [f"vllm:num_requests_waiting{{{base}}} {g.waiting}"]),
+            *_family("vllm:kv_cache_usage_perc", "gauge", [f"vllm:kv_cache_usage_perc{{{base}}} {_fmt(usage)}"]),
+            *_family("vllm:cache_config_info", "gauge", [f"vllm:cache_config_info{{{info}}} 1.0"]),
+            *_counter("vllm:prompt_tokens_total", base, self._prompt_tokens),
+            *_counter("vllm:generation_tokens_total", base, self._generation_tokens),
+            *_counter("vllm:prefix_cache_queries_total", base, self._queried_tokens),
+            *_counter("vllm:prefix_cache_hits_total", base, self._cached_tokens),
+            *_counter("vllm:num_preemptions_total", base, self._preemptions),
+            *_family("vllm:request_success_total", "counter",
+                     [f'vllm:request_success_total{{{base},finished_reason="length"}} {self._finished}']),
+            *_family("vllm:time_to_first_token_seconds", "histogram", self._ttft.lines("vllm:time_to_first_token_seconds", base)),
+            *_family("vllm:inter_token_latency_seconds", "histogram", self._itl.lines("vllm:inter_token_latency_seconds", base)),
+            *_family("vllm:e2e_request_latency_seconds", "histogram", self._e2e.lines("vllm:e2e_request_latency_seconds", base)),
+            *_family("vllm:request_queue_time_seconds", "histogram", self._queue.lines("vllm:request_queue_time_seconds", base)),
+            *_family("vllm:request_prompt_tokens", "histogram", self._prompt_len.lines("vllm:request_prompt_tokens", base)),
+            *_family("vllm:request_generation_tokens", "histogram",
+                     self._output_len.lines("vllm:request_generation_tokens", base)),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _render_sglang(self) -> str:
+        c, g = self.config, self._gauges
+        engine_type = {Role.PREFILL: "prefill", Role.DECODE: "decode"}.get(c.role, "unified")
+        tok = _labels({"model_name": c.served_model_name})
+        sched = _labels({"model_name": c.served_model_name, "engine_type": engine_type, "tp_rank": "0", "pp_rank": "0"})
+        usage = g.kv_used_tokens / g.kv_capacity_tokens if g.kv_capacity_tokens else 0.0
+        hit_rate = self._cached_tokens / self._queried_tokens if self._queried_tokens else 0.0
+        lines = [
+            *_family("sglang:num_running_reqs", "gauge", [f"sglang:num_running_reqs{{{sched}}} {g.running}"]),
+            *_family("sglang:num_queue_reqs", "gauge", [f"sglang:num_queue_reqs{{{sched}}} {g.waiting}"]),
+            *_family("sglang:num_used_tokens", "gauge", [f"sglang:num_used_tokens{{{sched}}} {g.kv_used_tokens}"]),
+            *_family("sglang:token_usage", "gauge", [f"sglang:token_usage{{{sched}}} {_fmt(usage)}"]),
+            *_family("sglang:cache_hit_rate", "gauge", [f"sglang:cache_hit_rate{{{sched}}} {_fmt(hit_rate)}"]),
+            *_family("sglang:gen_throughput", "gauge", [f"sglang:gen_throughput{{{sched}}} {_fmt(self._recent_tokens_s)}"]),
+            *_family("sglang:num_retracted_reqs", "gauge", [f"sglang:num_retracted_reqs{{{sched}}} 0"]),
+            *_counter("sglang:prompt_tokens_total", tok, self._prompt_tokens),
+            *_counter("sglang:generation_tokens_total", tok, self._generation_tokens),
+            *_counter("sglang:cached_tokens_total", tok, self._cached_tokens),
+            *_counter("sglang:num_requests_total", tok, self._finished),
+            *_family("sglang:time_to_first_token_seconds", "histogram",
+                     self._ttft.lines("sglang:time_to_first_token_seconds", tok)),
+            *_family("sglang:inter_token_latency_seconds", "histogram",
+                     self._itl.lines("sglang:inter_token_latency_seconds", tok)),
+            *_family("sglang:e2e_request_latency_seconds", "histogram",
+                     self._e2e.lines("sglang:e2e_request_latency_seconds", tok)),
+            *_family("sglang:queue_time_seconds", "histogram", self._queue.lines("sglang:queue_time_seconds", sched)),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _family(name: str, kind: str, samples: list[str]) -> list[str]:
+    return [f"# HELP {name} Emulated by servingtopology (simulated, not measured).", f"# TYPE {name} {kind}", *samples]
+
+
+def _counter(name: str, labels: str, value: int) -> list[str]:
+    return _family(name, "counter", [f"{name}{{{labels}}} {value}"])

@@ -1,0 +1,190 @@
+"""Keeps one emulated engine per Ready engine pod, and Prometheus' file-based service discovery in step with them.
+
+Called by `servingtopology emulate` in cluster mode. Each poll lists pods (and nodes, for the GPU product),
+starts an `EmulatedInstance` for every new Ready pod whose command is vLLM or SGLang, stops those whose pod
+went away, and rewrites the file-SD JSON (targets labelled with the pod's namespace, name, node and labels)
+and a status JSON (instances and argument errors). A pod whose arguments are wrong gets no metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servingtopology.planner.layout import Role
+
+from .engine import build_simulator, gpu_for_label
+from .engine_args import EngineArgsError, EngineConfig, is_engine_command, parse_engine_command
+from .instance import EmulatedInstance, Share
+from .traffic import TrafficProfile
+
+__all__ = ["Fleet", "PodView", "pod_view"]
+
+log = logging.getLogger("servingtopology.emulate")
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the fleet needs from a pod (taken from the API object so tests can build it directly)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    ip: str
+    labels: Mapping[str, str]
+    argv: tuple[str, ...]
+    container: str
+    gpus: int
+    ready: bool
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView | None:
+    """A `PodView` for a pod whose first engine container runs vLLM or SGLang, else None."""
+    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}
+    for container in spec.get("containers", []):
+        argv = tuple(container.get("command") or ()) + tuple(container.get("args") or ())
+        if is_engine_command(argv) is None:
+            continue
+        limits = (container.get("resources") or {}).get("limits") or {}
+        requests = (container.get("resources") or {}).get("requests") or {}
+        gpus = int(limits.get(GPU_RESOURCE) or requests.get(GPU_RESOURCE) or 0)
+        ready = status.get("phase") == "Running" and not meta.get("deletionTimestamp") and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        return PodView(
+            namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
+            node=spec.get("nodeName") or "", ip=status.get("podIP") or "", labels=dict(meta.get("labels") or {}),
+            argv=argv, container=container.get("name", ""), gpus=gpus, ready=ready,
+        )
+    return None
+
+
+def _label_name(key: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+class Fleet:
+    """The set of running emulated engines, reconciled against a pod listing on each `sync`."""
+
+    def __init__(self, *, profile: Callable[[], TrafficProfile], group_label: str, role_label: str,
+                 file_sd_path: Path | None, status_path: Path | None, host: str = "127.0.0.1",
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.profile = profile
+        self.group_label = group_label
+        self.role_label = role_label
+        self.file_sd_path = file_sd_path
+        self.status_path = status_path
+        self.host = host
+        self._monotonic = monotonic
+        self.instances: dict[str, tuple[PodView, EmulatedInstance]] = {}
+        self.errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._profile_seen: TrafficProfile | None = None
+        self._profile_epoch_s = monotonic()
+
+    def _group(self, pod: PodView) -> str:
+        return f"{pod.namespace}/{pod.labels.get(self.group_label, '')}"
+
+    def _share(self, pod: PodView, role: Role) -> Callable[[float], Share]:
+        group = self._group(pod)
+
+        def share(_instance_s: float) -> Share:
+            profile = self.profile()
+            if profile != self._profile_seen:  # a new script starts from its first phase
+                self._profile_seen, self._profile_epoch_s = profile, self._monotonic()
+            with self._lock:
+                peers = sum(1 for p, inst in self.instances.values() if self._group(p) == group and inst.role is role)
+            phase = profile.phase_at(self._monotonic() - self._profile_epoch_s)
+            return Share(phase=phase, fraction=1.0 / max(peers, 1))
+
+        return share
+
+    def sync(self, pods: list[PodView], node_products: Mapping[str, str]) -> None:
+        """Starts instances for new Ready pods, stops those of pods gone or not Ready, and rewrites the files."""
+        wanted = {f"{p.namespace}/{p.name}/{p.uid}": p for p in pods if p.ready}
+        for key in [k for k in self.instances if k not in wanted]:
+            _, instance = self.instances.pop(key)
+            instance.stop()
+            log.info("stopped %s", key)
+        for key in [k for k in self.errors if k not in wanted]:
+            del self.errors[key]
+        for key, pod in wanted.items():
+            if key in self.instances or key in self.errors:
+                continue
+            try:
+                config = self._config(pod)
+                simulator = build_simulator(config, gpu=gpu_for_label(node_products.get(pod.node)))
+            except EngineArgsError as exc:
+                self.errors[key] = str(exc)
+                log.error("engine in pod %s/%s would not start: %s", pod.namespace, pod.name, exc)
+                continue
+            instance = EmulatedInstance(name=pod.name, config=config, simulator=simulator,
+                                        share=self._share(pod, config.role), host=self.host,
+                                        seed=abs(hash(key)) % 2**32)
+            with self._lock:
+                self.instances[key] = (pod, instance.start())
+            log.info("started %s: %s %s role=%s tp=%d pp=%d dp=%d at %s", key, config.engine, config.model, config.role,
+                     config.tp, config.pp, config.dp, instance.address)
+        self._write_files()
+
+    def _config(self, pod: PodView) -> EngineConfig:
+        hint_raw = pod.labels.get(self.role_label, "")
+        hint = Role(hint_raw) if hint_raw in {r.value for r in Role} else None
+        config = parse_engine_command(pod.argv, role_hint=hint)
+        if pod.gpus and config.gpus != pod.gpus:
+            raise EngineArgsError(f"arguments ask for {config.gpus} GPUs (tp={config.tp}, pp={config.pp}, dp={config.dp}) "
+                                  f"but the pod has {pod.gpus} {GPU_RESOURCE}")
+        return config
+
+    def stop(self) -> None:
+        for _, instance in self.instances.values():
+            instance.stop()
+        self.instances.clear()
+        self._write_files()
+
+    def targets(self) -> list[dict[str, Any]]:
+        """File-SD target groups: one per instance, labelled with the pod's identity and labels."""
+        groups = []
+        for pod, instance in self.instances.values():
+            labels = {f"pod_label_{_label_name(k)}": v for k, v in pod.labels.items()}
+            labels.update({_label_name(k): v for k, v in pod.labels.items()})
+            labels.update({"namespace": pod.namespace, "pod": pod.name, "container": pod.container, "node": pod.node,
+                           "pod_ip": pod.ip, "engine_kind": str(instance.config.engine), "role": str(instance.role)})
+            groups.append({"targets": [instance.address], "labels": labels})
+        return sorted(groups, key=lambda g: (g["labels"]["namespace"], g["labels"]["pod"]))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "instances": {key: {"address": inst.address, "engine": str(inst.config.engine), "role": str(inst.role),
+                                "tp": inst.config.tp, "pp": inst.config.pp, "dp": inst.config.dp,
+                                "model": inst.config.model, "unknown_flags": list(inst.config.unknown_flags)}
+                          for key, (_, inst) in self.instances.items()},
+            "errors": dict(self.errors),
+        }
+
+    def _write_files(self) -> None:
+        if self.file_sd_path is not None:
+            _atomic_write(self.file_sd_path, json.dumps(self.targets(), indent=1))
+        if self.status_path is not None:
+            _atomic_write(self.status_path, json.dumps(self.status(), indent=1))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Writes through a temporary file and a rename, so Prometheus never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
