@@ -1,1 +1,99 @@
-"""Discrete-event, iteration-level simulator of vLLM and SGLang serving (filled in by the simulator work)."""
+"""Discrete-event, iteration-level simulator of vLLM and SGLang serving: `simulate(layout, ...) -> SimResult`.
+
+Called by the planner's funnel (stage 6), the CLI (`simulate`, `sweep`, `--replay`) and benchmarks.
+Pure: requests come as a `RequestSet` (from a Workload, a closed-loop benchmark, or trace rows the
+caller has read); step durations come only from a `StepTimeModel` (default `perf.InstancePerf`), pool
+sizes from `memory.kv_pool_tokens`. Deterministic under a seed; no clock, no I/O.
+
+    simulate(layout, model=, gpu=, engine=, requests= | workload= (num_requests=, seed=, sessions=),
+             precision=None (layout's), router=LEAST_OUTSTANDING, step_model=None, pool_tokens=None,
+             same_node=None, max_time_s=inf) -> SimResult;  SimResult.summary(slo, warmup_requests=)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from ..errors import Infeasible, InvalidSpec
+from ..hardware import Gpu, Precision
+from ..layout import Engine, Layout, LayoutKind, Role, RoleLayout
+from ..memory import kv_pool_tokens
+from ..model import ModelArch
+from ..perf import InstancePerf, StepTimeModel, kv_transfer_s
+from ..workload import Workload
+from .cluster import EventLoop
+from .instance import Instance
+from .ledger import Ledger
+from .requests import RequestSet, Sessions, closed_loop, from_rows, from_workload, recorded_latencies
+from .results import Percentiles, SimResult, SimSummary, percentiles
+from .router import RouterPolicy
+
+__all__ = [
+    "simulate", "SimResult", "SimSummary", "Percentiles", "percentiles", "RequestSet", "Sessions", "RouterPolicy",
+    "from_workload", "from_rows", "closed_loop", "recorded_latencies", "StepModelFactory",
+]
+
+StepModelFactory = Callable[[Role, RoleLayout], StepTimeModel]
+
+
+def _roles(layout: Layout) -> tuple[Role, ...]:
+    return (Role.AGGREGATED,) if layout.kind is LayoutKind.REPLICAS else (Role.PREFILL, Role.DECODE)
+
+
+def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requests: RequestSet | None = None,
+             workload: Workload | None = None, num_requests: int = 1000, seed: int = 0, sessions: Sessions | None = None,
+             precision: Precision | None = None, router: RouterPolicy = RouterPolicy.LEAST_OUTSTANDING,
+             step_model: StepModelFactory | None = None, pool_tokens: Mapping[Role, int] | None = None,
+             same_node: bool | None = None, max_time_s: float = math.inf) -> SimResult:
+    """Replay `requests` (or `num_requests` drawn from `workload` with `seed`) on `layout`.
+
+    pool_tokens overrides the per-rank KV pool of a role (e.g. a recorded vLLM block count); the default
+    is the memory model's. same_node says whether PD KV moves over NVLink (default: the whole layout
+    fits one node) or the NIC. Requests still running at max_time_s are reported unfinished.
+    Raises Infeasible when a role's pool is empty, InvalidSpec when neither requests nor workload is given.
+    """
+    if requests is None:
+        if workload is None:
+            raise InvalidSpec("simulation", "give either requests or a workload")
+        requests = from_workload(workload, num_requests=num_requests, seed=seed, sessions=sessions)
+    prec = precision or layout.precision
+    ledger = Ledger(requests)
+    instances: dict[Role, list[Instance]] = {}
+    index = 0
+    for role in _roles(layout):
+        rl = layout.roles[role]
+        pool = (pool_tokens or {}).get(role)
+        if pool is None:
+            pool = kv_pool_tokens(model, gpu, engine=engine, precision=prec, parallelism=rl.parallelism, knobs=rl.knobs)
+        if pool <= 0:
+            raise Infeasible("simulation", f"the {role.value} instances of {layout.label} have no room for KV cache "
+                             f"({model.name} on {gpu.id} at {prec.value})")
+        perf = step_model(role, rl) if step_model else InstancePerf(model, gpu, prec, rl.knobs.kv_dtype, engine, rl.parallelism)
+        instances[role] = []
+        for _ in range(rl.count):
+            instances[role].append(Instance(index=index, role=role, role_layout=rl, engine=engine, model=perf,
+                                            pool_tokens=pool, ledger=ledger))
+            index += 1
+    if layout.kind is LayoutKind.PD:
+        front, decode = instances[Role.PREFILL], instances[Role.DECODE]
+        near = layout.gpus <= gpu.gpus_per_node if same_node is None else same_node
+        kv_dtype = layout.roles[Role.DECODE].knobs.kv_dtype
+        prompt = requests.prompt_tokens
+
+        def transfer(rid: int) -> float:
+            return float(kv_transfer_s(model, gpu, kv_dtype=kv_dtype, tokens=float(prompt[rid]), same_node=near))
+    else:
+        front, decode = instances[Role.AGGREGATED], []
+
+        def transfer(rid: int) -> float:
+            return 0.0
+    loop = EventLoop(ledger=ledger, front=front, decode=decode, router=router, transfer_s=transfer, max_time_s=max_time_s)
+    end = loop.run()
+    itl_s, itl_w = ledger.itl()
+    return SimResult(
+        arrival_s=ledger.arrival_s, scheduled_s=ledger.scheduled_s, first_token_s=ledger.first_token_s,
+        finish_s=ledger.finish_s, prompt_tokens=requests.prompt_tokens, output_tokens=requests.output_tokens,
+        cached_tokens=ledger.cached_tokens, preemptions=ledger.preemptions, itl_s=itl_s, itl_weight=itl_w,
+        timeline=ledger.timeline(), gpus=layout.gpus, end_s=end, label=layout.label,
+    )

@@ -1,0 +1,195 @@
+"""One engine instance: its attention-DP ranks stepping in lockstep, timed by a `StepTimeModel`.
+
+Called by the event loop (cluster.py). A segment is either one step (any batch) or a burst of pure
+decode steps during which nothing changes but lengths; a burst's step times come from three model
+calls when the model is linear in the summed context (checked), else from one call per step. A burst
+that an arrival could join is cut at the step in flight when that arrival lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..layout import Engine, Role, RoleLayout
+from ..perf import StepTimeModel
+from .kvcache import KvPool
+from .ledger import Ledger
+from .rank import Rank, StepOutcome
+from .sglang import SglangPolicy
+from .vllm import Planned, VllmPolicy, admit_remote, finish_step
+
+__all__ = ["Instance"]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(slots=True)
+class _Burst:
+    slots: list[I64]
+    counts: list[int]
+    ends_s: F64
+    durations_s: F64
+    steps: int
+    open_to_arrivals: bool
+
+
+def _burst_times(model: StepTimeModel, *, decoding: int, context0: int, steps: int) -> F64:
+    """Step times of `steps` decode steps of `decoding` sequences whose summed context starts at context0."""
+    def t(j: int) -> float:
+        return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=float(decoding),
+                                 decode_context_tokens=float(context0 + decoding * j))
+    if steps <= 2:
+        return np.array([t(j) for j in range(1, steps + 1)])
+    first, last, mid_j = t(1), t(steps), (steps + 1) // 2
+    mid = t(mid_j)
+    expect = first + (last - first) * (mid_j - 1) / (steps - 1)
+    if abs(mid - expect) <= 1e-9 * max(abs(mid), 1e-12):
+        return np.asarray(first + (last - first) * np.arange(steps) / (steps - 1), dtype=np.float64)
+    return np.array([t(j) for j in range(1, steps + 1)])
+
+
+class Instance:
+    """An engine instance of a role; `dp` ranks each with its own pool and scheduler."""
+
+    def __init__(self, *, index: int, role: Role, role_layout: RoleLayout, engine: Engine, model: StepTimeModel,
+                 pool_tokens: int, ledger: Ledger) -> None:
+        knobs = role_layout.knobs
+        self.index = index
+        self.role = role
+        self.model = model
+        self.ledger = ledger
+        self.gpus = role_layout.parallelism.gpus
+        page = knobs.block_size_tokens if engine is Engine.VLLM else 1
+        self.ranks = [
+            Rank(index=r, capacity=knobs.max_num_seqs, role=role, ledger=ledger,
+                 pool=KvPool(pool_tokens // page, page_tokens=page, caching=knobs.enable_prefix_caching))
+            for r in range(role_layout.parallelism.dp)
+        ]
+        self.policies: list[VllmPolicy | SglangPolicy] = [
+            VllmPolicy(knobs) if engine is Engine.VLLM else SglangPolicy(knobs) for _ in self.ranks
+        ]
+        self.busy = False
+        self.end_s = 0.0
+        self.version = 0
+        self._burst: _Burst | None = None
+        self._burst_ranks: list[int] = []
+        self._pending = StepOutcome([], [], [], [])
+        self._loading: dict[int, tuple[int, int]] = {}  # rid -> (rank, slot) while its KV arrives
+        self.transfers: list[int] = []  # rids whose KV transfer may start now (PD decode)
+        self.steps = 0
+
+    # ---- routing -------------------------------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        return sum(r.outstanding for r in self.ranks)
+
+    def _rank_for(self) -> Rank:
+        return min(self.ranks, key=lambda r: (r.outstanding, r.index))
+
+    def enqueue(self, rid: int) -> Rank:
+        rank = self._rank_for()
+        rank.waiting.append(rid)
+        rank.outstanding += 1
+        return rank
+
+    def enqueue_remote(self, rid: int) -> Rank:
+        rank = self._rank_for()
+        rank.remote.append(rid)
+        rank.outstanding += 1
+        return rank
+
+    def kv_arrived(self, rid: int) -> None:
+        r, slot = self._loading.pop(rid)
+        self.ranks[r].ready[slot] = True
+
+    # ---- segments ------------------------------------------------------------------------------------
+    def plan(self, now_s: float, *, horizon_s: float = float("inf")) -> float | None:
+        """Start the next segment at now_s; return its end, or None when there is nothing to run."""
+        for r, rank in enumerate(self.ranks):
+            for rid in admit_remote(rank, now_s) if rank.remote else []:
+                self._loading[rid] = (r, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
+                self.transfers.append(rid)
+        states = [rank.decode_state() for rank in self.ranks]
+        limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
+        active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
+        if active and all(limits[i][0] >= 2 for i in active):
+            steps = min(limits[i][0] for i in active)
+            times = np.max([_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active], axis=0)
+            ends = now_s + np.cumsum(times)
+            if ends[-1] > horizon_s:
+                steps = max(1, int(np.searchsorted(ends, horizon_s, side="left")) + 1)
+                steps = min(steps, len(ends))
+                times, ends = times[:steps], ends[:steps]
+            self._burst = _Burst([states[i][0] for i in active], [states[i][1] for i in active], ends, times, steps,
+                                 any(limits[i][1] for i in active))
+            self._burst_ranks = active
+            self.busy, self.end_s = True, float(ends[-1])
+            return self.end_s
+        planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
+        durations = [self.model.step_time_s(prefill_tokens=p.batch.prefill_tokens, prefill_pairs=p.batch.prefill_pairs,
+                                            decode_tokens=p.batch.decode_tokens, decode_context_tokens=p.batch.decode_context_tokens)
+                     for p in planned if not p.batch.empty]
+        if not durations:
+            self.busy = False
+            return None
+        duration = max(durations)
+        end = now_s + duration
+        self._finish_single(planned, end, duration)
+        self.busy, self.end_s = True, end
+        return end
+
+    def _finish_single(self, planned: list[Planned], end_s: float, duration_s: float) -> None:
+        for rank, p in zip(self.ranks, planned, strict=True):
+            decoders = int(p.batch.decode_tokens)
+            finish_step(rank, p, end_s, self._pending)
+            if decoders:
+                self.ledger.gaps(np.array([duration_s]), decoders)
+        self.steps += 1
+
+    def truncate(self, t_s: float) -> float | None:
+        """An arrival at t_s could join: end an open burst after the step in flight. New end or None."""
+        b = self._burst
+        if b is None or not b.open_to_arrivals or t_s >= self.end_s:
+            return None
+        k = int(np.searchsorted(b.ends_s, t_s, side="left")) + 1
+        if k >= b.steps:
+            return None
+        b.steps = k
+        self.end_s = float(b.ends_s[k - 1])
+        return self.end_s
+
+    def cut(self, t_s: float) -> float | None:
+        """Like `truncate`, for events every burst must see (a decode's KV has arrived)."""
+        b = self._burst
+        if b is not None:
+            b.open_to_arrivals = True
+        return self.truncate(t_s)
+
+    def commit(self) -> StepOutcome:
+        """Apply the segment that ends now and hand back what became visible."""
+        b = self._burst
+        if b is not None:
+            for i, slots, count in zip(self._burst_ranks, b.slots, b.counts, strict=True):
+                rank = self.ranks[i]
+                rank.apply_decode(slots, b.steps, self.end_s, self._pending)
+                self.policies[i].after_decode_steps(rank, b.steps)
+                self.ledger.gaps(b.durations_s[:b.steps], count)
+            self.steps += b.steps
+            self._burst = None
+        out, self._pending = self._pending, StepOutcome([], [], [], [])
+        used = sum(r.pool.in_use for r in self.ranks)
+        total = sum(r.pool.total for r in self.ranks)
+        self.ledger.sample(t_s=self.end_s, instance=self.index, kv_used_frac=used / total if total else 0.0,
+                           running=sum(r.running for r in self.ranks), waiting=sum(len(r.waiting) + len(r.remote) for r in self.ranks))
+        self.busy = False
+        return out
+
+    def release_held(self, rid: int) -> None:
+        for rank in self.ranks:
+            if rank.holds(rid):
+                rank.release_held(rid)
+                return

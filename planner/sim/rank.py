@@ -1,0 +1,269 @@
+"""One attention-DP rank's running set, waiting queues and KV pool: the state the scheduler policies act on.
+
+Owned by an `Instance`; the policies in vllm.py and sglang.py decide what runs each step and call the
+operations here (admit, grow, preempt, finish). Running sequences live in fixed-size numpy arrays (one
+slot per running request) so a decode step over hundreds of sequences costs a few vector operations.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..layout import Role
+from .kvcache import KvPool
+from .ledger import Ledger
+
+__all__ = ["Rank", "StepBatch", "StepOutcome"]
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """What one rank computes in one step (the `StepTimeModel` arguments)."""
+
+    prefill_tokens: float = 0.0
+    prefill_pairs: float = 0.0
+    decode_tokens: float = 0.0
+    decode_context_tokens: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        return self.prefill_tokens == 0 and self.decode_tokens == 0
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """Requests whose state changes become visible at the end of the step."""
+
+    finished: list[int]
+    prefilled: list[int]  # PD prefill role: prompt done, KV held for transfer
+    first_tokens: list[int]
+    resumed: list[int]    # preempted requests that produced their next token again
+
+
+class Rank:
+    """Slots of running sequences plus FCFS waiting queues and the pool.
+
+    Per slot: rid, nkv (tokens whose KV is computed), target (tokens to prefill before decoding: prompt
+    plus output already produced), out (output tokens produced), out_total (tokens to produce here),
+    blk (blocks referenced), hit_k / hit_r (blocks referenced through the shared / own cache key),
+    order (admission counter; vLLM preempts the newest), ready (False while KV is still arriving).
+    """
+
+    def __init__(self, *, index: int, capacity: int, pool: KvPool, role: Role, ledger: Ledger) -> None:
+        self.index = index
+        self.capacity = capacity
+        self.pool = pool
+        self.role = role
+        self.ledger = ledger
+        self.page = pool.page_tokens
+        req = ledger.requests
+        self.prompt = req.prompt_tokens
+        self.output = req.output_tokens
+        self.key = req.prefix_key
+        self.shared_blocks = np.where(req.prefix_key >= 0, req.shared_tokens // pool.page_tokens, 0).astype(np.int64)
+        cols = np.zeros((9, capacity), dtype=np.int64)
+        self.rid, self.nkv, self.target, self.out, self.out_total = cols[0], cols[1], cols[2], cols[3], cols[4]
+        self.blk, self.hit_k, self.hit_r, self.order = cols[5], cols[6], cols[7], cols[8]
+        self.active = np.zeros(capacity, dtype=bool)
+        self.ready = np.zeros(capacity, dtype=bool)
+        self.free_slots = list(range(capacity - 1, -1, -1))
+        self.waiting: deque[int] = deque()
+        self.remote: deque[int] = deque()      # PD decode: prefilled requests waiting for pool room
+        self._held_state: dict[int, tuple[int, int, int, int]] = {}
+        self._counter = 0
+        self.outstanding = 0                   # requests routed here and not yet gone
+
+    # ---- queries -------------------------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return self.capacity - len(self.free_slots)
+
+    def decode_mask(self) -> npt.NDArray[np.bool_]:
+        mask: npt.NDArray[np.bool_] = self.active & self.ready & (self.nkv >= self.target)
+        return mask
+
+    def prefilling_slots(self) -> list[int]:
+        return [int(s) for s in np.flatnonzero(self.active & self.ready & (self.nkv < self.target))]
+
+    def kv_used_frac(self) -> float:
+        return self.pool.in_use / self.pool.total if self.pool.total else 0.0
+
+    def out_total_for(self, rid: int) -> int:
+        return 1 if self.role is Role.PREFILL else int(self.output[rid])
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.page)
+
+    # ---- admission -------------------------------------------------------------------------------------
+    def hits(self, rid: int) -> tuple[int, int]:
+        """Blocks of `rid` already in the pool: (through its shared key, through its own key)."""
+        if not self.pool.caching:
+            return 0, 0
+        tokens = int(self.prompt[rid] + self.ledger.out_done[rid])
+        cap = (tokens - 1) // self.page  # at least one token is always computed
+        sb = int(self.shared_blocks[rid])
+        hk = min(self.pool.extent(int(self.key[rid])), sb) if sb > 0 else 0
+        hr = self.pool.extent(-(rid + 1)) if hk == sb else 0
+        hr = max(0, min(hr, cap - hk))
+        return min(hk, cap), hr
+
+    def admit(self, rid: int, *, hk: int, hr: int, now_s: float, nkv: int = 0, ready: bool = True) -> int:
+        """Put `rid` in a slot, referencing its cached blocks; the caller allocates the rest."""
+        slot = self.free_slots.pop()
+        self._counter += 1
+        if hk > 0:
+            self.pool.acquire(int(self.key[rid]))
+        if hr > 0:
+            self.pool.acquire(-(rid + 1))
+        out = int(self.ledger.out_done[rid])
+        self.rid[slot], self.out[slot], self.out_total[slot] = rid, out, self.out_total_for(rid)
+        self.target[slot] = int(self.prompt[rid]) + out
+        self.nkv[slot] = max(nkv, (hk + hr) * self.page)
+        self.blk[slot], self.hit_k[slot], self.hit_r[slot] = hk + hr, hk, hr
+        self.order[slot] = self._counter
+        self.active[slot], self.ready[slot] = True, ready
+        self.ledger.cached_tokens[rid] += (hk + hr) * self.page
+        if np.isnan(self.ledger.scheduled_s[rid]):
+            self.ledger.scheduled_s[rid] = now_s
+        return slot
+
+    def grow(self, slot: int, new_tokens: int) -> bool:
+        """Allocate blocks so the slot can hold `new_tokens` more tokens; False if the pool is short."""
+        need = self.blocks_for(int(self.nkv[slot]) + new_tokens) - int(self.blk[slot])
+        if need > 0:
+            if not self.pool.allocate(need):
+                return False
+            self.blk[slot] += need
+        return True
+
+    # ---- leaving ---------------------------------------------------------------------------------------
+    def _release_blocks(self, rid: int, nkv: int, blk: int, hk: int, hr: int) -> None:
+        """Give a sequence's blocks back: full blocks become cache content, the rest is freed."""
+        pool = self.pool
+        sb = int(self.shared_blocks[rid])
+        full = nkv // self.page
+        in_shared = min(blk, sb)
+        alloc_shared = max(0, in_shared - hk)
+        alloc_own = (blk - in_shared) - hr
+        moved = 0
+        key = int(self.key[rid])
+        if sb > 0:
+            moved += pool.donate(key, upto_blocks=min(sb, full), from_allocated=alloc_shared)
+        own_full = max(0, full - sb)
+        moved += pool.donate(-(rid + 1), upto_blocks=own_full, from_allocated=max(0, alloc_own))
+        pool.free_allocated(alloc_shared + alloc_own - moved)
+        if hk > 0:
+            pool.release(key)
+        if hr > 0:
+            pool.release(-(rid + 1))
+
+    def _vacate(self, slot: int) -> int:
+        rid = int(self.rid[slot])
+        self.active[slot] = False
+        self.ready[slot] = False
+        self.free_slots.append(slot)
+        self.ledger.out_done[rid] = int(self.out[slot])
+        return rid
+
+    def finish(self, slot: int) -> int:
+        """The slot's request produced its last token here: free or hold its blocks."""
+        rid = self._vacate(slot)
+        state = (int(self.nkv[slot]), int(self.blk[slot]), int(self.hit_k[slot]), int(self.hit_r[slot]))
+        if self.role is Role.PREFILL and int(self.output[rid]) > 1:
+            self._held_state[rid] = state
+        else:
+            self._release_blocks(rid, *state)
+            self.outstanding -= 1
+        return rid
+
+    def holds(self, rid: int) -> bool:
+        """Whether this rank keeps `rid`'s KV for a transfer to a decode instance."""
+        return rid in self._held_state
+
+    def release_held(self, rid: int) -> None:
+        """PD prefill: the KV of `rid` has left for the decode instance."""
+        state = self._held_state.pop(rid)
+        self._release_blocks(rid, *state)
+        self.outstanding -= 1
+
+    def preempt(self, slot: int, now_s: float) -> int:
+        """Evict a running sequence (recompute later): free its blocks, put it first in the queue."""
+        rid = self._vacate(slot)
+        self._release_blocks(rid, int(self.nkv[slot]), int(self.blk[slot]), int(self.hit_k[slot]), int(self.hit_r[slot]))
+        self.waiting.appendleft(rid)
+        self.ledger.preemptions[rid] += 1
+        self.ledger.preemptions_total += 1
+        self.ledger.preempted_at_s[rid] = now_s
+        return rid
+
+    def share_prefix(self, slot: int) -> None:
+        """After its prompt is computed, a sequence's shared-prefix blocks join the cache for others to hit."""
+        rid = int(self.rid[slot])
+        sb = int(self.shared_blocks[rid])
+        if sb <= 0 or not self.pool.caching:
+            return
+        upto = min(sb, int(self.nkv[slot]) // self.page)
+        hk = int(self.hit_k[slot])
+        if upto <= hk:
+            return
+        key = int(self.key[rid])
+        moved = self.pool.donate(key, upto_blocks=upto, from_allocated=upto - hk)
+        self.pool.free_allocated(upto - hk - moved)
+        if hk == 0:
+            self.pool.acquire(key)
+        self.hit_k[slot] = upto
+        # the blocks it referenced beyond `upto` stay allocated; blk is unchanged (now partly pinned)
+
+    # ---- steps -----------------------------------------------------------------------------------------
+    def emit_tokens(self, slots: I64, end_s: float, outcome: StepOutcome) -> None:
+        """Slots that completed their prefill or decoded produce one token at `end_s`."""
+        if len(slots) == 0:
+            return
+        self.out[slots] += 1
+        led = self.ledger
+        for s in slots[self.out[slots] == 1]:
+            rid = int(self.rid[s])
+            if np.isnan(led.first_token_s[rid]):
+                led.first_token_s[rid] = end_s
+                outcome.first_tokens.append(rid)
+        done = slots[self.out[slots] >= self.out_total[slots]]
+        for s in done:
+            rid = self.finish(int(s))
+            if self.role is Role.PREFILL and int(self.output[rid]) > 1:
+                led.prefill_done_s[rid] = end_s
+                outcome.prefilled.append(rid)
+            else:
+                led.finish_s[rid] = end_s
+                outcome.finished.append(rid)
+
+    def decode_state(self) -> tuple[I64, int, int]:
+        """Decoding slots, their count and the sum of their cached tokens."""
+        slots = np.flatnonzero(self.decode_mask())
+        return slots, len(slots), int(self.nkv[slots].sum())
+
+    def extra_blocks(self, slots: I64, steps: int) -> int:
+        """Blocks the decoding slots need to run `steps` more decode steps."""
+        if len(slots) == 0 or steps <= 0:
+            return 0
+        need = -(-(self.nkv[slots] + steps) // self.page) - self.blk[slots]
+        return int(np.maximum(need, 0).sum())
+
+    def apply_decode(self, slots: I64, steps: int, end_s: float, outcome: StepOutcome) -> None:
+        """Advance decoding slots by `steps` tokens (blocks were checked by the caller)."""
+        if steps <= 0 or len(slots) == 0:
+            return
+        extra = self.extra_blocks(slots, steps)
+        ok = self.pool.allocate(extra)
+        assert ok, "decode burst over the pool"
+        self.blk[slots] = np.maximum(self.blk[slots], -(-(self.nkv[slots] + steps) // self.page))
+        self.nkv[slots] += steps
+        self.target[slots] = self.nkv[slots]
+        if steps > 1:
+            self.out[slots] += steps - 1
+        self.emit_tokens(slots, end_s, outcome)

@@ -1,0 +1,160 @@
+"""SGLang scheduling policy for one rank: separate prefill (extend) and decode batches, token-level pool.
+
+Follows SGLang's scheduler loop (`get_next_batch_to_run`, `PrefillAdder`, `retract_decode`): a prefill
+batch runs whenever the queue yields one (decodes wait for it); it is filled FCFS up to
+`chunked_prefill_size` new tokens (the last request chunked) while `max_running_requests` allows and
+the pool, less a reserve of `new_token_ratio` × the remaining outputs of running requests, holds the
+request and its own reserve. Otherwise every running request decodes; when the pool cannot hold one
+more token each, requests with the fewest outputs (longest input on ties) are retracted to recompute.
+The ratio starts at 0.7, decays to 0.098 over 600 decode steps and is re-estimated on retraction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ..layout import EngineKnobs
+from .rank import Rank
+from .vllm import Planned, batch_of
+
+__all__ = ["SglangPolicy"]
+
+I64 = npt.NDArray[np.int64]
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+DECAY_STEPS = 600
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+MAX_PREFILL_TOKENS = 16384
+MAX_BURST_STEPS = 8192
+
+
+class SglangPolicy:
+    """SGLang scheduler state of one rank: the new-token ratio that sizes the decode reserve."""
+
+    def __init__(self, knobs: EngineKnobs) -> None:
+        self.chunk = int(knobs.max_num_batched_tokens)
+        self.max_prefill = max(MAX_PREFILL_TOKENS, self.chunk)
+        self.ratio = INIT_NEW_TOKEN_RATIO
+        self.decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / DECAY_STEPS
+
+    def _reserve(self, rank: Rank, ratio: float) -> float:
+        live = rank.active
+        left = np.minimum(rank.out_total[live] - rank.out[live], CLIP_MAX_NEW_TOKENS)
+        return float(left.sum()) * ratio
+
+    def _head_fits(self, rank: Rank, rem_total: float, ratio: float) -> tuple[bool, int, int, int]:
+        rid = rank.waiting[0]
+        hk, hr = rank.hits(rid)
+        tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
+        extend = tokens - (hk + hr) * rank.page
+        reserve = min(int(rank.output[rid] - rank.ledger.out_done[rid]), CLIP_MAX_NEW_TOKENS) * ratio
+        return extend + reserve < rem_total, hk, hr, extend
+
+    def schedule(self, rank: Rank, now_s: float) -> Planned:
+        """A prefill batch if the queue yields one, else a decode step over every running request."""
+        slots: list[int] = []
+        news: list[int] = []
+        rem_chunk, rem_input = self.chunk, self.max_prefill
+        chunked = rank.prefilling_slots()
+        blocked_by_chunk = False
+        for s in chunked:
+            n = min(int(rank.target[s] - rank.nkv[s]), rem_chunk)
+            if n <= 0 or not rank.grow(s, n):
+                continue
+            slots.append(s)
+            news.append(n)
+            rem_chunk -= n
+            rem_input -= n
+            blocked_by_chunk = blocked_by_chunk or n < int(rank.target[s] - rank.nkv[s])
+        rem_total = rank.pool.free - self._reserve(rank, self.ratio)
+        while rank.waiting and not blocked_by_chunk and rem_chunk > 0 and rem_input > 0 and rank.running < rank.capacity:
+            fits, hk, hr, extend = self._head_fits(rank, rem_total, self.ratio)
+            if not fits:
+                if rank.running == 0 and not slots and extend > rank.pool.total:
+                    rank.waiting.popleft()  # larger than the whole pool: never admissible
+                    rank.outstanding -= 1
+                    continue
+                break
+            rid = rank.waiting.popleft()
+            n = min(extend, rem_chunk)
+            slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
+            if not rank.grow(slot, n):  # reserve arithmetic said yes but the pool is fragmented by pins
+                rank.preempt(slot, now_s)
+                rank.ledger.preemptions[rid] -= 1
+                rank.ledger.preemptions_total -= 1
+                break
+            slots.append(slot)
+            news.append(n)
+            rem_total -= extend + min(int(rank.output[rid] - rank.ledger.out_done[rid]), CLIP_MAX_NEW_TOKENS) * self.ratio
+            rem_chunk -= n
+            rem_input -= n
+            blocked_by_chunk = n < extend
+        if slots:
+            s_arr, n_arr = np.asarray(slots, dtype=np.int64), np.asarray(news, dtype=np.int64)
+            return Planned(batch_of(rank, s_arr, n_arr), s_arr, n_arr)
+        return self._decode(rank, now_s)
+
+    def _decode(self, rank: Rank, now_s: float) -> Planned:
+        dec = np.flatnonzero(rank.decode_mask())
+        retracted = False
+        while len(dec) and rank.extra_blocks(dec, 1) > rank.pool.free:
+            keys = rank.out[dec] * (1 << 32) - rank.prompt[rank.rid[dec]]
+            victim = int(dec[np.argmin(keys)])
+            rank.preempt(victim, now_s)
+            retracted = True
+            dec = np.flatnonzero(rank.decode_mask())
+        if retracted and len(dec):
+            decoded = float(rank.out[dec].sum())
+            max_new = float(rank.out_total[dec].sum())
+            self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(dec)) / max(max_new, 1.0))
+        if len(dec):
+            need = np.maximum(-(-(rank.nkv[dec] + 1) // rank.page) - rank.blk[dec], 0)
+            rank.pool.allocate(int(need.sum()))
+            rank.blk[dec] += need
+            self.after_decode_steps(rank, 1)
+        new = np.ones(len(dec), dtype=np.int64)
+        return Planned(batch_of(rank, dec, new), dec, new)
+
+    def after_decode_steps(self, rank: Rank, steps: int) -> None:
+        self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * steps)
+
+    def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:
+        """Decode steps this rank runs before anything changes; zero when the next step is a prefill."""
+        if decoding == 0 or rank.prefilling_slots():
+            return 0, False
+        if rank.remote and rank.running < rank.capacity and rank.blocks_for(int(rank.prompt[rank.remote[0]])) <= rank.pool.free:
+            return 0, False
+        out_left = rank.out_total[slots] - rank.out[slots]
+        k_max = int(min(int(out_left.min()), MAX_BURST_STEPS))
+        free = rank.pool.free
+        if rank.page == 1:
+            k_max = min(k_max, free // max(decoding, 1))
+        else:
+            while k_max > 0 and rank.extra_blocks(slots, k_max) > free:
+                k_max //= 2
+        if k_max <= 0:
+            return 0, False
+        open_to_arrivals = not rank.waiting and not rank.remote and rank.running < rank.capacity
+        if rank.waiting and rank.running < rank.capacity:
+            k_max = min(k_max, self._steps_until_admissible(rank, slots, decoding, k_max))
+        return k_max, open_to_arrivals
+
+    def _steps_until_admissible(self, rank: Rank, slots: I64, decoding: int, k_max: int) -> int:
+        """Decode steps before the queue head fits (the reserve shrinks as outputs grow and the ratio decays)."""
+        k = np.arange(0, k_max + 1, dtype=np.float64)
+        ratio = np.maximum(MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * k)
+        left = np.minimum(rank.out_total[slots] - rank.out[slots], CLIP_MAX_NEW_TOKENS).astype(np.float64)
+        others = rank.active.copy()
+        others[slots] = False
+        left_others = float(np.minimum(rank.out_total[others] - rank.out[others], CLIP_MAX_NEW_TOKENS).sum())
+        reserve = ratio * (np.maximum(left[None, :] - k[:, None], 0.0).sum(axis=1) + left_others) if len(k) * len(left) < 2_000_000 \
+            else ratio * (float(left.sum()) - decoding * k + left_others)
+        free = rank.pool.free - decoding * k  # page 1: one token per sequence per step
+        rid = rank.waiting[0]
+        hk, hr = rank.hits(rid)
+        extend = float(rank.prompt[rid] + rank.ledger.out_done[rid]) - (hk + hr) * rank.page
+        own = min(float(rank.output[rid] - rank.ledger.out_done[rid]), CLIP_MAX_NEW_TOKENS) * ratio
+        ok = np.flatnonzero(extend + own < free - reserve)
+        return int(ok[0]) if len(ok) else k_max

@@ -1,0 +1,221 @@
+"""vLLM V1 scheduling policy for one rank: continuous batching with a token budget and chunked prefill.
+
+Follows vLLM's `Scheduler.schedule` (v1/core/sched/scheduler.py): running requests first, in admission
+order, each taking min(its remaining tokens, what is left of `max_num_batched_tokens`); when a running
+request cannot get KV blocks the newest running request is preempted (recompute) until it can; only
+in a step without preemption are waiting requests admitted, FCFS, while the budget, `max_num_seqs`
+and the pool allow (the head request blocking the queue). Prefix hits count whole blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..layout import EngineKnobs
+from .rank import Rank, StepBatch, StepOutcome
+
+__all__ = ["Planned", "VllmPolicy", "admit_remote", "batch_of"]
+
+I64 = npt.NDArray[np.int64]
+MAX_BURST_STEPS = 8192
+
+
+@dataclass(slots=True)
+class Planned:
+    """One rank's scheduled step: slots, their new tokens, and the model arguments."""
+
+    batch: StepBatch
+    slots: I64
+    new: I64
+
+
+def batch_of(rank: Rank, slots: I64, new: I64) -> StepBatch:
+    """Model arguments of a step: prefill chunks with their prior context, decodes with their context."""
+    if len(slots) == 0:
+        return StepBatch()
+    nkv = rank.nkv[slots].astype(np.float64)
+    is_pre = rank.nkv[slots] < rank.target[slots]
+    n = new.astype(np.float64)
+    pre_tokens = float(n[is_pre].sum())
+    pairs = float((n[is_pre] * (nkv[is_pre] + n[is_pre] / 2.0)).sum())
+    dec = ~is_pre
+    return StepBatch(pre_tokens, pairs, float(dec.sum()), float((nkv[dec] + 1.0).sum()))
+
+
+def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome) -> None:
+    """Apply a planned step at its end: tokens computed, prompts completed, tokens emitted."""
+    slots, new = planned.slots, planned.new
+    if len(slots) == 0:
+        return
+    live = rank.active[slots]
+    slots, new = slots[live], new[live]
+    was_pre = rank.nkv[slots] < rank.target[slots]
+    rank.nkv[slots] += new
+    done_pre = slots[was_pre & (rank.nkv[slots] >= rank.target[slots])]
+    for s in done_pre:
+        rank.share_prefix(int(s))
+    led = rank.ledger
+    rids = rank.rid[done_pre]
+    back = rids[~np.isnan(led.preempted_at_s[rids])]
+    for r in back:
+        led.gap(end_s - float(led.preempted_at_s[r]))
+        led.preempted_at_s[r] = np.nan
+    emit = slots[rank.nkv[slots] >= rank.target[slots]]
+    rank.target[emit] = rank.nkv[emit]
+    rank.emit_tokens(emit, end_s, outcome)
+
+
+def admit_remote(rank: Rank, now_s: float) -> list[int]:
+    """PD decode: reserve blocks for prefilled requests (oldest first) while seqs and pool allow."""
+    started: list[int] = []
+    while rank.remote and rank.running < rank.capacity:
+        rid = rank.remote[0]
+        tokens = int(rank.prompt[rid])
+        if rank.blocks_for(tokens) > rank.pool.free:
+            break
+        rank.remote.popleft()
+        slot = rank.admit(rid, hk=0, hr=0, now_s=now_s, nkv=tokens, ready=False)
+        rank.target[slot] = tokens
+        ok = rank.grow(slot, 0)
+        assert ok
+        started.append(rid)
+    return started
+
+
+def _undo_admit(rank: Rank, slot: int) -> None:
+    rid = int(rank.rid[slot])
+    hk, hr = int(rank.hit_k[slot]), int(rank.hit_r[slot])
+    rank.ledger.cached_tokens[rid] -= (hk + hr) * rank.page
+    if hk:
+        rank.pool.release(int(rank.key[rid]))
+    if hr:
+        rank.pool.release(-(rid + 1))
+    rank.pool.free_allocated(int(rank.blk[slot]) - hk - hr)
+    rank.active[slot] = False
+    rank.ready[slot] = False
+    rank.free_slots.append(slot)
+
+
+class VllmPolicy:
+    """vLLM scheduler state of one rank (stateless beyond the knobs)."""
+
+    def __init__(self, knobs: EngineKnobs) -> None:
+        self.budget = int(knobs.max_num_batched_tokens)
+
+    def schedule(self, rank: Rank, now_s: float) -> Planned:
+        """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
+        act = np.flatnonzero(rank.active & rank.ready)
+        order = act[np.argsort(rank.order[act], kind="stable")]
+        want = np.maximum(rank.target[order] - rank.nkv[order], 1)
+        took = np.minimum(np.cumsum(want), self.budget)
+        new = np.diff(took, prepend=0)
+        keep = new > 0
+        slots, new = order[keep], new[keep]
+        need = np.maximum(-(-(rank.nkv[slots] + new) // rank.page) - rank.blk[slots], 0)
+        total = int(need.sum())
+        preempted = False
+        if total <= rank.pool.free:
+            rank.pool.allocate(total)
+            rank.blk[slots] += need
+        else:
+            slots, new, preempted = self._allocate_with_preemption(rank, slots, new, now_s)
+        used = int(new.sum())
+        if not preempted:
+            s_add, n_add = self._admit_waiting(rank, self.budget - used, now_s)
+            if s_add:
+                slots = np.concatenate([slots, np.asarray(s_add, dtype=np.int64)])
+                new = np.concatenate([new, np.asarray(n_add, dtype=np.int64)])
+        return Planned(batch_of(rank, slots, new), slots, new)
+
+    def _allocate_with_preemption(self, rank: Rank, slots: I64, new: I64, now_s: float) -> tuple[I64, I64, bool]:
+        kept_s: list[int] = []
+        kept_n: list[int] = []
+        preempted = False
+        for s, n in zip(slots.tolist(), new.tolist(), strict=True):
+            if not rank.active[s]:
+                continue
+            while not rank.grow(s, n):
+                live = np.flatnonzero(rank.active & rank.ready)
+                victim = int(live[np.argmax(rank.order[live])])
+                rid = rank.preempt(victim, now_s)
+                preempted = True
+                if victim == s:
+                    if rank.running == 0:  # alone and still too long for the pool: it can never run
+                        rank.waiting.popleft()
+                        rank.outstanding -= 1
+                        rank.ledger.preemptions[rid] -= 1
+                    break
+            if rank.active[s]:
+                kept_s.append(s)
+                kept_n.append(n)
+        return np.asarray(kept_s, dtype=np.int64), np.asarray(kept_n, dtype=np.int64), preempted
+
+    def _admit_waiting(self, rank: Rank, budget_left: int, now_s: float) -> tuple[list[int], list[int]]:
+        slots: list[int] = []
+        news: list[int] = []
+        while rank.waiting and budget_left > 0 and rank.running < rank.capacity:
+            rid = rank.waiting[0]
+            hk, hr = rank.hits(rid)
+            tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
+            n = min(tokens - (hk + hr) * rank.page, budget_left)
+            slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
+            if not rank.grow(slot, n):
+                _undo_admit(rank, slot)
+                if rank.running == 0 and rank.blocks_for(tokens) > rank.pool.total:
+                    rank.waiting.popleft()  # larger than the whole pool: never admissible
+                    rank.outstanding -= 1
+                    continue
+                break
+            rank.waiting.popleft()
+            slots.append(slot)
+            news.append(n)
+            budget_left -= n
+        return slots, news
+
+    def head_admissible(self, rank: Rank, decoding: int) -> bool:
+        """Whether the next step would admit the head of the queue (pool and budget as they are now)."""
+        if rank.remote:
+            rid = rank.remote[0]
+            return rank.running < rank.capacity and rank.blocks_for(int(rank.prompt[rid])) <= rank.pool.free
+        if not rank.waiting or rank.running >= rank.capacity or self.budget - decoding <= 0:
+            return False
+        rid = rank.waiting[0]
+        hk, hr = rank.hits(rid)
+        tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
+        n = min(tokens - (hk + hr) * rank.page, self.budget - decoding)
+        pinned_now = rank.pool.evictable_extent(int(rank.key[rid])) if hk else 0
+        return rank.blocks_for((hk + hr) * rank.page + n) - (hk + hr) <= rank.pool.free - pinned_now
+
+    def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:
+        """Steps of pure decode this rank can run unchanged, and whether an arrival could end them early.
+
+        Zero when the next step is not a plain decode step (a prefill in flight, an admissible queue
+        head, decodes over the budget, no block for the very next token).
+        """
+        if decoding == 0 or decoding > self.budget or len(rank.prefilling_slots()) or self.head_admissible(rank, decoding):
+            return 0, False
+        open_to_arrivals = not rank.waiting and not rank.remote and rank.running < rank.capacity
+        return _block_limited_steps(rank, slots), open_to_arrivals
+
+    def after_decode_steps(self, rank: Rank, steps: int) -> None:
+        return None
+
+
+def _block_limited_steps(rank: Rank, slots: I64) -> int:
+    """Largest k ≤ the nearest completion such that k decode steps fit in the free blocks."""
+    out_left = rank.out_total[slots] - rank.out[slots]
+    k_max = int(min(int(out_left.min()), MAX_BURST_STEPS))
+    free = rank.pool.free
+    if rank.extra_blocks(slots, k_max) <= free:
+        return k_max
+    lo, hi = 0, k_max  # extra_blocks(lo) fits, extra_blocks(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if rank.extra_blocks(slots, mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
