@@ -1,0 +1,279 @@
+"""Reconcile flows against the in-memory cluster: create, idempotence, spec change, DryRun, Pinned,
+invalid spec, infeasible plans, multi-node without LeaderWorkerSet, readiness, and deletion."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cases import decision, prediction
+from fake_cluster import FakeCluster
+from servingtopology.operator.api import parse_topology_spec
+from servingtopology.operator.reconcile import Outcome, reconcile
+from servingtopology.planner.errors import Infeasible
+from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, RoleLayout
+from servingtopology.planner.problem import Candidate, Decision, Problem
+
+from servingtopology.spec import to_layout
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+REPLICAS = Layout.replicas(4, Parallelism(tp=2))
+PD = Layout.pd(RoleLayout(2, Parallelism(tp=4)), RoleLayout(3, Parallelism(tp=4)))
+
+
+class ScriptedPlanner:
+    """Returns the next scripted Decision (or raises the scripted error), and keeps every Problem it saw."""
+
+    def __init__(self, *results: Decision | Exception) -> None:
+        self.results = list(results)
+        self.problems: list[Problem] = []
+
+    def __call__(self, problem: Problem) -> Decision:
+        self.problems.append(problem)
+        result = self.results.pop(0) if len(self.results) > 1 else self.results[0]
+        if isinstance(result, Exception):
+            raise result
+        if problem.pinned is not None:
+            return decision(problem.pinned, ttft_ms=result.best.prediction.ttft_ms, tpot_ms=result.best.prediction.tpot_ms)
+        return result
+
+
+def topology(mode: str = "Auto", **spec_changes: Any) -> dict[str, Any]:
+    obj = yaml.safe_load((ROOT / "examples" / "servingtopology.yaml").read_text())
+    obj["metadata"] |= {"uid": "uid-1", "generation": 1}
+    obj["spec"]["policy"]["mode"] = mode
+    obj["spec"].update(spec_changes)
+    return obj
+
+
+def run(obj: dict[str, Any], cluster: FakeCluster, planner: ScriptedPlanner, *, minutes: int = 0) -> Outcome:
+    """One reconcile, then write its status back the way kopf's status patch would."""
+    out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=planner, now=T0 + timedelta(minutes=minutes))
+    obj["status"] = {k: v for k, v in out.status.items() if v is not None}
+    return out
+
+
+def bump(obj: dict[str, Any], **spec_changes: Any) -> None:
+    obj["spec"].update(spec_changes)
+    obj["metadata"]["generation"] += 1
+
+
+def cond(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in obj["status"]["conditions"] if c["type"] == kind)
+
+
+def reasons(cluster: FakeCluster) -> list[str]:
+    return [e.reason for e in cluster.events]
+
+
+def test_the_example_parses_as_a_topology_spec() -> None:
+    spec = parse_topology_spec(topology()["spec"])
+    assert spec.engine.image.startswith("vllm/") and spec.hardware.tolerations[0].operator == "Exists"
+
+
+def test_create_in_auto_renders_workloads_and_reports_the_plan() -> None:
+    obj, cluster = topology(), FakeCluster()
+    out = run(obj, cluster, ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30)))
+    assert cluster.kinds() == ["Deployment/llama-8b-aggregated", "Service/llama-8b"]
+    plan = obj["status"]["plan"]
+    assert (plan["layout"], plan["gpus"], plan["pd"], plan["predicted"]["ttftMs"]) == ("4×TP2", 8, "-", 310.0)
+    assert plan["roles"][0]["engineArgs"][:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert cond(obj, "Ready")["status"] == "True" and cond(obj, "Planned")["status"] == "True"
+    assert obj["status"]["observedGeneration"] == 1
+    assert reasons(cluster) == ["PlanApplied", "WorkloadsApplied"]
+    assert out.decided and out.requeue_after_s is None
+
+
+def test_a_second_pass_changes_nothing_and_does_not_replan() -> None:
+    obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    before = (copy.deepcopy(cluster.objects), len(cluster.events), copy.deepcopy(obj["status"]))
+    out = run(obj, cluster, planner, minutes=5)
+    assert (cluster.objects, len(cluster.events), obj["status"]) == before
+    assert len(planner.problems) == 1 and out.applied == () and not out.decided
+
+
+def test_a_deleted_workload_is_put_back_on_the_next_pass() -> None:
+    obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    victim = next(r for r in cluster.objects if r.kind == "Deployment")
+    cluster.delete(victim)
+    out = run(obj, cluster, planner, minutes=1)
+    assert victim in cluster.objects and out.applied == ("Deployment/llama-8b-aggregated",)
+
+
+def test_a_spec_change_replans_replaces_the_workloads_and_says_what_changed() -> None:
+    obj, cluster = topology(), FakeCluster()
+    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD, ttft_ms=180, tpot_ms=28))
+    run(obj, cluster, planner)
+    bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 30})
+    out = run(obj, cluster, planner, minutes=10)
+    assert cluster.kinds() == [
+        "Deployment/llama-8b-decode", "Deployment/llama-8b-prefill", "Deployment/llama-8b-router",
+        "Role/llama-8b-router", "RoleBinding/llama-8b-router", "Service/llama-8b", "Service/llama-8b-decode",
+        "Service/llama-8b-prefill", "ServiceAccount/llama-8b-router"]
+    assert out.pruned == ("Deployment/llama-8b-aggregated",)
+    assert planner.problems[1].current == REPLICAS  # the running layout is the planner's `current`
+    applied = next(e for e in reversed(cluster.events) if e.reason == "PlanApplied")
+    assert applied.message.startswith("changed 4×TP2 → 2P3D@TP4: p95 TTFT 310→180 ms, TPOT 30.0→28.0 ms, GPUs 8→20, because")
+    assert [h["layout"] for h in obj["status"]["history"]] == ["4×TP2", "2P3D@TP4"]
+    assert obj["status"]["plan"]["pd"] == "2:3"
+
+
+def test_dry_run_proposes_with_an_event_and_touches_no_workload() -> None:
+    obj, cluster = topology("DryRun"), FakeCluster()
+    run(obj, cluster, ScriptedPlanner(decision(PD)))
+    assert cluster.objects == {} and cluster.applies == 0
+    assert reasons(cluster) == ["PlanProposed"]
+    assert cluster.events[0].message.startswith("would create 2P3D@TP4: p95 TTFT 180 ms")
+    assert obj["status"]["proposal"]["layout"] == "2P3D@TP4" and "plan" not in obj["status"]
+    assert cond(obj, "Ready")["reason"] == "DryRun"
+
+
+def test_dry_run_over_a_running_plan_words_the_change_and_leaves_the_workloads_alone() -> None:
+    obj, cluster = topology(), FakeCluster()
+    current = Candidate(REPLICAS, prediction(310, 30), score=0.5)
+    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30),
+                              decision(Layout.pd(RoleLayout(1, Parallelism(tp=4)), RoleLayout(3, Parallelism(tp=2))),
+                                       ttft_ms=180, tpot_ms=25, reasons=("long prompts stall decode",), current=current))
+    run(obj, cluster, planner)
+    running, applies = copy.deepcopy(cluster.objects), cluster.applies
+    bump(obj, policy={**obj["spec"]["policy"], "mode": "DryRun"})
+    run(obj, cluster, planner, minutes=3)
+    assert cluster.objects == running and cluster.applies == applies
+    proposed = cluster.events[-1]
+    assert proposed.reason == "PlanProposed"
+    assert proposed.message == ("would change 4×TP2 → 1P(TP4)·3D(TP2): p95 TTFT 310→180 ms, TPOT 30.0→25.0 ms, GPUs 8→10, "
+                                "because long prompts stall decode")
+    assert obj["status"]["plan"]["layout"] == "4×TP2" and obj["status"]["proposal"]["fromLayout"] == "4×TP2"
+
+
+def test_dry_run_proposes_once_per_generation() -> None:
+    obj, cluster, planner = topology("DryRun"), FakeCluster(), ScriptedPlanner(decision(PD))
+    run(obj, cluster, planner)
+    run(obj, cluster, planner, minutes=5)
+    assert reasons(cluster) == ["PlanProposed"] and len(planner.problems) == 1
+
+
+def test_pinned_renders_the_given_layout_and_still_reports_predictions() -> None:
+    pinned = {"kind": "pd", "prefill": {"count": 1, "tp": 2}, "decode": {"count": 2, "tp": 2}}
+    obj, cluster, planner = topology("Pinned", pinned=pinned), FakeCluster(), ScriptedPlanner(decision(REPLICAS, ttft_ms=222))
+    run(obj, cluster, planner)
+    spec = parse_topology_spec(obj["spec"])
+    assert planner.problems[0].pinned == to_layout(spec, spec.pinned)
+    assert obj["status"]["plan"]["layout"] == "1P2D@TP2" and obj["status"]["plan"]["predicted"]["ttftMs"] == 222.0
+    assert "Deployment/llama-8b-prefill" in cluster.kinds()
+    assert cond(obj, "Planned")["reason"] == "Pinned"
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"policy": {"mode": "Pinned"}}, "pinned"),                         # Pinned without a layout
+    ({"hardware": {"gpu": "h100_sxm", "maxGPUs": 0}}, "maxGPUs"),       # below the minimum
+    ({"engine": {"name": "trtllm", "image": "x"}}, "engine.name"),      # not an engine we drive
+    ({"colour": "blue"}, "colour"),                                     # unknown field
+])
+def test_an_invalid_spec_sets_ready_false_with_an_event_and_applies_nothing(change: dict[str, Any], field: str) -> None:
+    obj, cluster, planner = topology(**change), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    out = run(obj, cluster, planner)
+    assert cluster.objects == {} and planner.problems == []
+    ready = cond(obj, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec") and field in ready["message"]
+    assert [(e.type, e.reason) for e in cluster.events] == [("Warning", "InvalidSpec")]
+    assert out.error == "InvalidSpec"
+
+
+def test_an_unknown_gpu_keeps_the_running_workloads_and_is_reported_once() -> None:
+    obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    running = copy.deepcopy(cluster.objects)
+    bump(obj, hardware={**obj["spec"]["hardware"], "gpu": "tpu-v9"})
+    run(obj, cluster, planner, minutes=1)
+    run(obj, cluster, planner, minutes=2)
+    assert cluster.objects == running
+    assert cond(obj, "Ready")["reason"] == "InvalidSpec" and "hardware.gpu" in cond(obj, "Ready")["message"]
+    assert reasons(cluster).count("InvalidSpec") == 1
+    assert obj["status"]["plan"]["layout"] == "4×TP2"
+
+
+def test_no_feasible_layout_keeps_the_running_workloads_and_names_the_stage() -> None:
+    obj, cluster = topology(), FakeCluster()
+    planner = ScriptedPlanner(decision(REPLICAS), Infeasible("memory", "needs 92 GiB per GPU, has 80"))
+    run(obj, cluster, planner)
+    running = copy.deepcopy(cluster.objects)
+    bump(obj, slo={"ttftMs": {"p95": 5}, "tpotMs": {"p95": 1}})
+    out = run(obj, cluster, planner, minutes=1)
+    assert cluster.objects == running and out.error == "Infeasible"
+    planned = cond(obj, "Planned")
+    assert planned["reason"] == "Infeasible" and "'memory'" in planned["message"]
+    assert cluster.events[-1].type == "Warning" and cluster.events[-1].reason == "PlanInfeasible"
+
+
+def test_a_multi_node_plan_without_leader_worker_set_is_refused_whole() -> None:
+    wide = Layout.replicas(1, Parallelism(tp=8, pp=2))
+    obj, cluster = topology(), FakeCluster(lws_installed=False)
+    out = run(obj, cluster, ScriptedPlanner(decision(wide)))
+    assert cluster.objects == {} and out.error == "LeaderWorkerSetMissing"
+    ready = cond(obj, "Ready")
+    assert ready["reason"] == "LeaderWorkerSetMissing" and "leaderworkerset.x-k8s.io" in ready["message"]
+    assert reasons(cluster) == ["LeaderWorkerSetMissing"]
+
+
+def test_a_multi_node_plan_with_leader_worker_set_is_applied() -> None:
+    wide = Layout.replicas(1, Parallelism(tp=8, pp=2))
+    obj, cluster = topology(), FakeCluster(lws_installed=True)
+    run(obj, cluster, ScriptedPlanner(decision(wide)))
+    assert "LeaderWorkerSet/llama-8b-aggregated" in cluster.kinds()
+    assert obj["status"]["plan"]["roles"][0]["nodesPerInstance"] == 2
+
+
+def test_workloads_not_ready_yet_report_progressing_and_ask_for_a_requeue() -> None:
+    obj, cluster = topology(), FakeCluster(ready=False)
+    out = run(obj, cluster, ScriptedPlanner(decision(REPLICAS)))
+    assert cond(obj, "Ready")["status"] == "False" and cond(obj, "Progressing")["status"] == "True"
+    assert "aggregated 0/4" in cond(obj, "Ready")["message"] and out.requeue_after_s is not None
+    cluster.ready = True
+    run(obj, cluster, ScriptedPlanner(decision(REPLICAS)), minutes=1)
+    assert cond(obj, "Ready")["status"] == "True" and cond(obj, "Progressing")["status"] == "False"
+
+
+def test_deleting_the_topology_leaves_nothing_behind() -> None:
+    obj, cluster = topology(), FakeCluster()
+    run(obj, cluster, ScriptedPlanner(decision(PD)))
+    assert len(cluster.objects) == 9
+    cluster.collect_garbage(obj["metadata"]["uid"])  # what the API server's garbage collector does
+    assert cluster.objects == {}
+
+
+def test_allowed_layouts_narrow_the_search() -> None:
+    obj = topology()
+    obj["spec"]["policy"]["allowedLayouts"] = ["replicas"]
+    planner = ScriptedPlanner(decision(REPLICAS))
+    run(obj, FakeCluster(), planner)
+    assert planner.problems[0].search.layouts == (LayoutKind.REPLICAS,)
+
+
+def test_a_model_config_map_is_read_for_planning() -> None:
+    obj = topology()
+    del obj["spec"]["model"]
+    obj["spec"] |= {"modelConfigMap": {"name": "arch"}, "modelSource": "/models/custom-8b"}
+    cluster = FakeCluster()
+    cluster.config_maps[("default", "arch")] = {
+        "config.json": (ROOT / "planner" / "data" / "models" / "meta-llama_Llama-3.1-8B-Instruct.json").read_text()}
+    planner = ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    assert planner.problems[0].model.num_layers == 32
+    assert obj["status"]["plan"]["roles"][0]["engineArgs"][2] == "/models/custom-8b"
+
+
+def test_a_missing_model_config_map_is_an_invalid_spec() -> None:
+    obj = topology()
+    del obj["spec"]["model"]
+    obj["spec"] |= {"modelConfigMap": {"name": "nowhere"}, "modelSource": "/models/x"}
+    cluster = FakeCluster()
+    run(obj, cluster, ScriptedPlanner(decision(REPLICAS)))
+    assert cond(obj, "Ready")["reason"] == "InvalidSpec" and "nowhere" in cond(obj, "Ready")["message"]
