@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from ..errors import Infeasible, InvalidSpec
 from ..hardware import Gpu, Precision
 from ..layout import Engine, Layout, LayoutKind, Role, RoleLayout
@@ -95,5 +97,5 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
         arrival_s=ledger.arrival_s, scheduled_s=ledger.scheduled_s, first_token_s=ledger.first_token_s,
         finish_s=ledger.finish_s, prompt_tokens=requests.prompt_tokens, output_tokens=requests.output_tokens,
         cached_tokens=ledger.cached_tokens, preemptions=ledger.preemptions, itl_s=itl_s, itl_weight=itl_w,
-        timeline=ledger.timeline(), gpus=layout.gpus, end_s=end, label=layout.label,
+        timeline=ledger.timeline(), preemption_times_s=np.asarray(ledger.preemption_times_s, dtype=np.float64), gpus=layout.gpus, end_s=end, label=layout.label,
     )

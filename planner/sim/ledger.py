@@ -32,6 +32,7 @@ class Ledger:
         "now_s",
         "out_done",
         "preempted_at_s",
+        "preemption_times_s",
         "preemptions",
         "preemptions_total",
         "prefill_done_s",
@@ -59,6 +60,7 @@ class Ledger:
         self._tl_wait: list[int] = []
         self._tl_instance: list[int] = []
         self.preemptions_total = 0
+        self.preemption_times_s: list[float] = []
         self.now_s = 0.0
 
     def gaps(self, durations_s: npt.NDArray[np.float64], weight: float) -> None:

@@ -199,6 +199,7 @@ class Rank:
         self.waiting.appendleft(rid)
         self.ledger.preemptions[rid] += 1
         self.ledger.preemptions_total += 1
+        self.ledger.preemption_times_s.append(now_s)
         self.ledger.preempted_at_s[rid] = now_s
         return rid
 

@@ -106,6 +106,7 @@ class SimResult:
     itl_s: F64                      # inter-token gaps (s), each with a weight (sequences sharing it)
     itl_weight: F64
     timeline: dict[str, F64] = field(default_factory=dict)
+    preemption_times_s: F64 = field(default_factory=lambda: np.zeros(0))  # when each preemption happened
     gpus: int = 1
     end_s: float = 0.0
     label: str = ""

@@ -84,6 +84,7 @@ class SglangPolicy:
                 rank.preempt(slot, now_s)
                 rank.ledger.preemptions[rid] -= 1
                 rank.ledger.preemptions_total -= 1
+                rank.ledger.preemption_times_s.pop()
                 break
             slots.append(slot)
             news.append(n)

@@ -147,6 +147,8 @@ class VllmPolicy:
                         rank.waiting.popleft()
                         rank.outstanding -= 1
                         rank.ledger.preemptions[rid] -= 1
+                        rank.ledger.preemptions_total -= 1
+                        rank.ledger.preemption_times_s.pop()
                     break
             if rank.active[s]:
                 kept_s.append(s)
