@@ -1,0 +1,117 @@
+"""The kopf wiring: registers one reconcile for create, update, resume and a timer on ServingTopology,
+configures storage, peering and probes, and turns reconcile outcomes into status patches and metrics.
+
+Called by operator/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only
+broad `except` of the operator is here, at the handler boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from .cluster import Cluster, ClusterError
+from .crd import PLURAL, VERSION
+from .manifests import GROUP
+from .reconcile import Outcome, Planner, reconcile
+from .telemetry import OperatorMetrics
+
+__all__ = ["Runtime", "register", "TRIGGERS"]
+
+TRIGGERS = ("create", "update", "resume", "timer")
+RETRY_DELAY_S = 15.0
+
+
+@dataclass
+class Runtime:
+    """What every handler shares: the cluster seam, the planner, metrics, and one lock per object so a
+    timer pass and a change pass of the same ServingTopology never interleave."""
+
+    cluster: Cluster
+    planner: Planner
+    metrics: OperatorMetrics
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    gpus_per_node_default: int = 8
+    _locks: dict[str, threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+    last_pass_s: float = 0.0
+
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
+    def forget(self, uid: str) -> None:
+        with self._guard:
+            self._locks.pop(uid, None)
+
+    def handle(self, body: Mapping[str, Any], patch: Any, logger: logging.Logger | logging.LoggerAdapter[Any], trigger: str) -> None:
+        """Run one reconcile and stage its status in kopf's patch; transient failures are retried."""
+        uid = str(body.get("metadata", {}).get("uid", ""))
+        mode = str((body.get("spec") or {}).get("policy", {}).get("mode", "DryRun"))
+        started = time.monotonic()
+        with self._lock(uid):
+            try:
+                outcome = reconcile(dict(body), cluster=self.cluster, planner=self.planner, now=self.clock(),
+                                    gpus_per_node_default=self.gpus_per_node_default)
+            except ClusterError as exc:
+                self.metrics.failed("ApiError", trigger=trigger)
+                raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=RETRY_DELAY_S) from exc
+            except Exception as exc:  # the handler boundary: log, count, retry later rather than crash the operator
+                logger.exception("reconcile failed")
+                self.metrics.failed(type(exc).__name__, trigger=trigger)
+                raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}", delay=RETRY_DELAY_S * 4) from exc
+        self.last_pass_s = time.time()
+        self.metrics.observe(outcome, mode=mode, trigger=trigger, seconds=time.monotonic() - started)
+        _stage_status(patch, outcome)
+        if outcome.applied or outcome.pruned:
+            logger.info("applied %s; pruned %s", ", ".join(outcome.applied) or "-", ", ".join(outcome.pruned) or "-")
+
+
+def _stage_status(patch: Any, outcome: Outcome) -> None:
+    for key, value in outcome.status.items():
+        patch.status[key] = value
+
+
+def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interval_s: float, peering_name: str,
+             clusterwide: bool) -> None:
+    """Register the handlers, startup settings and probes on `registry`."""
+    resource = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+
+    def make(trigger: str) -> Callable[..., None]:
+        def handler(body: Mapping[str, Any], patch: Any, logger: logging.Logger, **_: Any) -> None:
+            runtime.handle(body, patch, logger, trigger)
+        handler.__name__ = f"reconcile_on_{trigger}"
+        return handler
+
+    kopf.on.create(**resource, id="reconcile-create", registry=registry)(make("create"))
+    kopf.on.update(**resource, id="reconcile-update", field="spec", registry=registry)(make("update"))
+    kopf.on.resume(**resource, id="reconcile-resume", registry=registry)(make("resume"))
+    kopf.timer(**resource, id="reconcile-timer", interval=timer_interval_s, initial_delay=timer_interval_s,
+               registry=registry)(make("timer"))
+
+    @kopf.on.delete(**resource, id="forget", optional=True, registry=registry)
+    def forget(body: Mapping[str, Any], **_: Any) -> None:
+        # Workloads carry owner references: the garbage collector removes them. Only drop our lock.
+        runtime.forget(str(body.get("metadata", {}).get("uid", "")))
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Keep kopf's bookkeeping in annotations: the CRD's structural schema would prune status.kopf.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"kopf.{GROUP}")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=f"kopf.{GROUP}")
+        settings.peering.name = peering_name
+        settings.peering.clusterwide = clusterwide
+        settings.peering.stealth = True
+        settings.posting.level = logging.WARNING  # our Events are explicit; kopf's own only for problems
+        settings.execution.max_workers = 4
+
+    @kopf.on.probe(id="lastReconcile", registry=registry)
+    def last_reconcile(**_: Any) -> float:
+        return runtime.last_pass_s
