@@ -130,6 +130,10 @@ class Instance:
             self.busy, self.end_s = True, float(ends[-1])
             return self.end_s
         planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
+        for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
+            if any(not p.batch.empty for p in planned) or not any(r.running or r.waiting for r in self.ranks):
+                break
+            planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
         durations = [self.model.step_time_s(prefill_tokens=p.batch.prefill_tokens, prefill_pairs=p.batch.prefill_pairs,
                                             decode_tokens=p.batch.decode_tokens, decode_context_tokens=p.batch.decode_context_tokens)
                      for p in planned if not p.batch.empty]

@@ -61,7 +61,10 @@ class SglangPolicy:
         blocked_by_chunk = False
         for s in chunked:
             n = min(int(rank.target[s] - rank.nkv[s]), rem_chunk)
-            if n <= 0 or not rank.grow(s, n):
+            if n <= 0:
+                continue
+            if not rank.grow(s, n):  # decodes took the room its next chunk needed: retract it
+                rank.preempt(s, now_s)
                 continue
             slots.append(s)
             news.append(n)
