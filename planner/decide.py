@@ -8,16 +8,14 @@ other than the funnel's own stage timings.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .errors import Infeasible, InvalidSpec
-from .funnel import LOAD_MARGIN, SLO_MARGIN, Progress, Survivor, run_funnel
-from .layout import Layout, LayoutKind, Role
+from .funnel import LOAD_MARGIN, SLO_MARGIN, Clock, Progress, Survivor, no_clock, run_funnel
+from .layout import Layout
 from .memory import kv_bytes_per_token, weight_bytes_total
 from .predict import predict_figures, slo_capacity_rps, to_prediction
 from .problem import Candidate, Decision, FunnelStage, Problem
@@ -37,6 +35,8 @@ class SimFigures:
 
 Simulate = Callable[[Problem, Layout], SimFigures]
 
+RANK_TOLERANCE = 0.03  # goodput-per-GPU scores within 3 % of the best are ties
+
 
 def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidate, ...]) -> tuple[str, ...]:
     p, slo = best.prediction, problem.slo
@@ -54,9 +54,10 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
     a, b = alt.prediction, best.prediction
     if problem.objective is Objective.MIN_GPUS and alt.layout.gpus > best.layout.gpus:
         return f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
-    if a.goodput_per_gpu < b.goodput_per_gpu:
+    if a.goodput_per_gpu < b.goodput_per_gpu * (1.0 - RANK_TOLERANCE):
         return f"{a.goodput_per_gpu:.2f} req/s per GPU within the SLOs against {b.goodput_per_gpu:.2f}"
-    return f"ties on goodput per GPU; ranked lower on GPUs ({alt.layout.gpus}) or TTFT ({a.ttft_ms:.0f} ms)"
+    return (f"within {RANK_TOLERANCE:.0%} on goodput per GPU ({a.goodput_per_gpu:.2f} against {b.goodput_per_gpu:.2f}) "
+            f"but needs {alt.layout.gpus} GPUs against {best.layout.gpus}, or is the more complex kind")
 
 
 def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None) -> Candidate:
@@ -75,20 +76,23 @@ def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | Non
     return Candidate(layout, pred, score=pred.goodput_per_gpu)
 
 
-def _structure(layout: Layout) -> str:
-    """A layout's structure without its scale: the instance shapes and, for PD, the reduced P:D ratio."""
-    if layout.kind is LayoutKind.REPLICAS:
-        return layout.roles[Role.AGGREGATED].parallelism.label
-    p, d = layout.roles[Role.PREFILL], layout.roles[Role.DECODE]
-    g = math.gcd(p.count, d.count)
-    return f"{p.count // g}P({p.parallelism.label}):{d.count // g}D({d.parallelism.label})"
-
-
-def _score(problem: Problem, c: Candidate) -> tuple[float, ...]:
-    p = c.prediction
+def _rank(problem: Problem, cands: list[Candidate]) -> list[Candidate]:
+    """Order by the objective. Candidates within RANK_TOLERANCE of the best score tie, and a tie goes
+    to fewer GPUs, then the simpler kind (replicas before PD), then lower TTFT: a 1 % edge predicted
+    by a model is not worth more GPUs or a more complex deployment."""
+    meeting = [c for c in cands if c.prediction.meets_slo]
+    missing = [c for c in cands if not c.prediction.meets_slo]
     if problem.objective is Objective.MIN_GPUS:
-        return (0.0 if p.meets_slo else 1.0, float(c.layout.gpus), -p.goodput_per_gpu, p.ttft_ms)
-    return (0.0 if p.meets_slo else 1.0, -round(p.goodput_per_gpu, 6), float(c.layout.gpus), p.ttft_ms)
+        key = lambda c: (c.layout.gpus, -c.prediction.goodput_per_gpu, c.layout.kind.value != "replicas", c.prediction.ttft_ms)  # noqa: E731
+        return sorted(meeting, key=key) + sorted(missing, key=key)
+    by_score = sorted(meeting, key=lambda c: -c.prediction.goodput_per_gpu)
+    if not by_score:
+        return sorted(missing, key=lambda c: -c.prediction.goodput_per_gpu)
+    top = by_score[0].prediction.goodput_per_gpu * (1.0 - RANK_TOLERANCE)
+    tied = sorted((c for c in by_score if c.prediction.goodput_per_gpu >= top),
+                  key=lambda c: (c.layout.gpus, c.layout.kind.value != "replicas", c.prediction.ttft_ms))
+    rest = [c for c in by_score if c.prediction.goodput_per_gpu < top]
+    return tied + rest + sorted(missing, key=lambda c: -c.prediction.goodput_per_gpu)
 
 
 def _refine(problem: Problem, survivors: list[Survivor]) -> list[Candidate]:
@@ -102,11 +106,11 @@ def _refine(problem: Problem, survivors: list[Survivor]) -> list[Candidate]:
     return out
 
 
-def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate | None) -> tuple[list[Candidate], FunnelStage]:
-    t0 = time.perf_counter()
+def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate | None, clock: Clock) -> tuple[list[Candidate], FunnelStage]:
+    t0 = clock()
     k = min(problem.search.top_k, len(ranked))
     if simulate is None or k == 0:
-        return ranked, FunnelStage("6 simulation of the top K", k, 0, time.perf_counter() - t0, {"not simulated: analytical figures kept": k} if k else {})
+        return ranked, FunnelStage("6 simulation of the top K", k, 0, clock() - t0, {"not simulated: analytical figures kept": k} if k else {})
     out, rejected = [], 0
     for c in ranked[:k]:
         sim = simulate(problem, c.layout)
@@ -118,38 +122,38 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
         rejected += not meets
         out.append(Candidate(c.layout, pred, c.score))
     reasons = {"simulated SLO miss": rejected} if rejected else {}
-    return out + ranked[k:], FunnelStage("6 simulation of the top K", k - rejected, rejected, time.perf_counter() - t0, reasons)
+    return out + ranked[k:], FunnelStage("6 simulation of the top K", k - rejected, rejected, clock() - t0, reasons)
 
 
-def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None) -> Decision:
+def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None, clock: Clock = no_clock) -> Decision:
     """Plan a layout for the problem; raise Infeasible (with the funnel) when nothing meets it."""
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
     kv_dtype = problem.search.kv_dtypes[0]
     kv_tok = int(kv_bytes_per_token(problem.model, kv_dtype, tp=1, pp=1))
     weights = weight_bytes_total(problem.model, problem.precision)
-    result = run_funnel(problem, progress=progress, keep=max(64, 8 * problem.search.top_k))
+    result = run_funnel(problem, progress=progress, keep=max(64, 8 * problem.search.top_k), clock=clock)
     stages = list(result.stages)
     current = predict_layout(problem, problem.current, simulate=simulate) if problem.current is not None else None
     if not result.survivors and problem.pinned is None:
         raise Infeasible(result.last_stage, result.closest_miss, funnel=tuple(stages))
-    t0 = time.perf_counter()
-    ranked = sorted(_refine(problem, result.survivors), key=lambda c: _score(problem, c))
-    ranked, stage6 = _simulate_top(problem, ranked, simulate)
+    t0 = clock()
+    ranked = _rank(problem, _refine(problem, result.survivors))
+    ranked, stage6 = _simulate_top(problem, ranked, simulate, clock)
     stages.append(stage6)
-    ranked = sorted(ranked, key=lambda c: _score(problem, c))
-    stages.append(FunnelStage("7 ranking by objective", len(ranked), 0, time.perf_counter() - t0 - stage6.seconds, {}))
+    ranked = _rank(problem, ranked)
+    stages.append(FunnelStage("7 ranking by objective", len(ranked), 0, clock() - t0 - stage6.seconds, {}))
     if problem.pinned is not None:
         best = predict_layout(problem, problem.pinned, simulate=simulate)
         best = replace(best, why="pinned by the spec")
     else:
         best = ranked[0]
     alternatives: list[Candidate] = []
-    labels = {_structure(best.layout)}
+    labels = {best.layout.structure}
     for c in ranked:
-        if _structure(c.layout) in labels:
+        if c.layout.structure in labels:
             continue
-        labels.add(_structure(c.layout))
+        labels.add(c.layout.structure)
         alternatives.append(replace(c, why=_why_not(problem, best, c)))
         if len(alternatives) >= max(problem.search.top_k - 1, 3):
             break

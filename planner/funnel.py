@@ -10,7 +10,6 @@ always candidates. Pure numpy; a `progress(stage, fraction)` callback lets a CLI
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,13 +23,20 @@ from .memory import kv_bytes_per_token, kv_pool_bytes
 from .perf import kv_transfer_s
 from .problem import FunnelStage, Problem
 
-__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "Survivor", "FunnelResult", "run_funnel", "shape_rejection", "Progress"]
+__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "Survivor", "FunnelResult", "run_funnel", "shape_rejection", "Progress", "Clock", "no_clock"]
 
 SLO_MARGIN = 1.10   # predicted latency × margin must stay within the SLO
 LOAD_MARGIN = 0.90  # the load must stay under this share of the predicted capacity
-PER_LABEL = 3       # knob variants kept per layout label for the refinement
+PER_LABEL = 3       # knob variants kept per structure for the refinement
 
 Progress = Callable[[str, float], None]
+# The caller's clock (seconds) for stage timings; the planner never reads the wall clock itself.
+Clock = Callable[[], float]
+
+
+def no_clock() -> float:
+    """The default clock: every stage reports 0 s unless the caller passes a real one."""
+    return 0.0
 IntArray = npt.NDArray[np.int64]
 
 STAGES = ("1 shape arithmetic", "2 GPU budget and node fit", "3 memory and context", "4 analytical estimate",
@@ -113,18 +119,26 @@ def _units(problem: Problem) -> _Units:
     return _Units(_ints(tps), _ints(pps), _ints(dps), _ints(counts), np.asarray(valid, dtype=bool), reasons)
 
 
+def _round_sig(x: Any, digits: int = 9) -> Any:
+    """Round to `digits` significant figures (ties between copies of one structure survive float noise)."""
+    mag = np.floor(np.log10(np.maximum(np.abs(x), 1e-300)))
+    scale = 10.0 ** (digits - 1 - mag)
+    return np.round(x * scale) / scale
+
+
 def _ints(values: list[int]) -> IntArray:
     return np.asarray(values, dtype=np.int64)
 
 
 class _Tally:
-    def __init__(self, progress: Progress | None) -> None:
+    def __init__(self, progress: Progress | None, clock: Clock) -> None:
         self.stages: list[FunnelStage] = []
         self.progress = progress
-        self.t0 = time.perf_counter()
+        self.clock = clock
+        self.t0 = clock()
 
     def close(self, idx: int, admitted: int, rejected: int, reasons: dict[str, int]) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         self.stages.append(FunnelStage(STAGES[idx], int(admitted), int(rejected), now - self.t0, dict(reasons)))
         self.t0 = now
         if self.progress:
@@ -136,14 +150,14 @@ def _add(reasons: dict[str, int], key: str, n: float) -> None:
         reasons[key] = reasons.get(key, 0) + int(n)
 
 
-def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 256) -> FunnelResult:
+def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 256, clock: Clock = no_clock) -> FunnelResult:
     """Run stages 1–5; return the counts and up to `keep` survivors, best analytical proxy first."""
     if problem.workload.arrival_rate_rps is None:
         raise ValueError("run_funnel needs an open-loop workload (arrival_rate_rps)")
     s = problem.search
     rate = float(problem.workload.arrival_rate_rps)
     shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
-    tally = _Tally(progress)
+    tally = _Tally(progress, clock)
     units = _units(problem)
     n_kv, n_mnbt, n_mns, n_mem = len(s.kv_dtypes), len(s.max_num_batched_tokens), len(s.max_num_seqs), len(s.memory_fraction)
     k_agg = n_kv * n_mnbt * n_mns * n_mem
@@ -243,23 +257,27 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
         result.closest_miss = _closest_miss(problem, result.last_stage, miss, ttft_all, tpot_all, cap_all, gpus_all, cand_ref, agg, pd, rate)
         return result
     # Proxy order: goodput-per-GPU by capacity per GPU; min-gpus by GPUs then capacity per GPU.
-    per_gpu = np.where(ok, cap_all / np.maximum(gpus_all, 1), -np.inf)
+    # Rounded so that copies of one structure (equal per-GPU figures) tie and the fewest GPUs come first.
+    per_gpu = np.where(ok, _round_sig(cap_all / np.maximum(gpus_all, 1)), -np.inf)
+    gpus_key = np.where(ok, gpus_all, np.iinfo(np.int64).max)
     if problem.objective.value == "min-gpus":
-        order = np.lexsort((-per_gpu, np.where(ok, gpus_all, np.inf)))
+        order = np.lexsort((-per_gpu, gpus_key))
     else:
-        order = np.argsort(-per_gpu, kind="stable")
+        order = np.lexsort((gpus_key, -per_gpu))
     chosen = order[: min(int(ok.sum()), keep * 64)]
-    # Keep the structure diverse: the proxy ignores the SLOs, so a few knob variants per layout label
-    # are kept before the rest, and the SLO-capacity refinement in `decide` does the real ordering.
-    per_label: dict[str, int] = {}
+    # One survivor per structure and knobs (the fewest GPUs that carry the load: copies of a structure
+    # have the same goodput per GPU), at most PER_LABEL knob variants per structure, so the SLO-capacity
+    # refinement in `decide` sees diverse structures; it does the real ordering.
+    per_structure: dict[str, int] = {}
     seen: set[str] = set()
     for flat in chosen:
         surv = _survivor(problem, int(flat), ttft_all, tpot_all, cap_all, cand_ref, agg, pd)
-        key = surv.layout.label + repr([r.knobs for r in surv.layout.roles.values()])
-        if key in seen or per_label.get(surv.layout.label, 0) >= PER_LABEL:
+        structure = surv.layout.structure
+        key = structure + repr([r.knobs for r in surv.layout.roles.values()])
+        if key in seen or per_structure.get(structure, 0) >= PER_LABEL:
             continue
         seen.add(key)
-        per_label[surv.layout.label] = per_label.get(surv.layout.label, 0) + 1
+        per_structure[structure] = per_structure.get(structure, 0) + 1
         result.survivors.append(surv)
         if len(result.survivors) >= keep:
             break

@@ -7,6 +7,7 @@ Pure frozen dataclasses; no behaviour beyond derived counts and a short label.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -121,6 +122,18 @@ class Layout:
         if p.parallelism == d.parallelism:
             return f"{p.count}P{d.count}D@{p.parallelism.label}"
         return f"{p.count}P({p.parallelism.label})·{d.count}D({d.parallelism.label})"
+
+    @property
+    def structure(self) -> str:
+        """The layout without its scale: instance shapes and, for PD, the reduced P:D ratio.
+
+        Goodput per GPU depends on the structure (and knobs), not on how many copies are deployed.
+        """
+        if self.kind is LayoutKind.REPLICAS:
+            return self.roles[Role.AGGREGATED].parallelism.label
+        p, d = self.roles[Role.PREFILL], self.roles[Role.DECODE]
+        g = math.gcd(p.count, d.count)
+        return f"{p.count // g}P({p.parallelism.label}):{d.count // g}D({d.parallelism.label})"
 
     @staticmethod
     def replicas(count: int, parallelism: Parallelism, knobs: EngineKnobs | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             bar.n = round(fraction * 5)
             bar.refresh()
     try:
-        decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress)
+        decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress, clock=time.perf_counter)
     except Infeasible as exc:
         if bar:
             bar.close()

@@ -1,0 +1,40 @@
+"""Hypothesis strategies for planner values (one module, shared by the property tests)."""
+
+from hypothesis import strategies as st
+
+from servingtopology.planner.hardware import Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, LayoutKind, Parallelism
+from servingtopology.planner.model import resolve_model
+from servingtopology.planner.problem import Problem, SearchSpace
+from servingtopology.planner.workload import LengthDist, Slo, Workload
+
+MODELS = ["llama-2-7b", "llama-3.1-8b", "qwen3-8b", "qwen3-32b", "llama-3.1-70b", "mixtral-8x7b", "qwen3-30b-a3b"]
+GPUS = ["a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "l40s"]
+
+models = st.sampled_from(MODELS).map(resolve_model)
+gpus = st.sampled_from(GPUS).map(resolve_gpu)
+kv_dtypes = st.sampled_from([KvDtype.AUTO, KvDtype.FP8])
+parallelisms = st.builds(Parallelism, tp=st.sampled_from([1, 2, 4, 8, 16]), pp=st.sampled_from([1, 2, 4]), dp=st.just(1))
+knobs = st.builds(EngineKnobs, max_num_seqs=st.sampled_from([32, 128, 256, 1024]),
+                  max_num_batched_tokens=st.sampled_from([1024, 2048, 8192, 16384]), memory_fraction=st.sampled_from([0.8, 0.9, 0.95]))
+
+
+BUDGETS = st.sampled_from([2, 4, 8, 16])
+
+
+@st.composite
+def problems(draw, *, max_gpus=BUDGETS):
+    model = draw(models)
+    return Problem(
+        model=model,
+        gpu=draw(gpus),
+        engine=draw(st.sampled_from(list(Engine))),
+        precision=Precision.BF16,
+        max_gpus=draw(max_gpus),
+        workload=Workload(input_tokens=LengthDist.fixed(draw(st.sampled_from([128, 1000, 4000]))),
+                          output_tokens=LengthDist.fixed(draw(st.sampled_from([64, 300]))),
+                          arrival_rate_rps=draw(st.sampled_from([0.5, 2.0, 8.0, 20.0]))),
+        slo=Slo(ttft_ms=draw(st.sampled_from([300.0, 1000.0, 3000.0])), tpot_ms=draw(st.sampled_from([30.0, 60.0, 120.0]))),
+        search=SearchSpace(layouts=(LayoutKind.REPLICAS, LayoutKind.PD), tp=(1, 2, 4, 8), pp=(1, 2), dp=(1,),
+                           max_num_seqs=(128, 256), max_num_batched_tokens=(2048, 8192), memory_fraction=(0.9,), top_k=4),
+    )
