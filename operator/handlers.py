@@ -82,7 +82,7 @@ def _stage_status(patch: Any, outcome: Outcome) -> None:
 def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interval_s: float, peering_name: str,
              clusterwide: bool) -> None:
     """Register the handlers, startup settings and probes on `registry`."""
-    resource = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+    g, v, p = GROUP, VERSION, PLURAL
 
     def make(trigger: str) -> Callable[..., None]:
         def handler(body: Mapping[str, Any], patch: Any, logger: logging.Logger, **_: Any) -> None:
@@ -90,13 +90,13 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
         handler.__name__ = f"reconcile_on_{trigger}"
         return handler
 
-    kopf.on.create(**resource, id="reconcile-create", registry=registry)(make("create"))
-    kopf.on.update(**resource, id="reconcile-update", field="spec", registry=registry)(make("update"))
-    kopf.on.resume(**resource, id="reconcile-resume", registry=registry)(make("resume"))
-    kopf.timer(**resource, id="reconcile-timer", interval=timer_interval_s, initial_delay=timer_interval_s,
+    kopf.on.create(g, v, p, id="reconcile-create", registry=registry)(make("create"))
+    kopf.on.update(g, v, p, id="reconcile-update", field="spec", registry=registry)(make("update"))
+    kopf.on.resume(g, v, p, id="reconcile-resume", registry=registry)(make("resume"))
+    kopf.timer(g, v, p, id="reconcile-timer", interval=timer_interval_s, initial_delay=timer_interval_s,
                registry=registry)(make("timer"))
 
-    @kopf.on.delete(**resource, id="forget", optional=True, registry=registry)
+    @kopf.on.delete(g, v, p, id="forget", optional=True, registry=registry)
     def forget(body: Mapping[str, Any], **_: Any) -> None:
         # Workloads carry owner references: the garbage collector removes them. Only drop our lock.
         runtime.forget(str(body.get("metadata", {}).get("uid", "")))

@@ -91,7 +91,7 @@ def change_message(*, current_layout: str | None, current_gpus: int | None, befo
     a = after.predicted
     if current_layout is None or (current_layout == after.layout and current_gpus == after.gpus):
         head = f"{'would create' if verb == 'would' else 'created'} {after.layout}"
-        figures = [f"{after.gpus} GPUs"]
+        figures = [f"{after.gpus} GPU{'' if after.gpus == 1 else 's'}"]
         if a is not None:
             figures = [f"{percentile} TTFT {a.ttftMs:.0f} ms", f"TPOT {a.tpotMs:.1f} ms", *figures]
     else:

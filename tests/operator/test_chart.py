@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from servingtopology.operator.crd import render_crd_yaml
 from servingtopology.operator.main import add_arguments
 

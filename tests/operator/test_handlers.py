@@ -12,11 +12,12 @@ import pytest
 from cases import decision
 from fake_cluster import FakeCluster
 from prometheus_client import generate_latest
+from test_reconcile import topology
+
 from servingtopology.operator.cluster import ClusterError
 from servingtopology.operator.handlers import Runtime, register
 from servingtopology.operator.telemetry import new_metrics
 from servingtopology.planner.layout import Layout, Parallelism
-from test_reconcile import topology
 
 LOG = logging.getLogger("test")
 

@@ -9,13 +9,16 @@ from collections.abc import Callable
 import pytest
 import yaml
 from cases import BLUEPRINTS, blueprint
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from servingtopology.operator.manifests import (
     SERVING_LABEL,
     build_leader_worker_set,
     build_workloads,
     multinode_roles,
 )
-from servingtopology.planner.layout import Engine, Layout, LayoutKind, Parallelism, Role
+from servingtopology.planner.layout import Engine, Layout, LayoutKind, Parallelism, Role, RoleLayout
 
 
 def render(objects: list[dict]) -> str:
@@ -128,3 +131,25 @@ def test_replicas_layouts_have_no_router() -> None:
     for name, bp in BLUEPRINTS.items():
         has_router = any(o["metadata"]["name"] == "llama-router" for o in build_workloads(bp))
         assert has_router == (bp.layout.kind is LayoutKind.PD), name
+
+
+_par = st.builds(Parallelism, tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2]))
+_role = st.builds(RoleLayout, count=st.integers(1, 6), parallelism=_par)
+_layouts = st.one_of(st.builds(Layout.replicas, st.integers(1, 8), _par), st.builds(Layout.pd, _role, _role))
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=_layouts, engine=st.sampled_from(list(Engine)))
+def test_any_layout_renders_its_gpus_exactly_and_names_each_object_once(layout: Layout, engine: Engine) -> None:
+    bp = blueprint(engine, layout, gpus_per_node=8)
+    objects = build_workloads(bp)
+    gpus = 0
+    for obj in objects:
+        if obj["kind"] == "Deployment" and obj["metadata"]["name"] != "llama-router":
+            limit = obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+            gpus += obj["spec"]["replicas"] * int(limit)
+        elif obj["kind"] == "LeaderWorkerSet":
+            lwt = obj["spec"]["leaderWorkerTemplate"]
+            gpus += obj["spec"]["replicas"] * lwt["size"] * int(lwt["leaderTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    assert gpus == layout.gpus
+    assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)

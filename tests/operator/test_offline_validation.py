@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from cases import BLUEPRINTS
+
 from servingtopology.operator.crd import build_crd
 from servingtopology.operator.manifests import LWS_API_VERSION, build_workloads
 

@@ -12,12 +12,12 @@ import pytest
 import yaml
 from cases import decision, prediction
 from fake_cluster import FakeCluster
+
 from servingtopology.operator.api import parse_topology_spec
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.problem import Candidate, Decision, Problem
-
 from servingtopology.spec import to_layout
 
 ROOT = Path(__file__).resolve().parents[2]
