@@ -1,0 +1,246 @@
+"""`servingtopology simulate SPEC.yaml [--trace FILE]` and `simulate --replay DIR`: run the step-level simulator.
+
+The spec's `layout` names the deployment (else the planner's best is used) and `simulation` sets the
+request count, seed and warm-up; `--trace` replays a JSONL/CSV trace instead of drawing requests.
+`--replay DIR` re-runs a recorded engine run (requests.jsonl, meta.json, config.json) and prints
+predicted against recorded TTFT/TPOT/latency. File reading happens here; the simulator is pure.
+Exit 0 done, 1 infeasible, 2 invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from servingtopology.cli.output import emit_spec_error
+from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
+from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
+from servingtopology.planner.sim import (
+    Percentiles,
+    RequestSet,
+    SimResult,
+    SimSummary,
+    from_rows,
+    from_workload,
+    percentiles,
+    recorded_latencies,
+    simulate,
+)
+from servingtopology.spec import SpecError, load_spec, to_layout, to_problem
+
+__all__ = ["add_parser", "run", "read_trace", "Replay", "load_replay", "run_replay", "compare", "summary_json"]
+
+METRICS = ("ttft_ms", "tpot_ms", "latency_ms")
+STATS = ("mean", "p50", "p90", "p99")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="simulate one layout step by step, or replay a recorded run",
+                       description="Run the iteration-level simulator on the spec's layout (or the planner's best), "
+                                   "or replay a recorded engine run with --replay DIR.")
+    p.add_argument("spec", nargs="?", help="planning spec (YAML); omit with --replay")
+    p.add_argument("--trace", metavar="FILE", help="replay this JSONL or CSV trace (arrival time, input and output tokens)")
+    p.add_argument("--replay", metavar="DIR", help="a recorded run: requests.jsonl, meta.json, config.json")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def read_trace(path: Path) -> list[dict[str, object]]:
+    """Rows of a JSONL (one object per line) or CSV (header row) trace file."""
+    text = path.read_text()
+    if path.suffix.lower() == ".csv":
+        return [dict(r) for r in csv.DictReader(text.splitlines())]
+    rows: list[dict[str, object]] = []
+    for i, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InvalidSpec(f"trace line {i + 1}", f"not JSON: {exc.msg}") from None
+    return rows
+
+
+# ---- replay of a recorded run ------------------------------------------------------------------------
+class Replay:
+    """A recorded run turned into simulator inputs."""
+
+    def __init__(self, *, layout: Layout, model: ModelArch, gpu: Gpu, engine: Engine, requests: RequestSet,
+                 recorded: dict[str, Any], pool_tokens: int | None) -> None:
+        self.layout, self.model, self.gpu, self.engine = layout, model, gpu, engine
+        self.requests, self.recorded, self.pool_tokens = requests, recorded, pool_tokens
+
+
+def _gpu_for(folder: Path, meta: Mapping[str, Any], cluster: Mapping[str, Any]) -> Gpu:
+    names: list[str] = []
+    hw = meta.get("hardware") or {}
+    if hw.get("device_name"):
+        names += [str(hw["device_name"]), str(hw["device_name"]).removeprefix("NVIDIA ").removeprefix("GeForce ")]
+    for node in cluster.get("nodes", []) if isinstance(cluster.get("nodes"), list) else []:
+        names += [str(i["hardware"]) for i in node.get("instances", []) if i.get("hardware")]
+    names.append(folder.name.split("_")[0])
+    for name in names:
+        try:
+            return resolve_gpu(name)
+        except InvalidSpec:
+            continue
+    raise InvalidSpec("replay", f"cannot tell the GPU of {folder} (tried {', '.join(names)}); "
+                                "set meta.json hardware.device_name to a catalog GPU")
+
+
+def _model_for(meta: Mapping[str, Any], config: Mapping[str, Any]) -> ModelArch:
+    if "num_hidden_layers" in config or "text_config" in config:
+        return from_hf_config(config, name=str(meta.get("model", "")))
+    name = meta.get("model") or (meta.get("engine_kwargs") or {}).get("model")
+    if not name:
+        raise InvalidSpec("replay", "config.json is not a Hugging Face config and meta.json names no model")
+    return resolve_model(str(name), field="meta.model")
+
+
+def load_replay(folder: Path) -> Replay:
+    """Read a recorded run's folder into a Replay (model, GPU, engine knobs, requests, recorded latencies)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        rows = read_trace(folder / "requests.jsonl")
+        config_path = folder / "config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    except OSError as exc:
+        raise InvalidSpec("replay", f"cannot read {exc.filename}: {exc.strerror}") from None
+    gpu = _gpu_for(folder, meta, config)
+    model = _model_for(meta, config)
+    kw = meta.get("engine_kwargs") or {}
+    kv = meta.get("kv_cache") or {}
+    engine = Engine.SGLANG if "sglang_version" in meta or "server_args" in meta else Engine.VLLM
+    big = gpu.memory_gib >= 70 and not gpu.id.startswith("a100")  # vLLM's per-device defaults (arg_utils)
+    kv_dtype = KvDtype.FP8 if str(kw.get("kv_cache_dtype", "auto")).startswith("fp8") else KvDtype.AUTO
+    knobs = EngineKnobs(
+        max_num_seqs=int(kw.get("max_num_seqs") or (1024 if big else 256)),
+        max_num_batched_tokens=int(kw.get("max_num_batched_tokens") or (8192 if big else 2048)),
+        memory_fraction=float(kv.get("gpu_memory_utilization") or kw.get("gpu_memory_utilization") or 0.9),
+        kv_dtype=kv_dtype,
+        block_size_tokens=int(kv.get("block_size") or kw.get("block_size") or 16),
+        enable_prefix_caching=bool(kv.get("enable_prefix_caching", kw.get("enable_prefix_caching", True))),
+    )
+    par = Parallelism(tp=int(kw.get("tensor_parallel_size") or 1), pp=int(kw.get("pipeline_parallel_size") or 1),
+                      dp=int(kw.get("data_parallel_size") or 1), ep=bool(kw.get("enable_expert_parallel")))
+    quant = str(kw.get("quantization") or "")
+    precision = Precision.FP8 if "fp8" in quant else Precision.BF16
+    layout = Layout.replicas(1, par, knobs, precision)
+    pool = int(kv["num_gpu_blocks"]) * knobs.block_size_tokens if kv.get("num_gpu_blocks") else None
+    return Replay(layout=layout, model=model, gpu=gpu, engine=engine, requests=from_rows(rows),
+                  recorded=recorded_latencies(rows), pool_tokens=pool)
+
+
+def run_replay(rep: Replay) -> SimResult:
+    """Simulate a Replay (the recorded pool size when the run logged one, else the memory model's)."""
+    pools = {Role.AGGREGATED: rep.pool_tokens} if rep.pool_tokens else None
+    return simulate(rep.layout, model=rep.model, gpu=rep.gpu, engine=rep.engine, requests=rep.requests, pool_tokens=pools)
+
+
+def compare(result: SimResult, recorded: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Predicted against recorded mean/p50/p90/p99 of TTFT, TPOT and latency, with the error in %."""
+    s = result.summary()
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for metric in METRICS:
+        pred: Percentiles = getattr(s, metric)
+        rec = percentiles(recorded[metric])
+        out[metric] = {}
+        for stat in STATS:
+            p, r = getattr(pred, stat), getattr(rec, stat)
+            err = (p - r) / r * 100.0 if r else math.nan
+            out[metric][stat] = {"predicted": round(p, 3), "recorded": round(r, 3), "error_pct": round(err, 2)}
+    return out
+
+
+def _print_compare(table: Mapping[str, Mapping[str, Mapping[str, float]]], title: str) -> None:
+    print(title)
+    print(f"{'metric':<14}{'predicted':>14}{'recorded':>14}{'error %':>10}")
+    for metric, stats in table.items():
+        for stat, v in stats.items():
+            print(f"{metric.removesuffix('_ms') + ' ' + stat:<14}{v['predicted']:>14.1f}{v['recorded']:>14.1f}{v['error_pct']:>+10.1f}")
+
+
+# ---- one layout from a spec ----------------------------------------------------------------------------
+def summary_json(s: SimSummary, *, layout: Layout, wall_s: float) -> dict[str, Any]:
+    """The `simulate --json` object."""
+    d = s.as_dict()
+    out: dict[str, Any] = {"layout": layout.label, "gpus": layout.gpus}
+    for key in ("requests", "finished", "unfinished", "ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "queue_ms",
+                "throughput_tok_s", "throughput_tok_s_per_gpu", "input_tok_s", "request_rps", "goodput_rps",
+                "kv_utilisation_mean", "kv_utilisation_max", "preemptions", "cached_token_share", "duration_s"):
+        value = d[key]
+        out[key] = {k: _num(v) for k, v in value.items()} if isinstance(value, dict) else _num(value)
+    out["wall_s"] = round(wall_s, 4)
+    return out
+
+
+def _num(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if not math.isfinite(v) else round(v, 4)
+    return v
+
+
+def _print_summary(out: Mapping[str, Any]) -> None:
+    print(f"layout {out['layout']} on {out['gpus']} GPUs: {out['finished']} of {out['requests']} requests finished "
+          f"({out['unfinished']} unfinished), {out['preemptions']} preemptions, simulated in {out['wall_s']:.2f} s")
+    print(f"{'ms':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}")
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "queue_ms"):
+        row = out[key]
+        print(f"{key.removesuffix('_ms'):<10}" + "".join(f"{(row[k] if row[k] is not None else math.nan):>10.1f}"
+                                                         for k in ("mean", "p50", "p90", "p95", "p99")))
+    print(f"throughput {out['throughput_tok_s']} output tok/s ({out['throughput_tok_s_per_gpu']} per GPU), "
+          f"goodput {out['goodput_rps']} req/s, KV in use {out['kv_utilisation_mean']:.0%} on average")
+
+
+def _run_spec(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    problem = to_problem(spec)
+    if spec.layout is not None:
+        layout = to_layout(spec)
+    else:
+        from servingtopology.planner.decide import decide
+        layout = decide(problem).best.layout
+    t0 = time.perf_counter()
+    if args.trace:
+        requests = from_rows(read_trace(Path(args.trace)))
+    else:
+        requests = from_workload(problem.workload, num_requests=spec.simulation.requests, seed=spec.simulation.seed)
+    result = simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
+                      precision=problem.precision, seed=spec.simulation.seed)
+    warmup = min(spec.simulation.warmupRequests, len(requests) // 2)
+    out = summary_json(result.summary(problem.slo, warmup_requests=warmup), layout=layout, wall_s=time.perf_counter() - t0)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        _print_summary(out)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.replay:
+            rep = load_replay(Path(args.replay))
+            table = compare(run_replay(rep), rep.recorded)
+            if args.json:
+                print(json.dumps(table))
+            else:
+                _print_compare(table, f"replay of {args.replay}: {rep.layout.label} on {rep.gpu.id}, {len(rep.requests)} requests")
+            return 0
+        if not args.spec:
+            print("simulate: give a SPEC.yaml or --replay DIR", file=sys.stderr)
+            return 2
+        return _run_spec(args)
+    except (SpecError, InvalidSpec) as exc:
+        return emit_spec_error(exc, as_json=args.json)
+    except Infeasible as exc:
+        if args.json:
+            print(json.dumps({"error": "infeasible", "message": str(exc)}))
+        print(f"infeasible: {exc}", file=sys.stderr)
+        return 1
