@@ -1,0 +1,81 @@
+"""Replay the recorded vLLM runs in shared/groundtruth/llmservingsim_vllm_refs and print predicted vs recorded.
+
+For each run: TTFT/TPOT/latency mean, p50, p90, p99 (predicted, recorded, error %), the wall time of the
+replay, and a step-time check: for every 1 s tick of timeseries.csv with no prompt tokens, the decode
+step the engine ran (running / generated tokens per second) against the performance model's step at
+that batch and KV occupancy. Usage: .venv/bin/python benchmarks/replay_refs.py [REFS_DIR]
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from servingtopology.cli.simulate import compare, load_replay, run_replay
+from servingtopology.planner.layout import Role
+from servingtopology.planner.memory import kv_pool_tokens
+from servingtopology.planner.perf import InstancePerf
+
+REFS = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/shared/groundtruth/llmservingsim_vllm_refs")
+
+
+def step_check(folder: Path) -> str:
+    """Measured vs modelled pure-decode step time on the ticks of timeseries.csv without prefill."""
+    rep = load_replay(folder)
+    rl = rep.layout.roles[Role.AGGREGATED]
+    perf = InstancePerf(rep.model, rep.gpu, rep.layout.precision, rl.knobs.kv_dtype, rep.engine, rl.parallelism)
+    pool = rep.pool_tokens or kv_pool_tokens(rep.model, rep.gpu, engine=rep.engine, precision=rep.layout.precision,
+                                             parallelism=rl.parallelism, knobs=rl.knobs)
+    path = folder / "timeseries.csv"
+    if not path.exists():
+        return "  (no timeseries.csv)"
+    rows = list(csv.DictReader(path.read_text().splitlines()))
+    mean_ctx = float(np.mean(rep.requests.prompt_tokens) + np.mean(rep.requests.output_tokens) / 2)
+    pairs = []
+    for r in rows:
+        running, gen, prompt = float(r["running"]), float(r["gen_throughput"]), float(r["prompt_throughput"])
+        if prompt > 0 or running < 1 or gen < running:
+            continue
+        kv = float(r["kv_cache_pct"]) / 100.0
+        ctx = kv * pool if kv > 0 else running * mean_ctx
+        measured = running / gen
+        model = perf.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=running, decode_context_tokens=ctx)
+        pairs.append((running, ctx, measured, model))
+    if not pairs:
+        return "  (no pure-decode ticks)"
+    a = np.array(pairs)
+    lines = [f"  pure-decode ticks: {len(a)}; modelled/measured step time: median {np.median(a[:, 3] / a[:, 2]):.2f}, "
+             f"mean {np.mean(a[:, 3] / a[:, 2]):.2f}"]
+    for lo, hi in ((1, 16), (16, 48), (48, 96), (96, 1024)):
+        m = (a[:, 0] >= lo) & (a[:, 0] < hi)
+        if m.any():
+            lines.append(f"    batch {lo:>3}-{hi - 1:<4} n={int(m.sum()):>3}  measured {1e3 * np.median(a[m, 2]):6.1f} ms  "
+                         f"modelled {1e3 * np.median(a[m, 3]):6.1f} ms  (context ≈ {np.median(a[m, 1]):,.0f} tokens)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    for folder in sorted(p for p in REFS.iterdir() if (p / "requests.jsonl").exists()):
+        rep = load_replay(folder)
+        t0 = time.perf_counter()
+        result = run_replay(rep)
+        wall = time.perf_counter() - t0
+        table = compare(result, rep.recorded)
+        s = result.summary()
+        print(f"== {folder.name}: {rep.layout.label} on {rep.gpu.id}, {len(rep.requests)} requests, pool "
+              f"{rep.pool_tokens or 'model'} tokens; replay {wall:.3f} s wall, {s.preemptions} preemptions, "
+              f"KV in use {s.kv_utilisation_mean:.0%}")
+        print(f"  {'metric':<14}{'predicted':>12}{'recorded':>12}{'error %':>9}")
+        for metric, stats in table.items():
+            for stat, v in stats.items():
+                print(f"  {metric.removesuffix('_ms') + ' ' + stat:<14}{v['predicted']:>12.1f}{v['recorded']:>12.1f}{v['error_pct']:>+9.1f}")
+        print(step_check(folder))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
