@@ -79,7 +79,9 @@ class _Pass:
         self.name, self.namespace, self.uid = meta["name"], meta.get("namespace", "default"), meta.get("uid", "")
         self.generation = int(meta.get("generation") or 1)
         try:
-            self.status = TopologyStatus.model_validate(obj.get("status") or {})
+            raw = obj.get("status") or {}
+            known = {k: v for k, v in raw.items() if k in TopologyStatus.model_fields}  # e.g. kopf's own keys
+            self.status = TopologyStatus.model_validate(known)
         except ValidationError:
             self.status = TopologyStatus()  # a status this version cannot read is rebuilt, not trusted
         self.conditions = list(self.status.conditions)
@@ -181,7 +183,9 @@ def _readiness(p: _Pass, objects: list[dict[str, Any]]) -> tuple[bool, str]:
         st = live.get("status") or {}
         have = int(st.get("readyReplicas") or 0)
         updated = int(st.get("updatedReplicas", have) or 0)
-        current = int((live.get("metadata") or {}).get("generation") or 0) <= int(st.get("observedGeneration") or 0)
+        # LeaderWorkerSet's status has no observedGeneration; treat it as caught up.
+        seen = st.get("observedGeneration")
+        current = seen is None or int((live.get("metadata") or {}).get("generation") or 0) <= int(seen)
         ok = have >= want and updated >= want and current
         ready &= ok
         parts.append(f"{obj['metadata']['labels']['servingtopology.io/role']} {min(have, want)}/{want}")

@@ -60,7 +60,9 @@ class FakeCluster:
         out = copy.deepcopy(obj)
         if out["kind"] in ("Deployment", "LeaderWorkerSet"):
             n = int(out["spec"]["replicas"]) if self.ready else 0
-            out["status"] = {"readyReplicas": n, "updatedReplicas": n, "observedGeneration": out["metadata"]["generation"]}
+            out["status"] = {"readyReplicas": n, "updatedReplicas": n}
+            if out["kind"] == "Deployment":  # LeaderWorkerSet's status has no observedGeneration
+                out["status"]["observedGeneration"] = out["metadata"]["generation"]
         return out
 
     def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:

@@ -229,6 +229,7 @@ def test_a_multi_node_plan_with_leader_worker_set_is_applied() -> None:
     run(obj, cluster, ScriptedPlanner(decision(wide)))
     assert "LeaderWorkerSet/llama-8b-aggregated" in cluster.kinds()
     assert obj["status"]["plan"]["roles"][0]["nodesPerInstance"] == 2
+    assert cond(obj, "Ready")["status"] == "True"
 
 
 def test_workloads_not_ready_yet_report_progressing_and_ask_for_a_requeue() -> None:
@@ -277,3 +278,11 @@ def test_a_missing_model_config_map_is_an_invalid_spec() -> None:
     cluster = FakeCluster()
     run(obj, cluster, ScriptedPlanner(decision(REPLICAS)))
     assert cond(obj, "Ready")["reason"] == "InvalidSpec" and "nowhere" in cond(obj, "Ready")["message"]
+
+
+def test_status_keys_written_by_others_do_not_make_the_plan_forgotten() -> None:
+    obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    obj["status"]["kopf"] = {"progress": {}}
+    run(obj, cluster, planner, minutes=1)
+    assert len(planner.problems) == 1 and obj["status"]["plan"]["layout"] == "4×TP2"
