@@ -214,7 +214,7 @@ def _run_spec(args: argparse.Namespace) -> int:
         requests = from_workload(problem.workload, num_requests=spec.simulation.requests, seed=spec.simulation.seed)
     result = simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
                       precision=problem.precision, seed=spec.simulation.seed)
-    warmup = min(spec.simulation.warmupRequests, len(requests) // 2)
+    warmup = 0 if args.trace else min(spec.simulation.warmupRequests, len(requests) // 2)  # a trace is measured whole
     out = summary_json(result.summary(problem.slo, warmup_requests=warmup), layout=layout, wall_s=time.perf_counter() - t0)
     if args.json:
         print(json.dumps(out))

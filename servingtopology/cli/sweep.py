@@ -1,0 +1,143 @@
+"""`servingtopology sweep SPEC.yaml --concurrency 1,2,4,...`: the serving envelope of one layout.
+
+For each concurrency, a closed-loop run (that many clients, each sending its next request when the
+last one ends, lengths from the spec's workload) on the spec's layout, or the planner's best: output
+throughput per GPU, tokens/s per user (1000 / mean TPOT), TTFT and inter-token p50/p99. Prints a
+table, `--json`, and `--plot FILE.png` (throughput per GPU against tokens/s per user, labelled by
+concurrency). Exit 0 done, 1 infeasible, 2 invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from typing import Any
+
+from servingtopology.cli.output import emit_spec_error
+from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.sim import from_workload, simulate
+from servingtopology.spec import SpecError, load_spec, to_layout, to_problem
+
+__all__ = ["add_parser", "run", "sweep_points", "parse_concurrency"]
+
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("sweep", help="serving envelope of a layout over client concurrency",
+                       description="Closed-loop simulations at each concurrency: throughput per GPU against tokens/s per user.")
+    p.add_argument("spec", help="planning spec (YAML); its layout, or the planner's best")
+    p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
+    p.add_argument("--requests-per-client", type=int, default=8, help="requests each client sends (default 8; at least 200 in all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw throughput per GPU against tokens/s per user")
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; every entry a positive integer."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidSpec("--concurrency", f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise InvalidSpec("--concurrency", f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _r(x: float, nd: int = 3) -> float | None:
+    return round(x, nd) if math.isfinite(x) else None
+
+
+def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, seed: int, per_client: int) -> list[dict[str, Any]]:
+    """One closed-loop simulation per concurrency; the first `c` requests (the ramp) are left out."""
+    points = []
+    for c in concurrency:
+        n = max(per_client * c, 200)
+        workload = replace(problem.workload, arrival_rate_rps=None, concurrency=c)
+        requests = from_workload(workload, num_requests=n, seed=seed)
+        t0 = time.perf_counter()
+        result = simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
+                          precision=problem.precision)
+        wall = time.perf_counter() - t0
+        s = result.summary(problem.slo, warmup_requests=c)
+        points.append({
+            "concurrency": c,
+            "requests": n,
+            "throughput_tok_s": _r(s.throughput_tok_s, 1),
+            "throughput_tok_s_per_gpu": _r(s.throughput_tok_s_per_gpu, 1),
+            "tokens_per_s_per_user": _r(1000.0 / s.tpot_ms.mean if s.tpot_ms.mean > 0 else math.nan, 2),
+            "ttft_ms": {"p50": _r(s.ttft_ms.p50), "p99": _r(s.ttft_ms.p99)},
+            "itl_ms": {"p50": _r(s.itl_ms.p50), "p99": _r(s.itl_ms.p99)},
+            "tpot_ms": {"mean": _r(s.tpot_ms.mean), "p50": _r(s.tpot_ms.p50), "p99": _r(s.tpot_ms.p99)},
+            "goodput_rps": _r(s.goodput_rps),
+            "preemptions": s.preemptions,
+            "unfinished": s.unfinished,
+            "wall_s": round(wall, 4),
+        })
+    return points
+
+
+def _plot(path: str, layout: Layout, points: list[dict[str, Any]]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [p["tokens_per_s_per_user"] or 0.0 for p in points]
+    ys = [p["throughput_tok_s_per_gpu"] or 0.0 for p in points]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.plot(xs, ys, marker="o")
+    for p, x, y in zip(points, xs, ys, strict=True):
+        ax.annotate(str(p["concurrency"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("tokens/s per user (1000 / mean TPOT)")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_title(f"serving envelope of {layout.label} ({layout.gpus} GPUs), labelled by concurrency")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f}"
+    print(f"serving envelope of {layout.label} on {layout.gpus} GPUs")
+    print(f"{'conc':>6}{'tok/s/GPU':>11}{'tok/s/user':>11}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'preempt':>9}")
+    for p in points:
+        print(f"{p['concurrency']:>6}{f(p['throughput_tok_s_per_gpu']):>11}{f(p['tokens_per_s_per_user']):>11}"
+              f"{f(p['ttft_ms']['p50']):>10}{f(p['ttft_ms']['p99']):>10}{f(p['itl_ms']['p50']):>9}{f(p['itl_ms']['p99']):>9}"
+              f"{p['preemptions']:>9}")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        concurrency = parse_concurrency(args.concurrency)
+        spec = load_spec(args.spec)
+        problem = to_problem(spec)
+        if spec.layout is not None:
+            layout = to_layout(spec)
+        else:
+            from servingtopology.planner.decide import decide
+            layout = decide(problem).best.layout
+        points = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=max(1, args.requests_per_client))
+    except (SpecError, InvalidSpec) as exc:
+        return emit_spec_error(exc, as_json=args.json)
+    except Infeasible as exc:
+        if args.json:
+            print(json.dumps({"error": "infeasible", "message": str(exc)}))
+        else:
+            print(f"infeasible: {exc}")
+        return 1
+    if args.plot:
+        _plot(args.plot, layout, points)
+    if args.json:
+        print(json.dumps({"layout": layout.label, "gpus": layout.gpus, "points": points}))
+    else:
+        _print(layout, points)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
