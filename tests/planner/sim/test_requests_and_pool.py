@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.sim import Sessions, from_rows, from_workload, recorded_latencies
 from servingtopology.planner.sim.kvcache import KvPool
