@@ -143,7 +143,8 @@ class VllmPolicy:
                 rid = rank.preempt(victim, now_s)
                 preempted = True
                 if victim == s:
-                    if rank.running == 0:  # alone and still too long for the pool: it can never run
+                    if rank.running == 0 and rank.blocks_for(int(rank.prompt[rid] + rank.ledger.out_done[rid])) > rank.pool.total:
+                        # alone and still too long for the whole pool: it can never run
                         rank.waiting.popleft()
                         rank.outstanding -= 1
                         rank.ledger.preemptions[rid] -= 1
@@ -188,7 +189,7 @@ class VllmPolicy:
         hk, hr = rank.hits(rid)
         tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
         n = min(tokens - (hk + hr) * rank.page, self.budget - decoding)
-        pinned_now = rank.pool.evictable_extent(int(rank.key[rid])) if hk else 0
+        pinned_now = (rank.pool.evictable_extent(int(rank.key[rid])) if hk else 0) + (rank.pool.evictable_extent(-(rid + 1)) if hr else 0)
         return rank.blocks_for((hk + hr) * rank.page + n) - (hk + hr) <= rank.pool.free - pinned_now
 
     def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:

@@ -79,16 +79,19 @@ def test_every_arrived_request_finishes_or_is_reported_unfinished() -> None:
     assert s.finished + s.unfinished == arrived == s.requests
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(engine=st.sampled_from([Engine.VLLM, Engine.SGLANG]), pool=st.integers(1200, 8000), seqs=st.integers(2, 64),
-       budget=st.sampled_from([256, 512, 2048]), seed=st.integers(0, 1000), dp=st.sampled_from([1, 2]))
+       budget=st.sampled_from([256, 512, 2048]), seed=st.integers(0, 1000), dp=st.sampled_from([1, 2]), pd=st.booleans())
 def test_kv_in_use_never_exceeds_the_pool_and_all_tokens_are_produced(engine: Engine, pool: int, seqs: int, budget: int,
-                                                                      seed: int, dp: int) -> None:
+                                                                      seed: int, dp: int, pd: bool) -> None:
     knobs = EngineKnobs(max_num_seqs=seqs, max_num_batched_tokens=budget)
     w = Workload(LengthDist(LengthKind.UNIFORM, low=50, high=900), LengthDist(LengthKind.UNIFORM, low=1, high=200),
                  arrival_rate_rps=30.0, prefix_share=0.3)
-    r = simulate(Layout.replicas(1, Parallelism(dp=dp), knobs), model=MODEL, gpu=GPU, engine=engine, workload=w, num_requests=60,
-                 seed=seed, pool_tokens={Role.AGGREGATED: pool}, step_model=lambda role, rl: FixedStep(0.02, 1e-5))
+    role = RoleLayout(1, Parallelism(dp=dp), knobs)
+    layout = Layout.pd(role, role) if pd else Layout.replicas(1, Parallelism(dp=dp), knobs)
+    pools = {Role.AGGREGATED: pool, Role.PREFILL: pool, Role.DECODE: pool}
+    r = simulate(layout, model=MODEL, gpu=GPU, engine=engine, workload=w, num_requests=60,
+                 seed=seed, pool_tokens=pools, step_model=lambda role, rl: FixedStep(0.02, 1e-5))
     assert np.all(r.timeline["kv_used_frac"] <= 1.0 + 1e-12)
     assert np.all(np.diff(r.timeline["t_s"]) >= 0)
     assert r.summary().unfinished == 0
@@ -177,3 +180,24 @@ def test_goodput_counts_only_requests_within_every_slo() -> None:
     s = r.summary(loose)
     assert s.goodput_rps == pytest.approx(s.request_rps)
     assert r.goodput_rps(tight) == 0.0
+
+
+def test_attention_dp_ranks_never_pool_their_kv_for_one_request() -> None:
+    # Each of the two ranks holds 1,000 tokens: a 1,500-token request fits the sum but no single rank.
+    layout = Layout.replicas(1, Parallelism(dp=2), EngineKnobs(max_num_batched_tokens=4096))
+    r = simulate(layout, model=MODEL, gpu=GPU, engine=Engine.SGLANG, requests=_open([0.0, 0.1], 1500, 10),
+                 pool_tokens={Role.AGGREGATED: 1000}, step_model=lambda role, rl: FixedStep(0.01))
+    assert r.summary().unfinished == 2
+    ok = simulate(layout, model=MODEL, gpu=GPU, engine=Engine.SGLANG, requests=_open([0.0, 0.1], 900, 10),
+                  pool_tokens={Role.AGGREGATED: 1000}, step_model=lambda role, rl: FixedStep(0.01))
+    assert ok.summary().unfinished == 0
+
+
+def test_a_pd_decode_instance_admits_a_transfer_only_when_its_pool_has_room() -> None:
+    # The decode pool holds one 600-token request at a time: the second's KV waits until the first is done.
+    pd = Layout.pd(RoleLayout(1, Parallelism()), RoleLayout(1, Parallelism()))
+    r = simulate(pd, model=MODEL, gpu=GPU, engine=Engine.VLLM, requests=_open([0.0, 0.0], 600, 100),
+                 pool_tokens={Role.PREFILL: 100_000, Role.DECODE: 1000}, step_model=lambda role, rl: FixedStep(0.01))
+    first, second = np.argsort(r.first_token_s)
+    assert r.first_token_s[second] >= r.finish_s[first]
+    assert np.all(r.timeline["kv_used_frac"] <= 1.0)
