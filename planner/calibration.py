@@ -20,11 +20,11 @@ import numpy as np
 from .closed_loop import aggregated, disaggregated
 from .hardware import Gpu, Precision
 from .layout import Engine, KvDtype
-from .memory import kv_bytes_per_token, kv_pool_bytes
+from .memory import kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
 from .model import ModelArch
-from .perf import PerfParams, kv_transfer_s, perf_params, step_time_s
+from .perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
 
-__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "Prediction", "predict_cases", "predict_all", "BACKENDS"]
+__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "Prediction", "predict_cases", "predict_all", "BACKENDS"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 _QUANT = {"": Precision.BF16, "bf16": Precision.BF16, "fp16": Precision.BF16, "fp8": Precision.FP8, "fp8_block": Precision.FP8,
@@ -120,6 +120,10 @@ def _topology(row: Mapping[str, str], prefix: str, *, workers: bool) -> Topology
     dp = _int(row, f"{prefix}attention_dp_size") if dp_raw else max(1, (max(moe_tp, 1) * max(moe_ep, 1)) // max(tp, 1))
     if min(tp, pp, dp) < 1:
         raise Skip("missing topology", f"{prefix}tp/pp/dp must be ≥ 1")
+    if moe_tp > 1 and moe_ep == moe_tp and tp == moe_tp * moe_ep and dp == 1:
+        # SGLang rows that record `--tp N --ep N` as tp = N × N (their figures equal the tp = N, ep = N rows'):
+        # the engine ran N GPUs with experts expert-parallel over them.
+        tp, moe_tp = moe_ep, 1
     return Topology(tp=tp, pp=pp, dp=dp, moe_ep=max(moe_ep, 1), workers=_int(row, f"{prefix}num_workers", 1) if workers else 1)
 
 
@@ -162,6 +166,42 @@ def parse_row(row: Mapping[str, str]) -> CalibrationCase:
     )
 
 
+_ROLE_KEYS = tuple(f"{role}_{k}" for role in ("prefill", "decode")
+                   for k in ("num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"))
+
+
+def fill_from_twins(rows: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """Complete disagg rows whose worker counts are blank from a duplicate row that has them.
+
+    Some exported rows are lossy copies of another row (same backend, system, lengths, concurrency and the
+    same measured TTFT and TPOT to 1e-6) that kept the full topology; the copy recorded each worker's GPU
+    count as its tp and dropped the worker counts. Rows without such a twin are left as they are.
+    """
+    def key(r: Mapping[str, str]) -> tuple[str, ...] | None:
+        try:
+            ttft, tpot = float(r.get("silicon_ttft_ms") or "nan"), float(r.get("silicon_tpot_ms") or "nan")
+        except ValueError:
+            return None
+        if not (math.isfinite(ttft) and math.isfinite(tpot)):
+            return None
+        return (r.get("backend", ""), r.get("system", ""), r.get("isl", ""), r.get("osl", ""), f"{ttft:.6g}", f"{tpot:.6g}")
+
+    def complete(r: Mapping[str, str]) -> bool:
+        return bool((r.get("prefill_num_workers") or "").strip() and (r.get("decode_num_workers") or "").strip())
+
+    full: dict[tuple[str, ...], Mapping[str, str]] = {}
+    for r in rows:
+        k = key(r)
+        if k is not None and r.get("mode") == "disagg" and complete(r):
+            full.setdefault(k, r)
+    out: list[dict[str, str]] = []
+    for r in rows:
+        k = key(r)
+        twin = full.get(k) if k is not None and r.get("mode") == "disagg" and not complete(r) else None
+        out.append({**r, **{f: twin.get(f, "") for f in _ROLE_KEYS}} if twin is not None else dict(r))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Prediction:
     ttft_ms: float
@@ -177,15 +217,16 @@ class _EngineDefaults:
     memory_fraction: float
     max_running: int
     overhead_scale: float | None
+    ttft_overhead_s: float
 
 
 def _defaults(backend: str, p: PerfParams) -> _EngineDefaults:
     """Engine defaults the benchmarks ran with (shared/reference/engines.md sections 1.1 and 2.1)."""
     if backend == "sglang":
-        return _EngineDefaults(Engine.SGLANG, False, KvDtype.AUTO, 0.85, 2048, None)
+        return _EngineDefaults(Engine.SGLANG, False, KvDtype.AUTO, 0.85, 2048, None, p.sglang_ttft_overhead_s)
     if backend == "trtllm":  # in-flight batching mixes context and generation; FP8 KV in the recipes
-        return _EngineDefaults(Engine.VLLM, True, KvDtype.FP8, 0.9, 2048, p.trtllm_overhead_scale)
-    return _EngineDefaults(Engine.VLLM, True, KvDtype.AUTO, 0.9, 1024, None)
+        return _EngineDefaults(Engine.VLLM, True, KvDtype.FP8, 0.9, 2048, p.trtllm_overhead_scale, p.trtllm_ttft_overhead_s)
+    return _EngineDefaults(Engine.VLLM, True, KvDtype.AUTO, 0.9, 1024, None, p.ttft_overhead_s)
 
 
 def _token_budget(backend: str, gpu: Gpu, dp: Any) -> Any:
@@ -213,11 +254,12 @@ def _rank_cap(model: ModelArch, gpu: Gpu, d: _EngineDefaults, prec: Precision, b
 def _stepper(model: ModelArch, gpu: Gpu, case: CalibrationCase, d: _EngineDefaults, topo: Sequence[Topology], p: PerfParams) -> Any:
     tp, pp, dp, ep = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp", "moe_ep"))
 
+    coeffs = step_coefficients(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp,
+                               moe_ep=ep, moe_precision=case.moe_precision, overhead_scale=d.overhead_scale, params=p)
+
     def step(*, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any) -> Any:
-        return step_time_s(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp,
-                           prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
-                           decode_context_tokens=decode_context_tokens, params=p, moe_ep=ep, moe_precision=case.moe_precision,
-                           overhead_scale=d.overhead_scale)
+        return evaluate_step_s(coeffs, prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
+                               decode_context_tokens=decode_context_tokens)
     return step
 
 
@@ -236,7 +278,7 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
         budget = _token_budget(first.backend, gpu, dp)
         res = aggregated(_stepper(model, gpu, first, d, topo, p), clients_per_rank=conc / dp, isl=isl, osl=osl,
                          token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx),
-                         mixed_batches=d.mixed, ranks=dp, params=p)
+                         mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s, params=p)
     else:
         pre = [c.prefill for c in cases if c.prefill is not None]
         dec = [c.decode for c in cases if c.decode is not None]
@@ -251,9 +293,16 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
                             decode_ranks=ddp * np.array([t.workers for t in dec], dtype=float), isl=isl, osl=osl,
                             prefill_budget=_token_budget(first.backend, gpu, pdp),
                             decode_max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx),
-                            transfer_s=transfer, params=p)
+                            transfer_s=transfer, ttft_overhead_s=d.ttft_overhead_s + p.disagg_ttft_overhead_s, params=p)
     ttft, tpot, x = (np.broadcast_to(np.asarray(v, dtype=float), isl.shape) for v in (res.ttft_s, res.tpot_s, res.throughput_rps))
     return [Prediction(ttft_ms=float(a) * 1e3, tpot_ms=float(b) * 1e3, throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
+
+
+def _fits(model: ModelArch, gpu: Gpu, case: CalibrationCase) -> bool:
+    """Whether one GPU of every worker kind can hold its share of the weights."""
+    topos = [t for t in (case.agg, case.prefill, case.decode) if t is not None]
+    prec = case.moe_precision if model.is_moe else case.precision
+    return all(float(weight_bytes_per_gpu(model, prec, tp=t.tp, pp=t.pp, dp=t.dp)) < gpu.memory_bytes for t in topos)
 
 
 def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip], *,
@@ -268,6 +317,9 @@ def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch
             continue
         if isinstance(gpu, Skip) or gpu is None:
             out[i] = gpu if isinstance(gpu, Skip) else Skip("unknown GPU", c.system)
+            continue
+        if not _fits(model, gpu, c):
+            out[i] = Skip("weights do not fit the recorded topology", f"{c.topology_label} on {c.system}")
             continue
         groups.setdefault((c.model_path, c.system, c.precision, c.moe_precision, c.backend, c.mode), []).append(i)
     for key, idx in groups.items():

@@ -18,7 +18,7 @@ from .perf import PerfParams, perf_params
 
 __all__ = ["BatchStepTime", "ClosedLoopResult", "aggregated", "disaggregated"]
 
-_ITERATIONS = 40
+_ITERATIONS = 30
 _RHO_MAX = 0.97
 
 
@@ -54,7 +54,7 @@ def _bisect(fn: Any, hi: Any) -> tuple[Any, Any]:
 
 
 def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
-               mixed_batches: bool, ranks: Any = 1, params: PerfParams | None = None) -> ClosedLoopResult:
+               mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
 
     mixed_batches: prefill chunks ride in decode steps under one token budget (vLLM V1, TRT-LLM);
@@ -89,7 +89,7 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
 
     def wait(tau: Any, t_p: Any, f: Any) -> Any:
         rho = np.minimum(f, _RHO_MAX)
-        return 0.5 * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
+        return ttft_overhead_s + 0.5 * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
 
     def excess(b: Any) -> Any:
         tau, t_p, f, x, _ = state(b)
@@ -105,14 +105,14 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     # Start-up wave: all clients arrive at once and their prompts go through C tokens per step.
     wave_tokens = np.minimum(clients * isl, budget)
     t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
-    wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5
+    wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5 + ttft_overhead_s
     ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / p.bench_requests_per_client
     return ClosedLoopResult(ttft_s=ttft, tpot_s=tau, throughput_rps=x * ranks, running_per_rank=b, saturated=capped | (queued > 0))
 
 
 def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, clients: Any, prefill_ranks: Any,
                   decode_ranks: Any, isl: Any, osl: Any, prefill_budget: Any, decode_max_running: Any, transfer_s: Any,
-                  params: PerfParams | None = None) -> ClosedLoopResult:
+                  ttft_overhead_s: Any = 0.0, params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against prefill/decode pools: prefill ranks queue prompts, decode ranks run pure decode.
 
     For a decode batch b per rank: TPOT = decode step(b), throughput X = R_d·b/((osl − 1)·TPOT), each prefill
@@ -141,7 +141,7 @@ def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, cl
         x = r_d * b / (n_d * t_d)
         rho = x / r_p * s_batch
         w = p.queue_factor * np.minimum(rho, _RHO_MAX) / (2.0 * (1.0 - np.minimum(rho, _RHO_MAX))) * s1
-        ttft = w + s1 + transfer_s + 0.5 * t_d
+        ttft = ttft_overhead_s + w + s1 + transfer_s + 0.5 * t_d
         return t_d, x, rho, ttft
 
     def excess(b: Any) -> Any:
@@ -152,6 +152,6 @@ def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, cl
     b, capped = _bisect(excess, hi)
     t_d, x, _, ttft = state(b)
     ttft = np.maximum(ttft, clients / np.maximum(x, 1e-12) - n_d * t_d)
-    wave = 0.5 * clients / r_p * s_batch + s1
+    wave = 0.5 * clients / r_p * s_batch + s1 + ttft_overhead_s
     ttft = ttft + np.maximum(wave - ttft, 0.0) / p.bench_requests_per_client
     return ClosedLoopResult(ttft_s=ttft, tpot_s=t_d, throughput_rps=x, running_per_rank=b, saturated=capped)

@@ -45,8 +45,8 @@ class StepTimeModel(Protocol):
 class PerfParams:
     """Global efficiency curves (fitted, see benchmarks/fit_perf.py); times in seconds.
 
-    The last three describe the closed-loop benchmark protocol the calibration rows were measured with
-    (read by planner.closed_loop), not the engine.
+    The TTFT overheads are per request (off the GPU); the last three describe the closed-loop benchmark
+    protocol the calibration rows were measured with (read by planner.closed_loop), not the engine.
     """
 
     gemm_eff_max: float = 0.70          # best fraction of dense BF16 peak FLOP/s a GEMM reaches
@@ -66,6 +66,10 @@ class PerfParams:
     per_seq_overhead_s: float = 8e-6    # per scheduled sequence per step (sampling, bookkeeping)
     sglang_overhead_scale: float = 0.8  # SGLang's per-step overhead relative to vLLM's
     trtllm_overhead_scale: float = 0.5  # TensorRT-LLM's (C++ runtime) relative to vLLM's; used by calibration only
+    ttft_overhead_s: float = 0.03       # per request before its first token: HTTP, tokenizer, scheduler hand-off (vLLM)
+    sglang_ttft_overhead_s: float = 0.1
+    trtllm_ttft_overhead_s: float = 0.05
+    disagg_ttft_overhead_s: float = 0.05  # PD: bootstrap and KV-transfer handshake on top of the bytes
     bench_requests_per_client: float = 10.0  # benchmark length: requests each client sends (start-up wave weight)
     arrival_burst: float = 0.5          # share of a rank's clients whose prefills collide in one step
     queue_factor: float = 1.0           # scale of the prefill queueing delay
@@ -164,9 +168,12 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
         moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak
         moe_mem_s = model.expert_params * mp.weight_bytes * moe_layers / moe_tp / (hbm * p.mem_eff)
-        # Dispatch (FP8/BF16 activations) and combine (BF16) of every token's k copies, when tokens leave the rank.
-        moved = np.where(ep > 1, model.experts_per_token * (ep - 1) / ep, 0.0) + np.where(dp > 1, (dp - 1) / dp, 0.0)
-        a2a_tok = moe_layers * 2.0 * model.hidden_size * 2.0 * moved / (_link_gbps(gpu, group) * 1e9 * p.link_eff)
+        # EP: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the distinct remote GPUs
+        # holding its k experts. DP attention without EP: tokens are all-gathered and reduce-scattered (BF16).
+        k = model.experts_per_token
+        remote = np.where(ep > 1, ep * (1.0 - (1.0 - 1.0 / np.maximum(ep, 1)) ** k) * (ep - 1) / np.maximum(ep, 1), 0.0)
+        gathered = np.where((ep <= 1) & (dp > 1), 2.0 * 2.0 * (dp - 1) / dp, 0.0)
+        a2a_tok = moe_layers * model.hidden_size * (3.0 * remote + gathered) / (_link_gbps(gpu, group) * 1e9 * p.link_eff)
         a2a_fixed = np.where((ep > 1) | (dp > 1), moe_layers * 2.0 * p.a2a_latency_s, zero)
         local = model.num_experts / ep
     else:
@@ -184,10 +191,12 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         mla_s = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_layers * frac / (peak16 * p.attn_prefill_eff)
         attn_ctx_s = np.maximum(attn_ctx_s, mla_s)
 
-    # Two all-reduces per layer under TP (ring: 2(n−1)/n of the activations cross each link).
+    # Two all-reduces per layer under TP (ring: 2(n−1)/n of the activations cross each link); in MoE layers
+    # whose experts are expert-parallel the combine replaces the second one.
     layers = model.num_layers * frac
-    tp_tok = np.where(tp > 1, 2.0 * layers * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / (_link_gbps(gpu, tp) * 1e9 * p.link_eff), zero)
-    tp_fixed = np.where(tp > 1, 2.0 * layers * p.allreduce_latency_s * np.log2(np.maximum(tp, 2)), zero)
+    reduces = 2.0 * layers - np.where(ep > 1, model.num_moe_layers * frac, 0.0)
+    tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / (_link_gbps(gpu, tp) * 1e9 * p.link_eff), zero)
+    tp_fixed = np.where(tp > 1, reduces * p.allreduce_latency_s * np.log2(np.maximum(tp, 2)), zero)
     handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / (_link_gbps(gpu, tp * dp * pp) * 1e9 * p.link_eff), zero)
     handoff_fixed = np.where(pp > 1, 2.0 * p.allreduce_latency_s, zero)
     scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servingtopology.planner.calibration import BACKENDS, CalibrationCase, Prediction, Skip, parse_row, predict_all
+from servingtopology.planner.calibration import BACKENDS, CalibrationCase, Prediction, Skip, fill_from_twins, parse_row, predict_all
 from servingtopology.planner.errors import PlannerError
 from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
@@ -65,13 +65,14 @@ def load_measurements(csv_path: Path, *, model_dir: Path | None = None, backends
     cases: list[CalibrationCase] = []
     skipped: Counter[str] = Counter()
     with csv_path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            if backends and (row.get("backend") or "").strip().lower() not in backends:
-                continue
-            try:
-                cases.append(parse_row(row))
-            except Skip as s:
-                skipped[s.kind] += 1
+        rows = fill_from_twins(list(csv.DictReader(fh)))
+    for row in rows:
+        if backends and (row.get("backend") or "").strip().lower() not in backends:
+            continue
+        try:
+            cases.append(parse_row(row))
+        except Skip as s:
+            skipped[s.kind] += 1
     models = {p: _resolve_model(p, model_dir) for p in sorted({c.model_path for c in cases})}
     gpus = {s: _resolve_gpu(s) for s in sorted({c.system for c in cases})}
     return Measurements(cases, models, gpus, skipped)

@@ -1,0 +1,113 @@
+"""Silicon rows become calibration cases; predictions and fidelity scores behave."""
+
+from collections import Counter
+
+import pytest
+
+from servingtopology.planner.calibration import Prediction, Skip, parse_row, predict_all
+from servingtopology.planner.fidelity import ape_stats, ranking_score, summarize, tokens_per_gpu_s
+from servingtopology.planner.hardware import resolve_gpu
+from servingtopology.planner.model import resolve_model
+
+AGG = {
+    "id": "a", "silicon_data_source": "x; silicon_concurrency=32; y", "backend": "vllm", "model_path": "meta-llama/Llama-3.1-70B",
+    "system": "h200_sxm", "precision": "fp8", "mode": "agg", "isl": "1024", "osl": "1024", "gemm_quant_mode": "fp8",
+    "moe_quant_mode": "fp8", "batch_size": "32", "tp_size": "4", "pp_size": "1", "attention_dp_size": "1", "moe_tp_size": "4",
+    "moe_ep_size": "1", "silicon_ttft_ms": "180.0", "silicon_tpot_ms": "14.0",
+}
+DISAGG = {
+    "id": "d", "silicon_data_source": "db-dump", "backend": "sglang", "model_path": "deepseek-ai/DeepSeek-V3", "system": "b200_sxm",
+    "precision": "fp8", "mode": "disagg", "isl": "8192", "osl": "1024", "gemm_quant_mode": "fp8_block", "moe_quant_mode": "fp8_block",
+    "batch_size": "", "tp_size": "", "decode_batch_size": "16", "prefill_num_workers": "2", "prefill_tp_size": "1",
+    "prefill_pp_size": "1", "prefill_attention_dp_size": "8", "prefill_moe_tp_size": "1", "prefill_moe_ep_size": "8",
+    "decode_num_workers": "", "decode_tp_size": "1", "decode_pp_size": "1", "decode_attention_dp_size": "8",
+    "decode_moe_tp_size": "1", "decode_moe_ep_size": "8", "silicon_ttft_ms": "900", "silicon_tpot_ms": "20",
+}
+
+
+def test_agg_row_takes_concurrency_from_the_data_source():
+    c = parse_row(AGG)
+    assert (c.concurrency, c.agg.tp, c.agg.dp, c.gpus) == (32, 4, 1, 4)
+
+
+def test_blank_attention_dp_comes_back_from_the_expert_grid():
+    c = parse_row({**AGG, "tp_size": "1", "attention_dp_size": "", "moe_tp_size": "2", "moe_ep_size": "1"})
+    assert (c.agg.tp, c.agg.dp, c.gpus) == (1, 2, 2)
+
+
+def test_tp_recorded_as_tp_times_ep_is_read_as_expert_parallel():
+    c = parse_row({**AGG, "backend": "sglang", "tp_size": "64", "moe_tp_size": "8", "moe_ep_size": "8"})
+    assert (c.agg.tp, c.agg.moe_ep, c.gpus) == (8, 8, 8)
+
+
+def test_disagg_row_counts_workers_and_falls_back_to_decode_batch():
+    c = parse_row(DISAGG)
+    assert c.prefill.workers == 2 and c.decode.workers == 1
+    assert c.gpus == 2 * 8 + 8
+    assert c.concurrency == 16
+
+
+@pytest.mark.parametrize(
+    ("change", "kind"),
+    [
+        ({"silicon_tpot_ms": ""}, "bad measurement"),          # nothing measured
+        ({"silicon_ttft_ms": "-3"}, "bad measurement"),        # nonsense
+        ({"tp_size": ""}, "missing topology"),                 # agg without TP
+        ({"gemm_quant_mode": "int2"}, "unsupported precision"),
+        ({"mode": "spec"}, "unsupported mode"),
+    ],
+)
+def test_unusable_rows_are_skipped_with_a_reason(change, kind):
+    with pytest.raises(Skip) as err:
+        parse_row({**AGG, **change})
+    assert err.value.kind == kind
+
+
+def test_unknown_gpu_and_model_are_skipped_not_guessed():
+    cases = [parse_row(AGG), parse_row({**AGG, "system": "tpu_v5"}), parse_row({**AGG, "model_path": "acme/unknown"})]
+    models = {"meta-llama/Llama-3.1-70B": resolve_model("llama-3.1-70b"), "acme/unknown": Skip("unknown model", "acme/unknown")}
+    gpus = {"h200_sxm": resolve_gpu("h200_sxm"), "tpu_v5": Skip("unknown GPU", "tpu_v5")}
+    out = predict_all(cases, models, gpus)
+    assert isinstance(out[0], Prediction) and out[0].tpot_ms > 0
+    assert [o.kind for o in out[1:]] == ["unknown GPU", "unknown model"]
+
+
+def test_prediction_is_in_the_measured_ballpark_for_a_plain_dense_row():
+    (p,) = predict_all([parse_row(AGG)], {"meta-llama/Llama-3.1-70B": resolve_model("llama-3.1-70b")},
+                       {"h200_sxm": resolve_gpu("h200_sxm")})
+    assert 0.5 < p.tpot_ms / 14.0 < 2.0
+    assert 0.25 < p.ttft_ms / 180.0 < 4.0
+
+
+def test_ape_stats_reports_median_mean_and_share_within_20_percent():
+    s = ape_stats([110.0, 150.0, 90.0], [100.0, 100.0, 100.0])
+    assert s == {"median_ape": 10.0, "mape": pytest.approx(23.33, abs=0.01), "within_20pct": pytest.approx(0.6667, abs=1e-4)}
+
+
+def _group(tpots_meas, tpots_pred):
+    cases = [parse_row({**AGG, "tp_size": str(tp), "moe_tp_size": str(tp), "silicon_tpot_ms": str(m)})
+             for tp, m in zip((1, 2, 4), tpots_meas, strict=True)]
+    return cases, [Prediction(ttft_ms=c.ttft_ms, tpot_ms=p, throughput_rps=1.0) for c, p in zip(cases, tpots_pred, strict=True)]
+
+
+def test_ranking_agrees_when_the_predicted_best_is_the_measured_best():
+    cases, preds = _group([30.0, 20.0, 10.0], [33.0, 21.0, 12.0])
+    assert ranking_score(cases, preds)["top1_tpot"] == 1.0
+
+
+def test_ranking_disagrees_when_the_order_flips():
+    cases, preds = _group([30.0, 20.0, 10.0], [10.0, 20.0, 30.0])
+    r = ranking_score(cases, preds)
+    assert r["groups"] == 1 and r["top1_tpot"] == 0.0
+
+
+def test_tokens_per_gpu_counts_every_gpu_of_the_topology():
+    c = parse_row(AGG)
+    assert tokens_per_gpu_s(c, 180.0, 14.0) == pytest.approx(32 * 1024 / ((180 + 1023 * 14) / 1e3) / 4)
+
+
+def test_summary_counts_parse_skips_and_groups_by_backend_mode_system():
+    cases, preds = _group([30.0, 20.0, 10.0], [33.0, 21.0, 12.0])
+    s = summarize(cases, preds, skipped_at_parse=Counter({"bad measurement": 1}))
+    assert s["rows"] == 4 and s["skipped"]["count"] == 1
+    assert list(s["groups"]) == ["vllm/agg/h200_sxm"]

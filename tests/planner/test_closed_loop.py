@@ -1,0 +1,77 @@
+"""The closed-loop estimator: Little's law, monotone load, caps that queue clients, PD pools."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servingtopology.planner.closed_loop import aggregated, disaggregated
+from servingtopology.planner.hardware import Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, KvDtype
+from servingtopology.planner.model import resolve_model
+from servingtopology.planner.perf import PerfParams, step_time_s
+
+MODEL = resolve_model("llama-3.1-70b")
+GPU = resolve_gpu("h200_sxm")
+PARAMS = PerfParams(bench_requests_per_client=1e9)  # no start-up wave: the steady state alone
+
+
+def _step(tp=1):
+    def step(*, prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens):
+        return step_time_s(MODEL, GPU, precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=tp, pp=1, dp=1,
+                           prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
+                           decode_context_tokens=decode_context_tokens, params=PARAMS)
+    return step
+
+
+def _agg(clients, *, isl=1024, osl=256, cap=1024.0, mixed=True, params=PARAMS):
+    return aggregated(_step(), clients_per_rank=np.asarray(clients, dtype=float), isl=isl, osl=osl, token_budget=8192,
+                      max_running=cap, mixed_batches=mixed, params=params)
+
+
+def test_one_client_decodes_at_batch_one_speed():
+    r = _agg([1.0])
+    one = float(_step()(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=1.0, decode_context_tokens=1024 + 128))
+    assert float(r.tpot_s[0]) == pytest.approx(one, rel=0.15)
+
+
+def test_throughput_satisfies_littles_law():
+    r = _agg([4.0, 32.0, 128.0])
+    cycle = r.ttft_s + 255 * r.tpot_s
+    assert np.allclose(r.throughput_rps * cycle, [4.0, 32.0, 128.0], rtol=0.05)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 512), extra=st.integers(1, 512), mixed=st.booleans())
+def test_more_clients_never_lower_ttft_or_tpot(n, extra, mixed):
+    r = _agg([float(n), float(n + extra)], mixed=mixed)
+    assert r.tpot_s[1] >= r.tpot_s[0] * (1 - 1e-6)
+    assert r.ttft_s[1] >= r.ttft_s[0] * (1 - 1e-6)
+
+
+def test_a_sequence_cap_queues_clients_and_raises_ttft():
+    free, capped = _agg([64.0], cap=1024.0), _agg([64.0], cap=8.0)
+    assert bool(capped.saturated[0])
+    assert float(capped.ttft_s[0]) > 3 * float(free.ttft_s[0])
+    assert float(capped.tpot_s[0]) < float(free.tpot_s[0])
+
+
+def test_the_start_up_wave_adds_to_ttft_for_short_benchmarks():
+    short = _agg([64.0], params=PerfParams(bench_requests_per_client=2.0))
+    assert float(short.ttft_s[0]) > float(_agg([64.0]).ttft_s[0])
+
+
+def test_more_decode_ranks_lower_tpot_in_pd():
+    def run(decode_ranks):
+        return disaggregated(_step(), _step(), clients=np.array([256.0]), prefill_ranks=2.0, decode_ranks=decode_ranks, isl=1024,
+                             osl=512, prefill_budget=8192, decode_max_running=1024, transfer_s=0.01, params=PARAMS)
+    one, four = run(1.0), run(4.0)
+    assert float(four.tpot_s[0]) < float(one.tpot_s[0])
+    assert float(four.throughput_rps[0]) > float(one.throughput_rps[0])
+
+
+def test_too_few_prefill_ranks_queue_prompts_in_pd():
+    def run(prefill_ranks):
+        return disaggregated(_step(), _step(), clients=np.array([512.0]), prefill_ranks=prefill_ranks, decode_ranks=4.0, isl=8192,
+                             osl=256, prefill_budget=8192, decode_max_running=1024, transfer_s=0.01, params=PARAMS)
+    assert float(run(1.0).ttft_s[0]) > 2 * float(run(8.0).ttft_s[0])

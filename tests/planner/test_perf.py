@@ -1,0 +1,105 @@
+"""The step-time model: physics directions, array/scalar agreement, the fitted parameter file."""
+
+import json
+from dataclasses import fields
+from importlib import resources
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servingtopology.planner.hardware import Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, KvDtype, Parallelism
+from servingtopology.planner.model import model_catalog, resolve_model
+from servingtopology.planner.perf import InstancePerf, PerfParams, kv_transfer_s, perf_params, step_time_s
+
+from .strategies import gpus, models
+
+H200 = resolve_gpu("h200_sxm")
+LLAMA70 = resolve_model("llama-3.1-70b")
+DSV3 = resolve_model("deepseek-v3")
+
+
+def _step(model=LLAMA70, gpu=H200, *, precision=Precision.BF16, tp=1, pp=1, dp=1, moe_ep=1, pre=0.0, pairs=0.0, dec=0.0, ctx=0.0,
+          params=None):
+    return float(step_time_s(model, gpu, precision=precision, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=tp, pp=pp, dp=dp,
+                             prefill_tokens=pre, prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx,
+                             moe_ep=moe_ep, params=params))
+
+
+def test_decode_step_grows_with_batch_and_with_context():
+    small = _step(dec=4, ctx=4 * 1000)
+    assert _step(dec=64, ctx=64 * 1000) > small
+    assert _step(dec=4, ctx=4 * 8000) > small
+
+
+def test_small_decode_batches_cost_about_one_weight_read():
+    # Llama-3.1-70B BF16 on one H200: 141 GB of weights over 4.8 TB/s is ≥ 29 ms; overheads add a few ms, not 2×.
+    t = _step(dec=1, ctx=1000)
+    floor = 2 * 70e9 / 4.8e12
+    assert floor < t < 2 * floor
+
+
+def test_fp8_weights_make_memory_bound_decode_faster():
+    assert _step(precision=Precision.FP8, dec=4, ctx=4000) < 0.7 * _step(precision=Precision.BF16, dec=4, ctx=4000)
+
+
+def test_tensor_parallelism_speeds_decode_but_less_than_linearly():
+    t1, t8 = _step(tp=1, dec=8, ctx=8000), _step(tp=8, dec=8, ctx=8000)
+    assert t8 < t1 / 2
+    assert t8 > t1 / 8
+
+
+def test_prefill_is_compute_bound_and_scales_with_tokens():
+    t4k, t8k = _step(pre=4096, pairs=4096 * 2048), _step(pre=8192, pairs=8192 * 4096)
+    assert 1.8 < t8k / t4k < 2.6
+
+
+def test_expert_parallel_all_to_all_costs_more_across_nodes():
+    # DeepSeek-V3 at TP1 × DP8 with EP8: on one 8-GPU node dispatch/combine ride NVLink; on 4-GPU nodes, the NIC.
+    one_node = resolve_gpu("b200_sxm")
+    two_nodes = resolve_gpu("b200_sxm", gpus_per_node=4)
+    args = dict(precision=Precision.FP8, tp=1, dp=8, moe_ep=8, dec=64, ctx=64 * 2000)
+    assert _step(DSV3, two_nodes, **args) > _step(DSV3, one_node, **args)
+
+
+def test_arrays_broadcast_over_candidates():
+    tp = np.array([1, 2, 4, 8])
+    out = step_time_s(LLAMA70, H200, precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=tp, pp=1, dp=1,
+                      prefill_tokens=np.zeros(4), prefill_pairs=0.0, decode_tokens=16.0, decode_context_tokens=16000.0)
+    assert out.shape == (4,)
+    assert np.all(np.diff(out) < 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=models, gpu=gpus, tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2]),
+       pre=st.sampled_from([0, 1, 512, 8192]), dec=st.sampled_from([0, 1, 64, 256]), ctx=st.sampled_from([128, 4096]))
+def test_instance_perf_agrees_with_the_array_formula(model, gpu, tp, pp, pre, dec, ctx):
+    inst = InstancePerf(model, gpu, Precision.BF16, KvDtype.AUTO, Engine.SGLANG, Parallelism(tp=tp, pp=pp))
+    scalar = inst.step_time_s(prefill_tokens=pre, prefill_pairs=pre * ctx, decode_tokens=dec, decode_context_tokens=dec * ctx)
+    arr = step_time_s(model, gpu, precision=Precision.BF16, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG, tp=np.array([tp, tp]),
+                      pp=np.array([pp, pp]), dp=1, prefill_tokens=np.array([pre, pre]), prefill_pairs=pre * ctx,
+                      decode_tokens=dec, decode_context_tokens=dec * ctx)
+    assert scalar > 0
+    assert scalar == pytest.approx(float(arr[0]), rel=1e-9)
+
+
+def test_kv_transfer_is_faster_inside_a_node():
+    args = dict(kv_dtype=KvDtype.AUTO, tokens=8192)
+    assert kv_transfer_s(LLAMA70, H200, same_node=True, **args) < kv_transfer_s(LLAMA70, H200, same_node=False, **args)
+
+
+def test_fitted_parameter_file_records_its_provenance():
+    raw = json.loads(resources.files("servingtopology.planner").joinpath("data/perf_params.json").read_text())
+    for key in ("source", "commit", "fitted_at", "rows_used", "fit_error", "params"):
+        assert key in raw
+    assert set(raw["params"]) <= {f.name for f in fields(PerfParams)}
+    assert perf_params().source == raw["source"]
+
+
+def test_no_parameter_is_keyed_by_a_model_name():
+    names = " ".join(f.name for f in fields(PerfParams)).lower()
+    for mid, model in model_catalog().items():
+        for token in {mid.lower(), model.name.lower().split("/")[-1]}:
+            assert token not in names
