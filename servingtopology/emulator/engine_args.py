@@ -38,6 +38,7 @@ class EngineConfig:
     memory_fraction: float | None = None
     kv_cache_dtype: str = "auto"
     port: int | None = None
+    nodes: int = 1
     unknown_flags: tuple[str, ...] = field(default=())
 
     @property
@@ -47,13 +48,18 @@ class EngineConfig:
             return self.tp * self.pp * (1 if self.dp_attention else self.dp)
         return self.tp * self.pp * self.dp
 
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs one pod of the instance holds (a multi-node instance spreads evenly over `nodes` pods)."""
+        return max(self.gpus // self.nodes, 1)
+
 
 _VLLM_INT = {
     "--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp",
     "--data-parallel-size": "dp", "-dp": "dp", "--max-num-seqs": "max_running",
     "--max-num-batched-tokens": "token_budget", "--port": "port",
-    "--max-model-len": None, "--block-size": None, "--data-parallel-size-local": None, "--data-parallel-rank": None,
-    "--data-parallel-start-rank": None, "--data-parallel-rpc-port": None, "--nnodes": None, "--node-rank": None,
+    "--nnodes": "nodes", "--max-model-len": None, "--block-size": None, "--data-parallel-size-local": None, "--data-parallel-rank": None,
+    "--data-parallel-start-rank": None, "--data-parallel-rpc-port": None, "--node-rank": None,
     "--master-port": None, "--api-server-count": None, "--seed": None, "--max-num-partial-prefills": None,
 }
 _VLLM_FLOAT = {"--gpu-memory-utilization": "memory_fraction"}
@@ -76,7 +82,7 @@ _SGL_INT = {
     "--dp": "dp", "--pp-size": "pp", "--pipeline-parallel-size": "pp", "--max-running-requests": "max_running",
     "--chunked-prefill-size": "token_budget", "--port": "port", "--max-prefill-tokens": None,
     "--max-total-tokens": None, "--context-length": None, "--page-size": None, "--disaggregation-bootstrap-port": None,
-    "--nnodes": None, "--node-rank": None, "--base-gpu-id": None, "--ep-size": None, "--random-seed": None,
+    "--nnodes": "nodes", "--node-rank": None, "--base-gpu-id": None, "--ep-size": None, "--random-seed": None,
     "--num-reserved-decode-tokens": None,
 }
 _SGL_FLOAT = {"--mem-fraction-static": "memory_fraction"}
@@ -120,13 +126,19 @@ def _split(argv: Sequence[str]) -> list[str]:
     return tokens
 
 
-def _positive_int(flag: str, value: str, *, allow_minus_one: bool = False) -> int:
+# Sizes must be positive; ranks, ports and seeds may be zero. SGLang's --chunked-prefill-size -1 disables chunking.
+_SIZE_KEYS = {"tp", "pp", "dp", "max_running", "token_budget", "nodes"}
+
+
+def _int_flag(flag: str, value: str, *, key: str | None) -> int:
     try:
         number = int(value)
     except ValueError:
         raise EngineArgsError(f"{flag}: invalid int value {value!r}") from None
-    if number < 1 and not (allow_minus_one and number == -1):
+    if key in _SIZE_KEYS and number < 1 and not (flag == "--chunked-prefill-size" and number == -1):
         raise EngineArgsError(f"{flag}: must be at least 1, got {number}")
+    if number < 0 and flag != "--chunked-prefill-size":
+        raise EngineArgsError(f"{flag}: must not be negative, got {number}")
     return number
 
 
@@ -153,7 +165,7 @@ def parse_engine_command(argv: Sequence[str], *, role_hint: Role | None = None) 
             value = tokens[i + 1]
             key = ints.get(token) or floats.get(token) or strs.get(token)
             if token in ints:
-                parsed: object = _positive_int(token, value, allow_minus_one=token == "--chunked-prefill-size")
+                parsed: object = _int_flag(token, value, key=key)
             elif token in floats:
                 try:
                     parsed = float(value)
@@ -197,6 +209,7 @@ def parse_engine_command(argv: Sequence[str], *, role_hint: Role | None = None) 
         token_budget=None if budget == -1 else budget,  # type: ignore[arg-type]
         memory_fraction=values.get("memory_fraction"),  # type: ignore[arg-type]
         kv_cache_dtype=kv_dtype, port=values.get("port"),  # type: ignore[arg-type]
+        nodes=int(values.get("nodes", 1)),  # type: ignore[call-overload]
         unknown_flags=tuple(unknown),
     )
 

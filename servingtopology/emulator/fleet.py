@@ -143,9 +143,9 @@ class Fleet:
         hint_raw = pod.labels.get(self.role_label, "")
         hint = Role(hint_raw) if hint_raw in {r.value for r in Role} else None
         config = parse_engine_command(pod.argv, role_hint=hint)
-        if pod.gpus and config.gpus != pod.gpus:
-            raise EngineArgsError(f"arguments ask for {config.gpus} GPUs (tp={config.tp}, pp={config.pp}, dp={config.dp}) "
-                                  f"but the pod has {pod.gpus} {GPU_RESOURCE}")
+        if pod.gpus and config.gpus_per_node != pod.gpus:
+            raise EngineArgsError(f"arguments ask for {config.gpus_per_node} GPUs per pod (tp={config.tp}, pp={config.pp}, "
+                                  f"dp={config.dp}, nnodes={config.nodes}) but the pod has {pod.gpus} {GPU_RESOURCE}")
         return config
 
     def stop(self) -> None:

@@ -95,7 +95,8 @@ class EmulatedInstance:
 
     def stop(self) -> None:
         self._stop.set()
-        self._server.shutdown()
+        if self._threads[0].is_alive():  # shutdown() waits for serve_forever, so only call it once that runs
+            self._server.shutdown()
         self._server.server_close()
 
     def tick(self) -> None:

@@ -1,0 +1,130 @@
+"""The emulator's simulator and metrics: requests are conserved, KV stays inside the pool, metrics are well formed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from servingtopology.emulator.engine import BatchingEngine, build_simulator, gpu_for_label
+from servingtopology.emulator.engine_args import parse_engine_command
+from servingtopology.emulator.exposition import EngineMetrics, Histogram
+from servingtopology.emulator.instance import EmulatedInstance, Share
+from servingtopology.emulator.traffic import Phase, TrafficProfile, TrafficProfileError
+from servingtopology.planner.layout import Role
+
+
+class _FlatStep:
+    """A step costs 1 ms plus 10 µs per prefill token: easy to reason about."""
+
+    def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
+                    decode_context_tokens: float) -> float:
+        return 1e-3 + 1e-5 * prefill_tokens
+
+
+def test_every_submitted_request_finishes_once_with_ordered_times() -> None:
+    engine = BatchingEngine(step_model=_FlatStep(), role=Role.AGGREGATED, max_running=4, token_budget=256,
+                            kv_capacity_tokens=10_000)
+    for i in range(20):
+        engine.submit(arrival_s=i * 0.01, input_tokens=300, output_tokens=5, cached_tokens=0)
+    done = engine.advance(60.0).completions
+    assert len(done) == 20
+    assert all(0 <= c.queue_s <= c.ttft_s <= c.e2e_s for c in done)
+    assert engine.gauges().running == 0 and engine.gauges().waiting == 0
+
+
+def test_the_running_cap_and_kv_pool_hold_requests_back() -> None:
+    engine = BatchingEngine(step_model=_FlatStep(), role=Role.AGGREGATED, max_running=2, token_budget=4096,
+                            kv_capacity_tokens=1000)
+    for _ in range(6):
+        engine.submit(arrival_s=0.0, input_tokens=400, output_tokens=50, cached_tokens=0)
+    engine.advance(0.002)
+    gauges = engine.gauges()
+    assert gauges.running == 2 and gauges.waiting == 4
+    assert gauges.kv_used_tokens <= gauges.kv_capacity_tokens
+
+
+def test_a_prefill_instance_stops_after_the_first_token_and_a_decode_instance_skips_the_prompt() -> None:
+    prefill = BatchingEngine(step_model=_FlatStep(), role=Role.PREFILL, max_running=8, token_budget=8192,
+                             kv_capacity_tokens=100_000)
+    decode = BatchingEngine(step_model=_FlatStep(), role=Role.DECODE, max_running=8, token_budget=8192,
+                            kv_capacity_tokens=100_000)
+    for engine in (prefill, decode):
+        engine.submit(arrival_s=0.0, input_tokens=2000, output_tokens=100, cached_tokens=0)
+    p, d = prefill.advance(10.0), decode.advance(10.0)
+    assert p.completions[0].output_tokens == 1 and p.prompt_tokens == 2000
+    assert d.prompt_tokens == 0 and d.generation_tokens == 100
+
+
+def test_more_load_never_shortens_time_to_first_token() -> None:
+    def mean_ttft(rate_rps: float) -> float:
+        engine = BatchingEngine(step_model=_FlatStep(), role=Role.AGGREGATED, max_running=16, token_budget=2048,
+                                kv_capacity_tokens=200_000)
+        for i in range(int(rate_rps * 10)):
+            engine.submit(arrival_s=i / rate_rps, input_tokens=1000, output_tokens=20, cached_tokens=0)
+        done = engine.advance(1000.0).completions
+        return sum(c.ttft_s for c in done) / len(done)
+
+    assert mean_ttft(5.0) <= mean_ttft(50.0) <= mean_ttft(200.0)
+
+
+def test_an_instance_serves_its_share_of_the_scripted_rate() -> None:
+    clock = [0.0]
+    config = parse_engine_command(["vllm", "serve", "llama-3.1-8b"])
+    instance = EmulatedInstance(name="t", config=config, simulator=build_simulator(config, gpu=gpu_for_label("H100")),
+                                share=lambda _t: Share(Phase(10.0, 200, 20), 0.5), monotonic=lambda: clock[0])
+    try:
+        for _ in range(240):  # 60 simulated seconds in 0.25 s ticks
+            clock[0] += 0.25
+            instance.tick()
+        text = instance.metrics.render()
+    finally:
+        instance.stop()
+    finished = float(next(line.split()[-1] for line in text.splitlines() if line.startswith("vllm:e2e_request_latency_seconds_count")))
+    assert 240 <= finished <= 360  # 5 rps for 60 s, Poisson
+
+
+def test_rendered_metrics_pass_promtool_and_carry_the_engine_names() -> None:
+    for argv, names in (
+        (["vllm", "serve", "llama-3.1-8b"], ["vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                                             "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_sum"]),
+        (["python3", "-m", "sglang.launch_server", "--model-path", "llama-3.1-8b"],
+         ["sglang:num_queue_reqs", "sglang:token_usage", "sglang:time_to_first_token_seconds_count"]),
+    ):
+        metrics = EngineMetrics(parse_engine_command(argv))
+        text = metrics.render()
+        for name in names:
+            assert name in text
+        promtool = shutil.which("promtool")
+        if promtool:
+            done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+            assert "error" not in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
+
+
+def test_histogram_buckets_are_cumulative() -> None:
+    histogram = Histogram((0.1, 1.0))
+    histogram.observe(0.05)
+    histogram.observe(0.5, times=3)
+    histogram.observe(5.0)
+    lines = histogram.lines("x", 'a="b"')
+    assert lines[:3] == ['x_bucket{a="b",le="0.1"} 1', 'x_bucket{a="b",le="1.0"} 4', 'x_bucket{a="b",le="+Inf"} 5']
+
+
+def test_profile_phases_follow_each_other_then_hold_the_last() -> None:
+    profile = TrafficProfile.from_mapping({"phases": [
+        {"rate_rps": 1, "input_tokens": 100, "output_tokens": 10, "duration_s": 30},
+        {"rate_rps": 5, "input_tokens": 4000, "output_tokens": 10},
+    ]})
+    assert profile.phase_at(29.9).rate_rps == 1 and profile.phase_at(30.0).rate_rps == 5
+    assert profile.phase_at(1e6).input_tokens == 4000
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({}, "phases"),  # nothing at all
+    ({"phases": [{"rate_rps": 1, "input_tokens": 0, "output_tokens": 1}]}, r"phases\[0\]\.input_tokens"),
+    ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "rps": 2}]}, "unknown field"),
+])
+def test_bad_profiles_name_the_field(raw: dict, message: str) -> None:
+    with pytest.raises(TrafficProfileError, match=message):
+        TrafficProfile.from_mapping(raw)
