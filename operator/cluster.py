@@ -156,7 +156,7 @@ class KubeCluster:
         event = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"generateName": f"{meta['name']}-", "namespace": meta["namespace"]},
             "eventTime": stamp,
             "type": type,
             "reason": reason,

@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     runtime = Runtime(cluster=KubeCluster(_kube_api_client()), planner=decide, metrics=metrics,
                       gpus_per_node_default=args.gpus_per_node)
     registry = kopf.OperatorRegistry()
+    # A fresh registry has no login handlers (kopf adds them only to its default one): log in through the client.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     clusterwide = not args.namespace
     register(registry, runtime, timer_interval_s=args.timer_interval_s, peering_name=args.peering_name, clusterwide=clusterwide)
     asyncio.run(kopf.operator(
