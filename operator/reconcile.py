@@ -316,8 +316,15 @@ def _enact(p: _Pass, spec: TopologySpec, planner: Planner, current: Layout | Non
         return p.outcome(plan=plan, proposal=None, history=history, decided=decided, error="LeaderWorkerSetMissing")
     objects = _apply(p, bp)
     ready, summary = _readiness(p, objects)
-    p.set(ConditionType.READY, ready, "WorkloadsReady" if ready else "WorkloadsNotReady", f"{plan.layout}: {summary}")
-    p.set(ConditionType.PROGRESSING, not ready, "RollingOut" if not ready else "Settled", summary)
+    # Degraded: replicas were lost while nothing changed (a crash, an evicted node), as opposed to a rollout
+    # that has not finished. It stays set until every replica is back.
+    was = {k: condition(p.conditions, k) for k in (ConditionType.READY, ConditionType.DEGRADED)}
+    degraded = not ready and not p.applied and not decided and any(c is not None and c.status == "True" for c in was.values())
+    p.set(ConditionType.READY, ready, "WorkloadsReady" if ready else ("ReplicasUnavailable" if degraded else "WorkloadsNotReady"),
+          f"{plan.layout}: {summary}")
+    p.set(ConditionType.PROGRESSING, not ready and not degraded, "RollingOut" if not ready and not degraded else "Settled", summary)
+    if p.set(ConditionType.DEGRADED, degraded, "ReplicasUnavailable" if degraded else "AsPlanned", summary) and degraded:
+        p.event("Warning", "ReplicasUnavailable", f"{plan.layout}: {summary}")
     return p.outcome(plan=plan, proposal=None, history=history, decided=decided,
                      requeue_after_s=None if ready else PROGRESS_REQUEUE_S)
 

@@ -286,3 +286,25 @@ def test_status_keys_written_by_others_do_not_make_the_plan_forgotten() -> None:
     obj["status"]["kopf"] = {"progress": {}}
     run(obj, cluster, planner, minutes=1)
     assert len(planner.problems) == 1 and obj["status"]["plan"]["layout"] == "4×TP2"
+
+
+def test_replicas_lost_without_a_change_mark_the_topology_degraded_until_they_return() -> None:
+    obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    assert cond(obj, "Degraded")["status"] == "False"
+    cluster.ready = False  # pods crash; the plan and the objects are unchanged
+    run(obj, cluster, planner, minutes=1)
+    run(obj, cluster, planner, minutes=2)
+    assert cond(obj, "Degraded")["status"] == "True" and cond(obj, "Progressing")["status"] == "False"
+    assert cond(obj, "Ready")["reason"] == "ReplicasUnavailable"
+    assert reasons(cluster).count("ReplicasUnavailable") == 1
+    cluster.ready = True
+    run(obj, cluster, planner, minutes=3)
+    assert cond(obj, "Degraded")["status"] == "False" and cond(obj, "Ready")["status"] == "True"
+
+
+def test_a_rollout_in_progress_is_not_degraded() -> None:
+    obj, cluster = topology(), FakeCluster(ready=False)
+    run(obj, cluster, ScriptedPlanner(decision(REPLICAS)))
+    run(obj, cluster, ScriptedPlanner(decision(REPLICAS)), minutes=1)
+    assert cond(obj, "Degraded")["status"] == "False" and cond(obj, "Progressing")["status"] == "True"
