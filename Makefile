@@ -20,7 +20,8 @@ plan: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check planner operator servingtopology tests benchmarks e2e
 	$(BIN)/mypy --strict planner
-	$(BIN)/lint-imports
+	mkdir -p build/lint && ln -sfn $(CURDIR)/planner build/lint/planner
+	PYTHONPATH=build/lint $(BIN)/lint-imports
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not e2e"
