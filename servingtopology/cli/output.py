@@ -5,11 +5,13 @@ Used by every subcommand that reads a spec. Owns no planning logic.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
 from servingtopology.planner.decide import Simulate
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.sim.stage import stage6_figures
 from servingtopology.spec import PlanSpec, SpecError
 
 __all__ = ["emit_spec_error", "simulator_for"]
@@ -26,6 +28,12 @@ def emit_spec_error(exc: SpecError | InvalidSpec, *, as_json: bool = False) -> i
     return 2
 
 
-def simulator_for(spec: PlanSpec) -> Simulate | None:
-    """The stage-6 simulator for this spec, or None when the step-level simulator is unavailable."""
-    return None
+# Requests simulated per top-K candidate in `plan` (the spec's simulation.requests applies to `simulate`).
+STAGE6_REQUESTS = 600
+
+
+def simulator_for(spec: PlanSpec) -> Simulate:
+    """Stage 6 for this spec: the step-level simulator with the spec's seed and warm-up."""
+    sim = spec.simulation
+    return functools.partial(stage6_figures, num_requests=min(sim.requests, STAGE6_REQUESTS), seed=sim.seed,
+                             warmup_requests=sim.warmupRequests)
