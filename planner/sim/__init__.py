@@ -7,7 +7,7 @@ sizes from `memory.kv_pool_tokens`. Deterministic under a seed; no clock, no I/O
 
     simulate(layout, model=, gpu=, engine=, requests= | workload= (num_requests=, seed=, sessions=),
              precision=None (layout's), router=LEAST_OUTSTANDING, step_model=None, pool_tokens=None,
-             same_node=None, max_time_s=inf) -> SimResult;  SimResult.summary(slo, warmup_requests=)
+             same_node=None, transfer_s=None, max_time_s=inf) -> SimResult;  SimResult.summary(slo, warmup_requests=)
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
              workload: Workload | None = None, num_requests: int = 1000, seed: int = 0, sessions: Sessions | None = None,
              precision: Precision | None = None, router: RouterPolicy = RouterPolicy.LEAST_OUTSTANDING,
              step_model: StepModelFactory | None = None, pool_tokens: Mapping[Role, int] | None = None,
-             same_node: bool | None = None, max_time_s: float = math.inf) -> SimResult:
+             same_node: bool | None = None, transfer_s: Callable[[int], float] | None = None,
+             max_time_s: float = math.inf) -> SimResult:
     """Replay `requests` (or `num_requests` drawn from `workload` with `seed`) on `layout`.
 
     pool_tokens overrides the per-rank KV pool of a role (e.g. a recorded vLLM block count); the default
     is the memory model's. same_node says whether PD KV moves over NVLink (default: the whole layout
-    fits one node) or the NIC. Requests still running at max_time_s are reported unfinished.
+    fits one node) or the NIC; transfer_s (prompt tokens -> seconds) replaces perf.kv_transfer_s. Requests still running at max_time_s are reported unfinished.
     Raises Infeasible when a role's pool is empty, InvalidSpec when neither requests nor workload is given.
     """
     if requests is None:
@@ -84,6 +85,8 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
         prompt = requests.prompt_tokens
 
         def transfer(rid: int) -> float:
+            if transfer_s is not None:
+                return transfer_s(int(prompt[rid]))
             return float(kv_transfer_s(model, gpu, kv_dtype=kv_dtype, tokens=float(prompt[rid]), same_node=near))
     else:
         front, decode = instances[Role.AGGREGATED], []

@@ -1,6 +1,6 @@
 """Small golden scenarios: their summaries must stay within 0.5 % of the stored ones.
 
-The step model here is a fixed affine one, so a recalibration of perf.py does not move these figures;
+The step model (and the PD transfer time) here is a fixed affine one, so a recalibration of perf.py does not move these figures;
 only a change in scheduling does. Regenerate deliberately with SIM_REGEN_GOLDEN=1 and review the diff.
 """
 
@@ -51,7 +51,7 @@ SCENARIOS: dict[str, Callable[[], SimResult]] = {
                                         router=RouterPolicy.PREFIX_AFFINITY, step_model=lambda r, rl: Affine()),
     # PD 1P2D with a decode pool that makes transfers wait
     "vllm-pd": lambda: simulate(Layout.pd(RoleLayout(1, Parallelism()), RoleLayout(2, Parallelism())), model=MODEL, gpu=GPU,
-                                engine=Engine.VLLM, workload=_chat(10.0), num_requests=300, seed=2, same_node=False,
+                                engine=Engine.VLLM, workload=_chat(10.0), num_requests=300, seed=2, transfer_s=lambda tokens: 1e-4 + 2e-6 * tokens,
                                 pool_tokens={Role.PREFILL: 50_000, Role.DECODE: 20_000}, step_model=lambda r, rl: Affine()),
 }
 
