@@ -1,9 +1,9 @@
 """Replay the recorded vLLM runs in shared/groundtruth/llmservingsim_vllm_refs and print predicted vs recorded.
 
 For each run: TTFT/TPOT/latency mean, p50, p90, p99 (predicted, recorded, error %), the wall time of the
-replay, and a step-time check: for every 1 s tick of timeseries.csv with no prompt tokens, the decode
-step the engine ran (running / generated tokens per second) against the performance model's step at
-that batch and KV occupancy. Usage: .venv/bin/python benchmarks/replay_refs.py [REFS_DIR]
+replay, and a step-time check from timeseries.csv: on 1 s ticks without prompt tokens, the decode step
+the engine ran (running / generated tokens per second) against the performance model's step at that
+batch and KV occupancy; on ticks with prompt tokens, the mixed step with its average prefill chunk. Usage: .venv/bin/python benchmarks/replay_refs.py [REFS_DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +36,17 @@ def step_check(folder: Path) -> str:
     rows = list(csv.DictReader(path.read_text().splitlines()))
     mean_ctx = float(np.mean(rep.requests.prompt_tokens) + np.mean(rep.requests.output_tokens) / 2)
     pairs = []
+    mixed = []
+    for r in rows:
+        running, gen, prompt = float(r["running"]), float(r["gen_throughput"]), float(r["prompt_throughput"])
+        if prompt > 0 and running >= 4 and gen >= running:
+            steps = gen / running  # every running sequence decodes once per step (approximately)
+            chunk = prompt / steps
+            kv = float(r["kv_cache_pct"]) / 100.0
+            ctx = kv * pool if kv > 0 else running * mean_ctx
+            model = perf.step_time_s(prefill_tokens=chunk, prefill_pairs=chunk * (mean_ctx / 2 + chunk / 2), decode_tokens=running,
+                                     decode_context_tokens=ctx)
+            mixed.append((running, chunk, 1.0 / steps, model))
     for r in rows:
         running, gen, prompt = float(r["running"]), float(r["gen_throughput"]), float(r["prompt_throughput"])
         if prompt > 0 or running < 1 or gen < running:
@@ -55,6 +66,11 @@ def step_check(folder: Path) -> str:
         if m.any():
             lines.append(f"    batch {lo:>3}-{hi - 1:<4} n={int(m.sum()):>3}  measured {1e3 * np.median(a[m, 2]):6.1f} ms  "
                          f"modelled {1e3 * np.median(a[m, 3]):6.1f} ms  (context ≈ {np.median(a[m, 1]):,.0f} tokens)")
+    if mixed:
+        m = np.array(mixed)
+        lines.append(f"  mixed prefill+decode ticks: {len(m)}; median prompt tokens per step {np.median(m[:, 1]):.0f}, batch "
+                     f"{np.median(m[:, 0]):.0f}: measured {1e3 * np.median(m[:, 2]):.1f} ms, modelled {1e3 * np.median(m[:, 3]):.1f} ms "
+                     f"(modelled/measured median {np.median(m[:, 3] / m[:, 2]):.2f})")
     return "\n".join(lines)
 
 
