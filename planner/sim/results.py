@@ -166,10 +166,14 @@ class SimResult:
         tl = self.timeline
         kv_mean = kv_max = 0.0
         if tl and len(tl.get("t_s", ())) > 1:
-            t, kv = tl["t_s"], tl["kv_used_frac"]
-            dt = np.diff(t, prepend=t[0])
-            kv_mean = float((kv * dt).sum() / dt.sum()) if dt.sum() > 0 else float(kv.mean())
-            kv_max = float(kv.max())
+            means = []
+            for inst in np.unique(tl["instance"]):  # time-weighted per instance, then averaged over instances
+                mine = tl["instance"] == inst
+                t, kv = tl["t_s"][mine], tl["kv_used_frac"][mine]
+                dt = np.diff(t, prepend=t[0])
+                means.append(float((kv * dt).sum() / dt.sum()) if dt.sum() > 0 else float(kv.mean()))
+            kv_mean = float(np.mean(means))
+            kv_max = float(tl["kv_used_frac"].max())
         tpot = self.tpot_ms[done]
 
         def rate(x: float) -> float:
