@@ -77,7 +77,7 @@ class Instance:
         self.version = 0
         self._burst: _Burst | None = None
         self._burst_ranks: list[int] = []
-        self._pending = StepOutcome([], [], [], [])
+        self._pending = StepOutcome([], [], [])
         self._loading: dict[int, tuple[int, int]] = {}  # rid -> (rank, slot) while its KV arrives
         self.transfers: list[int] = []  # rids whose KV transfer may start now (PD decode)
         self.steps = 0
@@ -184,7 +184,7 @@ class Instance:
                 self.ledger.gaps(b.durations_s[:b.steps], count)
             self.steps += b.steps
             self._burst = None
-        out, self._pending = self._pending, StepOutcome([], [], [], [])
+        out, self._pending = self._pending, StepOutcome([], [], [])
         used = sum(r.pool.in_use for r in self.ranks)
         total = sum(r.pool.total for r in self.ranks)
         self.ledger.sample(t_s=self.end_s, instance=self.index, kv_used_frac=used / total if total else 0.0,

@@ -43,7 +43,6 @@ class StepOutcome:
     finished: list[int]
     prefilled: list[int]  # PD prefill role: prompt done, KV held for transfer
     first_tokens: list[int]
-    resumed: list[int]    # preempted requests that produced their next token again
 
 
 class Rank:
