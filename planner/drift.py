@@ -1,0 +1,248 @@
+"""Drift detection, replan triggers and closed-loop calibration.
+
+Compares the observed workload with the one the current plan assumed, and the observed SLO figures with
+the targets and the plan's predictions, once per replan interval. Called by the operator's replanning
+glue; its state is a small frozen value the operator keeps in status. Pure: time is an argument.
+
+Scenarios the policy handles so that noise never causes flapping:
+- a spike shorter than `persist_intervals` intervals resets the streak: no trigger;
+- a sustained shift above `enter_shift` fires once it has lasted `persist_intervals` intervals;
+- DriftDetected clears only after `persist_intervals` intervals below `exit_shift` (hysteresis band);
+- after an applied change nothing fires again until `cooldown_s` has passed;
+- a new plan replaces the current one only if it is better by `min_improvement`, unless the current
+  layout misses the SLO at the observed load.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from .observe import ObservedSlo
+from .problem import Candidate
+from .workload import Objective, Slo, Workload
+
+__all__ = [
+    "Trigger",
+    "DriftPolicy",
+    "Shift",
+    "DriftState",
+    "DriftVerdict",
+    "Calibration",
+    "workload_shift",
+    "assess_drift",
+    "rebaseline",
+    "calibrate",
+    "improvement",
+    "worth_switching",
+]
+
+
+class Trigger(enum.StrEnum):
+    WORKLOAD_SHIFT = "WorkloadShift"   # rate, lengths or prefix share moved away from what the plan assumed
+    SLO_BREACH = "SloBreach"           # observed TTFT or TPOT above the target
+    OVER_CAPACITY = "OverCapacity"     # observed rate above the current layout's SLO capacity
+
+
+@dataclass(frozen=True, slots=True)
+class DriftPolicy:
+    """Thresholds: shifts are relative (0.25 = 25 %), the prefix share absolute; SLO ratios are observed/target."""
+
+    persist_intervals: int = 3
+    enter_shift: float = 0.25
+    exit_shift: float = 0.10
+    slo_breach: float = 1.0
+    slo_clear: float = 0.9
+    cooldown_s: float = 900.0
+    min_improvement: float = 0.1
+    min_confidence: float = 0.5
+    calibration_low: float = 0.5
+    calibration_high: float = 2.0
+    calibration_alpha: float = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Shift:
+    """Relative changes observed/assumed − 1 (prefix share: absolute difference)."""
+
+    rate: float = 0.0
+    input_tokens: float = 0.0
+    output_tokens: float = 0.0
+    input_tail: float = 0.0
+    prefix_share: float = 0.0
+
+    @property
+    def magnitude(self) -> float:
+        return max(abs(self.rate), abs(self.input_tokens), abs(self.output_tokens), abs(self.input_tail), abs(self.prefix_share))
+
+    @property
+    def dominant(self) -> str:
+        parts = {"arrival rate": self.rate, "prompt length": self.input_tokens, "output length": self.output_tokens,
+                 "prompt tail (p99)": self.input_tail, "prefix share": self.prefix_share}
+        name = max(parts, key=lambda k: abs(parts[k]))
+        return f"{name} {parts[name]:+.0%}"
+
+
+def _rel(observed: float, assumed: float) -> float:
+    if assumed <= 0:
+        return 0.0 if observed <= 0 else math.inf
+    return observed / assumed - 1.0
+
+
+def workload_shift(assumed: Workload, observed: Workload) -> Shift:
+    """How far the observed workload moved from the assumed one."""
+    return Shift(
+        rate=_rel(observed.arrival_rate_rps or 0.0, assumed.arrival_rate_rps or 0.0),
+        input_tokens=_rel(observed.input_tokens.expected_tokens, assumed.input_tokens.expected_tokens),
+        output_tokens=_rel(observed.output_tokens.expected_tokens, assumed.output_tokens.expected_tokens),
+        input_tail=_rel(observed.input_tokens.p99_tokens, assumed.input_tokens.p99_tokens),
+        prefix_share=observed.prefix_share - assumed.prefix_share,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DriftState:
+    """What persists between intervals (kept in status so a restarted operator carries on)."""
+
+    streak: int = 0                   # consecutive intervals over the enter thresholds
+    calm: int = 0                     # consecutive intervals under the exit thresholds
+    detected: bool = False
+    last_change_s: float | None = None
+    trigger: Trigger | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"streak": self.streak, "calm": self.calm, "detected": self.detected, "lastChangeS": self.last_change_s,
+                "trigger": self.trigger.value if self.trigger else None}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, object]) -> DriftState:
+        last, trig = data.get("lastChangeS"), data.get("trigger")
+        return DriftState(streak=int(str(data.get("streak", 0))), calm=int(str(data.get("calm", 0))),
+                          detected=bool(data.get("detected", False)), last_change_s=None if last is None else float(str(last)),
+                          trigger=Trigger(str(trig)) if trig else None)
+
+
+@dataclass(frozen=True, slots=True)
+class DriftVerdict:
+    state: DriftState
+    replan: bool                 # act now: detected, still hot, and out of cooldown
+    hot: bool                    # this interval was over an enter threshold
+    magnitude: float             # the largest shift or breach ratio − 1 of this interval
+    message: str
+
+
+def _slo_ratio(observed: ObservedSlo | None, slo: Slo) -> float:
+    if observed is None:
+        return 0.0
+    ratios = [o / t for o, t in ((observed.ttft_ms, slo.ttft_ms), (observed.tpot_ms, slo.tpot_ms)) if o is not None and t > 0]
+    return max(ratios, default=0.0)
+
+
+def assess_drift(state: DriftState, *, shift: Shift, observed_slo: ObservedSlo | None, slo: Slo, observed_rate_rps: float,
+                 capacity_rps: float | None, confidence: float, now_s: float, policy: DriftPolicy) -> DriftVerdict:
+    """Fold one interval into the drift state and say whether to replan now.
+
+    An interval with confidence below `min_confidence` leaves the state as it is (neither hot nor calm).
+    """
+    slo_ratio = _slo_ratio(observed_slo, slo)
+    load = observed_rate_rps / capacity_rps if capacity_rps and capacity_rps > 0 else 0.0
+    triggers = []
+    if shift.magnitude >= policy.enter_shift:
+        triggers.append((Trigger.WORKLOAD_SHIFT, shift.magnitude, f"workload shift: {shift.dominant}"))
+    if slo_ratio >= policy.slo_breach:
+        triggers.append((Trigger.SLO_BREACH, slo_ratio - 1.0, f"observed latency at {slo_ratio:.0%} of the SLO"))
+    if load > 1.0:
+        triggers.append((Trigger.OVER_CAPACITY, load - 1.0, f"load {observed_rate_rps:.2f} req/s over the capacity {capacity_rps:.2f}"))
+    calm = shift.magnitude < policy.exit_shift and slo_ratio < policy.slo_clear and load <= 1.0 - policy.exit_shift
+    if confidence < policy.min_confidence:
+        return DriftVerdict(state, replan=False, hot=False, magnitude=0.0,
+                            message=f"confidence {confidence:.2f} below {policy.min_confidence:.2f}: interval not counted")
+    hot = bool(triggers)
+    trigger, magnitude, why = max(triggers, key=lambda t: t[1]) if triggers else (None, shift.magnitude, "within thresholds")
+    streak = state.streak + 1 if hot else 0
+    calm_n = state.calm + 1 if calm else 0
+    detected = state.detected
+    if not detected and streak >= policy.persist_intervals:
+        detected = True
+    elif detected and calm_n >= policy.persist_intervals:
+        detected = False
+    new = replace(state, streak=streak, calm=calm_n, detected=detected, trigger=trigger if hot else state.trigger if detected else None)
+    cooling = state.last_change_s is not None and now_s - state.last_change_s < policy.cooldown_s
+    replan = detected and streak >= policy.persist_intervals and not cooling
+    if replan:
+        message = f"{why} for {streak} intervals"
+    elif hot and cooling:
+        message = f"{why}; in cooldown for another {policy.cooldown_s - (now_s - (state.last_change_s or 0.0)):.0f} s"
+    elif hot:
+        message = f"{why} ({streak}/{policy.persist_intervals} intervals)"
+    else:
+        message = why
+    return DriftVerdict(new, replan=replan, hot=hot, magnitude=magnitude, message=message)
+
+
+def rebaseline(state: DriftState, *, now_s: float, changed: bool) -> DriftState:
+    """After a replan: the streak starts over; an applied change also starts the cooldown."""
+    return replace(state, streak=0, calm=0, detected=False, trigger=None, last_change_s=now_s if changed else state.last_change_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Observed/predicted ratios for TTFT and TPOT (1 = the model is right), smoothed and bounded."""
+
+    ttft_correction: float = 1.0
+    tpot_correction: float = 1.0
+    samples: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ttftCorrection": round(self.ttft_correction, 4), "tpotCorrection": round(self.tpot_correction, 4), "samples": self.samples}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, object]) -> Calibration:
+        return Calibration(float(str(data.get("ttftCorrection", 1.0))), float(str(data.get("tpotCorrection", 1.0))),
+                           int(str(data.get("samples", 0))))
+
+
+def _smooth(old: float, observed: float | None, predicted: float, policy: DriftPolicy) -> float:
+    if observed is None or not math.isfinite(observed) or observed <= 0 or not math.isfinite(predicted) or predicted <= 0:
+        return old
+    lo, hi = policy.calibration_low, policy.calibration_high
+    ratio = min(max(observed / predicted, lo), hi)
+    a = policy.calibration_alpha
+    # Exponential smoothing in log space: a ratio of 2 and one of 0.5 pull equally hard.
+    return min(max(math.exp((1.0 - a) * math.log(old) + a * math.log(ratio)), lo), hi)
+
+
+def calibrate(cal: Calibration, *, observed: ObservedSlo, predicted_ttft_ms: float, predicted_tpot_ms: float,
+              policy: DriftPolicy) -> Calibration:
+    """Fold one interval's observed/predicted ratio into the corrections.
+
+    `predicted_*` must be the model's uncorrected figures for the running layout at the observed load.
+    """
+    return Calibration(_smooth(cal.ttft_correction, observed.ttft_ms, predicted_ttft_ms, policy),
+                       _smooth(cal.tpot_correction, observed.tpot_ms, predicted_tpot_ms, policy), cal.samples + 1)
+
+
+def improvement(current: Candidate, best: Candidate, *, objective: Objective) -> float:
+    """The relative gain of `best` over `current` under the objective (0.25 = 25 % better)."""
+    if objective is Objective.MIN_GPUS:
+        return current.layout.gpus / max(best.layout.gpus, 1) - 1.0
+    cur = current.prediction.goodput_per_gpu
+    return best.prediction.goodput_per_gpu / cur - 1.0 if cur > 0 else math.inf
+
+
+def worth_switching(current: Candidate | None, best: Candidate, *, objective: Objective, min_improvement: float) -> tuple[bool, str]:
+    """Whether to move from the current layout to `best`, and why (the sentence goes into Events)."""
+    if current is None:
+        return True, "nothing runs yet"
+    if best.layout == current.layout:
+        return False, f"{current.layout.label} is still the best layout for the observed workload"
+    if not current.prediction.meets_slo:
+        if best.prediction.meets_slo:
+            return True, f"{current.layout.label} misses the SLO at the observed load"
+        return False, "no layout meets the SLO at the observed load"
+    gain = improvement(current, best, objective=objective)
+    if gain >= min_improvement:
+        return True, f"{gain:.0%} better on {objective.value} (minImprovement {min_improvement:.0%})"
+    return False, f"only {gain:.0%} better on {objective.value}, under minImprovement {min_improvement:.0%}"
