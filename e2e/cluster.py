@@ -8,6 +8,7 @@ from e2e/build_control_plane.sh's cache; nothing is downloaded here.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import ssl
@@ -40,9 +41,13 @@ class NodePool:
 class LocalCluster:
     """Starts, holds and stops every process of the local cluster; a context manager."""
 
-    def __init__(self, *, binaries: Path, work_dir: Path | None = None, node_pool: NodePool | None = None,
-                 with_prometheus: bool = True) -> None:
+    def __init__(self, *, binaries: Path | None, work_dir: Path | None = None, node_pool: NodePool | None = None,
+                 with_prometheus: bool = True, external_kubeconfig: Path | None = None) -> None:
+        """`external_kubeconfig` names a running cluster with kwok installed (kind): only nodes and Prometheus start."""
+        if binaries is None and external_kubeconfig is None:
+            raise ValueError("either binaries (local control plane) or external_kubeconfig is needed")
         self.binaries = binaries
+        self.external_kubeconfig = external_kubeconfig
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="st-e2e-"))
         self.node_pool = node_pool or NodePool()
         self.with_prometheus = with_prometheus
@@ -50,7 +55,7 @@ class LocalCluster:
         self.pki: Pki | None = None
         self.apiserver_port = 0
         self.prometheus_port = 0
-        self.kubeconfig = self.work_dir / "admin.kubeconfig"
+        self.kubeconfig = external_kubeconfig or self.work_dir / "admin.kubeconfig"
         self.file_sd_path = self.work_dir / "prometheus" / "targets.json"
         self.prometheus: Child | None = None
 
@@ -65,7 +70,24 @@ class LocalCluster:
 
     @property
     def server_url(self) -> str:
+        if self.external_kubeconfig is not None:
+            return str(self._external_cluster()["server"])
         return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def _external_cluster(self) -> dict[str, Any]:
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+        return dict(next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"])
+
+    def _ca_file(self) -> Path:
+        if self.pki is not None:
+            return self.pki.ca_crt
+        cluster = self._external_cluster()
+        if "certificate-authority" in cluster:
+            return Path(cluster["certificate-authority"])
+        path = self.work_dir / "external-ca.crt"
+        path.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        return path
 
     @property
     def prometheus_url(self) -> str:
@@ -84,6 +106,14 @@ class LocalCluster:
         self.supervisor.stop_all()
 
     def _start(self) -> None:
+        if self.external_kubeconfig is not None:
+            self.create_gpu_nodes(self.node_pool)
+            wait_until(lambda: self._ready_node_count() >= self.node_pool.count, timeout_s=120,
+                       what=f"{self.node_pool.count} fake GPU nodes Ready (is kwok installed in the cluster?)")
+            if self.with_prometheus:
+                self.start_prometheus()
+            return
+        assert self.binaries is not None
         self.pki = make_pki(self.work_dir / "pki")
         etcd_port, etcd_peer_port = free_port(), free_port()
         etcd = self.supervisor.start("etcd", [
@@ -115,7 +145,7 @@ class LocalCluster:
 
         cm = self.supervisor.start("kube-controller-manager", [
             str(self.binaries / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
-            "--controllers=*,-nodeipam,-nodelifecycle,-csrsigning,-csrapproving,-bootstrapsigner,-tokencleaner",
+            "--controllers=*,-nodeipam,-csrsigning,-csrapproving,-bootstrapsigner,-tokencleaner",
             f"--service-account-private-key-file={self.pki.sa_key}", f"--root-ca-file={self.pki.ca_crt}",
             "--secure-port=0", "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
             "--concurrent-gc-syncs=20", "-v=1",
@@ -126,8 +156,9 @@ class LocalCluster:
         ])
         kwok = self.supervisor.start("kwok", [
             str(self.binaries / "kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", "--cidr=10.0.0.0/24",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", "--cidr=10.244.0.0/16",
             "--node-ip=10.0.0.1", f"--config={self.binaries / 'kwok-stages.yaml'}", "--server-address=127.0.0.1:0",
+            "--node-lease-duration-seconds=40",
         ])
         self._wait_for_default_service_account(children=(cm, scheduler, kwok))
         self.create_gpu_nodes(self.node_pool)
@@ -157,10 +188,12 @@ class LocalCluster:
                    on_timeout=lambda: "\n".join(c.log_tail(1500) for c in children))
 
     def _ready_node_count(self) -> int:
+        """Nodes that are Ready and schedulable (the node-lifecycle controller has lifted the not-ready taint)."""
         nodes = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
         return sum(
             1 for n in nodes
-            for c in n.get("status", {}).get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+            and not any(t["key"].startswith("node.kubernetes.io/") for t in n.get("spec", {}).get("taints", []))
         )
 
     # ---- nodes and tools -------------------------------------------------------------------------------
@@ -209,10 +242,9 @@ class LocalCluster:
 
     def service_account_kubeconfig(self, *, namespace: str, name: str, duration: str = "6h") -> Path:
         """Writes a kubeconfig that authenticates as ServiceAccount `namespace/name` (so its RBAC is what counts)."""
-        assert self.pki is not None
         token = self.kubectl("create", "token", name, "-n", namespace, f"--duration={duration}").stdout.strip()
         return token_kubeconfig(self.work_dir / f"sa-{namespace}-{name}.kubeconfig", server_url=self.server_url,
-                                ca_crt=self.pki.ca_crt, token=token, user_name=f"{namespace}-{name}")
+                                ca_crt=self._ca_file(), token=token, user_name=f"{namespace}-{name}")
 
     # ---- Prometheus ------------------------------------------------------------------------------------
 

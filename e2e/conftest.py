@@ -1,0 +1,141 @@
+"""pytest fixtures for the e2e scenarios: one cluster, operator and emulator per session, a namespace per test.
+
+The cluster is the local control plane (binaries built once into the user cache by e2e/build_control_plane.sh)
+unless `E2E_KUBECONFIG` names a running cluster with kwok installed (`make e2e-kind`). Everything started here
+is stopped at the end of the session, also when a test or the start-up fails. Logs stay in the work folder,
+printed at the end of a failed run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cluster import LocalCluster
+from .kubetools import control_plane_dir
+from .processes import wait_until
+from .stack import Emulator, Operator
+
+GROUP, VERSION, PLURAL = "servingtopology.io", "v1alpha1", "servingtopologies"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    external = os.environ.get("E2E_KUBECONFIG")
+    if external:
+        local = LocalCluster(binaries=None, external_kubeconfig=Path(external))
+    else:
+        local = LocalCluster(binaries=control_plane_dir(build=True))
+    started_s = time.monotonic()
+    with local:
+        print(f"\ncluster up in {time.monotonic() - started_s:.1f} s; work folder {local.work_dir}")
+        yield local
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: LocalCluster) -> Iterator[Operator]:
+    op = Operator(cluster)
+    op.install()
+    op.start()
+    yield op
+    op.kill()
+
+
+@pytest.fixture(scope="session")
+def emulator(cluster: LocalCluster) -> Iterator[Emulator]:
+    em = Emulator(cluster)
+    em.start()
+    yield em
+
+
+@pytest.fixture()
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        _dump(cluster, name)
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def _dump(cluster: LocalCluster, namespace: str) -> None:
+    """Prints what a failed scenario left behind, for the CI log."""
+    print(f"\n===== namespace {namespace} =====")
+    for what in ("servingtopologies", "deployments,services,pods", "events"):
+        print(cluster.kubectl("get", what, "-n", namespace, "-o", "wide", check=False).stdout)
+    print("===== operator log (tail) =====")
+    path = cluster.supervisor.log_dir / "operator.log"
+    print(path.read_text(errors="replace")[-6000:] if path.exists() else "(none)")
+
+
+class Kube:
+    """Small read helpers over kubectl for assertions (admin credentials)."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+
+    def get(self, kind: str, namespace: str, name: str | None = None, *, selector: str | None = None) -> Any:
+        args = ["get", kind, "-n", namespace, "-o", "json"]
+        if name:
+            args.insert(2, name)
+        if selector:
+            args += ["-l", selector]
+        done = self.cluster.kubectl(*args, check=False)
+        if done.returncode != 0:
+            if "NotFound" in done.stderr:
+                return None
+            raise RuntimeError(done.stderr)
+        return json.loads(done.stdout)
+
+    def items(self, kind: str, namespace: str, *, selector: str | None = None) -> list[dict[str, Any]]:
+        found = self.get(kind, namespace, selector=selector)
+        return list(found["items"]) if found else []
+
+    def topology(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.get(PLURAL, namespace, name) or {})
+
+    def condition(self, namespace: str, name: str, kind: str) -> dict[str, Any] | None:
+        for cond in self.topology(namespace, name).get("status", {}).get("conditions", []):
+            if cond.get("type") == kind:
+                return dict(cond)
+        return None
+
+    def wait_condition(self, namespace: str, name: str, kind: str, status: str, *, timeout_s: float = 120,
+                       log: Callable[[], str] | None = None) -> dict[str, Any]:
+        def met() -> bool:
+            cond = self.condition(namespace, name, kind)
+            return bool(cond and cond.get("status") == status)
+
+        wait_until(met, timeout_s=timeout_s, what=f"{namespace}/{name} condition {kind}={status}",
+                   on_timeout=lambda: json.dumps(self.topology(namespace, name).get("status", {}), indent=1)[-3000:]
+                   + "\n" + (log() if log else ""))
+        cond = self.condition(namespace, name, kind)
+        assert cond is not None
+        return cond
+
+    def events(self, namespace: str, *, reason: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.items("events", namespace) if reason is None or e.get("reason") == reason]
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster) -> Kube:
+    return Kube(cluster)

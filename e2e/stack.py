@@ -1,0 +1,129 @@
+"""The project's processes on top of a cluster: the operator installed with the Helm chart (and run, as the chart's
+ServiceAccount, from the command the chart renders) and the engine emulator feeding Prometheus.
+
+Used by e2e/conftest.py. The operator runs as a local process rather than an in-cluster pod because kwok's pods
+run nothing; it still authenticates with the chart's ServiceAccount token, so the chart's RBAC is what is
+tested. Must not start anything it cannot stop through the cluster's Supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .cluster import LocalCluster
+from .kubetools import REPO_ROOT, tool
+from .processes import Child, free_port, http_ok, wait_until
+
+CHART = REPO_ROOT / "charts" / "servingtopology"
+OPERATOR_NAMESPACE = "servingtopology-system"
+RELEASE = "st"
+
+
+def _venv_script(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+@dataclass
+class Operator:
+    """The operator, installed by Helm and run from the chart's own command line as the chart's ServiceAccount."""
+
+    cluster: LocalCluster
+    timer_interval_s: int = 5
+    argv: list[str] = field(default_factory=list)
+    kubeconfig: Path | None = None
+    child: Child | None = None
+    liveness_port: int = 0
+
+    def install(self) -> None:
+        """`helm install` the chart (operator replicas 0: kwok pods run nothing), then prepare the local command."""
+        helm = str(tool("helm"))
+        subprocess.run(
+            [helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
+             f"--kubeconfig={self.cluster.kubeconfig}", "--set", "replicaCount=0",
+             "--set", f"operator.timerIntervalSeconds={self.timer_interval_s}", "--set", "operator.logLevel=DEBUG",
+             "--create-namespace"],
+            check=True, capture_output=True, text=True, timeout=180,
+        )
+        deployment = json.loads(self.cluster.kubectl("get", "deployments", "-n", OPERATOR_NAMESPACE, "-l",
+                                                     f"app.kubernetes.io/instance={RELEASE}", "-o", "json").stdout)["items"][0]
+        pod_spec = deployment["spec"]["template"]["spec"]
+        container = pod_spec["containers"][0]
+        self.kubeconfig = self.cluster.service_account_kubeconfig(namespace=OPERATOR_NAMESPACE, name=pod_spec["serviceAccountName"])
+        command = [_venv_script(container["command"][0]), *container["command"][1:]]
+        self.liveness_port = free_port()
+        replaced = {"--liveness-port": str(self.liveness_port), "--metrics-port": str(free_port())}
+        args = [re.sub(r"^(--[a-z-]+)=.*$", lambda m: f"{m.group(1)}={replaced[m.group(1)]}", a)
+                if a.split("=", 1)[0] in replaced else a for a in container["args"]]
+        self.argv = [*command, *args]
+
+    def start(self) -> Child:
+        assert self.kubeconfig is not None, "install() first"
+        self.child = self.cluster.supervisor.start("operator", self.argv, env={"KUBECONFIG": str(self.kubeconfig)})
+        child = self.child
+        wait_until(lambda: _alive_and(child, lambda: http_ok(f"http://127.0.0.1:{self.liveness_port}/healthz")),
+                   timeout_s=90, what="operator /healthz", on_timeout=child.log_tail)
+        return child
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed or evicted operator."""
+        if self.child is not None:
+            self.cluster.supervisor.kill(self.child)
+            self.child = None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        path = self.cluster.supervisor.log_dir / "operator.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def _alive_and(child: Child, probe: Any) -> bool:
+    child.raise_if_dead()
+    return bool(probe())
+
+
+@dataclass
+class Emulator:
+    """`servingtopology emulate` in cluster mode, writing the Prometheus file-SD the cluster's Prometheus reads."""
+
+    cluster: LocalCluster
+    child: Child | None = None
+
+    @property
+    def profile_path(self) -> Path:
+        return self.cluster.work_dir / "traffic.yaml"
+
+    @property
+    def status_path(self) -> Path:
+        return self.cluster.work_dir / "emulator-status.json"
+
+    def set_profile(self, profile: dict[str, Any]) -> None:
+        """Replaces the scripted traffic; the emulator restarts it from its first phase."""
+        tmp = self.profile_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(profile))
+        tmp.replace(self.profile_path)
+
+    def start(self) -> Child:
+        if not self.profile_path.exists():
+            self.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
+        self.child = self.cluster.supervisor.start("emulator", [
+            _venv_script("servingtopology"), "emulate", f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--profile={self.profile_path}", f"--file-sd={self.cluster.file_sd_path}", f"--status={self.status_path}",
+            "--interval-s=1",
+        ])
+        child = self.child
+        wait_until(lambda: _alive_and(child, self.status_path.exists), timeout_s=60, what="emulator status file",
+                   on_timeout=child.log_tail)
+        return child
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.status_path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            return {"instances": {}, "errors": {}}
