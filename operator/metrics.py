@@ -1,0 +1,207 @@
+"""Live engine metrics from Prometheus: the PromQL (built here and only here) and a `MetricsSource` over it.
+
+`build_queries` spells every figure the replanning needs for vLLM (new names first, the pre-0.12 names as
+fallbacks) and SGLang, after shared/reference/engines.md §1.4, §2.3 and §6; `PrometheusMetrics.fetch_sample`
+runs them through prometheus-api-client and returns one `planner.observe.MetricSample`. The URL, bearer
+token and window come from the caller (the spec and its Secret); transport failures raise MetricsUnavailable.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+
+from ..planner.layout import Engine, Role
+from ..planner.observe import MetricSample
+
+__all__ = [
+    "Figure", "Query", "MetricsSource", "MetricsUnavailable", "PrometheusMetrics", "build_queries", "label_selector",
+    "topology_matchers", "TOPOLOGY_SERIES_LABEL", "ROLE_SERIES_LABEL",
+]
+
+# Pod labels as Prometheus sees them after the usual `labelmap` of Kubernetes service discovery
+# (servingtopology.io/topology → servingtopology_io_topology), which the e2e emulator's file SD also writes.
+TOPOLOGY_SERIES_LABEL = "servingtopology_io_topology"
+ROLE_SERIES_LABEL = "servingtopology_io_role"
+# Requests, lengths and latencies are counted where a request is whole: aggregated engines, or PD decode
+# (a PD prefill engine sees every request too, with max_tokens=1; counting it would double the rate).
+FRONT_ROLES = (Role.AGGREGATED, Role.DECODE)
+
+
+class Figure(enum.StrEnum):
+    """One figure of a MetricSample; the value is the sample's field name."""
+
+    REQUEST_RATE = "request_rate_rps"
+    PROMPT_TOKENS_RATE = "prompt_tokens_rate"
+    GENERATION_TOKENS_RATE = "generation_tokens_rate"
+    INPUT_TOKENS_MEAN = "input_tokens_mean"
+    OUTPUT_TOKENS_MEAN = "output_tokens_mean"
+    INPUT_TOKENS_P99 = "input_tokens_p99"
+    OUTPUT_TOKENS_P99 = "output_tokens_p99"
+    PREFIX_HIT_RATE = "prefix_hit_rate"
+    TTFT = "ttft_ms"
+    TPOT = "tpot_ms"
+    E2E = "e2e_ms"
+    RUNNING = "running"
+    WAITING = "waiting"
+    KV_USAGE = "kv_usage"
+    PREEMPTIONS = "preemptions_per_s"  # vLLM: preemptions/s; SGLang: requests retracted now (its gauge)
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """PromQL for one figure: the first expression that returns a finite value wins; `scale` converts units."""
+
+    figure: Figure
+    exprs: tuple[str, ...]
+    scale: float = 1.0
+
+
+class MetricsUnavailable(Exception):
+    """Prometheus could not be reached or refused the query (transient: keep everything, retry later)."""
+
+
+class MetricsSource(Protocol):
+    def fetch_sample(self, *, at_s: float, interval_s: float) -> MetricSample:
+        """One interval's figures; raise MetricsUnavailable when Prometheus cannot answer."""
+        ...
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def label_selector(matchers: Mapping[str, str], *, roles: Sequence[Role] = ()) -> str:
+    """`{k="v",...}` with the values escaped, plus a regex matcher on the role label when roles are given."""
+    parts = [f'{k}="{_escape(v)}"' for k, v in sorted(matchers.items())]
+    if roles:
+        parts.append(f'{ROLE_SERIES_LABEL}=~"{"|".join(r.value for r in roles)}"')
+    return "{" + ",".join(parts) + "}"
+
+
+def topology_matchers(*, namespace: str, name: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The matchers of one ServingTopology's engine series; `extra` is spec.metrics.selector."""
+    return {"namespace": namespace, TOPOLOGY_SERIES_LABEL: name, **(extra or {})}
+
+
+def _q(quantile: float, metric: str, sel: str, w: str) -> str:
+    return f"histogram_quantile({quantile:g}, sum by (le) (rate({metric}_bucket{sel}[{w}])))"
+
+
+def _ratio(num: str, den: str, sel: str, w: str) -> str:
+    return f"sum(rate({num}{sel}[{w}])) / sum(rate({den}{sel}[{w}]))"
+
+
+def _rate(metric: str, sel: str, w: str) -> str:
+    return f"sum(rate({metric}{sel}[{w}]))"
+
+
+def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tuple[Query, ...]:
+    return (
+        Query(Figure.REQUEST_RATE, (_rate("vllm:request_success_total", front, w), _rate("vllm:e2e_request_latency_seconds_count", front, w))),
+        Query(Figure.PROMPT_TOKENS_RATE, (_rate("vllm:prompt_tokens_total", front, w),)),
+        Query(Figure.GENERATION_TOKENS_RATE, (_rate("vllm:generation_tokens_total", front, w),)),
+        Query(Figure.INPUT_TOKENS_MEAN, (_ratio("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count", front, w),)),
+        Query(Figure.OUTPUT_TOKENS_MEAN, (_ratio("vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count", front, w),)),
+        Query(Figure.INPUT_TOKENS_P99, (_q(0.99, "vllm:request_prompt_tokens", front, w),)),
+        Query(Figure.OUTPUT_TOKENS_P99, (_q(0.99, "vllm:request_generation_tokens", front, w),)),
+        # Token-based since 0.9.2; the older gpu_ names (removed in 0.12) counted blocks, still a fair ratio.
+        Query(Figure.PREFIX_HIT_RATE, (_ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", every, w),
+                                       _ratio("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", every, w))),
+        Query(Figure.TTFT, (_q(ttft_q, "vllm:time_to_first_token_seconds", front, w),), 1e3),
+        Query(Figure.TPOT, (_q(tpot_q, "vllm:inter_token_latency_seconds", front, w),
+                            _q(tpot_q, "vllm:time_per_output_token_seconds", front, w)), 1e3),
+        Query(Figure.E2E, (_q(ttft_q, "vllm:e2e_request_latency_seconds", front, w),), 1e3),
+        Query(Figure.RUNNING, (f"sum(vllm:num_requests_running{every})",)),
+        Query(Figure.WAITING, (f"sum(vllm:num_requests_waiting{every})",)),
+        Query(Figure.KV_USAGE, (f"max(vllm:kv_cache_usage_perc{every})", f"max(vllm:gpu_cache_usage_perc{every})")),
+        Query(Figure.PREEMPTIONS, (_rate("vllm:num_preemptions_total", every, w),)),
+    )
+
+
+def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tuple[Query, ...]:
+    return (
+        Query(Figure.REQUEST_RATE, (_rate("sglang:num_requests_total", front, w), _rate("sglang:e2e_request_latency_seconds_count", front, w))),
+        Query(Figure.PROMPT_TOKENS_RATE, (_rate("sglang:prompt_tokens_total", front, w),)),
+        Query(Figure.GENERATION_TOKENS_RATE, (_rate("sglang:generation_tokens_total", front, w),)),
+        # The length histograms exist only with --collect-tokens-histogram; the estimator then falls back
+        # to the token rates over the request rate.
+        Query(Figure.INPUT_TOKENS_MEAN, (_ratio("sglang:prompt_tokens_histogram_sum", "sglang:prompt_tokens_histogram_count", front, w),)),
+        Query(Figure.OUTPUT_TOKENS_MEAN, (_ratio("sglang:generation_tokens_histogram_sum", "sglang:generation_tokens_histogram_count", front, w),)),
+        Query(Figure.INPUT_TOKENS_P99, (_q(0.99, "sglang:prompt_tokens_histogram", front, w),)),
+        Query(Figure.OUTPUT_TOKENS_P99, (_q(0.99, "sglang:generation_tokens_histogram", front, w),)),
+        Query(Figure.PREFIX_HIT_RATE, (_ratio("sglang:cached_tokens_total", "sglang:prompt_tokens_total", front, w),
+                                       f"avg(sglang:cache_hit_rate{every})")),
+        Query(Figure.TTFT, (_q(ttft_q, "sglang:time_to_first_token_seconds", front, w),), 1e3),
+        Query(Figure.TPOT, (_q(tpot_q, "sglang:inter_token_latency_seconds", front, w),
+                            _q(tpot_q, "sglang:time_per_output_token_seconds", front, w)), 1e3),
+        Query(Figure.E2E, (_q(ttft_q, "sglang:e2e_request_latency_seconds", front, w),), 1e3),
+        Query(Figure.RUNNING, (f"sum(sglang:num_running_reqs{every})",)),
+        Query(Figure.WAITING, (f"sum(sglang:num_queue_reqs{every})",)),
+        Query(Figure.KV_USAGE, (f"max(sglang:token_usage{every})",)),
+        Query(Figure.PREEMPTIONS, (f"sum(sglang:num_retracted_reqs{every})",)),
+    )
+
+
+def build_queries(engine: Engine, *, matchers: Mapping[str, str], window_s: int, ttft_quantile: float = 0.95,
+                  tpot_quantile: float = 0.95, by_role: bool = True) -> tuple[Query, ...]:
+    """Every query of one sample. Rates and quantiles are over `window_s`; with `by_role`, request figures
+    read only aggregated and decode engines (see FRONT_ROLES); gauges read every engine."""
+    if window_s < 1:
+        raise ValueError("the rate window must be at least 1 s")
+    w = f"{int(window_s)}s"
+    every = label_selector(matchers)
+    front = label_selector(matchers, roles=FRONT_ROLES) if by_role else every
+    build = _vllm if engine is Engine.VLLM else _sglang
+    return build(front, every, w, ttft_quantile, tpot_quantile)
+
+
+def _value(result: Any) -> float | None:
+    """The first sample of an instant-vector answer, None when empty or not a finite number."""
+    if not isinstance(result, list) or not result:
+        return None
+    try:
+        v = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+class _Client(Protocol):
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
+
+
+class PrometheusMetrics:
+    """A MetricsSource over the Prometheus HTTP API (prometheus-api-client)."""
+
+    def __init__(self, url: str, *, engine: Engine, matchers: Mapping[str, str], window_s: int, bearer_token: str | None = None,
+                 ttft_quantile: float = 0.95, tpot_quantile: float = 0.95, by_role: bool = True,
+                 client_factory: Callable[[str, dict[str, str]], _Client] | None = None) -> None:
+        self.queries = build_queries(engine, matchers=matchers, window_s=window_s, ttft_quantile=ttft_quantile,
+                                     tpot_quantile=tpot_quantile, by_role=by_role)
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+        self._client = (client_factory or _connect)(url, headers)
+
+    def fetch_sample(self, *, at_s: float, interval_s: float) -> MetricSample:
+        values: dict[str, float | None] = {}
+        for q in self.queries:
+            values[q.figure.value] = None
+            for expr in q.exprs:
+                try:
+                    v = _value(self._client.custom_query(expr))
+                except (OSError, ValueError, PrometheusApiClientException) as exc:  # requests' errors are OSErrors
+                    raise MetricsUnavailable(f"Prometheus query failed: {type(exc).__name__}: {exc}") from exc
+                if v is not None:
+                    values[q.figure.value] = v * q.scale
+                    break
+        return MetricSample(at_s=at_s, interval_s=interval_s, **values)
+
+
+def _connect(url: str, headers: dict[str, str]) -> _Client:
+    client: _Client = PrometheusConnect(url=url, headers=headers or None, disable_ssl=False)
+    return client

@@ -1,0 +1,144 @@
+"""The PromQL of the metrics source, as strings, for vLLM (new names, old-name fallbacks) and SGLang; and the source over a fake client."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from servingtopology.operator.metrics import (
+    Figure,
+    MetricsUnavailable,
+    PrometheusMetrics,
+    build_queries,
+    label_selector,
+    topology_matchers,
+)
+from servingtopology.planner.layout import Engine, Role
+
+M = topology_matchers(namespace="ml", name="chat")
+FRONT = '{namespace="ml",servingtopology_io_topology="chat",servingtopology_io_role=~"aggregated|decode"}'
+EVERY = '{namespace="ml",servingtopology_io_topology="chat"}'
+
+
+def exprs(engine: Engine, **kw) -> dict[Figure, tuple[str, ...]]:
+    return {q.figure: q.exprs for q in build_queries(engine, matchers=M, window_s=120, **kw)}
+
+
+VLLM = {
+    Figure.REQUEST_RATE: (f"sum(rate(vllm:request_success_total{FRONT}[120s]))",
+                          f"sum(rate(vllm:e2e_request_latency_seconds_count{FRONT}[120s]))"),
+    Figure.PROMPT_TOKENS_RATE: (f"sum(rate(vllm:prompt_tokens_total{FRONT}[120s]))",),
+    Figure.GENERATION_TOKENS_RATE: (f"sum(rate(vllm:generation_tokens_total{FRONT}[120s]))",),
+    Figure.INPUT_TOKENS_MEAN: (f"sum(rate(vllm:request_prompt_tokens_sum{FRONT}[120s])) / sum(rate(vllm:request_prompt_tokens_count{FRONT}[120s]))",),
+    Figure.OUTPUT_TOKENS_MEAN: (f"sum(rate(vllm:request_generation_tokens_sum{FRONT}[120s])) / "
+                                f"sum(rate(vllm:request_generation_tokens_count{FRONT}[120s]))",),
+    Figure.INPUT_TOKENS_P99: (f"histogram_quantile(0.99, sum by (le) (rate(vllm:request_prompt_tokens_bucket{FRONT}[120s])))",),
+    Figure.OUTPUT_TOKENS_P99: (f"histogram_quantile(0.99, sum by (le) (rate(vllm:request_generation_tokens_bucket{FRONT}[120s])))",),
+    Figure.PREFIX_HIT_RATE: (f"sum(rate(vllm:prefix_cache_hits_total{EVERY}[120s])) / sum(rate(vllm:prefix_cache_queries_total{EVERY}[120s]))",
+                             f"sum(rate(vllm:gpu_prefix_cache_hits_total{EVERY}[120s])) / "
+                             f"sum(rate(vllm:gpu_prefix_cache_queries_total{EVERY}[120s]))"),
+    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{FRONT}[120s])))",),
+    Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{FRONT}[120s])))",
+                  f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{FRONT}[120s])))"),
+    Figure.E2E: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{FRONT}[120s])))",),
+    Figure.RUNNING: (f"sum(vllm:num_requests_running{EVERY})",),
+    Figure.WAITING: (f"sum(vllm:num_requests_waiting{EVERY})",),
+    Figure.KV_USAGE: (f"max(vllm:kv_cache_usage_perc{EVERY})", f"max(vllm:gpu_cache_usage_perc{EVERY})"),
+    Figure.PREEMPTIONS: (f"sum(rate(vllm:num_preemptions_total{EVERY}[120s]))",),
+}
+
+SGLANG = {
+    Figure.REQUEST_RATE: (f"sum(rate(sglang:num_requests_total{FRONT}[120s]))",
+                          f"sum(rate(sglang:e2e_request_latency_seconds_count{FRONT}[120s]))"),
+    Figure.PROMPT_TOKENS_RATE: (f"sum(rate(sglang:prompt_tokens_total{FRONT}[120s]))",),
+    Figure.GENERATION_TOKENS_RATE: (f"sum(rate(sglang:generation_tokens_total{FRONT}[120s]))",),
+    Figure.INPUT_TOKENS_MEAN: (f"sum(rate(sglang:prompt_tokens_histogram_sum{FRONT}[120s])) / "
+                               f"sum(rate(sglang:prompt_tokens_histogram_count{FRONT}[120s]))",),
+    Figure.OUTPUT_TOKENS_MEAN: (f"sum(rate(sglang:generation_tokens_histogram_sum{FRONT}[120s])) / "
+                                f"sum(rate(sglang:generation_tokens_histogram_count{FRONT}[120s]))",),
+    Figure.INPUT_TOKENS_P99: (f"histogram_quantile(0.99, sum by (le) (rate(sglang:prompt_tokens_histogram_bucket{FRONT}[120s])))",),
+    Figure.OUTPUT_TOKENS_P99: (f"histogram_quantile(0.99, sum by (le) (rate(sglang:generation_tokens_histogram_bucket{FRONT}[120s])))",),
+    Figure.PREFIX_HIT_RATE: (f"sum(rate(sglang:cached_tokens_total{FRONT}[120s])) / sum(rate(sglang:prompt_tokens_total{FRONT}[120s]))",
+                             f"avg(sglang:cache_hit_rate{EVERY})"),
+    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{FRONT}[120s])))",),
+    Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:inter_token_latency_seconds_bucket{FRONT}[120s])))",
+                  f"histogram_quantile(0.95, sum by (le) (rate(sglang:time_per_output_token_seconds_bucket{FRONT}[120s])))"),
+    Figure.E2E: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:e2e_request_latency_seconds_bucket{FRONT}[120s])))",),
+    Figure.RUNNING: (f"sum(sglang:num_running_reqs{EVERY})",),
+    Figure.WAITING: (f"sum(sglang:num_queue_reqs{EVERY})",),
+    Figure.KV_USAGE: (f"max(sglang:token_usage{EVERY})",),
+    Figure.PREEMPTIONS: (f"sum(sglang:num_retracted_reqs{EVERY})",),
+}
+
+
+@pytest.mark.parametrize("figure", list(Figure))
+def test_vllm_queries_read_the_new_names_first_and_fall_back_to_the_old(figure):
+    assert exprs(Engine.VLLM)[figure] == VLLM[figure]
+
+
+@pytest.mark.parametrize("figure", list(Figure))
+def test_sglang_queries_read_its_own_names(figure):
+    assert exprs(Engine.SGLANG)[figure] == SGLANG[figure]
+
+
+def test_percentiles_follow_the_slo_and_the_role_filter_can_be_dropped():
+    q = exprs(Engine.VLLM, ttft_quantile=0.99, tpot_quantile=0.9, by_role=False)
+    assert q[Figure.TTFT] == (f"histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{EVERY}[120s])))",)
+    assert q[Figure.TPOT][0].startswith("histogram_quantile(0.9, ")
+
+
+def test_label_values_are_escaped_and_extra_matchers_join_the_selector():
+    sel = label_selector(topology_matchers(namespace="ml", name="chat", extra={"cluster": 'a"b'}), roles=(Role.PREFILL,))
+    assert sel == '{cluster="a\\"b",namespace="ml",servingtopology_io_topology="chat",servingtopology_io_role=~"prefill"}'
+
+
+def test_a_window_under_one_second_is_refused():
+    with pytest.raises(ValueError, match="window"):
+        build_queries(Engine.VLLM, matchers=M, window_s=0)
+
+
+class FakeProm:
+    """Answers instant queries from a table of {expression: value}; anything else is an empty vector."""
+
+    def __init__(self, table: dict[str, float | str], error: Exception | None = None) -> None:
+        self.table, self.error, self.asked = table, error, []
+
+    def custom_query(self, query, params=None):
+        self.asked.append(query)
+        if self.error is not None:
+            raise self.error
+        if query not in self.table:
+            return []
+        return [{"metric": {}, "value": [1700000000.0, str(self.table[query])]}]
+
+
+def source(table, error=None, engine=Engine.VLLM):
+    fake = FakeProm(table, error)
+    seen = {}
+
+    def factory(url, headers):
+        seen.update(url=url, headers=headers)
+        return fake
+
+    src = PrometheusMetrics("http://prom:9090", engine=engine, matchers=M, window_s=120, bearer_token="s3cret", client_factory=factory)
+    return src, fake, seen
+
+
+def test_the_source_converts_seconds_to_ms_uses_fallbacks_and_leaves_absent_series_as_none():
+    table = {VLLM[Figure.REQUEST_RATE][0]: 4.0, VLLM[Figure.TTFT][0]: 0.25, VLLM[Figure.TPOT][1]: 0.03,  # an old vLLM: TPOT by its old name
+             VLLM[Figure.KV_USAGE][0]: "NaN", VLLM[Figure.KV_USAGE][1]: 0.5}
+    src, fake, seen = source(table)
+    s = src.fetch_sample(at_s=600.0, interval_s=60.0)
+    assert seen == {"url": "http://prom:9090", "headers": {"Authorization": "Bearer s3cret"}}
+    assert s.request_rate_rps == 4.0 and s.ttft_ms == pytest.approx(250.0) and s.tpot_ms == pytest.approx(30.0)
+    assert s.kv_usage == 0.5           # NaN from the new name counts as absent
+    assert s.input_tokens_mean is None and s.at_s == 600.0 and s.interval_s == 60.0
+    assert VLLM[Figure.REQUEST_RATE][1] not in fake.asked  # a fallback is only asked when the first name is empty
+
+
+def test_an_empty_prometheus_gives_an_empty_sample_and_a_dead_one_raises():
+    src, _, _ = source({})
+    assert src.fetch_sample(at_s=0.0, interval_s=60.0).empty
+    src, _, _ = source({}, error=requests.ConnectionError("refused"))
+    with pytest.raises(MetricsUnavailable, match="ConnectionError"):
+        src.fetch_sample(at_s=0.0, interval_s=60.0)
