@@ -1,0 +1,343 @@
+"""Live replanning glue: metric samples → observation → drift → decide on the observed workload → keep,
+propose (DryRun) or start a transition (Auto); and one transition step per reconcile.
+
+Called by the reconcile once per replan interval (`replan`) and on every pass while a transition runs
+(`transition_step`). Pure functions over values: the metrics fetch happens before (`fetch_sample`), the
+Conditions and Events it returns are written by the caller, and its memory is a JSON dict kept in status.
+Metrics down or empty → everything stays as it is, MetricsAvailable=False, one Event per outage, no replans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..planner.decide import predict_layout
+from ..planner.drift import Calibration, DriftPolicy, DriftState, assess_drift, calibrate, rebaseline, workload_shift, worth_switching
+from ..planner.errors import Infeasible, InsufficientData
+from ..planner.layout import Layout
+from ..planner.observe import MetricSample, Observation, observe
+from ..planner.predict import slo_capacity_rps
+from ..planner.problem import Candidate, Decision, Problem
+from ..planner.transition import (
+    Action,
+    Budget,
+    Capacity,
+    ClusterView,
+    Phase,
+    Step,
+    TransitionState,
+    in_place,
+    layout_to_state,
+    next_step,
+    start_transition,
+)
+from ..planner.workload import LengthDist, LengthKind, Workload
+from .api import ConditionType, Mode, ObservedStatus, PolicySpec, duration_s
+from .metrics import MetricsSource, MetricsUnavailable
+
+__all__ = [
+    "ReplanPolicy", "ReplanMemory", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",
+    "policy_from_spec", "fetch_sample", "replan", "transition_step", "capacity_of", "observed_status",
+]
+
+Planner = Callable[[Problem], Decision]
+Predictor = Callable[[Problem, Layout], Candidate]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanPolicy:
+    mode: Mode
+    interval_s: float
+    drift: DriftPolicy
+    max_surge_gpus: int = 0
+    window_intervals: int = 6        # samples kept for the estimate (the last N intervals)
+    ready_timeout_s: float = 900.0
+    drain_s: float = 60.0
+
+
+def policy_from_spec(policy: PolicySpec, *, persist_intervals: int = 3) -> ReplanPolicy:
+    """The spec's policy block as planner values (durations in seconds)."""
+    drift = DriftPolicy(persist_intervals=persist_intervals, cooldown_s=float(duration_s(policy.cooldown)),
+                        min_improvement=policy.minImprovement)
+    return ReplanPolicy(mode=policy.mode, interval_s=float(duration_s(policy.replanInterval)), drift=drift,
+                        max_surge_gpus=policy.maxSurgeGPUs)
+
+
+def _workload_dict(w: Workload) -> dict[str, Any]:
+    def dist(d: LengthDist) -> dict[str, Any]:
+        return {"kind": d.kind.value, "mean": d.mean, "low": d.low, "high": d.high, "sigma": d.sigma, "values": list(d.values)}
+
+    return {"input": dist(w.input_tokens), "output": dist(w.output_tokens), "rate": w.arrival_rate_rps, "prefix": w.prefix_share,
+            "cv": w.arrival_cv}
+
+
+def _workload_from(d: Mapping[str, Any]) -> Workload:
+    def dist(x: Mapping[str, Any]) -> LengthDist:
+        return LengthDist(LengthKind(x["kind"]), float(x["mean"]), int(x["low"]), int(x["high"]), float(x["sigma"]), tuple(x["values"]))
+
+    return Workload(dist(d["input"]), dist(d["output"]), arrival_rate_rps=d["rate"], prefix_share=float(d["prefix"]), arrival_cv=float(d["cv"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanMemory:
+    """What replanning keeps between passes, as `status.replan` (a JSON object)."""
+
+    samples: tuple[MetricSample, ...] = ()
+    drift: DriftState = field(default_factory=DriftState)
+    calibration: Calibration = field(default_factory=Calibration)
+    assumed: Workload | None = None          # the workload the running plan was made for (None: the spec's)
+    metrics_available: bool | None = None    # None until the first fetch
+    last_fetch_s: float | None = None
+    transition: TransitionState | None = None
+    transition_floor_rps: float = 0.0        # min(load, running capacity) when the transition started
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples": [{k: v for k, v in dataclasses.asdict(s).items() if v is not None} for s in self.samples],
+            "drift": self.drift.to_dict(), "calibration": self.calibration.to_dict(),
+            "assumed": _workload_dict(self.assumed) if self.assumed else None, "metricsAvailable": self.metrics_available,
+            "lastFetchS": self.last_fetch_s, "transition": self.transition.to_dict() if self.transition else None,
+            "transitionFloorRps": self.transition_floor_rps,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any] | None) -> ReplanMemory:
+        """Read status.replan; anything unreadable starts afresh (a replan memory is advisory)."""
+        if not d:
+            return ReplanMemory()
+        try:
+            return ReplanMemory(
+                samples=tuple(MetricSample(**s) for s in d.get("samples") or ()),
+                drift=DriftState.from_dict(d.get("drift") or {}), calibration=Calibration.from_dict(d.get("calibration") or {}),
+                assumed=_workload_from(d["assumed"]) if d.get("assumed") else None, metrics_available=d.get("metricsAvailable"),
+                last_fetch_s=d.get("lastFetchS"),
+                transition=TransitionState.from_dict(d["transition"]) if d.get("transition") else None,
+                transition_floor_rps=float(d.get("transitionFloorRps") or 0.0),
+            )
+        except (KeyError, TypeError, ValueError):
+            return ReplanMemory()
+
+    def due(self, now_s: float, interval_s: float) -> bool:
+        """Whether a replan interval has passed since the last fetch."""
+        return self.last_fetch_s is None or now_s - self.last_fetch_s >= interval_s
+
+    @property
+    def transitioning(self) -> bool:
+        return self.transition is not None and self.transition.phase not in (Phase.DONE, Phase.FAILED)
+
+
+class Verdict(enum.StrEnum):
+    KEEP = "Keep"                # nothing to change (or not enough data, or metrics down)
+    PROPOSE = "Propose"          # DryRun: write status.proposal, Event PlanProposed
+    TRANSITION = "Transition"    # Auto: a transition was started (memory.transition); run its steps
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionNote:
+    type: ConditionType
+    status: bool | None
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventNote:
+    type: str      # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanOutcome:
+    verdict: str
+    memory: ReplanMemory
+    conditions: tuple[ConditionNote, ...] = ()
+    events: tuple[EventNote, ...] = ()
+    observation: Observation | None = None
+    observed: ObservedStatus | None = None
+    decision: Decision | None = None
+    before: Candidate | None = None          # the running layout at the observed workload
+    after: Candidate | None = None           # the proposed or target layout at the observed workload
+    message: str = ""
+
+
+def fetch_sample(source: MetricsSource, *, at_s: float, interval_s: float) -> tuple[MetricSample | None, str | None]:
+    """One sample, or (None, why) when Prometheus cannot answer; the only I/O of replanning."""
+    try:
+        return source.fetch_sample(at_s=at_s, interval_s=interval_s), None
+    except MetricsUnavailable as exc:
+        return None, str(exc)
+
+
+def capacity_of(problem: Problem) -> Capacity:
+    """The transition planner's capacity function: each layout's SLO capacity at the problem's workload (memoised per call site)."""
+    cache: dict[str, float] = {}
+
+    def capacity(layout: Layout) -> float:
+        key = json.dumps(layout_to_state(layout), sort_keys=True)
+        if key not in cache:
+            cache[key] = float(slo_capacity_rps(problem, [layout])[0])
+        return cache[key]
+
+    return capacity
+
+
+def observed_status(obs: Observation, *, at: str, raw: Candidate | None) -> ObservedStatus:
+    """status.observed: the observed workload and latencies, with the model's error against them (observed/predicted − 1)."""
+    w, slo = obs.workload.workload, obs.slo
+    p = raw.prediction if raw is not None else None
+    ttft_err = slo.ttft_ms / p.ttft_ms - 1.0 if p is not None and slo.ttft_ms is not None and p.ttft_ms > 0 else None
+    tpot_err = slo.tpot_ms / p.tpot_ms - 1.0 if p is not None and slo.tpot_ms is not None and p.tpot_ms > 0 else None
+    return ObservedStatus(at=at, arrivalRateRps=round(w.arrival_rate_rps or 0.0, 4), inputTokensMean=round(w.input_tokens.expected_tokens, 1),
+                          outputTokensMean=round(w.output_tokens.expected_tokens, 1), prefixHitRate=round(w.prefix_share, 4),
+                          ttftMsP95=None if slo.ttft_ms is None else round(slo.ttft_ms, 1),
+                          tpotMsP95=None if slo.tpot_ms is None else round(slo.tpot_ms, 2),
+                          ttftError=None if ttft_err is None else round(ttft_err, 4), tpotError=None if tpot_err is None else round(tpot_err, 4))
+
+
+def _metrics_down(memory: ReplanMemory, why: str, now_s: float) -> ReplanOutcome:
+    events = () if memory.metrics_available is False else (
+        EventNote("Warning", "MetricsUnavailable", f"{why}; keeping the current plan, no replans until metrics return"),)
+    mem = replace(memory, metrics_available=False, last_fetch_s=now_s)
+    return ReplanOutcome(Verdict.KEEP, mem, (ConditionNote(ConditionType.METRICS_AVAILABLE, False, "MetricsUnavailable", why),), events,
+                         message=why)
+
+
+def _change(before: Candidate | None, after: Candidate, pct: float) -> str:
+    a = after.prediction
+    if before is None:
+        return f"{after.layout.label}: p{pct:g} TTFT {a.ttft_ms:.0f} ms, TPOT {a.tpot_ms:.1f} ms, GPUs {after.layout.gpus}"
+    b = before.prediction
+    return (f"{before.layout.label} → {after.layout.label}: p{pct:g} TTFT {b.ttft_ms:.0f}→{a.ttft_ms:.0f} ms, "
+            f"TPOT {b.tpot_ms:.1f}→{a.tpot_ms:.1f} ms, GPUs {before.layout.gpus}→{after.layout.gpus}")
+
+
+def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observation) -> Workload:
+    """The workload of the intervals that made the trigger persist (the whole window mixes in the old traffic);
+    the whole window's when those few hold too little data."""
+    try:
+        return observe(window[-policy.drift.persist_intervals:], min_samples=policy.drift.persist_intervals).workload.workload
+    except InsufficientData:
+        return obs.workload.workload
+
+
+def _prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, predict: Predictor) -> Candidate:
+    """When `best` has the running kind and per-role parallelism but other engine knobs, keep the running knobs if
+    that still meets the SLO: replica counts then change in place, without restarting a single engine."""
+    if current is None or best.layout.kind is not current.kind or best.layout.roles.keys() != current.roles.keys():
+        return best
+    if any(best.layout.roles[r].parallelism != current.roles[r].parallelism for r in current.roles) or in_place(current, best.layout):
+        return best
+    roles = {r: replace(rl, knobs=current.roles[r].knobs) for r, rl in best.layout.roles.items()}
+    kept = predict(problem, Layout(best.layout.kind, roles, current.precision))
+    return replace(kept, why="the running engine arguments, scaled in place") if kept.prediction.meets_slo else best
+
+
+def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,
+           policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "") -> ReplanOutcome:
+    """One replan interval. `problem` is the spec's (its workload is what the first plan assumed); `current`
+    the running layout. Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
+    if metrics_error is not None or sample is None or sample.empty:
+        return _metrics_down(memory, metrics_error or "Prometheus returned no engine series for this ServingTopology", now_s)
+    conds = [ConditionNote(ConditionType.METRICS_AVAILABLE, True, "MetricsFlowing", "engine metrics are being read")]
+    events = [] if memory.metrics_available is not False else [EventNote("Normal", "MetricsAvailable", "engine metrics are back")]
+    window = (*memory.samples, sample)[-policy.window_intervals:]
+    mem = replace(memory, samples=window, metrics_available=True, last_fetch_s=now_s)
+    try:
+        obs = observe(window)
+    except InsufficientData as exc:
+        conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, None, "InsufficientData", str(exc)))
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc))
+    observed = replace(problem, workload=obs.workload.workload, current=current)
+    raw = predict(replace(observed, ttft_correction=1.0, tpot_correction=1.0), current) if current is not None else None
+    cal = mem.calibration
+    # Calibrate only in steady state: an overloaded or shifting deployment says nothing about the model's error.
+    steady = (raw is not None and not mem.transitioning and mem.drift.streak == 0 and obs.workload.confidence >= policy.drift.min_confidence
+              and (obs.workload.workload.arrival_rate_rps or 0.0) < raw.prediction.capacity_rps)
+    if raw is not None and steady:
+        cal = calibrate(cal, observed=obs.slo, predicted_ttft_ms=raw.prediction.ttft_ms, predicted_tpot_ms=raw.prediction.tpot_ms,
+                        policy=policy.drift)
+    mem = replace(mem, calibration=cal)
+    observed = replace(observed, ttft_correction=cal.ttft_correction, tpot_correction=cal.tpot_correction)
+    status = observed_status(obs, at=at, raw=raw)
+    before = predict(observed, current) if current is not None else None
+    base = dict(observation=obs, observed=status, before=before)
+    if policy.mode is Mode.PINNED or mem.transitioning:
+        why = "policy.mode is Pinned" if policy.mode is Mode.PINNED else "a transition is in progress"
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=f"observed only: {why}", **base)
+    assumed = mem.assumed or problem.workload
+    verdict = assess_drift(mem.drift, shift=workload_shift(assumed, obs.workload.workload), observed_slo=obs.slo, slo=problem.slo,
+                           observed_rate_rps=obs.workload.workload.arrival_rate_rps or 0.0,
+                           capacity_rps=before.prediction.capacity_rps if before is not None else None,
+                           confidence=obs.workload.confidence, now_s=now_s, policy=policy.drift)
+    mem = replace(mem, drift=verdict.state)
+    st = verdict.state
+    conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, st.detected, st.trigger.value if st.trigger else "NoDrift", verdict.message))
+    if st.detected and not memory.drift.detected:
+        events.append(EventNote("Warning", "DriftDetected", verdict.message))
+    if not verdict.replan:
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=verdict.message, **base)
+    observed = replace(observed, workload=_recent(window, policy, obs))
+    try:
+        decision = planner(observed)
+    except Infeasible as exc:
+        events.append(EventNote("Warning", "ReplanInfeasible", f"{exc}; keeping {current.label if current else 'nothing'}"))
+        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc), **base)
+    current_c = decision.current or before
+    after = _prefer_in_place(observed, current, decision.best, predict)
+    switch, why = worth_switching(current_c, after, objective=problem.objective, min_improvement=policy.drift.min_improvement)
+    pct = problem.slo.ttft_percentile
+    if not switch:
+        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
+        events.append(EventNote("Normal", "PlanKept", f"{verdict.message}; kept {current.label if current else '-'}: {why}"))
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=why, **base)
+    change = _change(current_c, after, pct)
+    if policy.mode is Mode.DRY_RUN or current is None:
+        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload)
+        message = f"would change {change}, because {why} ({verdict.message})"
+        events.append(EventNote("Normal", "PlanProposed", message))
+        return ReplanOutcome(Verdict.PROPOSE, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
+    rate = observed.workload.arrival_rate_rps or 0.0
+    capacity = capacity_of(observed)
+    budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=min(rate, capacity(current)),
+                    ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
+    try:
+        state = start_transition(current, after.layout, budget=budget, capacity=capacity, now_s=now_s)
+    except Infeasible as exc:
+        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
+        events.append(EventNote("Warning", "TransitionBlocked", f"would change {change}, but {exc.closest_miss}"))
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=exc.closest_miss, **base)
+    mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload, transition=state,
+                  transition_floor_rps=budget.floor_rps)
+    message = f"changing {change}, because {why} ({verdict.message}); {state.mode.value} transition"
+    events.append(EventNote("Normal", "TransitionStarted", message))
+    conds.append(ConditionNote(ConditionType.PROGRESSING, True, "Transition", message))
+    return ReplanOutcome(Verdict.TRANSITION, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
+
+
+def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem, policy: ReplanPolicy,
+                    now_s: float) -> tuple[ReplanMemory, Step | None, tuple[EventNote, ...]]:
+    """The next step of the running transition (None when there is none); the caller executes it and saves the memory.
+
+    `problem` carries the workload capacity is judged at (the observed one); the floor is the one fixed when the
+    transition started: min(observed load, capacity of the layout running then).
+    """
+    state = memory.transition
+    if state is None or state.phase in (Phase.DONE, Phase.FAILED):
+        return memory, None, ()
+    budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=memory.transition_floor_rps,
+                    ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
+    step = next_step(state, view, budget=budget, capacity=capacity_of(problem), now_s=now_s)
+    events: tuple[EventNote, ...] = ()
+    if step.action in (Action.SCALE, Action.ROUTE, Action.DELETE, Action.ROLLBACK):
+        kind = "Warning" if step.action is Action.ROLLBACK else "Normal"
+        events = (EventNote(kind, f"Transition{step.action.value}", step.message),)
+    if step.state.phase is Phase.FAILED and state.phase is not Phase.FAILED:
+        events = (*events, EventNote("Warning", "TransitionFailed", step.state.message))
+    return replace(memory, transition=step.state), step, events
