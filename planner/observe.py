@@ -32,7 +32,7 @@ __all__ = [
 
 MIN_SAMPLES = 3       # intervals with traffic before any estimate is trusted
 MIN_REQUESTS = 50     # requests over the window; below this the length means are noise
-_FULL_SAMPLES = 6     # intervals at which the sample-count term of the confidence saturates
+_FULL_SAMPLES = 4     # intervals at which the sample-count term of the confidence saturates
 _MAX_SIGMA = 2.5      # widest lognormal accepted from a histogram quantile (beyond it buckets are too coarse)
 
 
@@ -82,7 +82,7 @@ class ObservedWorkload:
     """The workload estimated from a window, with how far to trust it.
 
     confidence in [0, 1]: (1 − 1/√N) for N requests (the relative standard error of a Poisson count)
-    times min(1, samples/6); rate_cv is the coefficient of variation of the per-interval rates.
+    times min(1, samples/4); rate_cv is the coefficient of variation of the per-interval rates.
     """
 
     workload: Workload

@@ -1,0 +1,218 @@
+"""The replanning glue with a fake planner and predictor: metrics down, thin data, steady traffic, DryRun, Auto,
+Pinned, minImprovement, infeasible replans, calibration and the memory kept in status."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from servingtopology.operator.api import ConditionType, Mode, PolicySpec
+from servingtopology.operator.replan import (
+    ReplanMemory,
+    ReplanPolicy,
+    Verdict,
+    policy_from_spec,
+    replan,
+    transition_step,
+)
+from servingtopology.planner.drift import DriftPolicy
+from servingtopology.planner.errors import Infeasible
+from servingtopology.planner.hardware import Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
+from servingtopology.planner.model import resolve_model
+from servingtopology.planner.observe import MetricSample
+from servingtopology.planner.problem import Candidate, Decision, Prediction, Problem
+from servingtopology.planner.transition import Action, ClusterView, Phase
+from servingtopology.planner.transition import Mode as TransitionMode
+from servingtopology.planner.workload import LengthDist, Slo, Workload
+
+PROBLEM = Problem(model=resolve_model("llama-3.1-8b"), gpu=resolve_gpu("h100_sxm"), engine=Engine.VLLM, precision=Precision.BF16,
+                  max_gpus=8, workload=Workload(LengthDist.fixed(1000), LengthDist.fixed(200), arrival_rate_rps=4.0),
+                  slo=Slo(ttft_ms=500.0, tpot_ms=40.0))
+PER_INSTANCE_RPS = 5.0
+PREDICTED_TTFT_MS = 100.0
+
+
+def fake_predict(problem: Problem, layout: Layout) -> Candidate:
+    """Each instance carries 5 req/s; TTFT 100 ms and TPOT 20 ms before corrections."""
+    n = layout.roles[Role.AGGREGATED].count
+    rate = problem.workload.arrival_rate_rps or 0.0
+    cap = PER_INSTANCE_RPS * n
+    ttft, tpot = PREDICTED_TTFT_MS * problem.ttft_correction, 20.0 * problem.tpot_correction
+    pred = Prediction(ttft_ms=ttft, tpot_ms=tpot, throughput_tok_s=rate * 200, capacity_rps=cap, goodput_rps=rate, goodput_per_gpu=cap / n,
+                      tokens_per_s_per_user=1000 / tpot, kv_pool_tokens=10**5, max_request_tokens=10**5,
+                      meets_slo=rate <= cap and ttft <= problem.slo.ttft_ms and tpot <= problem.slo.tpot_ms)
+    return Candidate(layout, pred, pred.goodput_per_gpu)
+
+
+def fake_planner(problem: Problem) -> Decision:
+    """The fewest replicas that carry the load."""
+    n = max(1, math.ceil((problem.workload.arrival_rate_rps or 0.0) / PER_INSTANCE_RPS))
+    best = fake_predict(problem, Layout.replicas(n, Parallelism()))
+    current = fake_predict(problem, problem.current) if problem.current is not None else None
+    return Decision(best=best, alternatives=(), funnel=(), candidates_total=1, kv_bytes_per_token=1, weight_bytes=1.0, current=current)
+
+
+def refusing_planner(problem: Problem) -> Decision:
+    raise AssertionError("the planner must not be called here")
+
+
+def infeasible_planner(problem: Problem) -> Decision:
+    raise Infeasible("5 SLO and load feasibility", "8×TP1 on 8 GPUs: 40% short")
+
+
+def sample(at_s: float, rate: float = 4.0, *, ttft_ms: float = 100.0, tpot_ms: float = 20.0) -> MetricSample:
+    return MetricSample(at_s=at_s, interval_s=60.0, request_rate_rps=rate, input_tokens_mean=1000.0, output_tokens_mean=200.0,
+                        ttft_ms=ttft_ms, tpot_ms=tpot_ms, running=3.0, waiting=0.0)
+
+
+def policy(mode: Mode = Mode.DRY_RUN, **drift) -> ReplanPolicy:
+    return ReplanPolicy(mode=mode, interval_s=60.0, drift=DriftPolicy(**{"persist_intervals": 3, "cooldown_s": 600.0, **drift}),
+                        max_surge_gpus=2)
+
+
+ONE = Layout.replicas(1, Parallelism())
+
+
+def feed(samples, *, memory=None, planner=fake_planner, pol=None, current=ONE, errors=None):
+    """Run replan over a list of samples (None = metrics down); return the outcomes."""
+    memory = memory or ReplanMemory()
+    pol = pol or policy()
+    outs = []
+    for i, s in enumerate(samples):
+        at = s.at_s if s is not None else 60.0 * (i + 1)
+        out = replan(problem=PROBLEM, current=current, memory=memory, sample=s, metrics_error=(errors or {}).get(i), policy=pol,
+                     now_s=at, planner=planner, predict=fake_predict, at="2026-11-30T12:00:00Z")
+        memory = out.memory
+        outs.append(out)
+    return outs
+
+
+def cond(out, kind):
+    return next(c for c in out.conditions if c.type is kind)
+
+
+def test_metrics_down_keep_everything_with_one_event_per_outage_and_no_replans():
+    down = "Prometheus query failed: ConnectionError: refused"
+    samples = [sample(60.0 * i) for i in range(1, 5)] + [None] * 4 + [sample(60.0 * i) for i in range(9, 11)]
+    outs = feed(samples, planner=refusing_planner, errors={4: down, 5: down, 6: down})
+    assert all(o.verdict is Verdict.KEEP for o in outs)
+    warnings = [e for o in outs for e in o.events if e.reason == "MetricsUnavailable"]
+    assert len(warnings) == 1 and down in warnings[0].message
+    assert cond(outs[5], ConditionType.METRICS_AVAILABLE).status is False
+    assert cond(outs[7], ConditionType.METRICS_AVAILABLE).reason == "MetricsUnavailable"   # empty: no series at all
+    assert [e.reason for e in outs[8].events] == ["MetricsAvailable"]
+    assert cond(outs[8], ConditionType.METRICS_AVAILABLE).status is True
+    assert outs[7].memory.samples == outs[3].memory.samples   # an outage adds nothing to the window
+
+
+def test_thin_data_waits_without_planning():
+    outs = feed([sample(60.0), sample(120.0)], planner=refusing_planner)
+    assert all(o.verdict is Verdict.KEEP for o in outs)
+    c = cond(outs[-1], ConditionType.DRIFT_DETECTED)
+    assert c.status is None and c.reason == "InsufficientData"
+
+
+def test_steady_traffic_never_calls_the_planner_and_reports_what_it_sees():
+    outs = feed([sample(60.0 * i, rate=4.0 + 0.2 * (-1) ** i) for i in range(1, 13)], planner=refusing_planner)
+    assert all(o.verdict is Verdict.KEEP for o in outs)
+    obs = outs[-1].observed
+    assert obs is not None and obs.arrivalRateRps == pytest.approx(4.0, abs=0.2) and obs.inputTokensMean == 1000.0
+    assert cond(outs[-1], ConditionType.DRIFT_DETECTED).status is False
+
+
+def test_dry_run_proposes_once_with_before_and_after_figures():
+    samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=9.0) for i in range(5, 13)]
+    outs = feed(samples)
+    proposed = [(i, o) for i, o in enumerate(outs) if o.verdict is Verdict.PROPOSE]
+    assert len(proposed) == 1
+    i, out = proposed[0]
+    assert i == 6   # the third interval at 9 req/s
+    assert out.after is not None and out.after.layout.label == "2×TP1"
+    assert out.message.startswith("would change 1×TP1 → 2×TP1: p95 TTFT 100→100 ms, TPOT 20.0→20.0 ms, GPUs 1→2, because 1×TP1 misses")
+    assert [e.reason for e in out.events] == ["DriftDetected", "PlanProposed"]
+    assert cond(out, ConditionType.DRIFT_DETECTED).reason == "WorkloadShift"
+
+
+def test_auto_starts_one_transition_and_replans_nothing_while_it_runs():
+    samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=9.0) for i in range(5, 16)]
+    outs = feed(samples, pol=policy(Mode.AUTO))
+    started = [o for o in outs if o.verdict is Verdict.TRANSITION]
+    assert len(started) == 1
+    mem = started[0].memory
+    assert mem.transition is not None and mem.transition.mode is TransitionMode.IN_PLACE
+    assert mem.transition_floor_rps == pytest.approx(min(9.0, mem.transition_floor_rps))
+    assert all("transition is in progress" in o.message for o in outs[outs.index(started[0]) + 1:])
+    # One step per reconcile against the cluster until done.
+    name = mem.transition.from_set
+    step_mem, step, events = transition_step(mem, ClusterView(ready={name: {Role.AGGREGATED: 1}}), problem=PROBLEM, policy=policy(Mode.AUTO),
+                                             now_s=1000.0)
+    assert step is not None and step.action is Action.SCALE and step.layout is not None and step.layout.label == "2×TP1"
+    assert [e.reason for e in events] == ["TransitionScale"]
+    done_mem, done, _ = transition_step(step_mem, ClusterView(ready={name: {Role.AGGREGATED: 2}}), problem=PROBLEM,
+                                        policy=policy(Mode.AUTO), now_s=1015.0)
+    assert done is not None and done.action is Action.DONE and done_mem.transition is not None
+    assert done_mem.transition.phase is Phase.DONE and not done_mem.transitioning
+    assert transition_step(done_mem, ClusterView(ready={}), problem=PROBLEM, policy=policy(Mode.AUTO), now_s=1030.0)[1] is None
+
+
+def test_pinned_only_observes():
+    samples = [sample(60.0 * i, rate=9.0) for i in range(1, 8)]
+    outs = feed(samples, planner=refusing_planner, pol=policy(Mode.PINNED))
+    assert all(o.verdict is Verdict.KEEP and o.observed is not None for o in outs[2:])
+
+
+def test_a_gain_under_min_improvement_keeps_the_plan_and_adopts_the_observed_workload():
+    # 4 → 4.6 req/s with the threshold at 10 %: a shift, but one replica still carries it and the planner agrees.
+    samples = [sample(60.0 * i, rate=4.6) for i in range(1, 8)]
+    outs = feed(samples, pol=policy(enter_shift=0.1))
+    kept = [o for o in outs if any(e.reason == "PlanKept" for e in o.events)]
+    assert len(kept) == 1 and kept[0].verdict is Verdict.KEEP
+    assert kept[0].memory.assumed is not None and kept[0].memory.assumed.arrival_rate_rps == pytest.approx(4.6)
+
+
+def test_an_infeasible_replan_keeps_the_running_layout_and_says_why():
+    samples = [sample(60.0 * i, rate=60.0) for i in range(1, 7)]
+    outs = feed(samples, planner=infeasible_planner)
+    warnings = [e for o in outs for e in o.events if e.reason == "ReplanInfeasible"]
+    assert len(warnings) == 1 and "40% short" in warnings[0].message and "keeping 1×TP1" in warnings[0].message
+    assert all(o.verdict is Verdict.KEEP for o in outs)
+
+
+def test_steady_intervals_calibrate_the_model_and_report_its_error():
+    outs = feed([sample(60.0 * i, ttft_ms=200.0, tpot_ms=20.0) for i in range(1, 12)], planner=refusing_planner)
+    cal = outs[-1].memory.calibration
+    assert 1.5 < cal.ttft_correction <= 2.0 and cal.tpot_correction == pytest.approx(1.0)
+    assert outs[2].observed is not None and outs[2].observed.ttftError == pytest.approx(1.0)
+
+
+def test_the_memory_survives_status_as_json_and_garbage_starts_afresh():
+    samples = [sample(60.0 * i) for i in range(1, 4)] + [sample(60.0 * i, rate=9.0) for i in range(4, 8)]
+    mem = feed(samples, pol=policy(Mode.AUTO))[-1].memory
+    assert mem.transition is not None
+    back = ReplanMemory.from_dict(json.loads(json.dumps(mem.to_dict())))
+    assert back == mem
+    assert ReplanMemory.from_dict({"samples": [{"bogus": 1}]}) == ReplanMemory()
+    assert ReplanMemory.from_dict(None) == ReplanMemory()
+    assert back.due(mem.last_fetch_s + 60.0, 60.0) and not back.due(mem.last_fetch_s + 30.0, 60.0)
+
+
+def test_the_spec_policy_becomes_seconds_and_fractions():
+    p = policy_from_spec(PolicySpec(mode=Mode.AUTO, replanInterval="2m", cooldown="1h", minImprovement=0.2, maxSurgeGPUs=4))
+    assert (p.interval_s, p.drift.cooldown_s, p.drift.min_improvement, p.max_surge_gpus, p.mode) == (120.0, 3600.0, 0.2, 4, Mode.AUTO)
+
+
+def test_other_engine_knobs_with_the_same_shapes_are_scaled_in_place_when_that_meets_the_slo():
+    other = EngineKnobs(max_num_seqs=64)
+
+    def knob_planner(problem: Problem) -> Decision:
+        d = fake_planner(problem)
+        return Decision(best=fake_predict(problem, Layout.replicas(2, Parallelism(), other)), alternatives=(), funnel=(),
+                        candidates_total=1, kv_bytes_per_token=1, weight_bytes=1.0, current=d.current)
+
+    samples = [sample(60.0 * i, rate=9.0) for i in range(1, 6)]
+    out = next(o for o in feed(samples, planner=knob_planner) if o.verdict is Verdict.PROPOSE)
+    assert out.after is not None
+    assert out.after.layout.roles[Role.AGGREGATED].knobs == EngineKnobs() and out.after.layout.label == "2×TP1"
