@@ -160,11 +160,24 @@ def _mean_length(samples: Sequence[MetricSample], *, mean_attr: str, rate_attr: 
     return tokens / reqs if reqs > 0 and tokens > 0 else None
 
 
+def _backlog_growth_rps(samples: Sequence[MetricSample]) -> float:
+    """Requests/s piling up in the engines (running + waiting, first to last sample), never negative.
+
+    Counters count finished requests; an overloaded deployment finishes fewer than arrive, and the queue
+    gauges hold the difference. Arrivals ≈ completions + growth of what is in flight.
+    """
+    held = [(s.at_s, (s.running or 0.0) + (s.waiting or 0.0)) for s in samples if s.running is not None or s.waiting is not None]
+    if len(held) < 2 or held[-1][0] <= held[0][0]:
+        return 0.0
+    return max(0.0, (held[-1][1] - held[0][1]) / (held[-1][0] - held[0][0]))
+
+
 def estimate_workload(samples: Sequence[MetricSample], *, min_samples: int = MIN_SAMPLES, min_requests: float = MIN_REQUESTS,
                       arrival_cv: float = 1.0) -> ObservedWorkload:
     """Estimate the open-loop workload (rate, length distributions, prefix share) from a window of samples.
 
-    Only samples with a request rate count. Raises InsufficientData when fewer than `min_samples` of
+    Only samples with a request rate count; the arrival rate adds the backlog's growth to the completion
+    rate (see _backlog_growth_rps). Raises InsufficientData when fewer than `min_samples` of
     them remain, when they hold fewer than `min_requests` requests, or when no length is measurable.
     """
     usable = [s for s in samples if s.request_rate_rps is not None and math.isfinite(s.request_rate_rps)]
@@ -174,7 +187,7 @@ def estimate_workload(samples: Sequence[MetricSample], *, min_samples: int = MIN
     if requests < min_requests:
         raise InsufficientData(f"{requests:.0f} requests observed over the window; at least {min_requests:.0f} are needed")
     span_s = sum(s.interval_s for s in usable)
-    rate = requests / span_s
+    rate = requests / span_s + _backlog_growth_rps(usable)
     rates = [s.request_rate_rps or 0.0 for s in usable]
     mean_rate = sum(rates) / len(rates)
     sd = math.sqrt(sum((r - mean_rate) ** 2 for r in rates) / len(rates))

@@ -122,3 +122,13 @@ def test_an_observation_is_stamped_with_its_last_interval():
 def test_an_empty_sample_is_recognised():
     assert MetricSample(at_s=0.0, interval_s=30.0).empty
     assert not MetricSample(at_s=0.0, interval_s=30.0, waiting=0.0).empty
+
+
+def test_an_overloaded_deployment_counts_the_growing_queue_as_arrivals():
+    # 3 req/s finish while the queue grows by 300 requests over five minutes: 4 req/s arrive.
+    samples = [MetricSample(at_s=60.0 * i, interval_s=60.0, request_rate_rps=3.0, input_tokens_mean=1000.0, output_tokens_mean=200.0,
+                            running=64.0, waiting=60.0 * i) for i in range(1, 7)]
+    assert estimate_workload(samples).workload.arrival_rate_rps == pytest.approx(4.0)
+    draining = [MetricSample(at_s=60.0 * i, interval_s=60.0, request_rate_rps=3.0, input_tokens_mean=1000.0, output_tokens_mean=200.0,
+                             running=64.0, waiting=300.0 - 60.0 * i) for i in range(1, 6)]
+    assert estimate_workload(draining).workload.arrival_rate_rps == pytest.approx(3.0)  # a shrinking queue is not subtracted
