@@ -325,12 +325,14 @@ def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem
                     now_s: float) -> tuple[ReplanMemory, Step | None, tuple[EventNote, ...]]:
     """The next step of the running transition (None when there is none); the caller executes it and saves the memory.
 
-    `problem` carries the workload capacity is judged at (the observed one); the floor is the one fixed when the
-    transition started: min(observed load, capacity of the layout running then).
+    `problem` is the spec's: capacity is judged at the workload the transition was started for (memory.assumed),
+    with the calibrated corrections; the floor is the one fixed at the start: min(observed load, capacity then).
     """
     state = memory.transition
     if state is None or state.phase in (Phase.DONE, Phase.FAILED):
         return memory, None, ()
+    problem = replace(problem, workload=memory.assumed or problem.workload, ttft_correction=memory.calibration.ttft_correction,
+                      tpot_correction=memory.calibration.tpot_correction)
     budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=memory.transition_floor_rps,
                     ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
     step = next_step(state, view, budget=budget, capacity=capacity_of(problem), now_s=now_s)

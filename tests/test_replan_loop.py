@@ -8,8 +8,6 @@ that the predicted SLOs hold after each, and that the simulated engines then mee
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -96,8 +94,7 @@ def loop():
             if out.verdict is Verdict.TRANSITION:
                 assert out.after is not None and out.decision is not None and memory.transition is not None
                 mode = memory.transition.mode
-                observed = dataclasses.replace(PROBLEM, workload=out.observation.workload.workload)
-                memory, actions = run_transition(memory, observed, policy, now)
+                memory, actions = run_transition(memory, PROBLEM, policy, now)
                 assert memory.transition is not None and memory.transition.phase is Phase.DONE
                 decisions.append((phase, current, out.after, mode, actions))
                 current = out.after.layout
