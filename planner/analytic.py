@@ -49,6 +49,7 @@ class LoadShape:
     output_tokens: float
     input_tokens_at_ttft_pct: float
     longest_request_tokens: float
+    longest_prompt_tokens: float
     arrival_cv: float
     z_tpot: float
     ttft_q: float
@@ -67,6 +68,7 @@ def load_shape(workload: Workload, *, ttft_percentile: float, tpot_percentile: f
         output_tokens=max(1.0, workload.output_tokens.expected_tokens),
         input_tokens_at_ttft_pct=max(1.0, q_in * (1.0 - share)),
         longest_request_tokens=workload.input_tokens.p99_tokens + workload.output_tokens.p99_tokens,
+        longest_prompt_tokens=workload.input_tokens.p99_tokens,
         arrival_cv=workload.arrival_cv,
         z_tpot=NormalDist().inv_cdf(min(tpot_percentile, 99.99) / 100.0),
         ttft_q=ttft_percentile / 100.0,

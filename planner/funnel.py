@@ -421,7 +421,6 @@ def _pd_tables(problem: Problem, units: _Units, pairs_p: IntArray, pairs_d: IntA
     p_pool = np.zeros((n_units, nb, nk))
     d_pool = np.zeros((n_units, nq, nf, nk))
     tp, pp, dp = units.tp, units.pp, units.dp
-    prompt = shape.longest_request_tokens - 0.0
     for ki, kv in enumerate(kvs):
         for bi, b in enumerate(mnbt):
             # Prefill instances hold prompts only; they run at the largest memory fraction offered.
@@ -429,7 +428,7 @@ def _pd_tables(problem: Problem, units: _Units, pairs_p: IntArray, pairs_d: IntA
         for qi, q in enumerate(mns):
             for fi, f in enumerate(mem):
                 d_pool[:, qi, fi, ki] = _pool_tokens(problem, kv, tp, pp, dp, np.maximum(q, 2048.0), q, f)
-    p_ok = (p_pool > 0) & (p_pool >= min(prompt, shape.input_tokens_at_ttft_pct * 4))
+    p_ok = (p_pool > 0) & (p_pool >= shape.longest_prompt_tokens)  # prefill instances hold prompts until their KV moves
     d_ok = (d_pool > 0) & (d_pool >= longest)
     # Count candidates per pair passing both roles, per KV dtype; attribute failures to a reason.
     n_p_ok = p_ok[pairs_p].sum(axis=1)                 # [pair, kv]
