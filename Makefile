@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test lint unit e2e bench env clean
+.PHONY: plan test lint unit e2e e2e-build e2e-kind bench env clean
 
 env: $(STAMP)
 
@@ -26,8 +26,18 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not e2e"
 
-e2e: $(STAMP)
-	$(BIN)/python -m pytest e2e -m e2e
+# e2e: a real local control plane (etcd, kube-apiserver, controller-manager, scheduler built once from the Go
+# module proxy into ~/.cache/servingtopology), kwok GPU nodes, Debian's Prometheus, the chart-installed operator
+# and the engine emulator. Needs go, openssl and prometheus (Debian: apt-get install -y prometheus).
+e2e-build:
+	bash e2e/build_control_plane.sh
+
+e2e: $(STAMP) e2e-build
+	$(BIN)/python -m pytest e2e -m e2e -rs
+
+# The same scenarios against a running cluster with kwok installed (e.g. kind; needs Docker, not available here).
+e2e-kind: $(STAMP)
+	E2E_KUBECONFIG="$${KUBECONFIG:-$$HOME/.kube/config}" $(BIN)/python -m pytest e2e -m e2e -rs
 
 test: lint unit
 

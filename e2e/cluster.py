@@ -42,12 +42,14 @@ class LocalCluster:
     """Starts, holds and stops every process of the local cluster; a context manager."""
 
     def __init__(self, *, binaries: Path | None, work_dir: Path | None = None, node_pool: NodePool | None = None,
-                 with_prometheus: bool = True, external_kubeconfig: Path | None = None) -> None:
+                 with_prometheus: bool = True, external_kubeconfig: Path | None = None,
+                 pod_ready_delay_ms: int = 1500) -> None:
         """`external_kubeconfig` names a running cluster with kwok installed (kind): only nodes and Prometheus start."""
         if binaries is None and external_kubeconfig is None:
             raise ValueError("either binaries (local control plane) or external_kubeconfig is needed")
         self.binaries = binaries
         self.external_kubeconfig = external_kubeconfig
+        self.pod_ready_delay_ms = pod_ready_delay_ms
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="st-e2e-"))
         self.node_pool = node_pool or NodePool()
         self.with_prometheus = with_prometheus
@@ -157,7 +159,7 @@ class LocalCluster:
         kwok = self.supervisor.start("kwok", [
             str(self.binaries / "kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", "--cidr=10.244.0.0/16",
-            "--node-ip=10.0.0.1", f"--config={self.binaries / 'kwok-stages.yaml'}", "--server-address=127.0.0.1:0",
+            "--node-ip=10.0.0.1", f"--config={self._kwok_stages()}", "--server-address=127.0.0.1:0",
             "--node-lease-duration-seconds=40",
         ])
         self._wait_for_default_service_account(children=(cm, scheduler, kwok))
@@ -166,6 +168,19 @@ class LocalCluster:
                    what=f"{self.node_pool.count} fake GPU nodes Ready", on_timeout=kwok.log_tail)
         if self.with_prometheus:
             self.start_prometheus()
+
+    def _kwok_stages(self) -> Path:
+        """kwok's stages, with engine pods taking `pod_ready_delay_ms` to become Ready (as weights load), so a
+        rollout has an observable middle."""
+        assert self.binaries is not None
+        docs = [d for d in yaml.safe_load_all((self.binaries / "kwok-stages.yaml").read_text()) if d]
+        for doc in docs:
+            if doc["metadata"]["name"] == "pod-ready" and self.pod_ready_delay_ms:
+                doc["spec"]["delay"] = {"durationMilliseconds": self.pod_ready_delay_ms,
+                                        "jitterDurationMilliseconds": self.pod_ready_delay_ms * 2}
+        path = self.work_dir / "kwok-stages.yaml"
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        return path
 
     # ---- probes ----------------------------------------------------------------------------------------
 
@@ -213,7 +228,8 @@ class LocalCluster:
                         "nvidia.com/gpu.count": str(pool.gpus_per_node),
                     },
                 },
-                "spec": {"taints": [{"key": FAKE_NODE_ANNOTATION, "value": "fake", "effect": "NoSchedule"}]},
+                # The taint GPU nodes usually carry, so specs written for real clusters schedule here unchanged.
+                "spec": {"taints": [{"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}]},
                 "status": {"capacity": resources, "allocatable": resources},
             }
             self.kubectl_apply(node)

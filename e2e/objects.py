@@ -1,7 +1,7 @@
 """ServingTopology objects the scenarios apply, and the checks they share over the engine pods.
 
 Used by the e2e scenarios only. The sample mirrors examples/servingtopology.yaml, retargeted at the harness:
-the fake H100 nodes (their product label and kwok's taint) and the harness's Prometheus.
+the fake H100 nodes (their product label and GPU taint) and the harness's Prometheus.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def topology(name: str, namespace: str, *, prometheus_url: str, mode: str = "Aut
             "hardware": {
                 "gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": max_gpus,
                 "nodeSelector": {"nvidia.com/gpu.product": GPU_PRODUCT},
-                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             },
             "workload": {"arrivalRate": arrival_rate, "inputTokens": input_tokens, "outputTokens": output_tokens},
             "slo": {"ttftMs": {"p95": 1000}, "tpotMs": {"p95": 50}},
