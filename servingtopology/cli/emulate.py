@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from servingtopology.emulator.engine import build_simulator, gpu_for_label
+from servingtopology.emulator.engine import SimulatorKind, build_simulator, gpu_for_label
 from servingtopology.emulator.engine_args import EngineArgsError, parse_engine_command
 from servingtopology.emulator.fleet import Fleet, pod_view
 from servingtopology.emulator.instance import EmulatedInstance, Share
@@ -48,6 +48,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--gpu", default="h100_sxm", help="single mode: GPU type (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address the metrics servers bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=0, help="single mode: metrics port (default: any free port)")
+    p.add_argument("--simulator", choices=[k.value for k in SimulatorKind], default=SimulatorKind.PROJECT.value,
+                   help="project: planner.sim replayed in chunks (aggregated engines); builtin: the emulator's own "
+                        "continuous-batching stepper (default: %(default)s; PD roles always use builtin)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -105,7 +108,7 @@ def _run_single(args: argparse.Namespace, profile: _ProfileFile, stop: threading
 
     try:
         config = parse_engine_command(shlex.split(args.engine_args))
-        simulator = build_simulator(config, gpu=gpu_for_label(args.gpu))
+        simulator = build_simulator(config, gpu=gpu_for_label(args.gpu), kind=SimulatorKind(args.simulator))
     except EngineArgsError as exc:
         print(f"error: --args: {exc}", file=sys.stderr)
         return 2
@@ -124,7 +127,7 @@ def _run_cluster(args: argparse.Namespace, profile: _ProfileFile, stop: threadin
     config.load_kube_config(config_file=args.kubeconfig)
     api = client.CoreV1Api()
     fleet = Fleet(profile=profile, group_label=args.group_label, role_label=args.role_label, file_sd_path=args.file_sd,
-                  status_path=args.status, host=args.host)
+                  status_path=args.status, host=args.host, simulator=SimulatorKind(args.simulator))
     serialize = client.ApiClient().sanitize_for_serialization
     try:
         while not stop.is_set():

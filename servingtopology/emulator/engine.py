@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
-from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Parallelism, Role
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.memory import kv_pool_tokens
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.perf import InstancePerf, StepTimeModel
 
 from .engine_args import EngineArgsError, EngineConfig
 
-__all__ = ["BatchingEngine", "Completion", "EngineSimulator", "Gauges", "Progress", "build_simulator", "gpu_for_label"]
+__all__ = ["BatchingEngine", "Completion", "EngineSimulator", "Gauges", "Progress", "SimulatorKind", "build_simulator",
+           "gpu_for_label"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,12 @@ class Progress:
 
 
 class EngineSimulator(Protocol):
-    """A simulated engine instance driven by the caller's clock (seconds since the instance started)."""
+    """A simulated engine instance driven by the caller's clock (seconds since the instance started).
+
+    `lookahead_s`: how far ahead of the clock arrivals must be submitted (a chunked replay simulates ahead).
+    """
+
+    lookahead_s: float
 
     def submit(self, *, arrival_s: float, input_tokens: int, output_tokens: int, cached_tokens: int) -> None: ...
 
@@ -102,6 +109,7 @@ class BatchingEngine:
         self.max_running = max_running
         self.token_budget = token_budget
         self.kv_capacity_tokens = kv_capacity_tokens
+        self.lookahead_s = 0.0
         self.now_s = 0.0
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
@@ -206,8 +214,14 @@ def gpu_for_label(product: str | None) -> Gpu:
 _KV_DTYPES = {"fp8": KvDtype.FP8, "fp8_e4m3": KvDtype.FP8, "fp8_e5m2": KvDtype.FP8, "bf16": KvDtype.BF16, "bfloat16": KvDtype.BF16}
 
 
-def build_simulator(config: EngineConfig, *, gpu: Gpu) -> BatchingEngine:
-    """The built-in simulator for one engine instance as its arguments configure it; EngineArgsError if it cannot load."""
+class SimulatorKind(StrEnum):
+    PROJECT = "project"   # planner.sim, replayed in chunks (aggregated instances; PD roles use the built-in)
+    BUILTIN = "builtin"   # this module's BatchingEngine
+
+
+def build_simulator(config: EngineConfig, *, gpu: Gpu, kind: SimulatorKind = SimulatorKind.PROJECT,
+                    seed: int = 0) -> EngineSimulator:
+    """The simulator for one engine instance as its arguments configure it; EngineArgsError if it cannot load."""
     try:
         model = resolve_model(config.model)
     except Exception as exc:  # InvalidSpec from the catalog: the real engine would fail to load the model too
@@ -229,6 +243,11 @@ def build_simulator(config: EngineConfig, *, gpu: Gpu) -> BatchingEngine:
             f"{config.model} does not fit: no KV cache left on {gpu.name} with TP{attention_tp} PP{config.pp} "
             f"at memory fraction {knobs.memory_fraction}"
         )
+    if kind is SimulatorKind.PROJECT and config.role is Role.AGGREGATED:
+        from .replay import ChunkedReplay
+
+        return ChunkedReplay(layout=Layout.replicas(1, parallelism, knobs), model=model, gpu=gpu, engine=config.engine,
+                             kv_capacity_tokens=capacity * ranks, seed=seed)
     perf = InstancePerf(model=model, gpu=gpu, precision=Precision.BF16, kv_dtype=knobs.kv_dtype, engine=config.engine,
                         parallelism=parallelism)
     # Approximation: DP ranks are folded into one stepper with summed caps and pools (per-rank admission is not

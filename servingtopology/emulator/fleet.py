@@ -22,7 +22,7 @@ from typing import Any
 
 from servingtopology.planner.layout import Role
 
-from .engine import build_simulator, gpu_for_label
+from .engine import SimulatorKind, build_simulator, gpu_for_label
 from .engine_args import EngineArgsError, EngineConfig, is_engine_command, parse_engine_command
 from .instance import EmulatedInstance, Share
 from .traffic import TrafficProfile
@@ -80,7 +80,8 @@ class Fleet:
 
     def __init__(self, *, profile: Callable[[], TrafficProfile], group_label: str, role_label: str,
                  file_sd_path: Path | None, status_path: Path | None, host: str = "127.0.0.1",
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 simulator: SimulatorKind = SimulatorKind.PROJECT, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.simulator_kind = simulator
         self.profile = profile
         self.group_label = group_label
         self.role_label = role_label
@@ -125,14 +126,15 @@ class Fleet:
                 continue
             try:
                 config = self._config(pod)
-                simulator = build_simulator(config, gpu=gpu_for_label(node_products.get(pod.node)))
+                seed = int(pod.uid.replace("-", "")[:8] or "0", 16) if pod.uid else 0
+                simulator = build_simulator(config, gpu=gpu_for_label(node_products.get(pod.node)),
+                                            kind=self.simulator_kind, seed=seed)
             except EngineArgsError as exc:
                 self.errors[key] = str(exc)
                 log.error("engine in pod %s/%s would not start: %s", pod.namespace, pod.name, exc)
                 continue
             instance = EmulatedInstance(name=pod.name, config=config, simulator=simulator,
-                                        share=self._share(pod, config.role), host=self.host,
-                                        seed=abs(hash(key)) % 2**32)
+                                        share=self._share(pod, config.role), host=self.host, seed=seed)
             with self._lock:
                 self.instances[key] = (pod, instance.start())
             log.info("started %s: %s %s role=%s tp=%d pp=%d dp=%d at %s", key, config.engine, config.model, config.role,

@@ -108,14 +108,15 @@ class EmulatedInstance:
         self.metrics.record(progress, self.simulator.gauges(), window_s=window_s)
 
     def _submit_arrivals(self, now_s: float) -> None:
-        """Poisson arrivals at the current share's rate, drawn between the last tick and now."""
+        """Poisson arrivals at the current share's rate, drawn up to now plus the simulator's lookahead."""
         share = self.share(now_s)
         rate_rps = share.phase.rate_rps * share.fraction
         if rate_rps > 0:
             if self._next_arrival_s <= self._last_tick_s:
                 self._next_arrival_s = self._last_tick_s + float(self._rng.exponential(1.0 / rate_rps))
             cached = int(share.phase.input_tokens * share.phase.prefix_hit_ratio)
-            while self._next_arrival_s <= now_s:
+            horizon_s = now_s + self.simulator.lookahead_s
+            while self._next_arrival_s <= horizon_s:
                 self.simulator.submit(arrival_s=self._next_arrival_s, input_tokens=share.phase.input_tokens,
                                       output_tokens=share.phase.output_tokens, cached_tokens=cached)
                 self._next_arrival_s += float(self._rng.exponential(1.0 / rate_rps))

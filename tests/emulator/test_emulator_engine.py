@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from servingtopology.emulator.engine import BatchingEngine, build_simulator, gpu_for_label
+from servingtopology.emulator.engine import BatchingEngine, SimulatorKind, build_simulator, gpu_for_label
 from servingtopology.emulator.engine_args import parse_engine_command
 from servingtopology.emulator.exposition import EngineMetrics, Histogram
 from servingtopology.emulator.instance import EmulatedInstance, Share
@@ -128,3 +128,28 @@ def test_profile_phases_follow_each_other_then_hold_the_last() -> None:
 def test_bad_profiles_name_the_field(raw: dict, message: str) -> None:
     with pytest.raises(TrafficProfileError, match=message):
         TrafficProfile.from_mapping(raw)
+
+
+def test_the_project_simulator_and_the_builtin_stepper_agree_on_an_unloaded_engine() -> None:
+    config = parse_engine_command(["vllm", "serve", "llama-3.1-8b"])
+    gpu = gpu_for_label("H100")
+    means = {}
+    for kind in (SimulatorKind.PROJECT, SimulatorKind.BUILTIN):
+        simulator = build_simulator(config, gpu=gpu, kind=kind)
+        for i in range(40):
+            simulator.submit(arrival_s=i * 0.5, input_tokens=1000, output_tokens=100, cached_tokens=0)
+        done = simulator.advance(60.0).completions
+        assert len(done) == 40, kind
+        means[kind] = (sum(c.ttft_s for c in done) / 40, sum(c.mean_itl_s for c in done) / 40)
+    (ttft_p, itl_p), (ttft_b, itl_b) = means[SimulatorKind.PROJECT], means[SimulatorKind.BUILTIN]
+    assert 0.5 < ttft_p / ttft_b < 2.0 and 0.5 < itl_p / itl_b < 2.0, means
+
+
+def test_the_chunked_replay_reports_gauges_while_requests_run() -> None:
+    config = parse_engine_command(["vllm", "serve", "llama-3.1-8b"])
+    simulator = build_simulator(config, gpu=gpu_for_label("H100"), kind=SimulatorKind.PROJECT)
+    for i in range(200):
+        simulator.submit(arrival_s=i * 0.05, input_tokens=2000, output_tokens=500, cached_tokens=0)
+    simulator.advance(5.0)
+    gauges = simulator.gauges()
+    assert gauges.running > 0 and 0 < gauges.kv_used_tokens <= gauges.kv_capacity_tokens
