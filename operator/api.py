@@ -226,6 +226,7 @@ class PlanStatus(_Api):
     reasons: list[str] = Field(default_factory=list)
     decidedAt: str = Field(json_schema_extra={"format": "date-time"})
     generation: int = Field(ge=0, description="metadata.generation the plan was made for")
+    set: str | None = Field(default=None, max_length=16, description="the workload set running this plan (objects are named <name>-<set>-<role>)")
 
 
 class ProposalStatus(PlanStatus):
@@ -263,3 +264,6 @@ class TopologyStatus(_Api):
     proposal: ProposalStatus | None = None
     observed: ObservedStatus | None = None
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    replan: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+                                          description="live-replanning memory (metric window, drift, calibration, the running "
+                                                      "transition); written by the operator, resumed after a restart")

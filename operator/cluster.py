@@ -76,6 +76,10 @@ class Cluster(Protocol):
 
     def read_secret(self, namespace: str, name: str, key: str) -> str | None: ...
 
+    def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
+        """Pods matching a label selector, terminating ones included (they still hold their GPUs)."""
+        ...
+
 
 class KubeCluster:
     """`Cluster` over kubernetes.dynamic.DynamicClient (sync; kopf runs sync handlers in a thread pool)."""
@@ -149,6 +153,10 @@ class KubeCluster:
         data = (secret.to_dict().get("data") or {}) if secret is not None else {}
         value = data.get(key)
         return base64.b64decode(value).decode() if value is not None else None
+
+    def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
+        listing = self._call(self._client.get, self._resource("v1", "Pod"), namespace=namespace, label_selector=selector)
+        return list(listing.to_dict().get("items") or []) if listing is not None else []
 
     def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:
         meta = owner["metadata"]

@@ -30,6 +30,7 @@ CRD_PATHS = ("crds/servingtopology.yaml", "charts/servingtopology/crds/servingto
 # spec.modelConfigMap replaces `modelConfig` (a path on the operator's disk means nothing to a user).
 _SPEC_ONLY_FOR_CLI = ("layout", "modelConfig")
 _DROP_KEYS = {"title", "$defs"}
+_KEPT_ON_MERGE = ("description", "default", "x-kubernetes-preserve-unknown-fields")
 
 
 def _resolve(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def structural_schema(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[
         branches = [b for b in every if b.get("type") != "null"]
         nullable = len(branches) < len(every)
         if len(branches) == 1:
-            merged = structural_schema({**_resolve(branches[0], defs), **{k: v for k, v in n.items() if k in ("description", "default")}}, defs)
+            merged = structural_schema({**_resolve(branches[0], defs), **{k: v for k, v in n.items() if k in _KEPT_ON_MERGE}}, defs)
             if nullable:
                 merged["nullable"] = True
             return merged

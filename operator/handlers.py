@@ -2,7 +2,10 @@
 configures storage, peering and probes, and turns reconcile outcomes into status patches and metrics.
 
 Called by operator/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only
-broad `except` of the operator is here, at the handler boundary.
+broad `except` of the operator is here, at the handler boundary. The timer is the heartbeat of live
+replanning: each tick reconciles, and the reconcile fetches metrics only once spec.policy.replanInterval
+has passed and advances a running transition by one step, so the tick should be shorter than the
+shortest replanInterval (the default 30 s is).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from typing import Any
 
 import kopf
 
+from ..planner.decide import predict_layout
 from .cluster import Cluster, ClusterError
 from .crd import PLURAL, VERSION
+from .live import MetricsFactory, prometheus_source
 from .manifests import GROUP
 from .reconcile import Outcome, Planner, reconcile
+from .replan import Predictor
 from .telemetry import OperatorMetrics
 
 __all__ = ["Runtime", "register", "TRIGGERS"]
@@ -39,6 +45,8 @@ class Runtime:
     metrics: OperatorMetrics
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     gpus_per_node_default: int = 8
+    metrics_source: MetricsFactory | None = prometheus_source   # None: no live replanning
+    predict: Predictor = predict_layout
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     last_pass_s: float = 0.0
@@ -59,7 +67,8 @@ class Runtime:
         with self._lock(uid):
             try:
                 outcome = reconcile(dict(body), cluster=self.cluster, planner=self.planner, now=self.clock(),
-                                    gpus_per_node_default=self.gpus_per_node_default)
+                                    gpus_per_node_default=self.gpus_per_node_default, metrics=self.metrics_source,
+                                    predict=self.predict)
             except ClusterError as exc:
                 self.metrics.failed("ApiError", trigger=trigger)
                 raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=RETRY_DELAY_S) from exc

@@ -2,18 +2,22 @@
 the PD router and its RBAC, Services), as plain JSON-ready dicts.
 
 Called by the reconcile (operator/reconcile.py) and the golden tests. Pure `build_*` functions over a
-frozen `Blueprint`; they never talk to the API server and never pick a layout.
+frozen `Blueprint`; they never talk to the API server and never pick a layout. A layout runs as a *set*
+(objects `<name>-<set>-<role>`, pods labelled with the set) so that a transition can run two side by side;
+the entry Service selects the pods that take client traffic (aggregated engines, PD routers) of the serving
+sets, switching traffic by its selector alone, without restarting a pod.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..planner.hardware import Precision
 from ..planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
+from ..planner.transition import set_name as layout_set_name
 from .engine_args import (
     ENGINE_PORT,
     NIXL_SIDE_CHANNEL_PORT,
@@ -31,6 +35,8 @@ __all__ = [
     "ROLE_LABEL",
     "TOPOLOGY_LABEL",
     "SERVING_LABEL",
+    "SET_LABEL",
+    "ENTRY_LABEL",
     "MANAGED_BY",
     "LWS_API_VERSION",
     "Blueprint",
@@ -43,9 +49,13 @@ __all__ = [
     "build_deployment",
     "build_leader_worker_set",
     "build_service",
+    "build_entry_service",
     "build_router_rbac",
+    "router_account",
+    "build_set",
     "build_router_deployment",
     "build_workloads",
+    "build_topology",
 ]
 
 GROUP = "servingtopology.io"
@@ -54,10 +64,13 @@ KIND = "ServingTopology"
 ROLE_LABEL = f"{GROUP}/role"
 TOPOLOGY_LABEL = f"{GROUP}/topology"
 SERVING_LABEL = f"{GROUP}/serving"        # only pods that answer HTTP (not LWS workers) carry "true"
+SET_LABEL = f"{GROUP}/set"                # the workload set (one layout's shapes) a pod or object belongs to
+ENTRY_LABEL = f"{GROUP}/entry"            # "true" on pods that take client traffic: aggregated engines, PD routers
 LAYOUT_ANNOTATION = f"{GROUP}/layout"
 MANAGED_BY = "servingtopology-operator"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 ROUTER = "router"
+ENTRY = "entry"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +92,15 @@ class Blueprint:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     transfer_backend: str = "nixl"
     shm_size: str = "16Gi"
+    set_name: str = ""         # empty: derived from the layout's shapes (planner.transition.set_name)
 
     @property
     def precision(self) -> Precision:
         return self.layout.precision
+
+    @property
+    def set(self) -> str:
+        return self.set_name or layout_set_name(self.layout)
 
 
 def role_nodes(bp: Blueprint, role_layout: RoleLayout) -> int:
@@ -96,7 +114,8 @@ def multinode_roles(bp: Blueprint) -> tuple[Role, ...]:
 
 
 def object_name(bp: Blueprint, component: str) -> str:
-    return f"{bp.name}-{component}"
+    """`<name>-<set>-<component>` for the objects of one set (engines, its router, its role Services)."""
+    return f"{bp.name}-{bp.set}-{component}"
 
 
 def build_labels(bp: Blueprint, component: str) -> dict[str, str]:
@@ -113,7 +132,7 @@ def build_labels(bp: Blueprint, component: str) -> dict[str, str]:
 
 
 def _selector(bp: Blueprint, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": bp.name, ROLE_LABEL: component}
+    return {"app.kubernetes.io/instance": bp.name, ROLE_LABEL: component, SET_LABEL: bp.set}
 
 
 def build_owner_reference(bp: Blueprint) -> dict[str, Any]:
@@ -122,11 +141,12 @@ def build_owner_reference(bp: Blueprint) -> dict[str, Any]:
             "blockOwnerDeletion": True}
 
 
-def _metadata(bp: Blueprint, component: str, *, name: str | None = None) -> dict[str, Any]:
+def _metadata(bp: Blueprint, component: str, *, name: str | None = None, shared: bool = False) -> dict[str, Any]:
+    labels = build_labels(bp, component) if shared else {**build_labels(bp, component), SET_LABEL: bp.set}
     return {
         "name": name or object_name(bp, component),
         "namespace": bp.namespace,
-        "labels": build_labels(bp, component),
+        "labels": labels,
         "annotations": {LAYOUT_ANNOTATION: bp.layout.label},
         "ownerReferences": [build_owner_reference(bp)],
     }
@@ -161,7 +181,9 @@ def _engine_ports(bp: Blueprint, role: Role) -> list[dict[str, Any]]:
 def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...], command: tuple[str, ...],
                               gpus_per_pod: int, serving: bool = True) -> dict[str, Any]:
     """One engine pod: GPUs, /dev/shm, probes (only on pods that serve HTTP), scrape annotations."""
-    labels = {**build_labels(bp, role.value), SERVING_LABEL: "true" if serving else "false"}
+    entry = serving and role is Role.AGGREGATED
+    labels = {**build_labels(bp, role.value), SET_LABEL: bp.set, SERVING_LABEL: "true" if serving else "false",
+              ENTRY_LABEL: "true" if entry else "false"}
     # No layout annotation here: a pod template that changed with the layout label would restart every
     # pod when only the replica count changes.
     annotations: dict[str, str] = {}
@@ -253,32 +275,48 @@ def build_leader_worker_set(bp: Blueprint, role: Role) -> dict[str, Any]:
     }
 
 
-def build_service(bp: Blueprint, component: str, *, entry: bool) -> dict[str, Any]:
-    """The entry Service `<name>` (router or aggregated engines), or a headless per-role Service."""
-    port = ROUTER_PORT if component == ROUTER else ENGINE_PORT
+def build_service(bp: Blueprint, component: str) -> dict[str, Any]:
+    """A headless Service over the serving pods of one role of one set (`<name>-<set>-<role>`)."""
     spec: dict[str, Any] = {
-        "selector": {**_selector(bp, component), **({} if component == ROUTER else {SERVING_LABEL: "true"})},
-        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        "clusterIP": "None",
+        "selector": {**_selector(bp, component), SERVING_LABEL: "true"},
+        "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
     }
-    if entry:
-        spec["type"] = "ClusterIP"
-    else:
-        spec["clusterIP"] = "None"
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(bp, component, name=bp.name if entry else None),
-            "spec": spec}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(bp, component), "spec": spec}
+
+
+def build_entry_service(bp: Blueprint, *, serving: Sequence[str]) -> dict[str, Any]:
+    """The client Service `<name>` on port 8000: the entry pods of the serving sets (named port `http`, so an
+    aggregated engine on 8000 and a PD router on 8080 both answer). One serving set pins the selector to it;
+    two (mid-transition) select both. `bp` gives the labels (the set that takes over, or the only one)."""
+    selector = {"app.kubernetes.io/instance": bp.name, ENTRY_LABEL: "true"}
+    if len(serving) == 1:
+        selector[SET_LABEL] = serving[0]
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector,
+        "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+    }
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(bp, ENTRY, name=bp.name, shared=True), "spec": spec}
+
+
+def router_account(bp: Blueprint) -> str:
+    """The ServiceAccount every PD router of this topology runs as (shared by the sets)."""
+    return f"{bp.name}-{ROUTER}"
 
 
 def build_router_rbac(bp: Blueprint) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding that let the router watch engine pods in its namespace."""
-    name = object_name(bp, ROUTER)
+    """ServiceAccount, Role and RoleBinding that let the routers watch engine pods in their namespace."""
+    name = router_account(bp)
     rules = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     ]
+    meta = _metadata(bp, ROUTER, name=name, shared=True)
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(bp, ROUTER)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _metadata(bp, ROUTER), "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _metadata(bp, ROUTER),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": bp.namespace}]},
     ]
@@ -289,7 +327,7 @@ def _label_selector(labels: Mapping[str, str]) -> str:
 
 
 def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
-    """The PD router: pairs a prefill and a decode instance for each request (two replicas, no GPU)."""
+    """The PD router of one set: pairs a prefill and a decode instance of that set (two replicas, no GPU)."""
     serving = {SERVING_LABEL: "true"}
     cmd = router_command(
         engine=bp.engine, namespace=bp.namespace,
@@ -306,7 +344,7 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         "readinessProbe": _http_probe("/health", ROUTER_PORT, period_s=5, failures=3),
         "livenessProbe": _http_probe("/health", ROUTER_PORT, period_s=15, failures=4, initial_s=10),
     }
-    spec: dict[str, Any] = {"serviceAccountName": object_name(bp, ROUTER), "containers": [container]}
+    spec: dict[str, Any] = {"serviceAccountName": router_account(bp), "containers": [container]}
     if bp.node_selector:
         spec["nodeSelector"] = dict(sorted(bp.node_selector.items()))
     if bp.tolerations:
@@ -318,31 +356,50 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": _selector(bp, ROUTER)},
-            "template": {"metadata": {"labels": build_labels(bp, ROUTER)}, "spec": spec},
+            "template": {"metadata": {"labels": {**build_labels(bp, ROUTER), SET_LABEL: bp.set, ENTRY_LABEL: "true"}},
+                         "spec": spec},
         },
     }
 
 
-def build_workloads(bp: Blueprint) -> list[dict[str, Any]]:
-    """Every object of the plan, in apply order (RBAC, engines, router, Services).
+def build_set(bp: Blueprint) -> list[dict[str, Any]]:
+    """The objects of one set: engines per role, and for PD its router and per-role headless Services.
 
     Multi-node roles become LeaderWorkerSets; the caller must have checked that the LWS CRD exists.
     """
     objects: list[dict[str, Any]] = []
-    pd = bp.layout.kind is LayoutKind.PD
-    if pd:
-        objects += build_router_rbac(bp)
     for role in (Role.AGGREGATED, Role.PREFILL, Role.DECODE):
         rl = bp.layout.roles.get(role)
         if rl is None:
             continue
         multinode = role_nodes(bp, rl) > 1
         objects.append(build_leader_worker_set(bp, role) if multinode else build_deployment(bp, role))
-    if pd:
+    if bp.layout.kind is LayoutKind.PD:
         objects.append(build_router_deployment(bp))
-        objects.append(build_service(bp, ROUTER, entry=True))
-        objects.append(build_service(bp, Role.PREFILL.value, entry=False))
-        objects.append(build_service(bp, Role.DECODE.value, entry=False))
-    else:
-        objects.append(build_service(bp, Role.AGGREGATED.value, entry=True))
+        objects.append(build_service(bp, Role.PREFILL.value))
+        objects.append(build_service(bp, Role.DECODE.value))
     return objects
+
+
+def build_topology(sets: Sequence[Blueprint], *, serving: Sequence[str]) -> list[dict[str, Any]]:
+    """Every object of one or two sets side by side, in apply order (router RBAC, sets, entry Service).
+
+    `serving` names the sets that take client traffic; the last of them (else the last set) labels the
+    shared objects. Raises ValueError on no sets or two sets with one name.
+    """
+    if not sets or len({bp.set for bp in sets}) != len(sets):
+        raise ValueError(f"need distinct sets, got {[bp.set for bp in sets]}")
+    objects: list[dict[str, Any]] = []
+    pd = [bp for bp in sets if bp.layout.kind is LayoutKind.PD]
+    if pd:
+        objects += build_router_rbac(pd[-1])
+    for bp in sets:
+        objects += build_set(bp)
+    lead = next((bp for bp in reversed(sets) if bp.set in serving), sets[-1])
+    objects.append(build_entry_service(lead, serving=[s for s in serving if any(bp.set == s for bp in sets)]))
+    return objects
+
+
+def build_workloads(bp: Blueprint) -> list[dict[str, Any]]:
+    """Every object of one plan running alone as its set, in apply order."""
+    return build_topology([bp], serving=(bp.set,))

@@ -1,8 +1,9 @@
 """An in-memory `Cluster` for reconcile tests: server-side apply as replace-with-version, owner-reference
 garbage collection, Events in a list, and a switch for whether the LeaderWorkerSet CRD is installed.
 
-Deployments and LeaderWorkerSets report every replica ready unless `ready` is turned off, so tests can
-drive readiness. Not a Kubernetes emulator: no admission, no defaulting, no watches.
+Deployments and LeaderWorkerSets report every replica ready unless `ready` is turned off (or the object is
+named in `unready`), so tests can drive readiness; pods are synthesised from them (`terminating` adds pods
+that linger after a delete or a scale-down). Not a Kubernetes emulator: no admission, no defaulting, no watches.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class FakeCluster:
     objects: dict[ObjectRef, dict[str, Any]] = field(default_factory=dict)
     events: list[RecordedEvent] = field(default_factory=list)
     config_maps: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    unready: set[str] = field(default_factory=set)              # object names whose replicas never become ready
+    terminating: list[dict[str, Any]] = field(default_factory=list)  # pods still holding GPUs after their owner shrank
     applies: int = 0
     _version: int = 0
 
@@ -59,7 +63,7 @@ class FakeCluster:
     def _with_status(self, obj: dict[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(obj)
         if out["kind"] in ("Deployment", "LeaderWorkerSet"):
-            n = int(out["spec"]["replicas"]) if self.ready else 0
+            n = int(out["spec"]["replicas"]) if self.ready and out["metadata"]["name"] not in self.unready else 0
             out["status"] = {"readyReplicas": n, "updatedReplicas": n}
             if out["kind"] == "Deployment":  # LeaderWorkerSet's status has no observedGeneration
                 out["status"]["observedGeneration"] = out["metadata"]["generation"]
@@ -86,7 +90,41 @@ class FakeCluster:
         return self.config_maps.get((namespace, name), {}).get(key)
 
     def read_secret(self, namespace: str, name: str, key: str) -> str | None:
-        return None
+        return self.secrets.get((namespace, name), {}).get(key)
+
+    def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
+        want = dict(part.split("=", 1) for part in selector.split(",") if part)
+        pods: list[dict[str, Any]] = []
+        for ref, obj in sorted(self.objects.items()):
+            if ref.namespace != namespace:
+                continue
+            if obj["kind"] == "Deployment":
+                templates = [obj["spec"]["template"]] * int(obj["spec"]["replicas"])
+            elif obj["kind"] == "LeaderWorkerSet":
+                lwt = obj["spec"]["leaderWorkerTemplate"]
+                group = [lwt["leaderTemplate"]] + [lwt["workerTemplate"]] * (int(lwt["size"]) - 1)
+                templates = group * int(obj["spec"]["replicas"])
+            else:
+                continue
+            for i, t in enumerate(templates):
+                pods.append({"metadata": {"name": f"{ref.name}-{i}", "namespace": namespace, "labels": dict(t["metadata"]["labels"])},
+                             "spec": t["spec"], "status": {"phase": "Running"}})
+        pods += [p for p in self.terminating if p["metadata"]["namespace"] == namespace]
+        return [p for p in pods if all(p["metadata"]["labels"].get(k) == v for k, v in want.items())]
+
+    def linger(self, ref: ObjectRef) -> None:
+        """Keep the pods of an object as terminating (as if their grace period had not run out)."""
+        pods = self.list_pods(ref.namespace, "")
+        self.terminating += [{**p, "metadata": {**p["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+                             for p in pods if p["metadata"]["name"].startswith(f"{ref.name}-")]
+
+    def gpus_held(self, namespace: str) -> int:
+        """GPUs requested by every engine pod, terminating ones included (what the e2e sampler counts)."""
+        total = 0
+        for pod in self.list_pods(namespace, ""):
+            for c in pod["spec"]["containers"]:
+                total += int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+        return total
 
     def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:
         self.events.append(RecordedEvent(type, reason, message, owner["metadata"]["name"]))

@@ -30,7 +30,7 @@ class Patch:
 def runtime(cluster: FakeCluster, layout: Layout | None = None) -> Runtime:
     planned = decision(layout or Layout.replicas(2, Parallelism(tp=4)))
     return Runtime(cluster=cluster, planner=lambda problem: planned, metrics=new_metrics(),
-                   clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+                   clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), metrics_source=None)
 
 
 def sample(rt: Runtime, name: str, **labels: str) -> float:
@@ -82,3 +82,27 @@ def test_every_trigger_is_registered_once() -> None:
     ids = {h.id for h in registry._spawning.get_all_handlers()} | {h.id for h in registry._changing.get_all_handlers()}
     assert {"reconcile-create", "reconcile-update/spec", "reconcile-resume", "reconcile-timer", "forget"} <= ids
 
+
+
+def test_timer_passes_read_live_metrics_through_the_runtimes_source() -> None:
+    from test_live_reconcile import ScriptedMetrics
+
+    cluster, source = FakeCluster(), ScriptedMetrics()
+    rt = runtime(cluster)
+    rt.metrics_source = source
+    body = topology()
+    first = Patch()
+    rt.handle(body, first, LOG, "create")
+    body["status"] = first.status
+    second = Patch()
+    rt.handle(body, second, LOG, "timer")
+    assert source.requests and source.requests[0].url == body["spec"]["metrics"]["prometheusUrl"]
+    assert second.status["replan"]["metricsAvailable"] is True
+    assert next(c for c in second.status["conditions"] if c["type"] == "MetricsAvailable")["status"] == "True"
+
+
+def test_the_production_runtime_reads_prometheus() -> None:
+    from servingtopology.operator.live import prometheus_source
+
+    rt = Runtime(cluster=FakeCluster(), planner=lambda problem: decision(Layout.replicas(1, Parallelism())), metrics=new_metrics())
+    assert rt.metrics_source is prometheus_source

@@ -13,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servingtopology.operator.manifests import (
+    ENTRY_LABEL,
     SERVING_LABEL,
+    SET_LABEL,
     build_leader_worker_set,
+    build_topology,
     build_workloads,
     multinode_roles,
 )
@@ -63,19 +66,22 @@ def test_object_names_are_unique_per_kind(name: str) -> None:
 
 def test_pd_layouts_get_a_router_that_selects_serving_pods_of_each_role() -> None:
     objects = build_workloads(BLUEPRINTS["vllm-pd-2p3d-tp4"])
-    router = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "llama-router")
+    bp = BLUEPRINTS["vllm-pd-2p3d-tp4"]
+    router = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == f"llama-{bp.set}-router")
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--vllm-pd-disaggregation" in args
     prefill_at = args.index("--prefill-selector")
     assert "servingtopology.io/role=prefill" in args[prefill_at + 1: args.index("--decode-selector")]
+    assert f"{SET_LABEL}={bp.set}" in args[prefill_at + 1: args.index("--decode-selector")]   # pairs within its own set
     assert f"{SERVING_LABEL}=true" in args
     entry = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "llama")
-    assert entry["spec"]["selector"]["servingtopology.io/role"] == "router"
+    assert entry["spec"]["selector"] == {"app.kubernetes.io/instance": "llama", ENTRY_LABEL: "true", SET_LABEL: bp.set}
+    assert router["spec"]["template"]["metadata"]["labels"][ENTRY_LABEL] == "true"
 
 
 def test_vllm_pd_engines_carry_the_nixl_connector_and_the_pod_ip() -> None:
     objects = build_workloads(BLUEPRINTS["vllm-pd-2p3d-tp4"])
-    prefill = next(o for o in objects if o["metadata"]["name"] == "llama-prefill" and o["kind"] == "Deployment")
+    prefill = next(o for o in objects if o["metadata"]["name"].endswith("-prefill") and o["kind"] == "Deployment")
     c = prefill["spec"]["template"]["spec"]["containers"][0]
     config = c["args"][c["args"].index("--kv-transfer-config") + 1]
     assert '"kv_connector":"NixlConnector"' in config
@@ -94,7 +100,7 @@ def test_sglang_dp_attention_counts_tp_over_all_ranks_and_scales_the_running_req
 
 def test_sglang_prefill_advertises_its_bootstrap_port() -> None:
     objects = build_workloads(BLUEPRINTS["sglang-pd-1p2d-mixed"])
-    prefill = next(o for o in objects if o["metadata"]["name"] == "llama-prefill" and o["kind"] == "Deployment")
+    prefill = next(o for o in objects if o["metadata"]["name"].endswith("-prefill") and o["kind"] == "Deployment")
     tmpl = prefill["spec"]["template"]
     args = tmpl["spec"]["containers"][0]["args"]
     assert args[args.index("--disaggregation-mode") + 1] == "prefill"
@@ -129,7 +135,7 @@ def test_extra_args_come_last_so_they_override_generated_flags() -> None:
 
 def test_replicas_layouts_have_no_router() -> None:
     for name, bp in BLUEPRINTS.items():
-        has_router = any(o["metadata"]["name"] == "llama-router" for o in build_workloads(bp))
+        has_router = any(o["metadata"]["name"] == f"llama-{bp.set}-router" for o in build_workloads(bp))
         assert has_router == (bp.layout.kind is LayoutKind.PD), name
 
 
@@ -145,7 +151,7 @@ def test_any_layout_renders_its_gpus_exactly_and_names_each_object_once(layout: 
     objects = build_workloads(bp)
     gpus = 0
     for obj in objects:
-        if obj["kind"] == "Deployment" and obj["metadata"]["name"] != "llama-router":
+        if obj["kind"] == "Deployment" and not obj["metadata"]["name"].endswith("-router"):
             limit = obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
             gpus += obj["spec"]["replicas"] * int(limit)
         elif obj["kind"] == "LeaderWorkerSet":
@@ -153,3 +159,34 @@ def test_any_layout_renders_its_gpus_exactly_and_names_each_object_once(layout: 
             gpus += obj["spec"]["replicas"] * lwt["size"] * int(lwt["leaderTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
     assert gpus == layout.gpus
     assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)
+
+
+def test_two_sets_side_by_side_keep_their_own_objects_and_share_the_entry_service() -> None:
+    old = BLUEPRINTS["vllm-replicas-4xtp2"]
+    new = BLUEPRINTS["vllm-pd-2p3d-tp4"]
+    assert old.set != new.set
+    both = build_topology([old, new], serving=(old.set, new.set))
+    names = [(o["kind"], o["metadata"]["name"]) for o in both]
+    assert len(set(names)) == len(names)
+    assert ("Deployment", f"llama-{old.set}-aggregated") in names and ("Deployment", f"llama-{new.set}-prefill") in names
+    entry = next(o for o in both if o["kind"] == "Service" and o["metadata"]["name"] == "llama")
+    # Both sets take traffic: the selector names no set; aggregated engines and the PD router both carry the entry label.
+    assert entry["spec"]["selector"] == {"app.kubernetes.io/instance": "llama", ENTRY_LABEL: "true"}
+    assert entry["spec"]["ports"][0]["targetPort"] == "http"
+    only_new = build_topology([old, new], serving=(new.set,))
+    entry = next(o for o in only_new if o["kind"] == "Service" and o["metadata"]["name"] == "llama")
+    assert entry["spec"]["selector"][SET_LABEL] == new.set
+
+
+def test_routing_changes_only_the_entry_service_never_a_pod_template() -> None:
+    old, new = BLUEPRINTS["vllm-replicas-4xtp2"], BLUEPRINTS["vllm-pd-2p3d-tp4"]
+    first = {(o["kind"], o["metadata"]["name"]): o for o in build_topology([old, new], serving=(old.set,))}
+    second = {(o["kind"], o["metadata"]["name"]): o for o in build_topology([old, new], serving=(old.set, new.set))}
+    changed = [k for k in first if first[k] != second[k]]
+    assert changed == [("Service", "llama")]
+
+
+def test_two_sets_with_one_name_are_refused() -> None:
+    bp = BLUEPRINTS["vllm-replicas-4xtp2"]
+    with pytest.raises(ValueError, match="distinct sets"):
+        build_topology([bp, bp], serving=(bp.set,))

@@ -18,12 +18,14 @@ from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.transition import set_name
 from servingtopology.spec import to_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 REPLICAS = Layout.replicas(4, Parallelism(tp=2))
 PD = Layout.pd(RoleLayout(2, Parallelism(tp=4)), RoleLayout(3, Parallelism(tp=4)))
+R, P = set_name(REPLICAS), set_name(PD)   # the workload sets these layouts run as
 
 
 class ScriptedPlanner:
@@ -79,7 +81,7 @@ def test_the_example_parses_as_a_topology_spec() -> None:
 def test_create_in_auto_renders_workloads_and_reports_the_plan() -> None:
     obj, cluster = topology(), FakeCluster()
     out = run(obj, cluster, ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30)))
-    assert cluster.kinds() == ["Deployment/llama-8b-aggregated", "Service/llama-8b"]
+    assert cluster.kinds() == [f"Deployment/llama-8b-{R}-aggregated", "Service/llama-8b"]
     plan = obj["status"]["plan"]
     assert (plan["layout"], plan["gpus"], plan["pd"], plan["predicted"]["ttftMs"]) == ("4×TP2", 8, "-", 310.0)
     assert plan["roles"][0]["engineArgs"][:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
@@ -104,25 +106,59 @@ def test_a_deleted_workload_is_put_back_on_the_next_pass() -> None:
     victim = next(r for r in cluster.objects if r.kind == "Deployment")
     cluster.delete(victim)
     out = run(obj, cluster, planner, minutes=1)
-    assert victim in cluster.objects and out.applied == ("Deployment/llama-8b-aggregated",)
+    assert victim in cluster.objects and out.applied == (f"Deployment/llama-8b-{R}-aggregated",)
 
 
-def test_a_spec_change_replans_replaces_the_workloads_and_says_what_changed() -> None:
+PD8 = Layout.pd(RoleLayout(1, Parallelism(tp=2)), RoleLayout(3, Parallelism(tp=2)))   # fits the example's 8 GPUs
+
+
+def settle(obj: dict[str, Any], cluster: FakeCluster, planner: ScriptedPlanner, *, minutes: int, passes: int = 40) -> list[Outcome]:
+    """Reconcile once a minute until no transition runs; return every pass's outcome (GPUs checked at each)."""
+    outs = []
+    for i in range(passes):
+        outs.append(run(obj, cluster, planner, minutes=minutes + i))
+        assert cluster.gpus_held("default") <= 8 + 2   # maxGPUs + maxSurgeGPUs of the example
+        if not (obj["status"].get("replan") or {}).get("transition"):
+            return outs
+    raise AssertionError("the transition did not finish")
+
+
+def test_a_spec_change_replans_and_moves_to_the_new_layout_through_a_transition() -> None:
+    obj, cluster = topology(), FakeCluster()
+    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD8, ttft_ms=180, tpot_ms=28))
+    run(obj, cluster, planner)
+    bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 30})
+    outs = settle(obj, cluster, planner, minutes=10)
+    assert len(outs) > 2   # one step per pass, not all at once
+    new = set_name(PD8)
+    assert cluster.kinds() == [
+        f"Deployment/llama-8b-{new}-decode", f"Deployment/llama-8b-{new}-prefill", f"Deployment/llama-8b-{new}-router",
+        "Role/llama-8b-router", "RoleBinding/llama-8b-router", "Service/llama-8b", f"Service/llama-8b-{new}-decode",
+        f"Service/llama-8b-{new}-prefill", "ServiceAccount/llama-8b-router"]
+    assert f"Deployment/llama-8b-{R}-aggregated" in [r for o in outs for r in o.pruned]
+    assert planner.problems[1].current == REPLICAS  # the running layout is the planner's `current`
+    started = next(e for e in cluster.events if e.reason == "TransitionStarted")
+    assert started.message.startswith("Surge transition: changing 4×TP2 → 1P3D@TP2")
+    applied = next(e for e in reversed(cluster.events) if e.reason == "PlanApplied")
+    assert applied.message.startswith("changed 4×TP2 → 1P3D@TP2: p95 TTFT 310→180 ms, TPOT 30.0→28.0 ms, GPUs 8→8, because")
+    assert [h["layout"] for h in obj["status"]["history"]] == ["4×TP2", "1P3D@TP2"]
+    assert obj["status"]["plan"]["pd"] == "1:3" and obj["status"]["plan"]["set"] == new
+    assert obj["status"]["proposal"] is None if "proposal" in obj["status"] else True
+    assert cond(obj, "Progressing")["status"] == "False" and cond(obj, "Ready")["status"] == "True"
+
+
+def test_a_spec_change_with_no_safe_path_replaces_the_workloads_at_once_and_warns() -> None:
     obj, cluster = topology(), FakeCluster()
     planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD, ttft_ms=180, tpot_ms=28))
     run(obj, cluster, planner)
     bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 30})
-    out = run(obj, cluster, planner, minutes=10)
-    assert cluster.kinds() == [
-        "Deployment/llama-8b-decode", "Deployment/llama-8b-prefill", "Deployment/llama-8b-router",
-        "Role/llama-8b-router", "RoleBinding/llama-8b-router", "Service/llama-8b", "Service/llama-8b-decode",
-        "Service/llama-8b-prefill", "ServiceAccount/llama-8b-router"]
-    assert out.pruned == ("Deployment/llama-8b-aggregated",)
-    assert planner.problems[1].current == REPLICAS  # the running layout is the planner's `current`
+    out = run(obj, cluster, planner, minutes=10)   # 2P3D@TP4 needs 20 GPUs: no transition within 8 + 2
+    assert out.pruned == (f"Deployment/llama-8b-{R}-aggregated",)
+    assert f"Deployment/llama-8b-{P}-prefill" in cluster.kinds()
+    assert "TransitionUnsafe" in reasons(cluster)
     applied = next(e for e in reversed(cluster.events) if e.reason == "PlanApplied")
     assert applied.message.startswith("changed 4×TP2 → 2P3D@TP4: p95 TTFT 310→180 ms, TPOT 30.0→28.0 ms, GPUs 8→20, because")
     assert [h["layout"] for h in obj["status"]["history"]] == ["4×TP2", "2P3D@TP4"]
-    assert obj["status"]["plan"]["pd"] == "2:3"
 
 
 def test_dry_run_proposes_with_an_event_and_touches_no_workload() -> None:
@@ -167,7 +203,7 @@ def test_pinned_renders_the_given_layout_and_still_reports_predictions() -> None
     spec = parse_topology_spec(obj["spec"])
     assert planner.problems[0].pinned == to_layout(spec, spec.pinned)
     assert obj["status"]["plan"]["layout"] == "1P2D@TP2" and obj["status"]["plan"]["predicted"]["ttftMs"] == 222.0
-    assert "Deployment/llama-8b-prefill" in cluster.kinds()
+    assert f"Deployment/llama-8b-{set_name(to_layout(spec, spec.pinned))}-prefill" in cluster.kinds()
     assert cond(obj, "Planned")["reason"] == "Pinned"
 
 
@@ -227,7 +263,7 @@ def test_a_multi_node_plan_with_leader_worker_set_is_applied() -> None:
     wide = Layout.replicas(1, Parallelism(tp=8, pp=2))
     obj, cluster = topology(), FakeCluster(lws_installed=True)
     run(obj, cluster, ScriptedPlanner(decision(wide)))
-    assert "LeaderWorkerSet/llama-8b-aggregated" in cluster.kinds()
+    assert f"LeaderWorkerSet/llama-8b-{set_name(wide)}-aggregated" in cluster.kinds()
     assert obj["status"]["plan"]["roles"][0]["nodesPerInstance"] == 2
     assert cond(obj, "Ready")["status"] == "True"
 
