@@ -8,13 +8,30 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
+
+import yaml
 
 from servingtopology.planner.decide import Simulate
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.sim.stage import stage6_figures
-from servingtopology.spec import PlanSpec, SpecError
+from servingtopology.spec import PlanSpec, SpecError, load_spec
 
-__all__ = ["emit_spec_error", "simulator_for"]
+__all__ = ["emit_spec_error", "read_spec", "simulator_for"]
+
+
+def read_spec(path: str | None) -> PlanSpec:
+    """A planning spec from a file; a ServingTopology resource (kind: ServingTopology) is read from its `spec`."""
+    if path is not None and Path(path).is_file():
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError:
+            data = None
+        if isinstance(data, dict) and data.get("kind") == "ServingTopology":
+            from servingtopology.operator.api import parse_topology_spec
+
+            return parse_topology_spec(data.get("spec"))
+    return load_spec(path)
 
 
 def emit_spec_error(exc: SpecError | InvalidSpec, *, as_json: bool = False) -> int:

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servingtopology.cli.output import emit_spec_error, simulator_for
+from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
 from servingtopology.planner.decide import decide
 from servingtopology.planner.engine_args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.record import render_record
-from servingtopology.spec import SpecError, load_spec, to_problem
+from servingtopology.spec import SpecError, to_problem
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json"]
 
@@ -114,7 +114,7 @@ def _plot(d: Decision, problem: Problem, path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        spec = load_spec(args.spec)
+        spec = read_spec(args.spec)
         problem = to_problem(spec)
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(exc, as_json=args.json)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servingtopology.cli.output import emit_spec_error
+from servingtopology.cli.output import emit_spec_error, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
@@ -35,7 +35,7 @@ from servingtopology.planner.sim import (
     recorded_latencies,
     simulate,
 )
-from servingtopology.spec import SpecError, load_spec, to_layout, to_problem
+from servingtopology.spec import SpecError, to_layout, to_problem
 
 __all__ = ["add_parser", "run", "read_trace", "Replay", "load_replay", "run_replay", "compare", "summary_json"]
 
@@ -200,7 +200,7 @@ def _print_summary(out: Mapping[str, Any]) -> None:
 
 
 def _run_spec(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec)
+    spec = read_spec(args.spec)
     problem = to_problem(spec)
     if spec.layout is not None:
         layout = to_layout(spec)

@@ -16,12 +16,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from servingtopology.cli.output import emit_spec_error
+from servingtopology.cli.output import emit_spec_error, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim import from_workload, simulate
-from servingtopology.spec import SpecError, load_spec, to_layout, to_problem
+from servingtopology.spec import SpecError, to_layout, to_problem
 
 __all__ = ["add_parser", "run", "sweep_points", "parse_concurrency"]
 
@@ -116,7 +116,7 @@ def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         concurrency = parse_concurrency(args.concurrency)
-        spec = load_spec(args.spec)
+        spec = read_spec(args.spec)
         problem = to_problem(spec)
         if spec.layout is not None:
             layout = to_layout(spec)

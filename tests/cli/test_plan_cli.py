@@ -47,3 +47,11 @@ def test_record_and_plot_files_are_written(tmp_path, capsys):
     assert record.read_text().startswith("# Topology decision record")
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert "Funnel" in capsys.readouterr().out
+
+
+def test_plan_reads_a_servingtopology_resource_from_its_spec(capsys):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "servingtopology.yaml"
+    assert main(["plan", str(example), "--json", "--no-simulate"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]["gpus"] >= 1
