@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from ..planner.decide import predict_layout
 from ..planner.layout import Engine, Layout
@@ -21,7 +25,11 @@ from .metrics import MetricsSource, MetricsUnavailable, PrometheusMetrics, topol
 from .plan_status import timestamp
 from .replan import Planner, Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy, fetch_sample, replan
 
-__all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "metrics_request", "run_live_replan"]
+__all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "metrics_request", "run_live_replan", "QUERY_TIMEOUT_S"]
+
+# One query may take this long; a sample stops at the first failure, so an unreachable Prometheus costs a
+# pass about this much (the client's own default is no timeout and three retries with back-off).
+QUERY_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +48,16 @@ class MetricsRequest:
 MetricsFactory = Callable[[MetricsRequest], MetricsSource]
 
 
+def _client(url: str, headers: dict[str, str]) -> Any:
+    retry = Retry(total=1, backoff_factor=0.5, status_forcelist=(502, 503, 504))
+    return PrometheusConnect(url=url, headers=headers or None, retry=retry, timeout=QUERY_TIMEOUT_S)
+
+
 def prometheus_source(request: MetricsRequest) -> MetricsSource:
-    """The production factory: PromQL over prometheus-api-client."""
+    """The production factory: PromQL over prometheus-api-client, with a timeout and a single retry."""
     return PrometheusMetrics(request.url, engine=request.engine, matchers=request.matchers, window_s=request.window_s,
                              bearer_token=request.bearer_token, ttft_quantile=request.ttft_quantile,
-                             tpot_quantile=request.tpot_quantile)
+                             tpot_quantile=request.tpot_quantile, client_factory=_client)
 
 
 def metrics_request(spec: TopologySpec, *, namespace: str, name: str, policy: ReplanPolicy, token: str | None,

@@ -7,13 +7,18 @@ Must not talk to the API server.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from ..planner.hardware import Precision
 from ..planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
 from ..planner.problem import Candidate, Prediction
 from .api import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
+
+if TYPE_CHECKING:
+    from .replan import ReplanOutcome
 
 __all__ = [
     "timestamp",
@@ -21,6 +26,7 @@ __all__ = [
     "predicted",
     "plan_status",
     "proposal_status",
+    "proposal_from_replan",
     "layout_from_plan",
     "change_message",
     "set_condition",
@@ -80,6 +86,18 @@ def proposal_status(candidate: Candidate, *, current: PlanStatus | None, before:
                              before=before_p, after=plan, reason=reason, percentile=percentile, verb="would")
     return ProposalStatus(**plan.model_dump(), fromLayout=current.layout if current else None,
                           fromGPUs=current.gpus if current else None, before=before_p, reason=reason, message=message)
+
+
+def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args_of: ArgsOf, now: datetime, generation: int,
+                         percentile: str, set_name: str | None = None) -> ProposalStatus:
+    """`status.proposal` for the layout a live replan chose (DryRun: to show it; Auto: the transition's target)."""
+    assert out.after is not None
+    # replan words it "…, because <why> (<drift>)[; <Mode> transition]"; the proposal keeps "<why> (<drift>)".
+    why = re.sub(r"; \w+ transition$", "", out.message.split(", because ", 1)[1]) if ", because " in out.message else ""
+    reasons = ([why] if why else []) + list(out.decision.reasons if out.decision is not None else ())
+    proposal = proposal_status(out.after, current=current, before=out.before.prediction if out.before is not None else None,
+                               args_of=args_of, reasons=reasons, now=now, generation=generation, percentile=percentile)
+    return proposal.model_copy(update={"set": set_name}) if set_name else proposal
 
 
 def change_message(*, current_layout: str | None, current_gpus: int | None, before: Predicted | None, after: PlanStatus,

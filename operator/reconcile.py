@@ -15,7 +15,6 @@ on a diff and never reads the clock: `now` is an argument. Policy by mode:
 from __future__ import annotations
 
 import dataclasses
-import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,9 +28,8 @@ from pydantic import ValidationError
 from ..planner.decide import predict_layout
 from ..planner.errors import Infeasible, InsufficientData, InvalidSpec
 from ..planner.layout import Layout, Role, RoleLayout
-from ..planner.observe import observe
 from ..planner.problem import Decision, Problem
-from ..planner.transition import Budget, Phase, start_transition
+from ..planner.transition import Phase
 from ..planner.transition import set_name as layout_set_name
 from ..spec import SpecError, to_layout, to_problem
 from .api import (
@@ -56,11 +54,13 @@ from .plan_status import (
     condition,
     layout_from_plan,
     plan_status,
+    proposal_from_replan,
     proposal_status,
     set_condition,
     timestamp,
 )
-from .replan import Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy, Verdict, capacity_of, policy_from_spec, transition_step
+from .replan import Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy, Verdict, policy_from_spec, transition_step
+from .rollout import finished_plan, rebase_sets, running_set, start_for_change
 from .sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
@@ -318,18 +318,6 @@ def _live(p: _Pass, ctx: _Ctx, problem: Problem, current: Layout | None) -> Repl
     return out
 
 
-def _proposal_from(p: _Pass, ctx: _Ctx, out: ReplanOutcome, plan: PlanStatus | None, set_name: str | None = None) -> ProposalStatus:
-    """status.proposal for the layout a replan chose (DryRun: to show; Auto: the transition's target)."""
-    assert out.after is not None
-    # replan words it "… , because <why> (<drift>)[; <Mode> transition]"; the proposal keeps <why> (<drift>).
-    why = re.sub(r"; \w+ transition$", "", out.message.split(", because ", 1)[1]) if ", because " in out.message else ""
-    reasons = ([why] if why else []) + list(out.decision.reasons if out.decision is not None else ())
-    proposal = proposal_status(out.after, current=plan, before=out.before.prediction if out.before is not None else None,
-                               args_of=_args_of(ctx.bp_for(p, out.after.layout)), reasons=reasons, now=p.now, generation=p.generation,
-                               percentile=_percentile(ctx.spec))
-    return proposal.model_copy(update={"set": set_name}) if set_name else proposal
-
-
 def _dry_run(p: _Pass, ctx: _Ctx, current: Layout | None) -> Outcome:
     proposal, history, decided = p.status.proposal, list(p.status.history), False
     if proposal is None or proposal.generation != p.generation:
@@ -350,78 +338,13 @@ def _dry_run(p: _Pass, ctx: _Ctx, current: Layout | None) -> Outcome:
     # Live replanning needs something running to observe; DryRun never starts anything itself.
     out = _live(p, ctx, problem, current) if problem is not None else None
     if out is not None and out.verdict is Verdict.PROPOSE and out.after is not None:
-        proposal = _proposal_from(p, ctx, out, p.status.plan)
+        proposal = proposal_from_replan(out, current=p.status.plan, args_of=_args_of(ctx.bp_for(p, out.after.layout)), now=p.now,
+                                        generation=p.generation, percentile=_percentile(ctx.spec))
         p.set(ConditionType.PLANNED, True, "PlanProposed", proposal.message)
         history = append_history(history, HistoryEntry(at=timestamp(p.now), action="Proposed", layout=proposal.layout,
                                                        gpus=proposal.gpus, reason=proposal.reason[:256]), HISTORY_LIMIT)
         decided = True
     return p.outcome(plan=p.status.plan, proposal=proposal, history=history, decided=decided)
-
-
-def _running_set(plan: PlanStatus) -> str:
-    return plan.set or layout_set_name(layout_from_plan(plan))
-
-
-def _rebased(p: _Pass, running_set: str) -> None:
-    """Name the transition's sets after the set that really runs (status.plan.set), not after the layout's hash."""
-    state = p.memory.transition
-    if state is None or state.from_set == running_set:
-        return
-    old = state.from_set
-    to_set = running_set if state.to_set == old else (state.to_set if state.to_set != running_set else state.to_set + "b")
-    desired = {running_set if k == old else k: v for k, v in state.desired.items()}
-    state = dataclasses.replace(state, from_set=running_set, to_set=to_set, desired=desired,
-                                serving=tuple(running_set if s == old else s for s in state.serving))
-    p.memory = dataclasses.replace(p.memory, transition=state)
-
-
-def _load_rps(p: _Pass, problem: Problem) -> float:
-    """The load a transition must keep carrying: the observed rate while metrics flow, else the spec's."""
-    if p.memory.metrics_available and p.memory.samples:
-        try:
-            return float(observe(p.memory.samples).workload.workload.arrival_rate_rps or 0.0)
-        except InsufficientData:
-            pass
-    return float(problem.workload.arrival_rate_rps or 0.0)
-
-
-def _start_for_spec(p: _Pass, ctx: _Ctx, problem: Problem, current: Layout, target: Layout, running_set: str) -> bool:
-    """Start the transition a spec change asks for; False when even an unsafe path does not exist.
-
-    The floor is min(load, the running layout's capacity); when no step sequence keeps it inside the GPU
-    budget plus surge, the user's change still goes ahead with the floor dropped, and a Warning says so.
-    """
-    capacity = capacity_of(problem)
-    floor = min(_load_rps(p, problem), capacity(current))
-    miss = ""
-    for floor_rps in (floor, 0.0):
-        budget = Budget(max_gpus=problem.max_gpus, surge_gpus=ctx.policy.max_surge_gpus, floor_rps=floor_rps,
-                        ready_timeout_s=ctx.policy.ready_timeout_s, drain_s=ctx.policy.drain_s)
-        try:
-            state = start_transition(current, target, budget=budget, capacity=capacity, now_s=p.now.timestamp())
-        except Infeasible as exc:
-            miss = exc.closest_miss or str(exc)
-            continue
-        if floor_rps < floor:
-            p.event("Warning", "TransitionUnsafe", f"no step sequence from {current.label} to {target.label} keeps "
-                    f"{floor:.2f} req/s within {budget.limit_gpus} GPUs ({miss}); serving capacity may dip")
-        p.memory = dataclasses.replace(p.memory, transition=state, transition_floor_rps=floor_rps, assumed=None)
-        _rebased(p, running_set)
-        return True
-    p.event("Warning", "TransitionUnsafe", f"{current.label} → {target.label}: {miss}; replacing the workloads at once")
-    return False
-
-
-def _target_plan(p: _Pass, ctx: _Ctx, problem: Problem, proposal: ProposalStatus | None) -> PlanStatus:
-    """The plan a finished transition leaves running: its proposal, or (status lost) the target re-predicted."""
-    state = p.memory.transition
-    assert state is not None
-    if proposal is not None and proposal.layout == state.target.label and proposal.gpus == state.target.gpus:
-        fields = {k: getattr(proposal, k) for k in PlanStatus.model_fields}
-        return PlanStatus(**{**fields, "set": state.to_set})
-    cand = ctx.predict(problem, state.target)
-    plan = plan_status(cand, args_of=_args_of(ctx.bp_for(p, state.target)), reasons=[state.message], now=p.now, generation=p.generation)
-    return plan.model_copy(update={"set": state.to_set})
 
 
 @dataclass
@@ -452,7 +375,8 @@ def _step(p: _Pass, ctx: _Ctx, problem: Problem, run: _Run) -> None:
         p.event("Warning", "TransitionRolledBack", f"back on {run.plan.layout}: {state.message}")
         run.plan = run.plan.model_copy(update={"set": state.to_set})
     else:
-        new = _target_plan(p, ctx, problem, run.proposal)
+        new = finished_plan(p.memory, run.proposal, problem=problem, predict=ctx.predict, now=p.now, generation=p.generation,
+                            args_of=_args_of(ctx.bp_for(p, state.target)))
         reason = new.reasons[0] if new.reasons else "a better layout for the workload"
         message = change_message(current_layout=run.plan.layout, current_gpus=run.plan.gpus, before=run.plan.predicted, after=new,
                                  reason=reason, percentile=_percentile(ctx.spec), verb="did")
@@ -494,8 +418,14 @@ def _plan_for_generation(p: _Pass, ctx: _Ctx, problem: Problem | None, current: 
     before = plan.predicted if plan is not None else None
     # A new generation re-bases drift on the spec's workload; the calibration and the metric window stay.
     p.memory = dataclasses.replace(p.memory, assumed=None, drift=dataclasses.replace(p.memory.drift, streak=0, calm=0, detected=False))
-    if (plan is not None and current is not None and problem is not None and current != best.layout
-            and _start_for_spec(p, ctx, problem, current, best.layout, _running_set(plan))):
+    started = None
+    if plan is not None and current is not None and problem is not None and current != best.layout:
+        started = start_for_change(p.memory, problem=problem, current=current, target=best.layout, running=running_set(plan),
+                                   policy=ctx.policy, now_s=p.now.timestamp())
+        if started.warning:
+            p.event("Warning", "TransitionUnsafe", started.warning)
+        p.memory = started.memory
+    if started is not None and started.started:
         proposal = proposal_status(best, current=plan, before=None, args_of=_args_of(bp), reasons=[reason, *decision.reasons],
                                    now=p.now, generation=p.generation, percentile=_percentile(ctx.spec))
         state = p.memory.transition
@@ -514,7 +444,7 @@ def _plan_for_generation(p: _Pass, ctx: _Ctx, problem: Problem | None, current: 
         run.history = append_history(run.history, HistoryEntry(at=timestamp(p.now), action="Applied", layout=new_plan.layout,
                                                                gpus=new_plan.gpus, reason=reason[:256]), HISTORY_LIMIT)
     keep_set = plan is not None and current == best.layout
-    run.plan = new_plan.model_copy(update={"set": _running_set(plan) if keep_set and plan is not None else layout_set_name(best.layout)})
+    run.plan = new_plan.model_copy(update={"set": running_set(plan) if keep_set and plan is not None else layout_set_name(best.layout)})
     return None
 
 
@@ -538,9 +468,11 @@ def _enact(p: _Pass, ctx: _Ctx, current: Layout | None) -> Outcome:
     elif problem is not None and run.plan is not None and p.memory.transition is None:
         out = _live(p, ctx, problem, current)
         if out is not None and out.verdict is Verdict.TRANSITION and out.after is not None:
-            _rebased(p, _running_set(run.plan))
+            p.memory = rebase_sets(p.memory, running_set(run.plan))
             state = p.memory.transition
-            run.proposal = _proposal_from(p, ctx, out, run.plan, state.to_set if state is not None else None)
+            run.proposal = proposal_from_replan(out, current=run.plan, args_of=_args_of(ctx.bp_for(p, out.after.layout)), now=p.now,
+                                                generation=p.generation, percentile=_percentile(ctx.spec),
+                                                set_name=state.to_set if state is not None else None)
             run.decided = True
             _step(p, ctx, problem, run)
     return _render(p, ctx, run)
@@ -553,7 +485,7 @@ def _render(p: _Pass, ctx: _Ctx, run: _Run) -> Outcome:
     state = p.memory.transition
     bp_for = _set_blueprints(p, ctx)
     rendering = (transition_rendering(state, bp_for) if state is not None
-                 else steady_rendering(layout_from_plan(plan), _running_set(plan), bp_for))
+                 else steady_rendering(layout_from_plan(plan), running_set(plan), bp_for))
     if any(multinode_roles(bp) for bp in rendering.sets) and not p.cluster.has_leader_worker_set():
         message = f"plan {plan.layout} needs LeaderWorkerSet, which is no longer installed; nothing was applied"
         if p.set(ConditionType.READY, False, "LeaderWorkerSetMissing", message):

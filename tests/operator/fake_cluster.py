@@ -37,10 +37,17 @@ class FakeCluster:
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     unready: set[str] = field(default_factory=set)              # object names whose replicas never become ready
     terminating: list[dict[str, Any]] = field(default_factory=list)  # pods still holding GPUs after their owner shrank
+    grace_passes: int = 0        # > 0: pods removed by a scale-down or a delete linger as terminating for this many ticks
     applies: int = 0
     _version: int = 0
 
     def apply(self, obj: Mapping[str, Any]) -> bool:
+        before = self._pods_of(ref_of(obj))
+        changed = self._apply(obj)
+        self._linger(before, self._pods_of(ref_of(obj)))
+        return changed
+
+    def _apply(self, obj: Mapping[str, Any]) -> bool:
         ref = ref_of(obj)
         if ref.api_version == LWS_API_VERSION and not self.lws_installed:
             raise AssertionError("applied a LeaderWorkerSet without its CRD")
@@ -74,7 +81,27 @@ class FakeCluster:
         return self._with_status(obj) if obj is not None else None
 
     def delete(self, ref: ObjectRef) -> None:
+        before = self._pods_of(ref)
         self.objects.pop(ref, None)
+        self._linger(before, [])
+
+    def _pods_of(self, ref: ObjectRef) -> list[dict[str, Any]]:
+        return [p for p in self._synthesised(ref.namespace) if p["metadata"]["name"].rsplit("-", 1)[0] == ref.name]
+
+    def _linger(self, before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
+        if self.grace_passes <= 0:
+            return
+        kept = {p["metadata"]["name"] for p in after}
+        for pod in before:
+            if pod["metadata"]["name"] not in kept:
+                meta = {**pod["metadata"], "name": pod["metadata"]["name"] + "-terminating", "deletionTimestamp": "2026-01-01T00:00:00Z"}
+                self.terminating.append({**pod, "metadata": meta, "ticks": self.grace_passes})
+
+    def tick(self) -> None:
+        """Time passes between reconciles: terminating pods count down their grace period and go."""
+        for pod in self.terminating:
+            pod["ticks"] = pod.get("ticks", 1) - 1
+        self.terminating = [p for p in self.terminating if p["ticks"] > 0]
 
     def list_owned(self, namespace: str, name: str) -> list[ObjectRef]:
         kinds = set(MANAGED_KINDS)
@@ -94,6 +121,10 @@ class FakeCluster:
 
     def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
         want = dict(part.split("=", 1) for part in selector.split(",") if part)
+        pods = self._synthesised(namespace) + [p for p in self.terminating if p["metadata"]["namespace"] == namespace]
+        return [p for p in pods if all(p["metadata"]["labels"].get(k) == v for k, v in want.items())]
+
+    def _synthesised(self, namespace: str) -> list[dict[str, Any]]:
         pods: list[dict[str, Any]] = []
         for ref, obj in sorted(self.objects.items()):
             if ref.namespace != namespace:
@@ -109,14 +140,7 @@ class FakeCluster:
             for i, t in enumerate(templates):
                 pods.append({"metadata": {"name": f"{ref.name}-{i}", "namespace": namespace, "labels": dict(t["metadata"]["labels"])},
                              "spec": t["spec"], "status": {"phase": "Running"}})
-        pods += [p for p in self.terminating if p["metadata"]["namespace"] == namespace]
-        return [p for p in pods if all(p["metadata"]["labels"].get(k) == v for k, v in want.items())]
-
-    def linger(self, ref: ObjectRef) -> None:
-        """Keep the pods of an object as terminating (as if their grace period had not run out)."""
-        pods = self.list_pods(ref.namespace, "")
-        self.terminating += [{**p, "metadata": {**p["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
-                             for p in pods if p["metadata"]["name"].startswith(f"{ref.name}-")]
+        return pods
 
     def gpus_held(self, namespace: str) -> int:
         """GPUs requested by every engine pod, terminating ones included (what the e2e sampler counts)."""

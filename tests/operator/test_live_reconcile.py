@@ -195,6 +195,7 @@ def drive(obj: dict[str, Any], cluster: FakeCluster, planner: Any, metrics: Scri
     for minute in range(start, start + passes):
         outs.append(run(obj, cluster, planner, metrics, minute))
         assert cluster.gpus_held(NS) <= limit_gpus, deployments(cluster)
+        cluster.tick()
         transition = (obj["status"].get("replan") or {}).get("transition")
         if transition:
             started = True
@@ -275,3 +276,13 @@ def test_a_transition_whose_new_pods_never_become_ready_rolls_back() -> None:
     assert "TransitionRollback" in reasons(cluster) and "TransitionRolledBack" in reasons(cluster)
     assert obj["status"]["plan"]["layout"] == "3×TP1" and obj["status"]["plan"]["set"] == old_set
     assert deployments(cluster) == old
+
+
+def test_pods_that_take_long_to_terminate_hold_the_next_step_back_and_the_budget_holds() -> None:
+    obj, cluster, planner, metrics = running(minutes=5, surge_gpus=0)
+    cluster.grace_passes = 2   # a removed pod keeps its GPUs over the next two passes
+    metrics.rate = 80.0
+    outs, _ = drive(obj, cluster, planner, metrics, start=5, limit_gpus=MAX_GPUS)
+    assert obj["status"]["plan"]["layout"] == "3×TP2"
+    steps = [e.message for e in cluster.events if e.reason == "TransitionScale"]
+    assert len(steps) >= 3 and len(outs) > len(steps) + 2   # passes spent waiting for GPUs to come free

@@ -1,0 +1,104 @@
+"""Transitions in the reconcile's terms: start one for a changed plan, name its sets after what really runs,
+and the plan a finished one leaves in status.
+
+Called by the reconcile (operator/reconcile.py); the steps themselves are planner/transition.py's, taken one
+per pass through operator/replan.py's `transition_step`. Pure: values in, values out (time in seconds is an
+argument); it never talks to the API server and never writes Events (it returns their wording).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from ..planner.errors import Infeasible, InsufficientData
+from ..planner.layout import Layout
+from ..planner.observe import observe
+from ..planner.problem import Problem
+from ..planner.transition import Budget, start_transition
+from ..planner.transition import set_name as layout_set_name
+from .api import PlanStatus, ProposalStatus
+from .plan_status import ArgsOf, layout_from_plan, plan_status
+from .replan import Predictor, ReplanMemory, ReplanPolicy, capacity_of
+
+__all__ = ["Started", "running_set", "rebase_sets", "load_rps", "start_for_change", "finished_plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The memory with the transition (when one could start) and a warning to post, if any."""
+
+    memory: ReplanMemory
+    started: bool
+    warning: str = ""
+
+
+def running_set(plan: PlanStatus) -> str:
+    """The set the plan runs as (status.plan.set; plans written before sets existed: the layout's hash)."""
+    return plan.set or layout_set_name(layout_from_plan(plan))
+
+
+def rebase_sets(memory: ReplanMemory, running: str) -> ReplanMemory:
+    """Name the transition's sets after the set that really runs, not after the layout's hash.
+
+    The planner names sets by layout shapes; a plan adopted under another name (an older operator, or a
+    target that took a suffix) keeps its objects only if the transition starts from that name.
+    """
+    state = memory.transition
+    if state is None or state.from_set == running:
+        return memory
+    old = state.from_set
+    to_set = running if state.to_set == old else (state.to_set if state.to_set != running else state.to_set + "b")
+    desired = {running if k == old else k: v for k, v in state.desired.items()}
+    state = replace(state, from_set=running, to_set=to_set, desired=desired,
+                    serving=tuple(running if s == old else s for s in state.serving))
+    return replace(memory, transition=state)
+
+
+def load_rps(memory: ReplanMemory, problem: Problem) -> float:
+    """The load a transition must keep carrying: the observed rate while metrics flow, else the spec's."""
+    if memory.metrics_available and memory.samples:
+        try:
+            return float(observe(memory.samples).workload.workload.arrival_rate_rps or 0.0)
+        except InsufficientData:
+            pass
+    return float(problem.workload.arrival_rate_rps or 0.0)
+
+
+def start_for_change(memory: ReplanMemory, *, problem: Problem, current: Layout, target: Layout, running: str,
+                     policy: ReplanPolicy, now_s: float) -> Started:
+    """Start the transition a changed plan (a spec edit) asks for.
+
+    The floor is min(load, the running layout's capacity). When no step sequence keeps it inside the GPU
+    budget plus surge, the user's change still goes ahead with the floor dropped (the warning says capacity
+    may dip); when not even that exists (a target over the budget), nothing starts and the caller replaces.
+    """
+    capacity = capacity_of(problem)
+    floor = min(load_rps(memory, problem), capacity(current))
+    miss = ""
+    for floor_rps in (floor, 0.0):
+        budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=floor_rps,
+                        ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
+        try:
+            state = start_transition(current, target, budget=budget, capacity=capacity, now_s=now_s)
+        except Infeasible as exc:
+            miss = exc.closest_miss or str(exc)
+            continue
+        warning = "" if floor_rps >= floor else (
+            f"no step sequence from {current.label} to {target.label} keeps {floor:.2f} req/s within "
+            f"{budget.limit_gpus} GPUs ({miss}); serving capacity may dip")
+        started = replace(memory, transition=state, transition_floor_rps=floor_rps, assumed=None)
+        return Started(rebase_sets(started, running), True, warning)
+    return Started(memory, False, f"{current.label} → {target.label}: {miss}; replacing the workloads at once")
+
+
+def finished_plan(memory: ReplanMemory, proposal: ProposalStatus | None, *, problem: Problem, predict: Predictor, args_of: ArgsOf,
+                  now: datetime, generation: int) -> PlanStatus:
+    """The plan a finished transition leaves running: its proposal, or (status lost) the target re-predicted."""
+    state = memory.transition
+    assert state is not None
+    if proposal is not None and proposal.layout == state.target.label and proposal.gpus == state.target.gpus:
+        fields = {k: getattr(proposal, k) for k in PlanStatus.model_fields}
+        return PlanStatus(**{**fields, "set": state.to_set})
+    plan = plan_status(predict(problem, state.target), args_of=args_of, reasons=[state.message], now=now, generation=generation)
+    return plan.model_copy(update={"set": state.to_set})
