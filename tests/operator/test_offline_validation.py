@@ -11,9 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from cases import BLUEPRINTS
+from test_live_reconcile import run as live_run
+from test_live_reconcile import running
 
 from servingtopology.operator.crd import build_crd
-from servingtopology.operator.manifests import LWS_API_VERSION, build_workloads
+from servingtopology.operator.manifests import LWS_API_VERSION, build_topology, build_workloads
 
 K8S_VERSION = "1.37.0"  # the newest schema set kubernetes-validate 1.37 ships
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,3 +85,20 @@ def test_the_crd_schema_rejects_an_unknown_mode_and_a_negative_budget() -> None:
     doc["spec"]["hardware"]["maxGPUs"] = -1
     with pytest.raises(jsonschema.ValidationError, match="-1"):
         jsonschema.validate(doc, _cr_schema())
+
+
+def test_two_sets_side_by_side_pass_the_kubernetes_schema() -> None:
+    old, new = BLUEPRINTS["vllm-replicas-4xtp2"], BLUEPRINTS["sglang-pd-1p2d-mixed"]
+    for obj in build_topology([old, new], serving=(old.set, new.set)):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_a_status_written_mid_transition_passes_the_generated_crd_schema() -> None:
+    obj, cluster, planner, metrics = running(minutes=5)
+    metrics.rate = 80.0
+    for minute in range(5, 12):
+        live_run(obj, cluster, planner, metrics, minute)
+        if (obj["status"].get("replan") or {}).get("transition"):
+            break
+    assert obj["status"]["replan"]["transition"] and obj["status"]["proposal"]["set"]
+    jsonschema.validate(obj, _cr_schema())
