@@ -286,3 +286,15 @@ def test_pods_that_take_long_to_terminate_hold_the_next_step_back_and_the_budget
     assert obj["status"]["plan"]["layout"] == "3×TP2"
     steps = [e.message for e in cluster.events if e.reason == "TransitionScale"]
     assert len(steps) >= 3 and len(outs) > len(steps) + 2   # passes spent waiting for GPUs to come free
+
+
+def test_pinned_only_observes_however_the_traffic_drifts() -> None:
+    obj = topology("Pinned", pinned={"kind": "replicas", "replicas": 3, "tp": 1})
+    obj["spec"]["policy"] |= {"replanInterval": "1m", "cooldown": "5m"}
+    cluster, planner, metrics = FakeCluster(), CountingPlanner(), ScriptedMetrics(rate=80.0)
+    for minute in range(10):
+        run(obj, cluster, planner, metrics, minute)
+    assert obj["status"]["plan"]["layout"] == "3×TP1" and planner.calls == 1
+    assert obj["status"]["observed"]["arrivalRateRps"] == pytest.approx(80.0)
+    assert not [r for r in reasons(cluster) if r.startswith(("Transition", "PlanProposed"))]
+    assert obj["status"]["replan"]["transition"] is None
