@@ -142,14 +142,17 @@ def build_owner_reference(bp: Blueprint) -> dict[str, Any]:
 
 
 def _metadata(bp: Blueprint, component: str, *, name: str | None = None, shared: bool = False) -> dict[str, Any]:
-    labels = build_labels(bp, component) if shared else {**build_labels(bp, component), SET_LABEL: bp.set}
-    return {
+    """Object metadata; `shared` objects (router RBAC, the entry Service) span sets, so they carry neither a set
+    label nor a layout annotation (which would change, and be re-applied, at every step of a transition)."""
+    meta: dict[str, Any] = {
         "name": name or object_name(bp, component),
         "namespace": bp.namespace,
-        "labels": labels,
-        "annotations": {LAYOUT_ANNOTATION: bp.layout.label},
-        "ownerReferences": [build_owner_reference(bp)],
+        "labels": build_labels(bp, component) if shared else {**build_labels(bp, component), SET_LABEL: bp.set},
     }
+    if not shared:
+        meta["annotations"] = {LAYOUT_ANNOTATION: bp.layout.label}
+    meta["ownerReferences"] = [build_owner_reference(bp)]
+    return meta
 
 
 def _http_probe(path: str, port: int, *, period_s: int, failures: int, initial_s: int = 0) -> dict[str, Any]:

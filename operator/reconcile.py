@@ -47,7 +47,7 @@ from .api import (
 from .cluster import Cluster, ref_of
 from .engine_args import engine_command
 from .live import MetricsFactory, run_live_replan
-from .manifests import Blueprint, build_topology, multinode_roles, role_nodes
+from .manifests import ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles, role_nodes
 from .plan_status import (
     append_history,
     change_message,
@@ -190,9 +190,9 @@ def _invalid(p: _Pass, message: str, *, plan: PlanStatus | None, proposal: Any) 
 def _readiness(p: _Pass, objects: list[dict[str, Any]]) -> tuple[bool, str]:
     """Whether every engine and router workload reports all replicas ready, and a one-line summary."""
     parts, ready = [], True
-    for obj in objects:
-        if obj["kind"] not in ("Deployment", "LeaderWorkerSet"):
-            continue
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet")]
+    several = len({o["metadata"]["labels"].get(SET_LABEL) for o in workloads}) > 1   # mid-transition: name the sets
+    for obj in workloads:
         live = p.cluster.read(ref_of(obj)) or {}
         want = int(obj["spec"]["replicas"])
         st = live.get("status") or {}
@@ -203,7 +203,9 @@ def _readiness(p: _Pass, objects: list[dict[str, Any]]) -> tuple[bool, str]:
         current = seen is None or int((live.get("metadata") or {}).get("generation") or 0) <= int(seen)
         ok = have >= want and updated >= want and current
         ready &= ok
-        parts.append(f"{obj['metadata']['labels']['servingtopology.io/role']} {min(have, want)}/{want}")
+        labels = obj["metadata"]["labels"]
+        role = f"{labels[SET_LABEL]}/{labels[ROLE_LABEL]}" if several else labels[ROLE_LABEL]
+        parts.append(f"{role} {min(have, want)}/{want}")
     return ready, "ready: " + ", ".join(parts)
 
 
