@@ -115,3 +115,21 @@ def test_deleting_a_topology_garbage_collects_everything_it_owned(
 
     wait_until(nothing_left, timeout_s=120, what="garbage collection of every owned object",
                on_timeout=lambda: cluster.kubectl("get", "all", "-n", namespace, "-o", "wide", check=False).stdout)
+
+
+def test_engine_arguments_a_real_engine_would_refuse_show_up_in_the_emulator(
+        cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
+    obj = topology("wrong", namespace, prometheus_url=cluster.prometheus_url)
+    obj["spec"]["engine"]["extraArgs"] = ["--max-num-seqs", "0"]
+    _apply(cluster, obj)
+    wait_until(lambda: bool(_engine_pods(kube, namespace, "wrong")) and all(pod_ready(p) for p in _engine_pods(kube, namespace, "wrong")),
+               timeout_s=180, what="engine pods Ready (kwok does not run them)", on_timeout=operator.log_tail)
+
+    def refused() -> list[str]:
+        return [m for k, m in emulator.status()["errors"].items() if k.startswith(f"{namespace}/")]
+
+    wait_until(lambda: bool(refused()), timeout_s=30, what="the emulator refusing the engine",
+               on_timeout=lambda: json.dumps(emulator.status(), indent=1))
+    assert all("--max-num-seqs" in m for m in refused()), refused()
+    targets = json.loads(cluster.file_sd_path.read_text())
+    assert not [t for t in targets if t["labels"].get("namespace") == namespace]

@@ -15,6 +15,7 @@ import re
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,7 @@ class Fleet:
                 continue
             try:
                 config = self._config(pod)
-                seed = int(pod.uid.replace("-", "")[:8] or "0", 16) if pod.uid else 0
+                seed = zlib.crc32(key.encode())  # deterministic per pod, unlike hash()
                 simulator = build_simulator(config, gpu=gpu_for_label(node_products.get(pod.node)),
                                             kind=self.simulator_kind, seed=seed)
             except EngineArgsError as exc:

@@ -1,0 +1,54 @@
+"""The fleet keeps one emulated engine per Ready engine pod and the Prometheus file-SD in step with them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from servingtopology.emulator.fleet import Fleet, PodView
+from servingtopology.emulator.traffic import TrafficProfile
+
+VLLM = ("vllm", "serve", "llama-3.1-8b", "--tensor-parallel-size", "2")
+
+
+def _pod(name: str, *, argv: tuple[str, ...] = VLLM, gpus: int = 2, ready: bool = True, role: str = "aggregated") -> PodView:
+    return PodView(namespace="ns", name=name, uid=f"uid-{name}", node="gpu-node-0", ip="10.244.0.9",
+                   labels={"app.kubernetes.io/instance": "llama", "servingtopology.io/role": role},
+                   argv=argv, container="engine", gpus=gpus, ready=ready)
+
+
+def _fleet(tmp_path: Path) -> Fleet:
+    return Fleet(profile=lambda: TrafficProfile.constant(rate_rps=1, input_tokens=100, output_tokens=10),
+                 group_label="app.kubernetes.io/instance", role_label="servingtopology.io/role",
+                 file_sd_path=tmp_path / "sd.json", status_path=tmp_path / "status.json")
+
+
+def test_ready_engine_pods_become_labelled_scrape_targets_and_leave_with_their_pod(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path)
+    try:
+        fleet.sync([_pod("a"), _pod("b"), _pod("c", ready=False)], {"gpu-node-0": "NVIDIA-H100-80GB-HBM3"})
+        targets = json.loads((tmp_path / "sd.json").read_text())
+        assert [t["labels"]["pod"] for t in targets] == ["a", "b"]
+        labels = targets[0]["labels"]
+        assert labels["namespace"] == "ns" and labels["node"] == "gpu-node-0"
+        assert labels["app_kubernetes_io_instance"] == "llama" and labels["servingtopology_io_role"] == "aggregated"
+        assert "engine" not in labels  # would clash with vLLM's own `engine` label
+        fleet.sync([_pod("b")], {})
+        assert [t["labels"]["pod"] for t in json.loads((tmp_path / "sd.json").read_text())] == ["b"]
+    finally:
+        fleet.stop()
+    assert json.loads((tmp_path / "sd.json").read_text()) == []
+
+
+def test_a_pod_whose_arguments_the_engine_would_refuse_gets_an_error_and_no_target(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path)
+    try:
+        fleet.sync([_pod("bad", argv=(*VLLM, "--max-num-seqs", "0")), _pod("short", gpus=4)], {})
+        status = json.loads((tmp_path / "status.json").read_text())
+        assert not status["instances"]
+        errors = status["errors"]
+        assert "--max-num-seqs" in errors["ns/bad/uid-bad"]
+        assert "4 nvidia.com/gpu" in errors["ns/short/uid-short"]  # TP2 on a 4-GPU pod: the GPU counts disagree
+        assert json.loads((tmp_path / "sd.json").read_text()) == []
+    finally:
+        fleet.stop()
