@@ -78,8 +78,9 @@ def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | Non
 
 def _rank(problem: Problem, cands: list[Candidate]) -> list[Candidate]:
     """Order by the objective. Candidates within RANK_TOLERANCE of the best score tie, and a tie goes
-    to fewer GPUs, then the simpler kind (replicas before PD), then lower TTFT: a 1 % edge predicted
-    by a model is not worth more GPUs or a more complex deployment."""
+    to fewer GPUs, then the simpler kind (replicas before PD), then a simulated prediction over an
+    analytical one, then lower TTFT: a 1 % edge predicted by a model is not worth more GPUs or a more
+    complex deployment."""
     meeting = [c for c in cands if c.prediction.meets_slo]
     missing = [c for c in cands if not c.prediction.meets_slo]
     if problem.objective is Objective.MIN_GPUS:
@@ -90,7 +91,7 @@ def _rank(problem: Problem, cands: list[Candidate]) -> list[Candidate]:
         return sorted(missing, key=lambda c: -c.prediction.goodput_per_gpu)
     top = by_score[0].prediction.goodput_per_gpu * (1.0 - RANK_TOLERANCE)
     tied = sorted((c for c in by_score if c.prediction.goodput_per_gpu >= top),
-                  key=lambda c: (c.layout.gpus, c.layout.kind.value != "replicas", c.prediction.ttft_ms))
+                  key=lambda c: (c.layout.gpus, c.layout.kind.value != "replicas", c.prediction.source != "simulated", c.prediction.ttft_ms))
     rest = [c for c in by_score if c.prediction.goodput_per_gpu < top]
     return tied + rest + sorted(missing, key=lambda c: -c.prediction.goodput_per_gpu)
 
@@ -108,11 +109,21 @@ def _refine(problem: Problem, survivors: list[Survivor]) -> list[Candidate]:
 
 def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate | None, clock: Clock) -> tuple[list[Candidate], FunnelStage]:
     t0 = clock()
-    k = min(problem.search.top_k, len(ranked))
+    # The top K distinct structures (knob variants of one structure would say the same thing).
+    top: list[int] = []
+    seen: set[str] = set()
+    for i, c in enumerate(ranked):
+        if c.layout.structure not in seen:
+            seen.add(c.layout.structure)
+            top.append(i)
+            if len(top) >= problem.search.top_k:
+                break
+    k = len(top)
     if simulate is None or k == 0:
         return ranked, FunnelStage("6 simulation of the top K", k, 0, clock() - t0, {"not simulated: analytical figures kept": k} if k else {})
     out, rejected = [], 0
-    for c in ranked[:k]:
+    chosen = set(top)
+    for c in (ranked[i] for i in top):
         sim = simulate(problem, c.layout)
         ttft, tpot = sim.ttft_s * problem.ttft_correction, sim.tpot_s * problem.tpot_correction
         pred = replace(c.prediction, ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, tokens_per_s_per_user=1.0 / max(sim.tpot_mean_s, 1e-9),
@@ -122,7 +133,7 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
         rejected += not meets
         out.append(Candidate(c.layout, pred, c.score))
     reasons = {"simulated SLO miss": rejected} if rejected else {}
-    return out + ranked[k:], FunnelStage("6 simulation of the top K", k - rejected, rejected, clock() - t0, reasons)
+    return out + [c for i, c in enumerate(ranked) if i not in chosen], FunnelStage("6 simulation of the top K", k - rejected, rejected, clock() - t0, reasons)
 
 
 def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None, clock: Clock = no_clock) -> Decision:
@@ -132,7 +143,7 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
     kv_dtype = problem.search.kv_dtypes[0]
     kv_tok = int(kv_bytes_per_token(problem.model, kv_dtype, tp=1, pp=1))
     weights = weight_bytes_total(problem.model, problem.precision)
-    result = run_funnel(problem, progress=progress, keep=max(64, 8 * problem.search.top_k), clock=clock)
+    result = run_funnel(problem, progress=progress, clock=clock)
     stages = list(result.stages)
     current = predict_layout(problem, problem.current, simulate=simulate) if problem.current is not None else None
     if not result.survivors and problem.pinned is None:

@@ -27,7 +27,7 @@ __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "Survivor", "FunnelResult", "run_funnel"
 
 SLO_MARGIN = 1.10   # predicted latency × margin must stay within the SLO
 LOAD_MARGIN = 0.90  # the load must stay under this share of the predicted capacity
-PER_LABEL = 3       # knob variants kept per structure for the refinement
+PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
 
 Progress = Callable[[str, float], None]
 # The caller's clock (seconds) for stage timings; the planner never reads the wall clock itself.
@@ -150,7 +150,7 @@ def _add(reasons: dict[str, int], key: str, n: float) -> None:
         reasons[key] = reasons.get(key, 0) + int(n)
 
 
-def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 256, clock: Clock = no_clock) -> FunnelResult:
+def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 2000, clock: Clock = no_clock) -> FunnelResult:
     """Run stages 1–5; return the counts and up to `keep` survivors, best analytical proxy first."""
     if problem.workload.arrival_rate_rps is None:
         raise ValueError("run_funnel needs an open-loop workload (arrival_rate_rps)")
@@ -264,24 +264,58 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
         order = np.lexsort((-per_gpu, gpus_key))
     else:
         order = np.lexsort((gpus_key, -per_gpu))
-    chosen = order[: min(int(ok.sum()), keep * 64)]
-    # One survivor per structure and knobs (the fewest GPUs that carry the load: copies of a structure
-    # have the same goodput per GPU), at most PER_LABEL knob variants per structure, so the SLO-capacity
-    # refinement in `decide` sees diverse structures; it does the real ordering.
-    per_structure: dict[str, int] = {}
-    seen: set[str] = set()
-    for flat in chosen:
-        surv = _survivor(problem, int(flat), ttft_all, tpot_all, cap_all, cand_ref, agg, pd)
-        structure = surv.layout.structure
-        key = structure + repr([r.knobs for r in surv.layout.roles.values()])
-        if key in seen or per_structure.get(structure, 0) >= PER_LABEL:
-            continue
-        seen.add(key)
-        per_structure[structure] = per_structure.get(structure, 0) + 1
-        result.survivors.append(surv)
-        if len(result.survivors) >= keep:
-            break
+    order = order[: int(ok.sum())]  # ok rows sort first (their keys are finite)
+    for flat in _select(_structure_keys(order, cand_ref, agg, pd), order, keep=keep, per_structure=PER_STRUCTURE):
+        result.survivors.append(_survivor(problem, int(flat), ttft_all, tpot_all, cap_all, cand_ref, agg, pd))
     return result
+
+
+def _structure_keys(rows: IntArray, cand_ref: list[tuple[str, Any]], agg: _AggTable | None, pd: _PdTables | None) -> Any:
+    """Integer keys per candidate row: column 0 is the kind, columns 1–9 the structure (shapes and, for
+    PD, the reduced P:D ratio), columns 10–13 the knobs. Replica counts are left out on purpose."""
+    keys = np.zeros((len(rows), 14), dtype=np.int64)
+    sizes = _sizes(cand_ref)
+    start = 0
+    for (kind, ref), n in zip(cand_ref, sizes, strict=True):
+        sel = (rows >= start) & (rows < start + n)
+        local = rows[sel] - start
+        if kind == "agg" and agg is not None:
+            j = ref[0][local]
+            cols = [np.zeros_like(j), agg.tp[j], agg.pp[j], agg.dp[j], 0 * j, 0 * j, 0 * j, 0 * j, 0 * j, 0 * j,
+                    agg.mnbt[j], agg.mns[j], np.round(agg.mem[j] * 1000), agg.kv_index[j]]
+        elif pd is not None:
+            (pair, b, q, f, k), _ = ref
+            pair, b, q, f, k = pair[local], b[local], q[local], f[local], k[local]
+            u = pd.units
+            up, ud = pd.pairs_p[pair], pd.pairs_d[pair]
+            g = np.gcd(u.count[up], u.count[ud])
+            cols = [np.ones_like(up), u.tp[up], u.pp[up], u.dp[up], u.tp[ud], u.pp[ud], u.dp[ud], u.count[up] // g, u.count[ud] // g,
+                    0 * up, pd.mnbt[b], pd.mns[q], np.round(pd.mem[f] * 1000), k]
+        else:
+            cols = []
+        for c, col in enumerate(cols):
+            keys[sel, c] = np.asarray(col, dtype=np.float64).astype(np.int64)
+        start += n
+    return keys
+
+
+def _select(keys: Any, rows: IntArray, *, keep: int, per_structure: int) -> IntArray:
+    """The first row of each distinct (structure, knobs) in preference order, at most `per_structure`
+    knob variants per structure, at most `keep` rows: diverse input for the SLO-capacity refinement."""
+    if len(rows) == 0:
+        return rows
+    _, first = np.unique(keys, axis=0, return_index=True)
+    first.sort()
+    distinct = rows[first]
+    _, group = np.unique(keys[first][:, :10], axis=0, return_inverse=True)
+    group = group.ravel()
+    by_group = np.argsort(group, kind="stable")
+    sorted_group = group[by_group]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_group)) + 1]
+    lengths = np.diff(np.r_[starts, len(group)])
+    rank = np.empty(len(group), dtype=np.int64)
+    rank[by_group] = np.arange(len(group)) - np.repeat(starts, lengths)
+    return distinct[rank < per_structure][:keep]
 
 
 # ---------------------------------------------------------------- replicas table

@@ -1,8 +1,9 @@
 """Predict the figures of given layouts at given loads (vectorised over layouts), and their SLO capacity.
 
 Called by `decide` (refining the funnel's survivors, the pinned and the current layout) and by the
-operator's replanning (before/after figures). Uses the analytical estimates of `analytic`; the
-simulator refines the top K separately. Pure.
+operator's replanning (before/after figures). Layouts are packed once into per-role arrays (grouped by
+layout kind and KV dtype) so that a bisection over thousands of layouts costs a few numpy passes.
+Uses the analytical estimates of `analytic`; the simulator refines the top K separately. Pure.
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill, load_shape
-from .layout import Layout, LayoutKind, Role
+from .layout import KvDtype, Layout, LayoutKind, Role
 from .memory import kv_pool_tokens, max_request_tokens
 from .perf import kv_transfer_s
 from .problem import Prediction, Problem
 
 __all__ = ["Figures", "predict_figures", "slo_capacity_rps", "to_prediction", "BISECTION_STEPS"]
 
-BISECTION_STEPS = 14
+BISECTION_STEPS = 16
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,37 +44,88 @@ def _pool(problem: Problem, layout: Layout, role: Role) -> int:
                           parallelism=r.parallelism, knobs=r.knobs)
 
 
-def _one(problem: Problem, shape: LoadShape, layout: Layout, rates: Any) -> tuple[Any, Any, Any, Any, int]:
+def _role_arrays(layouts: Sequence[Layout], role: Role) -> dict[str, FloatArray]:
+    rs = [lay.roles[role] for lay in layouts]
+    return {
+        "tp": np.array([r.parallelism.tp for r in rs], dtype=np.float64),
+        "pp": np.array([r.parallelism.pp for r in rs], dtype=np.float64),
+        "dp": np.array([r.parallelism.dp for r in rs], dtype=np.float64),
+        "count": np.array([r.count for r in rs], dtype=np.float64),
+        "mns": np.array([r.knobs.max_num_seqs for r in rs], dtype=np.float64),
+        "mnbt": np.array([r.knobs.max_num_batched_tokens for r in rs], dtype=np.float64),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Layouts of one kind and KV dtype, packed as per-role arrays; `index` maps back to the input order."""
+
+    kind: LayoutKind
+    kv: KvDtype
+    index: npt.NDArray[np.int64]
+    roles: dict[Role, dict[str, FloatArray]]
+    pool: FloatArray
+    transfer_s: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class _Packed:
+    shape: LoadShape
+    groups: tuple[_Group, ...]
+    n: int
+
+
+def _pack(problem: Problem, layouts: Sequence[Layout]) -> _Packed:
+    shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
+    buckets: dict[tuple[LayoutKind, KvDtype], list[int]] = {}
+    for i, lay in enumerate(layouts):
+        main = lay.roles.get(Role.DECODE) or lay.roles[Role.AGGREGATED]
+        buckets.setdefault((lay.kind, main.knobs.kv_dtype), []).append(i)
+    groups = []
+    for (kind, kv), idx in buckets.items():
+        members = [layouts[i] for i in idx]
+        if kind is LayoutKind.REPLICAS:
+            roles = {Role.AGGREGATED: _role_arrays(members, Role.AGGREGATED)}
+            pool = np.array([_pool(problem, lay, Role.AGGREGATED) for lay in members], dtype=np.float64)
+            transfer = np.zeros(len(members))
+        else:
+            roles = {Role.PREFILL: _role_arrays(members, Role.PREFILL), Role.DECODE: _role_arrays(members, Role.DECODE)}
+            pool = np.array([_pool(problem, lay, Role.DECODE) for lay in members], dtype=np.float64)
+            transfer = np.array([kv_transfer_s(problem.model, problem.gpu, kv_dtype=kv, tokens=shape.input_tokens,
+                                               same_node=lay.gpus <= problem.gpu.gpus_per_node) for lay in members], dtype=np.float64)
+        groups.append(_Group(kind, kv, np.asarray(idx, dtype=np.int64), roles, pool, transfer))
+    return _Packed(shape, tuple(groups), len(layouts))
+
+
+def _figures(problem: Problem, packed: _Packed, rates: FloatArray) -> Figures:
     m, g = problem.model, problem.gpu
-    common = {"precision": problem.precision, "engine": problem.engine, "shape": shape, "rate_rps": rates}
-    if layout.kind is LayoutKind.REPLICAS:
-        r = layout.roles[Role.AGGREGATED]
-        par, kn = r.parallelism, r.knobs
-        pool = _pool(problem, layout, Role.AGGREGATED)
-        e = estimate_aggregated(m, g, kv=kn.kv_dtype, tp=par.tp, pp=par.pp, dp=par.dp, count=r.count, max_num_seqs=kn.max_num_seqs,
-                                max_num_batched_tokens=kn.max_num_batched_tokens, pool_tokens=pool, **common)
-        return e.ttft_s, e.tpot_s, e.tpot_mean_s, e.capacity_rps, pool
-    p, d = layout.roles[Role.PREFILL], layout.roles[Role.DECODE]
-    pool_d = _pool(problem, layout, Role.DECODE)
-    ep = estimate_prefill(m, g, kv=p.knobs.kv_dtype, tp=p.parallelism.tp, pp=p.parallelism.pp, dp=p.parallelism.dp, count=p.count,
-                          max_num_batched_tokens=p.knobs.max_num_batched_tokens, **common)
-    ed = estimate_decode(m, g, kv=d.knobs.kv_dtype, tp=d.parallelism.tp, pp=d.parallelism.pp, dp=d.parallelism.dp, count=d.count,
-                         max_num_seqs=d.knobs.max_num_seqs, pool_tokens=pool_d, **common)
-    same_node = layout.gpus <= g.gpus_per_node
-    transfer = kv_transfer_s(m, g, kv_dtype=d.knobs.kv_dtype, tokens=shape.input_tokens, same_node=same_node)
-    return ep.ttft_s + transfer + ed.ttft_s, ed.tpot_s, ed.tpot_mean_s, np.minimum(ep.capacity_rps, ed.capacity_rps), pool_d
+    out = [np.zeros(packed.n) for _ in range(5)]
+    for grp in packed.groups:
+        rate = rates[grp.index]
+        pe, sh = problem.precision, problem.engine
+        if grp.kind is LayoutKind.REPLICAS:
+            a = grp.roles[Role.AGGREGATED]
+            e = estimate_aggregated(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=a["tp"], pp=a["pp"],
+                                    dp=a["dp"], count=a["count"], max_num_seqs=a["mns"], max_num_batched_tokens=a["mnbt"], pool_tokens=grp.pool)
+            cols = (e.ttft_s, e.tpot_s, e.tpot_mean_s, e.capacity_rps)
+        else:
+            p, d = grp.roles[Role.PREFILL], grp.roles[Role.DECODE]
+            ep = estimate_prefill(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=p["tp"], pp=p["pp"],
+                                  dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"])
+            ed = estimate_decode(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=d["tp"], pp=d["pp"],
+                                 dp=d["dp"], count=d["count"], max_num_seqs=d["mns"], pool_tokens=grp.pool)
+            cols = (ep.ttft_s + grp.transfer_s + ed.ttft_s, ed.tpot_s, ed.tpot_mean_s, np.minimum(ep.capacity_rps, ed.capacity_rps))
+        for o, v in zip(out, (*cols, grp.pool), strict=True):
+            o[grp.index] = v
+    return Figures(*out)
 
 
 def predict_figures(problem: Problem, layouts: Sequence[Layout], rates_rps: Sequence[float]) -> Figures:
     """Analytical figures of each layout at its rate (one rate per layout)."""
-    shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
-    out = [_one(problem, shape, lay, np.float64(rate)) for lay, rate in zip(layouts, rates_rps, strict=True)]
-    cols = list(zip(*out, strict=True)) if out else [(), (), (), (), ()]
-    arr = [np.asarray(c, dtype=np.float64) for c in cols]
-    return Figures(*arr)
+    return _figures(problem, _pack(problem, layouts), np.asarray(rates_rps, dtype=np.float64))
 
 
-def _meets(problem: Problem, f: Figures, rates: Any, *, margin: float, load_margin: float) -> Any:
+def _meets(problem: Problem, f: Figures, rates: FloatArray, *, margin: float, load_margin: float) -> Any:
     return ((f.ttft_s * margin <= problem.slo.ttft_ms / 1e3) & (f.tpot_s * margin <= problem.slo.tpot_ms / 1e3)
             & (rates <= load_margin * f.capacity_rps))
 
@@ -80,13 +134,15 @@ def slo_capacity_rps(problem: Problem, layouts: Sequence[Layout], *, margin: flo
     """The highest request rate at which each layout still meets both SLOs (bisection; 0 if none)."""
     if not layouts:
         return np.zeros(0)
-    hi = np.asarray(predict_figures(problem, layouts, [1e-3] * len(layouts)).capacity_rps, dtype=np.float64)
+    packed = _pack(problem, layouts)
+    hi = np.asarray(_figures(problem, packed, np.full(len(layouts), 1e-3)).capacity_rps, dtype=np.float64)
+    hi = np.where(np.isfinite(hi), hi, 0.0)
     lo = np.zeros(len(layouts))
-    ok_low = _meets(problem, predict_figures(problem, layouts, list(np.maximum(hi * 1e-3, 1e-3))), np.maximum(hi * 1e-3, 1e-3),
-                    margin=margin, load_margin=load_margin)
+    floor = np.maximum(hi * 1e-3, 1e-6)
+    ok_low = _meets(problem, _figures(problem, packed, floor), floor, margin=margin, load_margin=load_margin)
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) / 2.0
-        ok = _meets(problem, predict_figures(problem, layouts, list(mid)), mid, margin=margin, load_margin=load_margin)
+        ok = _meets(problem, _figures(problem, packed, mid), mid, margin=margin, load_margin=load_margin)
         lo = np.where(ok, mid, lo)
         hi = np.where(ok, hi, mid)
     return np.where(ok_low, lo, 0.0)
