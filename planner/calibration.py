@@ -218,15 +218,23 @@ class _EngineDefaults:
     max_running: int
     overhead_scale: float | None
     ttft_overhead_s: float
+    ttft_s_per_input_token: float
 
 
 def _defaults(backend: str, p: PerfParams) -> _EngineDefaults:
     """Engine defaults the benchmarks ran with (shared/reference/engines.md sections 1.1 and 2.1)."""
     if backend == "sglang":
-        return _EngineDefaults(Engine.SGLANG, False, KvDtype.AUTO, 0.85, 2048, None, p.sglang_ttft_overhead_s)
+        return _EngineDefaults(Engine.SGLANG, False, KvDtype.AUTO, 0.85, 2048, None, p.sglang_ttft_overhead_s,
+                               p.sglang_ttft_s_per_input_token)
     if backend == "trtllm":  # in-flight batching mixes context and generation; FP8 KV in the recipes
-        return _EngineDefaults(Engine.VLLM, True, KvDtype.FP8, 0.9, 2048, p.trtllm_overhead_scale, p.trtllm_ttft_overhead_s)
-    return _EngineDefaults(Engine.VLLM, True, KvDtype.AUTO, 0.9, 1024, None, p.ttft_overhead_s)
+        return _EngineDefaults(Engine.VLLM, True, KvDtype.FP8, 0.9, 2048, p.trtllm_overhead_scale, p.trtllm_ttft_overhead_s,
+                               p.ttft_s_per_input_token)
+    return _EngineDefaults(Engine.VLLM, True, KvDtype.AUTO, 0.9, 1024, None, p.ttft_overhead_s, p.ttft_s_per_input_token)
+
+
+def _requests_per_client(backend: str, p: PerfParams) -> float:
+    """Benchmark length of the harness that measured the rows (SGLang's rows came from its own harness)."""
+    return p.sglang_bench_requests_per_client if backend == "sglang" else p.bench_requests_per_client
 
 
 def _token_budget(backend: str, gpu: Gpu, dp: Any) -> Any:
@@ -278,7 +286,8 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
         budget = _token_budget(first.backend, gpu, dp)
         res = aggregated(_stepper(model, gpu, first, d, topo, p), clients_per_rank=conc / dp, isl=isl, osl=osl,
                          token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx),
-                         mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s, params=p)
+                         mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s + d.ttft_s_per_input_token * isl,
+                         requests_per_client=_requests_per_client(first.backend, p), params=p)
     else:
         pre = [c.prefill for c in cases if c.prefill is not None]
         dec = [c.decode for c in cases if c.decode is not None]
@@ -293,7 +302,9 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
                             decode_ranks=ddp * np.array([t.workers for t in dec], dtype=float), isl=isl, osl=osl,
                             prefill_budget=_token_budget(first.backend, gpu, pdp),
                             decode_max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx),
-                            transfer_s=transfer, ttft_overhead_s=d.ttft_overhead_s + p.disagg_ttft_overhead_s, params=p)
+                            transfer_s=transfer,
+                            ttft_overhead_s=d.ttft_overhead_s + p.disagg_ttft_overhead_s + d.ttft_s_per_input_token * isl,
+                            requests_per_client=_requests_per_client(first.backend, p), params=p)
     ttft, tpot, x = (np.broadcast_to(np.asarray(v, dtype=float), isl.shape) for v in (res.ttft_s, res.tpot_s, res.throughput_rps))
     return [Prediction(ttft_ms=float(a) * 1e3, tpot_ms=float(b) * 1e3, throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
 

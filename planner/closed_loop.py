@@ -54,13 +54,15 @@ def _bisect(fn: Any, hi: Any) -> tuple[Any, Any]:
 
 
 def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
-               mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, params: PerfParams | None = None) -> ClosedLoopResult:
+               mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: float | None = None,
+               params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
 
     mixed_batches: prefill chunks ride in decode steps under one token budget (vLLM V1, TRT-LLM);
     otherwise prefill batches pause decoding (SGLang). In steady state a request lives n_c = ⌈isl/C⌉
     prefill steps plus osl − 1 decode steps, so per step b/L requests finish and b·isl/L prompt tokens
-    arrive; prefills of a burst of clients collide in one step.
+    arrive; prefills of a burst of clients collide in one step. `requests_per_client` (default the parameter
+    file's) sets how much the start-up wave weighs in the mean TTFT.
     """
     p = params or perf_params()
     clients = np.asarray(clients_per_rank, dtype=float)
@@ -89,7 +91,7 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
 
     def wait(tau: Any, t_p: Any, f: Any) -> Any:
         rho = np.minimum(f, _RHO_MAX)
-        return ttft_overhead_s + 0.5 * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
+        return ttft_overhead_s + (0.5 + p.result_delay_steps) * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
 
     def excess(b: Any) -> Any:
         tau, t_p, f, x, _ = state(b)
@@ -106,13 +108,14 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     wave_tokens = np.minimum(clients * isl, budget)
     t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
     wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5 + ttft_overhead_s
-    ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / p.bench_requests_per_client
+    ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / (requests_per_client or p.bench_requests_per_client)
     return ClosedLoopResult(ttft_s=ttft, tpot_s=tau, throughput_rps=x * ranks, running_per_rank=b, saturated=capped | (queued > 0))
 
 
 def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, clients: Any, prefill_ranks: Any,
                   decode_ranks: Any, isl: Any, osl: Any, prefill_budget: Any, decode_max_running: Any, transfer_s: Any,
-                  ttft_overhead_s: Any = 0.0, params: PerfParams | None = None) -> ClosedLoopResult:
+                  ttft_overhead_s: Any = 0.0, requests_per_client: float | None = None,
+                  params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against prefill/decode pools: prefill ranks queue prompts, decode ranks run pure decode.
 
     For a decode batch b per rank: TPOT = decode step(b), throughput X = R_d·b/((osl − 1)·TPOT), each prefill
@@ -141,7 +144,7 @@ def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, cl
         x = r_d * b / (n_d * t_d)
         rho = x / r_p * s_batch
         w = p.queue_factor * np.minimum(rho, _RHO_MAX) / (2.0 * (1.0 - np.minimum(rho, _RHO_MAX))) * s1
-        ttft = ttft_overhead_s + w + s1 + transfer_s + 0.5 * t_d
+        ttft = ttft_overhead_s + w + s1 + transfer_s + (0.5 + p.pd_admission_steps + p.result_delay_steps) * t_d
         return t_d, x, rho, ttft
 
     def excess(b: Any) -> Any:
@@ -153,5 +156,5 @@ def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, cl
     t_d, x, _, ttft = state(b)
     ttft = np.maximum(ttft, clients / np.maximum(x, 1e-12) - n_d * t_d)
     wave = 0.5 * clients / r_p * s_batch + s1 + ttft_overhead_s
-    ttft = ttft + np.maximum(wave - ttft, 0.0) / p.bench_requests_per_client
+    ttft = ttft + np.maximum(wave - ttft, 0.0) / (requests_per_client or p.bench_requests_per_client)
     return ClosedLoopResult(ttft_s=ttft, tpot_s=t_d, throughput_rps=x, running_per_rank=b, saturated=capped)

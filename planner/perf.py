@@ -56,6 +56,7 @@ class PerfParams:
     moe_eff_scale: float = 0.70         # grouped expert GEMMs relative to dense GEMMs
     mem_eff: float = 0.80               # fraction of HBM bandwidth reached streaming weights
     roofline_sharpness: float = 2.0     # p of the p-norm joining compute and memory time (∞ = max)
+    narrow_width_cols: float = 64.0     # GEMMs whose per-GPU output width is w columns run (1 + this / w) slower
     attn_prefill_eff: float = 0.45      # fraction of BF16 peak FLOP/s reached by prefill attention
     attn_decode_mem_eff: float = 0.70   # fraction of HBM bandwidth reached reading KV in decode
     link_eff: float = 0.75              # fraction of link bandwidth reached by collectives
@@ -70,7 +71,12 @@ class PerfParams:
     sglang_ttft_overhead_s: float = 0.1
     trtllm_ttft_overhead_s: float = 0.05
     disagg_ttft_overhead_s: float = 0.05  # PD: bootstrap and KV-transfer handshake on top of the bytes
+    ttft_s_per_input_token: float = 2e-6  # per prompt token off the GPU: tokenizing, prefix hashing, payload (vLLM, TRT-LLM)
+    sglang_ttft_s_per_input_token: float = 5e-6  # SGLang: the radix-tree match and insert walk the prompt in Python
+    result_delay_steps: float = 1.0     # steps between a token's compute and its delivery (overlapped output processing)
+    pd_admission_steps: float = 2.0     # PD: decode steps before a transferred request joins the decode batch
     bench_requests_per_client: float = 10.0  # benchmark length: requests each client sends (start-up wave weight)
+    sglang_bench_requests_per_client: float = 10.0  # the same for the SGLang rows' harness
     arrival_burst: float = 0.5          # share of a rank's clients whose prefills collide in one step
     queue_factor: float = 1.0           # scale of the prefill queueing delay
     source: str = "defaults (unfitted)"
@@ -156,8 +162,10 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
 
     # Dense linear layers (attention projections, dense/shared FFN, router) and the LM head, TP-sharded.
     linear_params = (model.non_expert_params - model.embedding_params) + model.vocab_size * model.hidden_size
-    lin_flop_s = 2.0 * linear_params * frac / tp / peak
-    lin_mem_s = linear_params * precision.weight_bytes * frac / tp / (hbm * p.mem_eff)
+    # Sharding narrows each GPU's slice of a GEMM; thin slices waste tensor-core tiles and bandwidth.
+    narrow = 1.0 + p.narrow_width_cols / (model.hidden_size / tp)
+    lin_flop_s = 2.0 * linear_params * frac / tp / peak * narrow
+    lin_mem_s = linear_params * precision.weight_bytes * frac / tp / (hbm * p.mem_eff) * narrow
 
     group = tp * dp
     ep = np.minimum(moe_ep, group)
@@ -166,8 +174,9 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     if model.is_moe:
         moe_layers = model.num_moe_layers * frac
         moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
-        moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak
-        moe_mem_s = model.expert_params * mp.weight_bytes * moe_layers / moe_tp / (hbm * p.mem_eff)
+        moe_narrow = 1.0 + p.narrow_width_cols / (model.moe_intermediate_size / moe_tp)
+        moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak * moe_narrow
+        moe_mem_s = model.expert_params * mp.weight_bytes * moe_layers / moe_tp / (hbm * p.mem_eff) * moe_narrow
         # EP: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the distinct remote GPUs
         # holding its k experts. DP attention without EP: tokens are all-gathered and reduce-scattered (BF16).
         k = model.experts_per_token

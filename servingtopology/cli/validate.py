@@ -102,13 +102,13 @@ def _print_block(name: str, b: dict[str, Any]) -> None:
     t, o, r, s = b["ttft"], b["tpot"], b["ranking"], b["skipped"]
     print(f"{name:34s} {b['rows']:5d} {s['count']:5d}  {_fmt(t['median_ape']):>6s} {_fmt(t['mape']):>7s} {_fmt(t['within_20pct'], '.2f'):>5s}"
           f"  {_fmt(o['median_ape']):>6s} {_fmt(o['mape']):>7s} {_fmt(o['within_20pct'], '.2f'):>5s}  {r['groups']:4d} {_fmt(r['top1_tpot'], '.2f'):>5s}"
-          f" {_fmt(r['top1_tokens_per_gpu'], '.2f'):>5s}")
+          f" {_fmt(r['top1_tokens_per_gpu'], '.2f'):>7s} {_fmt(r['top1_within_5pct'], '.2f'):>5s}")
 
 
 def print_summary(summary: dict[str, Any]) -> None:
     """The human table: overall first, then one line per (backend, mode, system)."""
     print(f"{'':34s} {'rows':>5s} {'skip':>5s}  {'TTFT: med%':>6s} {'mean%':>7s} {'±20%':>5s}  {'TPOT: med%':>6s} {'mean%':>7s} {'±20%':>5s}"
-          f"  {'grps':>4s} {'top1 TPOT':>5s} {'tok/GPU':>5s}")
+          f"  {'grps':>4s} {'top1 TPOT':>5s} {'tok/GPU':>7s} {'≤5%':>5s}")
     _print_block("overall", summary)
     for k, b in summary["groups"].items():
         _print_block(k, b)

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from servingtopology.planner.calibration import Prediction, Skip, parse_row, predict_all
+from servingtopology.planner.calibration import Prediction, Skip, fill_from_twins, parse_row, predict_all
 from servingtopology.planner.fidelity import ape_stats, ranking_score, summarize, tokens_per_gpu_s
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.model import resolve_model
@@ -111,3 +111,26 @@ def test_summary_counts_parse_skips_and_groups_by_backend_mode_system():
     s = summarize(cases, preds, skipped_at_parse=Counter({"bad measurement": 1}))
     assert s["rows"] == 4 and s["skipped"]["count"] == 1
     assert list(s["groups"]) == ["vllm/agg/h200_sxm"]
+
+
+def test_lossy_disagg_copies_take_the_topology_of_their_measured_twin():
+    full = {**DISAGG, "id": "full", "prefill_num_workers": "2", "decode_num_workers": "3"}
+    lossy = {**DISAGG, "id": "lossy", "prefill_num_workers": "", "decode_num_workers": "", "prefill_tp_size": "8",
+             "prefill_attention_dp_size": "1", "decode_tp_size": "8", "decode_attention_dp_size": "1"}
+    other = {**lossy, "id": "other", "silicon_tpot_ms": "21"}  # no twin: left as recorded
+    filled = {r["id"]: r for r in fill_from_twins([lossy, full, other])}
+    assert parse_row(filled["lossy"]).decode == parse_row(full).decode
+    assert parse_row(filled["other"]).decode.workers == 1 and parse_row(filled["other"]).decode.tp == 8
+
+
+def test_a_topology_whose_weights_cannot_fit_is_skipped_with_that_reason():
+    row = {**AGG, "model_path": "deepseek-ai/DeepSeek-V3", "tp_size": "1", "moe_tp_size": "1"}  # 671 B weights on one H200
+    (out,) = predict_all([parse_row(row)], {"deepseek-ai/DeepSeek-V3": resolve_model("deepseek-v3")}, {"h200_sxm": resolve_gpu("h200_sxm")})
+    assert isinstance(out, Skip) and out.kind == "weights do not fit the recorded topology"
+
+
+def test_a_near_tie_counts_within_tolerance_but_not_as_strict_agreement():
+    cases, preds = _group([30.0, 10.2, 10.0], [33.0, 9.0, 12.0])  # picks 10.2 ms; the best measured 10.0 ms
+    r = ranking_score(cases, preds)
+    assert r["top1_tpot"] == 0.0
+    assert r["top1_within_5pct"] >= 0.5
