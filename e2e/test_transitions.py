@@ -133,5 +133,7 @@ def test_traffic_drift_in_the_emulator_leads_to_a_replan_and_a_completed_transit
         assert any(h.get("action") == "Applied" and h.get("layout") == after["plan"]["layout"] for h in after.get("history", []))
         assert sampler.max_gpus_held() <= MAX_GPUS + SURGE_GPUS
         assert sampler.min_ready_after_first_serving() >= 1, "serving capacity dropped to zero during the transition"
+        print(f"\ndrift 4 → 30 req/s: {before['layout']} → {after['plan']['layout']}; max GPUs held {sampler.max_gpus_held()} "
+              f"(budget {MAX_GPUS}+{SURGE_GPUS}); fewest Ready serving pods {sampler.min_ready_after_first_serving()}")
     finally:
         emulator.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
