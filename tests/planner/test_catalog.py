@@ -1,15 +1,15 @@
 """GPU and model catalogs: every entry loads, aliases resolve, unknown names are refused with choices."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Precision, gpu_catalog, resolve_gpu
 from servingtopology.planner.model import from_hf_config, model_catalog, resolve_model
+from tests.groundtruth import GROUNDTRUTH
 
-SHARED_MODELS = Path(__file__).resolve().parents[3] / "shared" / "groundtruth" / "models"
+SHARED_MODELS = GROUNDTRUTH / "models"
 
 REQUIRED_GPUS = ["a100_sxm", "a100_40gb", "h100_sxm", "h100_pcie", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300",
                  "l40s", "mi300x", "rtx_4090", "rtx_pro_6000"]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from servingtopology.cli.main import main
+from tests.groundtruth import GROUNDTRUTH
 
-REFS = Path("/work/shared/groundtruth/llmservingsim_vllm_refs")
+REFS = GROUNDTRUTH / "llmservingsim_vllm_refs"
 
 SPEC = """
 model: meta-llama/Llama-3.1-8B

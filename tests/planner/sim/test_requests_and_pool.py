@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +13,9 @@ from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.sim import Sessions, from_rows, from_workload, recorded_latencies
 from servingtopology.planner.sim.kvcache import KvPool
 from servingtopology.planner.workload import LengthDist, Workload
+from tests.groundtruth import GROUNDTRUTH
 
-REFS = Path("/work/shared/groundtruth/llmservingsim_vllm_refs")
+REFS = GROUNDTRUTH / "llmservingsim_vllm_refs"
 
 
 def test_poisson_and_gamma_arrivals_have_the_asked_rate_and_burstiness() -> None:
