@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from ..planner.decide import decide
+    from ..planner.problem import Decision, Problem
+    from ..planner.sim.stage import stage6_figures
     from .cluster import KubeCluster
     from .handlers import Runtime, register
     from .telemetry import new_metrics, serve_metrics
@@ -59,7 +61,12 @@ def run(args: argparse.Namespace) -> int:
     metrics = new_metrics()
     if args.metrics_port:
         serve_metrics(metrics, args.metrics_port)
-    runtime = Runtime(cluster=KubeCluster(_kube_api_client()), planner=decide, metrics=metrics,
+
+    def plan(problem: Problem) -> Decision:
+        # Stage 6: the step-level simulator checks the top K, as `servingtopology plan` does.
+        return decide(problem, simulate=stage6_figures)
+
+    runtime = Runtime(cluster=KubeCluster(_kube_api_client()), planner=plan, metrics=metrics,
                       gpus_per_node_default=args.gpus_per_node)
     registry = kopf.OperatorRegistry()
     # A fresh registry has no login handlers (kopf adds them only to its default one): log in through the client.
