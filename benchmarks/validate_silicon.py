@@ -46,7 +46,7 @@ def _replays() -> None:
             print(f"  {ref.name}: simulator not available (exit {r.returncode}: {r.stderr.strip()[-160:]})")
             continue
         figs = {k: d.get(k, {}).get("mean", {}) for k in ("ttft_ms", "tpot_ms")}
-        print(f"  {ref.name}: " + ", ".join(f"{k} mean measured {v.get('measured')} predicted {v.get('predicted')} "
+        print(f"  {ref.name}: " + ", ".join(f"{k} mean recorded {v.get('recorded')} predicted {v.get('predicted')} "
                                              f"error {v.get('error_pct')} %" for k, v in figs.items()))
 
 

@@ -45,8 +45,10 @@ class StepTimeModel(Protocol):
 class PerfParams:
     """Global efficiency curves (fitted, see benchmarks/fit_perf.py); times in seconds.
 
-    The TTFT overheads are per request (off the GPU); the last three describe the closed-loop benchmark
-    protocol the calibration rows were measured with (read by planner.closed_loop), not the engine.
+    Step-time terms come first. The TTFT terms (`*ttft*`, result delay, PD admission) are latency a request
+    sees off the GPU's step loop; `*bench_requests_per_client`, `arrival_burst` and `queue_factor` describe
+    the closed-loop benchmarks the rows were measured with. Those are read by planner.closed_loop and
+    planner.calibration, not by `step_time_s`.
     """
 
     gemm_eff_max: float = 0.70          # best fraction of dense BF16 peak FLOP/s a GEMM reaches
