@@ -1,7 +1,7 @@
 """Changes under load: the operator killed mid-rollout, Prometheus going away, and traffic drifting in the emulator.
 
 Each scenario samples the topology's pods throughout and checks the GPU budget (maxGPUs + maxSurgeGPUs) and
-a capacity floor (never zero Ready serving pods once it has served). The two that need live metrics first
+a capacity floor (never fewer Ready serving pods than served before the change). The two that need live metrics first
 wait for the operator to report `MetricsAvailable=True` from Prometheus, and skip, saying so, if it never
 does (an operator without live replanning).
 """
@@ -33,10 +33,13 @@ def _patch_spec(cluster: LocalCluster, namespace: str, name: str, patch: dict[st
 
 
 def _settled(kube: Kube, namespace: str, name: str) -> bool:
+    """Converged on the current generation: planned for it, Ready, and no transition in progress."""
     obj = kube.topology(namespace, name)
     status = obj.get("status", {})
-    ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
-    return bool(status.get("observedGeneration") == obj["metadata"]["generation"] and ready.get("status") == "True")
+    conditions = {c["type"]: c.get("status") for c in status.get("conditions", [])}
+    generation = obj["metadata"]["generation"]
+    return bool(status.get("observedGeneration") == generation and status.get("plan", {}).get("generation") == generation
+                and conditions.get("Ready") == "True" and conditions.get("Progressing") != "True")
 
 
 def _deployments(kube: Kube, namespace: str, name: str) -> dict[str, tuple[int, int]]:
@@ -69,13 +72,15 @@ def test_the_operator_killed_mid_rollout_resumes_and_converges_within_the_budget
         generation = kube.topology(namespace, "resume")["metadata"]["generation"]
 
         def acting() -> bool:
-            plan = kube.topology(namespace, "resume").get("status", {}).get("plan", {})
-            return bool(plan.get("generation") == generation)
+            status = kube.topology(namespace, "resume").get("status", {})
+            progressing = next((c for c in status.get("conditions", []) if c["type"] == "Progressing"), {})
+            return bool(status.get("plan", {}).get("generation") == generation or progressing.get("status") == "True")
 
-        wait_until(acting, timeout_s=120, what="the operator acting on the new generation", interval_s=0.2,
+        wait_until(acting, timeout_s=120, what="the operator acting on the new generation", interval_s=0.1,
                    on_timeout=operator.log_tail)
-        rolling = not _settled(kube, namespace, "resume")
         operator.kill()
+        progressing = kube.condition(namespace, "resume", "Progressing") or {}
+        rolling = progressing.get("status") == "True" or sampler.samples[-1].ready_serving_pods < sampler.samples[-1].pods
         operator.start()  # kopf peering may hold it back until the dead peer's record expires (about a minute)
         wait_until(lambda: _settled(kube, namespace, "resume"), timeout_s=240, what="convergence after the restart",
                    on_timeout=operator.log_tail)
@@ -85,7 +90,8 @@ def test_the_operator_killed_mid_rollout_resumes_and_converges_within_the_budget
     after = kube.topology(namespace, "resume")["status"]["plan"]
     assert after["gpus"] >= before["gpus"] and after != before, (before, after)
     assert sampler.max_gpus_held() <= MAX_GPUS + SURGE_GPUS, [s for s in sampler.samples if s.gpus_held > MAX_GPUS + SURGE_GPUS]
-    assert sampler.min_ready_after_first_serving() >= 1, "serving capacity dropped to zero during the rollout"
+    floor = sampler.samples[0].ready_serving_pods  # what served before the change
+    assert sampler.min_ready_after_first_serving() >= floor, f"Ready serving pods dropped below the {floor} before the change"
     print(f"\nkilled while {'rolling out' if rolling else 'already settled'}; plan {before['layout']} → {after['layout']}; "
           f"max GPUs held {sampler.max_gpus_held()}; {len(sampler.samples)} samples")
 
@@ -125,14 +131,13 @@ def test_traffic_drift_in_the_emulator_leads_to_a_replan_and_a_completed_transit
                 return bool(plan.get("layout") and plan.get("layout") != before["layout"])
 
             wait_until(replanned, timeout_s=300, what="a replan after the drift", on_timeout=operator.log_tail)
-            wait_until(lambda: _settled(kube, namespace, "drift")
-                       and kube.condition(namespace, "drift", "Progressing")["status"] == "False",
-                       timeout_s=240, what="the transition completed", on_timeout=operator.log_tail)
+            wait_until(lambda: _settled(kube, namespace, "drift"), timeout_s=240, what="the transition completed", on_timeout=operator.log_tail)
         after = kube.topology(namespace, "drift")["status"]
         assert after["plan"]["gpus"] > before["gpus"], (before, after["plan"])
         assert any(h.get("action") == "Applied" and h.get("layout") == after["plan"]["layout"] for h in after.get("history", []))
         assert sampler.max_gpus_held() <= MAX_GPUS + SURGE_GPUS
-        assert sampler.min_ready_after_first_serving() >= 1, "serving capacity dropped to zero during the transition"
+        floor = sampler.samples[0].ready_serving_pods  # what served before the drift
+        assert sampler.min_ready_after_first_serving() >= floor, f"Ready serving pods dropped below the {floor} before the drift"
         print(f"\ndrift 4 → 30 req/s: {before['layout']} → {after['plan']['layout']}; max GPUs held {sampler.max_gpus_held()} "
               f"(budget {MAX_GPUS}+{SURGE_GPUS}); fewest Ready serving pods {sampler.min_ready_after_first_serving()}")
     finally:
