@@ -39,7 +39,7 @@ e2e: $(STAMP) e2e-build
 e2e-kind: $(STAMP)
 	E2E_KUBECONFIG="$${KUBECONFIG:-$$HOME/.kube/config}" $(BIN)/python -m pytest e2e -m e2e -rs
 
-test: lint unit
+test: lint unit e2e
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/funnel_speed.py
