@@ -6,6 +6,9 @@ measured) TTFT and TPOT on the vLLM and SGLang rows (TensorRT-LLM rows at a lowe
 its overhead scale). No parameter is keyed by model. Writes planner/data/perf_params.json with provenance.
 
     .venv/bin/python benchmarks/fit_perf.py [--csv PATH] [--model-dir DIR] [--evals N] [--dry-run]
+
+The committed data file came from `--from-defaults --evals 1500 --restarts 2` (about 7 minutes on 2 cores);
+without --from-defaults the search warm-starts from the committed parameters.
 """
 
 from __future__ import annotations
