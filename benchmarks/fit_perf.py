@@ -69,16 +69,28 @@ BOUNDS: dict[str, tuple[float, float]] = {
 _FLOOR = {"arrival_burst": 1e-3}
 
 
-def _to_params(x: np.ndarray, base: PerfParams) -> PerfParams:
+def _to_params(x: np.ndarray, base: PerfParams, names: list[str]) -> PerfParams:
     values = {}
-    for v, (name, (lo, hi)) in zip(x, BOUNDS.items(), strict=True):
+    for v, name in zip(x, names, strict=True):
+        lo, hi = BOUNDS[name]
         lo = max(lo, _FLOOR.get(name, lo))
         values[name] = float(min(max(math.exp(v), lo), hi))
     return replace(base, **values)
 
 
-def _from_params(p: PerfParams) -> np.ndarray:
-    return np.array([math.log(max(getattr(p, name), _FLOOR.get(name, 1e-12))) for name in BOUNDS])
+def _from_params(p: PerfParams, names: list[str]) -> np.ndarray:
+    return np.array([math.log(max(getattr(p, name), _FLOOR.get(name, 1e-12))) for name in names])
+
+
+def _pins(specs: list[str]) -> dict[str, float]:
+    """`NAME=VALUE` pairs held fixed during the search (a physical choice, e.g. the roofline's form)."""
+    pins = {}
+    for spec in specs:
+        name, _, value = spec.partition("=")
+        if name not in BOUNDS:
+            raise SystemExit(f"--fix: unknown parameter {name!r}")
+        pins[name] = float(value)
+    return pins
 
 
 def _loss(m: Measurements, params: PerfParams) -> float:
@@ -156,19 +168,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=2)
     ap.add_argument("--from-defaults", action="store_true", help="start from PerfParams() instead of the current fit")
     ap.add_argument("--dry-run", action="store_true", help="print the fit, do not write the data file")
+    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a parameter at VALUE instead of fitting it (repeatable)")
+    ap.add_argument("--out", type=Path, default=OUT, help="where to write the fitted parameters")
     args = ap.parse_args(argv)
 
     m = load_measurements(args.csv, model_dir=args.model_dir)
-    base = PerfParams() if args.from_defaults else perf_params()
-    x = _from_params(base)
+    pins = _pins(args.fix)
+    base = replace(PerfParams() if args.from_defaults else perf_params(), **pins)
+    names = [n for n in BOUNDS if n not in pins]
+    x = _from_params(base, names)
     t0 = time.perf_counter()
-    start_loss = _loss(m, _to_params(x, base))
+    start_loss = _loss(m, _to_params(x, base, names))
     print(f"rows {len(m.cases)}, start loss {start_loss:.5f}")
     loss = start_loss
     for k in range(args.restarts):
-        x, loss = nelder_mead(lambda v: _loss(m, _to_params(v, base)), x, step=0.3 / (k + 1), evals=args.evals)
+        x, loss = nelder_mead(lambda v: _loss(m, _to_params(v, base, names)), x, step=0.3 / (k + 1), evals=args.evals)
         print(f"restart {k}: loss {loss:.5f} after {time.perf_counter() - t0:.0f} s")
-    fitted = _to_params(x, base)
+    fitted = _to_params(x, base, names)
     _, summary = evaluate(m, fitted)
     sel = [c.backend in ("vllm", "sglang") for c in m.cases]
     sub = Measurements([c for c, s in zip(m.cases, sel, strict=True) if s], m.models, m.gpus, m.skipped_at_parse)
@@ -185,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "fitted_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "rows_used": len(m.cases),
         "loss": round(loss, 6),
+        "fixed": pins,
         "fit_error": {
             "all": {k: summary[k] for k in ("ttft", "tpot", "ranking")},
             "vllm_sglang": {k: sub_summary[k] for k in ("ttft", "tpot", "ranking")},
@@ -194,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(json.dumps(record["params"], indent=1))
         return 0
-    OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {OUT.relative_to(ROOT)}")
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 
