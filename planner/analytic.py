@@ -95,7 +95,10 @@ class _Ctx:
 
 
 def _f(c: _Ctx, kv: KvDtype, tp: Any, pp: Any, dp: Any, pf: Any, pairs: Any, dec: Any, ctx: Any) -> Any:
-    return step_time_s(c.model, c.gpu, precision=c.precision, kv_dtype=kv, engine=c.engine, tp=tp, pp=pp, dp=dp,
+    # The funnel's layouts run MoE experts expert-parallel over tp × dp exactly when attention is data-parallel
+    # (Parallelism.ep), as the simulator's InstancePerf does; otherwise the experts are tensor-sharded.
+    moe_ep = np.where(np.asarray(dp) > 1, np.asarray(tp) * np.asarray(dp), 1) if c.model.is_moe else 1
+    return step_time_s(c.model, c.gpu, precision=c.precision, kv_dtype=kv, engine=c.engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep,
                        prefill_tokens=pf, prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx)
 
 
