@@ -19,7 +19,6 @@ percentile adds a spread for chunked-prefill interference.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,4 +189,3 @@ def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine:
     return RoleEstimate(ttft_s=t, tpot_s=tpot, tpot_mean_s=t, capacity_rps=mu * count * dp, utilisation=lam / mu)
 
 
-_ = math

@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from .hardware import GIB, Gpu, Precision
+from .hardware import Gpu, Precision
 from .layout import Engine, EngineKnobs, KvDtype, Parallelism
 from .model import ModelArch
 
@@ -127,4 +127,3 @@ def transfer_floor_s(num_bytes: float, *, link_gbit: float) -> float:
     return num_bytes * 8.0 / (link_gbit * 1e9)
 
 
-_ = GIB  # re-exported unit for callers that format pools in GiB

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .hardware import Gpu, Precision
-from .layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind
+from .layout import Engine, KvDtype, Layout, LayoutKind
 from .model import ModelArch
 from .workload import Objective, Slo, Workload
 
@@ -101,4 +101,3 @@ class Decision:
     evaluated: tuple[Candidate, ...] = ()  # every refined candidate (for Pareto plots)
 
 
-_ = EngineKnobs
