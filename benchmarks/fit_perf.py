@@ -1,14 +1,23 @@
-"""Fit the global efficiency parameters of the performance model on the shared silicon measurements.
+"""Fit the global efficiency parameters of the performance model on the shared measurements.
 
-Reproducible from shared/groundtruth/silicon_calibration.csv and its model configs: a bounded Nelder–Mead
-(written here; scipy is not a dependency) over log-parameters minimises a robust loss of log(predicted /
-measured) TTFT and TPOT on the vLLM and SGLang rows (TensorRT-LLM rows at a lower weight, they alone set
-its overhead scale). No parameter is keyed by model. Writes planner/data/perf_params.json with provenance.
+Reproducible from shared/groundtruth: silicon_calibration.csv with its model configs, and the decode steps
+recorded in llmservingsim_vllm_refs/*/timeseries.csv (only the run whose KV occupancy was recorded, the RTX
+4090 one; the RTX PRO 6000 run stays a check). The loss, over log(predicted / measured):
+  - per row, TTFT (weight --ttft-weight) and TPOT of the vLLM and SGLang rows (TensorRT-LLM rows at 0.3;
+    they alone set its overhead scale);
+  - per pair of rows that a ranking compares (same model, precision, system, backend, lengths and
+    concurrency; different topology), the ratio of their TPOTs and of their request cycles (--rank-weight);
+  - per recorded 1 s decode tick, the step time (--step-weight).
+All terms use a Cauchy loss (scale 0.2), so rows whose setup cannot be what ran do not pull the bulk. The
+search is a bounded compass search over log-parameters (written here; scipy is not a dependency). No
+parameter is keyed by model. Writes planner/data/perf_params.json with its provenance.
 
-    .venv/bin/python benchmarks/fit_perf.py [--csv PATH] [--model-dir DIR] [--evals N] [--dry-run]
+    .venv/bin/python benchmarks/fit_perf.py [--csv PATH] [--model-dir DIR] [--evals N] [--fix NAME=VALUE] [--dry-run]
 
-The committed data file came from `--from-defaults --evals 1500 --restarts 2` (about 7 minutes on 2 cores);
-without --from-defaults the search warm-starts from the committed parameters.
+Pinned from outside the data: gemm_eff_max = 0.8, the best share of BF16 peak a large matmul reaches on
+H100 SXM (80.3 %) and B200 (77.6 %) in the "Maximum Achievable Matmul FLOPS" table of
+stas00/ml-engineering (compute/accelerator/README.md). The silicon rows are FP8 and FP4 only, so without it
+BF16 efficiency would be an extrapolation. The committed file's command line is in its "command" field.
 """
 
 from __future__ import annotations
@@ -20,14 +29,19 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from replay_refs import decode_ticks
 
 from servingtopology.cli.validate import Measurements, evaluate, load_measurements
 from servingtopology.planner.calibration import Prediction, predict_all
-from servingtopology.planner.perf import PerfParams, perf_params
+from servingtopology.planner.hardware import Gpu, Precision
+from servingtopology.planner.layout import Engine, KvDtype, Role
+from servingtopology.planner.model import ModelArch
+from servingtopology.planner.perf import PerfParams, load_params, perf_params, step_time_s
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "groundtruth"
@@ -93,22 +107,98 @@ def _pins(specs: list[str]) -> dict[str, float]:
     return pins
 
 
-def _loss(m: Measurements, params: PerfParams) -> float:
-    """Weighted Cauchy loss of log(predicted / measured) (scale c = 0.2) over TTFT (weight 1.5) and TPOT (1).
+def _pairs(m: Measurements) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs of rows that a ranking compares: same model, precisions, system, backend, lengths and
+    concurrency, different topology (the groups of planner.fidelity.ranking_score)."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, c in enumerate(m.cases):
+        groups.setdefault((c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency), []).append(i)
+    left, right = [], []
+    for idx in groups.values():
+        for a in range(len(idx)):
+            for b in range(a + 1, len(idx)):
+                ca, cb = m.cases[idx[a]], m.cases[idx[b]]
+                if (ca.mode, ca.topology_label) != (cb.mode, cb.topology_label):
+                    left.append(idx[a])
+                    right.append(idx[b])
+    return np.array(left, dtype=int), np.array(right, dtype=int)
 
-    The Cauchy loss flattens for large errors, so rows whose recorded topology or setup cannot be what ran
-    (a few hundred-fold TTFTs) do not pull the bulk: the targets are medians.
+
+_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+RANK_WEIGHT = 1.0  # weight of the between-topology term against the per-row term
+TTFT_WEIGHT = 1.5  # weight of a row's TTFT error against its TPOT error
+STEP_WEIGHT = 0.5  # weight of the measured decode steps of the recorded single-GPU runs
+
+
+def _cauchy(e: np.ndarray, c: float = 0.2) -> np.ndarray:
+    return 0.5 * c * c * np.log1p((e / c) ** 2)
+
+
+@dataclass(frozen=True)
+class StepTicks:
+    """Pure-decode step times measured on one recorded run (benchmarks/replay_refs.decode_ticks)."""
+
+    name: str
+    model: ModelArch
+    gpu: Gpu
+    precision: Precision
+    kv_dtype: KvDtype
+    engine: Engine
+    running: np.ndarray
+    context: np.ndarray
+    measured_s: np.ndarray
+
+    def loss(self, params: PerfParams) -> float:
+        t = step_time_s(self.model, self.gpu, precision=self.precision, kv_dtype=self.kv_dtype, engine=self.engine, tp=1, pp=1, dp=1,
+                        prefill_tokens=0.0 * self.running, prefill_pairs=0.0, decode_tokens=self.running,
+                        decode_context_tokens=self.context, params=params)
+        return float(np.mean(_cauchy(np.log(t / self.measured_s))))
+
+
+def _step_ticks(refs: Path) -> list[StepTicks]:
+    """Decode ticks whose KV in use was recorded, from every run under `refs` (single-GPU runs only)."""
+    out = []
+    for folder in sorted(p for p in refs.iterdir() if (p / "timeseries.csv").exists()):
+        rep, decode, _ = decode_ticks(folder, measured_kv_only=True)
+        rl = rep.layout.roles[Role.AGGREGATED]
+        if not decode or rl.parallelism.gpus != 1:
+            continue
+        a = np.array(decode)
+        out.append(StepTicks(folder.name, rep.model, rep.gpu, rep.layout.precision, rl.knobs.kv_dtype, rep.engine, a[:, 0], a[:, 1], a[:, 2]))
+    return out
+
+
+def _loss(m: Measurements, params: PerfParams, rank_weight: float = RANK_WEIGHT, ticks: Sequence[StepTicks] = (),
+          step_weight: float = STEP_WEIGHT, ttft_weight: float = TTFT_WEIGHT) -> float:
+    """Weighted Cauchy loss (scale 0.2) of log(predicted / measured) TTFT (weight 1.5) and TPOT (1) per row,
+    plus the same loss on the differences between topologies that a ranking compares.
+
+    The per-row term fits the figures; the pair term fits what the planner decides on: for two topologies
+    measured under the same benchmark, log(TPOT_a / TPOT_b) and log(cycle_a / cycle_b), where a request's
+    cycle (TTFT + (osl − 1)·TPOT) sets tokens/s per GPU. The Cauchy loss flattens for large errors, so rows
+    whose recorded topology or setup cannot be what ran (a few hundred-fold TTFTs) do not pull the bulk.
     """
     results = predict_all(m.cases, m.models, m.gpus, params=params)
     w = np.array([1.0 if c.backend in ("vllm", "sglang") else 0.3 for c in m.cases])
     ok = np.array([isinstance(r, Prediction) for r in results])
     pred = np.array([[r.ttft_ms, r.tpot_ms] if isinstance(r, Prediction) else [1.0, 1.0] for r in results])
     meas = np.array([[c.ttft_ms, c.tpot_ms] for c in m.cases])
-    c = 0.2
     e = np.log(pred / meas)
-    cauchy = 0.5 * c * c * np.log1p((e / c) ** 2)
-    per_row = np.where(ok, cauchy @ np.array([1.5, 1.0]), 0.5)
-    return float(np.sum(w * per_row) / np.sum(w))
+    per_row = np.where(ok, _cauchy(e) @ np.array([ttft_weight, 1.0]), 0.5)
+    row_term = float(np.sum(w * per_row) / np.sum(w))
+    if id(m) not in _PAIRS:
+        _PAIRS[id(m)] = _pairs(m)
+    a, b = _PAIRS[id(m)]
+    step_term = step_weight * float(np.mean([t.loss(params) for t in ticks])) if ticks else 0.0
+    if len(a) == 0:
+        return row_term + step_term
+    osl1 = np.array([max(c.osl - 1, 0) for c in m.cases], dtype=float)
+    cyc_p, cyc_m = pred[:, 0] + osl1 * pred[:, 1], meas[:, 0] + osl1 * meas[:, 1]
+    e_tpot = np.log(pred[a, 1] / pred[b, 1]) - np.log(meas[a, 1] / meas[b, 1])
+    e_cyc = np.log(cyc_p[a] / cyc_p[b]) - np.log(cyc_m[a] / cyc_m[b])
+    pw = np.where(ok[a] & ok[b], w[a] * w[b], 0.0)
+    pair_term = float(np.sum(pw * (_cauchy(e_tpot) + _cauchy(e_cyc))) / max(np.sum(pw), 1e-9))
+    return row_term + rank_weight * pair_term + step_term
 
 
 def nelder_mead(fn, x0: np.ndarray, *, step: float, evals: int, log_every: int = 50) -> tuple[np.ndarray, float]:
@@ -153,6 +243,29 @@ def nelder_mead(fn, x0: np.ndarray, *, step: float, evals: int, log_every: int =
     return simplex[best], values[best]
 
 
+def pattern_search(fn, x0: np.ndarray, *, step: float, evals: int, min_step: float = 0.01) -> tuple[np.ndarray, float]:
+    """Compass search (Kolda, Lewis and Torczon 2003): try ±step on each coordinate, keep any improvement,
+    halve the step after a sweep without one. Slower per step than Nelder–Mead but it does not stall in a
+    flat simplex, so it keeps moving from a warm start."""
+    x, fx = x0.copy(), fn(x0)
+    used = 1
+    while used < evals and step >= min_step:
+        improved = False
+        for i in range(len(x)):
+            for sign in (1.0, -1.0):
+                y = x.copy()
+                y[i] += sign * step
+                fy = fn(y)
+                used += 1
+                if fy < fx:
+                    x, fx, improved = y, fy, True
+                    break
+        print(f"  eval {used:5d}  loss {fx:.5f}  step {step:.3f}", flush=True)
+        if not improved:
+            step *= 0.5
+    return x, fx
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -166,24 +279,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, default=SHARED / "models")
     ap.add_argument("--evals", type=int, default=1200, help="loss evaluations per Nelder–Mead restart")
     ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--method", choices=("nelder-mead", "pattern"), default="pattern", help="search method")
     ap.add_argument("--from-defaults", action="store_true", help="start from PerfParams() instead of the current fit")
     ap.add_argument("--dry-run", action="store_true", help="print the fit, do not write the data file")
     ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
                     help="hold a parameter at VALUE instead of fitting it (repeatable)")
     ap.add_argument("--out", type=Path, default=OUT, help="where to write the fitted parameters")
+    ap.add_argument("--start", type=Path, default=None, help="warm-start from this parameter file instead of the committed one")
+    ap.add_argument("--step-refs", type=Path, default=SHARED / "llmservingsim_vllm_refs",
+                    help="recorded runs whose timeseries.csv decode steps join the fit (see --step-weight)")
+    ap.add_argument("--step-weight", type=float, default=STEP_WEIGHT, help="weight of the measured decode-step term (0 = off)")
+    ap.add_argument("--ttft-weight", type=float, default=TTFT_WEIGHT, help="weight of a row's TTFT error against its TPOT error")
+    ap.add_argument("--rank-weight", type=float, default=RANK_WEIGHT, help="weight of the between-topology loss term")
     args = ap.parse_args(argv)
 
     m = load_measurements(args.csv, model_dir=args.model_dir)
     pins = _pins(args.fix)
-    base = replace(PerfParams() if args.from_defaults else perf_params(), **pins)
+    start = load_params(json.loads(args.start.read_text())) if args.start else perf_params()
+    base = replace(PerfParams() if args.from_defaults else start, **pins)
     names = [n for n in BOUNDS if n not in pins]
     x = _from_params(base, names)
     t0 = time.perf_counter()
-    start_loss = _loss(m, _to_params(x, base, names))
+    ticks = _step_ticks(args.step_refs) if args.step_weight > 0 and args.step_refs.is_dir() else []
+    print("decode-step ticks: " + (", ".join(f"{t.name} {len(t.running)}" for t in ticks) or "none"))
+
+    def loss_of(v: np.ndarray) -> float:
+        return _loss(m, _to_params(v, base, names), args.rank_weight, ticks, args.step_weight, args.ttft_weight)
+
+    start_loss = loss_of(x)
     print(f"rows {len(m.cases)}, start loss {start_loss:.5f}")
     loss = start_loss
     for k in range(args.restarts):
-        x, loss = nelder_mead(lambda v: _loss(m, _to_params(v, base, names)), x, step=0.3 / (k + 1), evals=args.evals)
+        search = pattern_search if args.method == "pattern" else nelder_mead
+        x, loss = search(loss_of, x, step=0.3 / (k + 1), evals=args.evals)
         print(f"restart {k}: loss {loss:.5f} after {time.perf_counter() - t0:.0f} s")
     fitted = _to_params(x, base, names)
     _, summary = evaluate(m, fitted)
@@ -203,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         "rows_used": len(m.cases),
         "loss": round(loss, 6),
         "fixed": pins,
+        "method": args.method,
+        "command": "benchmarks/fit_perf.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "start": str(args.start) if args.start else ("defaults" if args.from_defaults else "committed parameters"),
+        "rank_weight": args.rank_weight,
+        "step_ticks": {t.name: len(t.running) for t in ticks},
+        "step_weight": args.step_weight,
+        "ttft_weight": args.ttft_weight,
         "fit_error": {
             "all": {k: summary[k] for k in ("ttft", "tpot", "ranking")},
             "vllm_sglang": {k: sub_summary[k] for k in ("ttft", "tpot", "ranking")},

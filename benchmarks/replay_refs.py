@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servingtopology.cli.simulate import compare, load_replay, run_replay
+from servingtopology.cli.simulate import Replay, compare, load_replay, run_replay
 from servingtopology.planner.layout import Role
 from servingtopology.planner.memory import kv_pool_tokens
 from servingtopology.planner.perf import InstancePerf
@@ -23,39 +23,51 @@ from servingtopology.planner.perf import InstancePerf
 REFS = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/shared/groundtruth/llmservingsim_vllm_refs")
 
 
-def step_check(folder: Path) -> str:
-    """Measured vs modelled pure-decode step time on the ticks of timeseries.csv without prefill."""
+def decode_ticks(folder: Path, *, measured_kv_only: bool = False) -> tuple[Replay, list[tuple[float, float, float]], list[tuple[float, float, float, float]]]:
+    """The replay and its 1 s ticks: pure decode as (running, context tokens, measured step s), and mixed
+    prefill+decode as (running, prompt tokens per step, context tokens, measured step s).
+
+    A tick's step is running / generated tokens (every running sequence decodes once per step). Its context
+    is the KV in use (kv_cache_pct × pool) when recorded; else running × the mean context (skipped when
+    `measured_kv_only`).
+    """
     rep = load_replay(folder)
     rl = rep.layout.roles[Role.AGGREGATED]
-    perf = InstancePerf(rep.model, rep.gpu, rep.layout.precision, rl.knobs.kv_dtype, rep.engine, rl.parallelism)
     pool = rep.pool_tokens or kv_pool_tokens(rep.model, rep.gpu, engine=rep.engine, precision=rep.layout.precision,
                                              parallelism=rl.parallelism, knobs=rl.knobs)
     path = folder / "timeseries.csv"
-    if not path.exists():
-        return "  (no timeseries.csv)"
-    rows = list(csv.DictReader(path.read_text().splitlines()))
+    rows = list(csv.DictReader(path.read_text().splitlines())) if path.exists() else []
     mean_ctx = float(np.mean(rep.requests.prompt_tokens) + np.mean(rep.requests.output_tokens) / 2)
-    pairs = []
-    mixed = []
+    decode: list[tuple[float, float, float]] = []
+    mixed: list[tuple[float, float, float, float]] = []
     for r in rows:
         running, gen, prompt = float(r["running"]), float(r["gen_throughput"]), float(r["prompt_throughput"])
-        if prompt > 0 and running >= 4 and gen >= running:
-            steps = gen / running  # every running sequence decodes once per step (approximately)
-            chunk = prompt / steps
-            kv = float(r["kv_cache_pct"]) / 100.0
-            ctx = kv * pool if kv > 0 else running * mean_ctx
-            model = perf.step_time_s(prefill_tokens=chunk, prefill_pairs=chunk * (mean_ctx / 2 + chunk / 2), decode_tokens=running,
-                                     decode_context_tokens=ctx)
-            mixed.append((running, chunk, 1.0 / steps, model))
-    for r in rows:
-        running, gen, prompt = float(r["running"]), float(r["gen_throughput"]), float(r["prompt_throughput"])
-        if prompt > 0 or running < 1 or gen < running:
-            continue
         kv = float(r["kv_cache_pct"]) / 100.0
+        if running < 1 or gen < running or (measured_kv_only and kv <= 0):
+            continue
         ctx = kv * pool if kv > 0 else running * mean_ctx
-        measured = running / gen
-        model = perf.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=running, decode_context_tokens=ctx)
-        pairs.append((running, ctx, measured, model))
+        if prompt <= 0:
+            decode.append((running, ctx, running / gen))
+        elif running >= 4:
+            steps = gen / running
+            mixed.append((running, prompt / steps, ctx, 1.0 / steps))
+    return rep, decode, mixed
+
+
+def step_check(folder: Path) -> str:
+    """Measured vs modelled step time on the ticks of timeseries.csv (pure decode, and mixed with prefill)."""
+    if not (folder / "timeseries.csv").exists():
+        return "  (no timeseries.csv)"
+    rep, decode, mixed_ticks = decode_ticks(folder)
+    rl = rep.layout.roles[Role.AGGREGATED]
+    perf = InstancePerf(rep.model, rep.gpu, rep.layout.precision, rl.knobs.kv_dtype, rep.engine, rl.parallelism)
+    mean_ctx = float(np.mean(rep.requests.prompt_tokens) + np.mean(rep.requests.output_tokens) / 2)
+    mixed = [(running, chunk, measured, perf.step_time_s(prefill_tokens=chunk, prefill_pairs=chunk * (mean_ctx / 2 + chunk / 2),
+                                                         decode_tokens=running, decode_context_tokens=ctx))
+             for running, chunk, ctx, measured in mixed_ticks]
+    pairs = [(running, ctx, measured, perf.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=running,
+                                                       decode_context_tokens=ctx))
+             for running, ctx, measured in decode]
     if not pairs:
         return "  (no pure-decode ticks)"
     a = np.array(pairs)

@@ -56,8 +56,14 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
         return f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
     if a.goodput_per_gpu < b.goodput_per_gpu * (1.0 - RANK_TOLERANCE):
         return f"{a.goodput_per_gpu:.2f} req/s per GPU within the SLOs against {b.goodput_per_gpu:.2f}"
-    return (f"within {RANK_TOLERANCE:.0%} on goodput per GPU ({a.goodput_per_gpu:.2f} against {b.goodput_per_gpu:.2f}) "
-            f"but needs {alt.layout.gpus} GPUs against {best.layout.gpus}, or is the more complex kind")
+    tie = f"within {RANK_TOLERANCE:.0%} on goodput per GPU ({a.goodput_per_gpu:.2f} against {b.goodput_per_gpu:.2f}) but "
+    if alt.layout.gpus != best.layout.gpus:
+        return tie + f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
+    if alt.layout.kind is not best.layout.kind:
+        return tie + f"is the more complex kind ({alt.layout.kind.value} against {best.layout.kind.value})"
+    if _pipeline_depth(alt.layout) != _pipeline_depth(best.layout):
+        return tie + f"has more pipeline stages ({_pipeline_depth(alt.layout)} against {_pipeline_depth(best.layout)})"
+    return tie + "its figure is analytical or its TTFT higher"
 
 
 def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None) -> Candidate:
@@ -76,11 +82,17 @@ def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | Non
     return Candidate(layout, pred, score=pred.goodput_per_gpu)
 
 
+def _pipeline_depth(layout: Layout) -> int:
+    """Pipeline stages of the deepest engine instance of a layout."""
+    return max(r.parallelism.pp for r in layout.roles.values())
+
+
 def _rank(problem: Problem, cands: list[Candidate]) -> list[Candidate]:
     """Order by the objective. Candidates within RANK_TOLERANCE of the best score tie, and a tie goes
-    to fewer GPUs, then the simpler kind (replicas before PD), then a simulated prediction over an
-    analytical one, then lower TTFT: a 1 % edge predicted by a model is not worth more GPUs or a more
-    complex deployment."""
+    to fewer GPUs, then the simpler kind (replicas before PD), then fewer pipeline stages (4×TP1 before
+    2×TP1·PP2: stages to balance and bubbles the model prices only on average), then a simulated
+    prediction over an analytical one, then lower TTFT: a 1 % edge predicted by a model is not worth more
+    GPUs or a more complex deployment."""
     meeting = [c for c in cands if c.prediction.meets_slo]
     missing = [c for c in cands if not c.prediction.meets_slo]
     if problem.objective is Objective.MIN_GPUS:
@@ -91,7 +103,8 @@ def _rank(problem: Problem, cands: list[Candidate]) -> list[Candidate]:
         return sorted(missing, key=lambda c: -c.prediction.goodput_per_gpu)
     top = by_score[0].prediction.goodput_per_gpu * (1.0 - RANK_TOLERANCE)
     tied = sorted((c for c in by_score if c.prediction.goodput_per_gpu >= top),
-                  key=lambda c: (c.layout.gpus, c.layout.kind.value != "replicas", c.prediction.source != "simulated", c.prediction.ttft_ms))
+                  key=lambda c: (c.layout.gpus, c.layout.kind.value != "replicas", _pipeline_depth(c.layout), c.prediction.source != "simulated",
+                                 c.prediction.ttft_ms))
     rest = [c for c in by_score if c.prediction.goodput_per_gpu < top]
     return tied + rest + sorted(missing, key=lambda c: -c.prediction.goodput_per_gpu)
 

@@ -1,8 +1,9 @@
 """Fidelity scores of predictions against measurements: percentage errors, skip reasons and ranking agreement.
 
 Called by `servingtopology validate` and the benchmarks after planner.calibration has predicted the rows.
-Ranking: among rows with the same model, system, backend, input/output lengths and concurrency but
-different topologies, is the predicted best (lowest TPOT; separately highest output tokens/s per GPU) the
+Ranking: among rows with the same model, weight precision, system, backend, input/output lengths and
+concurrency but different topologies (precision is the user's choice, not the planner's, so an FP4 and an
+FP8 deployment of one checkpoint are not ranked against each other), is the predicted best (lowest TPOT; separately highest output tokens/s per GPU) the
 measured best? `top1_agreement` is that strict share over both criteria; `top1_within_5pct` also counts a pick
 measured within 5 % of the best. Duplicate measurements of one topology are averaged first. Pure; no I/O.
 """
@@ -48,7 +49,7 @@ def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -
     groups: dict[tuple[Any, ...], dict[str, list[tuple[CalibrationCase, Prediction]]]] = {}
     for c, r in zip(cases, results, strict=True):
         if isinstance(r, Prediction):
-            key = (c.model_path, c.system, c.backend, c.isl, c.osl, c.concurrency)
+            key = (c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency)
             groups.setdefault(key, {}).setdefault(f"{c.mode}:{c.topology_label}", []).append((c, r))
     hits_tpot = hits_tput = near = n = 0
     for topos in groups.values():

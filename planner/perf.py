@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
@@ -24,7 +25,7 @@ from .layout import Engine, KvDtype, Parallelism
 from .memory import kv_bytes_per_token
 from .model import ModelArch
 
-__all__ = ["StepTimeModel", "PerfParams", "perf_params", "InstancePerf", "step_time_s", "kv_transfer_s", "StepCoefficients",
+__all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "InstancePerf", "step_time_s", "kv_transfer_s", "StepCoefficients",
            "step_coefficients", "evaluate_step_s"]
 
 
@@ -84,19 +85,42 @@ class PerfParams:
     source: str = "defaults (unfitted)"
 
 
-def _load_params(raw: dict[str, Any]) -> PerfParams:
+def load_params(raw: dict[str, Any]) -> PerfParams:
+    """Parameters from a parsed parameter file (the layout benchmarks/fit_perf.py writes); unknown keys are ignored."""
     known = {f.name for f in fields(PerfParams)} - {"source"}
     values = {k: float(v) for k, v in raw.get("params", {}).items() if k in known}
     return PerfParams(**values, source=str(raw.get("source", "")))
 
 
 @cache
-def perf_params() -> PerfParams:
-    """Fitted parameters from data/perf_params.json, or the defaults when the file is absent."""
+def _fitted_params() -> PerfParams:
     path = resources.files(__package__).joinpath("data/perf_params.json")
     if not path.is_file():
         return PerfParams()
-    return _load_params(json.loads(path.read_text()))
+    return load_params(json.loads(path.read_text()))
+
+
+_PINNED: list[PerfParams] = []
+
+
+@contextmanager
+def pinned_params(params: PerfParams) -> Iterator[PerfParams]:
+    """Use `params` wherever the fitted parameters would be read, inside the block.
+
+    For callers that must not follow a refit: tests of the operator's mechanics whose scenarios were
+    written against one calibration, or a comparison of a site's own calibration with the shipped one.
+    Not thread-safe; the planner runs single-threaded.
+    """
+    _PINNED.append(params)
+    try:
+        yield params
+    finally:
+        _PINNED.pop()
+
+
+def perf_params() -> PerfParams:
+    """The parameters in use: the innermost `pinned_params`, else data/perf_params.json, else the defaults."""
+    return _PINNED[-1] if _PINNED else _fitted_params()
 
 
 def _link_gbps(gpu: Gpu, group: Any) -> Any:
@@ -114,6 +138,16 @@ def _gemm_eff(p: PerfParams, gpu: Gpu, precision: Precision) -> float:
     native = precision is not Precision.BF16 and float(getattr(gpu, f"{precision.value}_tflops", 0.0)) > 0
     scale = {Precision.FP8: p.fp8_eff_scale, Precision.FP4: p.fp4_eff_scale}.get(precision, 1.0) if native else 1.0
     return p.gemm_eff_max * scale
+
+
+def _narrow_cols(p: PerfParams, precision: Precision) -> float:
+    """Per-GPU GEMM width (columns) at which a slice runs twice as slow as a wide one, for `precision`.
+
+    Tensor-core tiles are a fixed number of bytes deep (128 B of K per stage on Hopper and Blackwell:
+    64 BF16, 128 FP8 or 256 FP4 elements), so a slice narrower than a few tiles wastes more of each tile the
+    fewer bits its weights have: the width is counted in bytes and `narrow_width_cols` is its BF16 value.
+    """
+    return p.narrow_width_cols * 2.0 / max(precision.weight_bytes, 0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +199,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     # Dense linear layers (attention projections, dense/shared FFN, router) and the LM head, TP-sharded.
     linear_params = (model.non_expert_params - model.embedding_params) + model.vocab_size * model.hidden_size
     # Sharding narrows each GPU's slice of a GEMM; thin slices waste tensor-core tiles and bandwidth.
-    narrow = 1.0 + p.narrow_width_cols / (model.hidden_size / tp)
+    narrow = 1.0 + _narrow_cols(p, precision) / (model.hidden_size / tp)
     lin_flop_s = 2.0 * linear_params * frac / tp / peak * narrow
     lin_mem_s = linear_params * precision.weight_bytes * frac / tp / (hbm * p.mem_eff) * narrow
 
@@ -176,7 +210,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     if model.is_moe:
         moe_layers = model.num_moe_layers * frac
         moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
-        moe_narrow = 1.0 + p.narrow_width_cols / (model.moe_intermediate_size / moe_tp)
+        moe_narrow = 1.0 + _narrow_cols(p, mp) / (model.moe_intermediate_size / moe_tp)
         moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak * moe_narrow
         moe_mem_s = model.expert_params * mp.weight_bytes * moe_layers / moe_tp / (hbm * p.mem_eff) * moe_narrow
         # EP: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the distinct remote GPUs
@@ -207,7 +241,10 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     layers = model.num_layers * frac
     reduces = 2.0 * layers - np.where(ep > 1, model.num_moe_layers * frac, 0.0)
     tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / (_link_gbps(gpu, tp) * 1e9 * p.link_eff), zero)
-    tp_fixed = np.where(tp > 1, reduces * p.allreduce_latency_s * np.log2(np.maximum(tp, 2)), zero)
+    # Small all-reduces inside a node are one-shot (vLLM/SGLang custom all-reduce, NCCL NVLS: every GPU reads its
+    # peers at once), so their latency does not grow with the group; across nodes each doubling adds a tree hop.
+    hops = 1.0 + np.log2(np.maximum(tp / gpu.gpus_per_node, 1.0))
+    tp_fixed = np.where(tp > 1, reduces * p.allreduce_latency_s * hops, zero)
     handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / (_link_gbps(gpu, tp * dp * pp) * 1e9 * p.link_eff), zero)
     handoff_fixed = np.where(pp > 1, 2.0 * p.allreduce_latency_s, zero)
     scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)

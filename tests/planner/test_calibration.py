@@ -134,3 +134,12 @@ def test_a_near_tie_counts_within_tolerance_but_not_as_strict_agreement():
     r = ranking_score(cases, preds)
     assert r["top1_tpot"] == 0.0
     assert r["top1_within_5pct"] >= 0.5
+
+
+def test_rows_of_different_weight_precision_are_not_ranked_against_each_other():
+    # The user picks the precision; the planner ranks topologies. An FP4 TP4 row and an FP8 TP2 row of one
+    # checkpoint are two groups of one topology each, so there is nothing to rank.
+    fp8 = parse_row({**AGG, "tp_size": "2", "moe_tp_size": "2"})
+    fp4 = parse_row({**AGG, "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4", "silicon_tpot_ms": "9.0"})
+    preds = [Prediction(ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms, throughput_rps=1.0) for c in (fp8, fp4)]
+    assert ranking_score([fp8, fp4], preds)["groups"] == 0

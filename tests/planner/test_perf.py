@@ -56,6 +56,19 @@ def test_prefill_is_compute_bound_and_scales_with_tokens():
     assert 1.8 < t8k / t4k < 2.6
 
 
+def test_narrow_slices_cost_more_the_fewer_bits_the_weights_have():
+    # Tiles are a fixed number of bytes deep, so a thin FP4 slice wastes more than a BF16 one of the same width:
+    # the narrow-width penalty at TP8 (compute-bound prefill, no attention) is largest for FP4.
+    b200 = resolve_gpu("b200_sxm")
+
+    def penalty(precision):
+        wide = _step(LLAMA70, b200, precision=precision, tp=8, pre=8192, params=PerfParams(narrow_width_cols=1e-9))
+        thin = _step(LLAMA70, b200, precision=precision, tp=8, pre=8192, params=PerfParams(narrow_width_cols=64.0))
+        return thin / wide
+
+    assert penalty(Precision.FP4) > penalty(Precision.FP8) > penalty(Precision.BF16) > 1.0
+
+
 def test_expert_parallel_all_to_all_costs_more_across_nodes():
     # DeepSeek-V3 at TP1 × DP8 with EP8: on one 8-GPU node dispatch/combine ride NVLink; on 4-GPU nodes, the NIC.
     one_node = resolve_gpu("b200_sxm")
