@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype, Parallelism
 from servingtopology.planner.model import model_catalog, resolve_model
-from servingtopology.planner.perf import InstancePerf, PerfParams, kv_transfer_s, perf_params, step_time_s
+from servingtopology.planner.perf import InstancePerf, PerfParams, kv_transfer_s, perf_params, pinned_params, step_time_s
 
 from .strategies import gpus, models
 
@@ -116,3 +116,12 @@ def test_no_parameter_is_keyed_by_a_model_name():
     for mid, model in model_catalog().items():
         for token in {mid.lower(), model.name.lower().split("/")[-1]}:
             assert token not in names
+
+
+def test_pinned_parameters_apply_inside_the_block_only():
+    shipped = _step(dec=8, ctx=8 * 1000)
+    slow = PerfParams(mem_eff=0.3, step_overhead_s=5e-3)
+    with pinned_params(slow):
+        assert perf_params() is slow
+        assert _step(dec=8, ctx=8 * 1000) > shipped
+    assert perf_params() is not slow and _step(dec=8, ctx=8 * 1000) == shipped
