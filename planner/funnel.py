@@ -20,7 +20,7 @@ import numpy.typing as npt
 from .analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill, load_shape
 from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from .memory import kv_bytes_per_token, kv_pool_bytes
-from .perf import kv_transfer_s
+from .perf import kv_transfer_s, request_overhead_s
 from .problem import FunnelStage, Problem
 
 __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "Survivor", "FunnelResult", "run_funnel", "shape_rejection", "Progress", "Clock", "no_clock"]
@@ -209,6 +209,8 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
 
     # ---- stage 4: analytical estimate at the spec's load ----
     reasons = {}
+    # Client-side TTFT: the engine's plus the front end's per-request overhead (perf.request_overhead_s).
+    prompt_q = float(problem.workload.input_tokens.quantile(problem.slo.ttft_percentile / 100.0))
     cand_ttft: list[Any] = []
     cand_tpot: list[Any] = []
     cand_cap: list[Any] = []
@@ -217,14 +219,14 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     if agg is not None and agg.ok.any():
         idx = np.flatnonzero(agg.ok)
         est = _agg_by_kv(problem, agg, idx, shape, rate, s.kv_dtypes)
-        cand_ttft.append(est[0])
+        cand_ttft.append(est[0] + request_overhead_s(problem.engine, prompt_q))
         cand_tpot.append(est[1])
         cand_cap.append(est[2])
         cand_gpus.append(agg.gpus[idx])
         cand_ref.append(("agg", (idx, est[3])))
     if pd is not None and pd.n_ok:
         ttft, tpot, cap, gpus, ref, tpm = pd.estimate(problem, shape, rate)
-        cand_ttft.append(ttft)
+        cand_ttft.append(ttft + request_overhead_s(problem.engine, prompt_q, disaggregated=True))
         cand_tpot.append(tpot)
         cand_cap.append(cap)
         cand_gpus.append(gpus)

@@ -26,7 +26,7 @@ from .memory import kv_bytes_per_token
 from .model import ModelArch
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "InstancePerf", "step_time_s", "kv_transfer_s", "StepCoefficients",
-           "step_coefficients", "evaluate_step_s"]
+           "step_coefficients", "evaluate_step_s", "request_overhead_s"]
 
 
 class StepTimeModel(Protocol):
@@ -302,6 +302,22 @@ def step_time_s(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: K
                           moe_ep=moe_ep, moe_precision=moe_precision, overhead_scale=overhead_scale, params=params)
     return evaluate_step_s(c, prefill_tokens=np.asarray(prefill_tokens, dtype=float), prefill_pairs=prefill_pairs,
                            decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
+
+
+def request_overhead_s(engine: Engine, input_tokens: Any, *, disaggregated: bool = False, params: PerfParams | None = None) -> Any:
+    """Latency a request sees before its first token off the GPU's step loop: HTTP, tokenizing, the hand-off
+    to the scheduler, prefix matching over the prompt, and for PD the bootstrap of the KV transfer.
+
+    Fitted on the silicon benchmarks, which time TTFT at the client; the planner adds it to the TTFT it
+    predicts so a plan's figures and `servingtopology validate` mean the same thing. The simulator's own
+    TTFT is the engine's (from queued to first token, as vLLM's request records time it).
+    """
+    p = params or perf_params()
+    if engine is Engine.SGLANG:
+        base, per_token = p.sglang_ttft_overhead_s, p.sglang_ttft_s_per_input_token
+    else:
+        base, per_token = p.ttft_overhead_s, p.ttft_s_per_input_token
+    return base + per_token * input_tokens + (p.disagg_ttft_overhead_s if disaggregated else 0.0)
 
 
 def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any, same_node: bool, params: PerfParams | None = None) -> Any:

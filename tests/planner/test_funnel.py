@@ -104,3 +104,24 @@ def test_min_gpus_picks_the_fewest_gpus_that_carry_the_load():
     d = decide(_problem(objective="min-gpus"))
     others = [a.layout.gpus for a in d.alternatives if a.prediction.meets_slo]
     assert all(d.best.layout.gpus <= g for g in others)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_predicted_ttft_counts_the_front_end_overhead_of_the_engine(engine):
+    # Plans predict the TTFT a client sees (what the silicon benchmarks measured): the engine's TTFT plus
+    # perf.request_overhead_s, which for SGLang is about 0.15 s. Zeroing the overhead lowers it by exactly that.
+    from dataclasses import replace
+
+    from servingtopology.planner.layout import Engine
+    from servingtopology.planner.perf import perf_params, pinned_params, request_overhead_s
+
+    p = _problem(engine=engine)
+    layout = L.replicas(2, Parallelism(tp=1), EngineKnobs(256, 8192, 0.9))
+    with_overhead = predict_layout(p, layout).prediction.ttft_ms
+    quiet = replace(perf_params(), ttft_overhead_s=0.0, sglang_ttft_overhead_s=0.0, ttft_s_per_input_token=0.0,
+                    sglang_ttft_s_per_input_token=0.0)
+    with pinned_params(quiet):
+        without = predict_layout(p, layout).prediction.ttft_ms
+    expected = float(request_overhead_s(Engine(engine), 1000)) * 1e3
+    assert with_overhead - without == pytest.approx(expected, rel=1e-6)
+    assert (expected > 100.0) == (engine == "sglang")
