@@ -9,6 +9,7 @@ batching stepper (token budget, running cap, KV pool admission, chunked prefill)
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -17,7 +18,7 @@ from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.memory import kv_pool_tokens
 from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import InstancePerf, StepTimeModel
+from servingtopology.planner.perf import InstancePerf, StepTimeModel, request_overhead_s
 
 from .engine_args import EngineArgsError, EngineConfig
 
@@ -101,10 +102,13 @@ class BatchingEngine:
     requests already prefilled."""
 
     def __init__(self, *, step_model: StepTimeModel, role: Role, max_running: int, token_budget: int,
-                 kv_capacity_tokens: int) -> None:
+                 kv_capacity_tokens: int, front_end_s: Callable[[int], float] | None = None) -> None:
         if max_running < 1 or token_budget < 1 or kv_capacity_tokens < 1:
             raise ValueError("max_running, token_budget and kv_capacity_tokens must be positive")
         self.step_model = step_model
+        # What a request spends in the engine's front end before the scheduler sees it (tokenizing, hand-off);
+        # the engine's TTFT histogram counts it from arrival. A decode instance receives requests already served.
+        self.front_end_s = front_end_s if front_end_s is not None and role is not Role.DECODE else (lambda _tokens: 0.0)
         self.role = role
         self.max_running = max_running
         self.token_budget = token_budget
@@ -190,9 +194,10 @@ class BatchingEngine:
         still: list[_Request] = []
         for r in self.running:
             if r.first_token_s >= 0 and r.generated >= r.output_tokens:
+                front = self.front_end_s(r.input_tokens)
                 progress.completions.append(Completion(
                     input_tokens=r.input_tokens, output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
-                    queue_s=r.admitted_s - r.arrival_s, ttft_s=r.first_token_s - r.arrival_s, e2e_s=end_s - r.arrival_s,
+                    queue_s=r.admitted_s - r.arrival_s, ttft_s=r.first_token_s - r.arrival_s + front, e2e_s=end_s - r.arrival_s + front,
                     prefill_s=r.prefill_done_s - r.admitted_s, decode_s=end_s - r.first_token_s,
                 ))
             else:
@@ -252,5 +257,7 @@ def build_simulator(config: EngineConfig, *, gpu: Gpu, kind: SimulatorKind = Sim
                         parallelism=parallelism)
     # Approximation: DP ranks are folded into one stepper with summed caps and pools (per-rank admission is not
     # modelled); a request never needs more than one rank's pool here because the profile's lengths are fixed.
+    engine = config.engine
     return BatchingEngine(step_model=perf, role=config.role, max_running=knobs.max_num_seqs * ranks,
-                          token_budget=knobs.max_num_batched_tokens * ranks, kv_capacity_tokens=capacity * ranks)
+                          token_budget=knobs.max_num_batched_tokens * ranks, kv_capacity_tokens=capacity * ranks,
+                          front_end_s=lambda tokens: float(request_overhead_s(engine, tokens)))

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, Layout
 from servingtopology.planner.model import ModelArch
+from servingtopology.planner.perf import request_overhead_s
 from servingtopology.planner.sim import RequestSet, simulate
 
 from .engine import Completion, Gauges, Progress
@@ -113,10 +114,11 @@ class ChunkedReplay:
         for i in np.flatnonzero(~np.isnan(result.finish_s)):
             first, finish = float(result.first_token_s[i]), float(result.finish_s[i])
             scheduled, arrived = float(result.scheduled_s[i]), float(result.arrival_s[i])
+            front = float(request_overhead_s(self.engine, int(result.prompt_tokens[i])))  # the engine's front end
             done = Completion(
                 input_tokens=int(result.prompt_tokens[i]), output_tokens=int(result.output_tokens[i]),
-                cached_tokens=int(result.cached_tokens[i]), queue_s=scheduled - arrived, ttft_s=first - arrived,
-                e2e_s=finish - arrived, prefill_s=first - scheduled, decode_s=finish - first,
+                cached_tokens=int(result.cached_tokens[i]), queue_s=scheduled - arrived, ttft_s=first - arrived + front,
+                e2e_s=finish - arrived + front, prefill_s=first - scheduled, decode_s=finish - first,
             )
             self._count += 1
             heapq.heappush(self._finishing, (start_s + finish, self._count, done))

@@ -153,3 +153,18 @@ def test_the_chunked_replay_reports_gauges_while_requests_run() -> None:
     simulator.advance(5.0)
     gauges = simulator.gauges()
     assert gauges.running > 0 and 0 < gauges.kv_used_tokens <= gauges.kv_capacity_tokens
+
+
+@pytest.mark.parametrize("kind", list(SimulatorKind))
+def test_the_reported_ttft_counts_the_front_end_as_the_planner_predicts_it(kind: SimulatorKind) -> None:
+    # The engine's TTFT histogram runs from the request's arrival at its front end, so an idle SGLang engine
+    # reports at least perf.request_overhead_s (about 0.15 s), the latency the planner adds to its predictions.
+    from servingtopology.planner.layout import Engine
+    from servingtopology.planner.perf import request_overhead_s
+
+    config = parse_engine_command(["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct"])
+    simulator = build_simulator(config, gpu=gpu_for_label("H100"), kind=kind)
+    simulator.submit(arrival_s=0.0, input_tokens=1000, output_tokens=10, cached_tokens=0)
+    (done,) = simulator.advance(60.0).completions
+    front = float(request_overhead_s(Engine.SGLANG, 1000))
+    assert front > 0.1 and front < done.ttft_s < front + 0.1 and done.e2e_s > done.ttft_s
