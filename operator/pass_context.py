@@ -1,0 +1,231 @@
+"""One reconcile pass's state and the planning steps every policy mode shares, and the Outcome a pass returns.
+
+Called by operator/reconcile.py, which drives the modes (DryRun, Auto, Pinned) over these pieces: PassState
+accumulates conditions, Events and replan memory; PassContext holds the parsed spec and the seams; the steps build
+the Problem, turn planner errors into status and observe live metrics. It never applies or prunes workloads and
+never reads the clock (`now` comes with the pass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..planner.errors import Infeasible, InsufficientData, InvalidSpec
+from ..planner.layout import Layout, Role, RoleLayout
+from ..planner.problem import Decision, Problem
+from ..spec import SpecError, to_layout, to_problem
+from .api import (
+    ConditionType,
+    HistoryEntry,
+    Mode,
+    ObservedStatus,
+    PlanStatus,
+    TopologySpec,
+    TopologyStatus,
+)
+from .cluster import Cluster
+from .engine_args import engine_command
+from .live import MetricsFactory, run_live_replan
+from .manifests import Blueprint, role_nodes
+from .plan_status import condition, set_condition
+from .replan import Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy
+
+__all__ = [
+    "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_or_none",
+    "invalid_outcome", "decide_or_outcome", "slo_percentile", "observe_live",
+]
+
+Planner = Callable[[Problem], Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one pass did: the status to write, and what it applied or pruned (for logs and metrics)."""
+
+    status: dict[str, Any]
+    applied: tuple[str, ...] = ()
+    pruned: tuple[str, ...] = ()
+    decided: bool = False
+    requeue_after_s: float | None = None
+    error: str | None = None       # the reason of a failed pass (InvalidSpec, Infeasible, ...), for metrics
+
+
+class PassState:
+    """The accumulating state of one reconcile: status, Events, what was applied."""
+
+    def __init__(self, obj: Mapping[str, Any], cluster: Cluster, now: datetime) -> None:
+        self.obj, self.cluster, self.now = obj, cluster, now
+        meta = obj["metadata"]
+        self.name, self.namespace, self.uid = meta["name"], meta.get("namespace", "default"), meta.get("uid", "")
+        self.generation = int(meta.get("generation") or 1)
+        try:
+            raw = obj.get("status") or {}
+            known = {k: v for k, v in raw.items() if k in TopologyStatus.model_fields}  # e.g. kopf's own keys
+            self.status = TopologyStatus.model_validate(known)
+        except ValidationError:
+            self.status = TopologyStatus()  # a status this version cannot read is rebuilt, not trusted
+        self.conditions = list(self.status.conditions)
+        self.applied: list[str] = []
+        self.pruned: list[str] = []
+        self.memory = ReplanMemory.from_dict(self.status.replan)
+        self.observed: ObservedStatus | None = self.status.observed
+
+    def set(self, kind: ConditionType, status: bool | None, reason: str, message: str) -> bool:
+        """Set a condition; True when it changed (status, reason or message), which is when Events are due."""
+        old = condition(self.conditions, kind)
+        self.conditions = set_condition(self.conditions, kind, status=status, reason=reason, message=message,
+                                        now=self.now, generation=self.generation)
+        new = condition(self.conditions, kind)
+        return old is None or new is None or (old.status, old.reason, old.message) != (new.status, new.reason, new.message)
+
+    def event(self, type: str, reason: str, message: str) -> None:
+        self.cluster.record_event(self.obj, type=type, reason=reason, message=message, now=self.now)
+
+    def outcome(self, *, plan: PlanStatus | None, proposal: Any, history: list[HistoryEntry] | None = None,
+                decided: bool = False, requeue_after_s: float | None = None, error: str | None = None) -> Outcome:
+        status = self.status.model_copy(update={
+            "conditions": self.conditions, "observedGeneration": self.generation, "plan": plan, "proposal": proposal,
+            "history": history if history is not None else self.status.history, "observed": self.observed,
+            "replan": self.memory.to_dict(),
+        })
+        body = status.model_dump(mode="json", exclude_none=True)
+        body.setdefault("plan", None)       # explicit nulls: a merge patch then removes a stale plan or proposal
+        body.setdefault("proposal", None)
+        return Outcome(body, tuple(self.applied), tuple(self.pruned), decided, requeue_after_s, error)
+
+def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: str, uid: str, gpus_per_node: int,
+                  set_name: str = "") -> Blueprint:
+    """The builders' input for one plan (or one set of a transition) of one ServingTopology."""
+    source = spec.modelSource or spec.model or ""
+    hw = spec.hardware
+    return Blueprint(
+        name=name, namespace=namespace, uid=uid, engine=spec.engine.name, image=spec.engine.image, model=source,
+        served_model_name=spec.servedModelName or spec.model or source, layout=layout, gpus_per_node=gpus_per_node,
+        router_image=spec.engine.routerImage or "", extra_args=tuple(spec.engine.extraArgs),
+        node_selector=dict(hw.nodeSelector),
+        tolerations=tuple(t.model_dump(exclude_none=True) for t in hw.tolerations),
+        transfer_backend=spec.engine.transferBackend, set_name=set_name,
+    )
+
+
+def engine_args_of(bp: Blueprint) -> Callable[[Role, RoleLayout], tuple[int, tuple[str, ...]]]:
+    def args_of(role: Role, rl: RoleLayout) -> tuple[int, tuple[str, ...]]:
+        nodes = role_nodes(bp, rl)
+        cmd = engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role, par=rl.parallelism,
+                             knobs=rl.knobs, precision=bp.precision, extra_args=bp.extra_args, nodes=nodes,
+                             transfer_backend=bp.transfer_backend)
+        return nodes, (*cmd.command, *cmd.args)
+    return args_of
+
+
+@contextmanager
+def _planning_spec(p: PassState, spec: TopologySpec) -> Iterator[TopologySpec]:
+    """Yield the spec with a ConfigMap's config.json written to a private file, so to_problem can read it."""
+    if spec.modelConfigMap is None:
+        yield spec
+        return
+    ref = spec.modelConfigMap
+    text = p.cluster.read_config_map(p.namespace, ref.name, ref.key)
+    if text is None:
+        raise InvalidSpec("spec.modelConfigMap", f"ConfigMap {p.namespace}/{ref.name} has no key {ref.key!r}")
+    with tempfile.TemporaryDirectory(prefix="stopo-") as tmp:
+        path = Path(tmp) / ref.name / "config.json"
+        path.parent.mkdir()
+        path.write_text(text)
+        yield spec.model_copy(update={"modelConfig": str(path)})
+
+
+def build_problem(p: PassState, spec: TopologySpec, current: Layout | None) -> Problem:
+    pinned = to_layout(spec, spec.pinned) if spec.policy.mode is Mode.PINNED and spec.pinned is not None else None
+    with _planning_spec(p, spec) as planning:
+        problem = to_problem(planning, pinned=pinned, current=current)
+    allowed = spec.policy.allowedLayouts
+    if allowed:
+        kinds = tuple(k for k in problem.search.layouts if k in allowed)
+        if not kinds:
+            raise InvalidSpec("spec.policy.allowedLayouts", f"no overlap with spec.search.layouts {[k.value for k in problem.search.layouts]}")
+        problem = dataclasses.replace(problem, search=dataclasses.replace(problem.search, layouts=kinds))
+    return problem
+
+def invalid_outcome(p: PassState, message: str, *, plan: PlanStatus | None, proposal: Any) -> Outcome:
+    if p.set(ConditionType.READY, False, "InvalidSpec", message):
+        p.event("Warning", "InvalidSpec", message)
+    p.set(ConditionType.PLANNED, False, "InvalidSpec", message)
+    return p.outcome(plan=plan, proposal=proposal, error="InvalidSpec")
+
+def slo_percentile(spec: TopologySpec) -> str:
+    return next(iter(spec.slo.ttftMs))
+
+
+def decide_or_outcome(p: PassState, spec: TopologySpec, planner: Planner, current: Layout | None, problem: Problem | None = None) -> Decision | Outcome:
+    plan, proposal = p.status.plan, p.status.proposal
+    try:
+        decision = planner(problem if problem is not None else build_problem(p, spec, current))
+    except InvalidSpec as exc:
+        return invalid_outcome(p, str(exc), plan=plan, proposal=proposal)
+    except Infeasible as exc:
+        message = f"{exc}; running workloads are left as they are"
+        if p.set(ConditionType.PLANNED, False, "Infeasible", message):
+            p.event("Warning", "PlanInfeasible", message)
+        if plan is None:
+            p.set(ConditionType.READY, False, "Infeasible", "no feasible layout, nothing deployed")
+        return p.outcome(plan=plan, proposal=proposal, error="Infeasible")
+    except InsufficientData as exc:
+        p.set(ConditionType.PLANNED, None, "InsufficientData", str(exc))
+        return p.outcome(plan=plan, proposal=proposal, requeue_after_s=60.0, error="InsufficientData")
+    return decision
+
+
+@dataclass(frozen=True, slots=True)
+class PassContext:
+    """What every step of one pass shares once the spec has parsed."""
+
+    spec: TopologySpec
+    planner: Planner
+    predict: Predictor
+    metrics: MetricsFactory | None
+    policy: ReplanPolicy
+    gpus_per_node: int
+
+    def bp_for(self, p: PassState, layout: Layout, set_name: str = "") -> Blueprint:
+        return blueprint_for(self.spec, layout, name=p.name, namespace=p.namespace, uid=p.uid, gpus_per_node=self.gpus_per_node,
+                             set_name=set_name)
+
+def problem_or_none(p: PassState, ctx: PassContext, current: Layout | None) -> Problem | None:
+    try:
+        return build_problem(p, ctx.spec, current)
+    except (InvalidSpec, SpecError):
+        return None   # the planning path reports it
+
+
+def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layout | None) -> ReplanOutcome | None:
+    """One replan interval when due: write its conditions, Events, observed figures and memory."""
+    if ctx.metrics is None:
+        return None
+    try:
+        out = run_live_replan(spec=ctx.spec, problem=problem, current=current, memory=p.memory, policy=ctx.policy, now=p.now,
+                              cluster=p.cluster, namespace=p.namespace, name=p.name, factory=ctx.metrics, planner=ctx.planner,
+                              predict=ctx.predict)
+    except (InvalidSpec, InsufficientData) as exc:
+        p.event("Warning", "ReplanFailed", f"{exc}; keeping the running layout")
+        p.memory = dataclasses.replace(p.memory, last_fetch_s=p.now.timestamp())
+        return None
+    if out is None:
+        return None
+    for c in out.conditions:
+        p.set(c.type, c.status, c.reason, c.message)
+    for e in out.events:
+        p.event(e.type, e.reason, e.message)
+    if out.observed is not None:
+        p.observed = out.observed
+    p.memory = out.memory
+    return out
