@@ -309,6 +309,15 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
     return [Prediction(ttft_ms=float(a) * 1e3, tpot_ms=float(b) * 1e3, throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
 
 
+def _tp_not_dividing_heads(model: ModelArch, case: CalibrationCase) -> int | None:
+    """A recorded TP degree no engine could have run (vLLM, SGLang and TensorRT-LLM all require it to divide the
+    attention heads), or None. Such rows are lossy exports that put a role's total GPU count in tp_size."""
+    for t in (case.agg, case.prefill, case.decode):
+        if t is not None and model.num_heads % t.tp != 0:
+            return t.tp
+    return None
+
+
 def _fits(model: ModelArch, gpu: Gpu, case: CalibrationCase) -> bool:
     """Whether one GPU of every worker kind can hold its share of the weights."""
     topos = [t for t in (case.agg, case.prefill, case.decode) if t is not None]
@@ -328,6 +337,10 @@ def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch
             continue
         if isinstance(gpu, Skip) or gpu is None:
             out[i] = gpu if isinstance(gpu, Skip) else Skip("unknown GPU", c.system)
+            continue
+        odd = _tp_not_dividing_heads(model, c)
+        if odd is not None:
+            out[i] = Skip("recorded TP does not divide the attention heads", f"{c.topology_label}: TP{odd} over {model.num_heads} heads")
             continue
         if not _fits(model, gpu, c):
             out[i] = Skip("weights do not fit the recorded topology", f"{c.topology_label} on {c.system}")

@@ -143,3 +143,10 @@ def test_rows_of_different_weight_precision_are_not_ranked_against_each_other():
     fp4 = parse_row({**AGG, "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4", "silicon_tpot_ms": "9.0"})
     preds = [Prediction(ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms, throughput_rps=1.0) for c in (fp8, fp4)]
     assert ranking_score([fp8, fp4], preds)["groups"] == 0
+
+
+def test_a_tp_degree_that_cannot_divide_the_heads_is_skipped_as_not_what_ran():
+    # Lossy disagg exports put a role's total GPU count (e.g. 72 GB200s) in tp_size; no engine runs TP72 over 64 heads.
+    row = {**AGG, "tp_size": "72", "moe_tp_size": "72"}
+    (out,) = predict_all([parse_row(row)], {AGG["model_path"]: resolve_model("llama-3.1-70b")}, {"h200_sxm": resolve_gpu("h200_sxm")})
+    assert isinstance(out, Skip) and out.kind == "recorded TP does not divide the attention heads"
