@@ -1,11 +1,9 @@
-"""The kopf wiring: registers one reconcile for create, update, resume and a timer on ServingTopology,
-configures storage, peering and probes, and turns reconcile outcomes into status patches and metrics.
+"""The kopf wiring: one reconcile for create, update, resume and a timer on ServingTopology, kopf's storage,
+peering and probes; each outcome becomes a status patch, metrics, and a requeue when the pass asks for one.
 
-Called by operator/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only
-broad `except` of the operator is here, at the handler boundary. The timer is the heartbeat of live
-replanning: each tick reconciles, and the reconcile fetches metrics only once spec.policy.replanInterval
-has passed and advances a running transition by one step, so the tick should be shorter than the
-shortest replanInterval (the default 30 s is).
+Called by operator/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only broad
+`except` of the operator is here. The timer is the heartbeat of live replanning (metrics are fetched once
+spec.policy.replanInterval has passed, a transition advances one step a pass): keep it under the shortest interval.
 """
 
 from __future__ import annotations
@@ -29,10 +27,51 @@ from .reconcile import Outcome, Planner, reconcile
 from .replan import Predictor
 from .telemetry import OperatorMetrics
 
-__all__ = ["Runtime", "register", "TRIGGERS"]
+__all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "QuietRequeues", "QUIET_REQUEUES"]
 
 TRIGGERS = ("create", "update", "resume", "timer")
 RETRY_DELAY_S = 15.0
+MIN_REQUEUE_S = 1.0
+REQUEUE_MESSAGE = "requeue: the pass asked to run again in"
+
+
+class Requeue(kopf.TemporaryError):
+    """Not a failure: the pass succeeded, its status is staged, and it wants another pass after `delay` seconds.
+
+    kopf has no public "run again later" for a handler that succeeded; TemporaryError with a delay is its
+    documented way to schedule a handler again (docs.kopf.dev, Error handling: Temporary errors). For a
+    change handler kopf re-runs it after the delay; for the timer the delay replaces the interval once.
+    """
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(f"{REQUEUE_MESSAGE} {delay_s:g} s", delay=delay_s)
+
+
+def requeue_delay_s(outcome: Outcome, *, heartbeat_s: float) -> float | None:
+    """The delay to ask kopf for, or None when the timer (every `heartbeat_s`) comes back soon enough anyway.
+
+    A delay is never below MIN_REQUEUE_S, so a pass that asks for 0 s does not spin.
+    """
+    wanted = outcome.requeue_after_s
+    if wanted is None or wanted >= heartbeat_s:
+        return None
+    return max(wanted, MIN_REQUEUE_S)
+
+
+class QuietRequeues(logging.Filter):
+    """Demote kopf's "failed temporarily" line for a Requeue to DEBUG on its object logger.
+
+    kopf logs every TemporaryError at ERROR, and its poster turns that into an Error Event on the
+    ServingTopology; a routine requeue is neither. Other records pass unchanged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and REQUEUE_MESSAGE in record.getMessage():
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+QUIET_REQUEUES = QuietRequeues()
 
 
 @dataclass
@@ -59,7 +98,7 @@ class Runtime:
         with self._guard:
             self._locks.pop(uid, None)
 
-    def handle(self, body: Mapping[str, Any], patch: Any, logger: logging.Logger | logging.LoggerAdapter[Any], trigger: str) -> None:
+    def handle(self, body: Mapping[str, Any], patch: Any, logger: logging.Logger | logging.LoggerAdapter[Any], trigger: str) -> Outcome:
         """Run one reconcile and stage its status in kopf's patch; transient failures are retried."""
         uid = str(body.get("metadata", {}).get("uid", ""))
         mode = str((body.get("spec") or {}).get("policy", {}).get("mode", "DryRun"))
@@ -81,6 +120,7 @@ class Runtime:
         _stage_status(patch, outcome)
         if outcome.applied or outcome.pruned:
             logger.info("applied %s; pruned %s", ", ".join(outcome.applied) or "-", ", ".join(outcome.pruned) or "-")
+        return outcome
 
 
 def _stage_status(patch: Any, outcome: Outcome) -> None:
@@ -95,7 +135,11 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
 
     def make(trigger: str) -> Callable[..., None]:
         def handler(body: Mapping[str, Any], patch: Any, logger: logging.Logger, **_: Any) -> None:
-            runtime.handle(body, patch, logger, trigger)
+            outcome = runtime.handle(body, patch, logger, trigger)
+            # Every trigger's next pass is at the latest the next timer tick; ask kopf only for sooner ones.
+            delay_s = requeue_delay_s(outcome, heartbeat_s=timer_interval_s)
+            if delay_s is not None:
+                raise Requeue(delay_s)
         handler.__name__ = f"reconcile_on_{trigger}"
         return handler
 
@@ -119,6 +163,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
         settings.peering.clusterwide = clusterwide
         settings.peering.stealth = True
         settings.posting.level = logging.WARNING  # our Events are explicit; kopf's own only for problems
+        logging.getLogger("kopf.objects").addFilter(QUIET_REQUEUES)   # a requeue is neither an error log nor an Event
         settings.execution.max_workers = 4
 
     @kopf.on.probe(id="lastReconcile", registry=registry)

@@ -1,5 +1,6 @@
 """The kopf wiring: status lands in kopf's patch, metrics count passes and errors, API failures become
-retries, and every trigger (create, update, resume, timer) is registered."""
+retries, a pass that asks to run again is requeued through kopf, and every trigger (create, update,
+resume, timer) is registered."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from prometheus_client import generate_latest
 from test_reconcile import topology
 
 from servingtopology.operator.cluster import ClusterError
-from servingtopology.operator.handlers import Runtime, register
+from servingtopology.operator.handlers import MIN_REQUEUE_S, QUIET_REQUEUES, Requeue, Runtime, register, requeue_delay_s
+from servingtopology.operator.reconcile import PROGRESS_REQUEUE_S, Outcome
 from servingtopology.operator.telemetry import new_metrics
 from servingtopology.planner.layout import Layout, Parallelism
 
@@ -106,3 +108,63 @@ def test_the_production_runtime_reads_prometheus() -> None:
 
     rt = Runtime(cluster=FakeCluster(), planner=lambda problem: decision(Layout.replicas(1, Parallelism())), metrics=new_metrics())
     assert rt.metrics_source is prometheus_source
+
+
+def registered(rt: Runtime, handler_id: str, *, timer_interval_s: float = 30) -> Any:
+    registry = kopf.OperatorRegistry()
+    register(registry, rt, timer_interval_s=timer_interval_s, peering_name="p", clusterwide=True)
+    handlers = [*registry._changing.get_all_handlers(), *registry._spawning.get_all_handlers(), *registry._activities.get_all_handlers()]
+    return next(h.fn for h in handlers if h.id == handler_id)
+
+
+@pytest.mark.parametrize("handler_id", ["reconcile-create", "reconcile-update/spec", "reconcile-resume", "reconcile-timer"])
+def test_a_pass_still_rolling_out_asks_kopf_to_run_it_again_after_the_passes_delay(handler_id: str) -> None:
+    rt, patch = runtime(FakeCluster(ready=False)), Patch()
+    with pytest.raises(kopf.TemporaryError) as caught:
+        registered(rt, handler_id)(body=topology(), patch=patch, logger=LOG)
+    assert isinstance(caught.value, Requeue) and caught.value.delay == PROGRESS_REQUEUE_S
+    assert patch.status["plan"]["layout"] == "2×TP4"   # the status is staged before the requeue: kopf applies it
+    assert sample(rt, "servingtopology_reconciles_total", trigger=handler_id.split("-")[1].split("/")[0], result="ok") == 1
+
+
+def test_a_settled_pass_is_not_requeued() -> None:
+    rt, patch = runtime(FakeCluster()), Patch()
+    registered(rt, "reconcile-create")(body=topology(), patch=patch, logger=LOG)
+    assert patch.status["plan"]["layout"] == "2×TP4"
+
+
+def test_a_requeue_no_sooner_than_the_next_timer_tick_is_left_to_the_timer() -> None:
+    rt = runtime(FakeCluster(ready=False))
+    registered(rt, "reconcile-timer", timer_interval_s=PROGRESS_REQUEUE_S)(body=topology(), patch=Patch(), logger=LOG)
+
+
+@pytest.mark.parametrize(("wanted_s", "heartbeat_s", "delay_s"), [
+    (None, 30.0, None),              # nothing to wait for
+    (15.0, 30.0, 15.0),              # sooner than the tick: ask kopf
+    (60.0, 30.0, None),              # the tick comes first
+    (30.0, 30.0, None),              # the tick comes just as soon
+    (0.0, 30.0, MIN_REQUEUE_S),      # never a zero delay: no busy loop
+])
+def test_the_requeue_delay_is_asked_for_only_when_sooner_than_the_heartbeat(wanted_s: float | None, heartbeat_s: float,
+                                                                           delay_s: float | None) -> None:
+    assert requeue_delay_s(Outcome({}, requeue_after_s=wanted_s), heartbeat_s=heartbeat_s) == delay_s
+
+
+def test_kopfs_error_line_for_a_requeue_is_demoted_so_it_posts_no_event() -> None:
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, message, None, None)
+
+    requeue = record(f"Timer 'reconcile-timer' failed temporarily: {Requeue(15.0)}")
+    failure = record("Handler 'reconcile-create' failed temporarily: Kubernetes API: connection refused")
+    assert QUIET_REQUEUES.filter(requeue) and QUIET_REQUEUES.filter(failure)
+    assert requeue.levelno == logging.DEBUG and failure.levelno == logging.ERROR
+
+
+def test_the_operators_startup_installs_the_quiet_requeue_filter_on_kopfs_object_logger() -> None:
+    objects = logging.getLogger("kopf.objects")
+    objects.removeFilter(QUIET_REQUEUES)
+    try:
+        registered(runtime(FakeCluster()), "register.<locals>.configure")(settings=kopf.OperatorSettings())
+        assert QUIET_REQUEUES in objects.filters
+    finally:
+        objects.removeFilter(QUIET_REQUEUES)
