@@ -8,6 +8,9 @@ that the predicted SLOs hold after each, and that the simulated engines then mee
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -20,6 +23,7 @@ from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.observe import MetricSample
+from servingtopology.planner.perf import load_params, pinned_params
 from servingtopology.planner.problem import Problem, SearchSpace
 from servingtopology.planner.sim import simulate
 from servingtopology.planner.transition import Action, ClusterView, Phase
@@ -72,6 +76,17 @@ def run_transition(memory: ReplanMemory, problem: Problem, policy: ReplanPolicy,
             return memory, actions
         now_s += 15.0
     raise AssertionError("the transition did not finish")
+
+
+# The decision sequence above was written against one calibration of the performance model; pin it (planner and
+# simulated engines both read it) so a refit of the shipped parameters cannot silently rewrite the story.
+SCENARIO_PARAMS = load_params(json.loads((Path(__file__).parent / "data" / "scenario_perf_params.json").read_text()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scenario_calibration():
+    with pinned_params(SCENARIO_PARAMS) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,9 @@
 
 The operator's scenarios (3×TP1 at 40 req/s, a second set at 80 req/s, ...) exercise its mechanics with the real
 planner. They were written against one calibration of the performance model, so every test here runs with
-that calibration pinned (data/scenario_perf_params.json: planner/data/perf_params.json at commit 491d294); a refit
-of the shipped parameters then cannot silently turn a surge scenario into an in-place one. The planner's own
-tests, the simulator-in-the-loop test and the e2e scenarios run with the shipped parameters.
+that calibration pinned (tests/data/scenario_perf_params.json: planner/data/perf_params.json at commit 491d294); a refit
+of the shipped parameters then cannot silently turn a surge scenario into an in-place one (tests/test_replan_loop.py
+pins it too). The planner's own tests and the e2e scenarios run with the shipped parameters.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from servingtopology.planner.perf import PerfParams, load_params, pinned_params
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
-SCENARIO_PARAMS = load_params(json.loads((Path(__file__).parent / "data" / "scenario_perf_params.json").read_text()))
+SCENARIO_PARAMS = load_params(json.loads((Path(__file__).parents[1] / "data" / "scenario_perf_params.json").read_text()))
 
 
 @pytest.fixture(autouse=True)
