@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, default=SHARED / "models")
     ap.add_argument("--evals", type=int, default=1200, help="loss evaluations per Nelder–Mead restart")
     ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--perturb", type=int, default=None, metavar="SEED",
+                    help="start from the start parameters scattered by ×exp(N(0, 0.2)) (a restart away from a local minimum)")
     ap.add_argument("--method", choices=("nelder-mead", "pattern"), default="pattern", help="search method")
     ap.add_argument("--from-defaults", action="store_true", help="start from PerfParams() instead of the current fit")
     ap.add_argument("--dry-run", action="store_true", help="print the fit, do not write the data file")
@@ -299,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     base = replace(PerfParams() if args.from_defaults else start, **pins)
     names = [n for n in BOUNDS if n not in pins]
     x = _from_params(base, names)
+    if args.perturb is not None:
+        x = x + np.random.default_rng(args.perturb).normal(0.0, 0.2, size=len(x))
     t0 = time.perf_counter()
     ticks = _step_ticks(args.step_refs) if args.step_weight > 0 and args.step_refs.is_dir() else []
     print("decode-step ticks: " + (", ".join(f"{t.name} {len(t.running)}" for t in ticks) or "none"))
@@ -332,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         "loss": round(loss, 6),
         "fixed": pins,
         "method": args.method,
+        "perturb": args.perturb,
         "command": "benchmarks/fit_perf.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "start": str(args.start) if args.start else ("defaults" if args.from_defaults else "committed parameters"),
         "rank_weight": args.rank_weight,
