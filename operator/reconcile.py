@@ -144,7 +144,7 @@ def _step(p: PassState, ctx: PassContext, problem: Problem, run: _Run) -> None:
         p.event(e.type, e.reason, e.message)
     state = memory.transition
     if step is None or state is None or state.phase is not Phase.DONE:
-        run.requeue_after_s = step.requeue_after_s if step is not None and step.requeue_after_s else PROGRESS_REQUEUE_S
+        run.requeue_after_s = step.requeue_after_s if step is not None and step.requeue_after_s is not None else PROGRESS_REQUEUE_S
         return
     if state.rolled_back:
         p.event("Warning", "TransitionRolledBack", f"back on {run.plan.layout}: {state.message}")

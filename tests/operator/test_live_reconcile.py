@@ -267,13 +267,15 @@ def test_a_transition_whose_new_pods_never_become_ready_rolls_back() -> None:
         minute += 1
     new_set = obj["status"]["replan"]["transition"]["toSet"]
     cluster.unready = {f"llama-8b-{new_set}-aggregated"}
+    outs = []
     for _ in range(40):   # ready timeout 900 s: 15 passes a minute apart, then the rollback
-        run(obj, cluster, planner, metrics, minute)
+        outs.append(run(obj, cluster, planner, metrics, minute))
         minute += 1
         assert cluster.gpus_held(NS) <= MAX_GPUS + SURGE_GPUS
         if not obj["status"]["replan"].get("transition"):
             break
     assert "TransitionRollback" in reasons(cluster) and "TransitionRolledBack" in reasons(cluster)
+    assert any(o.requeue_after_s == 0.0 for o in outs)   # the rollback asks to run again at once, not in 15 s
     assert obj["status"]["plan"]["layout"] == "3×TP1" and obj["status"]["plan"]["set"] == old_set
     assert deployments(cluster) == old
 
