@@ -63,7 +63,9 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
         return tie + f"is the more complex kind ({alt.layout.kind.value} against {best.layout.kind.value})"
     if _pipeline_depth(alt.layout) != _pipeline_depth(best.layout):
         return tie + f"has more pipeline stages ({_pipeline_depth(alt.layout)} against {_pipeline_depth(best.layout)})"
-    return tie + "its figure is analytical or its TTFT higher"
+    if a.source != b.source:
+        return tie + f"its figure is {a.source}, the chosen one's {b.source}"
+    return tie + f"its TTFT is higher ({a.ttft_ms:.0f} against {b.ttft_ms:.0f} ms)"
 
 
 def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None) -> Candidate:
