@@ -64,7 +64,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "a2a_latency_s": (2e-6, 200e-6),
     "layer_overhead_s": (1e-6, 80e-6),
     "step_overhead_s": (1e-4, 8e-3),
-    "per_seq_overhead_s": (1e-7, 60e-6),
+    "per_seq_overhead_s": (1e-7, 200e-6),
     "sglang_overhead_scale": (0.2, 8.0),
     "trtllm_overhead_scale": (0.1, 3.0),
     "ttft_overhead_s": (1e-3, 0.5),

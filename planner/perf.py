@@ -67,7 +67,7 @@ class PerfParams:
     a2a_latency_s: float = 20e-6        # fixed cost of one expert-parallel dispatch or combine
     layer_overhead_s: float = 15e-6     # per layer and step: norms, rotary, activations, launches
     step_overhead_s: float = 1.5e-3     # scheduling, launch, sampling setup per step
-    per_seq_overhead_s: float = 8e-6    # per scheduled sequence per step (sampling, bookkeeping)
+    per_seq_overhead_s: float = 8e-6    # CPU time per scheduled sequence per step, overlapped with the GPU's work
     sglang_overhead_scale: float = 0.8  # SGLang's per-step overhead relative to vLLM's
     trtllm_overhead_scale: float = 0.5  # TensorRT-LLM's (C++ runtime) relative to vLLM's; used by calibration only
     ttft_overhead_s: float = 0.03       # per request before its first token: HTTP, tokenizer, scheduler hand-off (vLLM)
@@ -286,7 +286,9 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
     stage = t_linear + t_moe + t_comm + t_attn + c.layer_fixed_s
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     seqs = decode_tokens + (prefill_tokens > 0) * 1.0  # a prefill finishing this step samples one more token
-    return c.pp * stage + handoff + c.step_fixed_s + c.per_seq_s * seqs
+    # The scheduler's per-sequence CPU work (batch bookkeeping, detokenizing, streaming) runs while the GPU
+    # computes (vLLM's async scheduling, SGLang's overlap scheduler): the step is the longer of the two.
+    return maximum(c.pp * stage + handoff, c.per_seq_s * seqs) + c.step_fixed_s
 
 
 def step_time_s(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
