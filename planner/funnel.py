@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill, load_shape
-from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
-from .memory import kv_bytes_per_token, kv_pool_bytes
-from .perf import kv_transfer_s, request_overhead_s
+from .analytic import load_shape
+from .layout import EngineKnobs, Layout, LayoutKind, Parallelism, RoleLayout
+from .perf import request_overhead_s
 from .problem import FunnelStage, Problem
+from .role_tables import AggTable, PdTables, Units, add_reason, agg_by_kv, agg_table, pd_tables
 
 __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "Survivor", "FunnelResult", "run_funnel", "shape_rejection", "Progress", "Clock", "no_clock"]
 
@@ -87,23 +87,7 @@ def shape_rejection(problem: Problem, tp: int, pp: int, dp: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class _Units:
-    """Structural rows (shape, count) of one role kind."""
-
-    tp: IntArray
-    pp: IntArray
-    dp: IntArray
-    count: IntArray
-    valid: npt.NDArray[np.bool_]
-    reason: list[str | None]
-
-    @property
-    def gpus(self) -> IntArray:
-        return self.tp * self.pp * self.dp * self.count
-
-
-def _units(problem: Problem) -> _Units:
+def _units(problem: Problem) -> Units:
     s = problem.search
     tps, pps, dps, counts, valid, reasons = [], [], [], [], [], []
     for tp, pp, dp in itertools.product(s.tp, s.pp, s.dp):
@@ -116,7 +100,7 @@ def _units(problem: Problem) -> _Units:
             counts.append(c)
             valid.append(why is None)
             reasons.append(why)
-    return _Units(_ints(tps), _ints(pps), _ints(dps), _ints(counts), np.asarray(valid, dtype=bool), reasons)
+    return Units(_ints(tps), _ints(pps), _ints(dps), _ints(counts), np.asarray(valid, dtype=bool), reasons)
 
 
 def _round_sig(x: Any, digits: int = 9) -> Any:
@@ -145,11 +129,6 @@ class _Tally:
             self.progress(STAGES[idx], (idx + 1) / len(STAGES))
 
 
-def _add(reasons: dict[str, int], key: str, n: float) -> None:
-    if n > 0:
-        reasons[key] = reasons.get(key, 0) + int(n)
-
-
 def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 2000, clock: Clock = no_clock) -> FunnelResult:
     """Run stages 1–5; return the counts and up to `keep` survivors, best analytical proxy first."""
     if problem.workload.arrival_rate_rps is None:
@@ -172,11 +151,11 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     n_valid = int(units.valid.sum())
     for r in {r for r in units.reason if r}:
         n_r = sum(1 for x in units.reason if x == r)
-        _add(reasons, r, (n_r * k_agg if do_rep else 0) + (n_r * n_units * k_pd if do_pd else 0))
+        add_reason(reasons, r, (n_r * k_agg if do_rep else 0) + (n_r * n_units * k_pd if do_pd else 0))
     if do_pd:  # pairs with an invalid decode shape and a valid prefill shape
         for r in {r for r in units.reason if r}:
             n_r = sum(1 for x in units.reason if x == r)
-            _add(reasons, r, n_valid * n_r * k_pd)
+            add_reason(reasons, r, n_valid * n_r * k_pd)
     admitted1 = (n_valid * k_agg if do_rep else 0) + (n_valid * n_valid * k_pd if do_pd else 0)
     tally.close(0, admitted1, total - admitted1, reasons)
 
@@ -184,7 +163,7 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     vu = np.flatnonzero(units.valid)
     reasons = {}
     rep_units = vu[units.gpus[vu] <= problem.max_gpus] if do_rep else vu[:0]
-    _add(reasons, "over the GPU budget", (len(vu) - len(rep_units)) * k_agg if do_rep else 0)
+    add_reason(reasons, "over the GPU budget", (len(vu) - len(rep_units)) * k_agg if do_rep else 0)
     pairs_p: IntArray = np.zeros(0, dtype=np.int64)
     pairs_d: IntArray = np.zeros(0, dtype=np.int64)
     if do_pd and len(vu):
@@ -192,7 +171,7 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
         pi, di = np.meshgrid(vu, vu, indexing="ij")
         fits = (gp[:, None] + gp[None, :]) <= problem.max_gpus
         pairs_p, pairs_d = pi[fits], di[fits]
-        _add(reasons, "over the GPU budget", (fits.size - int(fits.sum())) * k_pd)
+        add_reason(reasons, "over the GPU budget", (fits.size - int(fits.sum())) * k_pd)
     admitted2 = len(rep_units) * k_agg + len(pairs_p) * k_pd
     tally.close(1, admitted2, admitted1 - admitted2, reasons)
 
@@ -202,8 +181,8 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     mem = np.asarray(s.memory_fraction, dtype=np.float64)
     reasons = {}
     longest = shape.longest_request_tokens
-    agg = _agg_table(problem, units, rep_units, mnbt, mns, mem, longest, reasons) if do_rep else None
-    pd = _pd_tables(problem, units, pairs_p, pairs_d, mnbt, mns, mem, shape, longest, reasons) if do_pd and len(pairs_p) else None
+    agg = agg_table(problem, units, rep_units, mnbt, mns, mem, longest, reasons) if do_rep else None
+    pd = pd_tables(problem, units, pairs_p, pairs_d, mnbt, mns, mem, shape, longest, reasons) if do_pd and len(pairs_p) else None
     admitted3 = (int(agg.ok.sum()) if agg else 0) + (pd.n_ok if pd else 0)
     tally.close(2, admitted3, admitted2 - admitted3, reasons)
 
@@ -218,7 +197,7 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     cand_ref: list[tuple[str, Any]] = []
     if agg is not None and agg.ok.any():
         idx = np.flatnonzero(agg.ok)
-        est = _agg_by_kv(problem, agg, idx, shape, rate, s.kv_dtypes)
+        est = agg_by_kv(problem, agg, idx, shape, rate, s.kv_dtypes)
         cand_ttft.append(est[0] + request_overhead_s(problem.engine, prompt_q))
         cand_tpot.append(est[1])
         cand_cap.append(est[2])
@@ -236,7 +215,7 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     cap_all = np.concatenate(cand_cap) if cand_cap else np.zeros(0)
     gpus_all = np.concatenate(cand_gpus) if cand_gpus else np.zeros(0)
     stable = np.isfinite(ttft_all) & np.isfinite(tpot_all) & (cap_all > rate)
-    _add(reasons, "overloaded: capacity below the load", int((~stable).sum()))
+    add_reason(reasons, "overloaded: capacity below the load", int((~stable).sum()))
     tally.close(3, int(stable.sum()), admitted3 - int(stable.sum()), reasons)
 
     # ---- stage 5: SLO and load feasibility with a margin ----
@@ -246,9 +225,9 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     ok_tpot = tpot_all * SLO_MARGIN <= slo_tpot
     ok_load = rate <= LOAD_MARGIN * cap_all
     ok = stable & ok_ttft & ok_tpot & ok_load
-    _add(reasons, "TTFT over the SLO", int((stable & ~ok_ttft).sum()))
-    _add(reasons, "TPOT over the SLO", int((stable & ok_ttft & ~ok_tpot).sum()))
-    _add(reasons, "load above 90% of capacity", int((stable & ok_ttft & ok_tpot & ~ok_load).sum()))
+    add_reason(reasons, "TTFT over the SLO", int((stable & ~ok_ttft).sum()))
+    add_reason(reasons, "TPOT over the SLO", int((stable & ok_ttft & ~ok_tpot).sum()))
+    add_reason(reasons, "load above 90% of capacity", int((stable & ok_ttft & ok_tpot & ~ok_load).sum()))
     tally.close(4, int(ok.sum()), int(stable.sum()) - int(ok.sum()), reasons)
 
     result = FunnelResult(stages=tally.stages, candidates_total=total, survivors=[], survivors_total=int(ok.sum()))
@@ -272,7 +251,7 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     return result
 
 
-def _structure_keys(rows: IntArray, cand_ref: list[tuple[str, Any]], agg: _AggTable | None, pd: _PdTables | None) -> Any:
+def _structure_keys(rows: IntArray, cand_ref: list[tuple[str, Any]], agg: AggTable | None, pd: PdTables | None) -> Any:
     """Integer keys per candidate row: column 0 is the kind, columns 1–9 the structure (shapes and, for
     PD, the reduced P:D ratio), columns 10–13 the knobs. Replica counts are left out on purpose."""
     keys = np.zeros((len(rows), 14), dtype=np.int64)
@@ -320,167 +299,6 @@ def _select(keys: Any, rows: IntArray, *, keep: int, per_structure: int) -> IntA
     return distinct[rank < per_structure][:keep]
 
 
-# ---------------------------------------------------------------- replicas table
-@dataclass(frozen=True, slots=True)
-class _AggTable:
-    tp: Any
-    pp: Any
-    dp: Any
-    count: Any
-    mnbt: Any
-    mns: Any
-    mem: Any
-    kv_index: Any
-    pool: Any
-    ok: Any
-    gpus: Any
-    kv_varies: bool
-
-
-def _grid(*axes: Any) -> list[Any]:
-    return [a.ravel() for a in np.meshgrid(*axes, indexing="ij")]
-
-
-def _pool_tokens(problem: Problem, kv: KvDtype, tp: Any, pp: Any, dp: Any, mnbt: Any, mns: Any, mem: Any) -> Any:
-    pool = kv_pool_bytes(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision, tp=tp, pp=pp, dp=dp,
-                         max_num_batched_tokens=mnbt, max_num_seqs=mns, memory_fraction=mem)
-    return np.floor(np.maximum(pool, 0.0) / kv_bytes_per_token(problem.model, kv, tp=tp, pp=pp))
-
-
-def _memory_reasons(problem: Problem, pool: Any, longest: float, mnbt: Any, mns: Any, reasons: dict[str, int], weight: Any = 1) -> Any:
-    no_room = pool <= 0
-    short = (~no_room) & (pool < longest)
-    budget = (~no_room) & (~short) & (mnbt < mns) & (problem.engine.value == "vllm")
-    _add(reasons, "weights and activations leave no KV pool", float(np.sum(no_room * weight)))
-    _add(reasons, "KV pool shorter than the longest request", float(np.sum(short * weight)))
-    _add(reasons, "max_num_batched_tokens below max_num_seqs (vLLM refuses)", float(np.sum(budget * weight)))
-    return ~(no_room | short | budget)
-
-
-def _agg_table(problem: Problem, units: _Units, rows: IntArray, mnbt: Any, mns: Any, mem: Any, longest: float,
-               reasons: dict[str, int]) -> _AggTable:
-    kvs = problem.search.kv_dtypes
-    u, b, q, f, k = _grid(rows, mnbt, mns, mem, np.arange(len(kvs)))
-    u = u.astype(np.int64)
-    k = k.astype(np.int64)
-    tp, pp, dp = units.tp[u], units.pp[u], units.dp[u]
-    pool = np.zeros(len(u))
-    for i, kv in enumerate(kvs):
-        sel = k == i
-        pool[sel] = _pool_tokens(problem, kv, tp[sel], pp[sel], dp[sel], b[sel], q[sel], f[sel])
-    ok = _memory_reasons(problem, pool, longest, b, q, reasons)
-    return _AggTable(tp, pp, dp, units.count[u], b, q, f, k, pool, ok, units.gpus[u], len(kvs) > 1)
-
-
-def _agg_by_kv(problem: Problem, agg: _AggTable, idx: IntArray, shape: LoadShape, rate: float, kvs: tuple[KvDtype, ...]) -> tuple[Any, Any, Any, Any]:
-    out = [np.zeros(len(idx)) for _ in range(4)]
-    for i, kv in enumerate(kvs):
-        sel = agg.kv_index[idx] == i
-        j = idx[sel]
-        est = estimate_aggregated(problem.model, problem.gpu, precision=problem.precision, engine=problem.engine, kv=kv, shape=shape,
-                                  rate_rps=rate, tp=agg.tp[j], pp=agg.pp[j], dp=agg.dp[j], count=agg.count[j], max_num_seqs=agg.mns[j],
-                                  max_num_batched_tokens=agg.mnbt[j], pool_tokens=agg.pool[j])
-        for o, v in zip(out, (est.ttft_s, est.tpot_s, est.capacity_rps, est.tpot_mean_s), strict=True):
-            o[sel] = v
-    return out[0], out[1], out[2], out[3]
-
-
-# ---------------------------------------------------------------- PD tables
-@dataclass(slots=True)
-class _PdTables:
-    """Role tables for PD: prefill rows over (unit, token budget, kv), decode rows over (unit, max seqs, memory, kv)."""
-
-    units: _Units
-    pairs_p: IntArray
-    pairs_d: IntArray
-    mnbt: Any
-    mns: Any
-    mem: Any
-    p_ok: Any        # [unit, mnbt, kv]
-    d_ok: Any        # [unit, mns, mem, kv]
-    p_pool: Any
-    d_pool: Any
-    n_ok: int
-    kv_transfer_s: Any  # [kv, same_node]
-
-    def estimate(self, problem: Problem, shape: LoadShape, rate: float) -> tuple[Any, Any, Any, Any, Any, Any]:
-        u = self.units
-        n_units = len(u.count)
-        kvs = problem.search.kv_dtypes
-        nb, nq, nf, nk = len(self.mnbt), len(self.mns), len(self.mem), len(kvs)
-        p_ttft = np.full((n_units, nb, nk), np.inf)
-        p_cap = np.zeros((n_units, nb, nk))
-        d_ttft = np.full((n_units, nq, nf, nk), np.inf)
-        d_tpot = np.full((n_units, nq, nf, nk), np.inf)
-        d_tpm = np.full((n_units, nq, nf, nk), np.inf)
-        d_cap = np.zeros((n_units, nq, nf, nk))
-        used_p = np.unique(self.pairs_p)
-        used_d = np.unique(self.pairs_d)
-        for ki, kv in enumerate(kvs):
-            uu, bb = (a.ravel() for a in np.meshgrid(used_p, np.arange(nb), indexing="ij"))
-            e = estimate_prefill(problem.model, problem.gpu, precision=problem.precision, engine=problem.engine, kv=kv, shape=shape,
-                                 rate_rps=rate, tp=u.tp[uu], pp=u.pp[uu], dp=u.dp[uu], count=u.count[uu], max_num_batched_tokens=self.mnbt[bb])
-            p_ttft[uu, bb, ki] = e.ttft_s
-            p_cap[uu, bb, ki] = e.capacity_rps
-            uu, qq, ff = (a.ravel() for a in np.meshgrid(used_d, np.arange(nq), np.arange(nf), indexing="ij"))
-            e = estimate_decode(problem.model, problem.gpu, precision=problem.precision, engine=problem.engine, kv=kv, shape=shape,
-                                rate_rps=rate, tp=u.tp[uu], pp=u.pp[uu], dp=u.dp[uu], count=u.count[uu], max_num_seqs=self.mns[qq],
-                                pool_tokens=self.d_pool[uu, qq, ff, ki])
-            d_ttft[uu, qq, ff, ki] = e.ttft_s
-            d_tpot[uu, qq, ff, ki] = e.tpot_s
-            d_tpm[uu, qq, ff, ki] = e.tpot_mean_s
-            d_cap[uu, qq, ff, ki] = e.capacity_rps
-        # Expand pairs × knobs into candidates (only memory-feasible ones).
-        ref = self._expand()
-        pair, b, q, f, k = ref
-        up, ud = self.pairs_p[pair], self.pairs_d[pair]
-        same = (u.gpus[up] + u.gpus[ud]) <= problem.gpu.gpus_per_node
-        ttft = p_ttft[up, b, k] + self.kv_transfer_s[k, same.astype(np.int64)] + d_ttft[ud, q, f, k]
-        tpot = d_tpot[ud, q, f, k]
-        cap = np.minimum(p_cap[up, b, k], d_cap[ud, q, f, k])
-        gpus = u.gpus[up] + u.gpus[ud]
-        return ttft, tpot, cap, gpus, ref, d_tpm[ud, q, f, k]
-
-    def _expand(self) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
-        ok_p = self.p_ok[self.pairs_p]  # [pair, mnbt, kv]
-        ok_d = self.d_ok[self.pairs_d]  # [pair, mns, mem, kv]
-        both = ok_p[:, :, None, None, :] & ok_d[:, None, :, :, :]
-        pair, b, q, f, k = np.nonzero(both)
-        return pair, b, q, f, k
-
-
-def _pd_tables(problem: Problem, units: _Units, pairs_p: IntArray, pairs_d: IntArray, mnbt: Any, mns: Any, mem: Any,
-               shape: LoadShape, longest: float, reasons: dict[str, int]) -> _PdTables:
-    kvs = problem.search.kv_dtypes
-    n_units = len(units.count)
-    nb, nq, nf, nk = len(mnbt), len(mns), len(mem), len(kvs)
-    p_pool = np.zeros((n_units, nb, nk))
-    d_pool = np.zeros((n_units, nq, nf, nk))
-    tp, pp, dp = units.tp, units.pp, units.dp
-    for ki, kv in enumerate(kvs):
-        for bi, b in enumerate(mnbt):
-            # Prefill instances hold prompts only; they run at the largest memory fraction offered.
-            p_pool[:, bi, ki] = _pool_tokens(problem, kv, tp, pp, dp, b, np.minimum(256.0, b), float(mem.max()))
-        for qi, q in enumerate(mns):
-            for fi, f in enumerate(mem):
-                d_pool[:, qi, fi, ki] = _pool_tokens(problem, kv, tp, pp, dp, np.maximum(q, 2048.0), q, f)
-    p_ok = (p_pool > 0) & (p_pool >= shape.longest_prompt_tokens)  # prefill instances hold prompts until their KV moves
-    d_ok = (d_pool > 0) & (d_pool >= longest)
-    # Count candidates per pair passing both roles, per KV dtype; attribute failures to a reason.
-    n_p_ok = p_ok[pairs_p].sum(axis=1)                 # [pair, kv]
-    n_d_ok = d_ok[pairs_d].sum(axis=(1, 2))            # [pair, kv]
-    n_ok = int((n_p_ok * n_d_ok).sum())
-    total = len(pairs_p) * nb * nq * nf * nk
-    no_pool = int(((d_pool[pairs_d] <= 0).sum(axis=(1, 2)) * nb).sum())
-    _add(reasons, "weights and activations leave no KV pool", no_pool)
-    _add(reasons, "KV pool shorter than the longest request", total - n_ok - no_pool)
-    transfer = np.zeros((nk, 2))
-    for ki, kv in enumerate(kvs):
-        for same in (0, 1):
-            transfer[ki, same] = kv_transfer_s(problem.model, problem.gpu, kv_dtype=kv, tokens=shape.input_tokens, same_node=bool(same))
-    return _PdTables(units, pairs_p, pairs_d, mnbt, mns, mem, p_ok, d_ok, p_pool, d_pool, n_ok, transfer)
-
-
 # ---------------------------------------------------------------- survivors and misses
 def _locate(flat: int, cand_ref: list[tuple[str, Any]], sizes: list[int]) -> tuple[str, Any, int]:
     for (kind, ref), n in zip(cand_ref, sizes, strict=True):
@@ -494,7 +312,7 @@ def _sizes(cand_ref: list[tuple[str, Any]]) -> list[int]:
     return [len(ref[0]) if kind == "agg" else len(ref[0][0]) for kind, ref in cand_ref]
 
 
-def _layout_at(problem: Problem, kind: str, ref: Any, i: int, agg: _AggTable | None, pd: _PdTables | None) -> tuple[Layout, int, float]:
+def _layout_at(problem: Problem, kind: str, ref: Any, i: int, agg: AggTable | None, pd: PdTables | None) -> tuple[Layout, int, float]:
     kvs = problem.search.kv_dtypes
     if kind == "agg":
         assert agg is not None
@@ -519,14 +337,14 @@ def _layout_at(problem: Problem, kind: str, ref: Any, i: int, agg: _AggTable | N
 
 
 def _survivor(problem: Problem, flat: int, ttft: Any, tpot: Any, cap: Any, cand_ref: list[tuple[str, Any]],
-              agg: _AggTable | None, pd: _PdTables | None) -> Survivor:
+              agg: AggTable | None, pd: PdTables | None) -> Survivor:
     kind, ref, i = _locate(flat, cand_ref, _sizes(cand_ref))
     layout, pool, tpm = _layout_at(problem, kind, ref, i, agg, pd)
     return Survivor(layout, float(ttft[flat]), float(tpot[flat]), tpm, float(cap[flat]), pool)
 
 
 def _closest_miss(problem: Problem, stage: str, miss: Any, ttft: Any, tpot: Any, cap: Any, gpus: Any, cand_ref: list[tuple[str, Any]],
-                  agg: _AggTable | None, pd: _PdTables | None, rate: float) -> str:
+                  agg: AggTable | None, pd: PdTables | None, rate: float) -> str:
     if len(miss) and np.isfinite(miss).any():
         flat = int(np.nanargmin(np.where(np.isfinite(miss), miss, np.inf)))
         kind, ref, i = _locate(flat, cand_ref, _sizes(cand_ref))
