@@ -124,7 +124,25 @@ def _pairs(m: Measurements) -> tuple[np.ndarray, np.ndarray]:
     return np.array(left, dtype=int), np.array(right, dtype=int)
 
 
-_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+@dataclass(frozen=True)
+class Targets:
+    """What the loss compares against, derived once from the measurements: per-row weights, measured
+    (TTFT, TPOT), osl − 1, and the row pairs a ranking compares."""
+
+    weight: np.ndarray
+    measured: np.ndarray
+    osl_minus_1: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+
+
+def _targets(m: Measurements) -> Targets:
+    left, right = _pairs(m)
+    return Targets(weight=np.array([1.0 if c.backend in ("vllm", "sglang") else 0.3 for c in m.cases]),
+                   measured=np.array([[c.ttft_ms, c.tpot_ms] for c in m.cases]),
+                   osl_minus_1=np.array([max(c.osl - 1, 0) for c in m.cases], dtype=float), left=left, right=right)
+
+
 RANK_WEIGHT = 1.0  # weight of the between-topology term against the per-row term
 TTFT_WEIGHT = 1.5  # weight of a row's TTFT error against its TPOT error
 STEP_WEIGHT = 0.5  # weight of the measured decode steps of the recorded single-GPU runs
@@ -168,7 +186,7 @@ def _step_ticks(refs: Path) -> list[StepTicks]:
     return out
 
 
-def _loss(m: Measurements, params: PerfParams, rank_weight: float = RANK_WEIGHT, ticks: Sequence[StepTicks] = (),
+def _loss(m: Measurements, t: Targets, params: PerfParams, rank_weight: float = RANK_WEIGHT, ticks: Sequence[StepTicks] = (),
           step_weight: float = STEP_WEIGHT, ttft_weight: float = TTFT_WEIGHT) -> float:
     """Weighted Cauchy loss (scale 0.2) of log(predicted / measured) TTFT (weight 1.5) and TPOT (1) per row,
     plus the same loss on the differences between topologies that a ranking compares.
@@ -179,21 +197,16 @@ def _loss(m: Measurements, params: PerfParams, rank_weight: float = RANK_WEIGHT,
     whose recorded topology or setup cannot be what ran (a few hundred-fold TTFTs) do not pull the bulk.
     """
     results = predict_all(m.cases, m.models, m.gpus, params=params)
-    w = np.array([1.0 if c.backend in ("vllm", "sglang") else 0.3 for c in m.cases])
+    w, meas, a, b = t.weight, t.measured, t.left, t.right
     ok = np.array([isinstance(r, Prediction) for r in results])
     pred = np.array([[r.ttft_ms, r.tpot_ms] if isinstance(r, Prediction) else [1.0, 1.0] for r in results])
-    meas = np.array([[c.ttft_ms, c.tpot_ms] for c in m.cases])
     e = np.log(pred / meas)
     per_row = np.where(ok, _cauchy(e) @ np.array([ttft_weight, 1.0]), 0.5)
     row_term = float(np.sum(w * per_row) / np.sum(w))
-    if id(m) not in _PAIRS:
-        _PAIRS[id(m)] = _pairs(m)
-    a, b = _PAIRS[id(m)]
-    step_term = step_weight * float(np.mean([t.loss(params) for t in ticks])) if ticks else 0.0
+    step_term = step_weight * float(np.mean([tick.loss(params) for tick in ticks])) if ticks else 0.0
     if len(a) == 0:
         return row_term + step_term
-    osl1 = np.array([max(c.osl - 1, 0) for c in m.cases], dtype=float)
-    cyc_p, cyc_m = pred[:, 0] + osl1 * pred[:, 1], meas[:, 0] + osl1 * meas[:, 1]
+    cyc_p, cyc_m = pred[:, 0] + t.osl_minus_1 * pred[:, 1], meas[:, 0] + t.osl_minus_1 * meas[:, 1]
     e_tpot = np.log(pred[a, 1] / pred[b, 1]) - np.log(meas[a, 1] / meas[b, 1])
     e_cyc = np.log(cyc_p[a] / cyc_p[b]) - np.log(cyc_m[a] / cyc_m[b])
     pw = np.where(ok[a] & ok[b], w[a] * w[b], 0.0)
@@ -307,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     ticks = _step_ticks(args.step_refs) if args.step_weight > 0 and args.step_refs.is_dir() else []
     print("decode-step ticks: " + (", ".join(f"{t.name} {len(t.running)}" for t in ticks) or "none"))
 
+    targets = _targets(m)
+
     def loss_of(v: np.ndarray) -> float:
-        return _loss(m, _to_params(v, base, names), args.rank_weight, ticks, args.step_weight, args.ttft_weight)
+        return _loss(m, targets, _to_params(v, base, names), args.rank_weight, ticks, args.step_weight, args.ttft_weight)
 
     start_loss = loss_of(x)
     print(f"rows {len(m.cases)}, start loss {start_loss:.5f}")

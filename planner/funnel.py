@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from .analytic import load_shape
 from .layout import EngineKnobs, Layout, LayoutKind, Parallelism, RoleLayout
-from .perf import request_overhead_s
+from .predict import front_end_s
 from .problem import FunnelStage, Problem
 from .role_tables import AggTable, PdTables, Units, add_reason, agg_by_kv, agg_table, pd_tables
 
@@ -188,8 +188,7 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
 
     # ---- stage 4: analytical estimate at the spec's load ----
     reasons = {}
-    # Client-side TTFT: the engine's plus the front end's per-request overhead (perf.request_overhead_s).
-    prompt_q = float(problem.workload.input_tokens.quantile(problem.slo.ttft_percentile / 100.0))
+    # Client-side TTFT: the engine's plus the front end's (predict.front_end_s).
     cand_ttft: list[Any] = []
     cand_tpot: list[Any] = []
     cand_cap: list[Any] = []
@@ -198,14 +197,14 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     if agg is not None and agg.ok.any():
         idx = np.flatnonzero(agg.ok)
         est = agg_by_kv(problem, agg, idx, shape, rate, s.kv_dtypes)
-        cand_ttft.append(est[0] + request_overhead_s(problem.engine, prompt_q))
+        cand_ttft.append(est[0] + front_end_s(problem, disaggregated=False))
         cand_tpot.append(est[1])
         cand_cap.append(est[2])
         cand_gpus.append(agg.gpus[idx])
         cand_ref.append(("agg", (idx, est[3])))
     if pd is not None and pd.n_ok:
         ttft, tpot, cap, gpus, ref, tpm = pd.estimate(problem, shape, rate)
-        cand_ttft.append(ttft + request_overhead_s(problem.engine, prompt_q, disaggregated=True))
+        cand_ttft.append(ttft + front_end_s(problem, disaggregated=True))
         cand_tpot.append(tpot)
         cand_cap.append(cap)
         cand_gpus.append(gpus)

@@ -21,7 +21,7 @@ from .memory import kv_pool_tokens, max_request_tokens
 from .perf import kv_transfer_s, request_overhead_s
 from .problem import Prediction, Problem
 
-__all__ = ["Figures", "predict_figures", "slo_capacity_rps", "to_prediction", "BISECTION_STEPS"]
+__all__ = ["Figures", "predict_figures", "slo_capacity_rps", "to_prediction", "front_end_s", "BISECTION_STEPS"]
 
 BISECTION_STEPS = 16
 FloatArray = npt.NDArray[np.float64]
@@ -73,7 +73,6 @@ class _Packed:
     shape: LoadShape
     groups: tuple[_Group, ...]
     n: int
-    prompt_tokens_at_ttft_pct: float  # whole prompt (cached or not): the front end reads all of it
 
 
 def _pack(problem: Problem, layouts: Sequence[Layout]) -> _Packed:
@@ -95,8 +94,14 @@ def _pack(problem: Problem, layouts: Sequence[Layout]) -> _Packed:
             transfer = np.array([kv_transfer_s(problem.model, problem.gpu, kv_dtype=kv, tokens=shape.input_tokens,
                                                same_node=lay.gpus <= problem.gpu.gpus_per_node) for lay in members], dtype=np.float64)
         groups.append(_Group(kind, kv, np.asarray(idx, dtype=np.int64), roles, pool, transfer))
-    q_prompt = float(problem.workload.input_tokens.quantile(problem.slo.ttft_percentile / 100.0))
-    return _Packed(shape, tuple(groups), len(layouts), q_prompt)
+    return _Packed(shape, tuple(groups), len(layouts))
+
+
+def front_end_s(problem: Problem, *, disaggregated: bool) -> float:
+    """What a client's TTFT adds to the engine's: perf.request_overhead_s at the prompt length of the TTFT
+    percentile (the whole prompt, cached or not: the front end reads all of it). Plans predict client-side TTFT."""
+    prompt_tokens = float(problem.workload.input_tokens.quantile(problem.slo.ttft_percentile / 100.0))
+    return float(request_overhead_s(problem.engine, prompt_tokens, disaggregated=disaggregated))
 
 
 def _figures(problem: Problem, packed: _Packed, rates: FloatArray) -> Figures:
@@ -109,15 +114,15 @@ def _figures(problem: Problem, packed: _Packed, rates: FloatArray) -> Figures:
             a = grp.roles[Role.AGGREGATED]
             e = estimate_aggregated(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=a["tp"], pp=a["pp"],
                                     dp=a["dp"], count=a["count"], max_num_seqs=a["mns"], max_num_batched_tokens=a["mnbt"], pool_tokens=grp.pool)
-            cols = (e.ttft_s + request_overhead_s(sh, packed.prompt_tokens_at_ttft_pct), e.tpot_s, e.tpot_mean_s, e.capacity_rps)
+            cols = (e.ttft_s + front_end_s(problem, disaggregated=False), e.tpot_s, e.tpot_mean_s, e.capacity_rps)
         else:
             p, d = grp.roles[Role.PREFILL], grp.roles[Role.DECODE]
             ep = estimate_prefill(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=p["tp"], pp=p["pp"],
                                   dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"])
             ed = estimate_decode(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=d["tp"], pp=d["pp"],
                                  dp=d["dp"], count=d["count"], max_num_seqs=d["mns"], pool_tokens=grp.pool)
-            overhead = request_overhead_s(sh, packed.prompt_tokens_at_ttft_pct, disaggregated=True)
-            cols = (ep.ttft_s + grp.transfer_s + ed.ttft_s + overhead, ed.tpot_s, ed.tpot_mean_s, np.minimum(ep.capacity_rps, ed.capacity_rps))
+            ttft = ep.ttft_s + grp.transfer_s + ed.ttft_s + front_end_s(problem, disaggregated=True)
+            cols = (ttft, ed.tpot_s, ed.tpot_mean_s, np.minimum(ep.capacity_rps, ed.capacity_rps))
         for o, v in zip(out, (*cols, grp.pool), strict=True):
             o[grp.index] = v
     return Figures(*out)

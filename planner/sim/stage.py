@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..decide import SimFigures
 from ..layout import Layout, LayoutKind
-from ..perf import request_overhead_s
+from ..predict import front_end_s
 from ..problem import Problem
 from . import simulate
 from .requests import from_workload
@@ -34,8 +34,6 @@ def stage6_figures(problem: Problem, layout: Layout, *, num_requests: int = 600,
     if s.unfinished > 0 or s.finished == 0:
         inf = float("inf")
         return SimFigures(ttft_s=inf, tpot_s=inf, tpot_mean_s=inf)
-    # The engine's TTFT plus what a request spends before it (perf.request_overhead_s), at the percentile's prompt.
-    prompt = float(problem.workload.input_tokens.quantile(slo.ttft_percentile / 100.0))
-    overhead = float(request_overhead_s(problem.engine, prompt, disaggregated=layout.kind is LayoutKind.PD))
+    overhead = front_end_s(problem, disaggregated=layout.kind is LayoutKind.PD)  # client-side TTFT, as the funnel's
     return SimFigures(ttft_s=s.ttft_ms.at(slo.ttft_percentile) / 1e3 + overhead, tpot_s=s.tpot_ms.at(slo.tpot_percentile) / 1e3,
                       tpot_mean_s=s.tpot_ms.mean / 1e3)

@@ -1,4 +1,4 @@
-"""Shared CLI output: spec errors (exit 2) and the stage-6 simulator adapter for `plan`.
+"""Shared CLI pieces: spec reading and errors (exit 2), the layout a spec names, and the stage-6 simulator adapter for `plan`.
 
 Used by every subcommand that reads a spec. Owns no planning logic.
 """
@@ -14,10 +14,12 @@ import yaml
 
 from servingtopology.planner.decide import Simulate
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim.stage import stage6_figures
-from servingtopology.spec import PlanSpec, SpecError, load_spec
+from servingtopology.spec import PlanSpec, SpecError, load_spec, to_layout
 
-__all__ = ["emit_spec_error", "read_spec", "simulator_for"]
+__all__ = ["emit_spec_error", "read_spec", "layout_for", "simulator_for"]
 
 
 def read_spec(path: str | None) -> PlanSpec:
@@ -32,6 +34,15 @@ def read_spec(path: str | None) -> PlanSpec:
 
             return parse_topology_spec(data.get("spec"))
     return load_spec(path)
+
+
+def layout_for(spec: PlanSpec, problem: Problem) -> Layout:
+    """The layout the spec names, or else the planner's best for `problem` (used by `simulate` and `sweep`)."""
+    if spec.layout is not None:
+        return to_layout(spec)
+    from servingtopology.planner.decide import decide
+
+    return decide(problem).best.layout
 
 
 def emit_spec_error(exc: SpecError | InvalidSpec, *, as_json: bool = False) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servingtopology.cli.output import emit_spec_error, read_spec
+from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
@@ -35,7 +35,7 @@ from servingtopology.planner.sim import (
     recorded_latencies,
     simulate,
 )
-from servingtopology.spec import SpecError, to_layout, to_problem
+from servingtopology.spec import SpecError, to_problem
 
 __all__ = ["add_parser", "run", "read_trace", "Replay", "load_replay", "run_replay", "compare", "summary_json"]
 
@@ -202,11 +202,7 @@ def _print_summary(out: Mapping[str, Any]) -> None:
 def _run_spec(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
     problem = to_problem(spec)
-    if spec.layout is not None:
-        layout = to_layout(spec)
-    else:
-        from servingtopology.planner.decide import decide
-        layout = decide(problem).best.layout
+    layout = layout_for(spec, problem)
     t0 = time.perf_counter()
     if args.trace:
         requests = from_rows(read_trace(Path(args.trace)))

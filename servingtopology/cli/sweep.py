@@ -16,12 +16,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from servingtopology.cli.output import emit_spec_error, read_spec
+from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim import from_workload, simulate
-from servingtopology.spec import SpecError, to_layout, to_problem
+from servingtopology.spec import SpecError, to_problem
 
 __all__ = ["add_parser", "run", "sweep_points", "parse_concurrency"]
 
@@ -118,11 +118,7 @@ def run(args: argparse.Namespace) -> int:
         concurrency = parse_concurrency(args.concurrency)
         spec = read_spec(args.spec)
         problem = to_problem(spec)
-        if spec.layout is not None:
-            layout = to_layout(spec)
-        else:
-            from servingtopology.planner.decide import decide
-            layout = decide(problem).best.layout
+        layout = layout_for(spec, problem)
         points = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=max(1, args.requests_per_client))
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(exc, as_json=args.json)
