@@ -4,6 +4,8 @@ Called by `servingtopology validate`, benchmarks/fit_perf.py and benchmarks/vali
 the aiconfigurator silicon CSV schema (agg: tp/pp/attention_dp/moe_tp/moe_ep; disagg: prefill_*/decode_*
 with worker counts; concurrency in `silicon_concurrency=N`), and predicts each row's mean TTFT and TPOT with
 planner.closed_loop over the shared step-time model, vectorised per (model, GPU, precision, backend, mode).
+Where the data source names the benchmark harness (InferenceX), the row is predicted as that harness ran it:
+the mean of the lengths its client drew, its requests per client, the server knobs its recipes set.
 Pure: the caller reads files and resolves models.
 """
 
@@ -24,13 +26,58 @@ from .memory import kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
 from .model import ModelArch
 from .perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
 
-__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "Prediction", "predict_cases", "predict_all", "BACKENDS"]
+__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "Prediction", "predict_cases", "predict_all", "BACKENDS",
+           "Harness", "INFERENCEX", "UNSTATED", "harness_of"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 _QUANT = {"": Precision.BF16, "bf16": Precision.BF16, "fp16": Precision.BF16, "fp8": Precision.FP8, "fp8_block": Precision.FP8,
           "w8a8": Precision.FP8, "nvfp4": Precision.FP4, "fp4": Precision.FP4, "mxfp4": Precision.FP4, "int4": Precision.INT4,
           "w4a16": Precision.INT4}
 _CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Harness:
+    """The benchmark client that measured a row, as far as the row's data source names it.
+
+    `length_floor`: each request's input and output lengths are drawn uniformly from the integers in
+    [int(floor × L), L] for the row's labelled L (1.0: exactly L). `requests_per_client`: measured requests
+    per client, which sets how much the start-up wave weighs in the mean TTFT (None: the fitted parameter).
+    """
+
+    name: str
+    length_floor: float = 1.0
+    requests_per_client: float | None = None
+
+    def mean_length(self, label: Any) -> Any:
+        """Mean of the drawn lengths for labelled length(s) `label`."""
+        label = np.asarray(label, dtype=float)
+        return 0.5 * (np.floor(self.length_floor * label) + label)
+
+
+# SemiAnalysisAI/InferenceX (benchmarks/benchmark_lib.sh run_benchmark_serving, utils/bench_serving/benchmark_serving.py
+# sample_random_requests): `--dataset-name random --random-range-ratio 0.8` with a one-sided sampler (uniform integers in
+# [int(0.8·L), L] for input and output independently), `--num-prompts 10×CONC --max-concurrency CONC --request-rate inf
+# --ignore-eos --num-warmups 2×CONC`. Its rows carry `source_file=<date>.csv; model=…` or `db-dump/…; workflow_run_id=…`.
+INFERENCEX = Harness("inferencex", length_floor=0.8, requests_per_client=10.0)
+UNSTATED = Harness("unstated")
+_INFERENCEX_SOURCE = re.compile(r"^(db-dump/|source_file=\d{4}-\d{2}-\d{2}\.csv;)")
+
+
+def _recv_interval(case: CalibrationCase) -> float:
+    """SGLang's `--scheduler-recv-interval` the row's server ran with (1: every step, the engine default).
+
+    InferenceX's single-node SGLang recipes for B200 and B300 (benchmarks/single_node/dsr1_fp8_b200.sh and the
+    FP4 and B300 ones) set 10 below 16 concurrent clients and 30 from 16 on; its H200 recipes leave the default.
+    """
+    if case.harness is INFERENCEX and case.backend == "sglang" and case.mode == "agg" and case.system in ("b200_sxm", "b300_sxm"):
+        return 10.0 if case.concurrency < 16 else 30.0
+    return 1.0
+
+
+def harness_of(data_source: str) -> Harness:
+    """The harness a `silicon_data_source` string names; rows from other sweeps ran fixed lengths (SOURCES.md)."""
+    return INFERENCEX if _INFERENCEX_SOURCE.match(data_source.strip()) else UNSTATED
 
 
 class Skip(Exception):
@@ -82,6 +129,7 @@ class CalibrationCase:
     decode: Topology | None
     ttft_ms: float
     tpot_ms: float
+    harness: Harness = UNSTATED
 
     @property
     def gpus(self) -> int:
@@ -162,7 +210,7 @@ def parse_row(row: Mapping[str, str]) -> CalibrationCase:
         row_id=str(row.get("id", "")), backend=backend, mode=mode, system=(row.get("system") or "").strip(),
         model_path=(row.get("model_path") or "").strip(), isl=_int(row, "isl"), osl=_int(row, "osl"),
         concurrency=max(concurrency, 1), precision=_precision(row, "gemm_quant_mode"), moe_precision=_precision(row, "moe_quant_mode"),
-        agg=agg, prefill=pre, decode=dec, ttft_ms=ttft, tpot_ms=tpot,
+        agg=agg, prefill=pre, decode=dec, ttft_ms=ttft, tpot_ms=tpot, harness=harness_of(row.get("silicon_data_source") or ""),
     )
 
 
@@ -232,9 +280,11 @@ def _defaults(backend: str, p: PerfParams) -> _EngineDefaults:
     return _EngineDefaults(Engine.VLLM, True, KvDtype.AUTO, 0.9, 1024, None, p.ttft_overhead_s, p.ttft_s_per_input_token)
 
 
-def _requests_per_client(backend: str, p: PerfParams) -> float:
-    """Benchmark length of the harness that measured the rows (SGLang's rows came from its own harness)."""
-    return p.sglang_bench_requests_per_client if backend == "sglang" else p.bench_requests_per_client
+def _requests_per_client(case: CalibrationCase, p: PerfParams) -> float:
+    """Benchmark length of the harness that measured the row: the harness's own, else the fitted one for the backend."""
+    if case.harness.requests_per_client is not None:
+        return case.harness.requests_per_client
+    return p.sglang_bench_requests_per_client if case.backend == "sglang" else p.bench_requests_per_client
 
 
 def _token_budget(backend: str, gpu: Gpu, dp: Any) -> Any:
@@ -278,7 +328,9 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
     p = params or perf_params()
     first = cases[0]
     d = _defaults(first.backend, p)
-    isl, osl, conc = _arr(cases, lambda c: c.isl), _arr(cases, lambda c: c.osl), _arr(cases, lambda c: c.concurrency)
+    # Mean lengths the harness drew (the labelled ones where it ran fixed lengths).
+    isl, osl = _arr(cases, lambda c: c.harness.mean_length(c.isl)), _arr(cases, lambda c: c.harness.mean_length(c.osl))
+    conc, per_client = _arr(cases, lambda c: c.concurrency), _arr(cases, lambda c: _requests_per_client(c, p))
     ctx = isl + 0.5 * osl
     if first.mode == "agg":
         topo = [c.agg for c in cases if c.agg is not None]
@@ -287,7 +339,7 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
         res = aggregated(_stepper(model, gpu, first, d, topo, p), clients_per_rank=conc / dp, isl=isl, osl=osl,
                          token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx),
                          mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s + d.ttft_s_per_input_token * isl,
-                         requests_per_client=_requests_per_client(first.backend, p), params=p)
+                         requests_per_client=per_client, recv_interval=_arr(cases, _recv_interval), params=p)
     else:
         pre = [c.prefill for c in cases if c.prefill is not None]
         dec = [c.decode for c in cases if c.decode is not None]
@@ -304,7 +356,7 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
                             decode_max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx),
                             transfer_s=transfer,
                             ttft_overhead_s=d.ttft_overhead_s + p.disagg_ttft_overhead_s + d.ttft_s_per_input_token * isl,
-                            requests_per_client=_requests_per_client(first.backend, p), params=p)
+                            requests_per_client=per_client, params=p)
     ttft, tpot, x = (np.broadcast_to(np.asarray(v, dtype=float), isl.shape) for v in (res.ttft_s, res.tpot_s, res.throughput_rps))
     return [Prediction(ttft_ms=float(a) * 1e3, tpot_ms=float(b) * 1e3, throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
 

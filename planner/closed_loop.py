@@ -53,16 +53,22 @@ def _bisect(fn: Any, hi: Any) -> tuple[Any, Any]:
     return np.where(top_ok, hi, a), top_ok
 
 
+def _per_client(requests_per_client: Any, p: PerfParams) -> Any:
+    """Requests each client sends in the benchmark (arrays allowed), else the parameter file's."""
+    return p.bench_requests_per_client if requests_per_client is None else np.asarray(requests_per_client, dtype=float)
+
+
 def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
-               mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: float | None = None,
-               params: PerfParams | None = None) -> ClosedLoopResult:
+               mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: Any = None,
+               recv_interval: Any = 1.0, params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
 
     mixed_batches: prefill chunks ride in decode steps under one token budget (vLLM V1, TRT-LLM);
     otherwise prefill batches pause decoding (SGLang). In steady state a request lives n_c = ⌈isl/C⌉
     prefill steps plus osl − 1 decode steps, so per step b/L requests finish and b·isl/L prompt tokens
     arrive; prefills of a burst of clients collide in one step. `requests_per_client` (default the parameter
-    file's) sets how much the start-up wave weighs in the mean TTFT.
+    file's) sets how much the start-up wave weighs in the mean TTFT. `recv_interval`: the engine takes in new
+    requests every that many steps (SGLang's `--scheduler-recv-interval`), so an arrival waits half of them.
     """
     p = params or perf_params()
     clients = np.asarray(clients_per_rank, dtype=float)
@@ -72,6 +78,7 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     n_d = np.maximum(np.asarray(osl, dtype=float) - 1.0, 0.0)
     life = n_c + np.maximum(n_d, 1.0)
     ctx = isl + 0.5 * n_d
+    recv = np.maximum(np.asarray(recv_interval, dtype=float), 1.0)
     colliding = 1.0 + p.arrival_burst * (np.minimum(clients, np.maximum(budget / isl, 1.0)) - 1.0)
 
     def state(b: Any) -> tuple[Any, Any, Any, Any, Any]:
@@ -91,7 +98,7 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
 
     def wait(tau: Any, t_p: Any, f: Any) -> Any:
         rho = np.minimum(f, _RHO_MAX)
-        return ttft_overhead_s + (0.5 + p.result_delay_steps) * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
+        return ttft_overhead_s + (0.5 * recv + p.result_delay_steps) * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
 
     def excess(b: Any) -> Any:
         tau, t_p, f, x, _ = state(b)
@@ -108,13 +115,13 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     wave_tokens = np.minimum(clients * isl, budget)
     t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
     wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5 + ttft_overhead_s
-    ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / (requests_per_client or p.bench_requests_per_client)
+    ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / _per_client(requests_per_client, p)
     return ClosedLoopResult(ttft_s=ttft, tpot_s=tau, throughput_rps=x * ranks, running_per_rank=b, saturated=capped | (queued > 0))
 
 
 def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, clients: Any, prefill_ranks: Any,
                   decode_ranks: Any, isl: Any, osl: Any, prefill_budget: Any, decode_max_running: Any, transfer_s: Any,
-                  ttft_overhead_s: Any = 0.0, requests_per_client: float | None = None,
+                  ttft_overhead_s: Any = 0.0, requests_per_client: Any = None,
                   params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against prefill/decode pools: prefill ranks queue prompts, decode ranks run pure decode.
 
@@ -156,5 +163,5 @@ def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, cl
     t_d, x, _, ttft = state(b)
     ttft = np.maximum(ttft, clients / np.maximum(x, 1e-12) - n_d * t_d)
     wave = 0.5 * clients / r_p * s_batch + s1 + ttft_overhead_s
-    ttft = ttft + np.maximum(wave - ttft, 0.0) / (requests_per_client or p.bench_requests_per_client)
+    ttft = ttft + np.maximum(wave - ttft, 0.0) / _per_client(requests_per_client, p)
     return ClosedLoopResult(ttft_s=ttft, tpot_s=t_d, throughput_rps=x, running_per_rank=b, saturated=capped)

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from servingtopology.planner.calibration import Prediction, Skip, fill_from_twins, parse_row, predict_all
+from servingtopology.planner.calibration import INFERENCEX, UNSTATED, Prediction, Skip, fill_from_twins, harness_of, parse_row, predict_all
 from servingtopology.planner.fidelity import ape_stats, ranking_score, summarize, tokens_per_gpu_s
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.model import resolve_model
@@ -150,3 +150,36 @@ def test_a_tp_degree_that_cannot_divide_the_heads_is_skipped_as_not_what_ran():
     row = {**AGG, "tp_size": "72", "moe_tp_size": "72"}
     (out,) = predict_all([parse_row(row)], {AGG["model_path"]: resolve_model("llama-3.1-70b")}, {"h200_sxm": resolve_gpu("h200_sxm")})
     assert isinstance(out, Skip) and out.kind == "recorded TP does not divide the attention heads"
+
+
+@pytest.mark.parametrize(("source", "name"), [
+    ("source_file=2026-04-06.csv; model=Llama-3.1-70B; silicon_concurrency=8; measured=2025-10-29T00:00:00.000Z; wip=False", "inferencex"),
+    ("db-dump/2026-04-27; config_id=99; silicon_concurrency=4; measured=2025-11-10T00:00:00.000Z; workflow_run_id=122", "inferencex"),
+    ("source_file=/Users/x/aic-auto-gap-analysis/data/h200_sxm/vllm/0.12.0/Qwen_Qwen3-235B-A22B-FP8.csv; silicon_concurrency=4", "unstated"),
+    ("", "unstated"),
+])
+def test_the_harness_is_read_from_the_data_source(source, name):
+    assert harness_of(source).name == name
+    assert parse_row({**AGG, "silicon_data_source": source}).harness.name == name
+
+
+def test_inferencex_rows_are_predicted_at_the_mean_of_the_lengths_its_client_drew():
+    # uniform integers in [int(0.8 L), L]: 1024 → [819, 1024], mean 921.5
+    assert float(INFERENCEX.mean_length(1024)) == pytest.approx(921.5)
+    assert float(UNSTATED.mean_length(1024)) == 1024.0
+    model, gpu = resolve_model("meta-llama/Llama-3.1-70B"), resolve_gpu("h200_sxm")
+    fixed = parse_row({**AGG, "silicon_data_source": "sweep; silicon_concurrency=4", "isl": "8192"})
+    drawn = parse_row({**AGG, "silicon_data_source": "source_file=2026-04-06.csv; model=x; silicon_concurrency=4", "isl": "8192"})
+    (p_fixed, p_drawn), = [predict_all([fixed, drawn], {AGG["model_path"]: model}, {"h200_sxm": gpu})]
+    assert isinstance(p_fixed, Prediction) and isinstance(p_drawn, Prediction)
+    assert p_drawn.ttft_ms < p_fixed.ttft_ms  # shorter prompts on average, and a start-up wave weighed as 10 requests per client
+
+
+def test_inferencex_sglang_blackwell_rows_wait_for_the_scheduler_recv_interval():
+    model, gpu = resolve_model("deepseek-ai/DeepSeek-V3"), resolve_gpu("b200_sxm")
+    row = {**AGG, "backend": "sglang", "model_path": "deepseek-ai/DeepSeek-V3", "system": "b200_sxm", "tp_size": "8", "moe_tp_size": "8",
+           "silicon_data_source": "db-dump/2026-04-27; silicon_concurrency=64"}
+    imax, other = parse_row(row), parse_row({**row, "silicon_data_source": "sweep; silicon_concurrency=64"})
+    both = predict_all([imax, other], {row["model_path"]: model}, {"b200_sxm": gpu})
+    # 30-step receive interval at 64 clients: about 15 decode steps more before the first token
+    assert both[0].ttft_ms - both[1].ttft_ms > 10 * both[0].tpot_ms

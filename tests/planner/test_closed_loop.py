@@ -75,3 +75,12 @@ def test_too_few_prefill_ranks_queue_prompts_in_pd():
         return disaggregated(_step(), _step(), clients=np.array([512.0]), prefill_ranks=prefill_ranks, decode_ranks=4.0, isl=8192,
                              osl=256, prefill_budget=8192, decode_max_running=1024, transfer_s=0.01, params=PARAMS)
     assert float(run(1.0).ttft_s[0]) > 2 * float(run(8.0).ttft_s[0])
+
+
+def test_a_scheduler_that_takes_requests_every_n_steps_delays_the_first_token_by_half_of_them():
+    every, thirty = _agg([32.0]), aggregated(_step(), clients_per_rank=np.array([32.0]), isl=1024, osl=256, token_budget=8192,
+                                             max_running=1024.0, mixed_batches=True, recv_interval=30.0, params=PARAMS)
+    extra = float(thirty.ttft_s[0] - every.ttft_s[0])
+    # 29/2 more steps of waiting, at the (slightly lighter) step time of the slower loop
+    assert extra == pytest.approx(14.5 * float(thirty.tpot_s[0]), rel=0.15)
+    assert float(thirty.throughput_rps[0]) < float(every.throughput_rps[0])
