@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
+from statistics import NormalDist
 from typing import Any, Protocol
 
 import numpy as np
@@ -162,6 +163,7 @@ class StepCoefficients:
     moe_flop_s: Any        # routed-expert compute time per routed token (dp ranks' tokens all arrive)
     moe_mem_s: Any         # time to stream one active local expert in all MoE layers
     local_experts: Any     # routed experts held per GPU (E / ep)
+    ep_z: Any              # expected maximum of ep standard normals (0 without EP): the busiest GPU's excess load
     dp: Any
     experts: float
     topk: float
@@ -224,6 +226,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     else:
         moe_flop_s = moe_mem_s = a2a_tok = a2a_fixed = zero
         local = zero
+    ep_z = _max_normal_z(ep) if model.is_moe else zero
 
     # Attention: prefill is compute (pairs of query and key tokens), decode reads the KV cache.
     heads = np.maximum(model.num_heads / tp, 1.0)
@@ -251,7 +254,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     return StepCoefficients(
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
         experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), a2a_s_per_token=a2a_tok,
-        a2a_fixed_s=a2a_fixed, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
+        a2a_fixed_s=a2a_fixed, ep_z=ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness,
@@ -262,8 +265,28 @@ def _fmax(a: float, b: float) -> float:
     return a if a > b else b
 
 
+def _fmin(a: float, b: float) -> float:
+    return a if a < b else b
+
+
+@cache
+def _max_normal_z_scalar(n: int) -> float:
+    """Expected maximum of n independent standard normals (Blom's approximation; 0 for n ≤ 1)."""
+    return 0.0 if n <= 1 else NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def _max_normal_z(n: Any) -> Any:
+    """`_max_normal_z_scalar` over a scalar or an array of group sizes (few distinct values)."""
+    arr = np.asarray(n)
+    if arr.ndim == 0:
+        return _max_normal_z_scalar(int(arr))
+    values, inverse = np.unique(arr.astype(np.int64), return_inverse=True)
+    return np.array([_max_normal_z_scalar(int(v)) for v in values])[inverse].reshape(arr.shape)
+
+
 def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any,
-                    decode_context_tokens: Any, maximum: Callable[[Any, Any], Any] = np.maximum) -> Any:
+                    decode_context_tokens: Any, maximum: Callable[[Any, Any], Any] = np.maximum,
+                    minimum: Callable[[Any, Any], Any] = np.minimum) -> Any:
     """Step time from folded coefficients; plain arithmetic so floats and arrays both work.
 
     Pipeline parallelism splits the batch into pp micro-batches over pp stages: the step takes pp stage
@@ -276,9 +299,13 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
     t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
     t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
     routed = micro * c.dp
-    # Expected distinct local experts hit by `routed` tokens choosing top-k of E (uniform routing).
-    active = c.local_experts * (1.0 - (1.0 - c.topk / c.experts) ** routed)
-    t_moe_c = c.moe_flop_s * (routed + c.gemm_half_tokens)
+    # Distinct local experts hit by `routed` tokens choosing top-k of E (uniform routing), and the routed tokens a GPU
+    # computes: under EP each GPU's share is random and the step waits for the busiest one, mean + z·σ over ep GPUs.
+    hit = 1.0 - (1.0 - c.topk / c.experts) ** routed
+    mean_active = c.local_experts * hit
+    active = minimum(mean_active + c.ep_z * (mean_active * (1.0 - hit)) ** 0.5, c.local_experts)
+    busiest = 1.0 + c.ep_z * (c.experts / maximum(c.local_experts, 1.0) - 1.0) ** 0.5 / maximum(routed * c.topk, 1.0) ** 0.5
+    t_moe_c = c.moe_flop_s * (routed * busiest + c.gemm_half_tokens)
     t_moe_m = c.moe_mem_s * active
     t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
     t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
@@ -361,6 +388,6 @@ class InstancePerf:
         assert self._coeffs is not None
         t = evaluate_step_s(self._coeffs, prefill_tokens=float(prefill_tokens), prefill_pairs=float(prefill_pairs),
                             decode_tokens=float(decode_tokens), decode_context_tokens=float(decode_context_tokens),
-                            maximum=_fmax)
+                            maximum=_fmax, minimum=_fmin)
         value = float(t)
         return value if math.isfinite(value) else float("inf")

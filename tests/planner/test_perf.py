@@ -125,3 +125,25 @@ def test_pinned_parameters_apply_inside_the_block_only():
         assert perf_params() is slow
         assert _step(dec=8, ctx=8 * 1000) > shipped
     assert perf_params() is not slow and _step(dec=8, ctx=8 * 1000) == shipped
+
+
+def test_the_expected_busiest_of_n_gpus_is_the_mean_plus_the_expected_maximum_of_n_normals():
+    from servingtopology.planner.perf import _max_normal_z
+    assert _max_normal_z(1) == 0.0
+    assert float(_max_normal_z(8)) == pytest.approx(1.4236, abs=0.02)  # E[max of 8 standard normals]; Blom is within 0.02
+    assert np.allclose(_max_normal_z(np.array([1, 2, 8, 8])), [0.0, _max_normal_z(2), _max_normal_z(8), _max_normal_z(8)])
+
+
+def test_expert_parallel_decode_waits_for_the_gpu_that_drew_the_most_experts():
+    from dataclasses import replace
+
+    from servingtopology.planner.perf import evaluate_step_s, step_coefficients
+    c = step_coefficients(DSV3, resolve_gpu("b200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
+                          tp=8, pp=1, dp=1, moe_ep=8)
+    args = dict(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=4.0, decode_context_tokens=4 * 2048.0)
+    balanced = float(evaluate_step_s(replace(c, ep_z=0.0), **args))
+    busiest = float(evaluate_step_s(c, **args))
+    assert busiest > balanced * 1.05
+    # a long prefill spreads tokens evenly: the imbalance all but vanishes
+    big = dict(prefill_tokens=8192.0, prefill_pairs=8192.0 * 4096, decode_tokens=0.0, decode_context_tokens=0.0)
+    assert float(evaluate_step_s(c, **big)) == pytest.approx(float(evaluate_step_s(replace(c, ep_z=0.0), **big)), rel=0.03)
