@@ -9,6 +9,7 @@ batch and KV occupancy; on ticks with prompt tokens, the mixed step with its ave
 from __future__ import annotations
 
 import csv
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ REFS = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/shared/groundtrut
 
 def decode_ticks(folder: Path, *, measured_kv_only: bool = False) -> tuple[Replay, list[tuple[float, float, float]], list[tuple[float, float, float, float]]]:
     """The replay and its 1 s ticks: pure decode as (running, context tokens, measured step s), and mixed
-    prefill+decode as (running, prompt tokens per step, context tokens, measured step s).
+    prefill+decode as (running, prompt tokens in the tick, context tokens, measured mean step s).
 
     A tick's step is running / generated tokens (every running sequence decodes once per step). Its context
     is the KV in use (kv_cache_pct × pool) when recorded; else running × the mean context (skipped when
@@ -50,7 +51,7 @@ def decode_ticks(folder: Path, *, measured_kv_only: bool = False) -> tuple[Repla
             decode.append((running, ctx, running / gen))
         elif running >= 4:
             steps = gen / running
-            mixed.append((running, prompt / steps, ctx, 1.0 / steps))
+            mixed.append((running, prompt, ctx, 1.0 / steps))
     return rep, decode, mixed
 
 
@@ -62,9 +63,20 @@ def step_check(folder: Path) -> str:
     rl = rep.layout.roles[Role.AGGREGATED]
     perf = InstancePerf(rep.model, rep.gpu, rep.layout.precision, rl.knobs.kv_dtype, rep.engine, rl.parallelism)
     mean_ctx = float(np.mean(rep.requests.prompt_tokens) + np.mean(rep.requests.output_tokens) / 2)
-    mixed = [(running, chunk, measured, perf.step_time_s(prefill_tokens=chunk, prefill_pairs=chunk * (mean_ctx / 2 + chunk / 2),
-                                                         decode_tokens=running, decode_context_tokens=ctx))
-             for running, chunk, ctx, measured in mixed_ticks]
+    budget = float(rl.knobs.max_num_batched_tokens)
+
+    def mixed_tick(running: float, prompt: float, ctx: float, measured: float) -> tuple[float, float, float, float]:
+        # The tick's prompt tokens ride in as few steps as the token budget allows (vLLM fills each step's
+        # budget after the decodes); its other steps are pure decode. Compared: the tick's mean step time.
+        steps = 1.0 / measured
+        m = min(steps, math.ceil(prompt / max(budget - running, 1.0)))
+        chunk = prompt / m
+        t_mix = perf.step_time_s(prefill_tokens=chunk, prefill_pairs=chunk * (mean_ctx / 2 + chunk / 2), decode_tokens=running,
+                                 decode_context_tokens=ctx)
+        t_dec = perf.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=running, decode_context_tokens=ctx)
+        return running, chunk, measured, (m * t_mix + (steps - m) * t_dec) / steps
+
+    mixed = [mixed_tick(*t) for t in mixed_ticks]
     pairs = [(running, ctx, measured, perf.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=running,
                                                        decode_context_tokens=ctx))
              for running, ctx, measured in decode]
@@ -80,8 +92,8 @@ def step_check(folder: Path) -> str:
                          f"modelled {1e3 * np.median(a[m, 3]):6.1f} ms  (context ≈ {np.median(a[m, 1]):,.0f} tokens)")
     if mixed:
         m = np.array(mixed)
-        lines.append(f"  mixed prefill+decode ticks: {len(m)}; median prompt tokens per step {np.median(m[:, 1]):.0f}, batch "
-                     f"{np.median(m[:, 0]):.0f}: measured {1e3 * np.median(m[:, 2]):.1f} ms, modelled {1e3 * np.median(m[:, 3]):.1f} ms "
+        lines.append(f"  ticks with prompt tokens: {len(m)}; median chunk {np.median(m[:, 1]):.0f} tokens beside {np.median(m[:, 0]):.0f} "
+                     f"decodes; mean step measured {1e3 * np.median(m[:, 2]):.1f} ms, modelled {1e3 * np.median(m[:, 3]):.1f} ms "
                      f"(modelled/measured median {np.median(m[:, 3] / m[:, 2]):.2f})")
     return "\n".join(lines)
 

@@ -45,6 +45,11 @@ class Gpu:
     pcie_gbps: float
     nic_gbit: float
     gpus_per_node: int
+    # Share of a GQA group's redundant KV re-reads that reach memory when decode rows share a step with a
+    # prefill chunk (vLLM's mixed batches); 0 where the kernel packs GQA or where it was not measured.
+    mixed_kv_reread: float = 0.0
+    # Measured dense BF16 matmul throughput of large GEMMs (TFLOP/s); 0: unknown, the fitted share of the peak applies.
+    matmul_bf16_tflops: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -94,6 +99,8 @@ def gpu_catalog() -> dict[str, Gpu]:
             pcie_gbps=float(e["pcie_gbps"]),
             nic_gbit=float(e["nic_gbit"]),
             gpus_per_node=int(e["gpus_per_node"]),
+            mixed_kv_reread=float(e.get("mixed_kv_reread", 0.0)),
+            matmul_bf16_tflops=float(e.get("matmul_bf16_tflops", 0.0)),
         )
         for gid, e in raw.items()
     }

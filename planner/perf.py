@@ -136,9 +136,11 @@ def _compute_peak(gpu: Gpu, precision: Precision) -> float:
 
 
 def _gemm_eff(p: PerfParams, gpu: Gpu, precision: Precision) -> float:
+    """Share of the peak a large GEMM reaches: measured where gpus.toml has it, else the fitted `gemm_eff_max`."""
     native = precision is not Precision.BF16 and float(getattr(gpu, f"{precision.value}_tflops", 0.0)) > 0
     scale = {Precision.FP8: p.fp8_eff_scale, Precision.FP4: p.fp4_eff_scale}.get(precision, 1.0) if native else 1.0
-    return p.gemm_eff_max * scale
+    best = gpu.matmul_bf16_tflops / gpu.bf16_tflops if gpu.matmul_bf16_tflops > 0 else p.gemm_eff_max
+    return best * scale
 
 
 def _narrow_cols(p: PerfParams, precision: Precision) -> float:
@@ -171,6 +173,7 @@ class StepCoefficients:
     a2a_fixed_s: Any
     attn_pair_s: Any       # prefill attention time per (query, key) pair
     attn_ctx_s: Any        # decode attention time per context token
+    attn_mixed_ctx_s: Any  # extra decode attention time per context token when a prefill chunk shares the step
     tp_s_per_token: Any    # TP all-reduce bandwidth time per token
     tp_fixed_s: Any
     handoff_s_per_token: Any
@@ -238,6 +241,9 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     if model.is_mla:  # absorbed MLA decode multiplies every local head against the latent: compute can dominate
         mla_s = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_layers * frac / (peak16 * p.attn_prefill_eff)
         attn_ctx_s = np.maximum(attn_ctx_s, mla_s)
+        attn_mixed_ctx_s = zero
+    else:  # beside a prefill chunk, each query head of a GQA group may read the group's KV again (see gpus.toml)
+        attn_mixed_ctx_s = attn_ctx_s * gpu.mixed_kv_reread * (model.num_heads / max(model.num_kv_heads, 1) - 1.0)
 
     # Two all-reduces per layer under TP (ring: 2(n−1)/n of the activations cross each link); in MoE layers
     # whose experts are expert-parallel the combine replaces the second one.
@@ -254,7 +260,8 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     return StepCoefficients(
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
         experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), a2a_s_per_token=a2a_tok,
-        a2a_fixed_s=a2a_fixed, ep_z=ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
+        a2a_fixed_s=a2a_fixed, ep_z=ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, attn_mixed_ctx_s=attn_mixed_ctx_s,
+        tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness,
@@ -309,7 +316,8 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
     t_moe_m = c.moe_mem_s * active
     t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
     t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
-    t_attn = c.attn_pair_s * prefill_pairs / c.pp + c.attn_ctx_s * decode_context_tokens / c.pp
+    mixed = (prefill_tokens > 0) * 1.0
+    t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
     stage = t_linear + t_moe + t_comm + t_attn + c.layer_fixed_s
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     seqs = decode_tokens + (prefill_tokens > 0) * 1.0  # a prefill finishing this step samples one more token

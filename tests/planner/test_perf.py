@@ -1,7 +1,7 @@
 """The step-time model: physics directions, array/scalar agreement, the fitted parameter file."""
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from importlib import resources
 
 import numpy as np
@@ -147,3 +147,32 @@ def test_expert_parallel_decode_waits_for_the_gpu_that_drew_the_most_experts():
     # a long prefill spreads tokens evenly: the imbalance all but vanishes
     big = dict(prefill_tokens=8192.0, prefill_pairs=8192.0 * 4096, decode_tokens=0.0, decode_context_tokens=0.0)
     assert float(evaluate_step_s(c, **big)) == pytest.approx(float(evaluate_step_s(replace(c, ep_z=0.0), **big)), rel=0.03)
+
+
+def test_a_measured_matmul_throughput_replaces_the_fitted_share_of_the_peak():
+    from servingtopology.planner.perf import _gemm_eff
+    p = PerfParams(gemm_eff_max=0.8)
+    assert _gemm_eff(p, resolve_gpu("rtx_4090"), Precision.BF16) == pytest.approx(164.8 / 165)
+    assert _gemm_eff(p, H200, Precision.BF16) == pytest.approx(0.8)
+    # the card that reaches its whole peak prefills faster than the shared share would say
+    llama8 = resolve_model("llama-3.1-8b")
+    measured = _step(llama8, resolve_gpu("rtx_4090"), pre=2048.0, pairs=2048.0 * 1024)
+    shared = _step(llama8, replace(resolve_gpu("rtx_4090"), matmul_bf16_tflops=0.0), pre=2048.0, pairs=2048.0 * 1024)
+    assert measured < 0.85 * shared
+
+
+def test_decode_rows_beside_a_prefill_chunk_reread_kv_where_the_gpu_says_so():
+    from servingtopology.planner.perf import step_coefficients
+    llama8 = resolve_model("llama-3.1-8b")
+
+    def coeffs(gpu, model=llama8):
+        return step_coefficients(model, gpu, precision=Precision.BF16, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=1, pp=1, dp=1)
+    c = coeffs(resolve_gpu("rtx_4090"))
+    assert float(c.attn_mixed_ctx_s) == pytest.approx(float(c.attn_ctx_s) * 0.23 * (32 / 8 - 1))
+    assert float(coeffs(H200).attn_mixed_ctx_s) == 0.0
+    assert float(coeffs(resolve_gpu("rtx_pro_6000"), DSV3).attn_mixed_ctx_s) == 0.0  # MLA decode runs its own kernel
+    gpu = resolve_gpu("rtx_4090")
+    dec = dict(dec=32.0, ctx=32 * 2048.0)
+    alone = _step(llama8, gpu, **dec) - _step(llama8, gpu)
+    beside = _step(llama8, gpu, pre=16.0, pairs=16.0 * 8, **dec) - _step(llama8, gpu, pre=16.0, pairs=16.0 * 8)
+    assert beside > alone * 1.2
