@@ -37,12 +37,15 @@ def read_spec(path: str | None) -> PlanSpec:
 
 
 def layout_for(spec: PlanSpec, problem: Problem) -> Layout:
-    """The layout the spec names, or else the planner's best for `problem` (used by `simulate` and `sweep`)."""
+    """The layout the spec names, or else the planner's best for `problem` (used by `simulate` and `sweep`).
+
+    The best is chosen as `plan` chooses it, stage 6 included, so the three commands name the same layout.
+    """
     if spec.layout is not None:
         return to_layout(spec)
     from servingtopology.planner.decide import decide
 
-    return decide(problem).best.layout
+    return decide(problem, simulate=simulator_for(spec)).best.layout
 
 
 def emit_spec_error(exc: SpecError | InvalidSpec, *, as_json: bool = False) -> int:

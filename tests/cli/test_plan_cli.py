@@ -55,3 +55,14 @@ def test_plan_reads_a_servingtopology_resource_from_its_spec(capsys):
     example = Path(__file__).resolve().parents[2] / "examples" / "servingtopology.yaml"
     assert main(["plan", str(example), "--json", "--no-simulate"]) == 0
     assert json.loads(capsys.readouterr().out)["best"]["gpus"] >= 1
+
+
+def test_simulate_without_a_layout_takes_the_layout_plan_names(capsys):
+    from pathlib import Path
+
+    # On this spec the simulated top K reorders the analytical ranking, so the two ways of choosing differ.
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "plan-llama70b-wide.yaml")
+    assert main(["plan", example, "--json", "--no-progress"]) == 0
+    planned = json.loads(capsys.readouterr().out)["best"]["label"]
+    assert main(["simulate", example, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layout"] == planned
