@@ -1,4 +1,4 @@
-"""Steady-state estimator of closed-loop benchmarks (N clients, fixed input and output lengths).
+"""Steady-state estimator of closed-loop benchmarks (N clients, one input and one output length each).
 
 Called by planner.calibration (and by the funnel when it wants a closed-loop figure) with a vectorised
 step-time function: every argument may be a numpy array, one element per benchmark. It finds the running

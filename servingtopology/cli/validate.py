@@ -86,7 +86,9 @@ def evaluate(m: Measurements, params: PerfParams | None = None) -> tuple[list[Pr
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("validate", help="compare the performance model with measured benchmark rows",
-                              description="Predict each silicon benchmark row (closed loop, fixed lengths) and report the errors.")
+                              description="Predict each silicon benchmark row as its closed-loop benchmark ran (InferenceX rows: "
+                                          "the lengths its client drew, 10 requests per client; other rows: fixed lengths) and "
+                                          "report the errors.")
     p.add_argument("--measurements", required=True, type=Path, help="CSV in the aiconfigurator silicon schema")
     p.add_argument("--model-dir", type=Path, default=None, help="folder holding <org>/<name>/config.json")
     p.add_argument("--backend", default="", help=f"comma-separated backends to keep ({', '.join(BACKENDS)}); default all")
