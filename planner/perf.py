@@ -316,11 +316,11 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
     t_moe_m = c.moe_mem_s * active
     t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
     t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
-    mixed = (prefill_tokens > 0) * 1.0
+    mixed = (prefill_tokens > 0) * 1.0  # 1 when the step carries a prefill chunk
     t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
     stage = t_linear + t_moe + t_comm + t_attn + c.layer_fixed_s
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
-    seqs = decode_tokens + (prefill_tokens > 0) * 1.0  # a prefill finishing this step samples one more token
+    seqs = decode_tokens + mixed  # a prefill finishing this step samples one more token
     # The scheduler's per-sequence CPU work (batch bookkeeping, detokenizing, streaming) runs while the GPU
     # computes (vLLM's async scheduling, SGLang's overlap scheduler): the step is the longer of the two.
     return maximum(c.pp * stage + handoff, c.per_seq_s * seqs) + c.step_fixed_s
