@@ -82,6 +82,9 @@ build_kwok() {
 }
 
 start_s=$(date +%s)
+# Several checkouts (worktrees, parallel runs) share the cache: one build at a time, the others wait and reuse it.
+exec 9>"$CACHE_ROOT/.build.lock"
+flock 9
 build_etcd
 build_kwok
 build_kubernetes
