@@ -30,14 +30,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 from replay_refs import decode_ticks
 
 from servingtopology.cli.validate import Measurements, evaluate, load_measurements
-from servingtopology.planner.calibration import Prediction, predict_all
+from servingtopology.planner.calibration import Prediction, Skip, predict_all, without_harness
+from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype, Role
 from servingtopology.planner.model import ModelArch
@@ -214,6 +215,72 @@ def _loss(m: Measurements, t: Targets, params: PerfParams, rank_weight: float = 
     return row_term + rank_weight * pair_term + step_term
 
 
+def family(model: ModelArch) -> tuple[object, ...]:
+    """A model's architecture without its name and checkpoint precision: DeepSeek-R1, DeepSeek-V3 and their NVFP4
+    exports are one family, as are Llama-3.1-8B-Instruct and its FP8 export (the same shapes run the same way)."""
+    return tuple(getattr(model, f.name) for f in fields(model) if f.name not in ("name", "checkpoint_precision"))
+
+
+def _subset(m: Measurements, keep: Sequence[bool]) -> Measurements:
+    return Measurements([c for c, k in zip(m.cases, keep, strict=True) if k], m.models, m.gpus, m.skipped_at_parse)
+
+
+def _backends(m: Measurements, backends: tuple[str, ...] = ("vllm", "sglang")) -> Measurements:
+    return _subset(m, [c.backend in backends for c in m.cases])
+
+
+def _figures(s: dict) -> dict:
+    return {k: s[k] for k in ("ttft", "tpot", "ranking")} | {"predicted": s["predicted"]}
+
+
+def leave_one_model_out(m: Measurements, base: PerfParams, names: list[str], x0: np.ndarray, *, evals: int, ticks: Sequence[StepTicks],
+                        step: float, loss_args: dict) -> dict:
+    """Each model family's rows predicted by a fit that never saw that family (its rows and its decode ticks left
+    out). Every fold starts from `x0` and runs a compass search of `evals` loss evaluations from `step`."""
+    fams: dict[tuple[object, ...], list[str]] = {}
+    for path, model in m.models.items():
+        if isinstance(model, ModelArch):
+            fams.setdefault(family(model), []).append(path)
+    results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
+    folds = []
+    for paths in sorted(fams.values(), key=lambda v: sorted(v)):
+        held = [c.model_path in paths for c in m.cases]
+        if not any(held):
+            continue
+        t0 = time.process_time()
+        train = _subset(m, [not h for h in held])
+        fam = family(m.models[paths[0]])  # type: ignore[arg-type]
+        fold_ticks = [t for t in ticks if family(t.model) != fam]
+        targets = _targets(train)
+
+        def loss_of(v: np.ndarray, train: Measurements = train, targets: Targets = targets, fold_ticks: list = fold_ticks) -> float:
+            return _loss(train, targets, _to_params(v, base, names), ticks=fold_ticks, **loss_args)
+
+        print(f"fold {'+'.join(sorted(paths))}: {sum(held)} rows held out, {len(train.cases)} fitted", flush=True)
+        x, fx = pattern_search(loss_of, x0, step=step, evals=evals) if evals > 1 else (x0, loss_of(x0))
+        held_cases = [c for c, h in zip(m.cases, held, strict=True) if h]
+        preds = predict_all(held_cases, m.models, m.gpus, params=_to_params(x, base, names))
+        for i, pred in zip([i for i, h in enumerate(held) if h], preds, strict=True):
+            results[i] = pred
+        cpu = time.process_time() - t0
+        _, fs = evaluate(_backends(_subset(m, held)), _to_params(x, base, names))
+        folds.append({"models": sorted(paths), "rows": sum(held), "fit_loss": round(fx, 6), "cpu_s": round(cpu, 1),
+                      "vllm_sglang": _figures(fs)})
+        print(f"  held-out vLLM+SGLang: TTFT {fs['ttft']['median_ape']} %, TPOT {fs['tpot']['median_ape']} % ({cpu:.0f} CPU s)", flush=True)
+    vs = [c.backend in ("vllm", "sglang") for c in m.cases]
+    all_s = summarize(m.cases, results)
+    vs_s = summarize([c for c, k in zip(m.cases, vs, strict=True) if k], [r for r, k in zip(results, vs, strict=True) if k])
+    return {"evals_per_fold": evals, "start_step": step, "folds": folds,
+            "all": _figures(all_s), "vllm_sglang": _figures(vs_s)}
+
+
+def without_harness_figures(m: Measurements, params: PerfParams) -> dict:
+    """vLLM+SGLang figures of `params` with every row predicted as if its harness were not known."""
+    sub = _backends(m)
+    _, s = evaluate(Measurements(without_harness(sub.cases), sub.models, sub.gpus, sub.skipped_at_parse), params)
+    return _figures(s)
+
+
 def nelder_mead(fn, x0: np.ndarray, *, step: float, evals: int, log_every: int = 50) -> tuple[np.ndarray, float]:
     """Adaptive Nelder–Mead (Gao and Han 2012 coefficients) for `evals` function evaluations."""
     n = len(x0)
@@ -306,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-weight", type=float, default=STEP_WEIGHT, help="weight of the measured decode-step term (0 = off)")
     ap.add_argument("--ttft-weight", type=float, default=TTFT_WEIGHT, help="weight of a row's TTFT error against its TPOT error")
     ap.add_argument("--rank-weight", type=float, default=RANK_WEIGHT, help="weight of the between-topology loss term")
+    ap.add_argument("--lomo", action="store_true",
+                    help="after the fit, leave each model family out in turn: refit without it and predict its rows")
+    ap.add_argument("--lomo-evals", type=int, default=300, help="loss evaluations per leave-one-model-out fold")
+    ap.add_argument("--lomo-step", type=float, default=0.3, help="first compass step of each fold (log-parameter units)")
+    ap.add_argument("--lomo-from-defaults", action="store_true",
+                    help="start each fold from PerfParams() instead of the fitted parameters (no information from the held-out rows)")
     args = ap.parse_args(argv)
 
     m = load_measurements(args.csv, model_dir=args.model_dir)
@@ -333,6 +406,19 @@ def main(argv: list[str] | None = None) -> int:
         x, loss = search(loss_of, x, step=0.3 / (k + 1), evals=args.evals)
         print(f"restart {k}: loss {loss:.5f} after {time.perf_counter() - t0:.0f} s")
     fitted = _to_params(x, base, names)
+    lomo = None
+    if args.lomo:
+        t_lomo = time.process_time()
+        x0 = _from_params(replace(PerfParams(), **pins), names) if args.lomo_from_defaults else x
+        lomo = leave_one_model_out(m, base, names, x0, evals=args.lomo_evals, ticks=ticks, step=args.lomo_step,
+                                   loss_args={"rank_weight": args.rank_weight, "step_weight": args.step_weight, "ttft_weight": args.ttft_weight})
+        lomo["start"] = "PerfParams() defaults" if args.lomo_from_defaults else "the parameters fitted on every row (warm start)"
+        lomo["cpu_s"] = round(time.process_time() - t_lomo, 1)
+        s_ = lomo["vllm_sglang"]
+        print(f"leave-one-model-out vLLM+SGLang: TTFT {s_['ttft']['median_ape']} %, TPOT {s_['tpot']['median_ape']} %, "
+              f"ranking {s_['ranking']} ({lomo['cpu_s']} CPU s)")
+    no_harness = without_harness_figures(m, fitted)
+    print(f"without the harness knowledge, vLLM+SGLang: TTFT {no_harness['ttft']['median_ape']} %, TPOT {no_harness['tpot']['median_ape']} %")
     _, summary = evaluate(m, fitted)
     sel = [c.backend in ("vllm", "sglang") for c in m.cases]
     sub = Measurements([c for c, s in zip(m.cases, sel, strict=True) if s], m.models, m.gpus, m.skipped_at_parse)
@@ -361,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         "fit_error": {
             "all": {k: summary[k] for k in ("ttft", "tpot", "ranking")},
             "vllm_sglang": {k: sub_summary[k] for k in ("ttft", "tpot", "ranking")},
+            "vllm_sglang_without_harness": no_harness,
         },
+        "leave_one_model_out": lomo,
         "params": {k: v for k, v in asdict(fitted).items() if k != "source"},
     }
     if args.dry_run:

@@ -11,6 +11,7 @@ Pure: the caller reads files and resolves models.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from .model import ModelArch
 from .perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
 
 __all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "Prediction", "predict_cases", "predict_all", "BACKENDS",
-           "Harness", "INFERENCEX", "UNSTATED", "harness_of"]
+           "Harness", "INFERENCEX", "UNSTATED", "harness_of", "without_harness"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 _QUANT = {"": Precision.BF16, "bf16": Precision.BF16, "fp16": Precision.BF16, "fp8": Precision.FP8, "fp8_block": Precision.FP8,
@@ -73,6 +74,12 @@ def _recv_interval(case: CalibrationCase) -> float:
     if case.harness is INFERENCEX and case.backend == "sglang" and case.mode == "agg" and case.system in ("b200_sxm", "b300_sxm"):
         return 10.0 if case.concurrency < 16 else 30.0
     return 1.0
+
+
+def without_harness(cases: Sequence[CalibrationCase]) -> list[CalibrationCase]:
+    """The cases as if no data source named its harness (fixed lengths, the fitted requests per client, engine
+    defaults): the figures the model gives without the benchmark-harness knowledge."""
+    return [dataclasses.replace(c, harness=UNSTATED) for c in cases]
 
 
 def harness_of(data_source: str) -> Harness:
@@ -218,34 +225,57 @@ _ROLE_KEYS = tuple(f"{role}_{k}" for role in ("prefill", "decode")
                    for k in ("num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"))
 
 
-def fill_from_twins(rows: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
-    """Complete disagg rows whose worker counts are blank from a duplicate row that has them.
+_MEASURED_ON = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
+_TWIN_FIELDS = ("backend", "system", "isl", "osl", "gemm_quant_mode", "moe_quant_mode")
 
-    Some exported rows are lossy copies of another row (same backend, system, lengths, concurrency and the
-    same measured TTFT and TPOT to 1e-6) that kept the full topology; the copy recorded each worker's GPU
-    count as its tp and dropped the worker counts. Rows without such a twin are left as they are.
+
+def _count(r: Mapping[str, str], key: str) -> int:
+    raw = (r.get(key) or "").strip()
+    try:
+        return int(float(raw)) if raw else 1
+    except ValueError:
+        return 0
+
+
+def fill_from_twins(rows: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """Complete disagg rows whose worker counts are blank from the one complete row that ran the same inputs.
+
+    Some exported rows are lossy copies of another export's row (the same benchmark run) that kept the full
+    topology; the copy recorded each worker's GPU count as its tp and dropped the worker counts. A twin is
+    found from inputs only, never from measured outcomes: same backend, system, lengths, quantisation,
+    concurrency, measurement date and engine image, and per role a worker of tp × pp × attention-DP GPUs equal
+    to the copy's tp × pp. A copy is completed only when exactly one topology fits; otherwise it is left as
+    recorded.
     """
     def key(r: Mapping[str, str]) -> tuple[str, ...] | None:
-        try:
-            ttft, tpot = float(r.get("silicon_ttft_ms") or "nan"), float(r.get("silicon_tpot_ms") or "nan")
-        except ValueError:
+        source = r.get("silicon_data_source") or ""
+        conc, day = _CONCURRENCY.search(source), _MEASURED_ON.search(source)
+        if r.get("mode") != "disagg" or conc is None or day is None:
             return None
-        if not (math.isfinite(ttft) and math.isfinite(tpot)):
-            return None
-        return (r.get("backend", ""), r.get("system", ""), r.get("isl", ""), r.get("osl", ""), f"{ttft:.6g}", f"{tpot:.6g}")
+        image = source.rsplit(";", 1)[-1].strip().removeprefix("image=")
+        return (*(str(r.get(f, "")).strip().lower() for f in _TWIN_FIELDS), conc.group(1), day.group(1), image)
 
     def complete(r: Mapping[str, str]) -> bool:
         return bool((r.get("prefill_num_workers") or "").strip() and (r.get("decode_num_workers") or "").strip())
 
-    full: dict[tuple[str, ...], Mapping[str, str]] = {}
+    def worker_gpus(r: Mapping[str, str], *, lossy: bool) -> tuple[int, ...]:
+        dp = ("",) if lossy else ("attention_dp_size",)
+        return tuple(_count(r, f"{role}_tp_size") * _count(r, f"{role}_pp_size") * (_count(r, f"{role}_{dp[0]}") if dp[0] else 1)
+                     for role in ("prefill", "decode"))
+
+    full: dict[tuple[str, ...], list[Mapping[str, str]]] = {}
     for r in rows:
         k = key(r)
-        if k is not None and r.get("mode") == "disagg" and complete(r):
-            full.setdefault(k, r)
+        if k is not None and complete(r):
+            full.setdefault(k, []).append(r)
     out: list[dict[str, str]] = []
     for r in rows:
         k = key(r)
-        twin = full.get(k) if k is not None and r.get("mode") == "disagg" and not complete(r) else None
+        twin = None
+        if k is not None and not complete(r):
+            fits = [t for t in full.get(k, []) if worker_gpus(t, lossy=False) == worker_gpus(r, lossy=True)]
+            topologies = {tuple(t.get(f, "") for f in _ROLE_KEYS) for t in fits}
+            twin = fits[0] if len(topologies) == 1 else None
         out.append({**r, **{f: twin.get(f, "") for f in _ROLE_KEYS}} if twin is not None else dict(r))
     return out
 

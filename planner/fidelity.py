@@ -5,7 +5,13 @@ Ranking: among rows with the same model, weight precision, system, backend, inpu
 concurrency but different topologies (precision is the user's choice, not the planner's, so an FP4 and an
 FP8 deployment of one checkpoint are not ranked against each other), is the predicted best (lowest TPOT; separately highest output tokens/s per GPU) the
 measured best? `top1_agreement` is that strict share over both criteria; `top1_within_5pct` also counts a pick
-measured within 5 % of the best. Duplicate measurements of one topology are averaged first. Pure; no I/O.
+measured within 5 % of the best. Duplicate measurements of one topology are averaged first.
+
+Beside them: the trivial ranking baseline (most GPUs wins on TPOT, fewest GPUs wins on tokens/s per GPU; a tie
+between equal GPU counts goes to the topology listed first in the data, `baseline_top1`, and its expectation
+under a random tie-break, `baseline_top1_expected`), and the pairwise ordering accuracy: over every pair of
+topologies within a group whose measured figures differ, the share the prediction orders as measured (both
+criteria pooled). Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -
             key = (c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency)
             groups.setdefault(key, {}).setdefault(f"{c.mode}:{c.topology_label}", []).append((c, r))
     hits_tpot = hits_tput = near = n = 0
+    base = base_expected = 0.0
+    pairs_right = pairs = 0
     for topos in groups.values():
         if len(topos) < 2:
             continue
@@ -60,17 +68,33 @@ def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -
         pred_tpot = {t: float(np.mean([r.tpot_ms for _, r in v])) for t, v in topos.items()}
         meas_tput = {t: float(np.mean([tokens_per_gpu_s(c, c.ttft_ms, c.tpot_ms) for c, _ in v])) for t, v in topos.items()}
         pred_tput = {t: float(np.mean([tokens_per_gpu_s(c, r.ttft_ms, r.tpot_ms) for c, r in v])) for t, v in topos.items()}
+        best_tpot, best_tput = _best(meas_tpot, lowest=True), _best(meas_tput, lowest=False)
         pick_tpot, pick_tput = _best(pred_tpot, lowest=True), _best(pred_tput, lowest=False)
-        hits_tpot += pick_tpot == _best(meas_tpot, lowest=True)
-        hits_tput += pick_tput == _best(meas_tput, lowest=False)
+        hits_tpot += pick_tpot == best_tpot
+        hits_tput += pick_tput == best_tput
         # Within tolerance: the predicted pick measured within 5 % of the measured best (duplicates differ more).
         near += meas_tpot[pick_tpot] <= min(meas_tpot.values()) * (1 + _NEAR)
         near += meas_tput[pick_tput] >= max(meas_tput.values()) * (1 - _NEAR)
+        gpus = {t: v[0][0].gpus for t, v in topos.items()}
+        most = [t for t in topos if gpus[t] == max(gpus.values())]
+        fewest = [t for t in topos if gpus[t] == min(gpus.values())]
+        base += (most[0] == best_tpot) + (fewest[0] == best_tput)
+        base_expected += (best_tpot in most) / len(most) + (best_tput in fewest) / len(fewest)
+        names = list(topos)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                for meas, pred in ((meas_tpot, pred_tpot), (meas_tput, pred_tput)):
+                    if meas[a] != meas[b]:
+                        pairs += 1
+                        pairs_right += (meas[a] < meas[b]) == (pred[a] < pred[b])
     if n == 0:
-        return {"groups": 0, "top1_agreement": None, "top1_tpot": None, "top1_tokens_per_gpu": None, "top1_within_5pct": None}
+        return {"groups": 0, "top1_agreement": None, "top1_tpot": None, "top1_tokens_per_gpu": None, "top1_within_5pct": None,
+                "baseline_top1": None, "baseline_top1_expected": None, "pairs": 0, "pairwise_ordering": None}
     return {"groups": n, "top1_agreement": round((hits_tpot + hits_tput) / (2 * n), 4),
             "top1_tpot": round(hits_tpot / n, 4), "top1_tokens_per_gpu": round(hits_tput / n, 4),
-            "top1_within_5pct": round(near / (2 * n), 4)}
+            "top1_within_5pct": round(near / (2 * n), 4),
+            "baseline_top1": round(base / (2 * n), 4), "baseline_top1_expected": round(base_expected / (2 * n), 4),
+            "pairs": pairs, "pairwise_ordering": round(pairs_right / pairs, 4) if pairs else None}
 
 
 def _block(cases: Sequence[CalibrationCase], results: Sequence[Result], skipped_at_parse: Counter[str]) -> dict[str, Any]:

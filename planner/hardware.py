@@ -14,7 +14,7 @@ from importlib import resources
 
 from .errors import InvalidSpec
 
-__all__ = ["Precision", "Gpu", "gpu_catalog", "resolve_gpu", "GIB"]
+__all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "resolve_gpu", "GIB", "pcie_gbps"]
 
 GIB = 1024**3
 
@@ -29,6 +29,25 @@ class Precision(enum.StrEnum):
     def weight_bytes(self) -> float:
         """Bytes per weight, including block scales (fp4: one fp8 scale per 16 weights)."""
         return {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625, "int4": 0.5625}[self.value]
+
+
+class Link(enum.StrEnum):
+    """What carries traffic between the GPUs of one node (collectives are priced by it, planner.perf)."""
+
+    NVLINK = "nvlink"        # NVLink / NVSwitch (or AMD Infinity Fabric): GPUs load and store each other's memory
+    PCIE_P2P = "pcie_p2p"    # PCIe with peer-to-peer DMA between the cards
+    PCIE_HOST = "pcie_host"  # PCIe without peer-to-peer: every transfer bounces through pinned host memory
+
+
+# GB/s per lane and direction after line coding (PCI-SIG: 8 GT/s 128b/130b for gen 3, doubled per generation).
+_PCIE_LANE_GBPS = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
+
+
+def pcie_gbps(gen: int, lanes: int) -> float:
+    """One-way bandwidth of a PCIe link of generation `gen` and `lanes` lanes (x16 gen 4: 31.5 GB/s, gen 5: 63)."""
+    if gen not in _PCIE_LANE_GBPS:
+        raise InvalidSpec("pcie_gen", f"{gen} is not a PCIe generation this catalog knows; allowed: {sorted(_PCIE_LANE_GBPS)}")
+    return _PCIE_LANE_GBPS[gen] * lanes
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +69,17 @@ class Gpu:
     mixed_kv_reread: float = 0.0
     # Measured dense BF16 matmul throughput of large GEMMs (TFLOP/s); 0: unknown, the fitted share of the peak applies.
     matmul_bf16_tflops: float = 0.0
+    # The card's host link, and whether the driver lets two cards of a node read each other's memory over it.
+    pcie_gen: int = 5
+    pcie_lanes: int = 16
+    p2p: bool = True
+
+    @property
+    def scaleup_link(self) -> Link:
+        """How two GPUs of one node talk: NVLink when the card has it, else PCIe with or without peer-to-peer."""
+        if self.nvlink_gbps > 0:
+            return Link.NVLINK
+        return Link.PCIE_P2P if self.p2p else Link.PCIE_HOST
 
     @property
     def memory_bytes(self) -> float:
@@ -96,11 +126,14 @@ def gpu_catalog() -> dict[str, Gpu]:
             fp4_tflops=float(e["fp4_tflops"]),
             int4_tflops=float(e["int4_tflops"]),
             nvlink_gbps=float(e["nvlink_gbps"]),
-            pcie_gbps=float(e["pcie_gbps"]),
+            pcie_gbps=pcie_gbps(int(e["pcie_gen"]), int(e["pcie_lanes"])),
             nic_gbit=float(e["nic_gbit"]),
             gpus_per_node=int(e["gpus_per_node"]),
             mixed_kv_reread=float(e.get("mixed_kv_reread", 0.0)),
             matmul_bf16_tflops=float(e.get("matmul_bf16_tflops", 0.0)),
+            pcie_gen=int(e["pcie_gen"]),
+            pcie_lanes=int(e["pcie_lanes"]),
+            p2p=bool(e["p2p"]),
         )
         for gid, e in raw.items()
     }

@@ -21,13 +21,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .hardware import Gpu, Precision
+from .hardware import Gpu, Link, Precision
 from .layout import Engine, KvDtype, Parallelism
 from .memory import kv_bytes_per_token
 from .model import ModelArch
 
-__all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "InstancePerf", "step_time_s", "kv_transfer_s", "StepCoefficients",
-           "step_coefficients", "evaluate_step_s", "request_overhead_s"]
+__all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
+           "kv_transfer_s", "StepCoefficients",
+           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "PCIE_BUS_EFF"]
 
 
 class StepTimeModel(Protocol):
@@ -94,11 +95,20 @@ def load_params(raw: dict[str, Any]) -> PerfParams:
 
 
 @cache
-def _fitted_params() -> PerfParams:
+def fit_record() -> dict[str, Any]:
+    """The shipped parameter file as written by benchmarks/fit_perf.py (provenance and the fit's own figures,
+    leave-one-model-out included); empty when there is none."""
     path = resources.files(__package__).joinpath("data/perf_params.json")
     if not path.is_file():
-        return PerfParams()
-    return load_params(json.loads(path.read_text()))
+        return {}
+    raw: dict[str, Any] = json.loads(path.read_text())
+    return raw
+
+
+@cache
+def _fitted_params() -> PerfParams:
+    raw = fit_record()
+    return load_params(raw) if raw else PerfParams()
 
 
 _PINNED: list[PerfParams] = []
@@ -124,9 +134,68 @@ def perf_params() -> PerfParams:
     return _PINNED[-1] if _PINNED else _fitted_params()
 
 
-def _link_gbps(gpu: Gpu, group: Any) -> Any:
-    """Bandwidth (GB/s one way) for a collective over `group` GPUs: scale-up inside a node, the NIC beyond."""
-    return np.where(group <= gpu.gpus_per_node, gpu.scaleup_gbps, gpu.nic_gbit / 8.0)
+# Collectives over PCIe (planner.hardware.Link), set from published measurements rather than fitted: the
+# calibration rows all ran on NVLink systems. benchmarks/README.md ("Communication over PCIe") checks them.
+# Bus bandwidth of a large NCCL all-reduce over a PCIe link: 37.6–41.7 GB/s on 7–8 RTX PRO 6000 over PCIe 5.0 x16
+# (63 GB/s; voipmonitor/rtx6kpro hardware/pcie-bandwidth.md, nccl-tests all_reduce_perf), 0.63 of the link.
+PCIE_BUS_EFF = 0.63
+# Small-message NCCL all-reduce over PCIe peer-to-peer, a + b·n for n GPUs: 15.9 µs on 4 RTX A5000 (NVIDIA/nccl issue
+# #757, 8 B), ≈ 22 µs on 4 PCIe cards (flashinfer-ai/flashinfer PR #5023: NCCL reduce-scatter 8.3 + all-gather 13.6 µs
+# for one 4096-wide BF16 row), 24 µs on 8 RTX PRO 6000 (rtx6kpro, 256 B–64 KB), 36 µs on 16 (local-inference-lab/b12x
+# PR #139, one 7168-wide row).
+PCIE_P2P_AR_BASE_S = 14e-6
+PCIE_P2P_AR_PER_GPU_S = 1.4e-6
+# Without peer-to-peer NCCL stages every exchange in pinned host memory (SHM transport): one exchange between two
+# RTX 4090 takes 11.9 µs (tinygrad/open-gpu-kernel-modules issue #17, alltoall_perf 8 B, P2P disabled), so an
+# all-reduce (reduce-scatter + all-gather) ≈ 24 µs on 2; 42 µs on 8 RTX 4090 (NVIDIA/nccl issue #1530, 8 B).
+PCIE_HOST_AR_BASE_S = 18e-6
+PCIE_HOST_AR_PER_GPU_S = 3e-6
+# vLLM's and SGLang's custom all-reduce (one-shot, every GPU reads its peers) runs over PCIe peer-to-peer only on
+# exactly two GPUs: vLLM custom_all_reduce.py disables it "on more than two PCIe-only GPUs" (vllm-project/vllm issue
+# #56128). 7.5 µs for 256 B–1 KB with a PCIe one-shot kernel (rtx6kpro, "Custom Allreduce vs NCCL").
+PCIE_CUSTOM_AR_S = 7.5e-6
+
+
+def _link_bps(gpu: Gpu, group: Any, p: PerfParams) -> Any:
+    """Bytes/s a collective over `group` GPUs moves per GPU and direction: the scale-up link inside a node (NVLink at
+    the fitted `link_eff`, PCIe at the measured bus efficiency), the NIC beyond."""
+    intra = gpu.nvlink_gbps * p.link_eff if gpu.scaleup_link is Link.NVLINK else gpu.pcie_gbps * PCIE_BUS_EFF
+    return np.where(group <= gpu.gpus_per_node, intra, gpu.nic_gbit / 8.0 * p.link_eff) * 1e9
+
+
+def _allreduce_latency_s(gpu: Gpu, group: Any, p: PerfParams) -> Any:
+    """Fixed cost of one small all-reduce over `group` GPUs, by the link they share.
+
+    NVLink: one-shot custom all-reduce / NVLS, flat in the group (fitted `allreduce_latency_s`). PCIe: the custom
+    all-reduce on two peer-to-peer GPUs, else NCCL, whose cost grows with the GPUs (constants above). Across nodes
+    each doubling beyond one node adds a tree hop.
+    """
+    n = np.minimum(group, gpu.gpus_per_node)
+    link = gpu.scaleup_link
+    if link is Link.NVLINK:
+        intra = p.allreduce_latency_s + 0.0 * n
+    elif link is Link.PCIE_P2P:
+        intra = np.where(n <= 2, PCIE_CUSTOM_AR_S, PCIE_P2P_AR_BASE_S + PCIE_P2P_AR_PER_GPU_S * n)
+    else:
+        intra = PCIE_HOST_AR_BASE_S + PCIE_HOST_AR_PER_GPU_S * n
+    hops = 1.0 + np.log2(np.maximum(group / gpu.gpus_per_node, 1.0))
+    return intra * hops
+
+
+def _exchange_latency_s(gpu: Gpu, group: Any, p: PerfParams) -> Any:
+    """Fixed cost of one point-to-point or all-to-all exchange (EP dispatch or combine, a PP hand-off): the fitted
+    `a2a_latency_s` on NVLink, half an all-reduce (one of its two phases) over PCIe."""
+    if gpu.scaleup_link is Link.NVLINK:
+        return p.a2a_latency_s + 0.0 * np.asarray(group, dtype=float)
+    return 0.5 * _allreduce_latency_s(gpu, np.maximum(group, 2), p)
+
+
+def allreduce_s(gpu: Gpu, group: Any, nbytes: Any, params: PerfParams | None = None) -> Any:
+    """Time of one all-reduce of `nbytes` per GPU over `group` GPUs (ring: 2(n−1)/n of the bytes cross each link),
+    exactly as the step model charges it."""
+    p = params or perf_params()
+    n = np.asarray(group, dtype=float)
+    return np.where(n > 1, _allreduce_latency_s(gpu, n, p) + nbytes * 2.0 * (n - 1) / n / _link_bps(gpu, n, p), 0.0)
 
 
 def _compute_peak(gpu: Gpu, precision: Precision) -> float:
@@ -223,8 +292,8 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         k = model.experts_per_token
         remote = np.where(ep > 1, ep * (1.0 - (1.0 - 1.0 / np.maximum(ep, 1)) ** k) * (ep - 1) / np.maximum(ep, 1), 0.0)
         gathered = np.where((ep <= 1) & (dp > 1), 2.0 * 2.0 * (dp - 1) / dp, 0.0)
-        a2a_tok = moe_layers * model.hidden_size * (3.0 * remote + gathered) / (_link_gbps(gpu, group) * 1e9 * p.link_eff)
-        a2a_fixed = np.where((ep > 1) | (dp > 1), moe_layers * 2.0 * p.a2a_latency_s, zero)
+        a2a_tok = moe_layers * model.hidden_size * (3.0 * remote + gathered) / _link_bps(gpu, group, p)
+        a2a_fixed = np.where((ep > 1) | (dp > 1), moe_layers * 2.0 * _exchange_latency_s(gpu, group, p), zero)
         local = model.num_experts / ep
     else:
         moe_flop_s = moe_mem_s = a2a_tok = a2a_fixed = zero
@@ -249,13 +318,12 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     # whose experts are expert-parallel the combine replaces the second one.
     layers = model.num_layers * frac
     reduces = 2.0 * layers - np.where(ep > 1, model.num_moe_layers * frac, 0.0)
-    tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / (_link_gbps(gpu, tp) * 1e9 * p.link_eff), zero)
-    # Small all-reduces inside a node are one-shot (vLLM/SGLang custom all-reduce, NCCL NVLS: every GPU reads its
-    # peers at once), so their latency does not grow with the group; across nodes each doubling adds a tree hop.
-    hops = 1.0 + np.log2(np.maximum(tp / gpu.gpus_per_node, 1.0))
-    tp_fixed = np.where(tp > 1, reduces * p.allreduce_latency_s * hops, zero)
-    handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / (_link_gbps(gpu, tp * dp * pp) * 1e9 * p.link_eff), zero)
-    handoff_fixed = np.where(pp > 1, 2.0 * p.allreduce_latency_s, zero)
+    # The link is the one the tp GPUs share (planner.hardware.Link): NVLink, PCIe with or without peer-to-peer, a NIC.
+    tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / _link_bps(gpu, tp, p), zero)
+    tp_fixed = np.where(tp > 1, reduces * _allreduce_latency_s(gpu, tp, p), zero)
+    handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / _link_bps(gpu, tp * dp * pp, p), zero)
+    handoff_fixed = np.where(pp > 1, np.where(gpu.scaleup_link is Link.NVLINK, 2.0 * p.allreduce_latency_s,
+                                              _exchange_latency_s(gpu, tp * dp * pp, p)), zero)
     scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)
     return StepCoefficients(
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
@@ -361,8 +429,8 @@ def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any,
     """Time to move one request's KV from a prefill to a decode instance (whole-model bytes at TP 1)."""
     p = params or perf_params()
     nbytes = tokens * kv_bytes_per_token(model, kv_dtype, tp=1, pp=1)
-    gbps = gpu.scaleup_gbps if same_node else gpu.nic_gbit / 8.0
-    return nbytes / (gbps * 1e9 * p.link_eff) + 50e-6
+    bps = _link_bps(gpu, 1 if same_node else gpu.gpus_per_node + 1, p)
+    return nbytes / bps + 50e-6
 
 
 def _scalar(x: Any) -> Any:

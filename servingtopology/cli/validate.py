@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servingtopology.planner.calibration import BACKENDS, CalibrationCase, Prediction, Skip, fill_from_twins, parse_row, predict_all
+from servingtopology.planner.calibration import BACKENDS, CalibrationCase, Prediction, Skip, fill_from_twins, parse_row, predict_all, without_harness
 from servingtopology.planner.errors import PlannerError
 from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
-from servingtopology.planner.perf import PerfParams
+from servingtopology.planner.perf import PerfParams, fit_record
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
 
@@ -94,6 +94,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--backend", default="", help=f"comma-separated backends to keep ({', '.join(BACKENDS)}); default all")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--rows", action="store_true", help="with --json, include every row's figures")
+    p.add_argument("--no-harness", action="store_true",
+                   help="predict every row as if its benchmark harness were unknown (fixed lengths, fitted requests per client, "
+                        "engine defaults): the figures without the harness knowledge")
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -114,9 +117,24 @@ def print_summary(summary: dict[str, Any]) -> None:
     _print_block("overall", summary)
     for k, b in summary["groups"].items():
         _print_block(k, b)
+    r = summary["ranking"]
+    if r["groups"]:
+        print(f"ranking over {r['groups']} groups: top-1 {r['top1_agreement']} (trivial baseline, most GPUs for TPOT and fewest for "
+              f"tokens/s per GPU: {r['baseline_top1']}; {r['baseline_top1_expected']} with random tie-breaks); pairwise ordering "
+              f"{r['pairwise_ordering']} over {r['pairs']} pairs")
     reasons = summary["skipped"]["by_reason"]
     if reasons:
         print("skipped: " + ", ".join(f"{k} ({v})" for k, v in sorted(reasons.items())))
+
+
+def _recorded_lomo(csv_path: Path) -> dict[str, Any] | None:
+    """Leave-one-model-out figures that benchmarks/fit_perf.py --lomo recorded with the shipped parameters, when
+    they were measured on a file of this name (a refit per model is minutes of CPU, too slow for this command)."""
+    record = fit_record()
+    lomo = record.get("leave_one_model_out")
+    if not lomo or record.get("data_file") != csv_path.name:
+        return None
+    return {"recorded_by": record.get("command"), "commit": record.get("commit"), **lomo}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,9 +148,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     t0 = time.perf_counter()
     m = load_measurements(args.measurements, model_dir=args.model_dir, backends=backends or None)
+    if args.no_harness:
+        m = Measurements(without_harness(m.cases), m.models, m.gpus, m.skipped_at_parse)
     results, summary = evaluate(m)
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     if args.json:
+        summary["harness_knowledge"] = not args.no_harness
+        if not args.no_harness:
+            _, bare = evaluate(Measurements(without_harness(m.cases), m.models, m.gpus, m.skipped_at_parse))
+            summary["without_harness"] = {k: bare[k] for k in ("ttft", "tpot", "ranking")}
+        summary["leave_one_model_out"] = _recorded_lomo(args.measurements)
         if args.rows:
             summary["row_figures"] = [
                 {"id": c.row_id, "measured_ttft_ms": c.ttft_ms, "measured_tpot_ms": c.tpot_ms,

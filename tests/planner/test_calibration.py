@@ -95,6 +95,25 @@ def test_ranking_agrees_when_the_predicted_best_is_the_measured_best():
     assert ranking_score(cases, preds)["top1_tpot"] == 1.0
 
 
+def test_ranking_reports_the_trivial_baseline_and_pairwise_ordering():
+    # TP1, TP2, TP4: the most GPUs has the lowest TPOT (baseline right); fewest GPUs the most tokens/s per GPU.
+    cases, preds = _group([30.0, 20.0, 10.0], [33.0, 9.0, 12.0])
+    r = ranking_score(cases, preds)
+    assert r["baseline_top1"] == 1.0 and r["baseline_top1_expected"] == 1.0
+    # TPOT pairs: (1,2) right, (1,4) right, (2,4) wrong; tokens/GPU pairs (TTFT equal, so the TPOT order per GPU).
+    assert r["pairs"] == 6
+    assert 0.0 < r["pairwise_ordering"] < 1.0
+
+
+def test_the_baseline_takes_the_first_listed_of_tied_gpu_counts():
+    cases = [parse_row({**AGG, "tp_size": "4", "pp_size": "1", "moe_tp_size": "4", "silicon_tpot_ms": "12"}),
+             parse_row({**AGG, "tp_size": "2", "pp_size": "2", "moe_tp_size": "2", "silicon_tpot_ms": "10"})]
+    preds = [Prediction(ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms, throughput_rps=1.0) for c in cases]
+    r = ranking_score(cases, preds)
+    assert r["top1_tpot"] == 1.0 and r["pairwise_ordering"] == 1.0
+    assert r["baseline_top1"] == 0.0 and r["baseline_top1_expected"] == 0.5
+
+
 def test_ranking_disagrees_when_the_order_flips():
     cases, preds = _group([30.0, 20.0, 10.0], [10.0, 20.0, 30.0])
     r = ranking_score(cases, preds)
@@ -113,14 +132,39 @@ def test_summary_counts_parse_skips_and_groups_by_backend_mode_system():
     assert list(s["groups"]) == ["vllm/agg/h200_sxm"]
 
 
-def test_lossy_disagg_copies_take_the_topology_of_their_measured_twin():
-    full = {**DISAGG, "id": "full", "prefill_num_workers": "2", "decode_num_workers": "3"}
-    lossy = {**DISAGG, "id": "lossy", "prefill_num_workers": "", "decode_num_workers": "", "prefill_tp_size": "8",
-             "prefill_attention_dp_size": "1", "decode_tp_size": "8", "decode_attention_dp_size": "1"}
-    other = {**lossy, "id": "other", "silicon_tpot_ms": "21"}  # no twin: left as recorded
+_CSV_SOURCE = "source_file=2026-03-25.csv; model=DeepSeek-V3; silicon_concurrency=48; measured=2026-03-23T13:00:07Z; image=lmsysorg/sglang:v0.5.9"
+_DUMP_SOURCE = "db-dump/2026-04-27; config_id=7; silicon_concurrency=48; measured=2026-03-23T00:00:00.000Z; lmsysorg/sglang:v0.5.9"
+
+
+def _lossy_and_full():
+    full = {**DISAGG, "id": "full", "silicon_data_source": _DUMP_SOURCE, "prefill_num_workers": "2", "decode_num_workers": "3"}
+    lossy = {**DISAGG, "id": "lossy", "silicon_data_source": _CSV_SOURCE, "prefill_num_workers": "", "decode_num_workers": "",
+             "prefill_tp_size": "8", "prefill_attention_dp_size": "1", "decode_tp_size": "8", "decode_attention_dp_size": "1"}
+    return lossy, full
+
+
+def test_lossy_disagg_copies_take_the_topology_of_the_row_with_the_same_inputs():
+    lossy, full = _lossy_and_full()
+    other = {**lossy, "id": "other", "silicon_data_source": _CSV_SOURCE.replace("=48", "=64")}  # another concurrency: no twin
     filled = {r["id"]: r for r in fill_from_twins([lossy, full, other])}
     assert parse_row(filled["lossy"]).decode == parse_row(full).decode
     assert parse_row(filled["other"]).decode.workers == 1 and parse_row(filled["other"]).decode.tp == 8
+
+
+def test_twins_are_matched_on_inputs_never_on_measured_figures():
+    lossy, full = _lossy_and_full()
+    # Different measured figures, same inputs: still the twin (a measurement is never a key).
+    differs = {**full, "silicon_ttft_ms": "1234", "silicon_tpot_ms": "55"}
+    assert parse_row(fill_from_twins([lossy, differs])[0]).decode == parse_row(full).decode
+    # Same measured figures, another engine image: not a twin.
+    other_image = {**full, "silicon_data_source": _DUMP_SOURCE.replace("v0.5.9", "v0.5.8"), "silicon_ttft_ms": lossy["silicon_ttft_ms"]}
+    assert parse_row(fill_from_twins([lossy, other_image])[0]).decode.workers == 1
+
+
+def test_a_lossy_copy_with_two_candidate_topologies_is_left_as_recorded():
+    lossy, full = _lossy_and_full()
+    rival = {**full, "id": "rival", "decode_num_workers": "5"}
+    assert parse_row(fill_from_twins([lossy, full, rival])[0]).decode.tp == 8
 
 
 def test_a_topology_whose_weights_cannot_fit_is_skipped_with_that_reason():

@@ -46,3 +46,21 @@ def test_validate_rejects_an_unknown_backend(tmp_path, capsys):
     _write(tmp_path / "m.csv", [AGG])
     assert main(["validate", "--measurements", str(tmp_path / "m.csv"), "--backend", "tgi"]) == 2
     assert "--backend" in capsys.readouterr().err
+
+
+def test_validate_json_reports_the_baseline_pairwise_order_and_the_figures_without_the_harness(tmp_path, capsys):
+    inferencex = "db-dump/2026-04-27; config_id=1; silicon_concurrency=32; measured=2026-03-23T00:00:00.000Z; vllm/vllm-openai:v0.11"
+    rows = [{**AGG, "silicon_data_source": inferencex},
+            {**AGG, "id": "b", "silicon_data_source": inferencex, "tp_size": "8", "moe_tp_size": "8", "silicon_tpot_ms": "9"}]
+    _write(tmp_path / "m.csv", rows)
+    assert main(["validate", "--measurements", str(tmp_path / "m.csv"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["harness_knowledge"] is True
+    assert {"baseline_top1", "baseline_top1_expected", "pairs", "pairwise_ordering"} <= set(d["ranking"])
+    assert d["ranking"]["baseline_top1"] == 1.0  # TP8 has the lowest TPOT (most GPUs wins), TP4 the most tokens/s per GPU
+    assert set(d["without_harness"]) == {"ttft", "tpot", "ranking"}
+    # The InferenceX harness drew lengths from [0.8 L, L]: without that knowledge the rows are predicted at L, slower.
+    assert main(["validate", "--measurements", str(tmp_path / "m.csv"), "--json", "--no-harness"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert bare["harness_knowledge"] is False and "without_harness" not in bare
+    assert bare["ttft"] == d["without_harness"]["ttft"] and bare["ttft"] != d["ttft"]
