@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
 
-__all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "KubeCluster", "ref_of", "owned_selector"]
+__all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "KubeCluster", "ref_of", "owned_selector", "build_event"]
 
 FIELD_MANAGER = "servingtopology-operator"
 # Every kind the builders create, so that pruning can find what an old plan left behind.
@@ -159,20 +159,35 @@ class KubeCluster:
         return list(listing.to_dict().get("items") or []) if listing is not None else []
 
     def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:
+        event = build_event(owner, type=type, reason=reason, message=message, now=now, instance=self._instance)
         meta = owner["metadata"]
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        event = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}-", "namespace": meta["namespace"]},
-            "eventTime": stamp,
-            "type": type,
-            "reason": reason,
-            "action": reason,
-            "note": message[:1024],
-            "reportingController": f"{API_VERSION.split('/')[0]}/operator",
-            "reportingInstance": self._instance,
-            "regarding": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "namespace": meta["namespace"],
-                          "uid": meta.get("uid", "")},
-        }
         self._call(self._client.create, self._resource("events.k8s.io/v1", "Event"), body=event, namespace=meta["namespace"])
+
+
+def build_event(owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime,
+                instance: str) -> dict[str, Any]:
+    """Build the events.k8s.io/v1 Event about `owner`, with the core/v1 timestamps set too.
+
+    `kubectl describe` and `kubectl get events --sort-by=.lastTimestamp` read the core/v1 view, whose
+    firstTimestamp/lastTimestamp come from `deprecatedFirstTimestamp`/`deprecatedLastTimestamp`; without them
+    the operator's Events list out of time order. `eventTime` keeps microseconds, the deprecated fields seconds.
+    """
+    meta = owner["metadata"]
+    seconds = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}-", "namespace": meta["namespace"]},
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "deprecatedFirstTimestamp": seconds,
+        "deprecatedLastTimestamp": seconds,
+        "deprecatedCount": 1,
+        "type": type,
+        "reason": reason,
+        "action": reason,
+        "note": message[:1024],
+        "reportingController": f"{API_VERSION.split('/')[0]}/operator",
+        "reportingInstance": instance,
+        "regarding": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "namespace": meta["namespace"],
+                      "uid": meta.get("uid", "")},
+    }

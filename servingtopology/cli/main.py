@@ -2,12 +2,14 @@
 
 Each subcommand module exposes `add_parser(subparsers)` and `run(args) -> int`. Exit codes: 0 ok,
 1 infeasible or failed check, 2 invalid input (the message names the field and the allowed values).
+A reader that closes the pipe early (`plan --json | head`) ends the command quietly, not with a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -25,7 +27,10 @@ COMMANDS = {
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="servingtopology", description="Plan and keep the serving topology of an LLM.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, object] = {}
     for name, module_name in COMMANDS.items():
@@ -46,7 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    code = int(modules[args.command].run(args))  # type: ignore[attr-defined]
+    try:
+        code = int(modules[args.command].run(args))  # type: ignore[attr-defined]
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away; point stdout at /dev/null so the interpreter's final flush stays silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return code
 
 

@@ -66,3 +66,28 @@ def test_simulate_without_a_layout_takes_the_layout_plan_names(capsys):
     planned = json.loads(capsys.readouterr().out)["best"]["label"]
     assert main(["simulate", example, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["layout"] == planned
+
+
+def test_version_prints_the_package_version(capsys):
+    from servingtopology import __version__
+    from servingtopology.cli.main import main
+
+    try:
+        main(["--version"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    assert capsys.readouterr().out.strip() == f"servingtopology {__version__}"
+
+
+def test_a_reader_closing_the_pipe_ends_plan_quietly():
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "servingtopology", "plan", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err
