@@ -1,7 +1,9 @@
 """`servingtopology` entry point: dispatches to one module per subcommand.
 
 Each subcommand module exposes `add_parser(subparsers)` and `run(args) -> int`. Exit codes: 0 ok,
-1 infeasible or failed check, 2 invalid input (the message names the field and the allowed values).
+1 infeasible or failed check, 2 invalid input (the message names the field and the allowed values),
+3 an internal error (a defect of ours, reported in one line with the traceback only under
+SERVINGTOPOLOGY_DEBUG=1), so that scripts can tell "no layout" from "the tool broke".
 A reader that closes the pipe early (`plan --json | head`) ends the command quietly, not with a traceback.
 """
 
@@ -13,7 +15,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["main", "INTERNAL_ERROR"]
+
+INTERNAL_ERROR = 3
 
 # subcommand -> module under servingtopology.cli
 COMMANDS = {
@@ -58,6 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away; point stdout at /dev/null so the interpreter's final flush stays silent.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the CLI's boundary: anything a subcommand did not turn into 1 or 2 is our defect
+        if os.environ.get("SERVINGTOPOLOGY_DEBUG") == "1":
+            raise
+        print(f"servingtopology {args.command}: internal error ({type(exc).__name__}: {exc}); "
+              "rerun with SERVINGTOPOLOGY_DEBUG=1 for the traceback and report it", file=sys.stderr)
+        return INTERNAL_ERROR
     return code
 
 

@@ -91,3 +91,17 @@ def test_a_reader_closing_the_pipe_ends_plan_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_an_internal_error_exits_3_not_1(monkeypatch, capsys):
+    from servingtopology.cli import main as cli_main
+    from servingtopology.cli import plan as plan_cmd
+
+    def broken(args):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(plan_cmd, "run", broken)
+    monkeypatch.delenv("SERVINGTOPOLOGY_DEBUG", raising=False)
+    assert cli_main.main(["plan"]) == cli_main.INTERNAL_ERROR == 3
+    err = capsys.readouterr().err
+    assert "internal error" in err and "ZeroDivisionError" in err and "Traceback" not in err
