@@ -9,18 +9,20 @@ Sources: vLLM `request_memory`/`determine_available_memory`/`get_num_blocks` and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
 
+from .arch import ModelArch, ModuleGroup
 from .hardware import Gpu, Precision
 from .layout import Engine, EngineKnobs, KvDtype, Parallelism
-from .model import ModelArch
 
 __all__ = [
-    "weight_bytes_total", "weight_bytes_per_gpu", "kv_bytes_per_token", "sliding_kv_bytes_per_seq",
-    "activation_reserve_bytes", "kv_pool_bytes", "kv_pool_tokens", "max_request_tokens",
-    "transfer_floor_s", "RUNTIME_RESERVE_BYTES",
+    "weight_bytes_total", "weight_bytes_per_gpu", "linear_weight_bytes", "expert_weight_bytes", "group_bytes_per_param",
+    "kv_bytes_per_token", "sliding_kv_bytes_per_seq", "state_bytes_per_seq", "fixed_bytes_per_seq", "pool_tokens_from_bytes",
+    "AttentionRead", "attention_read_bytes", "activation_reserve_bytes", "kv_pool_bytes", "kv_pool_tokens", "max_request_tokens",
+    "transfer_floor_s", "RUNTIME_RESERVE_BYTES", "INDEXER_KEY_BYTES_PER_DIM",
 ]
 
 # A scalar or a numpy array of candidates; every formula here broadcasts.
@@ -32,47 +34,168 @@ Num: TypeAlias = Any
 # memory at max_num_batched_tokens 2048, of which the activation and logits profile below explains 0.40 GB.
 RUNTIME_RESERVE_BYTES = 0.84e9
 NCCL_RESERVE_BYTES_PER_PEER = 0.12e9
+# DSA indexer keys: FP8 values plus one FP32 scale per 128 (vLLM DeepseekV32IndexerCache: head_size =
+# index_head_dim + index_head_dim // 128 × 4 bytes, e.g. 132 bytes per token and layer), whatever the KV dtype.
+INDEXER_KEY_BYTES_PER_DIM = 1.0 + 4.0 / 128
+STATE_BYTES_PER_VALUE = 2.0  # fixed-state layers keep conv and recurrent state in the model dtype (BF16; vLLM 'auto')
+_DENSE_GROUPS = (ModuleGroup.ATTENTION, ModuleGroup.LINEAR_MIXER, ModuleGroup.DENSE_FFN, ModuleGroup.SHARED_EXPERTS)
+
+
+def group_bytes_per_param(model: ModelArch, group: ModuleGroup, precision: Precision, moe_precision: Precision | None = None) -> float:
+    """Bytes one weight of `group` takes when served at `precision` (routed experts at `moe_precision`).
+
+    An unquantised checkpoint takes the serving precision for every GEMM but the LM head (vLLM's online FP8 and
+    ModelOpt leave it in BF16). A quantised checkpoint keeps the groups it left unquantised in BF16 (gpt-oss
+    attention, Kimi-K2.5's dense layers); the groups it quantised take its own format (exact scale overhead) when
+    the serving precision is that format, else the serving precision's (a benchmark that names another format).
+    """
+    served = (moe_precision or precision) if group is ModuleGroup.ROUTED_EXPERTS else precision
+    ck = model.checkpoint
+    if ck is None:
+        return 2.0 if group is ModuleGroup.LM_HEAD else served.weight_bytes
+    if not ck.covers(group):
+        return 2.0
+    return ck.bytes_per_param if served is ck.precision else served.weight_bytes
 
 
 def _embedding_bytes(model: ModelArch) -> float:
-    # Embeddings and LM head stay in bf16 under fp8/fp4/int4 weight quantisation (e.g. gpt-oss, DeepSeek FP8).
-    return model.embedding_params * 2.0
+    # Input embeddings stay in BF16 under every weight format (a lookup, not a GEMM); the LM head is a group.
+    return model.vocab_size * model.hidden_size * 2.0
 
 
-def weight_bytes_total(model: ModelArch, precision: Precision) -> float:
+def _non_expert_bytes(model: ModelArch, precision: Precision) -> float:
+    dense = sum(model.params_of(g) * group_bytes_per_param(model, g, precision) for g in _DENSE_GROUPS)
+    head = model.params_of(ModuleGroup.LM_HEAD) * group_bytes_per_param(model, ModuleGroup.LM_HEAD, precision)
+    routers = model.num_moe_layers * model.router_params_per_layer * 2.0
+    return dense + head + routers + _embedding_bytes(model)
+
+
+def weight_bytes_total(model: ModelArch, precision: Precision, moe_precision: Precision | None = None) -> float:
     """Bytes of all weights of one copy of the model."""
-    body = model.total_params - model.embedding_params
-    return body * precision.weight_bytes + _embedding_bytes(model)
+    return _non_expert_bytes(model, precision) + model.routed_expert_params_total * group_bytes_per_param(
+        model, ModuleGroup.ROUTED_EXPERTS, precision, moe_precision)
 
 
-def weight_bytes_per_gpu(model: ModelArch, precision: Precision, *, tp: Num, pp: Num, dp: Num = 1) -> Num:
+def weight_bytes_per_gpu(model: ModelArch, precision: Precision, *, tp: Num, pp: Num, dp: Num = 1,
+                         moe_precision: Precision | None = None) -> Num:
     """Weights on one GPU: non-expert weights sharded by TP (replicated across attention-DP ranks),
     routed experts sharded over TP × DP (tensor or expert parallel), layers split by PP."""
-    non_expert = (model.non_expert_params - model.embedding_params) * precision.weight_bytes + _embedding_bytes(model)
-    experts = model.routed_expert_params_total * precision.weight_bytes
-    return (non_expert / tp + experts / (tp * dp)) / pp
+    experts = model.routed_expert_params_total * group_bytes_per_param(model, ModuleGroup.ROUTED_EXPERTS, precision, moe_precision)
+    return (_non_expert_bytes(model, precision) / tp + experts / (tp * dp)) / pp
+
+
+def linear_weight_bytes(model: ModelArch, precision: Precision) -> float:
+    """Bytes of the TP-sharded GEMM weights a step streams: attention, mixers, dense FFNs, shared experts, routers, LM head."""
+    dense = sum(model.params_of(g) * group_bytes_per_param(model, g, precision) for g in _DENSE_GROUPS)
+    routers = model.num_moe_layers * model.router_params_per_layer * 2.0
+    return dense + routers + model.vocab_size * model.hidden_size * group_bytes_per_param(model, ModuleGroup.LM_HEAD, precision)
+
+
+def expert_weight_bytes(model: ModelArch, precision: Precision, moe_precision: Precision | None = None) -> float:
+    """Bytes of one routed expert."""
+    return model.expert_params * group_bytes_per_param(model, ModuleGroup.ROUTED_EXPERTS, precision, moe_precision)
+
+
+def _mla_bytes_per_layer(model: ModelArch, kv_dtype: KvDtype) -> float:
+    if model.has_indexer and kv_dtype is KvDtype.FP8:
+        # vLLM's sparse FlashMLA "fp8_ds_mla" entry: FP8 latent, an FP32 scale per 128, BF16 rope key (656 bytes).
+        return model.kv_lora_rank * (1.0 + 4.0 / 128) + model.qk_rope_head_dim * 2.0
+    return float(model.kv_latent_dim * kv_dtype.bytes_per_value)
 
 
 def kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num = 1) -> Num:
     """KV bytes one GPU stores per cached token, counting only layers that grow with context.
 
     MHA/GQA: 2 × (L_full/PP) × max(1, n_kv // TP) × head_dim × dtype bytes (KV heads replicate when TP > n_kv).
-    MLA: (L/PP) × (kv_lora_rank + qk_rope_head_dim) × dtype bytes on every TP rank (the latent is replicated).
+    MLA: (L_attn/PP) × (kv_lora_rank + qk_rope_head_dim) × dtype bytes on every TP rank (the latent is replicated;
+    vLLM MLAAttentionSpec with one KV head). DSA indexer: its FP8 key per token in each indexer layer.
+    Sliding-window and fixed-state layers do not grow with context: see `fixed_bytes_per_seq`.
     """
-    b = kv_dtype.bytes_per_value
+    indexer = model.num_indexer_layers * model.index_head_dim * INDEXER_KEY_BYTES_PER_DIM / pp + 0 * tp
     if model.is_mla:
-        return model.num_layers / pp * model.kv_latent_dim * b + 0 * tp
+        return model.num_attention_layers / pp * _mla_bytes_per_layer(model, kv_dtype) + indexer
     heads = np.maximum(1, model.num_kv_heads // tp)
-    return 2 * (model.num_full_attention_layers / pp) * heads * model.head_dim * b
+    return 2 * (model.num_full_attention_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value + indexer
+
+
+def _sliding_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> Num:
+    heads = np.maximum(1, model.num_kv_heads // tp)
+    return 2 * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value
 
 
 def sliding_kv_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:
-    """Fixed KV one running sequence holds in sliding-window layers: min(window − 1 + step budget) tokens."""
+    """Fixed KV one running sequence holds in sliding-window layers: min(window − 1 + step budget, context) tokens
+    (vLLM SlidingWindowSpec.max_memory_usage_bytes)."""
     if model.num_sliding_layers == 0:
         return 0 * tp
-    heads = np.maximum(1, model.num_kv_heads // tp)
     tokens = np.minimum(model.sliding_window - 1 + max_num_batched_tokens, model.max_context_tokens)
-    return 2 * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value * tokens
+    return _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * tokens
+
+
+def state_bytes_per_seq(model: ModelArch, *, tp: Num, pp: Num = 1) -> Num:
+    """Conv and recurrent state one sequence holds in the fixed-state layers on one GPU.
+
+    vLLM MambaSpec per layer: conv values / TP plus recurrent values over min(TP, state heads) (heads are
+    TP-sharded; past the head count they replicate). SGLang's MambaPool holds the same shapes per request slot.
+    """
+    if model.num_state_layers == 0:
+        return 0 * tp
+    per_layer = model.state_conv_values / tp + model.state_ssm_values / np.minimum(tp, max(model.state_heads, 1))
+    return model.num_state_layers / pp * per_layer * STATE_BYTES_PER_VALUE
+
+
+def fixed_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:
+    """Bytes a running sequence holds whatever its length: sliding-window KV plus fixed state."""
+    return (sliding_kv_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens)
+            + state_bytes_per_seq(model, tp=tp, pp=pp))
+
+
+def pool_tokens_from_bytes(model: ModelArch, pool_bytes: Num, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_seqs: Num,
+                           max_num_batched_tokens: Num) -> Num:
+    """Context tokens a KV pool of `pool_bytes` holds once running sequences' fixed bytes are set aside.
+
+    Sliding-window and fixed-state layers take a fixed share per running sequence out of the same pool (vLLM's
+    hybrid allocator shares one block pool between layer groups; SGLang sizes a mamba pool per request slot).
+    The share is set aside for `max_num_seqs` sequences, but never more than half the pool: an engine that
+    cannot hold that many lowers its running cap instead (SGLang caps max_running_requests by its mamba pool).
+    A model whose every layer is windowed or fixed-state holds any context: its pool counts max_context per sequence.
+    """
+    pool = np.maximum(pool_bytes, 0.0)
+    per_seq = fixed_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens)
+    per_tok = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
+    seqs = np.where(per_seq > 0, np.minimum(max_num_seqs, np.floor(pool / 2.0 / np.maximum(per_seq, 1e-9))), max_num_seqs)
+    left = pool - seqs * per_seq
+    unbounded = seqs * model.max_context_tokens + 0.0 * pool
+    return np.floor(np.where(per_tok > 0, left / np.maximum(per_tok, 1e-9), unbounded))
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionRead:
+    """Bytes one GPU's decode attention reads per step, split by how they grow (scalars or arrays).
+
+    per_context_token: read for every context token (full layers, DSA indexer keys);
+    capped_per_token with cap_tokens: read for at most `cap_tokens` of a sequence's context (sliding-window
+    layers read their window, DSA's sparse MLA its top-k tokens); per_sequence: fixed state read and written.
+    """
+
+    per_context_token: Any
+    capped_per_token: Any
+    cap_tokens: float
+    per_sequence: Any
+
+
+def attention_read_bytes(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> AttentionRead:
+    """What decode attention reads, for the step-time model (planner.perf)."""
+    state = 2.0 * state_bytes_per_seq(model, tp=tp, pp=pp)  # read and written back every step
+    if model.is_mla and model.has_indexer:
+        indexer = model.num_indexer_layers * model.index_head_dim * INDEXER_KEY_BYTES_PER_DIM / pp + 0 * tp
+        latent = model.num_attention_layers / pp * _mla_bytes_per_layer(model, kv_dtype) + 0 * tp
+        return AttentionRead(per_context_token=indexer, capped_per_token=latent, cap_tokens=float(model.index_topk), per_sequence=state)
+    full = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
+    if model.num_sliding_layers:
+        return AttentionRead(per_context_token=full, capped_per_token=_sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp),
+                             cap_tokens=float(model.sliding_window), per_sequence=state)
+    return AttentionRead(per_context_token=full, capped_per_token=0.0 * full, cap_tokens=float("inf"), per_sequence=state)
 
 
 def activation_reserve_bytes(model: ModelArch, *, tp: Num, max_num_batched_tokens: Num, max_num_seqs: Num) -> Num:
@@ -101,18 +224,18 @@ def kv_pool_bytes(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Prec
 
 def kv_pool_tokens(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Precision, parallelism: Parallelism,
                    knobs: EngineKnobs) -> int:
-    """Tokens one attention-DP rank can cache (vLLM rounds down to whole blocks)."""
+    """Context tokens one attention-DP rank can cache (vLLM rounds down to whole blocks)."""
     tp, pp, dp = parallelism.tp, parallelism.pp, parallelism.dp
     pool = float(kv_pool_bytes(model, gpu, engine=engine, precision=precision, tp=tp, pp=pp, dp=dp,
                                max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs,
                                memory_fraction=knobs.memory_fraction))
-    per_token = float(kv_bytes_per_token(model, knobs.kv_dtype, tp=tp, pp=pp))
-    if pool <= 0 or per_token <= 0:
+    if pool <= 0:
         return 0
-    tokens = int(pool // per_token)
+    tokens = int(pool_tokens_from_bytes(model, pool, knobs.kv_dtype, tp=tp, pp=pp, max_num_seqs=knobs.max_num_seqs,
+                                        max_num_batched_tokens=knobs.max_num_batched_tokens))
     if engine is Engine.VLLM:
         tokens -= tokens % knobs.block_size_tokens
-    return tokens
+    return max(tokens, 0)
 
 
 def max_request_tokens(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Precision, parallelism: Parallelism,

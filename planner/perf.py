@@ -23,7 +23,7 @@ import numpy as np
 
 from .hardware import Gpu, Link, Precision
 from .layout import Engine, KvDtype, Parallelism
-from .memory import kv_bytes_per_token
+from .memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
 from .model import ModelArch
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
@@ -243,6 +243,10 @@ class StepCoefficients:
     attn_pair_s: Any       # prefill attention time per (query, key) pair
     attn_ctx_s: Any        # decode attention time per context token
     attn_mixed_ctx_s: Any  # extra decode attention time per context token when a prefill chunk shares the step
+    attn_capped_pair_s: Any  # prefill attention time per pair, at most `attn_cap_tokens` keys per query (window, DSA top-k)
+    attn_capped_ctx_s: Any  # decode attention time per context token, at most `attn_cap_tokens` per sequence
+    attn_cap_tokens: float
+    attn_seq_s: Any        # decode time per sequence that does not grow with context (fixed state read and written)
     tp_s_per_token: Any    # TP all-reduce bandwidth time per token
     tp_fixed_s: Any
     handoff_s_per_token: Any
@@ -275,7 +279,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     # Sharding narrows each GPU's slice of a GEMM; thin slices waste tensor-core tiles and bandwidth.
     narrow = 1.0 + _narrow_cols(p, precision) / (model.hidden_size / tp)
     lin_flop_s = 2.0 * linear_params * frac / tp / peak * narrow
-    lin_mem_s = linear_params * precision.weight_bytes * frac / tp / (hbm * p.mem_eff) * narrow
+    lin_mem_s = linear_weight_bytes(model, precision) * frac / tp / (hbm * p.mem_eff) * narrow
 
     group = tp * dp
     ep = np.minimum(moe_ep, group)
@@ -286,7 +290,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
         moe_narrow = 1.0 + _narrow_cols(p, mp) / (model.moe_intermediate_size / moe_tp)
         moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak * moe_narrow
-        moe_mem_s = model.expert_params * mp.weight_bytes * moe_layers / moe_tp / (hbm * p.mem_eff) * moe_narrow
+        moe_mem_s = expert_weight_bytes(model, precision, mp) * moe_layers / moe_tp / (hbm * p.mem_eff) * moe_narrow
         # EP: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the distinct remote GPUs
         # holding its k experts. DP attention without EP: tokens are all-gathered and reduce-scattered (BF16).
         k = model.experts_per_token
@@ -300,16 +304,28 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         local = zero
     ep_z = _max_normal_z(ep) if model.is_moe else zero
 
-    # Attention: prefill is compute (pairs of query and key tokens), decode reads the KV cache.
+    # Attention: prefill is compute (pairs of query and key tokens), decode reads the KV cache. Sliding-window
+    # layers and DSA's sparse attention see at most `cap` keys per query (planner.memory.attention_read_bytes);
+    # fixed-state layers read and write their state once per sequence and step.
     heads = np.maximum(model.num_heads / tp, 1.0)
     qk_v_dim = (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) if model.is_mla else 2 * model.head_dim
-    att_layers = (model.num_full_attention_layers + model.num_sliding_layers * 0.1) * frac
-    attn_pair_s = 2.0 * heads * qk_v_dim * att_layers / (peak16 * p.attn_prefill_eff)
-    kv_tok = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
-    attn_ctx_s = kv_tok / (hbm * p.attn_decode_mem_eff)
+    read = attention_read_bytes(model, kv_dtype, tp=tp, pp=pp)
+    capped_layers = (model.num_attention_layers if model.has_indexer else model.num_sliding_layers) * frac
+    full_layers = (0 if model.has_indexer else model.num_full_attention_layers) * frac
+    attn_pair_s = 2.0 * heads * qk_v_dim * full_layers / (peak16 * p.attn_prefill_eff)
+    attn_capped_pair_s = 2.0 * heads * qk_v_dim * capped_layers / (peak16 * p.attn_prefill_eff)
+    if model.has_indexer:  # the indexer scores every (query, key) pair: index heads × index dim, in FP8
+        attn_pair_s = 2.0 * model.index_n_heads * model.index_head_dim * model.num_indexer_layers * frac / (
+            _compute_peak(gpu, Precision.FP8) * p.attn_prefill_eff) + 0.0 * heads
+    attn_ctx_s = read.per_context_token / (hbm * p.attn_decode_mem_eff)
+    attn_capped_ctx_s = read.capped_per_token / (hbm * p.attn_decode_mem_eff)
+    attn_seq_s = read.per_sequence / (hbm * p.attn_decode_mem_eff)
     if model.is_mla:  # absorbed MLA decode multiplies every local head against the latent: compute can dominate
-        mla_s = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_layers * frac / (peak16 * p.attn_prefill_eff)
-        attn_ctx_s = np.maximum(attn_ctx_s, mla_s)
+        mla_s = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_attention_layers * frac / (peak16 * p.attn_prefill_eff)
+        if model.has_indexer:
+            attn_capped_ctx_s = np.maximum(attn_capped_ctx_s, mla_s)
+        else:
+            attn_ctx_s = np.maximum(attn_ctx_s, mla_s)
         attn_mixed_ctx_s = zero
     else:  # beside a prefill chunk, each query head of a GQA group may read the group's KV again (see gpus.toml)
         attn_mixed_ctx_s = attn_ctx_s * gpu.mixed_kv_reread * (model.num_heads / max(model.num_kv_heads, 1) - 1.0)
@@ -329,6 +345,8 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
         experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), a2a_s_per_token=a2a_tok,
         a2a_fixed_s=a2a_fixed, ep_z=ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, attn_mixed_ctx_s=attn_mixed_ctx_s,
+        attn_capped_pair_s=attn_capped_pair_s, attn_capped_ctx_s=attn_capped_ctx_s, attn_cap_tokens=min(read.cap_tokens, 1e15),
+        attn_seq_s=attn_seq_s,
         tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
@@ -386,6 +404,9 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
     t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
     mixed = (prefill_tokens > 0) * 1.0  # 1 when the step carries a prefill chunk
     t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
+    t_attn = t_attn + (c.attn_capped_pair_s * minimum(prefill_pairs, c.attn_cap_tokens * prefill_tokens)
+                       + c.attn_capped_ctx_s * minimum(decode_context_tokens, c.attn_cap_tokens * decode_tokens)
+                       + c.attn_seq_s * decode_tokens) / c.pp
     stage = t_linear + t_moe + t_comm + t_attn + c.layer_fixed_s
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     seqs = decode_tokens + mixed  # a prefill finishing this step samples one more token

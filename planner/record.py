@@ -7,6 +7,7 @@ alternatives and why not, the funnel, and what must be measured before approval.
 
 from __future__ import annotations
 
+from .arch import ModelArch
 from .engine_args import layout_engine_args
 from .hardware import GIB
 from .memory import kv_bytes_per_token, transfer_floor_s
@@ -45,6 +46,23 @@ def _cand_row(c: Candidate) -> str:
             f"{p.goodput_per_gpu:.2f} | {p.source} | {c.why or 'chosen'} |")
 
 
+def _model_notes(m: ModelArch) -> list[str]:
+    """What the model reader assumed and which config fields it did not understand (empty when nothing to say)."""
+    facts = []
+    if m.num_sliding_layers:
+        facts.append(f"{m.num_sliding_layers} of {m.num_layers} layers attend to a {m.sliding_window}-token window")
+    if m.num_state_layers:
+        facts.append(f"{m.num_state_layers} layers keep a fixed {m.state_kind.value} state per sequence")
+    if m.has_indexer:
+        facts.append(f"sparse attention over the top {m.index_topk} tokens ({m.num_indexer_layers} indexer layers)")
+    if m.checkpoint is not None:
+        facts.append(f"checkpoint {m.checkpoint.method}: {', '.join(sorted(g.value for g in m.checkpoint.quantized))}")
+    lines = [f"- Model layout: {'; '.join(facts)}."] if facts else []
+    lines += [f"- Assumed: {a}." for a in m.assumptions]
+    lines += [f"- Warning: {w}." for w in m.warnings]
+    return lines
+
+
 def render_record(problem: Problem, decision: Decision) -> str:
     """The decision record as markdown."""
     m, g, w, slo = problem.model, problem.gpu, problem.workload, problem.slo
@@ -67,6 +85,7 @@ def render_record(problem: Problem, decision: Decision) -> str:
         f"{w.output_tokens.expected_tokens:.0f}, prefix share {w.prefix_share:.0%}.",
         f"- SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; "
         f"objective {problem.objective.value}.",
+        *_model_notes(m),
         "",
         "## KV transfer floors for one prompt (prefill → decode)",
         "",

@@ -32,6 +32,7 @@ __all__ = [
     "parse_spec",
     "to_layout",
     "to_problem",
+    "serving_precision",
 ]
 
 
@@ -286,6 +287,14 @@ def _model(spec: PlanSpec) -> ModelArch:
     return from_hf_config(cfg, name=path.parent.name or "custom")
 
 
+def serving_precision(spec: PlanSpec, model: ModelArch) -> Precision:
+    """The spec's precision; when the spec leaves it out, the precision the checkpoint's weights are stored in
+    (an FP8 or NVFP4 checkpoint is served as stored: vLLM and SGLang read its quantization_config)."""
+    if "precision" in spec.model_fields_set:
+        return spec.precision
+    return model.checkpoint_precision
+
+
 def _knobs(args: EngineArgsSpec | None, base: EngineArgsSpec, kv: KvDtype) -> EngineKnobs:
     a = args or base
     return EngineKnobs(
@@ -298,19 +307,20 @@ def _knobs(args: EngineArgsSpec | None, base: EngineArgsSpec, kv: KvDtype) -> En
     )
 
 
-def to_layout(spec: PlanSpec, layout: LayoutSpec | None = None) -> Layout:
-    """Convert the spec's `layout` block (or the given one) into a planner Layout."""
+def to_layout(spec: PlanSpec, layout: LayoutSpec | None = None, *, precision: Precision | None = None) -> Layout:
+    """Convert the spec's `layout` block (or the given one) into a planner Layout (at `precision`, else the spec's)."""
     ls = layout or spec.layout
+    prec = precision or spec.precision
     if ls is None:
         raise InvalidSpec("layout", "no layout given (kind: replicas|pd with replicas/tp/pp or prefill/decode)")
     if ls.kind is LayoutKind.REPLICAS:
         par = Parallelism(tp=ls.tp, pp=ls.pp, dp=ls.dp, ep=ls.ep)
-        return Layout.replicas(ls.replicas, par, _knobs(None, ls.engineArgs, spec.kvCacheDtype), spec.precision)
+        return Layout.replicas(ls.replicas, par, _knobs(None, ls.engineArgs, spec.kvCacheDtype), prec)
     assert ls.prefill is not None and ls.decode is not None
     roles = []
     for r in (ls.prefill, ls.decode):
         roles.append(RoleLayout(r.count, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=ls.ep), _knobs(r.engineArgs, ls.engineArgs, spec.kvCacheDtype)))
-    return Layout.pd(roles[0], roles[1], spec.precision)
+    return Layout.pd(roles[0], roles[1], prec)
 
 
 def _search(spec: PlanSpec, model: ModelArch) -> SearchSpace:
@@ -343,8 +353,9 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
     hw = spec.hardware
     gpu = resolve_gpu(hw.gpu, nvlink_gbps=hw.nvlinkGBps, nic_gbit=hw.nicGbps, gpus_per_node=hw.gpusPerNode)
     model = _model(spec)
-    if not gpu.supports(spec.precision):
-        raise InvalidSpec("precision", f"{gpu.id} has no {spec.precision.value} tensor cores; allowed here: "
+    precision = serving_precision(spec, model)
+    if "precision" in spec.model_fields_set and not gpu.supports(precision):
+        raise InvalidSpec("precision", f"{gpu.id} has no {precision.value} tensor cores; allowed here: "
                           + ", ".join(p.value for p in Precision if gpu.supports(p)))
     if spec.kvCacheDtype is KvDtype.FP8 and not gpu.supports(Precision.FP8):
         raise InvalidSpec("kvCacheDtype", f"{gpu.id} has no fp8 support; allowed: auto, bf16")
@@ -358,9 +369,9 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         arrival_cv=w.arrivalCV,
     )
     if pinned is None and spec.layout is not None:
-        pinned = to_layout(spec)
+        pinned = to_layout(spec, precision=precision)
     return Problem(
-        model=model, gpu=gpu, engine=spec.engine.name, precision=spec.precision, max_gpus=hw.maxGPUs,
+        model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
         pinned=pinned, current=current,
     )

@@ -42,7 +42,7 @@ def layout_for(spec: PlanSpec, problem: Problem) -> Layout:
     The best is chosen as `plan` chooses it, stage 6 included, so the three commands name the same layout.
     """
     if spec.layout is not None:
-        return to_layout(spec)
+        return to_layout(spec, precision=problem.precision)
     from servingtopology.planner.decide import decide
 
     return decide(problem, simulate=simulator_for(spec)).best.layout

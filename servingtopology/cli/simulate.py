@@ -50,6 +50,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("spec", nargs="?", help="planning spec (YAML); omit with --replay")
     p.add_argument("--trace", metavar="FILE", help="replay this JSONL or CSV trace (arrival time, input and output tokens)")
     p.add_argument("--replay", metavar="DIR", help="a recorded run: requests.jsonl, meta.json, config.json")
+    p.add_argument("--model-config", metavar="PATH", help="with --replay: the model's Hugging Face config.json when the run's "
+                                                            "folder has none and its model id is not in the catalog")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -95,16 +97,47 @@ def _gpu_for(folder: Path, meta: Mapping[str, Any], cluster: Mapping[str, Any]) 
                                 "set meta.json hardware.device_name to a catalog GPU")
 
 
-def _model_for(meta: Mapping[str, Any], config: Mapping[str, Any]) -> ModelArch:
-    if "num_hidden_layers" in config or "text_config" in config:
-        return from_hf_config(config, name=str(meta.get("model", "")))
-    name = meta.get("model") or (meta.get("engine_kwargs") or {}).get("model")
+_HF_CONFIG_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "text_config", "language_config", "llm_config")
+
+
+def _is_hf_config(cfg: Mapping[str, Any]) -> bool:
+    return any(k in cfg for k in _HF_CONFIG_KEYS)
+
+
+def _model_for(folder: Path, meta: Mapping[str, Any], config: Mapping[str, Any], model_config: Path | None = None) -> ModelArch:
+    """The run's model: --model-config, else a Hugging Face config.json in the folder, else the catalog by meta's id.
+
+    The folder's config.json may be the model's (Hugging Face) or the simulator's cluster file (LLMServingSim);
+    the model's config is also looked for as model_config.json, hf_config.json, model/config.json and
+    <org>/<name>/config.json under the folder.
+    """
+    name = str(meta.get("model") or (meta.get("engine_kwargs") or {}).get("model") or "")
+    candidates: list[tuple[Path, Mapping[str, Any] | None]] = [(model_config, None)] if model_config else []
+    candidates.append((folder / "config.json", config))
+    candidates += [(folder / rel, None) for rel in ("model_config.json", "hf_config.json", "model/config.json")]
+    if name:
+        candidates.append((folder / name / "config.json", None))
+    for path, parsed in candidates:
+        if parsed is None:
+            if not path.is_file():
+                continue
+            try:
+                parsed = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise InvalidSpec("replay", f"cannot read a config.json at {path}: {exc}") from None
+        if isinstance(parsed, Mapping) and _is_hf_config(parsed):
+            return from_hf_config(parsed, name=name or path.parent.name, field=str(path))
     if not name:
-        raise InvalidSpec("replay", "config.json is not a Hugging Face config and meta.json names no model")
-    return resolve_model(str(name), field="meta.model")
+        raise InvalidSpec("replay", f"no Hugging Face config.json in {folder} and meta.json names no model")
+    try:
+        return resolve_model(name, field="meta.model")
+    except InvalidSpec:
+        raise InvalidSpec("meta.model", f"{name!r} is not in the catalog and {folder} holds no Hugging Face config.json of it "
+                                        "(looked for config.json, model_config.json, hf_config.json, model/config.json, "
+                                        f"{name}/config.json); give --model-config PATH") from None
 
 
-def load_replay(folder: Path) -> Replay:
+def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
     """Read a recorded run's folder into a Replay (model, GPU, engine knobs, requests, recorded latencies)."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
@@ -114,7 +147,7 @@ def load_replay(folder: Path) -> Replay:
     except OSError as exc:
         raise InvalidSpec("replay", f"cannot read {exc.filename}: {exc.strerror}") from None
     gpu = _gpu_for(folder, meta, config)
-    model = _model_for(meta, config)
+    model = _model_for(folder, meta, config, model_config)
     kw = meta.get("engine_kwargs") or {}
     kv = meta.get("kv_cache") or {}
     engine = Engine.SGLANG if "sglang_version" in meta or "server_args" in meta else Engine.VLLM
@@ -131,7 +164,9 @@ def load_replay(folder: Path) -> Replay:
     par = Parallelism(tp=int(kw.get("tensor_parallel_size") or 1), pp=int(kw.get("pipeline_parallel_size") or 1),
                       dp=int(kw.get("data_parallel_size") or 1), ep=bool(kw.get("enable_expert_parallel")))
     quant = str(kw.get("quantization") or "")
-    precision = Precision.FP8 if "fp8" in quant else Precision.BF16
+    # vLLM's --quantization when the run set it, else what the checkpoint's quantization_config says.
+    precision = (Precision.FP8 if "fp8" in quant else Precision.FP4 if "fp4" in quant
+                 else Precision.INT4 if quant.startswith(("awq", "gptq")) else model.checkpoint_precision)
     layout = Layout.replicas(1, par, knobs, precision)
     pool = int(kv["num_gpu_blocks"]) * knobs.block_size_tokens if kv.get("num_gpu_blocks") else None
     return Replay(layout=layout, model=model, gpu=gpu, engine=engine, requests=from_rows(rows),
@@ -222,7 +257,7 @@ def _run_spec(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.replay:
-            rep = load_replay(Path(args.replay))
+            rep = load_replay(Path(args.replay), model_config=Path(args.model_config) if args.model_config else None)
             table = compare(run_replay(rep), rep.recorded)
             if args.json:
                 print(json.dumps(table))

@@ -37,20 +37,28 @@ class Measurements:
     skipped_at_parse: Counter[str]
 
 
+def _config_paths(path: str, model_dir: Path) -> list[Path]:
+    """Where a row's model config may be under --model-dir: <org>/<name>/config.json, <name>/config.json,
+    or aiconfigurator's flat <org>--<name>_config.json."""
+    name = path.split("/")[-1]
+    return [model_dir / path / "config.json", model_dir / name / "config.json", model_dir / f"{path.replace('/', '--')}_config.json"]
+
+
 def _resolve_model(path: str, model_dir: Path | None) -> ModelArch | Skip:
-    if model_dir is not None:
-        cfg = model_dir / path / "config.json"
+    """The model of a row: its config.json under --model-dir first (any decoder-only LLM), else the catalog."""
+    for cfg in _config_paths(path, model_dir) if model_dir is not None else []:
         if cfg.is_file():
             try:
-                return from_hf_config(json.loads(cfg.read_text()), name=path)
+                return from_hf_config(json.loads(cfg.read_text()), name=path, field=str(cfg))
             except PlannerError as exc:
-                return Skip("unsupported architecture", str(exc))
+                return Skip("model config lacks the sizes of a decoder", str(exc))
             except (OSError, json.JSONDecodeError) as exc:
                 return Skip("unreadable model config", f"{cfg}: {exc}")
     try:
         return resolve_model(path)
     except PlannerError:
-        return Skip("unknown model", path)
+        where = f"no config.json for it under --model-dir {model_dir}" if model_dir is not None else "give --model-dir with its config.json"
+        return Skip("unknown model", f"{path}: not in the catalog and {where}")
 
 
 def _resolve_gpu(system: str) -> Gpu | Skip:
@@ -151,6 +159,12 @@ def run(args: argparse.Namespace) -> int:
     if args.no_harness:
         m = Measurements(without_harness(m.cases), m.models, m.gpus, m.skipped_at_parse)
     results, summary = evaluate(m)
+    notes = {p: list(a.warnings) for p, a in m.models.items() if isinstance(a, ModelArch) and a.warnings}
+    if notes:
+        summary["model_warnings"] = notes
+        for p, ws in notes.items():
+            for w in ws:
+                print(f"warning: {p}: {w}", file=sys.stderr)
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     if args.json:
         summary["harness_knowledge"] = not args.no_harness

@@ -83,7 +83,12 @@ def test_mla_and_sliding_window_fields_are_read():
     assert oss.num_sliding_layers == 18 and oss.sliding_window == 128 and oss.checkpoint_precision == "fp4"
 
 
-def test_an_unsupported_architecture_is_refused():
-    with pytest.raises(InvalidSpec, match="unsupported architecture"):
-        from_hf_config({"architectures": ["WhisperForConditionalGeneration"], "num_hidden_layers": 2, "hidden_size": 8,
-                        "num_attention_heads": 2})
+def test_an_architecture_name_never_decides_whether_a_config_loads():
+    m = from_hf_config({"architectures": ["SomeNewLabForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+                        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 1000})
+    assert m.num_layers == 2 and m.total_params == 2 * (4 * 64 * 64 + 3 * 64 * 128) + 2 * 1000 * 64
+
+
+def test_a_config_without_the_sizes_of_a_decoder_is_refused_naming_the_fields():
+    with pytest.raises(InvalidSpec, match="num_hidden_layers and hidden_size"):
+        from_hf_config({"architectures": ["WhisperForConditionalGeneration"], "d_model": 8, "encoder_layers": 2})

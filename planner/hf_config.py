@@ -1,0 +1,363 @@
+"""Read a Hugging Face config.json into a ModelArch from its fields, never from its architecture name.
+
+Called by planner.model (catalog and `from_hf_config`), the spec conversion and the CLI. Pure: takes a parsed
+dict. Unknown fields that look like they shape the model give a warning naming them; every default the
+reader had to take is listed in `ModelArch.assumptions` (the decision record prints both).
+
+Layer layouts follow the engines' model code (vLLM model_executor/models): Nemotron-H `hybrid_override_pattern`
+(M mamba, * attention, - MLP, E MoE), `layers_block_type`, `layer_types`, Jamba `attn_layer_period/offset` and
+`expert_layer_period/offset`, Qwen3-Next `full_attention_interval`, MiniMax `attn_type_list`, DeepSeek
+`first_k_dense_replace`/`moe_layer_freq`, Qwen-MoE `mlp_only_layers`/`decoder_sparse_step`, Llama-4
+`interleave_moe_layer_step`, Gemma-3 `sliding_window_pattern`, Qwen2 `max_window_layers`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from .arch import ModelArch, ModuleGroup, StateKind
+from .checkpoint_quant import parse_quantization
+from .errors import InvalidSpec
+
+__all__ = ["from_hf_config", "text_config"]
+
+_WRAPPERS = ("text_config", "language_config", "llm_config", "text_model_config")
+# Fields that do not change weights, FLOPs or cache bytes (tokens, norms, rope, routing maths, HF bookkeeping).
+_NEUTRAL = frozenset({
+    "architectures", "model_type", "auto_map", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "initializer_range", "rope_theta", "rope_scaling",
+    "rope_parameters", "partial_rotary_factor", "rotary_dim", "rope_interleave", "rotary_pct", "rotary_emb_base",
+    "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "use_cache", "attention_bias",
+    "mlp_bias", "use_bias", "bias", "norm_topk_prob", "scoring_func", "topk_method", "n_group", "topk_group",
+    "routed_scaling_factor", "aux_loss_alpha", "router_aux_loss_coef", "output_router_logits", "seq_aux", "ep_size",
+    "pretraining_tp", "use_qk_norm", "qk_norm_type", "qk_layernorm", "use_routing_bias", "router_jitter_noise",
+    "num_logits_to_keep", "residual_in_fp32", "rescale_prenorm_residual", "mamba_hidden_act", "mamba_proj_bias",
+    "mamba_conv_bias", "chunk_size", "mamba_chunk_size", "use_mamba_kernels", "time_step_min", "time_step_max",
+    "time_step_floor", "time_step_limit", "time_step_rank", "router_temperature", "moe_router_topk_scaling_factor",
+    "qk_head_dim", "head_size", "hidden_act", "mlp_hidden_act", "hidden_activation", "swiglu_limit", "final_logit_softcapping",
+    "attn_logit_softcapping", "query_pre_attn_scalar", "use_sliding_window", "sliding_window", "mtp_use_dedicated_embeddings",
+    "index_share_for_mtp_iteration", "indexer_rope_interleave", "rope_local_base_freq", "use_mtp", "mtp_transformer_layers",
+    "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_config", "audio_config",
+    "quantization_config", "compression_config", "max_window_layers", "cache_implementation", "use_return_dict",
+})
+_SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv", "state", "conv", "expand", "pattern",
+                "interval", "ratio", "topk", "top_k", "compress", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
+                "num_", "n_", "moe", "block", "group")
+
+
+class _Reader:
+    """A config dict that records which keys were read, so the rest can be named in warnings."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        self.cfg = cfg
+        self.read: set[str] = set()
+
+    def get(self, *keys: str, default: Any = None) -> Any:
+        for k in keys:
+            self.read.add(k)
+        for k in keys:
+            if self.cfg.get(k) is not None:
+                return self.cfg[k]
+        return default
+
+    def num(self, *keys: str, default: int = 0) -> int:
+        v = self.get(*keys)
+        try:
+            return int(v) if v is not None and not isinstance(v, bool) else default
+        except (TypeError, ValueError):
+            return default
+
+
+def text_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The language model's own config: nested `text_config`-style wrappers are followed, outer fields kept as fallbacks."""
+    for key in _WRAPPERS:
+        inner = cfg.get(key)
+        if isinstance(inner, Mapping) and ("num_hidden_layers" in inner or "hidden_size" in inner):
+            merged = {k: v for k, v in cfg.items() if k not in _WRAPPERS}
+            merged.update(inner)
+            if not inner.get("architectures") and cfg.get("architectures"):
+                merged["architectures"] = cfg["architectures"]
+            return merged, key
+    return dict(cfg), ""
+
+
+def _mixers(r: _Reader, layers: int, warn: Callable[[str], None], assume: list[str]) -> tuple[list[str], list[str | None]]:
+    """Per-layer token mixer (full, sliding, state, parallel, none) and, where the layout fixes it, the FFN kind."""
+    ffn: list[str | None] = [None] * layers
+    pattern = r.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        if len(pattern) != layers:
+            warn(f"hybrid_override_pattern has {len(pattern)} entries for {layers} layers; the pattern's length was used")
+            layers = len(pattern)
+            ffn = [None] * layers
+        mix = []
+        for i, ch in enumerate(pattern):
+            mix.append({"M": "state", "*": "full"}.get(ch, "none"))
+            ffn[i] = {"-": "dense", "E": "moe"}.get(ch, "no_ffn")
+            if ch not in "M*-E":
+                warn(f"hybrid_override_pattern symbol {ch!r} is not understood (M, *, -, E); layer {i} taken as an MLP layer")
+                ffn[i] = "dense"
+        return mix, ffn
+    blocks = r.get("layers_block_type")
+    if isinstance(blocks, list) and blocks:
+        mix = []
+        for i, b in enumerate(str(x).lower() for x in blocks):
+            if b in ("mamba", "mamba2", "ssm"):
+                mix.append("state")
+            elif b in ("attention", "full_attention"):
+                mix.append("full")
+            elif b in ("mlp", "moe"):
+                mix.append("none")
+                ffn[i] = "dense" if b == "mlp" else "moe"
+            else:
+                warn(f"layers_block_type entry {b!r} is not understood; layer {i} taken as full attention")
+                mix.append("full")
+        if any(m == "none" for m in mix):
+            ffn = [f if f is not None else "no_ffn" for f in ffn]
+        return mix[:layers] + ["full"] * (layers - len(mix)), ffn
+    types = r.get("layer_types")
+    if isinstance(types, list) and types:
+        kinds = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "sliding",
+                 "sliding_window": "sliding", "local": "sliding", "chunked_attention": "sliding", "linear_attention": "state",
+                 "mamba": "state", "mamba2": "state", "ssm": "state"}
+        mix = []
+        for i, t in enumerate(str(x).lower() for x in types[:layers]):
+            if t not in kinds:
+                warn(f"layer_types entry {t!r} is not understood; layer {i} taken as full attention")
+            mix.append(kinds.get(t, "full"))
+        return mix + ["full"] * (layers - len(mix)), ffn
+    attn_types = r.get("attn_type_list")
+    if isinstance(attn_types, list) and attn_types:
+        return ["full" if int(x) == 1 else "state" for x in attn_types[:layers]] + ["full"] * (layers - len(attn_types)), ffn
+    period = r.num("attn_layer_period")
+    if period > 0:
+        offset = r.num("attn_layer_offset")
+        return ["full" if i % period == offset else "state" for i in range(layers)], ffn
+    interval = r.num("full_attention_interval")
+    if interval > 0:
+        return ["full" if (i + 1) % interval == 0 else "state" for i in range(layers)], ffn
+    if r.get("ssm_state_size", "mamba_d_state", "state_size") is not None:
+        if r.num("num_attention_heads") > 0:
+            assume.append("state-space fields with attention heads and no layer pattern: every layer runs attention and an SSM "
+                          "side by side (Falcon-H1's parallel hybrid)")
+            return ["parallel"] * layers, ffn
+        return ["state"] * layers, ffn
+    return ["full"] * layers, ffn
+
+
+def _apply_sliding(r: _Reader, mix: list[str], max_ctx: int, assume: list[str]) -> int:
+    """Mark sliding-window layers; returns the window (0 when no layer slides)."""
+    window = r.num("sliding_window", "attention_chunk_size")
+    if window <= 0 or (window >= max_ctx > 0 and "sliding" not in mix):
+        for i, m in enumerate(mix):
+            if m == "sliding":
+                mix[i] = "full"
+        return 0
+    if "sliding" in mix:
+        return window
+    if r.get("use_sliding_window") is False:
+        return 0
+    full = [i for i, m in enumerate(mix) if m == "full"]
+    pattern = r.num("sliding_window_pattern")
+    max_window_layers = r.num("max_window_layers", default=-1)
+    if pattern > 0:
+        slide = [i for i in full if (i + 1) % pattern != 0]
+    elif r.get("use_sliding_window") is True and max_window_layers >= 0:
+        slide = [i for i in full if i >= max_window_layers]
+    elif str(r.get("cache_implementation") or "") == "hybrid":
+        assume.append("cache_implementation 'hybrid' without a pattern: every other layer slides (Gemma-2)")
+        slide = [i for i in full if i % 2 == 0]
+    else:
+        assume.append(f"sliding_window {window} with no per-layer pattern: every attention layer slides")
+        slide = full
+    for i in slide:
+        mix[i] = "sliding"
+    return window if slide else 0
+
+
+def _ffn_kinds(r: _Reader, layers: int, given: list[str | None], moe: bool) -> list[str]:
+    if not moe:
+        return [g if g is not None and g != "moe" else "dense" for g in given]
+    out: list[str] = []
+    k = r.num("first_k_dense_replace")
+    freq = r.num("moe_layer_freq", default=1)
+    step = r.num("decoder_sparse_step", default=1)
+    inter = r.num("interleave_moe_layer_step", default=1)
+    e_period, e_offset = r.num("expert_layer_period"), r.num("expert_layer_offset")
+    only = {int(i) for i in (r.get("mlp_only_layers") or [])}
+    moe_layers = r.get("moe_layers")
+    kinds = r.get("mlp_layer_types")
+    for i in range(layers):
+        if given[i] is not None:
+            out.append(str(given[i]))
+            continue
+        sparse = i >= k and (freq <= 1 or i % freq == 0) and (step <= 1 or (i + 1) % step == 0) and i not in only
+        sparse = sparse and (inter <= 1 or (i + 1) % inter == 0) and (e_period <= 0 or i % e_period == e_offset)
+        if isinstance(moe_layers, list):
+            sparse = i in {int(x) for x in moe_layers}
+        if isinstance(kinds, list) and i < len(kinds):
+            sparse = str(kinds[i]).lower() in ("sparse", "moe")
+        out.append("moe" if sparse else "dense")
+    return out
+
+
+def _state(r: _Reader, hidden: int, heads: int, head_dim: int) -> tuple[StateKind, int, int, int, int]:
+    """(kind, mixer params per layer, conv values, recurrent values, state heads) of one fixed-state layer.
+
+    Shapes are vLLM's MambaStateShapeCalculator (layers/mamba/mamba_utils.py): Gated DeltaNet conv
+    (K−1) × (2·k_heads·k_dim + v_heads·v_dim) and recurrent v_heads × v_dim × k_dim; Mamba-2 conv
+    (K−1) × (I + 2·G·N) and recurrent heads × head_dim × N; Mamba-1 conv (K−1) × I and recurrent I × N;
+    linear attention heads × head_dim × head_dim.
+    """
+    if r.num("linear_num_value_heads", "linear_num_key_heads") > 0:
+        kh = r.num("linear_num_key_heads", default=heads)
+        vh = r.num("linear_num_value_heads", default=kh)
+        kd = r.num("linear_key_head_dim", default=head_dim)
+        vd = r.num("linear_value_head_dim", default=kd)
+        k = r.num("linear_conv_kernel_dim", default=4)
+        conv_dim = 2 * kh * kd + vh * vd
+        params = hidden * (2 * kh * kd + 2 * vh * vd) + hidden * 2 * vh + conv_dim * k + vh * vd * hidden
+        return StateKind.GATED_DELTA_NET, params, (k - 1) * conv_dim, vh * vd * kd, vh
+    n = r.num("ssm_state_size", "mamba_d_state", "state_size")
+    if n > 0:
+        k = r.num("conv_kernel", "mamba_d_conv", "d_conv", default=4)
+        mheads = r.num("mamba_num_heads", "mamba_n_heads")
+        mhead_dim = r.num("mamba_head_dim", "mamba_d_head")
+        expand = r.get("expand", "mamba_expand", default=2)
+        inter = r.num("mamba_d_ssm", "mamba_intermediate_size") or (mheads * mhead_dim) or int(float(expand) * hidden)
+        if mheads > 0 or mhead_dim > 0 or r.get("n_groups", "mamba_n_groups") is not None:
+            g = r.num("n_groups", "mamba_n_groups", default=1)
+            mheads = mheads or max(inter // max(mhead_dim, 1), 1)
+            mhead_dim = mhead_dim or inter // mheads
+            conv_dim = inter + 2 * g * n
+            params = hidden * (2 * inter + 2 * g * n + mheads) + conv_dim * k + inter * hidden
+            return StateKind.MAMBA2, params, (k - 1) * conv_dim, mheads * mhead_dim * n, mheads
+        dt_raw = r.get("mamba_dt_rank", "time_step_rank", default="auto")
+        dt_rank = math.ceil(hidden / 16) if str(dt_raw) == "auto" else int(dt_raw)
+        params = hidden * 2 * inter + inter * k + inter * (dt_rank + 2 * n) + dt_rank * inter + inter * n + inter * hidden
+        return StateKind.MAMBA1, params, (k - 1) * inter, inter * n, inter
+    params = 4 * hidden * heads * head_dim + hidden * heads * head_dim  # q, k, v, o and an output gate
+    return StateKind.LINEAR_ATTENTION, params, 0, heads * head_dim * head_dim, heads
+
+
+def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "modelConfig") -> ModelArch:
+    """Build a ModelArch from a parsed config.json of any decoder-only LLM.
+
+    Raises InvalidSpec only when the sizes that define a transformer are missing (layers and hidden size).
+    """
+    warnings: list[str] = []
+    assumptions: list[str] = []
+    inner, wrapper = text_config(cfg)
+    if wrapper:
+        assumptions.append(f"language model read from {wrapper}; other towers (vision, audio) are not counted")
+    r = _Reader(inner)
+    layers = r.num("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+    hidden = r.num("hidden_size", "d_model", "n_embd", "dim")
+    if layers <= 0 or hidden <= 0:
+        raise InvalidSpec(field, "config.json lacks a usable num_hidden_layers and hidden_size (also read: num_layers, n_layer, "
+                                 "d_model, n_embd); they are needed to size any decoder")
+    heads = r.num("num_attention_heads", "n_head", "num_heads")
+    head_dim = r.num("head_dim", "attention_head_dim", "kv_channels") or (hidden // heads if heads else 0)
+    kv_heads = r.num("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", default=heads)
+    max_ctx = r.num("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "model_max_length", default=0)
+    if max_ctx <= 0:
+        max_ctx = 4096
+        assumptions.append("no max_position_embeddings: a 4096-token context assumed")
+    vocab = r.num("vocab_size", "padded_vocab_size")
+    if vocab <= 0:
+        vocab = 32000
+        assumptions.append("no vocab_size: 32000 assumed")
+    num_experts = r.num("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", "n_experts")
+    mix, given_ffn = _mixers(r, layers, warnings.append, assumptions)
+    layers = len(mix)
+    window = _apply_sliding(r, mix, max_ctx, assumptions)
+    ffn = _ffn_kinds(r, layers, given_ffn, num_experts > 0)
+    act = str(r.get("mlp_hidden_act", "hidden_act", "hidden_activation", "activation_function", default="silu")).lower()
+    matrices = 2 if act in ("relu2", "squared_relu") else 3
+    if matrices == 2:
+        assumptions.append(f"activation {act}: plain two-matrix MLPs (up, down), as vLLM's nemotron_h")
+
+    kind, mixer_params, conv_values, ssm_values, state_heads = (StateKind.NONE, 0, 0, 0, 0)
+    n_state = sum(1 for m in mix if m in ("state", "parallel"))
+    if n_state:
+        kind, mixer_params, conv_values, ssm_values, state_heads = _state(r, hidden, heads, head_dim)
+        assumptions.append(f"{n_state} {kind.value} layers keep a fixed state per sequence, stored in the model dtype "
+                           "(vLLM mamba_ssm_cache_dtype 'auto')")
+    if heads <= 0 and any(m in ("full", "sliding", "parallel") for m in mix):
+        raise InvalidSpec(field, "config.json has attention layers but no num_attention_heads")
+
+    kv_lora = r.num("kv_lora_rank")
+    index_topk = r.num("index_topk")
+    indexer_types = r.get("indexer_types")
+    n_attention = sum(1 for m in mix if m in ("full", "sliding", "parallel"))
+    n_indexer = 0
+    if index_topk > 0:
+        n_indexer = sum(1 for t in indexer_types if str(t).lower() == "full") if isinstance(indexer_types, list) else n_attention
+        assumptions.append(f"sparse attention: each query reads its top {index_topk} tokens; the indexer keeps its own FP8 key "
+                           f"cache in {n_indexer} layers")
+    mtp = r.num("num_nextn_predict_layers", "mtp_num_hidden_layers")
+    if not mtp and r.get("use_mtp"):
+        mtp = r.num("num_mtp_modules", default=1) * r.num("mtp_transformer_layers", default=1)
+    if mtp:
+        assumptions.append(f"{mtp} multi-token-prediction layers are loaded only with MTP speculative decoding; not counted in the weights")
+
+    moe_inter = r.num("moe_intermediate_size", "expert_intermediate_size") if num_experts else 0
+    dense_inter = r.num("intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
+    if num_experts and not moe_inter:
+        moe_inter = r.num("intermediate_size", default=4 * hidden)
+    shared_width = r.num("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size")
+    n_shared = r.num("n_shared_experts", "num_shared_experts") if num_experts else 0
+    checkpoint = parse_quantization(inner.get("quantization_config") or cfg.get("quantization_config") or inner.get("compression_config"),
+                                    _representatives(mix, ffn), warnings.append, assumptions)
+    arch = ModelArch(
+        name=name or str(inner.get("_name_or_path") or (list(inner.get("architectures") or []) or ["custom"])[0]),
+        num_layers=layers, hidden_size=hidden, num_heads=max(heads, 1), num_kv_heads=max(min(kv_heads, max(heads, 1)), 1),
+        head_dim=max(head_dim, 1), intermediate_size=dense_inter, vocab_size=vocab, max_context_tokens=max_ctx,
+        tie_embeddings=bool(r.get("tie_word_embeddings", default=False)),
+        num_experts=num_experts,
+        experts_per_token=r.num("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "top_k", "moe_k") if num_experts else 0,
+        moe_intermediate_size=moe_inter, num_shared_experts=n_shared, shared_expert_intermediate_size=shared_width if num_experts else 0,
+        num_dense_layers=sum(1 for f in ffn if f == "dense"), num_moe_ffn_layers=sum(1 for f in ffn if f == "moe"),
+        ffn_matrices=matrices,
+        kv_lora_rank=kv_lora, qk_rope_head_dim=r.num("qk_rope_head_dim"), qk_nope_head_dim=r.num("qk_nope_head_dim"),
+        v_head_dim=r.num("v_head_dim"), q_lora_rank=r.num("q_lora_rank"), attn_output_gate=bool(r.get("attn_output_gate", default=False)),
+        index_n_heads=r.num("index_n_heads") if index_topk else 0, index_head_dim=r.num("index_head_dim") if index_topk else 0,
+        index_topk=index_topk, num_indexer_layers=n_indexer,
+        sliding_window=window, num_sliding_layers=sum(1 for m in mix if m == "sliding"),
+        num_linear_layers=sum(1 for m in mix if m == "state"), num_mixerless_layers=sum(1 for m in mix if m == "none"),
+        state_kind=kind, linear_mixer_params=n_state * mixer_params, state_conv_values=conv_values, state_ssm_values=ssm_values,
+        state_heads=state_heads, num_parallel_state_layers=sum(1 for m in mix if m == "parallel"),
+        num_mtp_layers=mtp, checkpoint=checkpoint,
+    )
+    r.read.update(("intermediate_size", "num_hidden_layers"))
+    for key in sorted(set(inner) - r.read - _NEUTRAL):
+        value = inner[key]
+        if isinstance(value, bool) or value is None or not isinstance(value, int | float | list | dict | str):
+            continue
+        if isinstance(value, str) and not key.endswith(("pattern", "type", "types")):
+            continue
+        if any(h in key.lower() for h in _SHAPE_HINTS) and not key.endswith("_token_id"):
+            warnings.append(f"field {key!r} is not understood by the planner and was ignored")
+    return replace(arch, warnings=tuple(warnings), assumptions=tuple(assumptions))
+
+
+def _representatives(mix: list[str], ffn: list[str]) -> dict[ModuleGroup, tuple[str, ...]]:
+    """Module names (vLLM prefixes) that stand for each weight group when matching a checkpoint's ignore list."""
+    def last(pred: Any) -> int:
+        idx = [i for i in range(len(mix)) if pred(i)]
+        return idx[-1] if idx else len(mix) - 1
+    a = last(lambda i: mix[i] in ("full", "sliding", "parallel"))
+    s = last(lambda i: mix[i] in ("state", "parallel"))
+    d = next((i for i, f in enumerate(ffn) if f == "dense"), 0)
+    e = last(lambda i: ffn[i] == "moe")
+    return {
+        ModuleGroup.ATTENTION: (f"model.layers.{a}.self_attn.o_proj",),
+        ModuleGroup.LINEAR_MIXER: (f"model.layers.{s}.linear_attn.out_proj", f"model.layers.{s}.mixer.out_proj"),
+        ModuleGroup.DENSE_FFN: (f"model.layers.{d}.mlp.down_proj",),
+        ModuleGroup.SHARED_EXPERTS: (f"model.layers.{e}.mlp.shared_experts.down_proj", f"model.layers.{e}.mlp.shared_expert.down_proj"),
+        ModuleGroup.ROUTED_EXPERTS: (f"model.layers.{e}.mlp.experts.0.down_proj", f"model.layers.{e}.block_sparse_moe.experts.0.w2"),
+        ModuleGroup.LM_HEAD: ("lm_head",),
+    }
