@@ -31,9 +31,15 @@ __all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins"
            "Harness", "INFERENCEX", "UNSTATED", "harness_of", "without_harness"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
-_QUANT = {"": Precision.BF16, "bf16": Precision.BF16, "fp16": Precision.BF16, "fp8": Precision.FP8, "fp8_block": Precision.FP8,
-          "w8a8": Precision.FP8, "nvfp4": Precision.FP4, "fp4": Precision.FP4, "mxfp4": Precision.FP4, "int4": Precision.INT4,
-          "w4a16": Precision.INT4}
+# Quant-mode labels of the schema's gemm_quant_mode / moe_quant_mode columns (aiconfigurator's and TensorRT-LLM's
+# QuantAlgo names, lower-cased): the precision class of the weights each names (8-bit integer modes as FP8 bytes).
+_QUANT = {"": Precision.BF16, "bf16": Precision.BF16, "fp16": Precision.BF16, "float16": Precision.BF16, "fp8": Precision.FP8,
+          "fp8_block": Precision.FP8, "fp8_ootb": Precision.FP8, "fp8_pb_wo": Precision.FP8, "mxfp8": Precision.FP8,
+          "w8a8": Precision.FP8, "sq": Precision.FP8, "int8_wo": Precision.FP8, "w8a16": Precision.FP8, "nvfp4": Precision.FP4,
+          "fp4": Precision.FP4, "mxfp4": Precision.FP4, "w4a16_mxfp4": Precision.FP4, "w4a8_mxfp4_fp8": Precision.FP4,
+          "w4a8_mxfp4_mxfp8": Precision.FP4, "w4a8_nvfp4_fp8": Precision.FP4, "int4": Precision.INT4, "int4_wo": Precision.INT4,
+          "w4a16": Precision.INT4, "w4a16_awq": Precision.INT4, "w4a16_gptq": Precision.INT4, "w4a8_awq": Precision.INT4,
+          "w4afp8": Precision.INT4}
 _CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
 
 

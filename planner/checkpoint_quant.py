@@ -39,8 +39,9 @@ def matches_module(pattern: str, name: str) -> bool:
 
 
 def _covered(groups: frozenset[ModuleGroup], ignore: Sequence[str], reps: Mapping[ModuleGroup, tuple[str, ...]]) -> frozenset[ModuleGroup]:
-    """Groups left quantised once `ignore` is applied (a group is ignored when one of its representative modules is)."""
-    return frozenset(g for g in groups if not any(matches_module(p, n) for p in ignore for n in reps.get(g, ())))
+    """Groups the model has that stay quantised once `ignore` is applied (a group is ignored when one of its
+    representative modules is)."""
+    return frozenset(g for g in groups if g in reps and not any(matches_module(p, n) for p in ignore for n in reps[g]))
 
 
 def _int_bytes(bits: int, group: int, *, symmetric: bool) -> float:

@@ -42,6 +42,11 @@ _NEUTRAL = frozenset({
     "index_share_for_mtp_iteration", "indexer_rope_interleave", "rope_local_base_freq", "use_mtp", "mtp_transformer_layers",
     "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_config", "audio_config",
     "quantization_config", "compression_config", "max_window_layers", "cache_implementation", "use_return_dict",
+    # Hugging Face PretrainedConfig generation and bookkeeping defaults that `to_dict()` writes into nested configs.
+    "chunk_size_feed_forward", "encoder_no_repeat_ngram_size", "no_repeat_ngram_size", "min_length", "max_length",
+    "num_beam_groups", "num_beams", "num_return_sequences", "pruned_heads", "repetition_penalty", "length_penalty",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "id2label", "label2id", "exponential_decay_length_penalty",
+    "cross_attention_hidden_size", "task_specific_params", "bad_words_ids", "begin_suppress_tokens", "suppress_tokens",
 })
 _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv", "state", "conv", "expand", "pattern",
                 "interval", "ratio", "topk", "top_k", "compress", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
@@ -87,6 +92,7 @@ def text_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
 def _mixers(r: _Reader, layers: int, warn: Callable[[str], None], assume: list[str]) -> tuple[list[str], list[str | None]]:
     """Per-layer token mixer (full, sliding, state, parallel, none) and, where the layout fixes it, the FFN kind."""
     ffn: list[str | None] = [None] * layers
+    interval = r.num("full_attention_interval")  # read first: layer_types, when present, spells the same layout out
     pattern = r.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
         if len(pattern) != layers:
@@ -136,7 +142,6 @@ def _mixers(r: _Reader, layers: int, warn: Callable[[str], None], assume: list[s
     if period > 0:
         offset = r.num("attn_layer_offset")
         return ["full" if i % period == offset else "state" for i in range(layers)], ffn
-    interval = r.num("full_attention_interval")
     if interval > 0:
         return ["full" if (i + 1) % interval == 0 else "state" for i in range(layers)], ffn
     if r.get("ssm_state_size", "mamba_d_state", "state_size") is not None:
@@ -311,14 +316,14 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     shared_width = r.num("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size")
     n_shared = r.num("n_shared_experts", "num_shared_experts") if num_experts else 0
     checkpoint = parse_quantization(inner.get("quantization_config") or cfg.get("quantization_config") or inner.get("compression_config"),
-                                    _representatives(mix, ffn), warnings.append, assumptions)
+                                    _representatives(mix, ffn, shared=bool(n_shared or shared_width)), warnings.append, assumptions)
     arch = ModelArch(
         name=name or str(inner.get("_name_or_path") or (list(inner.get("architectures") or []) or ["custom"])[0]),
         num_layers=layers, hidden_size=hidden, num_heads=max(heads, 1), num_kv_heads=max(min(kv_heads, max(heads, 1)), 1),
         head_dim=max(head_dim, 1), intermediate_size=dense_inter, vocab_size=vocab, max_context_tokens=max_ctx,
         tie_embeddings=bool(r.get("tie_word_embeddings", default=False)),
         num_experts=num_experts,
-        experts_per_token=r.num("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "top_k", "moe_k") if num_experts else 0,
+        experts_per_token=r.num("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "moe_k") if num_experts else 0,
         moe_intermediate_size=moe_inter, num_shared_experts=n_shared, shared_expert_intermediate_size=shared_width if num_experts else 0,
         num_dense_layers=sum(1 for f in ffn if f == "dense"), num_moe_ffn_layers=sum(1 for f in ffn if f == "moe"),
         ffn_matrices=matrices,
@@ -344,7 +349,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     return replace(arch, warnings=tuple(warnings), assumptions=tuple(assumptions))
 
 
-def _representatives(mix: list[str], ffn: list[str]) -> dict[ModuleGroup, tuple[str, ...]]:
+def _representatives(mix: list[str], ffn: list[str], *, shared: bool) -> dict[ModuleGroup, tuple[str, ...]]:
     """Module names (vLLM prefixes) that stand for each weight group when matching a checkpoint's ignore list."""
     def last(pred: Any) -> int:
         idx = [i for i in range(len(mix)) if pred(i)]
@@ -353,7 +358,7 @@ def _representatives(mix: list[str], ffn: list[str]) -> dict[ModuleGroup, tuple[
     s = last(lambda i: mix[i] in ("state", "parallel"))
     d = next((i for i, f in enumerate(ffn) if f == "dense"), 0)
     e = last(lambda i: ffn[i] == "moe")
-    return {
+    reps = {
         ModuleGroup.ATTENTION: (f"model.layers.{a}.self_attn.o_proj",),
         ModuleGroup.LINEAR_MIXER: (f"model.layers.{s}.linear_attn.out_proj", f"model.layers.{s}.mixer.out_proj"),
         ModuleGroup.DENSE_FFN: (f"model.layers.{d}.mlp.down_proj",),
@@ -361,3 +366,8 @@ def _representatives(mix: list[str], ffn: list[str]) -> dict[ModuleGroup, tuple[
         ModuleGroup.ROUTED_EXPERTS: (f"model.layers.{e}.mlp.experts.0.down_proj", f"model.layers.{e}.block_sparse_moe.experts.0.w2"),
         ModuleGroup.LM_HEAD: ("lm_head",),
     }
+    present = {ModuleGroup.ATTENTION: any(m in ("full", "sliding", "parallel") for m in mix),
+               ModuleGroup.LINEAR_MIXER: any(m in ("state", "parallel") for m in mix),
+               ModuleGroup.DENSE_FFN: "dense" in ffn, ModuleGroup.SHARED_EXPERTS: "moe" in ffn and shared,
+               ModuleGroup.ROUTED_EXPERTS: "moe" in ffn, ModuleGroup.LM_HEAD: True}
+    return {g: names for g, names in reps.items() if present[g]}
