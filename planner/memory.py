@@ -144,10 +144,12 @@ def state_bytes_per_seq(model: ModelArch, *, tp: Num, pp: Num = 1) -> Num:
     return model.num_state_layers / pp * per_layer * STATE_BYTES_PER_VALUE
 
 
-def fixed_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:
-    """Bytes a running sequence holds whatever its length: sliding-window KV plus fixed state."""
-    return (sliding_kv_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens)
-            + state_bytes_per_seq(model, tp=tp, pp=pp))
+def fixed_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> Num:
+    """Bytes a decoding sequence holds whatever its length: its window of sliding-window KV (vLLM frees the blocks
+    that fall out of the window: SlidingWindowManager.remove_skipped_blocks; one 16-token block of slack) plus
+    its fixed state."""
+    window = np.minimum(model.sliding_window + 16, model.max_context_tokens) if model.num_sliding_layers else 0
+    return _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * window + state_bytes_per_seq(model, tp=tp, pp=pp)
 
 
 def pool_tokens_from_bytes(model: ModelArch, pool_bytes: Num, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_seqs: Num,
@@ -155,16 +157,19 @@ def pool_tokens_from_bytes(model: ModelArch, pool_bytes: Num, kv_dtype: KvDtype,
     """Context tokens a KV pool of `pool_bytes` holds once running sequences' fixed bytes are set aside.
 
     Sliding-window and fixed-state layers take a fixed share per running sequence out of the same pool (vLLM's
-    hybrid allocator shares one block pool between layer groups; SGLang sizes a mamba pool per request slot).
+    hybrid allocator shares one block pool between layer groups; SGLang sizes a mamba pool per request slot),
+    plus, in sliding layers, the step's prefill chunk (up to max_num_batched_tokens) before it leaves the window.
     The share is set aside for `max_num_seqs` sequences, but never more than half the pool: an engine that
     cannot hold that many lowers its running cap instead (SGLang caps max_running_requests by its mamba pool).
     A model whose every layer is windowed or fixed-state holds any context: its pool counts max_context per sequence.
     """
     pool = np.maximum(pool_bytes, 0.0)
-    per_seq = fixed_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens)
+    chunk = _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * max_num_batched_tokens if model.num_sliding_layers else 0.0 * pool
+    per_seq = fixed_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp)
     per_tok = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
-    seqs = np.where(per_seq > 0, np.minimum(max_num_seqs, np.floor(pool / 2.0 / np.maximum(per_seq, 1e-9))), max_num_seqs)
-    left = pool - seqs * per_seq
+    room = np.maximum(pool - chunk, 0.0)
+    seqs = np.where(per_seq > 0, np.minimum(max_num_seqs, np.floor(room / 2.0 / np.maximum(per_seq, 1e-9))), max_num_seqs)
+    left = room - seqs * per_seq
     unbounded = seqs * model.max_context_tokens + 0.0 * pool
     return np.floor(np.where(per_tok > 0, left / np.maximum(per_tok, 1e-9), unbounded))
 

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from .analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill
 from .layout import KvDtype
-from .memory import kv_bytes_per_token, kv_pool_bytes
+from .memory import kv_pool_bytes, pool_tokens_from_bytes
 from .perf import kv_transfer_s
 from .problem import Problem
 
@@ -68,7 +68,8 @@ def _grid(*axes: Any) -> list[Any]:
 def _pool_tokens(problem: Problem, kv: KvDtype, tp: Any, pp: Any, dp: Any, mnbt: Any, mns: Any, mem: Any) -> Any:
     pool = kv_pool_bytes(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision, tp=tp, pp=pp, dp=dp,
                          max_num_batched_tokens=mnbt, max_num_seqs=mns, memory_fraction=mem)
-    return np.floor(np.maximum(pool, 0.0) / kv_bytes_per_token(problem.model, kv, tp=tp, pp=pp))
+    # Sliding-window KV and fixed state per running sequence come out of the pool first (memory.pool_tokens_from_bytes).
+    return pool_tokens_from_bytes(problem.model, np.maximum(pool, 0.0), kv, tp=tp, pp=pp, max_num_seqs=mns, max_num_batched_tokens=mnbt)
 
 
 def _memory_reasons(problem: Problem, pool: Any, longest: float, mnbt: Any, mns: Any, reasons: dict[str, int], weight: Any = 1) -> Any:

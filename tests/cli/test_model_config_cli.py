@@ -93,3 +93,15 @@ def test_replay_reads_a_hugging_face_config_json_in_place_of_the_cluster_file(tm
     shutil.copy(CONFIGS / "qwen3-next-80b-a3b.json", run / "config.json")
     rep = load_replay(run)
     assert rep.model.num_state_layers == 36
+
+
+def test_plan_of_a_hybrid_model_from_its_config_json_records_what_was_assumed(tmp_path, capsys):
+    from servingtopology.cli.main import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"modelConfig: {CONFIGS / 'qwen3-next-80b-a3b.json'}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
+                    "workload: {arrivalRate: 4, inputTokens: 2000, outputTokens: 200}\nslo: {ttftMs: {p95: 2000}, tpotMs: {p95: 60}}\n"
+                    "search: {preset: narrow}\n")
+    assert main(["plan", str(spec), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)["record"]
+    assert "36 layers keep a fixed gated_delta_net state per sequence" in record and "Assumed:" in record

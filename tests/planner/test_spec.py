@@ -101,3 +101,13 @@ def test_a_missing_model_config_file_is_an_invalid_spec(tmp_path):
     with pytest.raises(InvalidSpec) as err:
         to_problem(parse_spec(spec))
     assert err.value.field == "modelConfig"
+
+
+def test_a_spec_without_precision_serves_the_checkpoint_as_stored():
+    from pathlib import Path
+
+    from servingtopology.planner.hardware import Precision
+    cfg = str(Path(__file__).parent / "data" / "model_configs" / "gpt-oss-20b.json")
+    spec = {**{k: v for k, v in BASE.items() if k != "model"}, "modelConfig": cfg}
+    assert to_problem(parse_spec(spec)).precision is Precision.FP4  # MXFP4 experts: no BF16 copy is ever loaded
+    assert to_problem(parse_spec({**spec, "precision": "bf16"})).precision is Precision.BF16  # an explicit choice stands
