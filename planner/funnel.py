@@ -75,6 +75,8 @@ def shape_rejection(problem: Problem, tp: int, pp: int, dp: int) -> str | None:
         return "TP does not divide the hidden size"
     if not m.is_mla and m.num_kv_heads % tp and tp % m.num_kv_heads:
         return "TP and the KV heads do not divide one another"
+    if m.num_state_layers and m.state_heads % tp:  # vLLM shards Gated DeltaNet / Mamba heads and refuses a remainder
+        return "TP does not divide the state-space heads"
     if pp > m.num_layers:
         return "PP exceeds the layers"
     if dp > 1 and not (m.is_moe or m.is_mla):

@@ -158,13 +158,14 @@ def pool_tokens_from_bytes(model: ModelArch, pool_bytes: Num, kv_dtype: KvDtype,
 
     Sliding-window and fixed-state layers take a fixed share per running sequence out of the same pool (vLLM's
     hybrid allocator shares one block pool between layer groups; SGLang sizes a mamba pool per request slot),
-    plus, in sliding layers, the step's prefill chunk (up to max_num_batched_tokens) before it leaves the window.
+    plus, in sliding layers, one sequence at its peak with a whole prefill chunk inside its window.
     The share is set aside for `max_num_seqs` sequences, but never more than half the pool: an engine that
     cannot hold that many lowers its running cap instead (SGLang caps max_running_requests by its mamba pool).
     A model whose every layer is windowed or fixed-state holds any context: its pool counts max_context per sequence.
     """
     pool = np.maximum(pool_bytes, 0.0)
-    chunk = _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * max_num_batched_tokens if model.num_sliding_layers else 0.0 * pool
+    # One sequence at its peak (window − 1 + a whole prefill chunk: vLLM SlidingWindowSpec.max_memory_usage_bytes).
+    chunk = sliding_kv_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens) + 0.0 * pool
     per_seq = fixed_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp)
     per_tok = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
     room = np.maximum(pool - chunk, 0.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .arch import ModelArch
 from .engine_args import layout_engine_args
 from .hardware import GIB
-from .memory import kv_bytes_per_token, transfer_floor_s
+from .memory import kv_bytes_per_token, state_bytes_per_seq, transfer_floor_s
 from .problem import Candidate, Decision, Problem
 
 __all__ = ["render_record", "transfer_floors", "fmt_ms", "LINKS_GBIT"]
@@ -52,7 +52,8 @@ def _model_notes(m: ModelArch) -> list[str]:
     if m.num_sliding_layers:
         facts.append(f"{m.num_sliding_layers} of {m.num_layers} layers attend to a {m.sliding_window}-token window")
     if m.num_state_layers:
-        facts.append(f"{m.num_state_layers} layers keep a fixed {m.state_kind.value} state per sequence")
+        mib = float(state_bytes_per_seq(m, tp=1)) / 2**20
+        facts.append(f"{m.num_state_layers} layers keep a fixed {m.state_kind.value} state per sequence ({mib:.1f} MiB at TP 1)")
     if m.has_indexer:
         facts.append(f"sparse attention over the top {m.index_topk} tokens ({m.num_indexer_layers} indexer layers)")
     if m.checkpoint is not None:

@@ -33,6 +33,7 @@ __all__ = [
     "to_layout",
     "to_problem",
     "serving_precision",
+    "read_model_config",
 ]
 
 
@@ -276,15 +277,30 @@ def _length(v: int | DistributionSpec) -> LengthDist:
     return LengthDist(v.distribution, mean=float(v.mean or 1), sigma=v.sigma)
 
 
+def read_model_config(path: Path, *, field: str = "modelConfig") -> dict[str, Any]:
+    """A config.json as a dict; a ModelOpt checkpoint's sibling hf_quant_config.json stands in for a missing
+    quantization_config (vLLM reads it the same way)."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidSpec(field, f"cannot read a config.json at {path}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise InvalidSpec(field, f"{path} is not a JSON object of model fields")
+    inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    sibling = path.parent / "hf_quant_config.json"
+    if "quantization_config" not in cfg and "quantization_config" not in inner and sibling.is_file():
+        try:
+            cfg["quantization_config"] = json.loads(sibling.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidSpec(field, f"cannot read {sibling}: {exc}") from None
+    return cfg
+
+
 def _model(spec: PlanSpec) -> ModelArch:
     if spec.model is not None:
         return resolve_model(spec.model)
     path = Path(spec.modelConfig or "")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidSpec("modelConfig", f"cannot read a config.json at {path}: {exc}") from None
-    return from_hf_config(cfg, name=path.parent.name or "custom")
+    return from_hf_config(read_model_config(path), name=path.parent.name or "custom")
 
 
 def serving_precision(spec: PlanSpec, model: ModelArch) -> Precision:

@@ -35,7 +35,7 @@ from servingtopology.planner.sim import (
     recorded_latencies,
     simulate,
 )
-from servingtopology.spec import SpecError, to_problem
+from servingtopology.spec import SpecError, read_model_config, to_problem
 
 __all__ = ["add_parser", "run", "read_trace", "Replay", "load_replay", "run_replay", "compare", "summary_json"]
 
@@ -121,10 +121,7 @@ def _model_for(folder: Path, meta: Mapping[str, Any], config: Mapping[str, Any],
         if parsed is None:
             if not path.is_file():
                 continue
-            try:
-                parsed = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise InvalidSpec("replay", f"cannot read a config.json at {path}: {exc}") from None
+            parsed = read_model_config(path, field="replay")
         if isinstance(parsed, Mapping) and _is_hf_config(parsed):
             return from_hf_config(parsed, name=name or path.parent.name, field=str(path))
     if not name:

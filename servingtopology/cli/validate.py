@@ -25,6 +25,7 @@ from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.perf import PerfParams, fit_record
+from servingtopology.spec import read_model_config
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
 
@@ -49,11 +50,10 @@ def _resolve_model(path: str, model_dir: Path | None) -> ModelArch | Skip:
     for cfg in _config_paths(path, model_dir) if model_dir is not None else []:
         if cfg.is_file():
             try:
-                return from_hf_config(json.loads(cfg.read_text()), name=path, field=str(cfg))
+                return from_hf_config(read_model_config(cfg, field=str(cfg)), name=path, field=str(cfg))
             except PlannerError as exc:
-                return Skip("model config lacks the sizes of a decoder", str(exc))
-            except (OSError, json.JSONDecodeError) as exc:
-                return Skip("unreadable model config", f"{cfg}: {exc}")
+                kind = "unreadable model config" if "cannot read" in str(exc) else "model config lacks the sizes of a decoder"
+                return Skip(kind, str(exc))
     try:
         return resolve_model(path)
     except PlannerError:

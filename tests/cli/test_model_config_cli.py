@@ -105,3 +105,16 @@ def test_plan_of_a_hybrid_model_from_its_config_json_records_what_was_assumed(tm
     assert main(["plan", str(spec), "--json"]) == 0
     record = json.loads(capsys.readouterr().out)["record"]
     assert "36 layers keep a fixed gated_delta_net state per sequence" in record and "Assumed:" in record
+
+
+def test_a_modelopt_checkpoints_hf_quant_config_json_sets_its_format(tmp_path):
+    from servingtopology.planner.hardware import Precision
+    from servingtopology.planner.model import from_hf_config
+    from servingtopology.spec import read_model_config
+
+    cfg = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())  # a BF16 config, as NVIDIA's FP4 repositories ship it
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                                                                "exclude_modules": ["lm_head"]}}))
+    m = from_hf_config(read_model_config(tmp_path / "config.json"))
+    assert m.checkpoint is not None and m.checkpoint.precision is Precision.FP4 and m.checkpoint_precision is Precision.FP4

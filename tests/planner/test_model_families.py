@@ -223,3 +223,18 @@ def test_state_bytes_are_vectorised_over_candidates():
     m = load("qwen3-next-80b-a3b")
     tps = np.array([1, 2, 4, 8])
     assert np.all(np.diff(state_bytes_per_seq(m, tp=tps)) < 0)
+
+
+def test_tp_must_divide_the_state_space_heads(tmp_path):
+    from servingtopology.planner.funnel import shape_rejection
+    from servingtopology.spec import parse_spec, to_problem
+
+    cfg = json.loads((CONFIGS / "nemotron-h-8b.json").read_text())
+    cfg["mamba_num_heads"] = 24  # 24 Mamba-2 heads beside 32 attention heads: TP 16 splits the attention, not the SSM
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = {"modelConfig": str(path), "hardware": {"gpu": "h100_sxm", "maxGPUs": 16},
+            "workload": {"arrivalRate": 1, "inputTokens": 100, "outputTokens": 10}, "slo": {"ttftMs": {"p95": 1000}, "tpotMs": {"p95": 100}}}
+    problem = to_problem(parse_spec(spec))
+    assert shape_rejection(problem, 8, 1, 1) is None
+    assert shape_rejection(problem, 16, 1, 1) == "TP does not divide the state-space heads"
