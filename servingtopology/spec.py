@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -386,6 +387,8 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
     )
     if pinned is None and spec.layout is not None:
         pinned = to_layout(spec, precision=precision)
+    elif pinned is not None and "precision" not in spec.model_fields_set:
+        pinned = replace(pinned, precision=precision)  # a layout built before the model was read (the operator's pin)
     return Problem(
         model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),

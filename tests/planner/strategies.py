@@ -38,3 +38,24 @@ def problems(draw, *, max_gpus=BUDGETS):
         search=SearchSpace(layouts=(LayoutKind.REPLICAS, LayoutKind.PD), tp=(1, 2, 4, 8), pp=(1, 2), dp=(1,),
                            max_num_seqs=(128, 256), max_num_batched_tokens=(2048, 8192), memory_fraction=(0.9,), top_k=4),
     )
+
+
+@st.composite
+def hf_configs(draw):
+    """Decoder-only config.json dicts mixing full, sliding-window and Gated DeltaNet layers, dense or MoE."""
+    layers = draw(st.integers(2, 48))
+    heads = draw(st.sampled_from([8, 16, 32, 64]))
+    cfg = {"num_hidden_layers": layers, "hidden_size": heads * draw(st.sampled_from([64, 128])), "num_attention_heads": heads,
+           "num_key_value_heads": draw(st.sampled_from([1, 2, 4, 8])), "intermediate_size": draw(st.sampled_from([1024, 4096, 14336])),
+           "vocab_size": draw(st.sampled_from([32000, 151936])), "max_position_embeddings": draw(st.sampled_from([4096, 131072])),
+           "architectures": [draw(st.sampled_from(["AnyForCausalLM", "SomethingNewForConditionalGeneration"]))]}
+    kinds = draw(st.lists(st.sampled_from(["full_attention", "sliding_attention", "linear_attention"]), min_size=layers, max_size=layers))
+    cfg["layer_types"] = kinds
+    cfg["sliding_window"] = draw(st.sampled_from([128, 1024, 4096]))
+    if "linear_attention" in kinds:
+        cfg.update({"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                    "linear_conv_kernel_dim": 4})
+    if draw(st.booleans()):
+        cfg.update({"num_experts": draw(st.sampled_from([8, 64, 128])), "num_experts_per_tok": 2, "moe_intermediate_size": 768,
+                    "first_k_dense_replace": draw(st.integers(0, 2))})
+    return cfg

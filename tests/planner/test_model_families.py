@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servingtopology.planner.arch import ModuleGroup, StateKind
 from servingtopology.planner.hardware import GIB, Precision, resolve_gpu
@@ -19,12 +21,14 @@ from servingtopology.planner.memory import (
     kv_bytes_per_token,
     kv_pool_bytes,
     kv_pool_tokens,
+    pool_tokens_from_bytes,
     sliding_kv_bytes_per_seq,
     state_bytes_per_seq,
     weight_bytes_total,
 )
 from servingtopology.planner.model import from_hf_config
 from servingtopology.planner.perf import evaluate_step_s, step_coefficients
+from tests.planner.strategies import hf_configs
 
 CONFIGS = Path(__file__).parent / "data" / "model_configs"
 BF16, FP8 = 2, 1
@@ -238,3 +242,14 @@ def test_tp_must_divide_the_state_space_heads(tmp_path):
     problem = to_problem(parse_spec(spec))
     assert shape_rejection(problem, 8, 1, 1) is None
     assert shape_rejection(problem, 16, 1, 1) == "TP does not divide the state-space heads"
+
+
+@given(cfg=hf_configs(), tp=st.sampled_from([1, 2, 4, 8]))
+@settings(max_examples=60, deadline=None)
+def test_any_decoder_config_loads_and_its_layers_and_bytes_add_up(cfg, tp):
+    m = from_hf_config(cfg)
+    assert m.num_full_attention_layers + m.num_sliding_layers + m.num_linear_layers + m.num_mixerless_layers == m.num_layers
+    assert m.num_dense_layers + m.num_moe_layers == m.num_layers
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=tp) >= 0 and state_bytes_per_seq(m, tp=tp) >= 0
+    pools = pool_tokens_from_bytes(m, np.array([1e9, 1e10, 1e11]), KvDtype.AUTO, tp=tp, pp=1, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert np.all(np.diff(pools) >= 0) and np.all(pools >= 0)

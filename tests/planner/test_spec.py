@@ -111,3 +111,14 @@ def test_a_spec_without_precision_serves_the_checkpoint_as_stored():
     spec = {**{k: v for k, v in BASE.items() if k != "model"}, "modelConfig": cfg}
     assert to_problem(parse_spec(spec)).precision is Precision.FP4  # MXFP4 experts: no BF16 copy is ever loaded
     assert to_problem(parse_spec({**spec, "precision": "bf16"})).precision is Precision.BF16  # an explicit choice stands
+
+
+def test_a_pinned_layout_takes_the_checkpoints_precision_when_the_spec_names_none():
+    from pathlib import Path
+
+    from servingtopology.planner.hardware import Precision
+    cfg = str(Path(__file__).parent / "data" / "model_configs" / "gpt-oss-20b.json")
+    spec = parse_spec({**{k: v for k, v in BASE.items() if k != "model"}, "modelConfig": cfg, "layout": {"tp": 1}})
+    pinned = to_layout(spec)  # built without the model, as the operator builds its pin
+    assert pinned.precision is Precision.BF16
+    assert to_problem(spec, pinned=pinned).pinned.precision is Precision.FP4
