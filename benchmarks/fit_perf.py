@@ -216,9 +216,10 @@ def _loss(m: Measurements, t: Targets, params: PerfParams, rank_weight: float = 
 
 
 def family(model: ModelArch) -> tuple[object, ...]:
-    """A model's architecture without its name and checkpoint precision: DeepSeek-R1, DeepSeek-V3 and their NVFP4
-    exports are one family, as are Llama-3.1-8B-Instruct and its FP8 export (the same shapes run the same way)."""
-    return tuple(getattr(model, f.name) for f in fields(model) if f.name not in ("name", "checkpoint_precision"))
+    """A model's architecture without its name and checkpoint format: DeepSeek-R1, DeepSeek-V3 and their NVFP4
+    exports are one family, as are Llama-3.1-8B-Instruct and its FP8 export (the same shapes run the same way).
+    The reader's notes (warnings, assumptions) describe the checkpoint too, so they are left out with it."""
+    return tuple(getattr(model, f.name) for f in fields(model) if f.name not in ("name", "checkpoint", "warnings", "assumptions"))
 
 
 def _subset(m: Measurements, keep: Sequence[bool]) -> Measurements:
