@@ -15,8 +15,9 @@ import numpy as np
 
 from .errors import Infeasible, InvalidSpec
 from .funnel import LOAD_MARGIN, SLO_MARGIN, Clock, Progress, Survivor, no_clock, run_funnel
-from .layout import Layout
+from .layout import Layout, LayoutKind, Role
 from .memory import kv_bytes_per_token, weight_bytes_total
+from .pd_ratio import RANK_TOLERANCE, PdRatio, choose_pd_ratio
 from .predict import predict_figures, slo_capacity_rps, to_prediction
 from .problem import Candidate, Decision, FunnelStage, Problem
 from .workload import Objective
@@ -34,8 +35,6 @@ class SimFigures:
 
 
 Simulate = Callable[[Problem, Layout], SimFigures]
-
-RANK_TOLERANCE = 0.03  # goodput-per-GPU scores within 3 % of the best are ties
 
 
 def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidate, ...]) -> tuple[str, ...]:
@@ -160,15 +159,14 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
     weights = weight_bytes_total(problem.model, problem.precision)
     result = run_funnel(problem, progress=progress, clock=clock)
     stages = list(result.stages)
+    t0 = clock()  # stage 7's timer covers everything after the funnel but the simulation
     current = predict_layout(problem, problem.current, simulate=simulate) if problem.current is not None else None
     if not result.survivors and problem.pinned is None:
         raise Infeasible(result.last_stage, result.closest_miss, funnel=tuple(stages))
-    t0 = clock()
     ranked = _rank(problem, _refine(problem, result.survivors))
     ranked, stage6 = _simulate_top(problem, ranked, simulate, clock)
     stages.append(stage6)
     ranked = _rank(problem, ranked)
-    stages.append(FunnelStage("7 ranking by objective", len(ranked), 0, clock() - t0 - stage6.seconds, {}))
     if problem.pinned is not None:
         best = predict_layout(problem, problem.pinned, simulate=simulate)
         best = replace(best, why="pinned by the spec")
@@ -183,11 +181,23 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
         alternatives.append(replace(c, why=_why_not(problem, best, c)))
         if len(alternatives) >= max(problem.search.top_k - 1, 3):
             break
+    ratio = _pd_ratio(problem, best.layout)
+    reasons = _reasons_for(problem, best, tuple(alternatives))
+    if ratio is not None:
+        reasons = (*reasons[:2], f"P:D {ratio.label}: {ratio.reason}", *reasons[2:])
+    stages.append(FunnelStage("7 ranking by objective", len(ranked), 0, clock() - t0 - stage6.seconds, {}))
     return Decision(
         best=best, alternatives=tuple(alternatives), funnel=tuple(stages), candidates_total=result.candidates_total,
-        kv_bytes_per_token=kv_tok, weight_bytes=weights, reasons=_reasons_for(problem, best, tuple(alternatives)), current=current,
-        evaluated=tuple(ranked),
+        kv_bytes_per_token=kv_tok, weight_bytes=weights, reasons=reasons, current=current, evaluated=tuple(ranked), pd_ratio=ratio,
     )
+
+
+def _pd_ratio(problem: Problem, layout: Layout) -> PdRatio | None:
+    """The prefill:decode decision for a PD layout's roles at the problem's load (None for replicas)."""
+    if layout.kind is not LayoutKind.PD or not problem.workload.arrival_rate_rps:
+        return None
+    return choose_pd_ratio(problem, prefill=layout.roles[Role.PREFILL], decode=layout.roles[Role.DECODE],
+                           max_gpus=max(problem.max_gpus, layout.gpus))
 
 
 

@@ -1,32 +1,48 @@
-"""The funnel's sieve stages 1–5: enumerate candidate layouts and remove them, cheapest test first.
+"""The funnel's sieve stages 1–5: a short ladder of named stages, each counted and timed.
 
-Called by `decide`. Candidates are (layout kind, per-role shape and count, engine knobs). Stages 1–2
-depend only on the structure (shape, count), so they run on structural rows weighted by how many knob
-combinations each stands for; stages 3–5 run on every candidate, with the expensive arithmetic done
-once per distinct role configuration (role tables) and gathered per candidate. Counts reported are
-always candidates. Pure numpy; a `progress(stage, fraction)` callback lets a CLI draw a bar.
+Called by `decide`. Each stage is a function from the standing candidates (a `Sieve`: typed tables per
+layout kind, planner.tables and planner.pd_space) to the candidates it keeps, the count it admitted and
+why it rejected the rest; `run_funnel` walks `LADDER` in order. Replicas are listed row by row; PD pairs,
+which grow as the budget squared, are counted without being listed (planner.pd_space). Stage 5 also
+picks the survivors `decide` refines. Counts are always candidates. Pure numpy; a `progress(stage,
+fraction)` callback lets a CLI draw a bar.
+
+To add a rejecting stage (an engine rule, say), write `(Sieve) -> tuple[Sieve, Tally]` that narrows
+`sieve.pd.allowed` (prefill shape × decode shape) or `sieve.replicas.alive`, or build one with
+`reject_pd_shapes`, and insert it into a copy of `LADDER` before stage 5 (`run_funnel(..., ladder=…)`).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-import numpy.typing as npt
 
-from .analytic import load_shape
-from .layout import EngineKnobs, Layout, LayoutKind, Parallelism, RoleLayout
+from .analytic import LoadShape, estimate_aggregated, load_shape
+from .layout import Layout, LayoutKind
+from .pd_ratio import LOAD_MARGIN, SLO_MARGIN
+from .pd_space import PdSpace, pd_space, pool_tokens
 from .predict import front_end_s
 from .problem import FunnelStage, Problem
-from .role_tables import AggTable, PdTables, Units, add_reason, agg_by_kv, agg_table, pd_tables
+from .tables import (
+    BoolArray,
+    FloatArray,
+    IntArray,
+    KnobAxes,
+    PdCandidates,
+    ReplicaCandidates,
+    UnitTable,
+    add_reason,
+    knob_axes,
+    shape_rejection,
+    unit_table,
+)
+from .workload import Objective
 
-__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "Survivor", "FunnelResult", "run_funnel", "shape_rejection", "Progress", "Clock", "no_clock"]
+__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "Survivor", "FunnelResult", "Sieve", "Tally", "Stage", "LADDER",
+           "run_funnel", "shape_rejection", "reject_pd_shapes", "Progress", "Clock", "no_clock"]
 
-SLO_MARGIN = 1.10   # predicted latency × margin must stay within the SLO
-LOAD_MARGIN = 0.90  # the load must stay under this share of the predicted capacity
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
 
 Progress = Callable[[str, float], None]
@@ -37,10 +53,6 @@ Clock = Callable[[], float]
 def no_clock() -> float:
     """The default clock: every stage reports 0 s unless the caller passes a real one."""
     return 0.0
-IntArray = npt.NDArray[np.int64]
-
-STAGES = ("1 shape arithmetic", "2 GPU budget and node fit", "3 memory and context", "4 analytical estimate",
-          "5 SLO and load feasibility")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,294 +78,497 @@ class FunnelResult:
     notes: list[str] = field(default_factory=list)
 
 
-def shape_rejection(problem: Problem, tp: int, pp: int, dp: int) -> str | None:
-    """Why an instance shape is impossible for this model and node, or None."""
-    m, gpu, s = problem.model, problem.gpu, problem.search
-    if m.num_heads % tp:
-        return "TP does not divide the attention heads"
-    if m.hidden_size % tp:
-        return "TP does not divide the hidden size"
-    if not m.is_mla and m.num_kv_heads % tp and tp % m.num_kv_heads:
-        return "TP and the KV heads do not divide one another"
-    if m.num_state_layers and m.state_heads % tp:  # vLLM shards Gated DeltaNet / Mamba heads and refuses a remainder
-        return "TP does not divide the state-space heads"
-    if pp > m.num_layers:
-        return "PP exceeds the layers"
-    if dp > 1 and not (m.is_moe or m.is_mla):
-        return "attention DP needs an MoE or MLA model"
-    group = tp * dp
-    if group > gpu.gpus_per_node and not s.allow_cross_node_tp:
-        return "TP×DP group spans nodes"
-    if group * pp > gpu.gpus_per_node and gpu.gpus_per_node % group:
-        return "pipeline stages do not tile whole nodes"
-    return None
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What one stage admitted and why it rejected the others (rejected = entering − admitted)."""
+
+    admitted: int
+    reasons: dict[str, int]
 
 
-def _units(problem: Problem) -> Units:
-    s = problem.search
-    tps, pps, dps, counts, valid, reasons = [], [], [], [], [], []
-    for tp, pp, dp in itertools.product(s.tp, s.pp, s.dp):
-        why = shape_rejection(problem, tp, pp, dp)
-        g = tp * pp * dp
-        for c in range(1, max(1, problem.max_gpus // g) + 1):
-            tps.append(tp)
-            pps.append(pp)
-            dps.append(dp)
-            counts.append(c)
-            valid.append(why is None)
-            reasons.append(why)
-    return Units(_ints(tps), _ints(pps), _ints(dps), _ints(counts), np.asarray(valid, dtype=bool), reasons)
+@dataclass(frozen=True, slots=True)
+class Sieve:
+    """The candidates still standing, per layout kind, with what every stage needs to know."""
+
+    problem: Problem
+    load: LoadShape
+    rate_rps: float
+    units: UnitTable
+    knobs: KnobAxes
+    replicas: ReplicaCandidates | None        # None until stage 2, or when the search excludes replicas
+    pd: PdSpace | None                        # None when the search excludes PD
+    keep: int = 2000                          # survivors stage 5 picks for `decide`
+    exhaustive: bool = False                  # list every passing PD candidate when picking (tests compare)
+    survivors: tuple[Survivor, ...] = ()
+    survivors_total: int = 0
+
+    @property
+    def do_replicas(self) -> bool:
+        return LayoutKind.REPLICAS in self.problem.search.layouts
 
 
-def _round_sig(x: Any, digits: int = 9) -> Any:
-    """Round to `digits` significant figures (ties between copies of one structure survive float noise)."""
-    mag = np.floor(np.log10(np.maximum(np.abs(x), 1e-300)))
-    scale = 10.0 ** (digits - 1 - mag)
-    return np.round(x * scale) / scale
+Stage = Callable[[Sieve], tuple[Sieve, Tally]]
 
 
-def _ints(values: list[int]) -> IntArray:
-    return np.asarray(values, dtype=np.int64)
+# ---------------------------------------------------------------- stage 1
+def shape_arithmetic(s: Sieve) -> tuple[Sieve, Tally]:
+    """Stage 1: TP divides heads and hidden, PP fits the layers, groups stay inside a node (per structure)."""
+    u = s.units
+    reasons: dict[str, int] = {}
+    k_rep = s.knobs.combinations
+    valid = u.shape_valid
+    admitted = int(valid[u.shape].sum()) * k_rep if s.do_replicas else 0
+    units_per_shape = np.diff(u.shape_start)
+    if s.do_replicas:
+        for why in {r for r in u.shape_reason if r}:
+            add_reason(reasons, why, int(sum(n for n, r in zip(units_per_shape, u.shape_reason, strict=True) if r == why)) * k_rep)
+    pd = s.pd
+    if pd is not None:
+        p_valid = np.broadcast_to(valid[u.shape][:, None, None], pd.p_alive.shape)
+        d_valid = np.broadcast_to(valid[u.shape][:, None, None, None], pd.d_alive.shape)
+        everything = np.ones_like(pd.allowed)
+        for why in {r for r in u.shape_reason if r}:
+            is_why = np.array([r == why for r in u.shape_reason])[u.shape]
+            add_reason(reasons, why, pd.count(p_mask=np.broadcast_to(is_why[:, None, None], pd.p_alive.shape), allowed=everything))
+            add_reason(reasons, why, pd.count(p_mask=p_valid, d_mask=np.broadcast_to(is_why[:, None, None, None], pd.d_alive.shape),
+                                              allowed=everything))
+        pd = replace(pd, allowed=valid[:, None] & valid[None, :], p_alive=pd.p_alive & p_valid, d_alive=pd.d_alive & d_valid)
+        admitted += pd.count()
+    return replace(s, pd=pd), Tally(admitted, reasons)
 
 
-class _Tally:
-    def __init__(self, progress: Progress | None, clock: Clock) -> None:
-        self.stages: list[FunnelStage] = []
-        self.progress = progress
-        self.clock = clock
-        self.t0 = clock()
+# ---------------------------------------------------------------- stage 2
+def gpu_budget(s: Sieve) -> tuple[Sieve, Tally]:
+    """Stage 2: the layout's GPUs within the budget; replica rows are listed from here on."""
+    u, kn = s.units, s.knobs
+    reasons: dict[str, int] = {}
+    admitted = 0
+    replicas = None
+    if s.do_replicas:
+        vu = np.flatnonzero(u.valid)
+        rows = vu[u.gpus[vu] <= s.problem.max_gpus]
+        add_reason(reasons, "over the GPU budget", (len(vu) - len(rows)) * kn.combinations)
+        replicas = _replica_rows(rows, kn)
+        admitted += len(replicas)
+    pd = s.pd
+    if pd is not None:
+        before = pd.count()
+        pd = replace(pd, budget_gpus=s.problem.max_gpus)
+        after = pd.count()
+        add_reason(reasons, "over the GPU budget", before - after)
+        admitted += after
+    return replace(s, replicas=replicas, pd=pd), Tally(admitted, reasons)
 
-    def close(self, idx: int, admitted: int, rejected: int, reasons: dict[str, int]) -> None:
-        now = self.clock()
-        self.stages.append(FunnelStage(STAGES[idx], int(admitted), int(rejected), now - self.t0, dict(reasons)))
-        self.t0 = now
-        if self.progress:
-            self.progress(STAGES[idx], (idx + 1) / len(STAGES))
+
+def _replica_rows(units: IntArray, kn: KnobAxes) -> ReplicaCandidates:
+    nb, nq, nf, nk = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes)
+    grid = [a.ravel().astype(np.int64) for a in np.meshgrid(units, np.arange(nb), np.arange(nq), np.arange(nf), np.arange(nk), indexing="ij")]
+    nan = np.full(len(grid[0]), np.nan)
+    return ReplicaCandidates(unit=grid[0], b=grid[1], q=grid[2], f=grid[3], k=grid[4], gpus=np.zeros(len(nan), dtype=np.int64),
+                             pool_tokens=np.zeros(len(nan)), alive=np.ones(len(nan), dtype=bool), ttft_s=nan, tpot_s=nan, tpot_mean_s=nan,
+                             capacity_rps=nan)
 
 
-def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 2000, clock: Clock = no_clock) -> FunnelResult:
-    """Run stages 1–5; return the counts and up to `keep` survivors, best analytical proxy first."""
+# ---------------------------------------------------------------- stage 3
+def memory_and_context(s: Sieve) -> tuple[Sieve, Tally]:
+    """Stage 3: a KV pool that holds the longest request (prompt, for prefill instances) under each engine's memory knob."""
+    reasons: dict[str, int] = {}
+    admitted = 0
+    replicas = s.replicas
+    if replicas is not None:
+        u, kn, p = s.units, s.knobs, s.problem
+        r = replicas
+        tp, pp, dp = u.tp[r.unit], u.pp[r.unit], u.dp[r.unit]
+        mnbt, mns, mem = kn.max_num_batched_tokens[r.b], kn.max_num_seqs[r.q], kn.memory_fraction[r.f]
+        pool = np.zeros(len(r))
+        for i, kv in enumerate(kn.kv_dtypes):
+            sel = r.k == i
+            pool[sel] = pool_tokens(p, kv, tp[sel], pp[sel], dp[sel], mnbt[sel], mns[sel], mem[sel])
+        no_room = pool <= 0
+        short = ~no_room & (pool < s.load.longest_request_tokens)
+        budget = ~no_room & ~short & (mnbt < mns) & (p.engine.value == "vllm")
+        add_reason(reasons, "weights and activations leave no KV pool", int(no_room.sum()))
+        add_reason(reasons, "KV pool shorter than the longest request", int(short.sum()))
+        add_reason(reasons, "max_num_batched_tokens below max_num_seqs (vLLM refuses)", int(budget.sum()))
+        alive = r.alive & ~(no_room | short | budget)
+        replicas = replace(r, pool_tokens=pool, alive=alive, gpus=u.gpus[r.unit])
+        admitted += int(alive.sum())
+    pd = s.pd
+    if pd is not None:
+        entering = pd.count()
+        pd = pd.with_memory(s.problem, s.load)
+        after = pd.count()
+        no_pool = pd.count(d_mask=s.pd.d_alive & (pd.d_pool <= 0) if s.pd is not None else None, p_mask=s.pd.p_alive if s.pd else None)
+        add_reason(reasons, "weights and activations leave no KV pool", no_pool)
+        add_reason(reasons, "KV pool shorter than the longest request", entering - after - no_pool)
+        admitted += after
+    return replace(s, replicas=replicas, pd=pd), Tally(admitted, reasons)
+
+
+# ---------------------------------------------------------------- stage 4
+def analytical_estimate(s: Sieve) -> tuple[Sieve, Tally]:
+    """Stage 4: latency and capacity at the spec's load (queueing formulas over perf.step_time_s); the
+    load must stay below the capacity. Client-side TTFT: the engine's plus the front end's."""
+    reasons: dict[str, int] = {}
+    admitted, entering = 0, 0
+    p, kn, u = s.problem, s.knobs, s.units
+    replicas = s.replicas
+    if replicas is not None:
+        r = replicas
+        idx = np.flatnonzero(r.alive)
+        entering += len(idx)
+        ttft, tpot, tpm, cap = (np.full(len(r), np.nan) for _ in range(4))
+        for i, kv in enumerate(kn.kv_dtypes):
+            j = idx[r.k[idx] == i]
+            e = estimate_aggregated(p.model, p.gpu, precision=p.precision, engine=p.engine, kv=kv, shape=s.load, rate_rps=s.rate_rps,
+                                    tp=u.tp[r.unit[j]], pp=u.pp[r.unit[j]], dp=u.dp[r.unit[j]], count=u.count[r.unit[j]],
+                                    max_num_seqs=kn.max_num_seqs[r.q[j]], max_num_batched_tokens=kn.max_num_batched_tokens[r.b[j]],
+                                    pool_tokens=r.pool_tokens[j])
+            ttft[j], tpot[j], cap[j], tpm[j] = e.ttft_s, e.tpot_s, e.capacity_rps, e.tpot_mean_s
+        ttft = ttft + front_end_s(p, disaggregated=False)
+        stable = r.alive & np.isfinite(ttft) & np.isfinite(tpot) & (cap > s.rate_rps)
+        replicas = replace(r, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm, capacity_rps=cap, alive=stable)
+        admitted += int(stable.sum())
+    pd = s.pd
+    if pd is not None:
+        entering += pd.count()
+        pd = pd.with_estimates(p, s.load, s.rate_rps, front_end_s=front_end_s(p, disaggregated=True))
+        p_stable = pd.p_alive & np.isfinite(pd.p_ttft_s) & (pd.p_capacity_rps > s.rate_rps)
+        d_stable = pd.d_alive & np.isfinite(pd.d_ttft_s) & np.isfinite(pd.d_tpot_s) & (pd.d_capacity_rps > s.rate_rps)
+        pd = replace(pd, p_alive=p_stable, d_alive=d_stable)
+        admitted += pd.count()
+    add_reason(reasons, "overloaded: capacity below the load", entering - admitted)
+    return replace(s, replicas=replicas, pd=pd), Tally(admitted, reasons)
+
+
+# ---------------------------------------------------------------- stage 5
+def slo_and_load(s: Sieve) -> tuple[Sieve, Tally]:
+    """Stage 5: TTFT and TPOT × SLO_MARGIN within the SLOs, the load within LOAD_MARGIN of capacity; then
+    pick up to `s.keep` survivors for `decide` (see `_pick`)."""
+    p, rate = s.problem, s.rate_rps
+    slo_ttft, slo_tpot = p.slo.ttft_ms / 1e3, p.slo.tpot_ms / 1e3
+    reasons: dict[str, int] = {}
+    stable = ttft_ok = tpot_ok = ok_n = 0
+    r = s.replicas
+    if r is not None:
+        st = r.alive
+        a = st & (r.ttft_s * SLO_MARGIN <= slo_ttft)
+        b = a & (r.tpot_s * SLO_MARGIN <= slo_tpot)
+        c = b & (rate <= LOAD_MARGIN * r.capacity_rps)
+        stable, ttft_ok, tpot_ok, ok_n = int(st.sum()), int(a.sum()), int(b.sum()), int(c.sum())
+        r = replace(r, alive=c)
+    pd = s.pd
+    if pd is not None:
+        d_tpot = pd.d_alive & (pd.d_tpot_s * SLO_MARGIN <= slo_tpot)
+        p_load = pd.p_alive & (rate <= LOAD_MARGIN * pd.p_capacity_rps)
+        d_load = d_tpot & (rate <= LOAD_MARGIN * pd.d_capacity_rps)
+        joint = dict(front_end_s=pd.front_end_s, slo_s=slo_ttft, margin=SLO_MARGIN, gpus_per_node=p.gpu.gpus_per_node)
+        stable += pd.count()
+        ttft_ok += pd.count_ttft_ok(pd.p_alive, pd.d_alive, **joint)  # type: ignore[arg-type]
+        tpot_ok += pd.count_ttft_ok(pd.p_alive, d_tpot, **joint)  # type: ignore[arg-type]
+        ok_n += pd.count_ttft_ok(p_load, d_load, **joint)  # type: ignore[arg-type]
+        pd = replace(pd, p_alive=p_load, d_alive=d_load)
+    add_reason(reasons, "TTFT over the SLO", stable - ttft_ok)
+    add_reason(reasons, "TPOT over the SLO", ttft_ok - tpot_ok)
+    add_reason(reasons, "load above 90% of capacity", tpot_ok - ok_n)
+    s = replace(s, replicas=r, pd=pd, survivors_total=ok_n)
+    if ok_n:
+        s = replace(s, survivors=_pick(s, keep=s.keep))
+    return s, Tally(ok_n, reasons)
+
+
+LADDER: tuple[tuple[str, Stage], ...] = (
+    ("1 shape arithmetic", shape_arithmetic),
+    ("2 GPU budget and node fit", gpu_budget),
+    ("3 memory and context", memory_and_context),
+    ("4 analytical estimate", analytical_estimate),
+    ("5 SLO and load feasibility", slo_and_load),
+)
+
+
+def reject_pd_shapes(reason: str, rejects: Callable[[Problem, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray], BoolArray]) -> Stage:
+    """A stage that rejects PD candidates whose (prefill shape, decode shape) an engine rule forbids.
+
+    `rejects(problem, p_tp, p_pp, p_dp, d_tp, d_pp, d_dp)` gets one row per shape pair and returns True where
+    the pair is forbidden; the stage counts the candidates it removes under `reason`.
+    """
+    def stage(s: Sieve) -> tuple[Sieve, Tally]:
+        reps = int(s.replicas.alive.sum()) if s.replicas is not None else 0
+        if s.pd is None:
+            return s, Tally(reps, {})
+        u = s.units
+        n = len(u.shape_tp)
+        sp, sd = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
+        bad = np.asarray(rejects(s.problem, u.shape_tp[sp], u.shape_pp[sp], u.shape_dp[sp], u.shape_tp[sd], u.shape_pp[sd], u.shape_dp[sd]),
+                         dtype=bool).reshape(n, n)
+        before = s.pd.count()
+        pd = replace(s.pd, allowed=s.pd.allowed & ~bad)
+        after = pd.count()
+        return replace(s, pd=pd), Tally(reps + after, {reason: before - after} if before > after else {})
+    return stage
+
+
+def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 2000, clock: Clock = no_clock,
+               ladder: Sequence[tuple[str, Stage]] = LADDER, exhaustive: bool = False) -> FunnelResult:
+    """Run the ladder (stages 1–5); return the counts and up to `keep` survivors, best analytical proxy first.
+
+    `exhaustive` builds every passing PD candidate to pick the survivors instead of only those that can
+    make the cut; the result is the same (tests check it), only slower and bounded by chunks, not by size."""
     if problem.workload.arrival_rate_rps is None:
         raise ValueError("run_funnel needs an open-loop workload (arrival_rate_rps)")
-    s = problem.search
-    rate = float(problem.workload.arrival_rate_rps)
-    shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
-    tally = _Tally(progress, clock)
-    units = _units(problem)
-    n_kv, n_mnbt, n_mns, n_mem = len(s.kv_dtypes), len(s.max_num_batched_tokens), len(s.max_num_seqs), len(s.memory_fraction)
-    k_agg = n_kv * n_mnbt * n_mns * n_mem
-    k_pd = n_kv * n_mnbt * n_mns * n_mem  # prefill: token budget; decode: max seqs × memory fraction; shared KV dtype
-    do_rep = LayoutKind.REPLICAS in s.layouts
-    do_pd = LayoutKind.PD in s.layouts
+    t0 = clock()
+    kn = knob_axes(problem)
+    units = unit_table(problem)
+    sieve = Sieve(problem=problem, load=load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile,
+                                                    tpot_percentile=problem.slo.tpot_percentile),
+                  rate_rps=float(problem.workload.arrival_rate_rps), units=units, knobs=kn, replicas=None,
+                  pd=pd_space(units, kn) if LayoutKind.PD in problem.search.layouts else None, keep=keep, exhaustive=exhaustive)
     n_units = len(units.count)
-
-    # ---- stage 1: shape arithmetic (per structural row, weighted by knob combinations) ----
-    total = (n_units * k_agg if do_rep else 0) + (n_units * n_units * k_pd if do_pd else 0)
-    reasons: dict[str, int] = {}
-    n_valid = int(units.valid.sum())
-    for r in {r for r in units.reason if r}:
-        n_r = sum(1 for x in units.reason if x == r)
-        add_reason(reasons, r, (n_r * k_agg if do_rep else 0) + (n_r * n_units * k_pd if do_pd else 0))
-    if do_pd:  # pairs with an invalid decode shape and a valid prefill shape
-        for r in {r for r in units.reason if r}:
-            n_r = sum(1 for x in units.reason if x == r)
-            add_reason(reasons, r, n_valid * n_r * k_pd)
-    admitted1 = (n_valid * k_agg if do_rep else 0) + (n_valid * n_valid * k_pd if do_pd else 0)
-    tally.close(0, admitted1, total - admitted1, reasons)
-
-    # ---- stage 2: GPU budget and node fit ----
-    vu = np.flatnonzero(units.valid)
-    reasons = {}
-    rep_units = vu[units.gpus[vu] <= problem.max_gpus] if do_rep else vu[:0]
-    add_reason(reasons, "over the GPU budget", (len(vu) - len(rep_units)) * k_agg if do_rep else 0)
-    pairs_p: IntArray = np.zeros(0, dtype=np.int64)
-    pairs_d: IntArray = np.zeros(0, dtype=np.int64)
-    if do_pd and len(vu):
-        gp = units.gpus[vu]
-        pi, di = np.meshgrid(vu, vu, indexing="ij")
-        fits = (gp[:, None] + gp[None, :]) <= problem.max_gpus
-        pairs_p, pairs_d = pi[fits], di[fits]
-        add_reason(reasons, "over the GPU budget", (fits.size - int(fits.sum())) * k_pd)
-    admitted2 = len(rep_units) * k_agg + len(pairs_p) * k_pd
-    tally.close(1, admitted2, admitted1 - admitted2, reasons)
-
-    # ---- stage 3: memory and context capacity ----
-    mnbt = np.asarray(s.max_num_batched_tokens, dtype=np.float64)
-    mns = np.asarray(s.max_num_seqs, dtype=np.float64)
-    mem = np.asarray(s.memory_fraction, dtype=np.float64)
-    reasons = {}
-    longest = shape.longest_request_tokens
-    agg = agg_table(problem, units, rep_units, mnbt, mns, mem, longest, reasons) if do_rep else None
-    pd = pd_tables(problem, units, pairs_p, pairs_d, mnbt, mns, mem, shape, longest, reasons) if do_pd and len(pairs_p) else None
-    admitted3 = (int(agg.ok.sum()) if agg else 0) + (pd.n_ok if pd else 0)
-    tally.close(2, admitted3, admitted2 - admitted3, reasons)
-
-    # ---- stage 4: analytical estimate at the spec's load ----
-    reasons = {}
-    # Client-side TTFT: the engine's plus the front end's (predict.front_end_s).
-    cand_ttft: list[Any] = []
-    cand_tpot: list[Any] = []
-    cand_cap: list[Any] = []
-    cand_gpus: list[Any] = []
-    cand_ref: list[tuple[str, Any]] = []
-    if agg is not None and agg.ok.any():
-        idx = np.flatnonzero(agg.ok)
-        est = agg_by_kv(problem, agg, idx, shape, rate, s.kv_dtypes)
-        cand_ttft.append(est[0] + front_end_s(problem, disaggregated=False))
-        cand_tpot.append(est[1])
-        cand_cap.append(est[2])
-        cand_gpus.append(agg.gpus[idx])
-        cand_ref.append(("agg", (idx, est[3])))
-    if pd is not None and pd.n_ok:
-        ttft, tpot, cap, gpus, ref, tpm = pd.estimate(problem, shape, rate)
-        cand_ttft.append(ttft + front_end_s(problem, disaggregated=True))
-        cand_tpot.append(tpot)
-        cand_cap.append(cap)
-        cand_gpus.append(gpus)
-        cand_ref.append(("pd", (ref, tpm)))
-    ttft_all = np.concatenate(cand_ttft) if cand_ttft else np.zeros(0)
-    tpot_all = np.concatenate(cand_tpot) if cand_tpot else np.zeros(0)
-    cap_all = np.concatenate(cand_cap) if cand_cap else np.zeros(0)
-    gpus_all = np.concatenate(cand_gpus) if cand_gpus else np.zeros(0)
-    stable = np.isfinite(ttft_all) & np.isfinite(tpot_all) & (cap_all > rate)
-    add_reason(reasons, "overloaded: capacity below the load", int((~stable).sum()))
-    tally.close(3, int(stable.sum()), admitted3 - int(stable.sum()), reasons)
-
-    # ---- stage 5: SLO and load feasibility with a margin ----
-    reasons = {}
-    slo_ttft, slo_tpot = problem.slo.ttft_ms / 1e3, problem.slo.tpot_ms / 1e3
-    ok_ttft = ttft_all * SLO_MARGIN <= slo_ttft
-    ok_tpot = tpot_all * SLO_MARGIN <= slo_tpot
-    ok_load = rate <= LOAD_MARGIN * cap_all
-    ok = stable & ok_ttft & ok_tpot & ok_load
-    add_reason(reasons, "TTFT over the SLO", int((stable & ~ok_ttft).sum()))
-    add_reason(reasons, "TPOT over the SLO", int((stable & ok_ttft & ~ok_tpot).sum()))
-    add_reason(reasons, "load above 90% of capacity", int((stable & ok_ttft & ok_tpot & ~ok_load).sum()))
-    tally.close(4, int(ok.sum()), int(stable.sum()) - int(ok.sum()), reasons)
-
-    result = FunnelResult(stages=tally.stages, candidates_total=total, survivors=[], survivors_total=int(ok.sum()))
-    miss = np.maximum.reduce([ttft_all * SLO_MARGIN / slo_ttft, tpot_all * SLO_MARGIN / slo_tpot, rate / np.maximum(LOAD_MARGIN * cap_all, 1e-12)]) \
-        if len(ttft_all) else np.zeros(0)
-    if not ok.any():
-        result.last_stage = next((st.stage for st in tally.stages if st.admitted == 0), STAGES[-1])
-        result.closest_miss = _closest_miss(problem, result.last_stage, miss, ttft_all, tpot_all, cap_all, gpus_all, cand_ref, agg, pd, rate)
-        return result
-    # Proxy order: goodput-per-GPU by capacity per GPU; min-gpus by GPUs then capacity per GPU.
-    # Rounded so that copies of one structure (equal per-GPU figures) tie and the fewest GPUs come first.
-    per_gpu = np.where(ok, _round_sig(cap_all / np.maximum(gpus_all, 1)), -np.inf)
-    gpus_key = np.where(ok, gpus_all, np.iinfo(np.int64).max)
-    if problem.objective.value == "min-gpus":
-        order = np.lexsort((-per_gpu, gpus_key))
-    else:
-        order = np.lexsort((gpus_key, -per_gpu))
-    order = order[: int(ok.sum())]  # ok rows sort first (their keys are finite)
-    for flat in _select(_structure_keys(order, cand_ref, agg, pd), order, keep=keep, per_structure=PER_STRUCTURE):
-        result.survivors.append(_survivor(problem, int(flat), ttft_all, tpot_all, cap_all, cand_ref, agg, pd))
+    total = (n_units * kn.combinations if sieve.do_replicas else 0) + (n_units * n_units * kn.combinations if sieve.pd is not None else 0)
+    stages: list[FunnelStage] = []
+    entering = total
+    for i, (name, stage) in enumerate(ladder):
+        sieve, tally = stage(sieve)
+        now = clock()
+        stages.append(FunnelStage(name, tally.admitted, entering - tally.admitted, now - t0, dict(tally.reasons)))
+        t0 = now
+        entering = tally.admitted
+        if progress:
+            progress(name, (i + 1) / len(ladder))
+    result = FunnelResult(stages=stages, candidates_total=total, survivors=list(sieve.survivors), survivors_total=sieve.survivors_total)
+    if not result.survivors:
+        result.last_stage = next((st.stage for st in stages if st.admitted == 0), stages[-1].stage)
+        result.closest_miss = _closest_miss(sieve, result.last_stage)
+        stages[-1] = replace(stages[-1], seconds=stages[-1].seconds + clock() - t0)
     return result
 
 
-def _structure_keys(rows: IntArray, cand_ref: list[tuple[str, Any]], agg: AggTable | None, pd: PdTables | None) -> Any:
-    """Integer keys per candidate row: column 0 is the kind, columns 1–9 the structure (shapes and, for
-    PD, the reduced P:D ratio), columns 10–13 the knobs. Replica counts are left out on purpose."""
-    keys = np.zeros((len(rows), 14), dtype=np.int64)
-    sizes = _sizes(cand_ref)
-    start = 0
-    for (kind, ref), n in zip(cand_ref, sizes, strict=True):
-        sel = (rows >= start) & (rows < start + n)
-        local = rows[sel] - start
-        if kind == "agg" and agg is not None:
-            j = ref[0][local]
-            cols = [np.zeros_like(j), agg.tp[j], agg.pp[j], agg.dp[j], 0 * j, 0 * j, 0 * j, 0 * j, 0 * j, 0 * j,
-                    agg.mnbt[j], agg.mns[j], np.round(agg.mem[j] * 1000), agg.kv_index[j]]
-        elif pd is not None:
-            (pair, b, q, f, k), _ = ref
-            pair, b, q, f, k = pair[local], b[local], q[local], f[local], k[local]
-            u = pd.units
-            up, ud = pd.pairs_p[pair], pd.pairs_d[pair]
-            g = np.gcd(u.count[up], u.count[ud])
-            cols = [np.ones_like(up), u.tp[up], u.pp[up], u.dp[up], u.tp[ud], u.pp[ud], u.dp[ud], u.count[up] // g, u.count[ud] // g,
-                    0 * up, pd.mnbt[b], pd.mns[q], np.round(pd.mem[f] * 1000), k]
-        else:
-            cols = []
-        for c, col in enumerate(cols):
-            keys[sel, c] = np.asarray(col, dtype=np.float64).astype(np.int64)
-        start += n
-    return keys
+# ---------------------------------------------------------------- picking survivors
+@dataclass(frozen=True, slots=True)
+class _Picks:
+    """Candidate rows that may become survivors, with their order and dedup keys (kind 0: replicas, 1: PD)."""
+
+    kind: IntArray
+    ident: IntArray          # [n, 6]: replica row, or (prefill unit, decode unit, b, q, f, k)
+    per_gpu: FloatArray
+    gpus: IntArray
+    tiebreak: IntArray
+    structure: IntArray
+    knob: IntArray
+    figures: FloatArray      # [n, 5]: ttft, tpot, tpot mean, capacity, pool
+
+    def take(self, idx: IntArray) -> _Picks:
+        return _Picks(self.kind[idx], self.ident[idx], self.per_gpu[idx], self.gpus[idx], self.tiebreak[idx], self.structure[idx],
+                      self.knob[idx], self.figures[idx])
+
+    @staticmethod
+    def concat(parts: Sequence[_Picks]) -> _Picks:
+        return _Picks(*(np.concatenate([getattr(p, f) for p in parts]) for f in _Picks.__dataclass_fields__))
 
 
-def _select(keys: Any, rows: IntArray, *, keep: int, per_structure: int) -> IntArray:
-    """The first row of each distinct (structure, knobs) in preference order, at most `per_structure`
-    knob variants per structure, at most `keep` rows: diverse input for the SLO-capacity refinement."""
-    if len(rows) == 0:
-        return rows
-    _, first = np.unique(keys, axis=0, return_index=True)
+def _round_sig(x: FloatArray, digits: int = 9) -> FloatArray:
+    """Round to `digits` significant figures (ties between copies of one structure survive float noise)."""
+    mag = np.floor(np.log10(np.maximum(np.abs(x), 1e-300)))
+    scale = 10.0 ** (digits - 1 - mag)
+    return np.asarray(np.round(x * scale) / scale, dtype=np.float64)
+
+
+def _knob_ids(kn: KnobAxes, b: IntArray, q: IntArray, f: IntArray, k: IntArray) -> IntArray:
+    """One integer per distinct (token budget, max seqs, memory fraction, KV dtype), below kn.combinations."""
+    bu, qu, fu = kn.distinct()
+    return ((bu[b] * len(kn.max_num_seqs) + qu[q]) * len(kn.memory_fraction) + fu[f]) * len(kn.kv_dtypes) + k
+
+
+def _replica_picks(s: Sieve) -> _Picks:
+    r = s.replicas
+    if r is None or not r.alive.any():
+        return _empty_picks()
+    i = np.flatnonzero(r.alive)
+    ident = np.zeros((len(i), 6), dtype=np.int64)
+    ident[:, 0] = i
+    figs = np.stack([r.ttft_s[i], r.tpot_s[i], r.tpot_mean_s[i], r.capacity_rps[i], r.pool_tokens[i]], axis=1)
+    return _Picks(np.zeros(len(i), dtype=np.int64), ident, _round_sig(r.capacity_rps[i] / np.maximum(r.gpus[i], 1)), r.gpus[i], i,
+                  -1 - s.units.shape[r.unit[i]], _knob_ids(s.knobs, r.b[i], r.q[i], r.f[i], r.k[i]), figs)
+
+
+def _pd_picks(s: Sieve, c: PdCandidates) -> _Picks:
+    """The rows of a PD chunk that pass stage 5, as picks."""
+    p = s.problem
+    rate = s.rate_rps
+    ok = (np.isfinite(c.ttft_s) & np.isfinite(c.tpot_s) & (c.capacity_rps > rate) & (c.ttft_s * SLO_MARGIN <= p.slo.ttft_ms / 1e3)
+          & (c.tpot_s * SLO_MARGIN <= p.slo.tpot_ms / 1e3) & (rate <= LOAD_MARGIN * c.capacity_rps))
+    if not ok.any():
+        return _empty_picks()
+    i = np.flatnonzero(ok)
+    u, kn = s.units, s.knobs
+    up, ud = c.prefill_unit[i], c.decode_unit[i]
+    nb, nq, nf, nk = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes)
+    n_units = len(u.count)
+    tiebreak = ((((up * n_units + ud) * nb + c.b[i]) * nq + c.q[i]) * nf + c.f[i]) * nk + c.k[i]
+    a, b = c.reduced_ratio()
+    span = p.max_gpus + 1
+    n_shapes = len(u.shape_tp)
+    structure = ((u.shape[up] * n_shapes + u.shape[ud]) * span + a[i]) * span + b[i]
+    ident = np.stack([up, ud, c.b[i], c.q[i], c.f[i], c.k[i]], axis=1)
+    figs = np.stack([c.ttft_s[i], c.tpot_s[i], c.tpot_mean_s[i], c.capacity_rps[i], c.pool_tokens[i]], axis=1)
+    return _Picks(np.ones(len(i), dtype=np.int64), ident, _round_sig(c.capacity_rps[i] / np.maximum(c.gpus[i], 1)), c.gpus[i], tiebreak,
+                  structure, _knob_ids(kn, c.b[i], c.q[i], c.f[i], c.k[i]), figs)
+
+
+def _empty_picks() -> _Picks:
+    z = np.zeros(0, dtype=np.int64)
+    return _Picks(z, np.zeros((0, 6), dtype=np.int64), np.zeros(0), z, z, z, z, np.zeros((0, 5)))
+
+
+def _select(picks: _Picks, *, objective: Objective, keep: int, knob_span: int, per_structure: int = PER_STRUCTURE) -> _Picks:
+    """In preference order (capacity per GPU then fewer GPUs, or fewer GPUs first for min-gpus; then replicas
+    before PD, then enumeration order), the first row of each distinct (structure, knobs), at most
+    `per_structure` knob variants per structure, at most `keep` rows: diverse input for the refinement."""
+    if not len(picks.kind):
+        return picks
+    if objective is Objective.MIN_GPUS:
+        order = np.lexsort((picks.tiebreak, picks.kind, -picks.per_gpu, picks.gpus))
+    else:
+        order = np.lexsort((picks.tiebreak, picks.kind, picks.gpus, -picks.per_gpu))
+    p = picks.take(order)
+    # Replica structures are negative, PD ones non-negative; knob ids stay below `knob_span`.
+    _, first = np.unique(p.structure * knob_span + p.knob, return_index=True)
     first.sort()
-    distinct = rows[first]
-    _, group = np.unique(keys[first][:, :10], axis=0, return_inverse=True)
+    p = p.take(first)
+    _, group = np.unique(p.structure, return_inverse=True)
     group = group.ravel()
     by_group = np.argsort(group, kind="stable")
     sorted_group = group[by_group]
     starts = np.r_[0, np.flatnonzero(np.diff(sorted_group)) + 1]
-    lengths = np.diff(np.r_[starts, len(group)])
     rank = np.empty(len(group), dtype=np.int64)
-    rank[by_group] = np.arange(len(group)) - np.repeat(starts, lengths)
-    return distinct[rank < per_structure][:keep]
+    rank[by_group] = np.arange(len(group)) - np.repeat(starts, np.diff(np.r_[starts, len(group)]))
+    return p.take(np.flatnonzero(rank < per_structure)[:keep])
 
 
-# ---------------------------------------------------------------- survivors and misses
-def _locate(flat: int, cand_ref: list[tuple[str, Any]], sizes: list[int]) -> tuple[str, Any, int]:
-    for (kind, ref), n in zip(cand_ref, sizes, strict=True):
-        if flat < n:
-            return kind, ref, flat
-        flat -= n
-    raise IndexError(flat)
+def _pick(s: Sieve, *, keep: int) -> tuple[Survivor, ...]:
+    """Up to `keep` survivors, exactly as if every passing candidate were listed and `_select`ed.
+
+    PD candidates are built only where they can make the cut: for capacity per GPU, those of at least a
+    bound τ (role pairs under it are skipped, pd_space.pairs); for min-gpus, those of at most γ GPUs. If
+    fewer than `keep` picks clear the bound, it is relaxed (τ to 0, γ to the budget: every candidate)."""
+    p = s.problem
+    reps = _replica_picks(s)
+    pd = s.pd
+    span = s.knobs.combinations
+    if pd is None:
+        chosen = _select(reps, objective=p.objective, keep=keep, knob_span=span)
+        return tuple(_survivor(s, chosen, i) for i in range(len(chosen.kind)))
+    if s.exhaustive:
+        bounds = [(0.0, p.max_gpus)]
+    elif p.objective is Objective.MIN_GPUS:
+        levels = [min(p.max_gpus, 8 << (2 * i)) for i in range(12)]
+        bounds = [(0.0, g) for g in sorted(set(levels))]
+    else:
+        bounds = [(t, p.max_gpus) for t in _tau_levels(s, keep)] + [(0.0, p.max_gpus)]
+    for tau, gamma in bounds:
+        chosen = _select(reps, objective=p.objective, keep=keep, knob_span=span)
+        for chunk in pd.pairs(pd.p_alive, pd.d_alive, min_per_gpu=tau, max_gpus=gamma):
+            chosen = _select(_Picks.concat([chosen, _pd_picks(s, chunk)]), objective=p.objective, keep=keep, knob_span=span)
+        if tau == 0.0 and gamma == p.max_gpus:
+            break
+        # Picks inside the bound are exact (everything that could precede them was listed); enough of them end the search.
+        inside = chosen.gpus <= gamma if p.objective is Objective.MIN_GPUS else chosen.per_gpu >= tau
+        if int(inside.sum()) >= keep:
+            break
+    return tuple(_survivor(s, chosen, i) for i in range(len(chosen.kind)))
 
 
-def _sizes(cand_ref: list[tuple[str, Any]]) -> list[int]:
-    return [len(ref[0]) if kind == "agg" else len(ref[0][0]) for kind, ref in cand_ref]
+def _tau_levels(s: Sieve, keep: int) -> list[float]:
+    """Bounds on capacity per GPU to try, highest first: the balanced bound of the keep-th, 4·keep-th, …
+    best role pair (pd_ratio.balanced_per_gpu)."""
+    from .pd_ratio import balanced_per_gpu
 
-
-def _layout_at(problem: Problem, kind: str, ref: Any, i: int, agg: AggTable | None, pd: PdTables | None) -> tuple[Layout, int, float]:
-    kvs = problem.search.kv_dtypes
-    if kind == "agg":
-        assert agg is not None
-        j = int(ref[0][i])
-        par = Parallelism(tp=int(agg.tp[j]), pp=int(agg.pp[j]), dp=int(agg.dp[j]), ep=bool(agg.dp[j] > 1 and problem.model.is_moe))
-        knobs = EngineKnobs(max_num_seqs=int(agg.mns[j]), max_num_batched_tokens=int(agg.mnbt[j]), memory_fraction=float(agg.mem[j]),
-                            kv_dtype=kvs[int(agg.kv_index[j])])
-        return Layout.replicas(int(agg.count[j]), par, knobs, problem.precision), int(agg.pool[j]), float(ref[1][i])
+    pd = s.pd
     assert pd is not None
-    (pair, b, q, f, k), tpm = ref
-    u = pd.units
-    up, ud = int(pd.pairs_p[pair[i]]), int(pd.pairs_d[pair[i]])
-    kv = kvs[int(k[i])]
-    mnbt_p = int(pd.mnbt[b[i]])
-    mns_d = int(pd.mns[q[i]])
-    mem_d = float(pd.mem[f[i]])
-    p_role = RoleLayout(int(u.count[up]), Parallelism(tp=int(u.tp[up]), pp=int(u.pp[up]), dp=int(u.dp[up]), ep=bool(u.dp[up] > 1 and problem.model.is_moe)),
-                        EngineKnobs(max_num_seqs=min(256, mnbt_p), max_num_batched_tokens=mnbt_p, memory_fraction=float(pd.mem.max()), kv_dtype=kv))
-    d_role = RoleLayout(int(u.count[ud]), Parallelism(tp=int(u.tp[ud]), pp=int(u.pp[ud]), dp=int(u.dp[ud]), ep=bool(u.dp[ud] > 1 and problem.model.is_moe)),
-                        EngineKnobs(max_num_seqs=mns_d, max_num_batched_tokens=max(mns_d, 2048), memory_fraction=mem_d, kv_dtype=kv))
-    return Layout.pd(p_role, d_role, problem.precision), int(pd.d_pool[ud, q[i], f[i], k[i]]), float(tpm[i])
+    u = s.units
+    starts = u.shape_start[:-1]
+    g = u.shape_gpus
+    p_role = np.logical_or.reduceat(pd.p_alive, starts, axis=0)
+    d_role = np.logical_or.reduceat(pd.d_alive, starts, axis=0)
+    bounds = []
+    for ki in range(len(s.knobs.kv_dtypes)):
+        sp, b = np.nonzero(p_role[:, :, ki])
+        sd, q, f = np.nonzero(d_role[:, :, :, ki])
+        mu_p = np.nan_to_num(pd.p_capacity_rps[starts[sp], b, ki], nan=0.0, posinf=0.0)
+        mu_d = np.nan_to_num(pd.d_capacity_rps[starts[sd], q, f, ki], nan=0.0, posinf=0.0)
+        ub = balanced_per_gpu(mu_p[:, None], g[sp][:, None], mu_d[None, :], g[sd][None, :])
+        ub = np.where(pd.allowed[sp][:, sd] & (g[sp][:, None] + g[sd][None, :] <= s.problem.max_gpus), ub, 0.0)
+        bounds.append(ub.ravel())
+    ub_all = -np.sort(-np.concatenate(bounds)) if bounds else np.zeros(0)
+    levels, k = [], keep
+    while k < len(ub_all):
+        if ub_all[k - 1] > 0:
+            levels.append(float(ub_all[k - 1]))
+        k *= 4
+    return levels
 
 
-def _survivor(problem: Problem, flat: int, ttft: Any, tpot: Any, cap: Any, cand_ref: list[tuple[str, Any]],
-              agg: AggTable | None, pd: PdTables | None) -> Survivor:
-    kind, ref, i = _locate(flat, cand_ref, _sizes(cand_ref))
-    layout, pool, tpm = _layout_at(problem, kind, ref, i, agg, pd)
-    return Survivor(layout, float(ttft[flat]), float(tpot[flat]), tpm, float(cap[flat]), pool)
+def _survivor(s: Sieve, picks: _Picks, i: int) -> Survivor:
+    ttft, tpot, tpm, cap, pool = (float(x) for x in picks.figures[i])
+    return Survivor(_layout_of(s, picks, i), ttft, tpot, tpm, cap, int(pool))
 
 
-def _closest_miss(problem: Problem, stage: str, miss: Any, ttft: Any, tpot: Any, cap: Any, gpus: Any, cand_ref: list[tuple[str, Any]],
-                  agg: AggTable | None, pd: PdTables | None, rate: float) -> str:
-    if len(miss) and np.isfinite(miss).any():
-        flat = int(np.nanargmin(np.where(np.isfinite(miss), miss, np.inf)))
-        kind, ref, i = _locate(flat, cand_ref, _sizes(cand_ref))
-        layout, _, _ = _layout_at(problem, kind, ref, i, agg, pd)
-        return (f"{layout.label} on {layout.gpus} GPUs: p{problem.slo.ttft_percentile:g} TTFT {ttft[flat] * 1e3:.0f} ms "
-                f"(SLO {problem.slo.ttft_ms:g}), p{problem.slo.tpot_percentile:g} TPOT {tpot[flat] * 1e3:.1f} ms (SLO {problem.slo.tpot_ms:g}), "
-                f"capacity {cap[flat]:.1f} req/s for a load of {rate:g} req/s; {100 * (miss[flat] - 1):.0f}% short")
-    m, g = problem.model, problem.gpu
+def _layout_of(s: Sieve, picks: _Picks, i: int) -> Layout:
+    ident = picks.ident[i]
+    if picks.kind[i] == 0:
+        assert s.replicas is not None
+        return s.replicas.layout(int(ident[0]), units=s.units, knobs=s.knobs, problem=s.problem)
+    one = np.asarray(ident, dtype=np.int64)[:, None]
+    assert s.pd is not None
+    return s.pd.candidates(*(one[j] for j in range(6))).layout(0, units=s.units, knobs=s.knobs, problem=s.problem)
+
+
+# ---------------------------------------------------------------- the closest miss
+def _closest_miss(s: Sieve, stage: str) -> str:
+    """The candidate nearest to passing stage 5 among those that passed stage 3 (how far short, in %)."""
+    p, rate = s.problem, s.rate_rps
+    slo_t, slo_p = p.slo.ttft_ms / 1e3, p.slo.tpot_ms / 1e3
+    best: tuple[float, int, int] | None = None   # (miss, kind, tiebreak)
+    best_layout: tuple[Layout, float, float, float] | None = None
+
+    def consider(miss: FloatArray, kind: int, tiebreak: IntArray, make: Callable[[int], tuple[Layout, float, float, float]]) -> None:
+        nonlocal best, best_layout
+        finite = np.isfinite(miss)
+        if not finite.any():
+            return
+        m = np.where(finite, miss, np.inf)
+        j = int(np.lexsort((tiebreak, m))[0])
+        cand = (float(m[j]), kind, int(tiebreak[j]))
+        if best is None or cand < best:
+            best, best_layout = cand, make(j)
+
+    def miss_of(ttft: FloatArray, tpot: FloatArray, cap: FloatArray) -> FloatArray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(np.maximum.reduce([ttft * SLO_MARGIN / slo_t, tpot * SLO_MARGIN / slo_p, rate / np.maximum(LOAD_MARGIN * cap, 1e-12)]))
+
+    r = s.replicas
+    if r is not None and stage[0] in "45":
+        i = np.flatnonzero(np.isfinite(r.capacity_rps) | np.isfinite(r.ttft_s))
+        if len(i):
+            consider(miss_of(r.ttft_s[i], r.tpot_s[i], r.capacity_rps[i]), 0, i,
+                     lambda j: (r.layout(int(i[j]), units=s.units, knobs=s.knobs, problem=p), float(r.ttft_s[i[j]]), float(r.tpot_s[i[j]]),
+                                float(r.capacity_rps[i[j]])))
+    pd = s.pd
+    if pd is not None and stage[0] in "45":
+        u, kn = s.units, s.knobs
+        nb, nq, nf, nk = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes)
+        for c in pd.pairs(pd.p_memory_ok, pd.d_memory_ok, min_per_gpu=0.0, max_gpus=p.max_gpus):
+            tb = ((((c.prefill_unit * len(u.count) + c.decode_unit) * nb + c.b) * nq + c.q) * nf + c.f) * nk + c.k
+            def make(j: int, c: PdCandidates = c) -> tuple[Layout, float, float, float]:
+                return c.layout(j, units=u, knobs=kn, problem=p), float(c.ttft_s[j]), float(c.tpot_s[j]), float(c.capacity_rps[j])
+
+            consider(miss_of(c.ttft_s, c.tpot_s, c.capacity_rps), 1, tb, make)
+    if best is not None and best_layout is not None:
+        layout, ttft, tpot, cap = best_layout
+        return (f"{layout.label} on {layout.gpus} GPUs: p{p.slo.ttft_percentile:g} TTFT {ttft * 1e3:.0f} ms "
+                f"(SLO {p.slo.ttft_ms:g}), p{p.slo.tpot_percentile:g} TPOT {tpot * 1e3:.1f} ms (SLO {p.slo.tpot_ms:g}), "
+                f"capacity {cap:.1f} req/s for a load of {rate:g} req/s; {100 * (best[0] - 1):.0f}% short")
+    m, g = p.model, p.gpu
     if stage.startswith("1") or stage.startswith("2"):
-        return f"the smallest valid instance needs more than the {problem.max_gpus}-GPU budget or does not fit a {g.gpus_per_node}-GPU node"
-    return f"no layout within {problem.max_gpus} × {g.id} holds {m.name}'s weights plus the longest request's KV"
+        return f"the smallest valid instance needs more than the {p.max_gpus}-GPU budget or does not fit a {g.gpus_per_node}-GPU node"
+    return f"no layout within {p.max_gpus} × {g.id} holds {m.name}'s weights plus the longest request's KV"

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .hardware import Gpu, Precision
 from .layout import Engine, KvDtype, Layout, LayoutKind
 from .model import ModelArch
 from .workload import Objective, Slo, Workload
+
+if TYPE_CHECKING:
+    from .pd_ratio import PdRatio
 
 __all__ = ["SearchSpace", "Problem", "Prediction", "FunnelStage", "Candidate", "Decision"]
 
@@ -99,5 +103,6 @@ class Decision:
     reasons: tuple[str, ...] = ()
     current: Candidate | None = None  # the current layout's prediction, when one was given
     evaluated: tuple[Candidate, ...] = ()  # every refined candidate (for Pareto plots)
+    pd_ratio: PdRatio | None = None        # for a PD choice: the prefill:decode decision for the load, with its reason
 
 

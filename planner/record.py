@@ -10,6 +10,7 @@ from __future__ import annotations
 from .arch import ModelArch
 from .engine_args import layout_engine_args
 from .hardware import GIB
+from .layout import Role
 from .memory import kv_bytes_per_token, state_bytes_per_seq, transfer_floor_s
 from .problem import Candidate, Decision, Problem
 
@@ -101,6 +102,12 @@ def render_record(problem: Problem, decision: Decision) -> str:
               f"({best.prediction.source} prediction: p{slo.ttft_percentile:g} TTFT {best.prediction.ttft_ms:.0f} ms, "
               f"p{slo.tpot_percentile:g} TPOT {best.prediction.tpot_ms:.1f} ms, KV pool {best.prediction.kv_pool_tokens:,} tokens per rank).", ""]
     lines += [f"- {r}" for r in decision.reasons]
+    if decision.pd_ratio is not None:
+        r = decision.pd_ratio
+        lines += ["", f"Prefill:decode ratio {r.label} ({r.prefill_count} prefill × {r.prefill.label}, {r.decode_count} decode × "
+                  f"{r.decode.label}; {r.prefill_rps_per_instance:.2f} and {r.decode_rps_per_instance:.2f} req/s per instance, "
+                  f"balanced at {r.balanced:.2f} prefill per decode). The chosen layout runs "
+                  f"{best.layout.roles[Role.PREFILL].count}:{best.layout.roles[Role.DECODE].count}."]
     lines += ["", "Engine arguments:", ""]
     for role, args in layout_engine_args(problem.engine, best.layout, moe=m.is_moe).items():
         lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{' '.join(args)}`")

@@ -21,6 +21,7 @@ from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.problem import Problem, SearchSpace
+from servingtopology.planner.role_knobs import DEFAULT_KNOBS
 from servingtopology.planner.workload import LengthDist, LengthKind, Objective, Slo, Workload
 
 __all__ = [
@@ -315,9 +316,9 @@ def serving_precision(spec: PlanSpec, model: ModelArch) -> Precision:
 def _knobs(args: EngineArgsSpec | None, base: EngineArgsSpec, kv: KvDtype) -> EngineKnobs:
     a = args or base
     return EngineKnobs(
-        max_num_seqs=a.maxNumSeqs or base.maxNumSeqs or 256,
-        max_num_batched_tokens=a.maxNumBatchedTokens or base.maxNumBatchedTokens or 8192,
-        memory_fraction=a.memoryFraction or base.memoryFraction or 0.9,
+        max_num_seqs=a.maxNumSeqs or base.maxNumSeqs or DEFAULT_KNOBS.max_num_seqs,
+        max_num_batched_tokens=a.maxNumBatchedTokens or base.maxNumBatchedTokens or DEFAULT_KNOBS.max_num_batched_tokens,
+        memory_fraction=a.memoryFraction or base.memoryFraction or DEFAULT_KNOBS.memory_fraction,
         kv_dtype=kv,
         block_size_tokens=a.blockSize,
         enable_prefix_caching=a.enablePrefixCaching,

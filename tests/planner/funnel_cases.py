@@ -8,7 +8,6 @@ Regenerate only on purpose: `.venv/bin/python -m tests.planner.funnel_cases --wr
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import random
 import sys
@@ -19,7 +18,7 @@ from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.funnel import run_funnel
 from servingtopology.planner.hardware import Precision, resolve_gpu
-from servingtopology.planner.layout import Engine, LayoutKind, Role, layout_to_dict
+from servingtopology.planner.layout import Engine, LayoutKind, layout_to_dict
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.problem import Problem, SearchSpace
 from servingtopology.planner.workload import LengthDist, Slo, Workload

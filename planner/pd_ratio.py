@@ -1,0 +1,134 @@
+"""The prefill:decode ratio as a decision of its own: how many prefill and decode instances a PD layout
+runs for a load, and why.
+
+Called by the funnel (the balanced bound that prunes PD pairs), by `decide` (the chosen PD layout's
+ratio and its reason, shown in the decision record and status) and by replanning when only the load moved
+(the same roles at new counts). Both roles' capacities are linear in their instance counts, so the ratio
+that balances them is μd/μp prefill instances per decode instance; whole counts, the SLOs and the GPU
+budget pick the nearest that works. Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .analytic import estimate_decode, estimate_prefill, load_shape
+from .layout import Layout, Parallelism, RoleLayout
+from .memory import kv_pool_tokens
+from .predict import predict_figures
+from .problem import Problem
+from .workload import Objective
+
+__all__ = ["PdRatio", "balanced_per_gpu", "choose_pd_ratio", "COUNT_SPAN", "SLO_MARGIN", "LOAD_MARGIN"]
+
+SLO_MARGIN = 1.10   # the funnel's margins (planner.funnel re-exports them)
+LOAD_MARGIN = 0.90
+COUNT_SPAN = 16     # counts tried above each role's minimum for the load
+RANK_TOLERANCE = 0.03  # capacities per GPU within 3 % of the best tie (decide.RANK_TOLERANCE)
+
+
+def balanced_per_gpu(prefill_rps: Any, prefill_gpus: Any, decode_rps: Any, decode_gpus: Any) -> Any:
+    """The highest capacity per GPU any prefill:decode ratio reaches, from per-instance capacities (req/s)
+    and GPUs: min(cp·μp, cd·μd)/(cp·gp + cd·gd) peaks where cp·μp = cd·μd, at μp·μd/(μd·gp + μp·gd)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = prefill_rps * decode_rps / (decode_rps * prefill_gpus + prefill_rps * decode_gpus)
+    return np.nan_to_num(out, nan=0.0, posinf=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PdRatio:
+    """A chosen prefill:decode split: counts, the roles' shapes, their per-instance capacities and why."""
+
+    prefill_count: int
+    decode_count: int
+    prefill: Parallelism
+    decode: Parallelism
+    prefill_rps_per_instance: float
+    decode_rps_per_instance: float
+    meets_slo: bool
+    reason: str
+
+    @property
+    def label(self) -> str:
+        """The ratio in lowest terms, `3:1`."""
+        g = math.gcd(self.prefill_count, self.decode_count) or 1
+        return f"{self.prefill_count // g}:{self.decode_count // g}"
+
+    @property
+    def balanced(self) -> float:
+        """Prefill instances per decode instance at which both roles saturate together (μd/μp)."""
+        return self.decode_rps_per_instance / max(self.prefill_rps_per_instance, 1e-12)
+
+
+def _per_instance_rps(problem: Problem, prefill: RoleLayout, decode: RoleLayout) -> tuple[float, float]:
+    shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
+    m, g, pe, en = problem.model, problem.gpu, problem.precision, problem.engine
+    pp, dd = prefill.parallelism, decode.parallelism
+    ep = estimate_prefill(m, g, precision=pe, engine=en, kv=prefill.knobs.kv_dtype, shape=shape, rate_rps=1.0, tp=pp.tp, pp=pp.pp,
+                          dp=pp.dp, count=1, max_num_batched_tokens=float(prefill.knobs.max_num_batched_tokens))
+    pool = kv_pool_tokens(m, g, engine=en, precision=pe, parallelism=dd, knobs=decode.knobs)
+    ed = estimate_decode(m, g, precision=pe, engine=en, kv=decode.knobs.kv_dtype, shape=shape, rate_rps=1.0, tp=dd.tp, pp=dd.pp,
+                         dp=dd.dp, count=1, max_num_seqs=float(decode.knobs.max_num_seqs), pool_tokens=float(pool))
+    return float(ep.capacity_rps), float(ed.capacity_rps)
+
+
+def choose_pd_ratio(problem: Problem, *, prefill: RoleLayout, decode: RoleLayout, max_gpus: int | None = None) -> PdRatio:
+    """Choose prefill and decode instance counts for these role shapes and knobs at the problem's load.
+
+    Each role needs enough instances to keep the load under LOAD_MARGIN of its capacity; from those
+    minimums up to COUNT_SPAN more each, and along the balanced line up to `max_gpus` (the problem's budget
+    by default), the counts meeting both SLOs with the margin are ranked by the objective: goodput per GPU
+    takes the highest capacity per GPU, a tie within RANK_TOLERANCE going to fewer GPUs; min-gpus the
+    fewest GPUs, then the higher capacity per GPU.
+    """
+    rate = float(problem.workload.arrival_rate_rps or 0.0)
+    budget = problem.max_gpus if max_gpus is None else max_gpus
+    mu_p, mu_d = _per_instance_rps(problem, prefill, decode)
+    gp, gd = prefill.parallelism.gpus, decode.parallelism.gpus
+    need_p = max(1, math.ceil(rate / max(LOAD_MARGIN * mu_p, 1e-12))) if mu_p > 0 else 0
+    need_d = max(1, math.ceil(rate / max(LOAD_MARGIN * mu_d, 1e-12))) if mu_d > 0 else 0
+    base = (f"a {prefill.parallelism.label} prefill instance carries {mu_p:.2f} req/s and a {decode.parallelism.label} decode "
+            f"instance {mu_d:.2f} req/s (balanced at {mu_d / max(mu_p, 1e-12):.2f} prefill per decode)")
+    if need_p == 0 or need_d == 0 or need_p * gp + need_d * gd > budget:
+        cp, cd = max(need_p, 1), max(need_d, 1)
+        why = (f"{base}; {rate:g} req/s under a {LOAD_MARGIN:.0%} load ceiling needs at least {cp} prefill and {cd} decode "
+               f"instances ({cp * gp + cd * gd} GPUs), over the {budget}-GPU budget")
+        return PdRatio(cp, cd, prefill.parallelism, decode.parallelism, mu_p, mu_d, False, why)
+    # Counts near each role's minimum, and along the balanced line (cp ≈ cd·μd/μp) up to the budget.
+    grid = np.meshgrid(np.arange(need_p, need_p + COUNT_SPAN), np.arange(need_d, need_d + COUNT_SPAN), indexing="ij")
+    cd_line = np.arange(need_d, max(need_d, (budget - need_p * gp) // gd) + 1)
+    line = cd_line * (mu_d / mu_p)
+    cps = np.concatenate([grid[0].ravel(), np.floor(line), np.ceil(line)]).astype(np.int64)
+    cds = np.concatenate([grid[1].ravel(), cd_line, cd_line]).astype(np.int64)
+    pairs = np.unique(np.stack([np.maximum(cps, need_p), cds], axis=1), axis=0)
+    cps, cds = pairs[:, 0], pairs[:, 1]
+    fits = cps * gp + cds * gd <= budget
+    cps, cds = cps[fits], cds[fits]
+    layouts = [Layout.pd(replace(prefill, count=int(a)), replace(decode, count=int(b)), problem.precision) for a, b in zip(cps, cds, strict=True)]
+    f = predict_figures(problem, layouts, [rate] * len(layouts))
+    ok = ((np.asarray(f.ttft_s) * SLO_MARGIN <= problem.slo.ttft_ms / 1e3) & (np.asarray(f.tpot_s) * SLO_MARGIN <= problem.slo.tpot_ms / 1e3)
+          & (rate <= LOAD_MARGIN * np.asarray(f.capacity_rps)))
+    gpus = cps * gp + cds * gd
+    per_gpu = np.minimum(cps * mu_p, cds * mu_d) / gpus
+    if problem.objective is Objective.MIN_GPUS:
+        order = np.lexsort((-per_gpu, gpus, ~ok))
+    else:
+        # As `decide` ranks: capacity per GPU within RANK_TOLERANCE of the best is a tie, and a tie goes to fewer GPUs.
+        top = per_gpu[ok].max() if ok.any() else per_gpu.max()
+        tied = per_gpu >= top * (1.0 - RANK_TOLERANCE)
+        order = np.lexsort((-per_gpu, gpus, ~tied, ~ok))
+    i = int(order[0])
+    cp, cd, meets = int(cps[i]), int(cds[i]), bool(ok[i])
+    util_p, util_d = rate / (cp * mu_p), rate / (cd * mu_d)
+    goal = "fewest GPUs" if problem.objective is Objective.MIN_GPUS else "most capacity per GPU"
+    if meets:
+        why = (f"{base}; at {rate:g} req/s {cp} prefill and {cd} decode instances ({cp}:{cd} on {cp * gp + cd * gd} GPUs) meet both SLOs "
+               f"with the {goal} (prefill {util_p:.0%} and decode {util_d:.0%} busy)")
+    else:
+        why = (f"{base}; no counts from {need_p}P{need_d}D up to {COUNT_SPAN - 1} more of each within {budget} GPUs meet both SLOs "
+               f"at {rate:g} req/s; {cp}P{cd}D comes closest by load")
+    return PdRatio(cp, cd, prefill.parallelism, decode.parallelism, mu_p, mu_d, meets, why)
