@@ -19,7 +19,7 @@ import numpy as np
 from .analytic import estimate_decode, estimate_prefill, load_shape
 from .layout import Layout, Parallelism, RoleLayout
 from .memory import kv_pool_tokens
-from .predict import predict_figures
+from .predict import predict_figures, slo_capacity_rps
 from .problem import Problem
 from .workload import Objective
 
@@ -108,27 +108,34 @@ def choose_pd_ratio(problem: Problem, *, prefill: RoleLayout, decode: RoleLayout
     cps, cds = pairs[:, 0], pairs[:, 1]
     fits = cps * gp + cds * gd <= budget
     cps, cds = cps[fits], cds[fits]
-    layouts = [Layout.pd(replace(prefill, count=int(a)), replace(decode, count=int(b)), problem.precision) for a, b in zip(cps, cds, strict=True)]
+    layouts = [Layout.pd(replace(prefill, count=int(x)), replace(decode, count=int(y)), problem.precision) for x, y in zip(cps, cds, strict=True)]
     f = predict_figures(problem, layouts, [rate] * len(layouts))
     ok = ((np.asarray(f.ttft_s) * SLO_MARGIN <= problem.slo.ttft_ms / 1e3) & (np.asarray(f.tpot_s) * SLO_MARGIN <= problem.slo.tpot_ms / 1e3)
           & (rate <= LOAD_MARGIN * np.asarray(f.capacity_rps)))
     gpus = cps * gp + cds * gd
-    per_gpu = np.minimum(cps * mu_p, cds * mu_d) / gpus
+    # Goodput per GPU as `decide` measures it: the highest load each split carries within the SLOs (with margins), per GPU.
+    per_gpu = np.asarray(slo_capacity_rps(problem, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN)) / gpus
     if problem.objective is Objective.MIN_GPUS:
         order = np.lexsort((-per_gpu, gpus, ~ok))
-    else:
-        # As `decide` ranks: capacity per GPU within RANK_TOLERANCE of the best is a tie, and a tie goes to fewer GPUs.
-        top = per_gpu[ok].max() if ok.any() else per_gpu.max()
+    else:  # as `decide` ranks: within RANK_TOLERANCE of the best is a tie, and a tie goes to fewer GPUs
+        top = float(per_gpu[ok].max()) if ok.any() else float(per_gpu.max())
         tied = per_gpu >= top * (1.0 - RANK_TOLERANCE)
         order = np.lexsort((-per_gpu, gpus, ~tied, ~ok))
     i = int(order[0])
     cp, cd, meets = int(cps[i]), int(cds[i]), bool(ok[i])
     util_p, util_d = rate / (cp * mu_p), rate / (cd * mu_d)
-    goal = "fewest GPUs" if problem.objective is Objective.MIN_GPUS else "most capacity per GPU"
     if meets:
+        best = int(np.flatnonzero(ok)[np.argmax(per_gpu[ok])])
+        if problem.objective is Objective.MIN_GPUS:
+            goal = "the fewest GPUs"
+        elif best == i:
+            goal = f"the most goodput per GPU ({per_gpu[i]:.2f} req/s)"
+        else:
+            goal = (f"{per_gpu[i]:.2f} req/s per GPU, within {RANK_TOLERANCE:.0%} of the best split ({cps[best]}:{cds[best]}, "
+                    f"{per_gpu[best]:.2f}) on fewer GPUs")
         why = (f"{base}; at {rate:g} req/s {cp} prefill and {cd} decode instances ({cp}:{cd} on {cp * gp + cd * gd} GPUs) meet both SLOs "
-               f"with the {goal} (prefill {util_p:.0%} and decode {util_d:.0%} busy)")
+               f"with {goal}; prefill {util_p:.0%} and decode {util_d:.0%} busy")
     else:
-        why = (f"{base}; no counts from {need_p}P{need_d}D up to {COUNT_SPAN - 1} more of each within {budget} GPUs meet both SLOs "
-               f"at {rate:g} req/s; {cp}P{cd}D comes closest by load")
+        why = (f"{base}; no split from {need_p}P{need_d}D up to {COUNT_SPAN - 1} more of each, nor along the balanced line, "
+               f"within {budget} GPUs meets both SLOs at {rate:g} req/s; {cp}P{cd}D comes closest")
     return PdRatio(cp, cd, prefill.parallelism, decode.parallelism, mu_p, mu_d, meets, why)

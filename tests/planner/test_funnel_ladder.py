@@ -96,7 +96,20 @@ def test_a_pd_ratio_is_a_decision_with_its_reason():
     assert ratio.decode_rps_per_instance == pytest.approx(59.44, abs=0.01)
     assert ratio.reason == ("a TP1·PP8 prefill instance carries 20.75 req/s and a TP8 decode instance 59.44 req/s "
                             "(balanced at 2.86 prefill per decode); at 40 req/s 3 prefill and 1 decode instances (3:1 on 32 GPUs) "
-                            "meet both SLOs with the most capacity per GPU (prefill 64% and decode 67% busy)")
+                            "meet both SLOs with the most goodput per GPU (1.36 req/s); prefill 64% and decode 67% busy")
+
+
+def test_a_pd_ratio_within_the_tolerance_of_the_best_takes_fewer_gpus():
+    # TP1·PP4 prefill (10.5 req/s) and TP4·PP2 decode (64.7 req/s) on up to 1,024 GPUs: 11:1 carries the most per GPU
+    # within the SLOs (1.06), 9:1 is within 3 % of it (1.03) on 44 GPUs instead of 52, so the decision takes 9:1.
+    from servingtopology.planner.layout import EngineKnobs, KvDtype, Parallelism, RoleLayout
+
+    kv = KvDtype.FP8
+    prefill = RoleLayout(1, Parallelism(tp=1, pp=4), EngineKnobs(256, 32768, 0.95, kv))
+    decode = RoleLayout(1, Parallelism(tp=4, pp=2), EngineKnobs(1024, 2048, 0.85, kv))
+    ratio = choose_pd_ratio(_wide(1024), prefill=prefill, decode=decode)
+    assert (ratio.prefill_count, ratio.decode_count, ratio.label) == (9, 1, "9:1")
+    assert "within 3% of the best split (11:1, 1.06) on fewer GPUs" in ratio.reason
 
 
 def test_the_decision_carries_the_pd_ratio_and_says_why():
