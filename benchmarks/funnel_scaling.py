@@ -28,13 +28,19 @@ RSS_LIMIT_MB = 1024.0
 
 def _child(spec_path: str, no_simulate: bool) -> tuple[dict[str, object], float, float, float]:
     """Run `plan --json` in a fresh process: (its JSON, CPU s, wall s, peak RSS MB)."""
-    cmd = [sys.executable, "-m", "servingtopology", "plan", spec_path, "--json"] + (["--no-simulate"] if no_simulate else [])
-    code = ("import resource, runpy, sys; sys.argv = sys.argv[1:]; "
-            "exec('try:\\n runpy.run_module(\"servingtopology\", run_name=\"__main__\")\\nexcept SystemExit: pass'); "
-            "r = resource.getrusage(resource.RUSAGE_SELF); "
-            "print('RUSAGE', r.ru_utime + r.ru_stime, r.ru_maxrss, file=sys.stderr)")
+    args = ["servingtopology", "plan", spec_path, "--json"] + (["--no-simulate"] if no_simulate else [])
+    code = "\n".join([
+        "import resource, runpy, sys",
+        "sys.argv = sys.argv[1:]",
+        "try:",
+        "    runpy.run_module('servingtopology', run_name='__main__')",
+        "except SystemExit:",
+        "    pass",
+        "r = resource.getrusage(resource.RUSAGE_SELF)",
+        "print('RUSAGE', r.ru_utime + r.ru_stime, r.ru_maxrss, file=sys.stderr)",
+    ])
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, *cmd[1:]], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     wall = time.perf_counter() - t0
     line = next(x for x in proc.stderr.splitlines() if x.startswith("RUSAGE"))
     _, cpu, rss_kb = line.split()
@@ -57,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"wide-{size}.yaml"
             path.write_text(yaml.safe_dump(spec))
             out, cpu, wall, rss = _child(str(path), args.no_simulate)
-            total = out.get("candidates_total", out.get("funnel", [{}])[0].get("admitted", 0) if out.get("funnel") else 0)
-            chosen = (out.get("best") or {}).get("layout", out.get("error", "?")) if isinstance(out.get("best"), dict) else out.get("error", "?")
+            total = out.get("candidates_total", 0)
+            best = out.get("best")
+            chosen = best.get("label", "?") if isinstance(best, dict) else str(out.get("error", "no output"))
             print(f"{size:>8} {int(total or 0):>16,} {cpu:>7.2f} {wall:>7.2f} {rss:>12.0f}  {chosen}")
             if size == 1024 and (cpu > CPU_LIMIT_S or rss > RSS_LIMIT_MB):
                 print(f"FAIL: 1,024 GPUs took {cpu:.2f} CPU s and {rss:.0f} MB (targets {CPU_LIMIT_S:g} s, {RSS_LIMIT_MB:g} MB)", file=sys.stderr)

@@ -25,7 +25,7 @@ from .tables import BoolArray, FloatArray, IntArray, KnobAxes, PdCandidates, Uni
 
 __all__ = ["PdSpace", "pd_space", "pool_tokens", "CHUNK_ROWS"]
 
-CHUNK_ROWS = 1 << 20      # PD rows built at once (about 100 MB of arrays)
+CHUNK_ROWS = 1 << 18      # PD rows built at once (about 30 MB of arrays)
 _WEDGE_SLACK = 1e-6       # relative slack on the selection bound (float noise and 9-digit rounding are far below)
 
 Pred = Callable[[FloatArray, FloatArray], BoolArray]
