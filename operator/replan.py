@@ -19,9 +19,8 @@ from typing import Any
 from ..planner.decide import predict_layout
 from ..planner.drift import Calibration, DriftPolicy, DriftState, assess_drift, calibrate, rebaseline, workload_shift, worth_switching
 from ..planner.errors import Infeasible, InsufficientData
-from ..planner.layout import Layout, LayoutKind, Role
+from ..planner.layout import Layout
 from ..planner.observe import MetricSample, Observation, observe
-from ..planner.pd_ratio import choose_pd_ratio
 from ..planner.predict import slo_capacity_rps
 from ..planner.problem import Candidate, Decision, Problem
 from ..planner.transition import (
@@ -235,11 +234,6 @@ def _prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, 
     if any(best.layout.roles[r].parallelism != current.roles[r].parallelism for r in current.roles) or in_place(current, best.layout):
         return best
     roles = {r: replace(rl, knobs=current.roles[r].knobs) for r, rl in best.layout.roles.items()}
-    if best.layout.kind is LayoutKind.PD:  # the running roles' own prefill:decode counts for the load (a ratio-only change)
-        ratio = choose_pd_ratio(problem, prefill=roles[Role.PREFILL], decode=roles[Role.DECODE])
-        if ratio.meets_slo:
-            roles = {Role.PREFILL: replace(roles[Role.PREFILL], count=ratio.prefill_count),
-                     Role.DECODE: replace(roles[Role.DECODE], count=ratio.decode_count)}
     kept = predict(problem, Layout(best.layout.kind, roles, current.precision))
     return replace(kept, why="the running engine arguments, scaled in place") if kept.prediction.meets_slo else best
 
