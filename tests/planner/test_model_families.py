@@ -253,3 +253,32 @@ def test_any_decoder_config_loads_and_its_layers_and_bytes_add_up(cfg, tp):
     assert kv_bytes_per_token(m, KvDtype.AUTO, tp=tp) >= 0 and state_bytes_per_seq(m, tp=tp) >= 0
     pools = pool_tokens_from_bytes(m, np.array([1e9, 1e10, 1e11]), KvDtype.AUTO, tp=tp, pp=1, max_num_seqs=256, max_num_batched_tokens=8192)
     assert np.all(np.diff(pools) >= 0) and np.all(pools >= 0)
+
+
+# Sliding-window layouts spelt without layer_types (synthetic configs with the real fields' semantics):
+#   Gemma-3 `sliding_window_pattern` N: every Nth layer is global; Qwen2 `max_window_layers` M with use_sliding_window:
+#   layers from M on slide; Gemma-2 `cache_implementation: hybrid`: every other layer slides; Mistral-7B-v0.1: all slide.
+SLIDING = [
+    ({"sliding_window": 1024, "sliding_window_pattern": 6}, 30, 1024),
+    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 28}, 8, 4096),
+    ({"sliding_window": 4096, "cache_implementation": "hybrid"}, 18, 4096),
+    ({"sliding_window": 4096}, 36, 4096),
+    ({"sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 28}, 0, 0),
+]
+
+
+@pytest.mark.parametrize(("fields", "sliding", "window"), SLIDING)
+def test_sliding_window_layouts_without_layer_types(fields, sliding, window):
+    cfg = {"num_hidden_layers": 36, "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4,
+           "max_position_embeddings": 32768, **fields}
+    m = from_hf_config(cfg)
+    assert (m.num_sliding_layers, m.sliding_window) == (sliding, window)
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(36 - sliding, 4, 128, BF16)
+
+
+def test_a_model_whose_every_layer_slides_holds_any_context():
+    m = from_hf_config({"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+                        "sliding_window": 4096, "max_position_embeddings": 32768})  # Mistral-7B-v0.1's layout
+    tokens = kv_pool_tokens(m, resolve_gpu("h100_sxm"), engine=Engine.VLLM, precision=Precision.BF16, parallelism=Parallelism(),
+                            knobs=EngineKnobs())
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == 0 and tokens >= 32768
