@@ -161,33 +161,35 @@ class KubeCluster:
     def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:
         event = build_event(owner, type=type, reason=reason, message=message, now=now, instance=self._instance)
         meta = owner["metadata"]
-        self._call(self._client.create, self._resource("events.k8s.io/v1", "Event"), body=event, namespace=meta["namespace"])
+        self._call(self._client.create, self._resource("v1", "Event"), body=event, namespace=meta["namespace"])
 
 
 def build_event(owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime,
                 instance: str) -> dict[str, Any]:
-    """Build the events.k8s.io/v1 Event about `owner`, with the core/v1 timestamps set too.
+    """Build the core/v1 Event about `owner`, with first/last timestamps, count and the event time.
 
-    `kubectl describe` and `kubectl get events --sort-by=.lastTimestamp` read the core/v1 view, whose
-    firstTimestamp/lastTimestamp come from `deprecatedFirstTimestamp`/`deprecatedLastTimestamp`; without them
-    the operator's Events list out of time order. `eventTime` keeps microseconds, the deprecated fields seconds.
+    `kubectl describe` and `kubectl get events --sort-by=.lastTimestamp` order by `lastTimestamp`. The
+    events.k8s.io/v1 API refuses its `deprecated*Timestamp` fields on create ("needs to be unset"), so the
+    operator writes core/v1 Events, as kopf does, where both the legacy timestamps and `eventTime` (with
+    `reportingComponent`, `reportingInstance` and `action`, required once `eventTime` is set) are accepted.
     """
     meta = owner["metadata"]
     seconds = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
-        "apiVersion": "events.k8s.io/v1",
+        "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}-", "namespace": meta["namespace"]},
-        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "deprecatedFirstTimestamp": seconds,
-        "deprecatedLastTimestamp": seconds,
-        "deprecatedCount": 1,
+        "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "namespace": meta["namespace"],
+                           "uid": meta.get("uid", "")},
         "type": type,
         "reason": reason,
+        "message": message[:1024],
+        "firstTimestamp": seconds,
+        "lastTimestamp": seconds,
+        "count": 1,
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "action": reason,
-        "note": message[:1024],
-        "reportingController": f"{API_VERSION.split('/')[0]}/operator",
-        "reportingInstance": instance,
-        "regarding": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "namespace": meta["namespace"],
-                      "uid": meta.get("uid", "")},
+        "source": {"component": FIELD_MANAGER},
+        "reportingComponent": f"{API_VERSION.split('/')[0]}/operator",
+        "reportingInstance": instance[:128],
     }
