@@ -87,6 +87,10 @@ class Rank:
         mask: npt.NDArray[np.bool_] = self.active & self.ready & (self.nkv >= self.target)
         return mask
 
+    def prefilling(self) -> bool:
+        """Whether any ready sequence still has prompt tokens to compute."""
+        return bool((self.active & self.ready & (self.nkv < self.target)).any())
+
     def prefilling_slots(self) -> list[int]:
         return [int(s) for s in np.flatnonzero(self.active & self.ready & (self.nkv < self.target))]
 

@@ -126,7 +126,7 @@ class SglangPolicy:
 
     def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:
         """Decode steps this rank runs before anything changes; zero when the next step is a prefill."""
-        if decoding == 0 or rank.prefilling_slots():
+        if decoding == 0 or rank.prefilling():
             return 0, False
         if rank.remote and rank.running < rank.capacity and rank.blocks_for(int(rank.prompt[rank.remote[0]])) <= rank.pool.free:
             return 0, False

@@ -36,8 +36,11 @@ def batch_of(rank: Rank, slots: I64, new: I64) -> StepBatch:
     """Model arguments of a step: prefill chunks with their prior context, decodes with their context."""
     if len(slots) == 0:
         return StepBatch()
-    nkv = rank.nkv[slots].astype(np.float64)
-    is_pre = rank.nkv[slots] < rank.target[slots]
+    nkv_i = rank.nkv[slots]
+    is_pre = nkv_i < rank.target[slots]
+    nkv = nkv_i.astype(np.float64)
+    if not is_pre.any():  # a pure decode step
+        return StepBatch(0.0, 0.0, float(len(slots)), float((nkv + 1.0).sum()))
     n = new.astype(np.float64)
     pre_tokens = float(n[is_pre].sum())
     pairs = float((n[is_pre] * (nkv[is_pre] + n[is_pre] / 2.0)).sum())
@@ -111,7 +114,8 @@ class VllmPolicy:
         order = act[np.argsort(rank.order[act], kind="stable")]
         want = np.maximum(rank.target[order] - rank.nkv[order], 1)
         took = np.minimum(np.cumsum(want), self.budget)
-        new = np.diff(took, prepend=0)
+        new = took.copy()
+        new[1:] -= took[:-1]
         keep = new > 0
         slots, new = order[keep], new[keep]
         need = np.maximum(-(-(rank.nkv[slots] + new) // rank.page) - rank.blk[slots], 0)
@@ -131,12 +135,35 @@ class VllmPolicy:
         return Planned(batch_of(rank, slots, new), slots, new)
 
     def _allocate_with_preemption(self, rank: Rank, slots: I64, new: I64, now_s: float) -> tuple[I64, I64, bool]:
-        kept_s: list[int] = []
-        kept_n: list[int] = []
+        """vLLM's loop over running requests in order, preempting the newest until each one's blocks fit.
+
+        Runs of requests whose blocks fit without a preemption are allocated together (one pool call, as
+        the loop would one by one: the pool takes empty blocks, then evicts cached ones oldest first), so
+        the Python loop only turns where a preemption happens.
+        """
+        kept: list[I64] = []
+        kept_new: list[I64] = []
         preempted = False
-        for s, n in zip(slots.tolist(), new.tolist(), strict=True):
-            if not rank.active[s]:
+        i, n_slots = 0, len(slots)
+        while i < n_slots:
+            rest = slots[i:]
+            alive = rank.active[rest]
+            run = len(rest) if alive.all() else int(np.argmin(alive))
+            if run == 0:
+                i += 1
                 continue
+            cand, cand_new = rest[:run], new[i:i + run]
+            need = np.maximum(-(-(rank.nkv[cand] + cand_new) // rank.page) - rank.blk[cand], 0)
+            fit = int(np.searchsorted(np.cumsum(need), rank.pool.free, side="right"))
+            if fit:
+                ok = rank.pool.allocate(int(need[:fit].sum()))
+                assert ok
+                rank.blk[cand[:fit]] += need[:fit]
+                kept.append(cand[:fit])
+                kept_new.append(cand_new[:fit])
+                i += fit
+                continue
+            s, n = int(slots[i]), int(new[i])
             while not rank.grow(s, n):
                 live = np.flatnonzero(rank.active & rank.ready)
                 victim = int(live[np.argmax(rank.order[live])])
@@ -152,9 +179,12 @@ class VllmPolicy:
                         rank.ledger.preemption_times_s.pop()
                     break
             if rank.active[s]:
-                kept_s.append(s)
-                kept_n.append(n)
-        return np.asarray(kept_s, dtype=np.int64), np.asarray(kept_n, dtype=np.int64), preempted
+                kept.append(slots[i:i + 1])
+                kept_new.append(new[i:i + 1])
+            i += 1
+        if not kept:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), preempted
+        return np.concatenate(kept), np.concatenate(kept_new), preempted
 
     def _admit_waiting(self, rank: Rank, budget_left: int, now_s: float) -> tuple[list[int], list[int]]:
         slots: list[int] = []
@@ -198,7 +228,7 @@ class VllmPolicy:
         Zero when the next step is not a plain decode step (a prefill in flight, an admissible queue
         head, decodes over the budget, no block for the very next token).
         """
-        if decoding == 0 or decoding > self.budget or len(rank.prefilling_slots()) or self.head_admissible(rank, decoding):
+        if decoding == 0 or decoding > self.budget or rank.prefilling() or self.head_admissible(rank, decoding):
             return 0, False
         open_to_arrivals = not rank.waiting and not rank.remote and rank.running < rank.capacity
         return _block_limited_steps(rank, slots), open_to_arrivals
@@ -208,16 +238,26 @@ class VllmPolicy:
 
 
 def _block_limited_steps(rank: Rank, slots: I64) -> int:
-    """Largest k ≤ the nearest completion such that k decode steps fit in the free blocks."""
+    """Largest k ≤ the nearest completion such that k decode steps fit in the free blocks.
+
+    Rank.extra_blocks(slots, k) is Σ max(⌈(nkv + k)/page⌉ − blk, 0); the lengths are gathered once and the
+    bisection runs on them (the same integers, without a gather per probe)."""
     out_left = rank.out_total[slots] - rank.out[slots]
     k_max = int(min(int(out_left.min()), MAX_BURST_STEPS))
     free = rank.pool.free
-    if rank.extra_blocks(slots, k_max) <= free:
+    if k_max <= 0:
+        return 0
+    nkv, blk, page = rank.nkv[slots], rank.blk[slots], rank.page
+
+    def extra(k: int) -> int:
+        return int(np.maximum(-(-(nkv + k) // page) - blk, 0).sum())
+
+    if extra(k_max) <= free:
         return k_max
-    lo, hi = 0, k_max  # extra_blocks(lo) fits, extra_blocks(hi) does not
+    lo, hi = 0, k_max  # extra(lo) fits, extra(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if rank.extra_blocks(slots, mid) <= free:
+        if extra(mid) <= free:
             lo = mid
         else:
             hi = mid
