@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from .analytic import estimate_decode, estimate_prefill, load_shape
-from .layout import Layout, Parallelism, RoleLayout
+from .layout import Layout, LayoutKind, Parallelism, Role, RoleLayout
 from .memory import kv_pool_tokens
 from .predict import predict_figures, slo_capacity_rps
 from .problem import Problem
 from .workload import Objective
 
-__all__ = ["PdRatio", "balanced_per_gpu", "choose_pd_ratio", "COUNT_SPAN", "SLO_MARGIN", "LOAD_MARGIN"]
+__all__ = ["PdRatio", "balanced_per_gpu", "choose_pd_ratio", "rescale_pd", "COUNT_SPAN", "SLO_MARGIN", "LOAD_MARGIN"]
 
 SLO_MARGIN = 1.10   # the funnel's margins (planner.funnel re-exports them)
 LOAD_MARGIN = 0.90
@@ -139,3 +139,16 @@ def choose_pd_ratio(problem: Problem, *, prefill: RoleLayout, decode: RoleLayout
         why = (f"{base}; no split from {need_p}P{need_d}D up to {COUNT_SPAN - 1} more of each, nor along the balanced line, "
                f"within {budget} GPUs meets both SLOs at {rate:g} req/s; {cp}P{cd}D comes closest")
     return PdRatio(cp, cd, prefill.parallelism, decode.parallelism, mu_p, mu_d, meets, why)
+
+
+def rescale_pd(problem: Problem, layout: Layout, *, max_gpus: int | None = None) -> tuple[Layout, PdRatio]:
+    """The same PD roles (shapes and knobs) at the counts `choose_pd_ratio` picks for the problem's load.
+
+    For replanning when only the load moved: the result differs from `layout` in its counts alone, so
+    planner.transition.in_place holds and the change scales the running sets without restarting an engine.
+    """
+    if layout.kind is not LayoutKind.PD:
+        raise ValueError(f"rescale_pd needs a PD layout, got {layout.kind.value}")
+    p, d = layout.roles[Role.PREFILL], layout.roles[Role.DECODE]
+    ratio = choose_pd_ratio(problem, prefill=p, decode=d, max_gpus=max_gpus)
+    return Layout.pd(replace(p, count=ratio.prefill_count), replace(d, count=ratio.decode_count), layout.precision), ratio

@@ -131,3 +131,19 @@ def test_the_balanced_bound_is_the_best_capacity_per_gpu_of_any_ratio():
     best = (np.minimum(cp * mu_p, cd * mu_d) / (cp * gp + cd * gd)).max()
     assert best <= balanced_per_gpu(mu_p, gp, mu_d, gd) * (1 + 1e-12)
     assert best == pytest.approx(balanced_per_gpu(mu_p, gp, mu_d, gd), rel=1e-9)  # 5:3 hits it exactly
+
+
+def test_a_load_change_rescales_the_pd_roles_in_place():
+    # Replanning when only the load moved: the running roles at new counts, a counts-only (in-place) change.
+    from servingtopology.planner.pd_ratio import rescale_pd
+    from servingtopology.planner.transition import in_place
+
+    problem = _wide(64)
+    current = decide(_wide(32)).best.layout                      # 3P(TP1·PP8)·1D(TP8) for 40 req/s
+    busier = dataclasses.replace(problem, workload=dataclasses.replace(problem.workload, arrival_rate_rps=60.0))
+    target, ratio = rescale_pd(busier, current)
+    assert in_place(current, target) and target != current
+    assert (target.roles[Role.PREFILL].count, target.roles[Role.DECODE].count) == (ratio.prefill_count, ratio.decode_count)
+    assert ratio.meets_slo and target.gpus <= 64
+    assert ratio.prefill_count * ratio.prefill_rps_per_instance * 0.9 >= 60.0
+    assert ratio.decode_count * ratio.decode_rps_per_instance * 0.9 >= 60.0
