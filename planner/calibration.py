@@ -185,7 +185,11 @@ def _topology(row: Mapping[str, str], prefix: str, *, workers: bool) -> Topology
         # SGLang rows that record `--tp N --ep N` as tp = N × N (their figures equal the tp = N, ep = N rows'):
         # the engine ran N GPUs with experts expert-parallel over them.
         tp, moe_tp = moe_ep, 1
-    return Topology(tp=tp, pp=pp, dp=dp, moe_ep=max(moe_ep, 1), workers=_int(row, f"{prefix}num_workers", 1) if workers else 1)
+    if workers and not (row.get(f"{prefix}num_workers") or "").strip():
+        # Lossy disagg exports drop the worker counts and put each worker's GPUs in tp_size; predicting them with an
+        # assumed worker count would complete the row's inputs by guess (fill_from_twins restores those it can).
+        raise Skip("worker counts not recorded", f"{prefix}num_workers is empty (a lossy export of a disaggregated row)")
+    return Topology(tp=tp, pp=pp, dp=dp, moe_ep=max(moe_ep, 1), workers=_int(row, f"{prefix}num_workers") if workers else 1)
 
 
 def _precision(row: Mapping[str, str], key: str) -> Precision:
