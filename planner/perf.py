@@ -80,8 +80,8 @@ class PerfParams:
     sglang_ttft_s_per_input_token: float = 5e-6  # SGLang: the radix-tree match and insert walk the prompt in Python
     result_delay_steps: float = 1.0     # steps between a token's compute and its delivery (overlapped output processing)
     pd_admission_steps: float = 2.0     # PD: decode steps before a transferred request joins the decode batch
-    bench_requests_per_client: float = 10.0  # benchmark length: requests each client sends (start-up wave weight), for rows
-    sglang_bench_requests_per_client: float = 10.0  # whose harness is not named (InferenceX rows use its own: 10)
+    bench_requests_per_client: float = 10.0  # benchmark length: requests each client sends (start-up wave weight) where the
+                                             # caller does not say (planner.calibration states it per harness)
     arrival_burst: float = 0.5          # share of a rank's clients whose prefills collide in one step
     queue_factor: float = 1.0           # scale of the prefill queueing delay
     source: str = "defaults (unfitted)"

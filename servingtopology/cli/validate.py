@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,15 @@ class Measurements:
     models: dict[str, ModelArch | Skip]
     gpus: dict[str, Gpu | Skip]
     skipped_at_parse: Counter[str]
+    skipped_by_backend: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def for_backends(self, backends: Sequence[str]) -> Measurements:
+        """The rows of `backends`, with only their own parse-time skips."""
+        skipped: Counter[str] = Counter()
+        for b in backends:
+            skipped.update(self.skipped_by_backend.get(b, Counter()))
+        return Measurements([c for c in self.cases if c.backend in backends], self.models, self.gpus, skipped,
+                            {b: self.skipped_by_backend.get(b, Counter()) for b in backends})
 
 
 def _config_paths(path: str, model_dir: Path) -> list[Path]:
@@ -72,18 +81,21 @@ def load_measurements(csv_path: Path, *, model_dir: Path | None = None, backends
     """Read and parse the rows of `backends` (all when None), resolving each model and GPU once."""
     cases: list[CalibrationCase] = []
     skipped: Counter[str] = Counter()
+    by_backend: dict[str, Counter[str]] = {}
     with csv_path.open(newline="") as fh:
         rows = fill_from_twins(list(csv.DictReader(fh)))
     for row in rows:
-        if backends and (row.get("backend") or "").strip().lower() not in backends:
+        backend = (row.get("backend") or "").strip().lower()
+        if backends and backend not in backends:
             continue
         try:
             cases.append(parse_row(row))
         except Skip as s:
             skipped[s.kind] += 1
+            by_backend.setdefault(backend, Counter())[s.kind] += 1
     models = {p: _resolve_model(p, model_dir) for p in sorted({c.model_path for c in cases})}
     gpus = {s: _resolve_gpu(s) for s in sorted({c.system for c in cases})}
-    return Measurements(cases, models, gpus, skipped)
+    return Measurements(cases, models, gpus, skipped, by_backend)
 
 
 def evaluate(m: Measurements, params: PerfParams | None = None) -> tuple[list[Prediction | Skip], dict[str, Any]]:

@@ -1,0 +1,57 @@
+"""benchmarks/fit_perf.py leave-one-model-out: each family's rows are predicted by a fit that never saw them."""
+
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from servingtopology.cli.validate import Measurements
+from servingtopology.planner.calibration import parse_row
+from servingtopology.planner.hardware import resolve_gpu
+from servingtopology.planner.model import resolve_model
+from servingtopology.planner.perf import PerfParams
+
+from ..planner.test_calibration import AGG
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import fit_perf  # noqa: E402
+
+
+def _measurements():
+    llama = resolve_model("llama-3.1-70b")
+    rows = [{**AGG, "id": f"l{tp}", "tp_size": str(tp), "moe_tp_size": str(tp)} for tp in (4, 8)]
+    rows += [{**AGG, "id": "fp8copy", "model_path": "nvidia/Llama-3.1-70B-FP8"}]
+    rows += [{**AGG, "id": f"d{tp}", "model_path": "deepseek-ai/DeepSeek-V3", "tp_size": str(tp), "moe_tp_size": str(tp)} for tp in (8,)]
+    cases = [parse_row(r) for r in rows]
+    models = {"meta-llama/Llama-3.1-70B": llama, "nvidia/Llama-3.1-70B-FP8": replace(llama, name="other", checkpoint_precision="fp8"),
+              "deepseek-ai/DeepSeek-V3": resolve_model("deepseek-v3")}
+    return Measurements(cases, models, {"h200_sxm": resolve_gpu("h200_sxm")}, Counter())
+
+
+def test_a_family_is_its_shapes_whatever_its_name_or_checkpoint_precision():
+    m = _measurements()
+    fams = {p: fit_perf.family(a) for p, a in m.models.items()}
+    assert fams["meta-llama/Llama-3.1-70B"] == fams["nvidia/Llama-3.1-70B-FP8"] != fams["deepseek-ai/DeepSeek-V3"]
+
+
+def test_each_fold_fits_without_the_held_out_family_and_predicts_only_it(monkeypatch):
+    m = _measurements()
+    seen: list[set[str]] = []
+    real_loss = fit_perf._loss
+
+    def spy(train, targets, params, **kw):
+        seen.append({c.model_path for c in train.cases})
+        return real_loss(train, targets, params, **kw)
+
+    monkeypatch.setattr(fit_perf, "_loss", spy)
+    names = ["step_overhead_s"]
+    out = fit_perf.leave_one_model_out(m, PerfParams(), names, np.log([1.5e-3]), evals=3, ticks=[], step=0.3,
+                                       loss_args={"rank_weight": 0.5, "step_weight": 0.0, "ttft_weight": 1.5})
+    assert [f["models"] for f in out["folds"]] == [["deepseek-ai/DeepSeek-V3"], ["meta-llama/Llama-3.1-70B", "nvidia/Llama-3.1-70B-FP8"]]
+    assert [f["rows"] for f in out["folds"]] == [1, 3]
+    # The DeepSeek fold trained on the Llama rows only, and the Llama fold on DeepSeek's only.
+    assert seen[0] == {"meta-llama/Llama-3.1-70B", "nvidia/Llama-3.1-70B-FP8"}
+    assert seen[-1] == {"deepseek-ai/DeepSeek-V3"}
+    assert out["vllm_sglang"]["predicted"] == 4
