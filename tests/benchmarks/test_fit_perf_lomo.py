@@ -16,7 +16,7 @@ from servingtopology.planner.perf import PerfParams
 from ..planner.test_calibration import AGG
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import fit_perf  # noqa: E402
+import fit_perf
 
 
 def _measurements():
