@@ -2,7 +2,9 @@
 
 The golden file was written by the funnel before it became named stages over typed tables, so the tests
 that read it prove the refactor and the scaling changed no count, no survivor and no choice.
-Regenerate only on purpose: `.venv/bin/python -m tests.planner.funnel_cases --write`.
+Regenerate only on purpose: `.venv/bin/python -m tests.planner.funnel_cases --write`. The counts depend on
+the performance model's calibration, so they are taken, and checked, under the calibration they were written
+with (data/funnel_perf_params.json, the shipped parameters of main at 81c182a), not whatever a refit ships.
 """
 
 from __future__ import annotations
@@ -20,11 +22,18 @@ from servingtopology.planner.funnel import run_funnel
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, LayoutKind, layout_to_dict
 from servingtopology.planner.model import resolve_model
+from servingtopology.planner.perf import PerfParams, load_params, pinned_params
 from servingtopology.planner.problem import Problem, SearchSpace
 from servingtopology.planner.workload import LengthDist, Slo, Workload
 from servingtopology.spec import load_spec, parse_spec, to_problem
 
 GOLDEN = Path(__file__).parent / "data" / "funnel_golden.json"
+CALIBRATION = Path(__file__).parent / "data" / "funnel_perf_params.json"
+
+
+def golden_params() -> PerfParams:
+    """The calibration the golden counts were written with."""
+    return load_params(json.loads(CALIBRATION.read_text()))
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WIDE_SIZES = (8, 16, 32, 64, 128)
 
@@ -118,7 +127,8 @@ def main(argv: list[str]) -> int:
     if argv != ["--write"]:
         print("usage: python -m tests.planner.funnel_cases --write   (rewrites the golden file on purpose)")
         return 2
-    golden = {name: summarise(p) for name, p in cases().items()}
+    with pinned_params(golden_params()):
+        golden = {name: summarise(p) for name, p in cases().items()}
     GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(golden)} cases to {GOLDEN}")
     return 0

@@ -14,9 +14,18 @@ from servingtopology.planner.layout import LayoutKind, Role
 from servingtopology.planner.pd_ratio import balanced_per_gpu, choose_pd_ratio
 from servingtopology.planner.workload import Objective
 
-from .funnel_cases import GOLDEN, _wide, cases, summarise
+from servingtopology.planner.perf import pinned_params
+
+from .funnel_cases import GOLDEN, _wide, cases, golden_params, summarise
 
 GOLDEN_CASES = json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(autouse=True)
+def _golden_calibration():
+    """Pinned counts are the funnel's mechanics under one calibration; a refit must not move them."""
+    with pinned_params(golden_params()):
+        yield
 
 
 def test_the_whole_ladder_of_the_wide_preset_on_32_gpus_is_pinned():
