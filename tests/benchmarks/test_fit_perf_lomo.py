@@ -25,12 +25,12 @@ def _measurements():
     rows += [{**AGG, "id": "fp8copy", "model_path": "nvidia/Llama-3.1-70B-FP8"}]
     rows += [{**AGG, "id": f"d{tp}", "model_path": "deepseek-ai/DeepSeek-V3", "tp_size": str(tp), "moe_tp_size": str(tp)} for tp in (8,)]
     cases = [parse_row(r) for r in rows]
-    models = {"meta-llama/Llama-3.1-70B": llama, "nvidia/Llama-3.1-70B-FP8": replace(llama, name="other", checkpoint_precision="fp8"),
+    models = {"meta-llama/Llama-3.1-70B": llama, "nvidia/Llama-3.1-70B-FP8": replace(llama, name="other"),
               "deepseek-ai/DeepSeek-V3": resolve_model("deepseek-v3")}
     return Measurements(cases, models, {"h200_sxm": resolve_gpu("h200_sxm")}, Counter())
 
 
-def test_a_family_is_its_shapes_whatever_its_name_or_checkpoint_precision():
+def test_a_family_is_its_shapes_whatever_its_name():
     m = _measurements()
     fams = {p: fit_perf.family(a) for p, a in m.models.items()}
     assert fams["meta-llama/Llama-3.1-70B"] == fams["nvidia/Llama-3.1-70B-FP8"] != fams["deepseek-ai/DeepSeek-V3"]

@@ -12,9 +12,8 @@ from servingtopology.planner.decide import decide
 from servingtopology.planner.funnel import LADDER, reject_pd_shapes, run_funnel
 from servingtopology.planner.layout import LayoutKind, Role
 from servingtopology.planner.pd_ratio import balanced_per_gpu, choose_pd_ratio
-from servingtopology.planner.workload import Objective
-
 from servingtopology.planner.perf import pinned_params
+from servingtopology.planner.workload import Objective
 
 from .funnel_cases import GOLDEN, _wide, cases, golden_params, summarise
 
