@@ -17,7 +17,7 @@ def topology(name: str, namespace: str, *, prometheus_url: str, mode: str = "Aut
              allowed_layouts: list[str] | None = None, max_surge_gpus: int = 2, replan_interval: str = "10s",
              cooldown: str = "10s") -> dict[str, Any]:
     """A ServingTopology for Llama-3.1-8B on the harness's fake H100 nodes."""
-    image = "vllm/vllm-openai:v0.11.0" if engine == "vllm" else "lmsysorg/sglang:v0.5.4"
+    image = "vllm/vllm-openai:v0.11.0" if engine == "vllm" else "lmsysorg/sglang:v0.5.23"
     return {
         "apiVersion": "servingtopology.io/v1alpha1",
         "kind": "ServingTopology",

@@ -86,7 +86,8 @@ class ClusterEngineSpec(EngineSpec):
     """The planning spec's engine with the image made mandatory (a cluster has to pull something)."""
 
     image: str = Field(min_length=1, description="container image of the engine (vllm/vllm-openai:..., lmsysorg/sglang:...)")
-    routerImage: str | None = Field(default=None, description="image of the PD router; default: the engine image")
+    routerImage: str | None = Field(default=None, description="image of the PD router (vllm-router for vLLM, smg for SGLang); "
+                                    "default: the router's own image at the covered version")
     transferBackend: str = Field(default="nixl", pattern="^(nixl|mooncake)$", description="SGLang PD KV transfer backend")
 
 

@@ -19,13 +19,16 @@ from ..planner.hardware import Precision
 from ..planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
 from ..planner.transition import set_name as layout_set_name
 from .engine_args import (
+    DEFAULT_ROUTER_IMAGES,
     ENGINE_PORT,
     NIXL_SIDE_CHANNEL_PORT,
+    ROUTER_METRICS_PORT,
     ROUTER_PORT,
     SGLANG_BOOTSTRAP_PORT,
     EngineCommand,
     engine_command,
     router_command,
+    router_kind,
 )
 
 __all__ = [
@@ -86,13 +89,14 @@ class Blueprint:
     served_model_name: str
     layout: Layout
     gpus_per_node: int
-    router_image: str = ""     # empty: the engine image (SGLang images ship sglang_router)
+    router_image: str = ""     # empty: the router's own image (engine_args.DEFAULT_ROUTER_IMAGES)
     extra_args: tuple[str, ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     transfer_backend: str = "nixl"
     shm_size: str = "16Gi"
     set_name: str = ""         # empty: derived from the layout's shapes (planner.transition.set_name)
+    engine_version: str = ""   # the engine release the commands are spelled for (empty: the newest covered)
 
     @property
     def precision(self) -> Precision:
@@ -203,6 +207,9 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
         "ports": _engine_ports(bp, role),
         "resources": {"requests": {"nvidia.com/gpu": gpu}, "limits": {"nvidia.com/gpu": gpu}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        # An engine that refuses its arguments exits with the error on stderr: the kubelet keeps its last
+        # lines as the container's termination message, which the operator reports in the conditions.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     env = _engine_env(bp, role)
     if env:
@@ -227,7 +234,7 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
 def _command(bp: Blueprint, role: Role, rl: RoleLayout, nodes: int) -> EngineCommand:
     return engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role,
                           par=rl.parallelism, knobs=rl.knobs, precision=bp.precision, extra_args=bp.extra_args,
-                          nodes=nodes, transfer_backend=bp.transfer_backend)
+                          nodes=nodes, transfer_backend=bp.transfer_backend, version=bp.engine_version)
 
 
 def build_deployment(bp: Blueprint, role: Role) -> dict[str, Any]:
@@ -339,10 +346,11 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
     )
     container = {
         "name": ROUTER,
-        "image": bp.router_image or bp.image,
+        "image": bp.router_image or DEFAULT_ROUTER_IMAGES[router_kind(bp.engine)],
         "command": list(cmd.command),
         "args": list(cmd.args),
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "readinessProbe": _http_probe("/health", ROUTER_PORT, period_s=5, failures=3),
         "livenessProbe": _http_probe("/health", ROUTER_PORT, period_s=15, failures=4, initial_s=10),
@@ -359,7 +367,9 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": _selector(bp, ROUTER)},
-            "template": {"metadata": {"labels": {**build_labels(bp, ROUTER), SET_LABEL: bp.set, ENTRY_LABEL: "true"}},
+            "template": {"metadata": {"labels": {**build_labels(bp, ROUTER), SET_LABEL: bp.set, ENTRY_LABEL: "true"},
+                                      "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(ROUTER_METRICS_PORT),
+                                                      "prometheus.io/path": "/metrics"}},
                          "spec": spec},
         },
     }

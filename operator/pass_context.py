@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..planner.engine_caps import resolve_version
 from ..planner.errors import Infeasible, InsufficientData, InvalidSpec
 from ..planner.layout import Layout, Role, RoleLayout
 from ..planner.problem import Decision, Problem
@@ -114,6 +115,7 @@ def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: s
         node_selector=dict(hw.nodeSelector),
         tolerations=tuple(t.model_dump(exclude_none=True) for t in hw.tolerations),
         transfer_backend=spec.engine.transferBackend, set_name=set_name,
+        engine_version=resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image),
     )
 
 
@@ -122,7 +124,7 @@ def engine_args_of(bp: Blueprint) -> Callable[[Role, RoleLayout], tuple[int, tup
         nodes = role_nodes(bp, rl)
         cmd = engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role, par=rl.parallelism,
                              knobs=rl.knobs, precision=bp.precision, extra_args=bp.extra_args, nodes=nodes,
-                             transfer_backend=bp.transfer_backend)
+                             transfer_backend=bp.transfer_backend, version=bp.engine_version)
         return nodes, (*cmd.command, *cmd.args)
     return args_of
 

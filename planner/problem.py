@@ -54,6 +54,8 @@ class Problem:
     # Observed/predicted ratio for TTFT and TPOT from live metrics (closed-loop calibration), 1 = none.
     ttft_correction: float = 1.0
     tpot_correction: float = 1.0
+    # The engine release (planner/engine_caps.py); empty: the newest covered release of `engine`.
+    engine_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .arch import ModelArch
 from .engine_args import layout_engine_args
+from .engine_caps import load_caps, resolve_version
 from .hardware import GIB
 from .layout import Role
 from .memory import kv_bytes_per_token, state_bytes_per_seq, transfer_floor_s
@@ -39,6 +40,11 @@ def transfer_floors(problem: Problem, prompt_tokens: float) -> list[tuple[str, f
     link = "NVLink" if gpu.nvlink_gbps > 0 else "PCIe"
     rows.append((f"{link} inside a node ({gpu.scaleup_gbps:g} GB/s)", gpu.scaleup_gbps * 8, transfer_floor_s(nbytes, link_gbit=gpu.scaleup_gbps * 8)))
     return rows
+
+
+def engine_label(problem: Problem) -> str:
+    """The engine release the plan is for: `vLLM 0.11.0`."""
+    return load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine)).label
 
 
 def _cand_row(c: Candidate) -> str:
@@ -73,7 +79,7 @@ def render_record(problem: Problem, decision: Decision) -> str:
     kv_tok = decision.kv_bytes_per_token
     prompt_bytes = kv_tok * prompt
     lines = [
-        f"# Topology decision record: {m.name} on {g.id} ({problem.engine.value})",
+        f"# Topology decision record: {m.name} on {g.id} ({engine_label(problem)})",
         "",
         "## Inputs",
         f"- Model: {m.name}: {m.total_params / 1e9:.2f} B parameters ({m.active_params_per_token / 1e9:.2f} B active per token), "
@@ -109,7 +115,7 @@ def render_record(problem: Problem, decision: Decision) -> str:
                   f"balanced at {r.balanced:.2f} prefill per decode). The chosen layout runs "
                   f"{best.layout.roles[Role.PREFILL].count}:{best.layout.roles[Role.DECODE].count}."]
     lines += ["", "Engine arguments:", ""]
-    for role, args in layout_engine_args(problem.engine, best.layout, moe=m.is_moe).items():
+    for role, args in layout_engine_args(problem.engine, best.layout, moe=m.is_moe, version=problem.engine_version).items():
         lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{' '.join(args)}`")
     if decision.current is not None:
         c = decision.current

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from servingtopology.planner.engine_caps import resolve_version
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
@@ -53,6 +54,9 @@ class _Base(BaseModel):
 
 class EngineSpec(_Base):
     name: Engine = Engine.VLLM
+    version: str | None = Field(default=None, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?$",
+                                description="engine release (0.11.0, or 0.11 for its newest covered patch); default: the image tag's, "
+                                "else the newest covered release (planner/data/engine_caps)")
     image: str | None = None
     extraArgs: list[str] = Field(default_factory=list)
 
@@ -392,6 +396,7 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         pinned = replace(pinned, precision=precision)  # a layout built before the model was read (the operator's pin)
     return Problem(
         model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
+        engine_version=resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image),
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
         pinned=pinned, current=current,
     )

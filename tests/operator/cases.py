@@ -7,12 +7,13 @@ spelled once. Decisions are built by hand here so the operator can be tested wit
 from __future__ import annotations
 
 from servingtopology.operator.manifests import Blueprint
+from servingtopology.planner.engine_caps import resolve_version
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
 from servingtopology.planner.problem import Candidate, Decision, Prediction
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
-SGLANG_IMAGE = "lmsysorg/sglang:v0.5.3"
+SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
 UID = "0d9c1e4e-5b7a-4c1e-9a57-000000000001"
 
 
@@ -22,9 +23,10 @@ def knobs(**kw: object) -> EngineKnobs:
 
 def blueprint(engine: Engine, layout: Layout, *, gpus_per_node: int = 8, model: str = "meta-llama/Llama-3.1-8B-Instruct",
               **kw: object) -> Blueprint:
-    image = VLLM_IMAGE if engine is Engine.VLLM else SGLANG_IMAGE
+    image = str(kw.pop("image", VLLM_IMAGE if engine is Engine.VLLM else SGLANG_IMAGE))
     return Blueprint(name="llama", namespace="serving", uid=UID, engine=engine, image=image, model=model,
-                     served_model_name=model, layout=layout, gpus_per_node=gpus_per_node, **kw)  # type: ignore[arg-type]
+                     served_model_name=model, layout=layout, gpus_per_node=gpus_per_node,
+                     engine_version=resolve_version(engine, image=image), **kw)  # type: ignore[arg-type]
 
 
 # name -> blueprint; each row is one shape the golden files pin down.
@@ -44,8 +46,11 @@ BLUEPRINTS: dict[str, Blueprint] = {
                              model="meta-llama/Llama-3.1-70B"),
     # PD with the same parallelism on both sides, the vLLM router
     "vllm-pd-2p3d-tp4": blueprint(Engine.VLLM, Layout.pd(RoleLayout(2, Parallelism(tp=4)), RoleLayout(3, Parallelism(tp=4)))),
-    # one instance over two nodes: LeaderWorkerSet with the mp executor's rendezvous flags
+    # one instance over two nodes on vLLM 0.11 (no --nnodes): LeaderWorkerSet started through Ray
     "vllm-multinode-tp8pp2": blueprint(Engine.VLLM, Layout.replicas(1, Parallelism(tp=8, pp=2)), model="meta-llama/Llama-3.1-405B"),
+    # the same on vLLM 0.33: the mp executor's rendezvous flags (--nnodes, --node-rank, --master-addr, --headless)
+    "vllm-0.33-multinode-tp8pp2": blueprint(Engine.VLLM, Layout.replicas(1, Parallelism(tp=8, pp=2)), model="meta-llama/Llama-3.1-405B",
+                                            image="vllm/vllm-openai:v0.33.0"),
     # SGLang replicas with DP attention and expert parallelism (an MoE model)
     "sglang-replicas-tp2dp4-ep": blueprint(Engine.SGLANG, Layout.replicas(2, Parallelism(tp=2, dp=4, ep=True)),
                                            model="Qwen/Qwen3-30B-A3B"),

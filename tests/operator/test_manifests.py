@@ -92,8 +92,11 @@ def test_sglang_dp_attention_counts_tp_over_all_ranks_and_scales_the_running_req
     objects = build_workloads(BLUEPRINTS["sglang-replicas-tp2dp4-ep"])
     args = objects[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = dict(itertools.pairwise(args))
-    assert flags["--tp-size"] == "8" and flags["--dp-size"] == "4"
-    assert "--enable-dp-attention" in args
+    # SGLang 0.5.23 spells attention DP --attn-dp-size (--dp-size --enable-dp-attention is deprecated) and, with
+    # it, reports gauges from the first rank only unless every scheduler is asked to.
+    assert flags["--tp-size"] == "8" and flags["--attn-dp-size"] == "4"
+    assert "--enable-dp-attention" not in args and "--dp-size" not in args
+    assert "--enable-metrics-for-all-schedulers" in args
     assert flags["--max-running-requests"] == str(256 * 4)
     assert flags["--model-path"] == "Qwen/Qwen3-30B-A3B" and "--enable-metrics" in args
 
@@ -109,7 +112,7 @@ def test_sglang_prefill_advertises_its_bootstrap_port() -> None:
 
 
 def test_instances_wider_than_a_node_become_leader_worker_sets_with_headless_workers() -> None:
-    bp = BLUEPRINTS["vllm-multinode-tp8pp2"]
+    bp = BLUEPRINTS["vllm-0.33-multinode-tp8pp2"]
     assert multinode_roles(bp) == (Role.AGGREGATED,)
     lws = build_leader_worker_set(bp, Role.AGGREGATED)
     lwt = lws["spec"]["leaderWorkerTemplate"]
@@ -117,6 +120,27 @@ def test_instances_wider_than_a_node_become_leader_worker_sets_with_headless_wor
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
     assert "--headless" in worker["args"] and "readinessProbe" not in worker
     assert lwt["workerTemplate"]["metadata"]["labels"][SERVING_LABEL] == "false"
+
+
+def test_vllm_0_11_has_no_multinode_flags_so_its_instances_span_nodes_through_ray() -> None:
+    # vLLM 0.11.0's parser has no --nnodes/--node-rank/--master-addr (planner/data/engine_caps/vllm-0.11.0.json):
+    # the leader starts the Ray head and serves with the Ray executor, workers only join Ray.
+    lwt = build_leader_worker_set(BLUEPRINTS["vllm-multinode-tp8pp2"], Role.AGGREGATED)["spec"]["leaderWorkerTemplate"]
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert leader["command"] == ["/bin/sh", "-c"] and "--nnodes" not in leader["args"][0]
+    assert "leader --ray_cluster_size=$(LWS_GROUP_SIZE)" in leader["args"][0]
+    assert "--distributed-executor-backend ray" in leader["args"][0] and "exec vllm serve" in leader["args"][0]
+    assert "worker --ray_address=$(LWS_LEADER_ADDRESS)" in worker["args"][0] and "vllm serve" not in worker["args"][0]
+
+
+def test_pd_routers_run_their_own_images_and_export_metrics() -> None:
+    for name, image, command in (("vllm-pd-2p3d-tp4", "vllm/vllm-router:", ["vllm-router"]), ("sglang-pd-1p2d-mixed", "lightseekorg/smg:", ["smg", "launch"])):
+        router = next(o for o in build_workloads(BLUEPRINTS[name]) if o["metadata"]["name"].endswith("-router") and o["kind"] == "Deployment")
+        c = router["spec"]["template"]["spec"]["containers"][0]
+        assert c["image"].startswith(image) and c["command"] == command
+        assert c["args"][c["args"].index("--prometheus-port") + 1] == "29000"
+        assert router["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "29000"
 
 
 def test_an_instance_that_does_not_split_over_whole_nodes_is_refused() -> None:
