@@ -52,6 +52,8 @@ class Argument:
     const: Any = None
     deprecated: bool | str = False
     new_flag: str = ""
+    bounds: Mapping[str, Any] = field(default_factory=dict)   # vLLM config checks: {"class", "ge"/"gt"/"le"/"lt", "literal"}
+    required: bool = False
 
     @property
     def positional(self) -> bool:
@@ -85,6 +87,7 @@ class EngineCaps:
     version: str
     prog: str
     arguments: tuple[Argument, ...]
+    allow_abbrev: bool = True
     facts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     multinode_style: str = ""          # vLLM: "mp" (--nnodes ...) or "ray"; SGLang: "dist-init"
     pd_rules: tuple[PdRule, ...] = ()
@@ -132,7 +135,8 @@ def load_caps(kind: str, version: str) -> EngineCaps:
     args = tuple(
         Argument(options=tuple(a["options"]), dest=a["dest"], action=a["action"], nargs=a["nargs"], type=a["type"],
                  choices=None if a["choices"] is None else tuple(a["choices"]), default=a.get("default"),
-                 const=a.get("const"), deprecated=a.get("deprecated", False), new_flag=a.get("new_flag", ""))
+                 const=a.get("const"), deprecated=a.get("deprecated", False), new_flag=a.get("new_flag", ""),
+                 bounds=a.get("bounds", {}), required=bool(a.get("required")))
         for a in raw["actions"]
     )
     rules = tuple(
@@ -143,7 +147,7 @@ def load_caps(kind: str, version: str) -> EngineCaps:
     metrics = tuple(Metric(name=m["name"], type=m["type"], labels=tuple(m.get("labels", ())), labels_expr=m.get("labels_expr", ""))
                     for m in raw["metrics"])
     facts = {k: tuple(v) for k, v in raw.get("facts", {}).items()}
-    return EngineCaps(kind=kind, version=version, prog=raw["prog"], arguments=args, facts=facts,
+    return EngineCaps(kind=kind, version=version, prog=raw["prog"], arguments=args, allow_abbrev=raw.get("allow_abbrev", True), facts=facts,
                       multinode_style=raw.get("multinode", {}).get("style", ""), pd_rules=rules, metrics=metrics)
 
 

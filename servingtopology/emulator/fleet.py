@@ -8,6 +8,8 @@ and a status JSON (instances and argument errors). A pod whose arguments are wro
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -49,6 +51,7 @@ class PodView:
     container: str
     gpus: int
     ready: bool
+    image: str = ""
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
@@ -67,7 +70,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         return PodView(
             namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
             node=spec.get("nodeName") or "", ip=status.get("podIP") or "", labels=dict(meta.get("labels") or {}),
-            argv=argv, container=container.get("name", ""), gpus=gpus, ready=ready,
+            argv=argv, container=container.get("name", ""), gpus=gpus, ready=ready, image=container.get("image") or "",
         )
     return None
 
@@ -145,7 +148,10 @@ class Fleet:
     def _config(self, pod: PodView) -> EngineConfig:
         hint_raw = pod.labels.get(self.role_label, "")
         hint = Role(hint_raw) if hint_raw in {r.value for r in Role} else None
-        config = parse_engine_command(pod.argv, role_hint=hint)
+        config = parse_engine_command(pod.argv, role_hint=hint, image=pod.image)
+        if config.ray and pod.gpus:
+            # Ray executor: the instance spans the Ray cluster the leader waited for, pods of `pod.gpus` GPUs each.
+            config = dataclasses.replace(config, nodes=max(1, config.gpus // pod.gpus))
         if pod.gpus and config.gpus_per_node != pod.gpus:
             raise EngineArgsError(f"arguments ask for {config.gpus_per_node} GPUs per pod (tp={config.tp}, pp={config.pp}, "
                                   f"dp={config.dp}, nnodes={config.nodes}) but the pod has {pod.gpus} {GPU_RESOURCE}")
@@ -172,7 +178,7 @@ class Fleet:
         return {
             "instances": {key: {"address": inst.address, "engine": str(inst.config.engine), "role": str(inst.role),
                                 "tp": inst.config.tp, "pp": inst.config.pp, "dp": inst.config.dp,
-                                "model": inst.config.model, "unknown_flags": list(inst.config.unknown_flags)}
+                                "model": inst.config.model, "version": inst.config.version}
                           for key, (_, inst) in self.instances.items()},
             "errors": dict(self.errors),
         }

@@ -47,7 +47,7 @@ def test_a_pod_whose_arguments_the_engine_would_refuse_gets_an_error_and_no_targ
         status = json.loads((tmp_path / "status.json").read_text())
         assert not status["instances"]
         errors = status["errors"]
-        assert "--max-num-seqs" in errors["ns/bad/uid-bad"]
+        assert "max_num_seqs: Input should be greater than or equal to 1" in errors["ns/bad/uid-bad"]  # vLLM 0.33's SchedulerConfig bound
         assert "4 nvidia.com/gpu" in errors["ns/short/uid-short"]  # TP2 on a 4-GPU pod: the GPU counts disagree
         assert json.loads((tmp_path / "sd.json").read_text()) == []
     finally:

@@ -134,8 +134,54 @@ def _facts(kind: str) -> dict[str, Any]:
             "kv_connectors": sorted(KVConnectorFactory._registry)}
 
 
+_BOUND_NAMES = {"Ge": "ge", "Gt": "gt", "Le": "le", "Lt": "lt"}
+
+
+def _bounds(kind: str) -> dict[str, dict[str, Any]]:
+    """vLLM's config dataclasses declare numeric bounds (pydantic Field(ge=..., le=...)) and Literal value sets
+    that EngineArgs checks when it builds the engine config: dest -> {"class": ..., "ge"/"gt"/"le"/"lt": bound,
+    "literal": [values]}, for field names that one config class alone declares."""
+    if kind != "vllm":
+        return {}
+    import vllm.config as config
+
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in dir(config):
+        cls = getattr(config, name)
+        fields = getattr(cls, "__pydantic_fields__", None)
+        # SpeculativeConfig's fields describe the draft model (set through --speculative-config), not the flags.
+        if not isinstance(cls, type) or not fields or cls.__name__ == "SpeculativeConfig":
+            continue
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:  # a forward reference the config module cannot resolve: bounds only
+            hints = {}
+        for field_name, info in fields.items():
+            bound: dict[str, Any] = {_BOUND_NAMES[type(m).__name__]: getattr(m, _BOUND_NAMES[type(m).__name__])
+                                     for m in getattr(info, "metadata", ()) if type(m).__name__ in _BOUND_NAMES}
+            literal = _literal_values(hints.get(field_name))
+            if literal:
+                bound["literal"] = [str(v) for v in dict.fromkeys(literal) if v is not None]
+            if bound:
+                found.setdefault(field_name, []).append({"class": cls.__name__, **bound})
+    out = {k: v[0] for k, v in found.items() if len(v) == 1}
+    # EngineArgs's own annotations name the value sets of its fields (kv_cache_dtype: CacheDType, ...).
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        engine_hints = typing.get_type_hints(EngineArgs)
+    except Exception:
+        engine_hints = {}
+    for name, hint in engine_hints.items():
+        literal = _literal_values(hint)
+        if literal:
+            out.setdefault(name, {"class": "EngineArgs"})["literal"] = [str(v) for v in dict.fromkeys(literal) if v is not None]
+    return out
+
+
 def dump(kind: str) -> dict[str, Any]:
     parser, _ = build_parser(kind)
+    bounds = _bounds(kind)
     actions = []
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
@@ -152,6 +198,8 @@ def dump(kind: str) -> dict[str, Any]:
         }
         if action.const is not None:
             entry["const"] = _jsonable(action.const)
+        if action.dest in bounds:
+            entry["bounds"] = bounds[action.dest]
         for attr in ("deprecated", "new_flag"):
             if getattr(action, attr, None):
                 entry[attr] = _jsonable(getattr(action, attr))
@@ -160,7 +208,7 @@ def dump(kind: str) -> dict[str, Any]:
             entry["deprecated"] = entry.get("deprecated") or True
             entry["help"] = help_text.splitlines()[0][:200]
         actions.append(entry)
-    return {"prog": parser.prog, "actions": actions, "facts": _facts(kind)}
+    return {"prog": parser.prog, "allow_abbrev": parser.allow_abbrev, "actions": actions, "facts": _facts(kind)}
 
 
 def parse_lines(kind: str) -> None:
