@@ -150,9 +150,10 @@ def _converter(desc: Mapping[str, Any] | None) -> Callable[[str], Any] | None:
         return json.loads if kind == "json" else str
     if kind in ("human_readable_int", "human_readable_int_or_auto"):
         auto = kind.endswith("_or_auto")
-        fn: Callable[[str], Any] = (lambda v: -1 if auto and v.lower() == "auto" else _human_readable_int(v))
-        fn.__name__ = kind  # type: ignore[attr-defined]
-        return fn
+        def readable(v: str) -> Any:
+            return -1 if auto and v.lower() == "auto" else _human_readable_int(v)
+        readable.__name__ = kind
+        return readable
     if kind == "parse_dataclass":
         return _dataclass_json(desc.get("fields", {}))
     if kind == "_optional_type":
@@ -270,7 +271,7 @@ def _vllm_checks(caps: EngineCaps, ns: argparse.Namespace) -> None:
     pp = getattr(ns, "pipeline_parallel_size", 1) or 1
     role = {"kv_producer": Role.PREFILL, "kv_consumer": Role.DECODE}.get(kv.get("kv_role", ""))
     for rule in caps.pd_rules:
-        if rule.id == "pp_in_pd_role" and pp > 1 or rule.id == "pp_on_decode" and pp > 1 and role is Role.DECODE:
+        if (rule.id == "pp_in_pd_role" and pp > 1) or (rule.id == "pp_on_decode" and pp > 1 and role is Role.DECODE):
             raise EngineArgsError(f"{rule.message} ({caps.label}, {rule.source})")
 
 

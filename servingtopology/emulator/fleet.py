@@ -9,7 +9,6 @@ and a status JSON (instances and argument errors). A pod whose arguments are wro
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import os
