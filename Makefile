@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test lint unit e2e e2e-build e2e-kind engine-env bench env clean
+.PHONY: plan test lint unit conformance conformance-env engine-caps e2e e2e-build e2e-kind engine-env bench env clean
 
 env: $(STAMP)
 
@@ -24,7 +24,21 @@ lint: $(STAMP)
 	PYTHONPATH=build/lint $(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not e2e"
+	$(BIN)/python -m pytest tests -m "not e2e and not conformance"
+
+# Conformance: every rendered command line against the engines' and routers' own parsers. The environment (the real
+# vLLM one from e2e/engine/vllm_cpu_env.sh, plus the pyproject `conformance` extra and the other covered vLLM
+# releases' Python files) is cached in ~/.cache/servingtopology; warm, a no-op.
+conformance-env:
+	bash tools/engine_caps/conformance_env.sh
+
+conformance: $(STAMP) conformance-env
+	$(BIN)/python -m pytest tests/conformance -m conformance -rs
+
+# Regenerate planner/data/engine_caps from the released packages (needs the conformance environment).
+engine-caps: conformance-env
+	python3 tools/gen_engine_caps.py --python "$$(bash tools/engine_caps/conformance_env.sh | tail -3 | head -1)" \
+		--site "$$(bash tools/engine_caps/conformance_env.sh | tail -2 | head -1)"
 
 # e2e: a real local control plane (etcd, kube-apiserver, controller-manager, scheduler built once from the Go
 # module proxy into ~/.cache/servingtopology), kwok GPU nodes, Debian's Prometheus, the chart-installed operator
@@ -45,7 +59,7 @@ e2e: $(STAMP) e2e-build engine-env
 e2e-kind: $(STAMP)
 	E2E_KUBECONFIG="$${KUBECONFIG:-$$HOME/.kube/config}" $(BIN)/python -m pytest e2e -m e2e -rs
 
-test: lint unit e2e
+test: lint unit conformance e2e
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/funnel_speed.py

