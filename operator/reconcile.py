@@ -275,8 +275,14 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
     was = {k: condition(p.conditions, k) for k in (ConditionType.READY, ConditionType.DEGRADED)}
     degraded = failed or (not ready and not p.applied and not run.decided and not moving
                           and any(c is not None and c.status == "True" for c in was.values()))
-    p.set(ConditionType.READY, ready, "WorkloadsReady" if ready else ("ReplicasUnavailable" if degraded else "WorkloadsNotReady"),
-          f"{plan.layout}: {summary}")
+    failures = [] if ready else engine_failures(p.cluster.list_pods(p.namespace, f"app.kubernetes.io/instance={p.name}"))
+    if failures:
+        # An engine that refused to start: its own message, as the kubelet kept it, is the reason to show.
+        if p.set(ConditionType.READY, False, "EngineFailed", f"{plan.layout}: {'; '.join(failures)}"):
+            p.event("Warning", "EngineFailed", failures[0])
+    else:
+        p.set(ConditionType.READY, ready, "WorkloadsReady" if ready else ("ReplicasUnavailable" if degraded else "WorkloadsNotReady"),
+              f"{plan.layout}: {summary}")
     if moving and state is not None:
         p.set(ConditionType.PROGRESSING, True, "Transition", f"{state.source.label} → {state.target.label}: {state.message}")
     else:
@@ -287,6 +293,34 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
         p.event("Warning", reason, f"{plan.layout}: {text}")
     requeue = run.requeue_after_s if moving else (None if ready else PROGRESS_REQUEUE_S)
     return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, requeue_after_s=requeue)
+
+
+ENGINE_CONTAINERS = ("engine", "router")
+FAILURE_MESSAGE_CHARS = 600
+
+
+def engine_failures(pods: list[Mapping[str, Any]]) -> list[str]:
+    """`<pod> (<role>): exit N: <message>` for each engine or router container that exited in error (now or last
+    time), with the termination message the kubelet kept (terminationMessagePolicy FallbackToLogsOnError: the
+    engine's last log lines). Distinct messages only, in pod order."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        for cs in status.get("containerStatuses") or []:
+            if cs.get("name") not in ENGINE_CONTAINERS:
+                continue
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+            code = int(term.get("exitCode") or 0)
+            if not code:
+                continue
+            message = " ".join(str(term.get("message") or term.get("reason") or "").split())[:FAILURE_MESSAGE_CHARS]
+            if message in seen:
+                continue
+            seen.add(message)
+            role = ((meta.get("labels") or {}).get(ROLE_LABEL)) or cs.get("name")
+            out.append(f"{meta.get('name')} ({role}): exit {code}: {message}")
+    return out
 
 
 def _readiness(p: PassState, objects: list[dict[str, Any]]) -> tuple[bool, str]:

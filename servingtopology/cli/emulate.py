@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import yaml
 
 from servingtopology.emulator.engine import SimulatorKind, build_simulator, gpu_for_label
 from servingtopology.emulator.engine_args import EngineArgsError, parse_engine_command
-from servingtopology.emulator.fleet import Fleet, pod_view
+from servingtopology.emulator.fleet import Fleet, pod_view, refused_status
 from servingtopology.emulator.instance import EmulatedInstance, Share
 from servingtopology.emulator.traffic import TrafficProfile, TrafficProfileError
 
@@ -121,6 +122,19 @@ def _run_single(args: argparse.Namespace, profile: _ProfileFile, stop: threading
     return 0
 
 
+def _report_refusals(api: Any, fleet: Fleet, views: list[Any], raw: dict[str, Any]) -> None:
+    """Write the status the kubelet would for engines that refuse their arguments (the engine's message as the
+    container's termination message), as kwok's pods run nothing."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for view in views:
+        key = f"{view.namespace}/{view.name}/{view.uid}"
+        message = fleet.errors.get(key)
+        body = refused_status(raw[key], view.container, message, now=now) if message else None
+        if body is not None:
+            api.patch_namespaced_pod_status(view.name, view.namespace, body)
+            log.info("pod %s: engine exited: %s", key, message)
+
+
 def _run_cluster(args: argparse.Namespace, profile: _ProfileFile, stop: threading.Event) -> int:
     from kubernetes import client, config
 
@@ -139,8 +153,10 @@ def _run_cluster(args: argparse.Namespace, profile: _ProfileFile, stop: threadin
                     pods = api.list_pod_for_all_namespaces(label_selector=args.selector)
                 nodes = api.list_node()
                 products = {n.metadata.name: (n.metadata.labels or {}).get("nvidia.com/gpu.product", "") for n in nodes.items}
-                views = [v for v in (pod_view(serialize(p)) for p in pods.items) if v is not None]
+                raw = {f"{p.metadata.namespace}/{p.metadata.name}/{p.metadata.uid}": serialize(p) for p in pods.items}
+                views = [v for v in (pod_view(r) for r in raw.values()) if v is not None]
                 fleet.sync(views, products)
+                _report_refusals(api, fleet, views, raw)
             except Exception as exc:  # the API server may restart under us; keep serving what we have
                 log.warning("pod listing failed, retrying: %s", exc)
             stop.wait(max(args.interval_s - (time.monotonic() - started), 0.05))

@@ -74,6 +74,27 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     return None
 
 
+def refused_status(pod: Mapping[str, Any], container: str, message: str, *, now: str) -> dict[str, Any] | None:
+    """The pod status the kubelet would write for an engine container that exits at start with `message`
+    (argparse errors exit 2, the engine's other refusals 1; FallbackToLogsOnError keeps the message), or None
+    when the pod already carries it."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == container and ((cs.get("lastState") or {}).get("terminated") or {}).get("message") == message:
+            return None
+    code = 2 if ": error: " in message else 1
+    image = next((c.get("image", "") for c in (pod.get("spec") or {}).get("containers", []) if c.get("name") == container), "")
+    return {"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now},
+                       {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now}],
+        "containerStatuses": [{
+            "name": container, "ready": False, "started": False, "restartCount": 1, "image": image, "imageID": "",
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting failed container {container}"}},
+            "lastState": {"terminated": {"exitCode": code, "reason": "Error", "message": message, "startedAt": now, "finishedAt": now}},
+        }],
+    }}
+
+
 def _label_name(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", key)
 

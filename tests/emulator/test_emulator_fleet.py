@@ -52,3 +52,18 @@ def test_a_pod_whose_arguments_the_engine_would_refuse_gets_an_error_and_no_targ
         assert json.loads((tmp_path / "sd.json").read_text()) == []
     finally:
         fleet.stop()
+
+
+def test_a_refused_engine_gets_the_status_a_kubelet_writes_for_a_container_that_exited() -> None:
+    from servingtopology.emulator.fleet import refused_status
+
+    pod = {"spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}, "status": {"phase": "Running"}}
+    message = "vllm serve: error: unrecognized arguments: --tensor-paralel-size 2"
+    body = refused_status(pod, "engine", message, now="2026-12-01T00:00:00Z")
+    assert body is not None
+    cs = body["status"]["containerStatuses"][0]
+    assert cs["lastState"]["terminated"]["exitCode"] == 2 and cs["lastState"]["terminated"]["message"] == message
+    assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff" and not cs["ready"]
+    assert refused_status({**pod, "status": body["status"]}, "engine", message, now="later") is None  # already written
+    assert refused_status(pod, "engine", "ValueError: Unsupported connector type: foo", now="t")["status"][  # type: ignore[index]
+        "containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 1

@@ -344,3 +344,16 @@ def test_a_rollout_in_progress_is_not_degraded() -> None:
     run(obj, cluster, ScriptedPlanner(decision(REPLICAS)))
     run(obj, cluster, ScriptedPlanner(decision(REPLICAS)), minutes=1)
     assert cond(obj, "Degraded")["status"] == "False" and cond(obj, "Progressing")["status"] == "True"
+
+
+def test_engine_failures_name_the_pod_its_role_and_the_engines_own_message() -> None:
+    from servingtopology.operator.reconcile import engine_failures
+
+    def pod(name: str, message: str, code: int) -> dict[str, object]:
+        return {"metadata": {"name": name, "labels": {"servingtopology.io/role": "decode"}},
+                "status": {"containerStatuses": [{"name": "engine", "lastState": {"terminated": {"exitCode": code, "message": message}}}]}}
+
+    msg = "AssertionError: Decode TP cannot be smaller than prefill TP"
+    healthy = {"metadata": {"name": "ok"}, "status": {"containerStatuses": [{"name": "engine", "state": {"running": {}}}]}}
+    assert engine_failures([healthy, pod("d-1", msg, 1), pod("d-2", msg, 1)]) == [f"d-1 (decode): exit 1: {msg}"]
+    assert engine_failures([healthy, pod("d-3", "clean exit", 0)]) == []
