@@ -8,13 +8,14 @@ other than the funnel's own stage timings.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .engine_caps import pd_rule_violation, problem_caps
 from .errors import Infeasible, InvalidSpec
-from .funnel import LOAD_MARGIN, SLO_MARGIN, Clock, Progress, Survivor, no_clock, run_funnel
+from .funnel import LOAD_MARGIN, SLO_MARGIN, Clock, Progress, Stage, Survivor, no_clock, run_funnel
 from .layout import Layout, LayoutKind, Role
 from .memory import kv_bytes_per_token, weight_bytes_total
 from .pd_ratio import RANK_TOLERANCE, PdRatio, choose_pd_ratio
@@ -150,14 +151,16 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
     return out + [c for i, c in enumerate(ranked) if i not in chosen], FunnelStage("6 simulation of the top K", k - rejected, rejected, clock() - t0, reasons)
 
 
-def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None, clock: Clock = no_clock) -> Decision:
-    """Plan a layout for the problem; raise Infeasible (with the funnel) when nothing meets it."""
+def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None, clock: Clock = no_clock,
+           ladder: Sequence[tuple[str, Stage]] | None = None) -> Decision:
+    """Plan a layout for the problem; raise Infeasible (with the funnel) when nothing meets it. `ladder`: the
+    funnel's stages (default: the engine release's, funnel.engine_ladder)."""
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
     kv_dtype = problem.search.kv_dtypes[0]
     kv_tok = int(kv_bytes_per_token(problem.model, kv_dtype, tp=1, pp=1))
     weights = weight_bytes_total(problem.model, problem.precision)
-    result = run_funnel(problem, progress=progress, clock=clock)
+    result = run_funnel(problem, progress=progress, clock=clock, ladder=ladder)
     stages = list(result.stages)
     t0 = clock()  # stage 7's timer covers everything after the funnel but the simulation
     current = predict_layout(problem, problem.current, simulate=simulate) if problem.current is not None else None
@@ -169,7 +172,9 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
     ranked = _rank(problem, ranked)
     if problem.pinned is not None:
         best = predict_layout(problem, problem.pinned, simulate=simulate)
-        best = replace(best, why="pinned by the spec")
+        refused = pd_rule_violation(problem_caps(problem), problem.pinned)
+        why = "pinned by the spec" + (f"; {problem_caps(problem).label} refuses it: {refused.reason} ({refused.source})" if refused else "")
+        best = replace(best, why=why)
     else:
         best = ranked[0]
     alternatives: list[Candidate] = []

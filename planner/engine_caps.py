@@ -15,10 +15,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidSpec
 from .layout import Engine, Layout, LayoutKind, Role
+
+if TYPE_CHECKING:
+    from .problem import Problem
 
 __all__ = [
     "Argument",
@@ -31,6 +34,7 @@ __all__ = [
     "version_from_image",
     "pd_rule_violation",
     "pd_shapes_rejected",
+    "problem_caps",
 ]
 
 _DIR = "data/engine_caps"
@@ -197,3 +201,8 @@ def pd_shapes_rejected(rule: PdRule, p_tp: Any, p_pp: Any, d_tp: Any, d_pp: Any)
     if rule.id == "pp_on_decode":
         return d_pp > 1
     return d_tp < 0
+
+
+def problem_caps(problem: Problem) -> EngineCaps:
+    """The capabilities of the release a Problem plans for (its engine_version, else the newest covered)."""
+    return load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .analytic import LoadShape, estimate_aggregated, load_shape
+from .engine_caps import PdRule, pd_shapes_rejected, problem_caps
 from .layout import Layout, LayoutKind
 from .pd_ratio import LOAD_MARGIN, SLO_MARGIN
 from .pd_space import PdSpace, pd_space, pool_tokens
@@ -40,7 +41,7 @@ from .tables import (
 )
 from .workload import Objective
 
-__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "Survivor", "FunnelResult", "Sieve", "Tally", "Stage", "LADDER",
+__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "Survivor", "FunnelResult", "Sieve", "Tally", "Stage", "LADDER", "engine_ladder",
            "run_funnel", "shape_rejection", "reject_pd_shapes", "Progress", "Clock", "no_clock"]
 
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
@@ -308,14 +309,31 @@ def reject_pd_shapes(reason: str, rejects: Callable[[Problem, IntArray, IntArray
     return stage
 
 
+def engine_ladder(problem: Problem, ladder: Sequence[tuple[str, Stage]] = LADDER) -> tuple[tuple[str, Stage], ...]:
+    """`ladder` with the PD rules of the problem's engine release (planner.engine_caps) after stage 1, one stage
+    per rule ("1a vLLM 0.11.0 rule"), each counting what it refuses as "vLLM 0.11.0: decode TP below prefill TP"."""
+    caps = problem_caps(problem)
+
+    def refuses(rule: PdRule) -> Callable[[Problem, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray], BoolArray]:
+        def rejects(_problem: Problem, p_tp: IntArray, p_pp: IntArray, _p_dp: IntArray, d_tp: IntArray, d_pp: IntArray,
+                    _d_dp: IntArray) -> BoolArray:
+            return np.asarray(pd_shapes_rejected(rule, p_tp, p_pp, d_tp, d_pp), dtype=bool)
+        return rejects
+    rules = [(f"1{chr(ord('a') + i)} {caps.label} rule", reject_pd_shapes(f"{caps.label}: {rule.reason}", refuses(rule)))
+             for i, rule in enumerate(caps.pd_rules)]
+    return (*ladder[:1], *rules, *ladder[1:])
+
+
 def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 2000, clock: Clock = no_clock,
-               ladder: Sequence[tuple[str, Stage]] = LADDER, exhaustive: bool = False) -> FunnelResult:
-    """Run the ladder (stages 1–5); return the counts and up to `keep` survivors, best analytical proxy first.
+               ladder: Sequence[tuple[str, Stage]] | None = None, exhaustive: bool = False) -> FunnelResult:
+    """Run the ladder (stages 1–5, by default with the engine release's rules: `engine_ladder`); return the counts
+    and up to `keep` survivors, best analytical proxy first.
 
     `exhaustive` builds every passing PD candidate to pick the survivors instead of only those that can
     make the cut; the result is the same (tests check it), only slower and bounded by chunks, not by size."""
     if problem.workload.arrival_rate_rps is None:
         raise ValueError("run_funnel needs an open-loop workload (arrival_rate_rps)")
+    ladder = engine_ladder(problem) if ladder is None else ladder
     t0 = clock()
     kn = knob_axes(problem)
     units = unit_table(problem)

@@ -18,7 +18,7 @@ from typing import Any
 
 from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import Infeasible
-from servingtopology.planner.funnel import run_funnel
+from servingtopology.planner.funnel import LADDER, run_funnel
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, LayoutKind, layout_to_dict
 from servingtopology.planner.model import resolve_model
@@ -100,7 +100,7 @@ def _layout_key(layout: Any) -> str:
 
 def summarise(problem: Problem) -> dict[str, Any]:
     """The funnel's ladder, its survivors (digest plus the first 8 in full) and decide's analytical choice."""
-    result = run_funnel(problem)
+    result = run_funnel(problem, ladder=LADDER)  # engine-neutral: the pins predate the releases' rules
     survivors = [_layout_key(s.layout) for s in result.survivors]
     out: dict[str, Any] = {
         "candidates_total": result.candidates_total,
@@ -114,7 +114,7 @@ def summarise(problem: Problem) -> dict[str, Any]:
         "closest_miss": result.closest_miss,
     }
     try:
-        d = decide(problem)
+        d = decide(problem, ladder=LADDER)
         out["best"] = _layout_key(d.best.layout)
         out["best_label"] = d.best.layout.label
         out["alternatives"] = [a.layout.label for a in d.alternatives]

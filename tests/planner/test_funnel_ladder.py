@@ -29,7 +29,7 @@ def _golden_calibration():
 
 def test_the_whole_ladder_of_the_wide_preset_on_32_gpus_is_pinned():
     # Llama-3.1-70B, the wide preset, 32 H100s: every stage rejects something, every reason is counted.
-    result = run_funnel(_wide(32))
+    result = run_funnel(_wide(32), ladder=LADDER)   # the engine-neutral ladder (the release's rules: test_engine_rules)
     assert result.candidates_total == 3_033_072
     assert [(s.stage, s.admitted, s.rejected, dict(s.reasons)) for s in result.stages] == [
         ("1 shape arithmetic", 2_782_512, 250_560, {"TP×DP group spans nodes": 250_560}),
@@ -78,7 +78,7 @@ def test_a_rule_stage_counts_what_it_rejects_and_no_survivor_breaks_it():
         assert s.admitted + s.rejected == entering and sum(s.reasons.values()) == s.rejected
         entering = s.admitted
     # Brute force over the structural pairs the rule sees: PD pairs within the budget with decode TP < prefill TP.
-    base = run_funnel(problem)
+    base = run_funnel(problem, ladder=LADDER)
     units = [(tp, pp, dp, c) for tp in problem.search.tp for pp in problem.search.pp for dp in problem.search.dp
              for c in range(1, max(1, problem.max_gpus // (tp * pp * dp)) + 1)]
     from servingtopology.planner.funnel import shape_rejection
