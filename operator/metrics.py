@@ -1,7 +1,9 @@
 """Live engine metrics from Prometheus: the PromQL (built here and only here) and a `MetricsSource` over it.
 
 `build_queries` spells every figure the replanning needs for vLLM (new names first, the pre-0.12 names as
-fallbacks) and SGLang, after shared/reference/engines.md §1.4, §2.3 and §6; `PrometheusMetrics.fetch_sample`
+fallbacks) and SGLang, after shared/reference/engines.md §1.4, §2.3 and §6. TTFT is the client's: under PD
+it comes from the router's own histogram where the router exports one (smg), else it is composed from the
+roles' metrics the way the router chains them (vLLM: prefill latency + decode TTFT; SGLang: decode TTFT); `PrometheusMetrics.fetch_sample`
 runs them through prometheus-api-client and returns one `planner.observe.MetricSample`. The URL, bearer
 token and window come from the caller (the spec and its Secret); transport failures raise MetricsUnavailable.
 """
@@ -32,6 +34,10 @@ ROLE_SERIES_LABEL = "servingtopology_io_role"
 # Requests, lengths and latencies are counted where a request is whole: aggregated engines, or PD decode
 # (a PD prefill engine sees every request too, with max_tokens=1; counting it would double the rate).
 FRONT_ROLES = (Role.AGGREGATED, Role.DECODE)
+ROUTER_COMPONENT = "router"
+# The PD routers' own client-side TTFT histogram, where the router exports one (planner/data/engine_caps: smg 1.13.0
+# has it; vllm-router 0.1.17 exports request durations only).
+SMG_TTFT = "smg_router_ttft_seconds"
 
 
 class Figure(enum.StrEnum):
@@ -102,7 +108,23 @@ def _rate(metric: str, sel: str, w: str) -> str:
     return f"sum(rate({metric}{sel}[{w}]))"
 
 
-def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tuple[Query, ...]:
+def _vllm_pd_ttft(matchers: Mapping[str, str], w: str, q: float) -> str:
+    """Client TTFT of a vLLM PD layout behind vllm-router (which exports no TTFT): the router sends the request to
+    a prefill engine (max_tokens=1) and, when it returns, to a decode engine, so a client waits for the prefill
+    request's whole latency and then the decode engine's TTFT (it pulls the KV first). The sum of the two
+    quantiles bounds the quantile of the sum from above. Empty (so the next expression answers) without prefill
+    engines, as in a replicas layout."""
+    prefill = label_selector(matchers, roles=(Role.PREFILL,))
+    decode = label_selector(matchers, roles=(Role.DECODE,))
+    return f"{_q(q, 'vllm:e2e_request_latency_seconds', prefill, w)} + {_q(q, 'vllm:time_to_first_token_seconds', decode, w)}"
+
+
+def _router(matchers: Mapping[str, str]) -> str:
+    return label_selector({**matchers, ROLE_SERIES_LABEL: ROUTER_COMPONENT})
+
+
+def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matchers: Mapping[str, str] | None) -> tuple[Query, ...]:
+    pd_ttft = (_vllm_pd_ttft(matchers, w, ttft_q),) if matchers is not None else ()
     return (
         Query(Figure.REQUEST_RATE, (_rate("vllm:request_success_total", front, w), _rate("vllm:e2e_request_latency_seconds_count", front, w))),
         Query(Figure.PROMPT_TOKENS_RATE, (_rate("vllm:prompt_tokens_total", front, w),)),
@@ -114,7 +136,7 @@ def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tuple
         # Token-based since 0.9.2; the older gpu_ names (removed in 0.12) counted blocks, still a fair ratio.
         Query(Figure.PREFIX_HIT_RATE, (_ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", every, w),
                                        _ratio("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", every, w))),
-        Query(Figure.TTFT, (_q(ttft_q, "vllm:time_to_first_token_seconds", front, w),), 1e3),
+        Query(Figure.TTFT, (*pd_ttft, _q(ttft_q, "vllm:time_to_first_token_seconds", front, w)), 1e3),
         Query(Figure.TPOT, (_q(tpot_q, "vllm:inter_token_latency_seconds", front, w),
                             _q(tpot_q, "vllm:time_per_output_token_seconds", front, w)), 1e3),
         Query(Figure.E2E, (_q(ttft_q, "vllm:e2e_request_latency_seconds", front, w),), 1e3),
@@ -125,7 +147,8 @@ def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tuple
     )
 
 
-def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tuple[Query, ...]:
+def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matchers: Mapping[str, str] | None) -> tuple[Query, ...]:
+    router_ttft = (_q(ttft_q, SMG_TTFT, _router(matchers), w),) if matchers is not None else ()
     return (
         Query(Figure.REQUEST_RATE, (_rate("sglang:num_requests_total", front, w), _rate("sglang:e2e_request_latency_seconds_count", front, w))),
         Query(Figure.PROMPT_TOKENS_RATE, (_rate("sglang:prompt_tokens_total", front, w),)),
@@ -138,7 +161,9 @@ def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tup
         Query(Figure.OUTPUT_TOKENS_P99, (_q(0.99, "sglang:generation_tokens_histogram", front, w),)),
         Query(Figure.PREFIX_HIT_RATE, (_ratio("sglang:cached_tokens_total", "sglang:prompt_tokens_total", front, w),
                                        f"avg(sglang:cache_hit_rate{every})")),
-        Query(Figure.TTFT, (_q(ttft_q, "sglang:time_to_first_token_seconds", front, w),), 1e3),
+        # PD behind smg: the router's own TTFT; otherwise the decode engine's, which counts from the request's arrival
+        # (the router sends it to prefill and decode at once), or the aggregated engine's.
+        Query(Figure.TTFT, (*router_ttft, _q(ttft_q, "sglang:time_to_first_token_seconds", front, w)), 1e3),
         Query(Figure.TPOT, (_q(tpot_q, "sglang:inter_token_latency_seconds", front, w),
                             _q(tpot_q, "sglang:time_per_output_token_seconds", front, w)), 1e3),
         Query(Figure.E2E, (_q(ttft_q, "sglang:e2e_request_latency_seconds", front, w),), 1e3),
@@ -152,14 +177,15 @@ def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float) -> tup
 def build_queries(engine: Engine, *, matchers: Mapping[str, str], window_s: int, ttft_quantile: float = 0.95,
                   tpot_quantile: float = 0.95, by_role: bool = True) -> tuple[Query, ...]:
     """Every query of one sample. Rates and quantiles are over `window_s`; with `by_role`, request figures
-    read only aggregated and decode engines (see FRONT_ROLES); gauges read every engine."""
+    read only aggregated and decode engines (see FRONT_ROLES), and TTFT is the PD client's first (the router's own
+    histogram, or the roles' metrics composed); gauges read every engine."""
     if window_s < 1:
         raise ValueError("the rate window must be at least 1 s")
     w = f"{int(window_s)}s"
     every = label_selector(matchers)
     front = label_selector(matchers, roles=FRONT_ROLES) if by_role else every
     build = _vllm if engine is Engine.VLLM else _sglang
-    return build(front, every, w, ttft_quantile, tpot_quantile)
+    return build(front, every, w, ttft_quantile, tpot_quantile, matchers if by_role else None)
 
 
 def _value(result: Any) -> float | None:

@@ -73,6 +73,15 @@ def fetch(dist: str, version: str, cache: Path) -> tuple[Path, Path]:
     return wheel, unpack(wheel, cache / "src" / f"{dist}-{version}")
 
 
+def unpack_all(wheel: Path, tree: Path) -> Path:
+    """The wheel's compiled extensions too (a router's metric names live in its Rust module)."""
+    if not (tree / ".unpacked").exists():
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(tree)
+        (tree / ".unpacked").write_text(wheel.name)
+    return tree
+
+
 def unpack(wheel: Path, tree: Path) -> Path:
     """The wheel's files without its compiled extensions (the parsers are Python; vLLM's .so files are ~1 GB)."""
     if not (tree / ".unpacked").exists():
@@ -143,6 +152,23 @@ PD_RULES: dict[str, tuple[Callable[[Path], dict[str, Any] | None], ...]] = {
 
 
 # ---------------------------------------------------------------- metrics (AST)
+ROUTER_METRIC = re.compile(rb"(?:vllm_router|smg)_[a-z0-9_]+?_(?:seconds|total|ms)")
+
+
+def read_router_metrics(tree: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The Prometheus names compiled into a Rust router (its extension module's strings): names only."""
+    metrics: dict[str, dict[str, Any]] = {}
+    read: dict[str, str] = {}
+    for so in sorted(tree.rglob("*.abi3.so")):
+        rel = str(so.relative_to(tree))
+        read[rel] = sha256(so)
+        for m in ROUTER_METRIC.finditer(so.read_bytes()):
+            name = m.group(0).decode()
+            kind = "counter" if name.endswith("_total") else "histogram"
+            metrics.setdefault(name, {"name": name, "type": kind, "line": rel})
+    return sorted(metrics.values(), key=lambda m: m["name"]), read
+
+
 def read_metrics(tree: Path, files: tuple[str, ...]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every `X(name="engine:...", ..., labelnames=...)` call: the name, the class called and the label
     expression as written (a literal list when it is one)."""
@@ -203,7 +229,11 @@ def build(kind: str, dist: str, version: str, *, python: str, site: str, cache: 
             found["evidence"] = {"file": path, "line": line, "text": text}
             files_read[path] = sha256(tree / path)
             rules.append(found)
-    metrics, metric_files = read_metrics(tree, METRIC_FILES.get(kind, ()))
+    if kind in ("vllm-router", "sglang-router", "smg"):
+        router_tree = unpack_all(wheel, cache / "so" / f"{dist}-{version}")
+        metrics, metric_files = read_router_metrics(router_tree)
+    else:
+        metrics, metric_files = read_metrics(tree, METRIC_FILES.get(kind, ()))
     files_read |= metric_files
     return {
         "kind": kind,

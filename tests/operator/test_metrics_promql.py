@@ -18,6 +18,9 @@ from servingtopology.planner.layout import Engine, Role
 M = topology_matchers(namespace="ml", name="chat")
 FRONT = '{namespace="ml",servingtopology_io_topology="chat",servingtopology_io_role=~"aggregated|decode"}'
 EVERY = '{namespace="ml",servingtopology_io_topology="chat"}'
+PREFILL = '{namespace="ml",servingtopology_io_topology="chat",servingtopology_io_role=~"prefill"}'
+DECODE = '{namespace="ml",servingtopology_io_topology="chat",servingtopology_io_role=~"decode"}'
+ROUTER = '{namespace="ml",servingtopology_io_role="router",servingtopology_io_topology="chat"}'
 
 
 def exprs(engine: Engine, **kw) -> dict[Figure, tuple[str, ...]]:
@@ -37,7 +40,10 @@ VLLM = {
     Figure.PREFIX_HIT_RATE: (f"sum(rate(vllm:prefix_cache_hits_total{EVERY}[120s])) / sum(rate(vllm:prefix_cache_queries_total{EVERY}[120s]))",
                              f"sum(rate(vllm:gpu_prefix_cache_hits_total{EVERY}[120s])) / "
                              f"sum(rate(vllm:gpu_prefix_cache_queries_total{EVERY}[120s]))"),
-    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{FRONT}[120s])))",),
+    # PD behind vllm-router (no TTFT of its own): the prefill request's latency, then the decode engine's TTFT.
+    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{PREFILL}[120s]))) + "
+                  f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{DECODE}[120s])))",
+                  f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{FRONT}[120s])))"),
     Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{FRONT}[120s])))",
                   f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{FRONT}[120s])))"),
     Figure.E2E: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{FRONT}[120s])))",),
@@ -60,7 +66,9 @@ SGLANG = {
     Figure.OUTPUT_TOKENS_P99: (f"histogram_quantile(0.99, sum by (le) (rate(sglang:generation_tokens_histogram_bucket{FRONT}[120s])))",),
     Figure.PREFIX_HIT_RATE: (f"sum(rate(sglang:cached_tokens_total{FRONT}[120s])) / sum(rate(sglang:prompt_tokens_total{FRONT}[120s]))",
                              f"avg(sglang:cache_hit_rate{EVERY})"),
-    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{FRONT}[120s])))",),
+    # PD behind smg: the router's own client-side TTFT; else the decode (or aggregated) engine's, from arrival.
+    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(smg_router_ttft_seconds_bucket{ROUTER}[120s])))",
+                  f"histogram_quantile(0.95, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{FRONT}[120s])))"),
     Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:inter_token_latency_seconds_bucket{FRONT}[120s])))",
                   f"histogram_quantile(0.95, sum by (le) (rate(sglang:time_per_output_token_seconds_bucket{FRONT}[120s])))"),
     Figure.E2E: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:e2e_request_latency_seconds_bucket{FRONT}[120s])))",),
@@ -125,7 +133,7 @@ def source(table, error=None, engine=Engine.VLLM):
 
 
 def test_the_source_converts_seconds_to_ms_uses_fallbacks_and_leaves_absent_series_as_none():
-    table = {VLLM[Figure.REQUEST_RATE][0]: 4.0, VLLM[Figure.TTFT][0]: 0.25, VLLM[Figure.TPOT][1]: 0.03,  # an old vLLM: TPOT by its old name
+    table = {VLLM[Figure.REQUEST_RATE][0]: 4.0, VLLM[Figure.TTFT][1]: 0.25, VLLM[Figure.TPOT][1]: 0.03,  # an old vLLM: TPOT by its old name
              VLLM[Figure.KV_USAGE][0]: "NaN", VLLM[Figure.KV_USAGE][1]: 0.5}
     src, fake, seen = source(table)
     s = src.fetch_sample(at_s=600.0, interval_s=60.0)
@@ -142,3 +150,14 @@ def test_an_empty_prometheus_gives_an_empty_sample_and_a_dead_one_raises():
     src, _, _ = source({}, error=requests.ConnectionError("refused"))
     with pytest.raises(MetricsUnavailable, match="ConnectionError"):
         src.fetch_sample(at_s=0.0, interval_s=60.0)
+
+
+def test_the_router_ttft_metric_is_the_one_the_covered_smg_release_exports() -> None:
+    from servingtopology.operator.metrics import SMG_TTFT
+    from servingtopology.planner.engine_caps import available_versions, load_caps
+
+    names = {m.name for m in load_caps("smg", available_versions("smg")[-1]).metrics}
+    assert SMG_TTFT in names
+    # vllm-router exports request durations, no TTFT: vLLM's PD TTFT is composed from the roles' metrics.
+    assert not [n for n in (m.name for m in load_caps("vllm-router", "0.1.17").metrics) if "ttft" in n or "first_token" in n]
+    assert {m.name for m in load_caps("vllm-router", "0.1.17").metrics} >= {"vllm_router_pd_request_duration_seconds"}
