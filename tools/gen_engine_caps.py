@@ -180,7 +180,19 @@ def read_metrics(tree: Path, files: tuple[str, ...]) -> tuple[list[dict[str, Any
             continue
         read[rel] = sha256(path)
         src = path.read_text()
-        for node in ast.walk(ast.parse(src)):
+        module = ast.parse(src)
+        # `name = "vllm:cache_config_info"` then `self._gauge_cls(name=name, ...)` in the same function.
+        for fn in ast.walk(module):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            body = ast.unparse(fn).lower()
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                        and node.targets[0].id == "name" and isinstance(node.value, ast.Constant)
+                        and isinstance(node.value.value, str) and ":" in node.value.value):
+                    kind = next((t for t in ("gauge", "counter", "histogram") if f"{t}_cls(" in body or f"{t}(" in body), "gauge")
+                    metrics.append({"name": node.value.value, "type": kind, "line": f"{rel}:{node.lineno}", "labels_expr": "config fields"})
+        for node in ast.walk(module):
             if not isinstance(node, ast.Call):
                 continue
             kw = {k.arg: k.value for k in node.keywords if k.arg}

@@ -89,6 +89,7 @@ class _Request:
     admitted_s: float = -1.0
     first_token_s: float = -1.0
     prefill_done_s: float = -1.0
+    waited_elsewhere_s: float = 0.0   # time the engine's histograms count before this instance got the request
 
     @property
     def context_tokens(self) -> int:
@@ -102,7 +103,8 @@ class BatchingEngine:
     requests already prefilled."""
 
     def __init__(self, *, step_model: StepTimeModel, role: Role, max_running: int, token_budget: int,
-                 kv_capacity_tokens: int, front_end_s: Callable[[int], float] | None = None) -> None:
+                 kv_capacity_tokens: int, front_end_s: Callable[[int], float] | None = None,
+                 decode_counts_from_arrival: bool = False) -> None:
         if max_running < 1 or token_budget < 1 or kv_capacity_tokens < 1:
             raise ValueError("max_running, token_budget and kv_capacity_tokens must be positive")
         self.step_model = step_model
@@ -110,6 +112,10 @@ class BatchingEngine:
         # the engine's TTFT histogram counts it from arrival. A decode instance receives requests already served.
         self.front_end_s = front_end_s if front_end_s is not None and role is not Role.DECODE else (lambda _tokens: 0.0)
         self.role = role
+        # What a decode engine's TTFT measures: SGLang's router sends a request to prefill and decode at once, so its
+        # decode TTFT counts from arrival and includes the prefill and the KV transfer; vLLM's router sends it to
+        # decode after prefill returns, so vLLM's decode TTFT starts there (the KV pull and the first step).
+        self.decode_counts_from_arrival = decode_counts_from_arrival and role is Role.DECODE
         self.max_running = max_running
         self.token_budget = token_budget
         self.kv_capacity_tokens = kv_capacity_tokens
@@ -124,6 +130,14 @@ class BatchingEngine:
         if self.role is Role.DECODE:
             request.prefilled = input_tokens  # the KV arrives from a prefill instance
             request.cached_tokens = input_tokens
+            if self.decode_counts_from_arrival:
+                # The KV is ready after the prompt's prefill (priced on this instance's shape, as a stand-in for the
+                # prefill instance's) and the front end; the engine counts that wait in its TTFT.
+                uncached = input_tokens - min(cached_tokens, input_tokens - 1)
+                wait = float(self.step_model.step_time_s(prefill_tokens=uncached, prefill_pairs=uncached * uncached / 2,
+                                                         decode_tokens=0, decode_context_tokens=0))
+                request.arrival_s += wait
+                request.waited_elsewhere_s = wait
         self.waiting.append(request)
 
     def gauges(self) -> Gauges:
@@ -194,7 +208,7 @@ class BatchingEngine:
         still: list[_Request] = []
         for r in self.running:
             if r.first_token_s >= 0 and r.generated >= r.output_tokens:
-                front = self.front_end_s(r.input_tokens)
+                front = self.front_end_s(r.input_tokens) + r.waited_elsewhere_s
                 progress.completions.append(Completion(
                     input_tokens=r.input_tokens, output_tokens=r.output_tokens, cached_tokens=r.cached_tokens,
                     queue_s=r.admitted_s - r.arrival_s, ttft_s=r.first_token_s - r.arrival_s + front, e2e_s=end_s - r.arrival_s + front,
@@ -260,4 +274,5 @@ def build_simulator(config: EngineConfig, *, gpu: Gpu, kind: SimulatorKind = Sim
     engine = config.engine
     return BatchingEngine(step_model=perf, role=config.role, max_running=knobs.max_num_seqs * ranks,
                           token_budget=knobs.max_num_batched_tokens * ranks, kv_capacity_tokens=capacity * ranks,
-                          front_end_s=lambda tokens: float(request_overhead_s(engine, tokens)))
+                          front_end_s=lambda tokens: float(request_overhead_s(engine, tokens)),
+                          decode_counts_from_arrival=engine is Engine.SGLANG)

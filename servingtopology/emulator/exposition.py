@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.layout import Engine, Role
 
 from .engine import Gauges, Progress
 from .engine_args import EngineConfig
 
 __all__ = ["EngineMetrics", "Histogram"]
+
+# Values of the labels a release adds to some metrics (from the capability data's label expressions).
+_LABEL_VALUES = {"is_streaming": "true", "cache_source": "device", "finished_reason": "length", "source": "local_compute"}
 
 _VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                       40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -84,6 +89,7 @@ class EngineMetrics:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.caps = load_caps(config.engine.value, config.version or resolve_version(config.engine))
         self._lock = threading.Lock()
         vllm = config.engine is Engine.VLLM
         self._ttft = Histogram(_VLLM_TTFT_BUCKETS if vllm else _SGL_TTFT_BUCKETS)
@@ -122,6 +128,14 @@ class EngineMetrics:
             if window_s > 0:
                 self._recent_tokens_s = progress.generation_tokens / window_s
 
+    def _labels_for(self, name: str, base: dict[str, str]) -> str:
+        """`base` plus the labels the release adds to this metric (its source's label expression, e.g.
+        SGLang's `cache_source` on cached tokens and `is_streaming` on request metrics)."""
+        declared = name if self.caps.metric(name) else name.removesuffix("_total")
+        metric = self.caps.metric(declared)
+        extra = re.findall(r"['\"]([a-z_]+)['\"]", metric.labels_expr) if metric else []
+        return _labels({**base, **{k: _LABEL_VALUES.get(k, "") for k in extra}})
+
     def render(self) -> str:
         """The `/metrics` body."""
         with self._lock:
@@ -130,6 +144,7 @@ class EngineMetrics:
     def _render_vllm(self) -> str:
         c, g = self.config, self._gauges
         base = _labels({"model_name": c.served_model_name, "engine": "0"})
+        by = {"model_name": c.served_model_name, "engine": "0"}
         usage = g.kv_used_tokens / g.kv_capacity_tokens if g.kv_capacity_tokens else 0.0
         block_size = 16
         info = _labels({"block_size": str(block_size), "cache_dtype": c.kv_cache_dtype,
@@ -140,7 +155,7 @@ class EngineMetrics:
             *_family("vllm:num_requests_waiting", "gauge", [f"vllm:num_requests_waiting{{{base}}} {g.waiting}"]),
             *_family("vllm:kv_cache_usage_perc", "gauge", [f"vllm:kv_cache_usage_perc{{{base}}} {_fmt(usage)}"]),
             *_family("vllm:cache_config_info", "gauge", [f"vllm:cache_config_info{{{info}}} 1.0"]),
-            *_counter("vllm:prompt_tokens_total", base, self._prompt_tokens),
+            *_counter("vllm:prompt_tokens_total", self._labels_for("vllm:prompt_tokens_total", by), self._prompt_tokens),
             *_counter("vllm:generation_tokens_total", base, self._generation_tokens),
             *_counter("vllm:prefix_cache_queries_total", base, self._queried_tokens),
             *_counter("vllm:prefix_cache_hits_total", base, self._cached_tokens),
@@ -160,28 +175,45 @@ class EngineMetrics:
     def _render_sglang(self) -> str:
         c, g = self.config, self._gauges
         engine_type = {Role.PREFILL: "prefill", Role.DECODE: "decode"}.get(c.role, "unified")
-        tok = _labels({"model_name": c.served_model_name})
-        sched = _labels({"model_name": c.served_model_name, "engine_type": engine_type, "tp_rank": "0", "pp_rank": "0"})
+        model = {"model_name": c.served_model_name}
+
+        def tok(name: str) -> str:
+            return self._labels_for(name, model)
+        sched_base = {"model_name": c.served_model_name, "engine_type": engine_type, "tp_rank": "0", "pp_rank": "0"}
+        sched = _labels(sched_base)
+        # Scheduler gauges: one series per attention-DP rank (label dp_rank), but only the first rank reports unless
+        # --enable-metrics-for-all-schedulers (sglang/srt/observability/metrics_collector.py). The instance's totals
+        # are shared evenly over its ranks.
+        ranks = c.dp if c.dp_attention else 1
+        reporting = range(ranks) if (c.metrics_all_ranks or ranks == 1) else range(1)
+
+        def gauge(name: str, total: float, *, share: bool = True, fmt: bool = False) -> list[str]:
+            samples = []
+            for rank in reporting:
+                labels = _labels({**sched_base, "dp_rank": str(rank)}) if c.dp_attention else sched
+                value = total / ranks if share else total
+                samples.append(f"{name}{{{labels}}} {_fmt(value) if fmt or share and ranks > 1 else int(value)}")
+            return _family(name, "gauge", samples)
         usage = g.kv_used_tokens / g.kv_capacity_tokens if g.kv_capacity_tokens else 0.0
         hit_rate = self._cached_tokens / self._queried_tokens if self._queried_tokens else 0.0
         lines = [
-            *_family("sglang:num_running_reqs", "gauge", [f"sglang:num_running_reqs{{{sched}}} {g.running}"]),
-            *_family("sglang:num_queue_reqs", "gauge", [f"sglang:num_queue_reqs{{{sched}}} {g.waiting}"]),
-            *_family("sglang:num_used_tokens", "gauge", [f"sglang:num_used_tokens{{{sched}}} {g.kv_used_tokens}"]),
-            *_family("sglang:token_usage", "gauge", [f"sglang:token_usage{{{sched}}} {_fmt(usage)}"]),
-            *_family("sglang:cache_hit_rate", "gauge", [f"sglang:cache_hit_rate{{{sched}}} {_fmt(hit_rate)}"]),
-            *_family("sglang:gen_throughput", "gauge", [f"sglang:gen_throughput{{{sched}}} {_fmt(self._recent_tokens_s)}"]),
-            *_family("sglang:num_retracted_reqs", "gauge", [f"sglang:num_retracted_reqs{{{sched}}} 0"]),
-            *_counter("sglang:prompt_tokens_total", tok, self._prompt_tokens),
-            *_counter("sglang:generation_tokens_total", tok, self._generation_tokens),
-            *_counter("sglang:cached_tokens_total", tok, self._cached_tokens),
-            *_counter("sglang:num_requests_total", tok, self._finished),
+            *gauge("sglang:num_running_reqs", g.running),
+            *gauge("sglang:num_queue_reqs", g.waiting),
+            *gauge("sglang:num_used_tokens", g.kv_used_tokens),
+            *gauge("sglang:token_usage", usage, share=False, fmt=True),
+            *gauge("sglang:cache_hit_rate", hit_rate, share=False, fmt=True),
+            *gauge("sglang:gen_throughput", self._recent_tokens_s, fmt=True),
+            *gauge("sglang:num_retracted_reqs", 0),
+            *_counter("sglang:prompt_tokens_total", tok("sglang:prompt_tokens_total"), self._prompt_tokens),
+            *_counter("sglang:generation_tokens_total", tok("sglang:generation_tokens_total"), self._generation_tokens),
+            *_counter("sglang:cached_tokens_total", tok("sglang:cached_tokens_total"), self._cached_tokens),
+            *_counter("sglang:num_requests_total", tok("sglang:num_requests_total"), self._finished),
             *_family("sglang:time_to_first_token_seconds", "histogram",
-                     self._ttft.lines("sglang:time_to_first_token_seconds", tok)),
+                     self._ttft.lines("sglang:time_to_first_token_seconds", tok("sglang:time_to_first_token_seconds"))),
             *_family("sglang:inter_token_latency_seconds", "histogram",
-                     self._itl.lines("sglang:inter_token_latency_seconds", tok)),
+                     self._itl.lines("sglang:inter_token_latency_seconds", tok("sglang:inter_token_latency_seconds"))),
             *_family("sglang:e2e_request_latency_seconds", "histogram",
-                     self._e2e.lines("sglang:e2e_request_latency_seconds", tok)),
+                     self._e2e.lines("sglang:e2e_request_latency_seconds", tok("sglang:e2e_request_latency_seconds"))),
             *_family("sglang:queue_time_seconds", "histogram", self._queue.lines("sglang:queue_time_seconds", sched)),
         ]
         return "\n".join(lines) + "\n"

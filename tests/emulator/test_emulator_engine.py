@@ -168,3 +168,53 @@ def test_the_reported_ttft_counts_the_front_end_as_the_planner_predicts_it(kind:
     (done,) = simulator.advance(60.0).completions
     front = float(request_overhead_s(Engine.SGLANG, 1000))
     assert front > 0.1 and front < done.ttft_s < front + 0.1 and done.e2e_s > done.ttft_s
+
+
+def _families(text: str) -> dict[str, tuple[str, set[str]]]:
+    """name -> (type, label names) of an exposition."""
+    import re as _re
+
+    out: dict[str, tuple[str, set[str]]] = {}
+    kinds = dict(_re.findall(r"^# TYPE (\S+) (\S+)$", text, _re.M))
+    for name, labels in _re.findall(r"^([a-z_:]+)\{([^}]*)\}", text, _re.M):
+        family = next((f for f in kinds if name == f or name.startswith(f + "_")), name)
+        out.setdefault(family, (kinds.get(family, ""), set()))[1].update(_re.findall(r'([a-z_]+)="', labels))
+    return out
+
+
+@pytest.mark.parametrize("argv", [
+    ["vllm", "serve", "llama-3.1-8b", "--tensor-parallel-size", "1"],
+    ["python3", "-m", "sglang.launch_server", "--model-path", "qwen3-30b-a3b", "--tp-size", "8", "--attn-dp-size", "4"],
+])
+def test_emulated_metrics_carry_the_names_types_and_labels_of_the_release(argv: list[str]) -> None:
+    from servingtopology.planner.engine_caps import load_caps
+
+    config = parse_engine_command(argv)
+    caps = load_caps(config.engine.value, config.version)
+    for family, (kind, labels) in _families(EngineMetrics(config).render()).items():
+        declared = caps.metric(family) or caps.metric(family.removesuffix("_total"))
+        assert declared is not None, f"{family} is not a {caps.label} metric"
+        assert declared.type == kind, (family, declared.type, kind)
+        for extra in ("cache_source", "is_streaming"):
+            assert (extra in labels) == (extra in declared.labels_expr), (family, extra)
+
+
+def test_sglang_gauges_come_from_the_first_attention_dp_rank_unless_every_scheduler_reports() -> None:
+    base = ["python3", "-m", "sglang.launch_server", "--model-path", "qwen3-30b-a3b", "--tp-size", "8", "--attn-dp-size", "4"]
+    first_only = EngineMetrics(parse_engine_command(base)).render()
+    every = EngineMetrics(parse_engine_command([*base, "--enable-metrics-for-all-schedulers"])).render()
+    assert [ln for ln in first_only.splitlines() if ln.startswith("sglang:num_running_reqs{")] == [
+        ln for ln in first_only.splitlines() if ln.startswith("sglang:num_running_reqs{") and 'dp_rank="0"' in ln]
+    assert len([ln for ln in every.splitlines() if ln.startswith("sglang:num_running_reqs{")]) == 4
+
+
+def test_an_sglang_decode_ttft_counts_the_prefill_and_a_vllm_decode_ttft_does_not() -> None:
+    ttft = {}
+    for engine, argv in (("sglang", ["python3", "-m", "sglang.launch_server", "--model-path", "llama-3.1-8b", "--disaggregation-mode", "decode"]),
+                         ("vllm", ["vllm", "serve", "llama-3.1-8b", "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'])):
+        config = parse_engine_command(argv)
+        sim = build_simulator(config, gpu=gpu_for_label("NVIDIA-H100-80GB-HBM3"), kind=SimulatorKind.BUILTIN)
+        sim.submit(arrival_s=0.0, input_tokens=8000, output_tokens=4, cached_tokens=0)
+        ttft[engine] = sim.advance(30.0).completions[0].ttft_s
+    # An 8k-token prefill of an 8B model on an H100 takes hundreds of ms; a decode step a few ms.
+    assert ttft["sglang"] > 0.1 > ttft["vllm"]
