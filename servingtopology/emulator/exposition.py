@@ -192,7 +192,7 @@ class EngineMetrics:
             for rank in reporting:
                 labels = _labels({**sched_base, "dp_rank": str(rank)}) if c.dp_attention else sched
                 value = total / ranks if share else total
-                samples.append(f"{name}{{{labels}}} {_fmt(value) if fmt or share and ranks > 1 else int(value)}")
+                samples.append(f"{name}{{{labels}}} {_fmt(value) if fmt or (share and ranks > 1) else int(value)}")
             return _family(name, "gauge", samples)
         usage = g.kv_used_tokens / g.kv_capacity_tokens if g.kv_capacity_tokens else 0.0
         hit_rate = self._cached_tokens / self._queried_tokens if self._queried_tokens else 0.0
