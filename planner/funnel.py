@@ -310,8 +310,9 @@ def reject_pd_shapes(reason: str, rejects: Callable[[Problem, IntArray, IntArray
 
 
 def engine_ladder(problem: Problem, ladder: Sequence[tuple[str, Stage]] = LADDER) -> tuple[tuple[str, Stage], ...]:
-    """`ladder` with the PD rules of the problem's engine release (planner.engine_caps) after stage 1, one stage
-    per rule ("1a vLLM 0.11.0 rule"), each counting what it refuses as "vLLM 0.11.0: decode TP below prefill TP"."""
+    """`ladder` with the PD rules of the problem's engine release (planner.engine_caps) after stage 2 (where the
+    replicas are listed and counted), one stage per rule ("2a vLLM 0.11.0 rule"), each counting what it refuses
+    as "vLLM 0.11.0: decode TP below prefill TP"."""
     caps = problem_caps(problem)
 
     def refuses(rule: PdRule) -> Callable[[Problem, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray], BoolArray]:
@@ -319,9 +320,9 @@ def engine_ladder(problem: Problem, ladder: Sequence[tuple[str, Stage]] = LADDER
                     _d_dp: IntArray) -> BoolArray:
             return np.asarray(pd_shapes_rejected(rule, p_tp, p_pp, d_tp, d_pp), dtype=bool)
         return rejects
-    rules = [(f"1{chr(ord('a') + i)} {caps.label} rule", reject_pd_shapes(f"{caps.label}: {rule.reason}", refuses(rule)))
+    rules = [(f"2{chr(ord('a') + i)} {caps.label} rule", reject_pd_shapes(f"{caps.label}: {rule.reason}", refuses(rule)))
              for i, rule in enumerate(caps.pd_rules)]
-    return (*ladder[:1], *rules, *ladder[1:])
+    return (*ladder[:2], *rules, *ladder[2:])
 
 
 def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int = 2000, clock: Clock = no_clock,

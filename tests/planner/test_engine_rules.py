@@ -73,7 +73,11 @@ def test_the_funnel_counts_what_the_release_refuses_under_its_name(version: str,
     for reason in reasons:
         assert counted.get(reason, 0) > 0, counted
     assert not [r for r in counted if any(a in r for a in absent)]
-    assert [st.stage for st in stages][:1 + len(reasons)] == ["1 shape arithmetic", *(f"1{c} vLLM {version} rule" for c in "ab"[:len(reasons)])]
+    assert [st.stage for st in stages][1:2 + len(reasons)] == ["2 GPU budget and node fit", *(f"2{c} vLLM {version} rule" for c in "ab"[:len(reasons)])]
+    entering = run_funnel(_pd_problem(version)).candidates_total
+    for st in stages:  # every candidate is accounted for, the rules' stages included
+        assert st.admitted + st.rejected == entering and sum(st.reasons.values()) == st.rejected
+        entering = st.admitted
 
 
 def test_the_decision_record_names_the_release_and_a_pinned_layout_the_release_refuses_says_so() -> None:
