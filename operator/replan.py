@@ -19,8 +19,9 @@ from typing import Any
 from ..planner.decide import predict_layout
 from ..planner.drift import Calibration, DriftPolicy, DriftState, assess_drift, calibrate, rebaseline, workload_shift, worth_switching
 from ..planner.errors import Infeasible, InsufficientData
-from ..planner.layout import Layout
+from ..planner.layout import Layout, LayoutKind
 from ..planner.observe import MetricSample, Observation, observe
+from ..planner.pd_ratio import rescale_pd
 from ..planner.predict import slo_capacity_rps
 from ..planner.problem import Candidate, Decision, Problem
 from ..planner.transition import (
@@ -234,7 +235,11 @@ def _prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, 
     if any(best.layout.roles[r].parallelism != current.roles[r].parallelism for r in current.roles) or in_place(current, best.layout):
         return best
     roles = {r: replace(rl, knobs=current.roles[r].knobs) for r, rl in best.layout.roles.items()}
-    kept = predict(problem, Layout(best.layout.kind, roles, current.precision))
+    candidate = Layout(best.layout.kind, roles, current.precision)
+    if candidate.kind is LayoutKind.PD:  # the running roles at the counts the P:D decision picks for this load
+        rescaled, ratio = rescale_pd(problem, candidate)
+        candidate = rescaled if ratio.meets_slo else candidate
+    kept = predict(problem, candidate)
     return replace(kept, why="the running engine arguments, scaled in place") if kept.prediction.meets_slo else best
 
 

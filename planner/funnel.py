@@ -576,7 +576,18 @@ def _closest_miss(s: Sieve, stage: str) -> str:
     if pd is not None and stage[0] in "45":
         u, kn = s.units, s.knobs
         nb, nq, nf, nk = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes)
-        for c in pd.pairs(pd.p_memory_ok, pd.d_memory_ok, min_per_gpu=0.0, max_gpus=p.max_gpus):
+        p_rows, d_rows = pd.p_memory_ok, pd.d_memory_ok
+        if best is not None:
+            # Bounds from one side each (the other side's TTFT share is ≥ 0, min(capacities) ≤ either): rows
+            # whose bound already exceeds the best replica miss cannot hold a closer PD candidate.
+            tr_min = float(pd.transfer_s.min())
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lb_p = np.maximum(((pd.p_ttft_s + tr_min) + pd.front_end_s) * SLO_MARGIN / slo_t,
+                                  rate / np.maximum(LOAD_MARGIN * pd.p_capacity_rps, 1e-12))
+                lb_d = np.maximum.reduce([((pd.d_ttft_s + tr_min) + pd.front_end_s) * SLO_MARGIN / slo_t, pd.d_tpot_s * SLO_MARGIN / slo_p,
+                                          rate / np.maximum(LOAD_MARGIN * pd.d_capacity_rps, 1e-12)])
+            p_rows, d_rows = p_rows & ~(lb_p > best[0]), d_rows & ~(lb_d > best[0])
+        for c in pd.pairs(p_rows, d_rows, min_per_gpu=0.0, max_gpus=p.max_gpus):
             tb = ((((c.prefill_unit * len(u.count) + c.decode_unit) * nb + c.b) * nq + c.q) * nf + c.f) * nk + c.k
             def make(j: int, c: PdCandidates = c) -> tuple[Layout, float, float, float]:
                 return c.layout(j, units=u, knobs=kn, problem=p), float(c.ttft_s[j]), float(c.tpot_s[j]), float(c.capacity_rps[j])

@@ -155,3 +155,14 @@ def test_a_load_change_rescales_the_pd_roles_in_place():
     assert ratio.meets_slo and target.gpus <= 64
     assert ratio.prefill_count * ratio.prefill_rps_per_instance * 0.9 >= 60.0
     assert ratio.decode_count * ratio.decode_rps_per_instance * 0.9 >= 60.0
+
+
+def test_an_impossible_slo_at_scale_names_the_same_closest_miss_as_listing_every_pd_pair():
+    # 256 GPUs, a 1 ms TTFT: the closest miss is a replica layout; PD rows whose one-sided bound already misses by
+    # more are skipped (the message below is what enumerating all 25 M stage-4 PD candidates gave).
+    problem = _wide(256)
+    problem = dataclasses.replace(problem, slo=dataclasses.replace(problem.slo, ttft_ms=1.0))
+    result = run_funnel(problem)
+    assert result.last_stage == "5 SLO and load feasibility" and not result.survivors
+    assert result.closest_miss == ("4×TP8·PP8 on 256 GPUs: p95 TTFT 61 ms (SLO 1), p95 TPOT 15.0 ms (SLO 50), "
+                                   "capacity 290.1 req/s for a load of 40 req/s; 6659% short")
