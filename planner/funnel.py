@@ -410,12 +410,20 @@ def _replica_picks(s: Sieve) -> _Picks:
                   -1 - s.units.shape[r.unit[i]], _knob_ids(s.knobs, r.b[i], r.q[i], r.f[i], r.k[i]), figs)
 
 
-def _pd_picks(s: Sieve, c: PdCandidates) -> _Picks:
-    """The rows of a PD chunk that pass stage 5, as picks."""
+def _pd_picks(s: Sieve, c: PdCandidates, last: _Picks | None = None) -> _Picks:
+    """The rows of a PD chunk that pass stage 5, as picks; with `last` (the worst of `keep` picks so far), only
+    rows that sort before it (the others can never enter the first `keep`: every pick ahead of them stays ahead)."""
     p = s.problem
     rate = s.rate_rps
     ok = (np.isfinite(c.ttft_s) & np.isfinite(c.tpot_s) & (c.capacity_rps > rate) & (c.ttft_s * SLO_MARGIN <= p.slo.ttft_ms / 1e3)
           & (c.tpot_s * SLO_MARGIN <= p.slo.tpot_ms / 1e3) & (rate <= LOAD_MARGIN * c.capacity_rps))
+    if last is not None and ok.any():
+        per_gpu = _round_sig(c.capacity_rps / np.maximum(c.gpus, 1))
+        a, b = (per_gpu, -c.gpus) if p.objective is not Objective.MIN_GPUS else (-c.gpus, per_gpu)
+        la, lb = (last.per_gpu[0], -last.gpus[0]) if p.objective is not Objective.MIN_GPUS else (-last.gpus[0], last.per_gpu[0])
+        # PD rows follow replica rows on a tie of both keys, and among PD rows the enumeration order decides:
+        # keep ties on both keys (the exact order is settled by _select).
+        ok &= (a > la) | ((a == la) & (b >= lb))
     if not ok.any():
         return _empty_picks()
     i = np.flatnonzero(ok)
@@ -449,19 +457,20 @@ def _select(picks: _Picks, *, objective: Objective, keep: int, knob_span: int, p
         order = np.lexsort((picks.tiebreak, picks.kind, -picks.per_gpu, picks.gpus))
     else:
         order = np.lexsort((picks.tiebreak, picks.kind, picks.gpus, -picks.per_gpu))
-    p = picks.take(order)
-    # Replica structures are negative, PD ones non-negative; knob ids stay below `knob_span`.
-    _, first = np.unique(p.structure * knob_span + p.knob, return_index=True)
+    # Replica structures are negative, PD ones non-negative; knob ids stay below `knob_span`. Keys are gathered,
+    # the rows taken once at the end.
+    structure = picks.structure[order]
+    _, first = np.unique(structure * knob_span + picks.knob[order], return_index=True)
     first.sort()
-    p = p.take(first)
-    _, group = np.unique(p.structure, return_inverse=True)
+    order, structure = order[first], structure[first]
+    _, group = np.unique(structure, return_inverse=True)
     group = group.ravel()
     by_group = np.argsort(group, kind="stable")
     sorted_group = group[by_group]
     starts = np.r_[0, np.flatnonzero(np.diff(sorted_group)) + 1]
     rank = np.empty(len(group), dtype=np.int64)
     rank[by_group] = np.arange(len(group)) - np.repeat(starts, np.diff(np.r_[starts, len(group)]))
-    return p.take(np.flatnonzero(rank < per_structure)[:keep])
+    return picks.take(order[np.flatnonzero(rank < per_structure)[:keep]])
 
 
 def _pick(s: Sieve, *, keep: int) -> tuple[Survivor, ...]:
@@ -487,7 +496,8 @@ def _pick(s: Sieve, *, keep: int) -> tuple[Survivor, ...]:
     for tau, gamma in bounds:
         chosen = _select(reps, objective=p.objective, keep=keep, knob_span=span)
         for chunk in pd.pairs(pd.p_alive, pd.d_alive, min_per_gpu=tau, max_gpus=gamma):
-            chosen = _select(_Picks.concat([chosen, _pd_picks(s, chunk)]), objective=p.objective, keep=keep, knob_span=span)
+            last = chosen.take(np.array([len(chosen.kind) - 1])) if len(chosen.kind) >= keep else None
+            chosen = _select(_Picks.concat([chosen, _pd_picks(s, chunk, last)]), objective=p.objective, keep=keep, knob_span=span)
         if tau == 0.0 and gamma == p.max_gpus:
             break
         # Picks inside the bound are exact (everything that could precede them was listed); enough of them end the search.
