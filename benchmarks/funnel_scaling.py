@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"wide-{size}.yaml"
             path.write_text(yaml.safe_dump(spec))
             out, cpu, wall, rss = _child(str(path), args.no_simulate)
-            total = out.get("candidates_total", 0)
+            funnel = out.get("funnel") or [{}]
+            first = funnel[0] if isinstance(funnel, list) and funnel else {}
+            total = out.get("candidates_total") or (first.get("admitted", 0) + first.get("rejected", 0) if isinstance(first, dict) else 0)
             best = out.get("best")
             chosen = best.get("label", "?") if isinstance(best, dict) else str(out.get("error", "no output"))
             print(f"{size:>8} {int(total or 0):>16,} {cpu:>7.2f} {wall:>7.2f} {rss:>12.0f}  {chosen}")
