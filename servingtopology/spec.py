@@ -8,13 +8,14 @@ values (the only place pydantic meets the planner); `to_layout` converts a `layo
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from servingtopology.planner.engine_caps import resolve_version
 from servingtopology.planner.errors import InvalidSpec
@@ -33,6 +34,7 @@ __all__ = [
     "SpecError",
     "load_spec",
     "parse_spec",
+    "read_spec_data",
     "to_layout",
     "to_problem",
     "serving_precision",
@@ -48,35 +50,70 @@ class SpecError(ValueError):
         super().__init__("invalid spec:\n" + "\n".join(f"  {f}: {m}" for f, m in errors))
 
 
+# ---- bounds: every number has a maximum and every string a length, so that the planner's and the simulator's
+# work is bounded by the spec's size (issue #17: maxNumSeqs 1e8 took 8 GB, a 64^4 layout simulated 16.7M GPUs).
+# Each bound is what the engines accept or well above any real deployment; the source is given beside it.
+MAX_GPUS = 4096  # hardware.maxGPUs: the GPU budget of the whole deployment (already the spec's limit)
+MAX_PARALLEL = 64  # tp / pp / dp per instance: the search's own limit; no catalog GPU node or NVL domain exceeds 72
+# vLLM's --max-num-seqs has no upper bound in its argument parser (SchedulerConfig checks only that it is <=
+# max_num_batched_tokens); its defaults are 256 / 1024 per DP rank (engines.md 1.1). SGLang derives
+# --max-running-requests from the pool size and clamps it to [2048, 4096] (engines.md 2.4). 65,536 is 64x vLLM's
+# largest default and 16x SGLang's clamp: more concurrent sequences than any GPU's KV pool holds at 1 token each.
+MAX_NUM_SEQS = 65_536
+# vLLM's --max-num-batched-tokens defaults to 2048-16384 and becomes max_model_len with chunked prefill off; the
+# longest context windows in the catalog are 1M-10M tokens, served chunked. 2,097,152 (2^21) covers a 2M-token
+# unchunked prefill; the LoRA kernel caps it at 65,528 (vLLM LoRAConfig), SGLang's --chunked-prefill-size is 8192 by default.
+MAX_BATCHED_TOKENS = 2_097_152
+MAX_TOKENS = 10_000_000  # input/output lengths: the longest context window shipped (Llama 4 Scout, 10M)
+MAX_LIST = 16  # values per search list (the wide preset has at most 6) and per empirical-length list 10,000
+MAX_EMPIRICAL = 10_000
+MAX_RATE_RPS = 100_000.0  # arrivalRate: 100k req/s is ~1,000 GPUs' worth of short requests; the simulator draws from it
+MAX_CONCURRENCY = 100_000  # closed-loop clients
+MAX_SIM_REQUESTS = 200_000  # simulation.requests: a 200k-request simulation is about a minute of CPU (2k: ~0.5 s)
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding range; SeedSequence refuses negative seeds ("expected non-negative integer")
+MAX_SLO_MS = 3_600_000.0  # an SLO bound of an hour; any larger is not a latency objective
+MAX_ID = 256  # model / GPU ids: Hugging Face ids are <= 96 characters per part (org and name)
+MAX_PATH = 4096  # modelConfig: Linux PATH_MAX
+MAX_IMAGE = 512  # container image reference (the OCI distribution spec keeps a repository name under 256 + tag 128 + digest)
+MAX_ARG = 1024  # one engine argument
+MAX_ARGS = 128  # engine.extraArgs entries
+MAX_SPEC_BYTES = 1_048_576  # a spec file: 1 MiB (a full spec is ~1 kB)
+MAX_SPEC_DEPTH = 32  # nesting of a spec's YAML (the schema nests 5 deep)
+MAX_CONFIG_BYTES = 16_777_216  # a model's config.json: 16 MiB (the largest in the catalog is ~40 kB)
+
+
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    # allow_inf_nan=False: `.nan` / `.inf` in any float field is refused with the field's name (a NaN SLO bound
+    # used to reach the planner and read as "infeasible").
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False)
 
 
 class EngineSpec(_Base):
     name: Engine = Engine.VLLM
-    version: str | None = Field(default=None, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?$",
+    version: str | None = Field(default=None, max_length=32, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?$",
                                 description="engine release (0.11.0, or 0.11 for its newest covered patch); default: the image tag's, "
                                 "else the newest covered release (planner/data/engine_caps)")
-    image: str | None = None
-    extraArgs: list[str] = Field(default_factory=list)
+    image: str | None = Field(default=None, min_length=1, max_length=MAX_IMAGE)
+    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG)]] = Field(default_factory=list, max_length=MAX_ARGS)
 
 
 class HardwareSpec(_Base):
-    gpu: str = Field(description="GPU id from the catalog (h100_sxm, h200_sxm, b200_sxm, a100_sxm, ...) or an alias (H100)")
+    gpu: str = Field(min_length=1, max_length=MAX_ID, description="GPU id from the catalog (h100_sxm, h200_sxm, b200_sxm, a100_sxm, ...) or an alias (H100)")
     gpusPerNode: int | None = Field(default=None, ge=1, le=72)
-    maxGPUs: int = Field(ge=1, le=4096, description="GPU budget for the whole deployment")
-    nvlinkGBps: float | None = Field(default=None, gt=0, description="override: one-way NVLink GB/s per GPU")
-    nicGbps: float | None = Field(default=None, gt=0, description="override: NIC Gb/s per GPU")
+    maxGPUs: int = Field(ge=1, le=MAX_GPUS, description="GPU budget for the whole deployment")
+    # NVLink 5 is 900 GB/s one-way per GPU and the fastest NICs 800 Gb/s: 100x headroom each
+    nvlinkGBps: float | None = Field(default=None, gt=0, le=100_000, description="override: one-way NVLink GB/s per GPU")
+    nicGbps: float | None = Field(default=None, gt=0, le=100_000, description="override: NIC Gb/s per GPU")
     allowCrossNodeTP: bool = False
 
 
 class DistributionSpec(_Base):
     distribution: LengthKind = LengthKind.FIXED
-    mean: float | None = Field(default=None, gt=0)
-    sigma: float = Field(default=0.5, ge=0)
-    min: int | None = Field(default=None, ge=1)
-    max: int | None = Field(default=None, ge=1)
-    values: list[int] = Field(default_factory=list)
+    mean: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
+    sigma: float = Field(default=0.5, ge=0, le=4.0)  # lognormal sigma 4: the p99 is ~11,000x the median
+    min: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    values: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(default_factory=list, max_length=MAX_EMPIRICAL)
 
     @model_validator(mode="after")
     def _complete(self) -> DistributionSpec:
@@ -90,12 +127,12 @@ class DistributionSpec(_Base):
         return self
 
 
-Tokens = Annotated[int, Field(ge=1, le=10_000_000)] | DistributionSpec
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)] | DistributionSpec
 
 
 class WorkloadSpec(_Base):
-    arrivalRate: float | None = Field(default=None, gt=0, description="requests per second (open loop)")
-    concurrency: int | None = Field(default=None, ge=1, description="clients (closed loop)")
+    arrivalRate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS, description="requests per second (open loop)")
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY, description="clients (closed loop)")
     inputTokens: Tokens
     outputTokens: Tokens
     prefixShare: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -121,48 +158,52 @@ class SloSpec(_Base):
         if len(v) != 1:
             raise ValueError("give exactly one percentile, e.g. {p95: 200}")
         (key, bound), = v.items()
-        if not _PCT.match(key) or not 0 < float(key[1:]) < 100:
-            raise ValueError(f"percentile key {key!r} must look like p50, p90, p95, p99, p99.9")
-        if bound <= 0:
-            raise ValueError("the bound must be > 0 ms")
+        if len(key) > 16 or not _PCT.match(key) or not 0 < float(key[1:]) < 100:
+            raise ValueError(f"percentile key {key[:16]!r} must look like p50, p90, p95, p99, p99.9")
+        if not math.isfinite(bound) or not 0 < bound <= MAX_SLO_MS:
+            raise ValueError(f"the bound must be a finite number of ms in (0, {MAX_SLO_MS:,.0f}] (got {bound!r})")
         return v
 
 
 class SearchSpec(_Base):
     preset: Literal["narrow", "default", "wide"] = "default"
-    layouts: list[LayoutKind] | None = None
-    tp: list[Annotated[int, Field(ge=1, le=64)]] | None = None
-    pp: list[Annotated[int, Field(ge=1, le=64)]] | None = None
-    dp: list[Annotated[int, Field(ge=1, le=64)]] | None = None
-    maxNumSeqs: list[Annotated[int, Field(ge=1)]] | None = None
-    maxNumBatchedTokens: list[Annotated[int, Field(ge=16)]] | None = None
-    memoryFraction: list[Annotated[float, Field(gt=0.1, le=0.99)]] | None = None
-    kvCacheDtypes: list[KvDtype] | None = None
+    layouts: list[LayoutKind] | None = Field(default=None, max_length=MAX_LIST)
+    tp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(default=None, max_length=MAX_LIST)
+    pp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(default=None, max_length=MAX_LIST)
+    dp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(default=None, max_length=MAX_LIST)
+    maxNumSeqs: list[Annotated[int, Field(ge=1, le=MAX_NUM_SEQS)]] | None = Field(default=None, max_length=MAX_LIST)
+    maxNumBatchedTokens: list[Annotated[int, Field(ge=16, le=MAX_BATCHED_TOKENS)]] | None = Field(default=None, max_length=MAX_LIST)
+    memoryFraction: list[Annotated[float, Field(gt=0.1, le=0.99)]] | None = Field(default=None, max_length=MAX_LIST)
+    kvCacheDtypes: list[KvDtype] | None = Field(default=None, max_length=MAX_LIST)
     topK: int = Field(default=8, ge=1, le=256)
 
 
 class EngineArgsSpec(_Base):
-    maxNumSeqs: int | None = Field(default=None, ge=1)
-    maxNumBatchedTokens: int | None = Field(default=None, ge=16)
+    maxNumSeqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS)
+    maxNumBatchedTokens: int | None = Field(default=None, ge=16, le=MAX_BATCHED_TOKENS)
     memoryFraction: float | None = Field(default=None, gt=0.1, le=0.99)
     blockSize: int = Field(default=16, ge=1, le=256)
     enablePrefixCaching: bool = True
 
 
 class RoleSpec(_Base):
-    count: int = Field(default=1, ge=1)
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    dp: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_GPUS)
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
+    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
     engineArgs: EngineArgsSpec | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.tp * self.pp * self.dp
 
 
 class LayoutSpec(_Base):
     kind: LayoutKind = LayoutKind.REPLICAS
-    replicas: int = Field(default=1, ge=1)
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    dp: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=1, le=MAX_GPUS)
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
+    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
     ep: bool = False
     prefill: RoleSpec | None = None
     decode: RoleSpec | None = None
@@ -174,18 +215,24 @@ class LayoutSpec(_Base):
             raise ValueError("kind pd needs both 'prefill' and 'decode' ({count, tp, pp})")
         return self
 
+    def gpus(self) -> int:
+        """GPUs this layout occupies (replicas x tp x pp x dp, or the sum over the PD roles)."""
+        if self.kind is LayoutKind.PD and self.prefill is not None and self.decode is not None:
+            return self.prefill.gpus + self.decode.gpus
+        return self.replicas * self.tp * self.pp * self.dp
+
 
 class SimulationSpec(_Base):
-    requests: int = Field(default=2000, ge=10, le=1_000_000)
-    seed: int = 0
-    warmupRequests: int = Field(default=100, ge=0)
+    requests: int = Field(default=2000, ge=10, le=MAX_SIM_REQUESTS)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    warmupRequests: int = Field(default=100, ge=0, le=MAX_SIM_REQUESTS)
 
 
 class PlanSpec(_Base):
     """The planning spec (also the core of the ServingTopology resource's spec)."""
 
-    model: str | None = Field(default=None, description="catalog id or Hugging Face id")
-    modelConfig: str | None = Field(default=None, description="path to a Hugging Face config.json")
+    model: str | None = Field(default=None, min_length=1, max_length=MAX_ID, description="catalog id or Hugging Face id")
+    modelConfig: str | None = Field(default=None, min_length=1, max_length=MAX_PATH, description="path to a Hugging Face config.json")
     precision: Precision = Precision.BF16
     kvCacheDtype: KvDtype = KvDtype.AUTO
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -207,6 +254,16 @@ class PlanSpec(_Base):
         if (self.model is None) == (self.modelConfig is None):
             raise ValueError("give exactly one of 'model' (catalog or Hugging Face id) or 'modelConfig' (config.json path)")
         return self
+
+    @field_validator("layout")
+    @classmethod
+    def _layout_within_budget(cls, v: LayoutSpec | None, info: ValidationInfo) -> LayoutSpec | None:
+        # The layout to simulate is held to the GPU budget, as every planned layout is: a 64^4 layout otherwise
+        # simulated 16.7M GPUs (issue #17). `hardware` is validated first (declared before `layout`).
+        hw = info.data.get("hardware")
+        if v is not None and isinstance(hw, HardwareSpec) and v.gpus() > hw.maxGPUs:
+            raise ValueError(f"the layout takes {v.gpus():,} GPUs, over hardware.maxGPUs ({hw.maxGPUs})")
+        return v
 
 
 DEFAULT_SPEC: dict[str, Any] = {
@@ -249,7 +306,8 @@ def parse_spec(data: Any) -> PlanSpec:
             if e["type"] == "extra_forbidden":
                 msg = "unknown field"
             if "input" in e and e["type"] not in ("missing", "extra_forbidden") and not isinstance(e["input"], dict | list):
-                msg += f" (got {e['input']!r})"
+                got = repr(e["input"])
+                msg += f" (got {got if len(got) <= 80 else got[:60] + f'... ({len(got):,} characters)'})"
             errors.append((_loc(tuple(e["loc"])), msg))
         # A union (number | distribution) reports both branches; keep the first per field.
         seen: dict[str, str] = {}
@@ -258,19 +316,53 @@ def parse_spec(data: Any) -> PlanSpec:
         raise SpecError(list(seen.items())) from None
 
 
+def _check_shape(data: Any, *, max_depth: int = MAX_SPEC_DEPTH, max_nodes: int = 100_000) -> None:
+    """Refuse a parsed document nested deeper than `max_depth` or with more than `max_nodes` values (YAML aliases
+    can make a small file expand to billions of nodes); iterative, so depth itself cannot overflow the stack."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if depth > max_depth:
+            raise SpecError([("spec", f"nested deeper than {max_depth} levels (the schema nests 5)")])
+        if nodes > max_nodes:
+            raise SpecError([("spec", f"more than {max_nodes:,} values (after expanding YAML aliases)")])
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def read_spec_data(path: str | Path) -> Any:
+    """A spec file's parsed YAML (or JSON), bounded: at most 1 MiB, UTF-8, nested at most 32 deep. Every way a
+    file can be unreadable is a SpecError on `spec` (issue #17: non-UTF-8 and deep nesting raised tracebacks)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError([("spec", f"cannot read {path}: {exc.strerror}")]) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError([("spec", f"{path} is over {MAX_SPEC_BYTES:,} bytes; a spec is a few kB")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([("spec", f"{path} is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([("spec", f"not valid YAML: {str(exc)[:500]}")]) from None
+    except RecursionError:
+        raise SpecError([("spec", f"nested deeper than {MAX_SPEC_DEPTH} levels (the schema nests 5)")]) from None
+    _check_shape(data)
+    return data
+
+
 def load_spec(path: str | Path | None) -> PlanSpec:
     """Read and validate a YAML (or JSON) spec file; None gives the embedded default scenario."""
     if path is None:
         return parse_spec(json.loads(json.dumps(DEFAULT_SPEC)))
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise SpecError([("spec", f"cannot read {path}: {exc.strerror}")]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError([("spec", f"not valid YAML: {exc}")]) from None
-    return parse_spec(data)
+    return parse_spec(read_spec_data(path))
 
 
 def _length(v: int | DistributionSpec) -> LengthDist:
@@ -286,27 +378,60 @@ def _length(v: int | DistributionSpec) -> LengthDist:
 def read_model_config(path: Path, *, field: str = "modelConfig") -> dict[str, Any]:
     """A config.json as a dict; a ModelOpt checkpoint's sibling hf_quant_config.json stands in for a missing
     quantization_config (vLLM reads it the same way)."""
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidSpec(field, f"cannot read a config.json at {path}: {exc}") from None
+    cfg = _read_json(path, field, what="a config.json")
     if not isinstance(cfg, dict):
         raise InvalidSpec(field, f"{path} is not a JSON object of model fields")
     inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
     sibling = path.parent / "hf_quant_config.json"
     if "quantization_config" not in cfg and "quantization_config" not in inner and sibling.is_file():
-        try:
-            cfg["quantization_config"] = json.loads(sibling.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InvalidSpec(field, f"cannot read {sibling}: {exc}") from None
+        cfg["quantization_config"] = _read_json(sibling, field, what="")
     return cfg
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a number JSON allows")
+
+
+def _read_json(path: Path, field: str, *, what: str) -> Any:
+    """A JSON file, bounded (16 MiB, UTF-8, finite numbers, nesting the parser can hold); every failure is an
+    InvalidSpec on `field` (issue #17: a non-UTF-8 or 1e400-holding config.json raised a traceback)."""
+    where = f"{what} at {path}" if what else str(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise InvalidSpec(field, f"cannot read {where}: over {MAX_CONFIG_BYTES:,} bytes")
+        return json.loads(raw.decode("utf-8"), parse_float=_finite, parse_constant=_no_constant)
+    except OSError as exc:
+        raise InvalidSpec(field, f"cannot read {where}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidSpec(field, f"cannot read {where}: not UTF-8 (byte {exc.start})") from None
+    except RecursionError:
+        raise InvalidSpec(field, f"cannot read {where}: nested too deep") from None
+    except ValueError as exc:  # json.JSONDecodeError, and _finite / _no_constant
+        raise InvalidSpec(field, f"cannot read {where}: {str(exc)[:200]}") from None
 
 
 def _model(spec: PlanSpec) -> ModelArch:
     if spec.model is not None:
         return resolve_model(spec.model)
     path = Path(spec.modelConfig or "")
-    return from_hf_config(read_model_config(path), name=path.parent.name or "custom")
+    cfg = read_model_config(path)
+    try:
+        return from_hf_config(cfg, name=path.parent.name or "custom")
+    except InvalidSpec:
+        raise
+    except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        # A config.json of the right shape with values no model has (a 10^30-layer model, a list for a size):
+        # the user's input, named as such, not an internal error.
+        raise InvalidSpec("modelConfig", f"{path} holds values no model has ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def serving_precision(spec: PlanSpec, model: ModelArch) -> Precision:

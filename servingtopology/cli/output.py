@@ -8,32 +8,27 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from pathlib import Path
-
-import yaml
 
 from servingtopology.planner.decide import Simulate
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim.stage import stage6_figures
-from servingtopology.spec import PlanSpec, SpecError, load_spec, to_layout
+from servingtopology.spec import PlanSpec, SpecError, load_spec, parse_spec, read_spec_data, to_layout
 
 __all__ = ["emit_spec_error", "read_spec", "layout_for", "simulator_for"]
 
 
 def read_spec(path: str | None) -> PlanSpec:
     """A planning spec from a file; a ServingTopology resource (kind: ServingTopology) is read from its `spec`."""
-    if path is not None and Path(path).is_file():
-        try:
-            data = yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError:
-            data = None
-        if isinstance(data, dict) and data.get("kind") == "ServingTopology":
-            from servingtopology.operator.api import parse_topology_spec
+    if path is None:
+        return load_spec(None)
+    data = read_spec_data(path)  # bounded: size, UTF-8, depth (raises SpecError naming `spec`)
+    if isinstance(data, dict) and data.get("kind") == "ServingTopology":
+        from servingtopology.operator.api import parse_topology_spec
 
-            return parse_topology_spec(data.get("spec"))
-    return load_spec(path)
+        return parse_topology_spec(data.get("spec"))
+    return parse_spec(data)
 
 
 def layout_for(spec: PlanSpec, problem: Problem) -> Layout:

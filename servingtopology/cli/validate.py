@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import math
+import re
 import sys
 import time
 from collections import Counter
@@ -77,13 +80,69 @@ def _resolve_gpu(system: str) -> Gpu | Skip:
         return Skip("unknown GPU", system)
 
 
+# A row's field longer than this is malformed (the longest in the shipped silicon CSV, silicon_data_source, is ~300).
+MAX_FIELD_CHARS = 4096
+MALFORMED = "malformed row"
+_SURROGATE = re.compile("[\udc80-\udcff]")  # what surrogateescape decodes a non-UTF-8 byte to
+
+
+def read_rows(csv_path: Path) -> tuple[list[dict[str, str]], Counter[str]]:
+    """The CSV's well-formed rows (header keys, str values) and a count of malformed ones by reason.
+
+    Malformed: bytes that are not UTF-8, a field the csv module refuses (over its 131,072-character limit) or over
+    MAX_FIELD_CHARS, a row with more or fewer fields than the header, a non-finite number (inf, nan, 1e999).
+    Each is counted and the rest are read (issue #17: `inf`, non-UTF-8 and a 131,072-character field crashed the
+    command). Raises OSError when the file cannot be read.
+    """
+    text = csv_path.read_bytes().decode("utf-8", errors="surrogateescape")
+    bad: Counter[str] = Counter()
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header: list[str] | None = None
+    rows: list[dict[str, str]] = []
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            bad[f"{MALFORMED}: a field over the csv module's limit or a broken quote"] += 1
+            continue
+        if header is None:
+            header = fields
+            continue
+        if not any(f.strip() for f in fields):
+            continue
+        reason = _malformed(fields, len(header))
+        if reason:
+            bad[f"{MALFORMED}: {reason}"] += 1
+            continue
+        rows.append(dict(zip(header, fields, strict=True)))
+    return rows, bad
+
+
+def _malformed(fields: list[str], width: int) -> str | None:
+    if len(fields) != width:
+        return f"{len(fields)} fields where the header has {width}"
+    for f in fields:
+        if _SURROGATE.search(f):
+            return "not UTF-8"
+        if len(f) > MAX_FIELD_CHARS:
+            return f"a field over {MAX_FIELD_CHARS:,} characters"
+        try:
+            number = float(f)
+        except ValueError:
+            continue
+        if not math.isfinite(number):
+            return "a non-finite number (inf, nan)"
+    return None
+
+
 def load_measurements(csv_path: Path, *, model_dir: Path | None = None, backends: Sequence[str] | None = None) -> Measurements:
     """Read and parse the rows of `backends` (all when None), resolving each model and GPU once."""
     cases: list[CalibrationCase] = []
-    skipped: Counter[str] = Counter()
     by_backend: dict[str, Counter[str]] = {}
-    with csv_path.open(newline="") as fh:
-        rows = fill_from_twins(list(csv.DictReader(fh)))
+    raw, skipped = read_rows(csv_path)  # malformed rows are counted in `skipped` (their backend cannot be trusted)
+    rows = fill_from_twins(raw)
     for row in rows:
         backend = (row.get("backend") or "").strip().lower()
         if backends and backend not in backends:
@@ -167,7 +226,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"--measurements: no such file {args.measurements}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    m = load_measurements(args.measurements, model_dir=args.model_dir, backends=backends or None)
+    try:
+        m = load_measurements(args.measurements, model_dir=args.model_dir, backends=backends or None)
+    except OSError as exc:
+        print(f"--measurements: cannot read {args.measurements}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    malformed = {k: v for k, v in m.skipped_at_parse.items() if k.startswith(MALFORMED)}
+    for reason, n in sorted(malformed.items()):
+        print(f"--measurements: {n} {reason.replace(MALFORMED, 'malformed row' + ('s' if n > 1 else ''), 1)}", file=sys.stderr)
+    if not m.cases:
+        print(f"--measurements: no row of {args.measurements} could be read ({sum(m.skipped_at_parse.values())} skipped: "
+              + (", ".join(f"{k} ({v})" for k, v in sorted(m.skipped_at_parse.items())) or "no data rows") + ")", file=sys.stderr)
+        return 2
     if args.no_harness:
         m = Measurements(without_harness(m.cases), m.models, m.gpus, m.skipped_at_parse)
     results, summary = evaluate(m)

@@ -76,7 +76,7 @@ def test_distributions_convert_to_length_distributions():
 
 def test_a_pd_layout_block_converts_to_a_pinned_layout():
     spec = parse_spec(_with(layout={"kind": "pd", "prefill": {"count": 2, "tp": 2}, "decode": {"count": 3, "tp": 4},
-                                    "engineArgs": {"maxNumSeqs": 128}}))
+                                    "engineArgs": {"maxNumSeqs": 128}}, hardware__maxGPUs=16))
     layout = to_layout(spec)
     assert layout.kind is LayoutKind.PD and layout.gpus == 2 * 2 + 3 * 4
     assert to_problem(spec).pinned == layout
