@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
@@ -35,7 +37,7 @@ from servingtopology.planner.sim import (
     recorded_latencies,
     simulate,
 )
-from servingtopology.spec import SpecError, read_model_config, to_problem
+from servingtopology.spec import MAX_SIM_REQUESTS, MAX_TOKENS, SpecError, read_model_config, to_problem
 
 __all__ = ["add_parser", "run", "read_trace", "Replay", "load_replay", "run_replay", "compare", "summary_json"]
 
@@ -55,19 +57,70 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def read_trace(path: Path) -> list[dict[str, object]]:
-    """Rows of a JSONL (one object per line) or CSV (header row) trace file."""
-    text = path.read_text()
-    if path.suffix.lower() == ".csv":
-        return [dict(r) for r in csv.DictReader(text.splitlines())]
+# A trace is held to the spec's simulation bounds: at most MAX_SIM_REQUESTS rows, each request's lengths within
+# MAX_TOKENS, times finite (issue #17: the planner's work stays bounded by its input's size).
+MAX_TRACE_BYTES = 256 * 1024 * 1024
+
+
+def read_trace(path: Path, *, field: str = "trace") -> list[dict[str, object]]:
+    """Rows of a JSONL (one object per line) or CSV (header row) trace file; every way it can be unreadable
+    (missing, over 256 MiB or MAX_SIM_REQUESTS rows, not UTF-8, a line that is not a JSON object, a field over
+    the csv module's limit) is an InvalidSpec naming `field` and the line."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_TRACE_BYTES + 1)
+    except OSError as exc:
+        raise InvalidSpec(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise InvalidSpec(field, f"{path} is over {MAX_TRACE_BYTES:,} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise InvalidSpec(f"{field} line {line}", "not UTF-8 text") from None
     rows: list[dict[str, object]] = []
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        try:
+            for r in reader:
+                rows.append(dict(r))
+                _check_rows(rows, field)
+        except csv.Error as exc:
+            raise InvalidSpec(f"{field} line {reader.line_num}", f"not CSV: {exc}") from None
+        return rows
     for i, line in enumerate(text.splitlines()):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise InvalidSpec(f"trace line {i + 1}", f"not JSON: {exc.msg}") from None
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+                raise InvalidSpec(f"{field} line {i + 1}", f"not JSON: {msg}") from None
+            if not isinstance(row, dict):
+                raise InvalidSpec(f"{field} line {i + 1}", f"not a JSON object of request fields (got a {type(row).__name__})")
+            rows.append(row)
+            _check_rows(rows, field)
     return rows
+
+
+def _check_rows(rows: list[dict[str, object]], field: str) -> None:
+    if len(rows) > MAX_SIM_REQUESTS:
+        raise InvalidSpec(field, f"more than {MAX_SIM_REQUESTS:,} requests (the bound of simulation.requests)")
+
+
+def _trace_requests(path: Path) -> RequestSet:
+    """The trace's requests, held to the spec's bounds: finite times, lengths within MAX_TOKENS."""
+    try:
+        requests = from_rows(read_trace(path))
+    except (OverflowError, ValueError) as exc:  # round(inf) in from_rows; InvalidSpec is a PlannerError, not a ValueError
+        raise InvalidSpec("trace", f"a request holds a number out of range ({exc})") from None
+    if not len(requests):
+        raise InvalidSpec("trace", f"{path} holds no requests")
+    if not np.isfinite(requests.arrival_s).all():
+        raise InvalidSpec("trace", "an arrival time is not a finite number")
+    longest = int(max(requests.prompt_tokens.max(), requests.output_tokens.max()))
+    if longest > MAX_TOKENS:
+        raise InvalidSpec("trace", f"a request of {longest:,} tokens; at most {MAX_TOKENS:,} (the longest context window)")
+    return requests
 
 
 # ---- replay of a recorded run ------------------------------------------------------------------------
@@ -138,11 +191,15 @@ def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
     """Read a recorded run's folder into a Replay (model, GPU, engine knobs, requests, recorded latencies)."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        rows = read_trace(folder / "requests.jsonl")
+        rows = read_trace(folder / "requests.jsonl", field="replay requests.jsonl")
         config_path = folder / "config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
     except OSError as exc:
         raise InvalidSpec("replay", f"cannot read {exc.filename}: {exc.strerror}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InvalidSpec("replay", f"meta.json or config.json in {folder} is not UTF-8 JSON ({str(exc)[:200]})") from None
+    if not isinstance(meta, dict) or not isinstance(config, dict):
+        raise InvalidSpec("replay", f"meta.json and config.json in {folder} must each be a JSON object")
     gpu = _gpu_for(folder, meta, config)
     model = _model_for(folder, meta, config, model_config)
     kw = meta.get("engine_kwargs") or {}
@@ -237,7 +294,7 @@ def _run_spec(args: argparse.Namespace) -> int:
     layout = layout_for(spec, problem)
     t0 = time.perf_counter()
     if args.trace:
-        requests = from_rows(read_trace(Path(args.trace)))
+        requests = _trace_requests(Path(args.trace))
     else:
         requests = from_workload(problem.workload, num_requests=spec.simulation.requests, seed=spec.simulation.seed)
     result = simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
