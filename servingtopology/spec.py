@@ -319,19 +319,20 @@ def parse_spec(data: Any) -> PlanSpec:
 def _check_shape(data: Any, *, max_depth: int = MAX_SPEC_DEPTH, max_nodes: int = 100_000) -> None:
     """Refuse a parsed document nested deeper than `max_depth` or with more than `max_nodes` values (YAML aliases
     can make a small file expand to billions of nodes); iterative, so depth itself cannot overflow the stack."""
-    stack: list[tuple[Any, int]] = [(data, 0)]
+    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
     nodes = 0
     while stack:
-        node, depth = stack.pop()
+        node, path = stack.pop()
         nodes += 1
-        if depth > max_depth:
-            raise SpecError([("spec", f"nested deeper than {max_depth} levels (the schema nests 5)")])
+        if len(path) > max_depth:
+            where = ".".join(path[:4]) if path else "spec"  # the field the deep value sits under
+            raise SpecError([(where, f"nested deeper than {max_depth} levels (the schema nests 5)")])
         if nodes > max_nodes:
             raise SpecError([("spec", f"more than {max_nodes:,} values (after expanding YAML aliases)")])
         if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
+            stack.extend((v, (*path, str(k)[:64])) for k, v in node.items())
         elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
+            stack.extend((v, (*path, str(i))) for i, v in enumerate(node))
 
 
 def read_spec_data(path: str | Path) -> Any:

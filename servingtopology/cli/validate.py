@@ -28,7 +28,7 @@ from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.perf import PerfParams, fit_record
-from servingtopology.spec import read_model_config
+from servingtopology.spec import MAX_TOKENS, read_model_config
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
 
@@ -112,7 +112,7 @@ def read_rows(csv_path: Path) -> tuple[list[dict[str, str]], Counter[str]]:
             continue
         if not any(f.strip() for f in fields):
             continue
-        reason = _malformed(fields, len(header))
+        reason = _malformed(fields, header)
         if reason:
             bad[f"{MALFORMED}: {reason}"] += 1
             continue
@@ -120,10 +120,15 @@ def read_rows(csv_path: Path) -> tuple[list[dict[str, str]], Counter[str]]:
     return rows, bad
 
 
-def _malformed(fields: list[str], width: int) -> str | None:
-    if len(fields) != width:
-        return f"{len(fields)} fields where the header has {width}"
-    for f in fields:
+def _is_size(column: str) -> bool:
+    """Lengths and counts: isl, osl, batch sizes, tp/pp/dp/ep sizes, worker counts."""
+    return column in ("isl", "osl") or column.endswith(("_size", "_workers"))
+
+
+def _malformed(fields: list[str], header: list[str]) -> str | None:
+    if len(fields) != len(header):
+        return f"{len(fields)} fields where the header has {len(header)}"
+    for column, f in zip(header, fields, strict=True):
         if _SURROGATE.search(f):
             return "not UTF-8"
         if len(f) > MAX_FIELD_CHARS:
@@ -134,6 +139,9 @@ def _malformed(fields: list[str], width: int) -> str | None:
             continue
         if not math.isfinite(number):
             return "a non-finite number (inf, nan)"
+        if _is_size(column) and abs(number) > MAX_TOKENS:
+            # a 1e300-token row overflowed the closed-loop model; no benchmark runs more than the longest context
+            return f"a length or size over {MAX_TOKENS:,} ({column})"
     return None
 
 
