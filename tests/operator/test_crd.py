@@ -72,3 +72,15 @@ def test_the_spec_schema_carries_enums_minimums_and_required_fields() -> None:
 def test_the_generated_yaml_round_trips() -> None:
     text = render_crd_yaml()
     assert yaml.safe_load(text) == build_crd()
+
+
+def test_the_api_server_refuses_unbounded_numbers_and_strings() -> None:
+    # issue #17: `spec.pinned.engineArgs.maxNumSeqs: 20000000` was admitted (no maximum) and one pass took 1.66 GB.
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    pinned = spec["pinned"]["properties"]
+    assert pinned["engineArgs"]["properties"]["maxNumSeqs"]["maximum"] == 65_536
+    assert pinned["engineArgs"]["properties"]["maxNumBatchedTokens"]["maximum"] == 2_097_152
+    assert all(pinned[k]["maximum"] <= 4096 for k in ("replicas", "tp", "pp", "dp"))
+    assert pinned["prefill"]["properties"]["count"]["maximum"] == 4096
+    assert spec["simulation"]["properties"]["seed"]["minimum"] == 0
+    assert spec["model"]["maxLength"] == 256 and spec["hardware"]["properties"]["gpu"]["maxLength"] == 256
