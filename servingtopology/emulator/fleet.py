@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servingtopology.planner.engine_caps import load_caps
 from servingtopology.planner.layout import Role
 
 from .engine import SimulatorKind, build_simulator, gpu_for_label
@@ -163,7 +164,25 @@ class Fleet:
                 self.instances[key] = (pod, instance.start())
             log.info("started %s: %s %s role=%s tp=%d pp=%d dp=%d at %s", key, config.engine, config.model, config.role,
                      config.tp, config.pp, config.dp, instance.address)
+        self._refuse_pd_pairs()
         self._write_files()
+
+    def _refuse_pd_pairs(self) -> None:
+        """A decode engine that meets a prefill engine its release cannot pair with fails at the KV hand-off (vLLM
+        0.11: "Decode TP cannot be smaller than prefill TP"); it stops with the rule's message."""
+        for key, (pod, inst) in list(self.instances.items()):
+            config = inst.config
+            if config.role is not Role.DECODE:
+                continue
+            caps = load_caps(config.engine.value, config.version)
+            rule = next((r for r in caps.pd_rules if r.id == "decode_tp_below_prefill_tp"), None)
+            prefill_tp = max((other.config.tp for p, other in self.instances.values()
+                              if other.config.role is Role.PREFILL and self._group(p) == self._group(pod)), default=0)
+            if rule is not None and prefill_tp > config.tp:
+                self.instances.pop(key)
+                inst.stop()
+                self.errors[key] = f"{rule.message} (decode TP {config.tp}, prefill TP {prefill_tp}; {caps.label}, {rule.source})"
+                log.error("engine in pod %s/%s stopped: %s", pod.namespace, pod.name, self.errors[key])
 
     def _config(self, pod: PodView) -> EngineConfig:
         hint_raw = pod.labels.get(self.role_label, "")

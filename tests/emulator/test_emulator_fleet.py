@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -67,3 +68,28 @@ def test_a_refused_engine_gets_the_status_a_kubelet_writes_for_a_container_that_
     assert refused_status({**pod, "status": body["status"]}, "engine", message, now="later") is None  # already written
     assert refused_status(pod, "engine", "ValueError: Unsupported connector type: foo", now="t")["status"][  # type: ignore[index]
         "containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 1
+
+
+def test_a_vllm_0_11_decode_engine_paired_with_a_wider_prefill_engine_fails_with_the_nixl_assertion(tmp_path: Path) -> None:
+    def pd(tp: int, role: str) -> tuple[str, ...]:
+        kv = '{"kv_connector":"NixlConnector","kv_role":"kv_%s"}' % ("producer" if role == "prefill" else "consumer")
+        return ("vllm", "serve", "llama-3.1-8b", "--tensor-parallel-size", str(tp), "--kv-transfer-config", kv)
+    fleet = _fleet(tmp_path)
+    try:
+        pods = [PodView(namespace="ns", name=n, uid=f"uid-{n}", node="gpu-node-0", ip="10.244.0.9",
+                        labels={"app.kubernetes.io/instance": "llama", "servingtopology.io/role": role},
+                        argv=pd(tp, role), container="engine", gpus=tp, ready=True, image="vllm/vllm-openai:v0.11.0")
+                for n, tp, role in (("p", 4, "prefill"), ("d", 2, "decode"))]
+        fleet.sync(pods, {})
+        errors = json.loads((tmp_path / "status.json").read_text())["errors"]
+        assert list(errors) == ["ns/d/uid-d"]
+        assert "Decode TP cannot be smaller than prefill TP" in errors["ns/d/uid-d"] and "nixl_connector.py:968" in errors["ns/d/uid-d"]
+    finally:
+        fleet.stop()
+    # vLLM 0.33 pairs heterogeneous TP both ways: nothing fails.
+    fleet = _fleet(tmp_path)
+    try:
+        fleet.sync([dataclasses.replace(p, image="vllm/vllm-openai:v0.33.0") for p in pods], {})
+        assert not json.loads((tmp_path / "status.json").read_text())["errors"]
+    finally:
+        fleet.stop()
