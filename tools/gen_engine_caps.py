@@ -95,7 +95,7 @@ def unpack(wheel: Path, tree: Path) -> Path:
 
 def dump_parser(kind: str, python: str, tree: Path | None, site: str) -> dict[str, Any]:
     """Run the package's own parser builder in the engine environment and return its arguments."""
-    env = {**os.environ, "PYTHONPATH": site}
+    env = {**os.environ, "PYTHONPATH": site, "PYTHONHASHSEED": "0"}  # choices built from sets: one order
     cmd = [python, str(DUMPER), "dump", kind] + ([str(tree)] if tree else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd="/")
     return json.loads(out.stdout)

@@ -192,7 +192,11 @@ def dump(kind: str) -> dict[str, Any]:
             "action": type(action).__name__,
             "nargs": action.nargs,
             "type": describe_type(action.type),
-            "choices": None if action.choices is None else [str(c) for c in action.choices],
+            # Choices from a set (or, in the routers, from their Rust module's hash maps) have no order of their own:
+            # sorted, so the data is reproducible.
+            "choices": None if action.choices is None else [str(c) for c in (
+                sorted(action.choices, key=str) if isinstance(action.choices, (set, frozenset)) or kind not in ("vllm", "sglang")
+                else action.choices)],
             "required": bool(action.required),
             "default": _jsonable(action.default),
         }
