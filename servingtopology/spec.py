@@ -496,6 +496,19 @@ def _slo(spec: PlanSpec) -> Slo:
     return Slo(ttft_ms=tv, tpot_ms=pv, ttft_percentile=float(tk[1:]), tpot_percentile=float(pk[1:]))
 
 
+def _check_node_size(spec: PlanSpec, ls: LayoutSpec, gpus_per_node: int, gpu_id: str) -> None:
+    """A layout's tensor-parallel group fits one node unless the spec allows cross-node TP, as the search holds
+    its candidates (SearchSpace.allow_cross_node_tp); pipeline stages may span nodes."""
+    if spec.hardware.allowCrossNodeTP:
+        return
+    roles = [("layout", ls.tp)] if ls.kind is LayoutKind.REPLICAS else [
+        (f"layout.{name}", r.tp) for name, r in (("prefill", ls.prefill), ("decode", ls.decode)) if r is not None]
+    for where, tp in roles:
+        if tp > gpus_per_node:
+            raise InvalidSpec(f"{where}.tp", f"TP {tp} spans more than one {gpus_per_node}-GPU node of {gpu_id}; at most "
+                                             f"{gpus_per_node}, or set hardware.allowCrossNodeTP: true")
+
+
 def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout | None = None) -> Problem:
     """Convert a validated spec into the planner's Problem (raises InvalidSpec for unknown model or GPU)."""
     hw = spec.hardware
@@ -517,6 +530,7 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         arrival_cv=w.arrivalCV,
     )
     if pinned is None and spec.layout is not None:
+        _check_node_size(spec, spec.layout, gpu.gpus_per_node, gpu.id)
         pinned = to_layout(spec, precision=precision)
     elif pinned is not None and "precision" not in spec.model_fields_set:
         pinned = replace(pinned, precision=precision)  # a layout built before the model was read (the operator's pin)

@@ -128,6 +128,19 @@ def test_a_layout_over_the_gpu_budget_is_refused_naming_layout():
     assert "over hardware.maxGPUs (8)" in errors["layout"]
 
 
+def test_a_layout_whose_tp_spans_nodes_is_refused_unless_allowed(tmp_path, capsys):
+    spec = _with(hardware={"gpu": "a100_sxm", "gpusPerNode": 8, "maxGPUs": 16}, layout={"replicas": 1, "tp": 16}, simulation={"requests": 20})
+    code, _, err = _run(capsys, "simulate", _spec(tmp_path, spec))
+    assert code == 2 and "layout.tp: TP 16 spans more than one 8-GPU node" in err
+    pd = _with(hardware={"gpu": "a100_sxm", "gpusPerNode": 8, "maxGPUs": 32},
+               layout={"kind": "pd", "prefill": {"count": 1, "tp": 16}, "decode": {"count": 1}}, simulation={"requests": 20})
+    code, _, err = _run(capsys, "simulate", _spec(tmp_path, pd))
+    assert code == 2 and "layout.prefill.tp" in err
+    spec["hardware"]["allowCrossNodeTP"] = True
+    code, _, err = _run(capsys, "simulate", _spec(tmp_path, spec))
+    assert code == 0
+
+
 def test_the_bounds_admit_the_largest_real_settings():
     spec = parse_spec(_with(hardware={"gpu": "h200_sxm", "maxGPUs": 4096}, layout={"replicas": 64, "tp": 8, "pp": 8, "engineArgs": {
         "maxNumSeqs": 65_536, "maxNumBatchedTokens": 2_097_152}}, simulation={"requests": 200_000, "seed": 2**32 - 1}))
