@@ -21,7 +21,7 @@ from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim import from_workload, simulate
-from servingtopology.spec import SpecError, to_problem
+from servingtopology.spec import MAX_CONCURRENCY, MAX_SIM_REQUESTS, SpecError, to_problem
 
 __all__ = ["add_parser", "run", "sweep_points", "parse_concurrency"]
 
@@ -39,14 +39,27 @@ def add_parser(sub: Any) -> None:
 
 
 def parse_concurrency(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]; every entry a positive integer."""
+    """'1,2,4' -> [1, 2, 4]; every entry a positive integer up to MAX_CONCURRENCY, at most MAX_POINTS entries."""
+    shown = text if len(text) <= 80 else text[:60] + f"... ({len(text):,} characters)"
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text[:4096].split(",") if x.strip()]
     except ValueError:
-        raise InvalidSpec("--concurrency", f"expected comma-separated positive integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise InvalidSpec("--concurrency", f"expected comma-separated positive integers, got {text!r}")
+        raise InvalidSpec("--concurrency", f"expected comma-separated positive integers, got {shown!r}") from None
+    if not values or min(values) < 1 or len(text) > 4096:
+        raise InvalidSpec("--concurrency", f"expected comma-separated positive integers, got {shown!r}")
+    if len(values) > MAX_POINTS or max(values) > MAX_CONCURRENCY:
+        raise InvalidSpec("--concurrency", f"at most {MAX_POINTS} points of at most {MAX_CONCURRENCY:,} clients each (issue #17: bounded work)")
     return values
+
+
+MAX_POINTS = 64
+
+
+def check_requests(concurrency: list[int], per_client: int) -> None:
+    """Each point simulates max(per_client x c, 200) requests: held to the spec's bound on simulation.requests."""
+    if per_client * max(concurrency) > MAX_SIM_REQUESTS:
+        raise InvalidSpec("--requests-per-client", f"{per_client} x {max(concurrency):,} clients: each point may simulate at most "
+                                                   f"{MAX_SIM_REQUESTS:,} requests")
 
 
 def _r(x: float, nd: int = 3) -> float | None:
@@ -116,6 +129,7 @@ def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         concurrency = parse_concurrency(args.concurrency)
+        check_requests(concurrency, max(1, args.requests_per_client))
         spec = read_spec(args.spec)
         problem = to_problem(spec)
         layout = layout_for(spec, problem)

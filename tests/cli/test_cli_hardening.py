@@ -147,6 +147,17 @@ def test_the_bounds_admit_the_largest_real_settings():
     assert spec.layout is not None and spec.layout.gpus() == 4096
 
 
+@pytest.mark.parametrize(("argv", "field"), [
+    (["--concurrency", "10000000"], "--concurrency"),
+    (["--concurrency", ",".join(["1"] * 200)], "--concurrency"),
+    (["--concurrency", "9" * 5000], "--concurrency"),
+    (["--concurrency", "64", "--requests-per-client", "1000000"], "--requests-per-client"),
+])
+def test_sweep_work_is_bounded_and_the_option_named(tmp_path, capsys, argv, field):
+    code, _, err = _run(capsys, "sweep", _spec(tmp_path, _with(layout={"replicas": 1})), *argv)
+    assert code == 2 and f"  {field}:" in err and len(err) < 600
+
+
 # ---- simulate --trace ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("name", "raw", "field"), [
     ("t.jsonl", b'{"arrival_s": 0, "input_tokens": 1e400, "output_tokens": 10}\n', "trace"),
