@@ -1,5 +1,6 @@
 """The project's processes on top of a cluster: the operator installed with the Helm chart (and run, as the chart's
-ServiceAccount, from the command the chart renders) and the engine emulator feeding Prometheus.
+ServiceAccount, from the command the chart renders) and the engine emulator feeding Prometheus (which runs the
+real engine instead for the pods of namespaces a scenario names, see `Emulator.set_real_engine`).
 
 Used by e2e/conftest.py. The operator runs as a local process rather than an in-cluster pod because kwok's pods
 run nothing; it still authenticates with the chart's ServiceAccount token, so the chart's RBAC is what is
@@ -103,6 +104,18 @@ class Emulator:
     def status_path(self) -> Path:
         return self.cluster.work_dir / "emulator-status.json"
 
+    @property
+    def real_engines_path(self) -> Path:
+        return self.cluster.work_dir / "real-engines.yaml"
+
+    def set_real_engine(self, rule: dict[str, Any]) -> None:
+        """Adds a rule: the pods of its namespace run the real engine (servingtopology/emulator/real_engine.py)."""
+        rules = yaml.safe_load(self.real_engines_path.read_text()) if self.real_engines_path.exists() else {"rules": []}
+        rules["rules"].append(rule)
+        tmp = self.real_engines_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(rules))
+        tmp.replace(self.real_engines_path)
+
     def set_profile(self, profile: dict[str, Any]) -> None:
         """Replaces the scripted traffic; the emulator restarts it from its first phase."""
         tmp = self.profile_path.with_suffix(".tmp")
@@ -115,7 +128,7 @@ class Emulator:
         self.child = self.cluster.supervisor.start("emulator", [
             _venv_script("servingtopology"), "emulate", f"--kubeconfig={self.cluster.kubeconfig}",
             f"--profile={self.profile_path}", f"--file-sd={self.cluster.file_sd_path}", f"--status={self.status_path}",
-            "--interval-s=1",
+            f"--real-engines={self.real_engines_path}", "--interval-s=1",
         ])
         child = self.child
         wait_until(lambda: _alive_and(child, self.status_path.exists), timeout_s=60, what="emulator status file",

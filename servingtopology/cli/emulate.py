@@ -2,7 +2,8 @@
 
 Cluster mode (default): one emulated engine per Ready engine pod found through the kubeconfig, with Prometheus
 file-SD and a status file kept current (see servingtopology/emulator/fleet.py). Single mode (`--args`): one
-engine from a command line, for demos without a cluster or GPUs. Reads the traffic profile file here; the
+engine from a command line, for demos without a cluster or GPUs. `--real-engines` names rules under which chosen
+pods run the real engine from their own command line instead (emulator/real_engine.py). Reads the traffic profile and rules files here; the
 emulator package does no file reading of its own beyond the files it is told to write.
 """
 
@@ -25,6 +26,7 @@ from servingtopology.emulator.engine import SimulatorKind, build_simulator, gpu_
 from servingtopology.emulator.engine_args import EngineArgsError, parse_engine_command
 from servingtopology.emulator.fleet import Fleet, pod_view, refused_status
 from servingtopology.emulator.instance import EmulatedInstance, Share
+from servingtopology.emulator.real_engine import RealEngineRules, RealEngineRulesError, parse_rules
 from servingtopology.emulator.traffic import TrafficProfile, TrafficProfileError
 
 __all__ = ["add_parser", "run"]
@@ -52,6 +54,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--simulator", choices=[k.value for k in SimulatorKind], default=SimulatorKind.PROJECT.value,
                    help="project: planner.sim replayed in chunks (aggregated engines); builtin: the emulator's own "
                         "continuous-batching stepper (default: %(default)s; PD roles always use builtin)")
+    p.add_argument("--real-engines", type=Path,
+                   help="cluster mode: YAML rules choosing pods that run the real engine from their own command line instead of "
+                        "an emulated one (re-read on change; see servingtopology/emulator/real_engine.py)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -80,6 +85,32 @@ class _ProfileFile:
             except (OSError, TrafficProfileError, yaml.YAMLError) as exc:
                 log.error("traffic profile %s unusable, keeping the previous one: %s", self.path, exc)
             return self.profile
+
+
+class _RealEngineRulesFile:
+    """The real-engine rules, re-read when the file changes; a bad edit keeps the last good rules."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.stamp: tuple[int, int] | None = None
+        self.rules = RealEngineRules()
+
+    def __call__(self) -> RealEngineRules:
+        if self.path is None:
+            return self.rules
+        try:
+            st = self.path.stat()
+        except OSError:
+            self.stamp, self.rules = None, RealEngineRules()
+            return self.rules
+        if (st.st_mtime_ns, st.st_size) != self.stamp:
+            self.stamp = (st.st_mtime_ns, st.st_size)
+            try:
+                self.rules = parse_rules(yaml.safe_load(self.path.read_text()))
+                log.info("real-engine rules reloaded: %d rule(s)", len(self.rules.rules))
+            except (OSError, RealEngineRulesError, yaml.YAMLError) as exc:
+                log.error("real-engine rules %s unusable, keeping the previous ones: %s", self.path, exc)
+        return self.rules
 
 
 def _load_profile(path: Path) -> TrafficProfile:
@@ -141,7 +172,8 @@ def _run_cluster(args: argparse.Namespace, profile: _ProfileFile, stop: threadin
     config.load_kube_config(config_file=args.kubeconfig)
     api = client.CoreV1Api()
     fleet = Fleet(profile=profile, group_label=args.group_label, role_label=args.role_label, file_sd_path=args.file_sd,
-                  status_path=args.status, host=args.host, simulator=SimulatorKind(args.simulator))
+                  status_path=args.status, host=args.host, simulator=SimulatorKind(args.simulator),
+                  real_engines=_RealEngineRulesFile(args.real_engines))
     serialize = client.ApiClient().sanitize_for_serialization
     try:
         while not stop.is_set():

@@ -4,6 +4,8 @@ Called by `servingtopology emulate` in cluster mode. Each poll lists pods (and n
 starts an `EmulatedInstance` for every new Ready pod whose command is vLLM or SGLang, stops those whose pod
 went away, and rewrites the file-SD JSON (targets labelled with the pod's namespace, name, node and labels)
 and a status JSON (instances and argument errors). A pod whose arguments are wrong gets no metrics endpoint.
+A pod the real-engine rules select (`real_engines`, see emulator/real_engine.py) runs the real engine from its own
+command line instead; one that exits is reported with its exit status and log tail, like refused arguments.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from servingtopology.planner.layout import Role
 from .engine import SimulatorKind, build_simulator, gpu_for_label
 from .engine_args import EngineArgsError, EngineConfig, is_engine_command, parse_engine_command
 from .instance import EmulatedInstance, Share
+from .real_engine import RealEngineInstance, RealEngineRules, RealEngineRulesError
 from .traffic import TrafficProfile
 
 __all__ = ["Fleet", "PodView", "pod_view"]
@@ -105,8 +108,10 @@ class Fleet:
 
     def __init__(self, *, profile: Callable[[], TrafficProfile], group_label: str, role_label: str,
                  file_sd_path: Path | None, status_path: Path | None, host: str = "127.0.0.1",
-                 simulator: SimulatorKind = SimulatorKind.PROJECT, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 simulator: SimulatorKind = SimulatorKind.PROJECT, monotonic: Callable[[], float] = time.monotonic,
+                 real_engines: Callable[[], RealEngineRules] | None = None) -> None:
         self.simulator_kind = simulator
+        self.real_engines = real_engines or RealEngineRules
         self.profile = profile
         self.group_label = group_label
         self.role_label = role_label
@@ -114,7 +119,7 @@ class Fleet:
         self.status_path = status_path
         self.host = host
         self._monotonic = monotonic
-        self.instances: dict[str, tuple[PodView, EmulatedInstance]] = {}
+        self.instances: dict[str, tuple[PodView, EmulatedInstance | RealEngineInstance]] = {}
         self.errors: dict[str, str] = {}
         self._lock = threading.Lock()
         self._profile_seen: TrafficProfile | None = None
@@ -140,6 +145,14 @@ class Fleet:
     def sync(self, pods: list[PodView], node_products: Mapping[str, str]) -> None:
         """Starts instances for new Ready pods, stops those of pods gone or not Ready, and rewrites the files."""
         wanted = {f"{p.namespace}/{p.name}/{p.uid}": p for p in pods if p.ready}
+        for key, (_, inst) in list(self.instances.items()):
+            code = inst.exit_code() if isinstance(inst, RealEngineInstance) else None
+            if code is not None:
+                self.instances.pop(key)
+                inst.stop()
+                self.errors[key] = f"the engine exited with status {code}:\n{inst.log_tail()}"
+                log.error("engine of pod %s exited with %d", key, code)
+        rules = self.real_engines()
         for key in [k for k in self.instances if k not in wanted]:
             _, instance = self.instances.pop(key)
             instance.stop()
@@ -149,21 +162,26 @@ class Fleet:
         for key, pod in wanted.items():
             if key in self.instances or key in self.errors:
                 continue
+            rule = rules.for_namespace(pod.namespace)
+            instance: EmulatedInstance | RealEngineInstance
             try:
                 config = self._config(pod)
-                seed = zlib.crc32(key.encode())  # deterministic per pod, unlike hash()
-                simulator = build_simulator(config, gpu=gpu_for_label(node_products.get(pod.node)),
-                                            kind=self.simulator_kind, seed=seed)
-            except EngineArgsError as exc:
+                if rule is not None:  # the real engine: no simulator (its model need not be in the catalog)
+                    instance = RealEngineInstance(name=pod.name, config=config, argv=pod.argv, rule=rule)
+                else:
+                    seed = zlib.crc32(key.encode())  # deterministic per pod, unlike hash()
+                    simulator = build_simulator(config, gpu=gpu_for_label(node_products.get(pod.node)),
+                                                kind=self.simulator_kind, seed=seed)
+                    instance = EmulatedInstance(name=pod.name, config=config, simulator=simulator,
+                                                share=self._share(pod, config.role), host=self.host, seed=seed)
+            except (EngineArgsError, RealEngineRulesError) as exc:
                 self.errors[key] = str(exc)
                 log.error("engine in pod %s/%s would not start: %s", pod.namespace, pod.name, exc)
                 continue
-            instance = EmulatedInstance(name=pod.name, config=config, simulator=simulator,
-                                        share=self._share(pod, config.role), host=self.host, seed=seed)
             with self._lock:
                 self.instances[key] = (pod, instance.start())
-            log.info("started %s: %s %s role=%s tp=%d pp=%d dp=%d at %s", key, config.engine, config.model, config.role,
-                     config.tp, config.pp, config.dp, instance.address)
+            log.info("started %s (%s): %s %s role=%s tp=%d pp=%d dp=%d at %s", key, _backend(instance), config.engine, config.model,
+                     config.role, config.tp, config.pp, config.dp, instance.address)
         self._refuse_pd_pairs()
         self._write_files()
 
@@ -172,7 +190,7 @@ class Fleet:
         0.11: "Decode TP cannot be smaller than prefill TP"); it stops with the rule's message."""
         for key, (pod, inst) in list(self.instances.items()):
             config = inst.config
-            if config.role is not Role.DECODE:
+            if config.role is not Role.DECODE or isinstance(inst, RealEngineInstance):  # a real engine judges for itself
                 continue
             caps = load_caps(config.engine.value, config.version)
             rule = next((r for r in caps.pd_rules if r.id == "decode_tp_below_prefill_tp"), None)
@@ -215,7 +233,7 @@ class Fleet:
 
     def status(self) -> dict[str, Any]:
         return {
-            "instances": {key: {"address": inst.address, "engine": str(inst.config.engine), "role": str(inst.role),
+            "instances": {key: {"address": inst.address, "backend": _backend(inst), "engine": str(inst.config.engine), "role": str(inst.role),
                                 "tp": inst.config.tp, "pp": inst.config.pp, "dp": inst.config.dp,
                                 "model": inst.config.model, "version": inst.config.version}
                           for key, (_, inst) in self.instances.items()},
@@ -227,6 +245,11 @@ class Fleet:
             _atomic_write(self.file_sd_path, json.dumps(self.targets(), indent=1))
         if self.status_path is not None:
             _atomic_write(self.status_path, json.dumps(self.status(), indent=1))
+
+
+def _backend(instance: EmulatedInstance | RealEngineInstance) -> str:
+    """`emulated`, or `real` for an engine run from the pod's own command line."""
+    return "real" if isinstance(instance, RealEngineInstance) else "emulated"
 
 
 def _atomic_write(path: Path, text: str) -> None:
