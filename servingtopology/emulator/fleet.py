@@ -61,7 +61,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     """A `PodView` for a pod whose first engine container runs vLLM or SGLang, else None."""
     meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}
     for container in spec.get("containers", []):
-        argv = tuple(container.get("command") or ()) + tuple(container.get("args") or ())
+        argv = _expand(tuple(container.get("command") or ()) + tuple(container.get("args") or ()), container.get("env") or [])
         if is_engine_command(argv) is None:
             continue
         limits = (container.get("resources") or {}).get("limits") or {}
@@ -76,6 +76,16 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
             argv=argv, container=container.get("name", ""), gpus=gpus, ready=ready, image=container.get("image") or "",
         )
     return None
+
+
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _expand(argv: tuple[str, ...], env: list[Mapping[str, Any]]) -> tuple[str, ...]:
+    """What the kubelet does to command and args: `$(NAME)` becomes the container env's literal value (LeaderWorkerSet
+    injects LWS_WORKER_INDEX, LWS_LEADER_ADDRESS, LWS_GROUP_SIZE); a reference it cannot resolve stays as written."""
+    values = {e["name"]: str(e["value"]) for e in env if "name" in e and "value" in e}
+    return tuple(_VAR_REF.sub(lambda m: values.get(m.group(1), m.group(0)), a) for a in argv)
 
 
 def refused_status(pod: Mapping[str, Any], container: str, message: str, *, now: str) -> dict[str, Any] | None:

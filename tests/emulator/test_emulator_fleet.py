@@ -93,3 +93,14 @@ def test_a_vllm_0_11_decode_engine_paired_with_a_wider_prefill_engine_fails_with
         assert not json.loads((tmp_path / "status.json").read_text())["errors"]
     finally:
         fleet.stop()
+
+
+def test_pod_arguments_are_expanded_from_the_container_env_as_the_kubelet_does() -> None:
+    from servingtopology.emulator.fleet import pod_view
+
+    pod = {"metadata": {"name": "w", "namespace": "ns"}, "status": {}, "spec": {"containers": [{
+        "name": "engine", "command": ["vllm", "serve"],
+        "args": ["m", "--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--headless"],
+        "env": [{"name": "LWS_WORKER_INDEX", "value": "1"}, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}}
+    view = pod_view(pod)
+    assert view is not None and view.argv[6:9] == ("1", "--master-addr", "$(LWS_LEADER_ADDRESS)")  # unresolvable: as written
