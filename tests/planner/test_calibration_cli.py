@@ -59,8 +59,18 @@ def test_validate_json_reports_the_baseline_pairwise_order_and_the_figures_witho
     assert {"baseline_top1", "baseline_top1_expected", "pairs", "pairwise_ordering"} <= set(d["ranking"])
     assert d["ranking"]["baseline_top1"] == 1.0  # TP8 has the lowest TPOT (most GPUs wins), TP4 the most tokens/s per GPU
     assert set(d["without_harness"]) == {"ttft", "tpot", "ranking"}
+    # Leave-one-model-out figures are recorded by fit_perf.py --lomo for the calibration file, not for this one.
+    assert d["leave_one_model_out"] is None
     # The InferenceX harness drew lengths from [0.8 L, L]: without that knowledge the rows are predicted at L, slower.
     assert main(["validate", "--measurements", str(tmp_path / "m.csv"), "--json", "--no-harness"]) == 0
     bare = json.loads(capsys.readouterr().out)
     assert bare["harness_knowledge"] is False and "without_harness" not in bare
     assert bare["ttft"] == d["without_harness"]["ttft"] and bare["ttft"] != d["ttft"]
+
+
+def test_validate_json_carries_the_recorded_leave_one_model_out_figures_for_the_calibration_file(tmp_path, capsys):
+    _write(tmp_path / "silicon_calibration.csv", [AGG])
+    assert main(["validate", "--measurements", str(tmp_path / "silicon_calibration.csv"), "--json"]) == 0
+    lomo = json.loads(capsys.readouterr().out)["leave_one_model_out"]
+    assert lomo["recorded_by"].startswith("benchmarks/fit_perf.py") and "--lomo" in lomo["recorded_by"]
+    assert {"ttft", "tpot", "ranking"} <= set(lomo["vllm_sglang"]) and len(lomo["folds"]) >= 2
