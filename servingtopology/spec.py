@@ -70,6 +70,11 @@ MAX_EMPIRICAL = 10_000
 MAX_RATE_RPS = 100_000.0  # arrivalRate: 100k req/s is ~1,000 GPUs' worth of short requests; the simulator draws from it
 MAX_CONCURRENCY = 100_000  # closed-loop clients
 MAX_SIM_REQUESTS = 200_000  # simulation.requests: a 200k-request simulation is about a minute of CPU (2k: ~0.5 s)
+# Work of one simulation. Measured (CLI simulate, Llama-3.1-8B on B200): memory grows ~70 bytes per simulated engine
+# step (200 requests of 100k output tokens at maxNumSeqs 1: 2e7 steps, 1.47 GB; at 256: 137 MB), CPU with the tokens
+# (200k requests of ~4k tokens: 23 CPU s). Steps are estimated as requests x mean output / min(maxNumSeqs, requests).
+MAX_SIM_STEPS = 10_000_000  # ~0.7 GB
+MAX_SIM_TOKENS = 500_000_000
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding range; SeedSequence refuses negative seeds ("expected non-negative integer")
 MAX_SLO_MS = 3_600_000.0  # an SLO bound of an hour; any larger is not a latency objective
 MAX_ID = 256  # model / GPU ids: Hugging Face ids are <= 96 characters per part (org and name)
@@ -228,6 +233,25 @@ class SimulationSpec(_Base):
     warmupRequests: int = Field(default=100, ge=0, le=MAX_SIM_REQUESTS)
 
 
+def _mean_tokens(v: int | DistributionSpec) -> float:
+    if isinstance(v, int):
+        return float(v)
+    if v.distribution is LengthKind.UNIFORM:
+        return ((v.min or 1) + (v.max or 1)) / 2
+    if v.distribution is LengthKind.EMPIRICAL:
+        return sum(v.values) / max(len(v.values), 1)
+    return float(v.mean or 1)
+
+
+def _smallest_batch(layout: LayoutSpec | None, search: SearchSpec | None) -> int:
+    """The fewest sequences one engine batches: the layout's maxNumSeqs (per role), else the search's smallest."""
+    if layout is not None:
+        args = [layout.engineArgs] + [r.engineArgs for r in (layout.prefill, layout.decode) if r is not None and r.engineArgs]
+        return min(a.maxNumSeqs or layout.engineArgs.maxNumSeqs or DEFAULT_KNOBS.max_num_seqs for a in args)
+    preset = search.preset if search is not None else "default"
+    return min((search.maxNumSeqs if search is not None and search.maxNumSeqs else None) or PRESETS[preset]["mns"])
+
+
 class PlanSpec(_Base):
     """The planning spec (also the core of the ServingTopology resource's spec)."""
 
@@ -254,6 +278,23 @@ class PlanSpec(_Base):
         if (self.model is None) == (self.modelConfig is None):
             raise ValueError("give exactly one of 'model' (catalog or Hugging Face id) or 'modelConfig' (config.json path)")
         return self
+
+    @field_validator("simulation")
+    @classmethod
+    def _simulation_work(cls, v: SimulationSpec, info: ValidationInfo) -> SimulationSpec:
+        # The simulator's work grows with the tokens it simulates and its memory with the engine steps (issue #17:
+        # bounded work per spec); `workload`, `search` and `layout` are validated first (declared before).
+        w = info.data.get("workload")
+        if not isinstance(w, WorkloadSpec):
+            return v
+        tokens = v.requests * (_mean_tokens(w.inputTokens) + _mean_tokens(w.outputTokens))
+        batch = _smallest_batch(info.data.get("layout"), info.data.get("search"))
+        steps = v.requests * _mean_tokens(w.outputTokens) / min(batch, v.requests)
+        if tokens > MAX_SIM_TOKENS or steps > MAX_SIM_STEPS:
+            raise ValueError(f"requests: {v.requests:,} requests of the workload's lengths are {tokens:,.0f} tokens in ~{steps:,.0f} engine "
+                             f"steps at maxNumSeqs {batch}; one simulation holds at most {MAX_SIM_TOKENS:,} tokens and "
+                             f"{MAX_SIM_STEPS:,} steps: fewer simulation.requests, shorter workload lengths or a larger maxNumSeqs")
+        return v
 
     @field_validator("layout")
     @classmethod
@@ -291,6 +332,9 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts) or "spec"
 
 
+_SUBFIELD = re.compile(r"^([a-z][A-Za-z]{1,30}): ")
+
+
 def parse_spec(data: Any) -> PlanSpec:
     """Validate an already-parsed mapping; raise SpecError naming every bad field."""
     if not isinstance(data, dict):
@@ -308,7 +352,11 @@ def parse_spec(data: Any) -> PlanSpec:
             if "input" in e and e["type"] not in ("missing", "extra_forbidden") and not isinstance(e["input"], dict | list):
                 got = repr(e["input"])
                 msg += f" (got {got if len(got) <= 80 else got[:60] + f'... ({len(got):,} characters)'})"
-            errors.append((_loc(tuple(e["loc"])), msg))
+            field = _loc(tuple(e["loc"]))
+            sub = _SUBFIELD.match(msg)
+            if sub and e["type"] == "value_error" and field != "spec":  # a section's check that names one of its keys
+                field, msg = f"{field}.{sub.group(1)}", msg[sub.end():]
+            errors.append((field, msg))
         # A union (number | distribution) reports both branches; keep the first per field.
         seen: dict[str, str] = {}
         for f, m in errors:

@@ -123,6 +123,19 @@ def test_every_number_has_a_maximum_and_every_string_a_length(changes, field):
     assert all(len(m) < 400 for m in errors.values()), errors  # a 131,072-character input is not echoed back
 
 
+@pytest.mark.parametrize(("changes", "words"), [
+    # 2,000 requests of 100k output tokens at maxNumSeqs 1: 2e8 engine steps, 14 GB in the simulator
+    ({"workload": {"arrivalRate": 100, "inputTokens": 1000, "outputTokens": 100_000}, "layout": {"replicas": 1, "engineArgs": {"maxNumSeqs": 1}},
+      "simulation": {"requests": 2000}}, "200,000,000 engine steps"),
+    # 200k requests of 101k tokens: 2e10 tokens, minutes of CPU
+    ({"workload": {"arrivalRate": 100, "inputTokens": 1000, "outputTokens": 100_000}, "simulation": {"requests": 200_000}},
+     "20,200,000,000 tokens"),
+])
+def test_a_simulation_is_held_to_a_token_and_step_budget(changes, words):
+    errors = _fields(_with(**changes))
+    assert words in errors["simulation.requests"], errors
+
+
 def test_a_layout_over_the_gpu_budget_is_refused_naming_layout():
     errors = _fields(_with(layout={"replicas": 4, "tp": 4}))  # 16 GPUs, maxGPUs 8
     assert "over hardware.maxGPUs (8)" in errors["layout"]
