@@ -240,14 +240,27 @@ class VllmPolicy:
 def _block_limited_steps(rank: Rank, slots: I64) -> int:
     """Largest k ≤ the nearest completion such that k decode steps fit in the free blocks.
 
-    Rank.extra_blocks(slots, k) is Σ max(⌈(nkv + k)/page⌉ − blk, 0); the lengths are gathered once and the
-    bisection runs on them (the same integers, without a gather per probe)."""
+    Rank.extra_blocks(slots, k) is Σ max(⌈(nkv + k)/page⌉ − blk, 0) = Σ max(⌈(k − r)/page⌉, 0) with
+    r = blk·page − nkv, the room left in a slot's blocks. When every r lies in [0, page) (the usual case:
+    a slot holds ⌈nkv/page⌉ blocks), each slot takes exactly one block per `page` steps, at steps
+    r + 1, r + 1 + page, ...: the F + 1-th block overall (F free) is needed at step
+    (F // n)·page + r_(F mod n) + 1 (r sorted), so k = (F // n)·page + r_(F mod n) — one partition
+    instead of a bisection. Otherwise the bisection on extra(k) (monotone) gives the same largest k."""
     out_left = rank.out_total[slots] - rank.out[slots]
-    k_max = int(min(int(out_left.min()), MAX_BURST_STEPS))
-    free = rank.pool.free
+    k_max = min(int(out_left.min()), MAX_BURST_STEPS)
     if k_max <= 0:
         return 0
-    nkv, blk, page = rank.nkv[slots], rank.blk[slots], rank.page
+    free = rank.pool.free
+    page = rank.page
+    nkv, blk = rank.nkv[slots], rank.blk[slots]
+    room = blk * page - nkv
+    n = len(room)
+    if int(room.min()) >= 0 and int(room.max()) < page:
+        rounds, rest = divmod(free, n)
+        if rounds * page >= k_max:
+            return k_max
+        k = rounds * page + int(np.partition(room, rest)[rest])
+        return min(k, k_max)
 
     def extra(k: int) -> int:
         return int(np.maximum(-(-(nkv + k) // page) - blk, 0).sum())
