@@ -112,20 +112,26 @@ class VllmPolicy:
         """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
         act = np.flatnonzero(rank.active & rank.ready)
         order = act[np.argsort(rank.order[act], kind="stable")]
-        want = np.maximum(rank.target[order] - rank.nkv[order], 1)
-        took = np.minimum(np.cumsum(want), self.budget)
-        new = took.copy()
-        new[1:] -= took[:-1]
-        keep = new > 0
-        slots, new = order[keep], new[keep]
-        need = np.maximum(-(-(rank.nkv[slots] + new) // rank.page) - rank.blk[slots], 0)
+        nkv = rank.nkv[order]
+        want = np.maximum(rank.target[order] - nkv, 1)
+        took = np.cumsum(want)
+        if len(took) and int(took[-1]) <= self.budget:  # every running request gets all it wants
+            slots, new = order, want
+        else:
+            np.minimum(took, self.budget, out=took)
+            new = took.copy()
+            new[1:] -= took[:-1]
+            keep = int(np.count_nonzero(new))  # the budget runs out at one point: a prefix keeps tokens
+            slots, new, nkv = order[:keep], new[:keep], nkv[:keep]
+        need = -(-(nkv + new) // rank.page) - rank.blk[slots]
+        np.maximum(need, 0, out=need)
         total = int(need.sum())
         preempted = False
         if total <= rank.pool.free:
             rank.pool.allocate(total)
             rank.blk[slots] += need
         else:
-            slots, new, preempted = self._allocate_with_preemption(rank, slots, new, now_s)
+            slots, new, preempted = self._allocate_with_preemption(rank, order, slots, new, need, now_s)
         used = int(new.sum())
         if not preempted:
             s_add, n_add = self._admit_waiting(rank, self.budget - used, now_s)
@@ -134,43 +140,38 @@ class VllmPolicy:
                 new = np.concatenate([new, np.asarray(n_add, dtype=np.int64)])
         return Planned(batch_of(rank, slots, new), slots, new)
 
-    def _allocate_with_preemption(self, rank: Rank, slots: I64, new: I64, now_s: float) -> tuple[I64, I64, bool]:
+    def _allocate_with_preemption(self, rank: Rank, live: I64, slots: I64, new: I64, need: I64,
+                                  now_s: float) -> tuple[I64, I64, bool]:
         """vLLM's loop over running requests in order, preempting the newest until each one's blocks fit.
 
-        Runs of requests whose blocks fit without a preemption are allocated together (one pool call, as
-        the loop would one by one: the pool takes empty blocks, then evicts cached ones oldest first), so
-        the Python loop only turns where a preemption happens.
+        `live` is every running request oldest first (a prefix of it is `slots`, whose blocks needed are
+        `need`). The newest running request is always the last of `live` not yet preempted, so the running
+        set stays a prefix `live[:end]` and the requests kept are a prefix `slots[:i]`. Runs of requests
+        whose blocks fit without a preemption are allocated together (one pool call, as the loop would one
+        by one: the pool takes empty blocks, then evicts cached ones oldest first), so the Python loop only
+        turns where a preemption happens. A preemption changes only the victim, so `need` stays valid.
         """
-        kept: list[I64] = []
-        kept_new: list[I64] = []
+        pool = rank.pool
+        csum = np.cumsum(need)
         preempted = False
-        i, n_slots = 0, len(slots)
-        while i < n_slots:
-            rest = slots[i:]
-            alive = rank.active[rest]
-            run = len(rest) if alive.all() else int(np.argmin(alive))
-            if run == 0:
-                i += 1
-                continue
-            cand, cand_new = rest[:run], new[i:i + run]
-            need = np.maximum(-(-(rank.nkv[cand] + cand_new) // rank.page) - rank.blk[cand], 0)
-            fit = int(np.searchsorted(np.cumsum(need), rank.pool.free, side="right"))
+        i, end, n_slots = 0, len(live), len(slots)
+        while i < min(n_slots, end):
+            stop = min(n_slots, end)
+            before = int(csum[i - 1]) if i else 0
+            fit = int(np.searchsorted(csum[i:stop], pool.free + before, side="right"))
             if fit:
-                ok = rank.pool.allocate(int(need[:fit].sum()))
+                ok = pool.allocate(int(csum[i + fit - 1]) - before)
                 assert ok
-                rank.blk[cand[:fit]] += need[:fit]
-                kept.append(cand[:fit])
-                kept_new.append(cand_new[:fit])
                 i += fit
                 continue
-            s, n = int(slots[i]), int(new[i])
-            while not rank.grow(s, n):
-                live = np.flatnonzero(rank.active & rank.ready)
-                victim = int(live[np.argmax(rank.order[live])])
+            s, n_i = int(slots[i]), int(need[i])
+            while not pool.allocate(n_i):
+                end -= 1
+                victim = int(live[end])
                 rid = rank.preempt(victim, now_s)
                 preempted = True
                 if victim == s:
-                    if rank.running == 0 and rank.blocks_for(int(rank.prompt[rid] + rank.ledger.out_done[rid])) > rank.pool.total:
+                    if rank.running == 0 and rank.blocks_for(int(rank.prompt[rid] + rank.ledger.out_done[rid])) > pool.total:
                         # alone and still too long for the whole pool: it can never run
                         rank.waiting.popleft()
                         rank.outstanding -= 1
@@ -178,13 +179,11 @@ class VllmPolicy:
                         rank.ledger.preemptions_total -= 1
                         rank.ledger.preemption_times_s.pop()
                     break
-            if rank.active[s]:
-                kept.append(slots[i:i + 1])
-                kept_new.append(new[i:i + 1])
-            i += 1
-        if not kept:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), preempted
-        return np.concatenate(kept), np.concatenate(kept_new), preempted
+            if rank.active[s]:  # else it was the newest itself: end == i and the loop stops
+                i += 1
+        kept = min(i, end)
+        rank.blk[slots[:kept]] += need[:kept]
+        return slots[:kept], new[:kept], preempted
 
     def _admit_waiting(self, rank: Rank, budget_left: int, now_s: float) -> tuple[list[int], list[int]]:
         slots: list[int] = []
