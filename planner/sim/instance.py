@@ -118,7 +118,8 @@ class Instance:
         active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
         if active and all(limits[i][0] >= 2 for i in active):
             steps = min(limits[i][0] for i in active)
-            times = np.max([_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active], axis=0)
+            each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
+            times = each[0] if len(each) == 1 else np.max(each, axis=0)
             ends = now_s + np.cumsum(times)
             if ends[-1] > horizon_s:
                 steps = max(1, int(np.searchsorted(ends, horizon_s, side="left")) + 1)

@@ -7,6 +7,7 @@ slot per running request) so a decode step over hundreds of sequences costs a fe
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -132,7 +133,7 @@ class Rank:
         self.order[slot] = self._counter
         self.active[slot], self.ready[slot] = True, ready
         self.ledger.cached_tokens[rid] += (hk + hr) * self.page
-        if np.isnan(self.ledger.scheduled_s[rid]):
+        if math.isnan(self.ledger.scheduled_s[rid]):
             self.ledger.scheduled_s[rid] = now_s
         return slot
 
@@ -225,18 +226,20 @@ class Rank:
         # the blocks it referenced beyond `upto` stay allocated; blk is unchanged (now partly pinned)
 
     # ---- steps -----------------------------------------------------------------------------------------
-    def emit_tokens(self, slots: I64, end_s: float, outcome: StepOutcome) -> None:
-        """Slots that completed their prefill or decoded produce one token at `end_s`."""
+    def emit_tokens(self, slots: I64, end_s: float, outcome: StepOutcome, *, steps: int = 1) -> None:
+        """Slots that completed their prefill or decoded produce one token at `end_s` (after `steps` − 1
+        tokens of a decode burst produced on the way)."""
         if len(slots) == 0:
             return
-        self.out[slots] += 1
+        out = self.out[slots] + steps
+        self.out[slots] = out
         led = self.ledger
-        for s in slots[self.out[slots] == 1]:
+        for s in slots[out == 1]:
             rid = int(self.rid[s])
-            if np.isnan(led.first_token_s[rid]):
+            if math.isnan(led.first_token_s[rid]):
                 led.first_token_s[rid] = end_s
                 outcome.first_tokens.append(rid)
-        done = slots[self.out[slots] >= self.out_total[slots]]
+        done = slots[out >= self.out_total[slots]]
         for s in done:
             rid = self.finish(int(s))
             if self.role is Role.PREFILL and int(self.output[rid]) > 1:
@@ -262,12 +265,12 @@ class Rank:
         """Advance decoding slots by `steps` tokens (blocks were checked by the caller)."""
         if steps <= 0 or len(slots) == 0:
             return
-        extra = self.extra_blocks(slots, steps)
-        ok = self.pool.allocate(extra)
+        nkv = self.nkv[slots] + steps
+        blk = self.blk[slots]
+        grown = np.maximum(blk, -(-nkv // self.page))  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
+        ok = self.pool.allocate(int((grown - blk).sum()))
         assert ok, "decode burst over the pool"
-        self.blk[slots] = np.maximum(self.blk[slots], -(-(self.nkv[slots] + steps) // self.page))
-        self.nkv[slots] += steps
-        self.target[slots] = self.nkv[slots]
-        if steps > 1:
-            self.out[slots] += steps - 1
-        self.emit_tokens(slots, end_s, outcome)
+        self.blk[slots] = grown
+        self.nkv[slots] = nkv
+        self.target[slots] = nkv
+        self.emit_tokens(slots, end_s, outcome, steps=steps)

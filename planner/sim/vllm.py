@@ -54,7 +54,16 @@ def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome
     if len(slots) == 0:
         return
     live = rank.active[slots]
-    slots, new = slots[live], new[live]
+    if not live.all():
+        slots, new = slots[live], new[live]
+    elif planned.batch.prefill_tokens == 0.0:
+        # a pure decode step (batch_of found no prompt tokens among these slots, and nothing changed since):
+        # every slot computes its last token's KV and emits the next one
+        nkv = rank.nkv[slots] + new
+        rank.nkv[slots] = nkv
+        rank.target[slots] = nkv
+        rank.emit_tokens(slots, end_s, outcome)
+        return
     was_pre = rank.nkv[slots] < rank.target[slots]
     rank.nkv[slots] += new
     done_pre = slots[was_pre & (rank.nkv[slots] >= rank.target[slots])]
