@@ -93,6 +93,28 @@ def _touches(path: str, field: str, message: str) -> bool:
             or path.rsplit(".", 1)[-1] in message)
 
 
+def _get(spec: Any, path: str) -> Any:
+    for k in path.split("."):
+        if not isinstance(spec, dict) or k not in spec:
+            return _MISSING
+        spec = spec[k]
+    return spec
+
+
+_MISSING = object()
+
+
+def must_refuse(spec: dict[str, Any], touched: list[str]) -> list[str]:
+    """Mutated paths that still hold a value no field admits: a non-finite number, a number of magnitude >= 1e12
+    (every number has a maximum below it), a string over 4,096 characters (every string has a shorter length)."""
+    out = []
+    for path in touched:
+        v = _get(spec, path)
+        if (isinstance(v, float) and not math.isfinite(v)) or (isinstance(v, int | float) and not isinstance(v, bool) and abs(v) >= 1e12) or (isinstance(v, str) and len(v) > 4096):
+            out.append(path)
+    return out
+
+
 def gen_spec(rng: random.Random, *, simulate: bool = False) -> tuple[dict[str, Any], list[str]]:
     spec = json.loads(json.dumps(BASE))
     if simulate or rng.random() < 0.4:
@@ -149,18 +171,27 @@ def test_fuzz_plan_specs(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     rejections: Counter[str] = Counter()
     codes: Counter[int] = Counter()
+    refused_must = 0
     t0 = time.process_time()
     for i in range(PLAN_CASES):
         spec, touched = gen_spec(rng)
         if not touched:
             spec["hardware"]["maxGPUs"] = min(spec["hardware"]["maxGPUs"], 16)
         path = tmp_path / f"plan{i}.yaml"
-        path.write_text(yaml.safe_dump(spec, allow_unicode=True))
+        text = yaml.safe_dump(spec, allow_unicode=True).encode()
+        if i % 40 == 7:  # the file itself: not UTF-8, or nested 5,000 deep
+            text, touched = (text.replace(b"model:", b"model: \xff\xfe #", 1), ["spec"]) if i % 80 == 7 else (
+                text + b"deep: " + b"[" * 5000 + b"]" * 5000 + b"\n", ["deep"])
+        path.write_bytes(text)
         code, out, err = _cli("plan", str(path), "--no-simulate", "--json")
         codes[code] += 1
         _check(code, out, err, touched, rejections, f"plan case {i} {touched}")
+        bad = must_refuse(spec, touched) if touched not in (["spec"], ["deep"]) else touched
+        assert code == 2 or not bad, f"plan case {i}: {bad} admitted (exit {code})"
+        refused_must += bool(bad)
     cpu = time.process_time() - t0
     _figures("plan", PLAN_CASES, cpu, codes, rejections)
+    print(f"[fuzz plan] {refused_must} cases held a value no field admits (non-finite, >= 1e12, a string over 4,096): all exited 2")
     assert codes[0] >= 50 and codes[2] >= PLAN_CASES // 2  # both paths exercised
 
 
@@ -204,11 +235,17 @@ def test_fuzz_simulate(tmp_path: Path) -> None:
         if i % 3 == 0:
             argv += ["--trace", str(_trace(rng, tmp_path, i))]
             touched = [*touched, "trace"]
+        if i % 8 == 5 and isinstance(sim, dict):
+            sim["seed"] = -1
+            touched = [*touched, "simulation.seed"]
+            path.write_text(yaml.safe_dump(spec, allow_unicode=True))
         code, out, err = _cli(*argv)
         codes[code] += 1
         _check(code, out, err, touched, rejections, f"simulate case {i} {touched}")
+        bad = must_refuse(spec, touched) + (["simulation.seed"] if _get(spec, "simulation.seed") == -1 else [])
+        assert code == 2 or not bad, f"simulate case {i}: {bad} admitted (exit {code})"
     _figures("simulate", SIMULATE_CASES, time.process_time() - t0, codes, rejections)
-    assert codes[0] >= 5 and codes[2] >= 10
+    assert codes[0] >= 3 and codes[2] >= 10  # the simulator ran on the valid ones
 
 
 VFIELDS = ["id", "silicon_data_source", "backend", "model_path", "system", "mode", "isl", "osl", "gemm_quant_mode", "moe_quant_mode",
