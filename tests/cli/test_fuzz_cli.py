@@ -110,7 +110,8 @@ def must_refuse(spec: dict[str, Any], touched: list[str]) -> list[str]:
     out = []
     for path in touched:
         v = _get(spec, path)
-        if (isinstance(v, float) and not math.isfinite(v)) or (isinstance(v, int | float) and not isinstance(v, bool) and abs(v) >= 1e12) or (isinstance(v, str) and len(v) > 4096):
+        number = isinstance(v, int | float) and not isinstance(v, bool)
+        if (number and (not math.isfinite(v) or abs(v) >= 1e12)) or (isinstance(v, str) and len(v) > 4096):
             out.append(path)
     return out
 
