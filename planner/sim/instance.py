@@ -186,10 +186,15 @@ class Instance:
             self.steps += b.steps
             self._burst = None
         out, self._pending = self._pending, StepOutcome([], [], [])
-        used = sum(r.pool.in_use for r in self.ranks)
-        total = sum(r.pool.total for r in self.ranks)
+        if len(self.ranks) == 1:
+            r = self.ranks[0]
+            used, total, running, waiting = r.pool.in_use, r.pool.total, r.running, len(r.waiting) + len(r.remote)
+        else:
+            used = sum(r.pool.in_use for r in self.ranks)
+            total = sum(r.pool.total for r in self.ranks)
+            running, waiting = sum(r.running for r in self.ranks), sum(len(r.waiting) + len(r.remote) for r in self.ranks)
         self.ledger.sample(t_s=self.end_s, instance=self.index, kv_used_frac=used / total if total else 0.0,
-                           running=sum(r.running for r in self.ranks), waiting=sum(len(r.waiting) + len(r.remote) for r in self.ranks))
+                           running=running, waiting=waiting)
         self.busy = False
         return out
 

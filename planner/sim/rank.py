@@ -251,8 +251,8 @@ class Rank:
 
     def decode_state(self) -> tuple[I64, int, int]:
         """Decoding slots, their count and the sum of their cached tokens."""
-        slots = np.flatnonzero(self.decode_mask())
-        return slots, len(slots), int(self.nkv[slots].sum())
+        slots = np.nonzero(self.decode_mask())[0]
+        return slots, len(slots), int(np.add.reduce(self.nkv[slots]))
 
     def extra_blocks(self, slots: I64, steps: int) -> int:
         """Blocks the decoding slots need to run `steps` more decode steps."""
@@ -268,7 +268,7 @@ class Rank:
         nkv = self.nkv[slots] + steps
         blk = self.blk[slots]
         grown = np.maximum(blk, -(-nkv // self.page))  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
-        ok = self.pool.allocate(int((grown - blk).sum()))
+        ok = self.pool.allocate(int(np.add.reduce(grown - blk)))
         assert ok, "decode burst over the pool"
         self.blk[slots] = grown
         self.nkv[slots] = nkv

@@ -40,7 +40,7 @@ def batch_of(rank: Rank, slots: I64, new: I64) -> StepBatch:
     is_pre = nkv_i < rank.target[slots]
     nkv = nkv_i.astype(np.float64)
     if not is_pre.any():  # a pure decode step
-        return StepBatch(0.0, 0.0, float(len(slots)), float((nkv + 1.0).sum()))
+        return StepBatch(0.0, 0.0, float(len(slots)), float(np.add.reduce(nkv + 1.0)))
     n = new.astype(np.float64)
     pre_tokens = float(n[is_pre].sum())
     pairs = float((n[is_pre] * (nkv[is_pre] + n[is_pre] / 2.0)).sum())
@@ -119,11 +119,11 @@ class VllmPolicy:
 
     def schedule(self, rank: Rank, now_s: float) -> Planned:
         """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
-        act = np.flatnonzero(rank.active & rank.ready)
-        order = act[np.argsort(rank.order[act], kind="stable")]
+        act = np.nonzero(rank.active & rank.ready)[0]
+        order = act[rank.order[act].argsort(kind="stable")]
         nkv = rank.nkv[order]
         want = np.maximum(rank.target[order] - nkv, 1)
-        took = np.cumsum(want)
+        took = want.cumsum()
         if len(took) and int(took[-1]) <= self.budget:  # every running request gets all it wants
             slots, new = order, want
         else:
@@ -134,14 +134,14 @@ class VllmPolicy:
             slots, new, nkv = order[:keep], new[:keep], nkv[:keep]
         need = -(-(nkv + new) // rank.page) - rank.blk[slots]
         np.maximum(need, 0, out=need)
-        total = int(need.sum())
+        total = int(np.add.reduce(need))
         preempted = False
         if total <= rank.pool.free:
             rank.pool.allocate(total)
             rank.blk[slots] += need
         else:
             slots, new, preempted = self._allocate_with_preemption(rank, order, slots, new, need, now_s)
-        used = int(new.sum())
+        used = int(np.add.reduce(new))
         if not preempted:
             s_add, n_add = self._admit_waiting(rank, self.budget - used, now_s)
             if s_add:
@@ -161,13 +161,13 @@ class VllmPolicy:
         turns where a preemption happens. A preemption changes only the victim, so `need` stays valid.
         """
         pool = rank.pool
-        csum = np.cumsum(need)
+        csum = need.cumsum()
         preempted = False
         i, end, n_slots = 0, len(live), len(slots)
         while i < min(n_slots, end):
             stop = min(n_slots, end)
             before = int(csum[i - 1]) if i else 0
-            fit = int(np.searchsorted(csum[i:stop], pool.free + before, side="right"))
+            fit = int(csum[i:stop].searchsorted(pool.free + before, side="right"))
             if fit:
                 ok = pool.allocate(int(csum[i + fit - 1]) - before)
                 assert ok
@@ -255,7 +255,7 @@ def _block_limited_steps(rank: Rank, slots: I64) -> int:
     (F // n)·page + r_(F mod n) + 1 (r sorted), so k = (F // n)·page + r_(F mod n) — one partition
     instead of a bisection. Otherwise the bisection on extra(k) (monotone) gives the same largest k."""
     out_left = rank.out_total[slots] - rank.out[slots]
-    k_max = min(int(out_left.min()), MAX_BURST_STEPS)
+    k_max = min(int(np.minimum.reduce(out_left)), MAX_BURST_STEPS)
     if k_max <= 0:
         return 0
     free = rank.pool.free
@@ -263,11 +263,12 @@ def _block_limited_steps(rank: Rank, slots: I64) -> int:
     nkv, blk = rank.nkv[slots], rank.blk[slots]
     room = blk * page - nkv
     n = len(room)
-    if int(room.min()) >= 0 and int(room.max()) < page:
+    if int(np.minimum.reduce(room)) >= 0 and int(np.maximum.reduce(room)) < page:
         rounds, rest = divmod(free, n)
         if rounds * page >= k_max:
             return k_max
-        k = rounds * page + int(np.partition(room, rest)[rest])
+        room.partition(rest)  # room is this call's own array
+        k = rounds * page + int(room[rest])
         return min(k, k_max)
 
     def extra(k: int) -> int:
