@@ -78,6 +78,7 @@ class Rank:
         self._held_state: dict[int, tuple[int, int, int, int]] = {}
         self._counter = 0
         self.outstanding = 0                   # requests routed here and not yet gone
+        self.live_at_decode_state = 0          # ready running sequences when decode_state last looked
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -234,7 +235,7 @@ class Rank:
         out = self.out[slots] + steps
         self.out[slots] = out
         led = self.ledger
-        for s in slots[out == 1]:
+        for s in slots[out == 1] if steps == 1 else ():  # after a burst of 2+ steps none is a first token
             rid = int(self.rid[s])
             if math.isnan(led.first_token_s[rid]):
                 led.first_token_s[rid] = end_s
@@ -251,7 +252,9 @@ class Rank:
 
     def decode_state(self) -> tuple[I64, int, int]:
         """Decoding slots, their count and the sum of their cached tokens."""
-        slots = np.nonzero(self.decode_mask())[0]
+        live = self.active & self.ready
+        slots = np.nonzero(live & (self.nkv >= self.target))[0]
+        self.live_at_decode_state = int(np.count_nonzero(live))
         return slots, len(slots), int(np.add.reduce(self.nkv[slots]))
 
     def extra_blocks(self, slots: I64, steps: int) -> int:

@@ -41,11 +41,11 @@ def batch_of(rank: Rank, slots: I64, new: I64) -> StepBatch:
     nkv = nkv_i.astype(np.float64)
     if not is_pre.any():  # a pure decode step
         return StepBatch(0.0, 0.0, float(len(slots)), float(np.add.reduce(nkv + 1.0)))
-    n = new.astype(np.float64)
-    pre_tokens = float(n[is_pre].sum())
-    pairs = float((n[is_pre] * (nkv[is_pre] + n[is_pre] / 2.0)).sum())
+    n_pre = new[is_pre].astype(np.float64)
+    pre_tokens = float(np.add.reduce(n_pre))
+    pairs = float(np.add.reduce(n_pre * (nkv[is_pre] + n_pre / 2.0)))
     dec = ~is_pre
-    return StepBatch(pre_tokens, pairs, float(dec.sum()), float((nkv[dec] + 1.0).sum()))
+    return StepBatch(pre_tokens, pairs, float(np.count_nonzero(dec)), float(np.add.reduce(nkv[dec] + 1.0)))
 
 
 def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome) -> None:
@@ -64,19 +64,22 @@ def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome
         rank.target[slots] = nkv
         rank.emit_tokens(slots, end_s, outcome)
         return
-    was_pre = rank.nkv[slots] < rank.target[slots]
-    rank.nkv[slots] += new
-    done_pre = slots[was_pre & (rank.nkv[slots] >= rank.target[slots])]
-    for s in done_pre:
-        rank.share_prefix(int(s))
-    led = rank.ledger
-    rids = rank.rid[done_pre]
-    back = rids[~np.isnan(led.preempted_at_s[rids])]
-    for r in back:
-        led.gap(end_s - float(led.preempted_at_s[r]))
-        led.preempted_at_s[r] = np.nan
-    emit = slots[rank.nkv[slots] >= rank.target[slots]]
-    rank.target[emit] = rank.nkv[emit]
+    nkv0, target = rank.nkv[slots], rank.target[slots]
+    nkv = nkv0 + new
+    rank.nkv[slots] = nkv
+    reached = nkv >= target  # share_prefix and the gaps below change neither nkv nor target
+    done_pre = slots[(nkv0 < target) & reached]
+    if len(done_pre):
+        for s in done_pre:
+            rank.share_prefix(int(s))
+        led = rank.ledger
+        rids = rank.rid[done_pre]
+        back = rids[~np.isnan(led.preempted_at_s[rids])]
+        for r in back:
+            led.gap(end_s - float(led.preempted_at_s[r]))
+            led.preempted_at_s[r] = np.nan
+    emit = slots[reached]
+    rank.target[emit] = nkv[reached]
     rank.emit_tokens(emit, end_s, outcome)
 
 
@@ -236,7 +239,8 @@ class VllmPolicy:
         Zero when the next step is not a plain decode step (a prefill in flight, an admissible queue
         head, decodes over the budget, no block for the very next token).
         """
-        if decoding == 0 or decoding > self.budget or rank.prefilling() or self.head_admissible(rank, decoding):
+        # called right after rank.decode_state(): a ready sequence that is not decoding is prefilling
+        if decoding == 0 or decoding > self.budget or rank.live_at_decode_state > decoding or self.head_admissible(rank, decoding):
             return 0, False
         open_to_arrivals = not rank.waiting and not rank.remote and rank.running < rank.capacity
         return _block_limited_steps(rank, slots), open_to_arrivals
