@@ -53,7 +53,7 @@ class Ledger:
         self.cached_tokens = np.zeros(n, dtype=np.int64)
         self.preempted_at_s = np.full(n, np.nan)
         self._itl_s: list[npt.NDArray[np.float64]] = []
-        self._itl_w: list[npt.NDArray[np.float64]] = []
+        self._itl_w: list[float] = []
         self._tl_t: list[float] = []
         self._tl_kv: list[float] = []
         self._tl_run: list[int] = []
@@ -67,11 +67,11 @@ class Ledger:
         """Record inter-token gaps: each step duration counts once per sequence that decoded in it."""
         if weight > 0 and len(durations_s):
             self._itl_s.append(durations_s)
-            self._itl_w.append(np.full(len(durations_s), float(weight)))
+            self._itl_w.append(float(weight))  # expanded to one weight per gap by itl()
 
     def gap(self, duration_s: float) -> None:
         self._itl_s.append(np.array([duration_s]))
-        self._itl_w.append(np.ones(1))
+        self._itl_w.append(1.0)
 
     def sample(self, *, t_s: float, instance: int, kv_used_frac: float, running: int, waiting: int) -> None:
         """Append one timeline point (after a step or a burst of steps)."""
@@ -87,7 +87,8 @@ class Ledger:
     def itl(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         if not self._itl_s:
             return np.zeros(0), np.zeros(0)
-        return np.concatenate(self._itl_s), np.concatenate(self._itl_w)
+        counts = np.fromiter((len(d) for d in self._itl_s), dtype=np.int64, count=len(self._itl_s))
+        return np.concatenate(self._itl_s), np.repeat(np.asarray(self._itl_w, dtype=np.float64), counts)
 
     def timeline(self) -> dict[str, npt.NDArray[np.float64]]:
         return {
