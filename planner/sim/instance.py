@@ -113,23 +113,23 @@ class Instance:
             for rid in admit_remote(rank, now_s) if rank.remote else []:
                 self._loading[rid] = (r, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
                 self.transfers.append(rid)
-        states = [rank.decode_state() for rank in self.ranks]
-        limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
-        active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
-        if active and all(limits[i][0] >= 2 for i in active):
-            steps = min(limits[i][0] for i in active)
-            each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
-            times = each[0] if len(each) == 1 else np.max(each, axis=0)
-            ends = now_s + np.cumsum(times)
-            if ends[-1] > horizon_s:
-                steps = max(1, int(np.searchsorted(ends, horizon_s, side="left")) + 1)
-                steps = min(steps, len(ends))
-                times, ends = times[:steps], ends[:steps]
-            self._burst = _Burst([states[i][0] for i in active], [states[i][1] for i in active], ends, times, steps,
-                                 any(limits[i][1] for i in active))
-            self._burst_ranks = active
-            self.busy, self.end_s = True, float(ends[-1])
-            return self.end_s
+        if len(self.ranks) == 1:  # the common case without the per-rank lists
+            rank = self.ranks[0]
+            slots, decoding, context0 = rank.decode_state()
+            steps, open_to_arrivals = self.policies[0].burst_limit(rank, slots, decoding)
+            if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
+                times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
+                return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
+        else:
+            states = [rank.decode_state() for rank in self.ranks]
+            limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
+            active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
+            if active and all(limits[i][0] >= 2 for i in active):
+                steps = min(limits[i][0] for i in active)
+                each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
+                times = each[0] if len(each) == 1 else np.max(each, axis=0)
+                return self._start_burst(now_s, horizon_s, active, [states[i][0] for i in active], [states[i][1] for i in active],
+                                         times, steps, any(limits[i][1] for i in active))
         planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
         for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
             if any(not p.batch.empty for p in planned) or not any(r.running or r.waiting for r in self.ranks):
@@ -146,6 +146,19 @@ class Instance:
         self._finish_single(planned, end, duration)
         self.busy, self.end_s = True, end
         return end
+
+    def _start_burst(self, now_s: float, horizon_s: float, active: list[int], slots: list[I64], counts: list[int], times: F64,
+                     steps: int, open_to_arrivals: bool) -> float:
+        """Begin a burst of `steps` decode steps on the `active` ranks (cut at the horizon)."""
+        ends = now_s + times.cumsum()
+        if ends[-1] > horizon_s:
+            steps = max(1, int(np.searchsorted(ends, horizon_s, side="left")) + 1)
+            steps = min(steps, len(ends))
+            times, ends = times[:steps], ends[:steps]
+        self._burst = _Burst(slots, counts, ends, times, steps, open_to_arrivals)
+        self._burst_ranks = active
+        self.busy, self.end_s = True, float(ends[-1])
+        return self.end_s
 
     def _finish_single(self, planned: list[Planned], end_s: float, duration_s: float) -> None:
         for rank, p in zip(self.ranks, planned, strict=True):
