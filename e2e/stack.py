@@ -49,6 +49,8 @@ class Operator:
         subprocess.run(
             [helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
              f"--kubeconfig={self.cluster.kubeconfig}", "--set", "replicaCount=0",
+             # No Prometheus Operator here: the cluster's Prometheus gets the chart's PodMonitors as scrape configs.
+             "--set", "podMonitors.enabled=false",
              "--set", f"operator.timerIntervalSeconds={self.timer_interval_s}", "--set", "operator.logLevel=DEBUG",
              "--create-namespace"],
             check=True, capture_output=True, text=True, timeout=180,
@@ -91,7 +93,7 @@ def _alive_and(child: Child, probe: Any) -> bool:
 
 @dataclass
 class Emulator:
-    """`servingtopology emulate` in cluster mode, writing the Prometheus file-SD the cluster's Prometheus reads."""
+    """`servingtopology emulate` in cluster mode, serving each engine pod's /metrics at the pod's IP and port."""
 
     cluster: LocalCluster
     child: Child | None = None
@@ -127,7 +129,7 @@ class Emulator:
             self.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
         self.child = self.cluster.supervisor.start("emulator", [
             _venv_script("servingtopology"), "emulate", f"--kubeconfig={self.cluster.kubeconfig}",
-            f"--profile={self.profile_path}", f"--file-sd={self.cluster.file_sd_path}", f"--status={self.status_path}",
+            f"--profile={self.profile_path}", "--at-pod-address", f"--status={self.status_path}",
             f"--real-engines={self.real_engines_path}", "--interval-s=1",
         ])
         child = self.child

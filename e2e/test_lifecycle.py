@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import yaml
@@ -23,6 +25,13 @@ def _engine_pods(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
 
 def _apply(cluster: LocalCluster, obj: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(obj))
+
+
+def _prometheus(cluster: LocalCluster, query: str) -> list[dict[str, Any]]:
+    """The instant-vector answer of `query` from the cluster's Prometheus."""
+    url = f"{cluster.prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return list(json.load(response)["data"]["result"])
 
 
 def test_an_applied_topology_runs_engines_on_fake_gpus_and_reports_ready(
@@ -70,6 +79,24 @@ def test_an_applied_topology_runs_engines_on_fake_gpus_and_reports_ready(
     wait_until(emulated, timeout_s=30, what="the emulator serving every engine pod",
                on_timeout=lambda: json.dumps(emulator.status(), indent=1))
     assert not [k for k in emulator.status()["errors"] if k.startswith(f"{namespace}/")]
+
+    # Prometheus found every engine pod through the API server (the chart's PodMonitor relabelings) and
+    # scraped it at the pod's own IP and port, with the labels the operator's PromQL filters on.
+    selector = f'{{namespace="{namespace}",servingtopology_io_topology="llama"}}'
+
+    def scraped() -> list[dict[str, Any]]:
+        return [r for r in _prometheus(cluster, f"up{selector}") if r["value"][1] == "1"]
+
+    wait_until(lambda: len(scraped()) == len(pods), timeout_s=60, what="Prometheus scraping every engine pod",
+               on_timeout=lambda: json.dumps(_prometheus(cluster, "up"), indent=1)[-3000:])
+    by_pod = {p["metadata"]["name"]: p for p in pods}
+    for series in scraped():
+        labels = series["metric"]
+        pod = by_pod[labels["pod"]]
+        assert labels["instance"] == f"{pod['status']['podIP']}:8000", labels
+        assert labels["servingtopology_io_role"] == pod["metadata"]["labels"]["servingtopology.io/role"], labels
+        assert labels["job"].endswith("-engines"), labels
+    assert _prometheus(cluster, f"vllm:num_requests_running{selector}"), "no engine series with the topology's labels"
 
 
 def test_dry_run_proposes_with_an_event_and_touches_no_workloads(
@@ -141,5 +168,18 @@ def test_a_pinned_layout_with_a_flag_the_engine_refuses_shows_the_engines_messag
     pod = _engine_pods(kube, namespace, "wrong")[0]
     last = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
     assert last["exitCode"] == 2 and last["message"] == message
-    targets = json.loads(cluster.file_sd_path.read_text())
-    assert not [t for t in targets if t["labels"].get("namespace") == namespace]
+    # Prometheus discovers the pods (they are Ready) but finds no engine behind them, as with a crashed engine.
+    targets = lambda: _prometheus(cluster, f'up{{namespace="{namespace}"}}')  # noqa: E731
+    wait_until(lambda: bool(targets()), timeout_s=60, what="Prometheus discovering the refused engine pods")
+    assert all(t["value"][1] == "0" for t in targets()), targets()
+
+
+def test_kubectl_explain_describes_the_pod_template(cluster: LocalCluster, operator: Operator) -> None:
+    explained = cluster.kubectl("explain", "servingtopology.spec.podTemplate.spec").stdout
+    for field in ("containers", "volumes", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
+                  "serviceAccountName", "securityContext", "priorityClassName"):
+        assert field in explained, explained
+    env = cluster.kubectl("explain", "servingtopology.spec.podTemplate.spec.containers.env").stdout
+    assert "merged by name" in env and "HF_TOKEN" in env, env
+    roles = cluster.kubectl("explain", "servingtopology.spec.rolePodTemplates").stdout
+    assert all(role in roles for role in ("prefill", "decode", "router")), roles

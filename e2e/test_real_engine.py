@@ -175,10 +175,13 @@ def test_the_real_vllm_engine_runs_the_rendered_pod_and_its_metrics_reach_the_op
                on_timeout=lambda: engine_log.read_text(errors="replace")[-4000:] if engine_log.exists() else "(no log)")
     print(f"\nreal vLLM healthy {time.monotonic() - started:.0f} s after the fleet started it")
     # The engine ran the container's command line, with only the executable, the model folder (a volume mount) and
-    # the pod's listening address (the pod network) mapped onto this machine.
+    # the pod's listening address: the pod's own IP (kwok's loopback pod network) and its port, where Prometheus'
+    # Kubernetes discovery finds it.
     ran = engine_log.read_text(errors="replace").splitlines()[0].removeprefix("$ ").split()
     expected = [str(engine_python.with_name("vllm")), "serve", str(tiny_model), *container["args"][1:]]
-    for flag, local in (("--host", "127.0.0.1"), ("--port", address.rsplit(":", 1)[1])):
+    host, port = address.rsplit(":", 1)
+    assert host.startswith("127.64.") and port == "8000", address
+    for flag, local in (("--host", host), ("--port", port)):
         expected[expected.index(flag) + 1] = local
     assert ran == expected, (ran, expected)
 

@@ -2,8 +2,8 @@
 
 Each scenario samples the topology's pods throughout and checks the GPU budget (maxGPUs + maxSurgeGPUs) and
 a capacity floor (never fewer Ready serving pods than served before the change). The two that need live metrics first
-wait for the operator to report `MetricsAvailable=True` from Prometheus, and skip, saying so, if it never
-does (an operator without live replanning).
+wait for the operator to report `MetricsAvailable=True` from Prometheus, which discovers the engine pods
+through the API server with the chart's PodMonitor relabelings (no other discovery).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
 import yaml
 
 from .cluster import LocalCluster
@@ -48,14 +47,9 @@ def _deployments(kube: Kube, namespace: str, name: str) -> dict[str, tuple[int, 
             for d in kube.items("deployments", namespace, selector=f"app.kubernetes.io/instance={name}")}
 
 
-def _require_live_metrics(kube: Kube, namespace: str, name: str, *, appear_s: float = 20, true_s: float = 120) -> None:
-    """Skips when the operator has no MetricsAvailable condition at all (no live metrics yet); fails when it has
-    one that never turns True although Prometheus and the emulator are up."""
-    try:
-        wait_until(lambda: kube.condition(namespace, name, "MetricsAvailable") is not None, timeout_s=appear_s,
-                   what="a MetricsAvailable condition")
-    except TimeoutError:
-        pytest.skip("the operator sets no MetricsAvailable condition: it does not read live metrics yet")
+def _require_live_metrics(kube: Kube, namespace: str, name: str, *, true_s: float = 120) -> None:
+    """Waits for the operator to read live metrics: Prometheus found the engine pods through the API server and
+    scraped them at their own addresses, and the operator's PromQL matched their labels."""
     kube.wait_condition(namespace, name, "MetricsAvailable", "True", timeout_s=true_s)
 
 

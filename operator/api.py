@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from ..planner.layout import LayoutKind
 from ..spec import EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
@@ -28,6 +28,11 @@ __all__ = [
     "PolicySpec",
     "MetricsSpec",
     "TopologySpec",
+    "PodTemplate",
+    "RolePodTemplates",
+    "NetworkSpec",
+    "RdmaSpec",
+    "RESERVED_LABEL_PREFIXES",
     "Condition",
     "RolePlan",
     "Predicted",
@@ -68,6 +73,7 @@ class ConditionType(enum.StrEnum):
     DEGRADED = "Degraded"
     DRIFT_DETECTED = "DriftDetected"
     METRICS_AVAILABLE = "MetricsAvailable"
+    INSUFFICIENT_CAPACITY = "InsufficientCapacity"  # True: the plan's GPUs are not free in the cluster
 
 
 class _Api(BaseModel):
@@ -96,6 +102,168 @@ class ClusterHardwareSpec(HardwareSpec):
 
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="node labels every engine pod requires")
     tolerations: list[Toleration] = Field(default_factory=list, description="tolerations of every engine pod")
+
+
+# ---- the pod template (merged into the rendered pods by operator/pod_template.py) ----
+
+_OPEN = {"x-kubernetes-preserve-unknown-fields": True}
+_OPEN_ITEMS = {"items": {"type": "object", **_OPEN}}
+# Label keys the operator's selectors and Services depend on; a template may not set them.
+RESERVED_LABEL_PREFIXES = ("servingtopology.io/", "app.kubernetes.io/")
+
+
+def _open(what: str) -> Any:
+    """A field that holds a Kubernetes object as is (the API server validates it when the pod is applied)."""
+    return Field(default=None, description=what, json_schema_extra=_OPEN)
+
+
+_QUANTITY = r"^[0-9.]+([eE][-+]?[0-9]+|[KMGTPE]i?|[mkMGTPE])?$"
+
+
+def _quantity(value: Any) -> Any:
+    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not re.match(_QUANTITY, text):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)")
+    return text
+
+
+Quantity = Annotated[str, BeforeValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": _QUANTITY})]
+
+
+class EnvVar(_Api):
+    name: str = Field(min_length=1, description="variable name")
+    value: str | None = Field(default=None, description="literal value")
+    valueFrom: dict[str, Any] | None = _open("a core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef")
+
+
+class VolumeMount(_Api):
+    name: str = Field(min_length=1, description="a volume of the pod (spec.volumes or the rendered dshm)")
+    mountPath: str = Field(min_length=1, description="where the volume appears in the container")
+    subPath: str | None = Field(default=None, description="a path inside the volume to mount instead of its root")
+    readOnly: bool | None = Field(default=None, description="mount read-only")
+
+
+class ResourceRequirements(_Api):
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="cpu, memory, ephemeral-storage, rdma/... requests "
+                                          "(merged over the operator's: GPUs from the plan, CPU and memory sized from it)")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="limits, merged over the operator's (nvidia.com/gpu is the plan's)")
+
+
+class ContainerTemplate(_Api):
+    """A container merged by name into the rendered pod: `engine` (engine pods) or `router` (PD routers); any other
+    name adds a sidecar."""
+
+    name: str = Field(min_length=1, description="engine, router, or the name of a container to add")
+    image: str | None = Field(default=None, description="image of an added container; for engine/router use spec.engine")
+    command: list[str] | None = Field(default=None, description="command of an added container (the engine's is the plan's)")
+    args: list[str] | None = Field(default=None, description="arguments of an added container (engine flags: spec.engine.extraArgs)")
+    env: list[EnvVar] = Field(default_factory=list, description="environment variables, merged by name (e.g. HF_TOKEN from a Secret)")
+    envFrom: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 EnvFromSource entries (secretRef, configMapRef), added",
+                                          json_schema_extra=_OPEN_ITEMS)
+    volumeMounts: list[VolumeMount] = Field(default_factory=list, description="mounts, merged by mountPath (e.g. the model cache)")
+    resources: ResourceRequirements | None = Field(default=None, description="requests and limits, merged key by key")
+    securityContext: dict[str, Any] | None = _open("a core/v1 SecurityContext, merged over the rendered one (e.g. capabilities.add: [IPC_LOCK])")
+    ports: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 ContainerPort entries, merged by containerPort",
+                                        json_schema_extra=_OPEN_ITEMS)
+
+    @model_validator(mode="after")
+    def _plan_owns_the_command(self) -> ContainerTemplate:
+        if self.name in ("engine", "router") and (self.command is not None or self.args is not None or self.image is not None):
+            raise ValueError(f"container {self.name!r}: command, args and image come from the plan and spec.engine "
+                             "(use spec.engine.extraArgs, spec.engine.image or spec.engine.routerImage)")
+        if self.name not in ("engine", "router") and not self.image:
+            raise ValueError(f"container {self.name!r} is added to the pod: it needs an image")
+        return self
+
+
+class Volume(_Api):
+    """A core/v1 Volume: its name plus one source (persistentVolumeClaim, hostPath, secret, emptyDir, ...)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True,
+                              json_schema_extra=_OPEN)
+    name: str = Field(min_length=1, description="volume name, merged by name (a template `dshm` replaces the rendered /dev/shm)")
+
+
+class LocalObjectReference(_Api):
+    name: str = Field(min_length=1)
+
+
+class PodMetadataTemplate(_Api):
+    labels: dict[str, str] = Field(default_factory=dict, description="labels added to the pods (not servingtopology.io/* or "
+                                   "app.kubernetes.io/*: the operator's selectors use them)")
+    annotations: dict[str, str] = Field(default_factory=dict, description="annotations added to the pods")
+
+    @field_validator("labels")
+    @classmethod
+    def _not_reserved(cls, labels: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(k for k in labels if k.startswith(RESERVED_LABEL_PREFIXES))
+        if reserved:
+            raise ValueError(f"labels {reserved} are the operator's (prefixes {', '.join(RESERVED_LABEL_PREFIXES)}); pick other keys")
+        return labels
+
+
+class PodSpecTemplate(_Api):
+    """The parts of a core/v1 PodSpec a template may set; merged into the rendered spec (strategic-merge rules)."""
+
+    containers: list[ContainerTemplate] = Field(default_factory=list, description="containers merged by name (engine, router) or added")
+    initContainers: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 Containers run before the engine "
+                                                 "(e.g. a model download into the cache), merged by name", json_schema_extra=_OPEN_ITEMS)
+    volumes: list[Volume] = Field(default_factory=list, description="volumes merged by name: a model-cache PVC or hostPath, Secrets")
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="node labels the pods require, added to hardware.nodeSelector")
+    tolerations: list[Toleration] = Field(default_factory=list, description="tolerations added to hardware.tolerations")
+    affinity: dict[str, Any] | None = _open("a core/v1 Affinity (nodeAffinity, podAffinity, podAntiAffinity), as is")
+    imagePullSecrets: list[LocalObjectReference] = Field(default_factory=list, description="Secrets to pull the images with, merged by name")
+    serviceAccountName: str | None = Field(default=None, description="the pods' ServiceAccount (routers: default is the operator-made one)")
+    automountServiceAccountToken: bool | None = Field(default=None, description="mount the ServiceAccount token; default false on engine pods")
+    securityContext: dict[str, Any] | None = _open("a core/v1 PodSecurityContext (runAsUser, fsGroup, ...), merged over the rendered one")
+    priorityClassName: str | None = Field(default=None, description="the pods' PriorityClass")
+    runtimeClassName: str | None = Field(default=None, description="the pods' RuntimeClass (e.g. nvidia)")
+    schedulerName: str | None = Field(default=None, description="the scheduler that places the pods")
+    terminationGracePeriodSeconds: int | None = Field(default=None, ge=0, description="seconds to drain before the pod is killed")
+    hostIPC: bool | None = Field(default=None, description="share the node's IPC namespace")
+
+
+class PodTemplate(_Api):
+    """Merged into rendered pods like a strategic-merge patch: maps merge, containers/env/volumes merge by name."""
+
+    metadata: PodMetadataTemplate = Field(default_factory=PodMetadataTemplate, description="labels and annotations of the pods")
+    spec: PodSpecTemplate = Field(default_factory=PodSpecTemplate, description="pod spec fields merged into the rendered pods")
+
+
+class RolePodTemplates(_Api):
+    """Per-role templates for PD layouts, merged after spec.podTemplate (prefill, decode) or alone (router)."""
+
+    prefill: PodTemplate | None = Field(default=None, description="merged into prefill engine pods after spec.podTemplate")
+    decode: PodTemplate | None = Field(default=None, description="merged into decode engine pods after spec.podTemplate")
+    router: PodTemplate | None = Field(default=None, description="merged into the PD router pods (spec.podTemplate does not apply)")
+
+
+class RdmaSpec(_Api):
+    resource: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+                          description="the RDMA device plugin's extended resource, e.g. rdma/rdma_shared_device_a (k8s-rdma-shared-dev-plugin) "
+                                      "or nvidia.com/hostdev")
+    count: int = Field(default=1, ge=1, le=64, description="devices of that resource per engine pod")
+
+
+class NetworkSpec(_Api):
+    """The KV-transfer and collective network of the engine pods (RDMA for PD KV transfer and multi-node TP/PP)."""
+
+    rdma: RdmaSpec | None = Field(default=None, description="RDMA devices each engine pod requests (and limits)")
+    ipcLock: bool | None = Field(default=None, description="add the IPC_LOCK capability (pinned memory for RDMA); default: true with rdma")
+    ibDevices: list[str] = Field(default_factory=list, description="RDMA NICs (HCAs) to use, e.g. [mlx5_0, mlx5_1]: NCCL_IB_HCA, "
+                                 "UCX_NET_DEVICES for NIXL, SGLang --disaggregation-ib-device for mooncake",
+                                 json_schema_extra={"items": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+$"}})
+    ibPort: int = Field(default=1, ge=1, le=255, description="the HCAs' port for UCX (mlx5_0:1)")
+    socketInterface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:^,-]+$",
+                                        description="NIC for NCCL and Gloo sockets (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME), e.g. eth0")
+
+    @field_validator("ibDevices")
+    @classmethod
+    def _device_names(cls, devices: list[str]) -> list[str]:
+        bad = [d for d in devices if not re.match(r"^[A-Za-z0-9_.-]+$", d)]
+        if bad:
+            raise ValueError(f"{bad} are not RDMA device names (letters, digits, _ . -; e.g. mlx5_0, as `ibv_devices` lists them)")
+        return devices
 
 
 class ConfigMapRef(_Api):
@@ -135,6 +303,10 @@ class TopologySpec(PlanSpec):
     policy: PolicySpec = Field(default_factory=PolicySpec)
     pinned: LayoutSpec | None = Field(default=None, description="the layout to run as is (policy.mode Pinned)")
     metrics: MetricsSpec | None = None
+    podTemplate: PodTemplate | None = Field(default=None, description="merged into every engine pod (aggregated, prefill, decode, "
+                                            "multi-node workers): env, Secrets, volumes, resources, placement, security")
+    network: NetworkSpec | None = Field(default=None, description="RDMA devices, IPC_LOCK and the NICs for KV transfer and NCCL")
+    rolePodTemplates: RolePodTemplates | None = Field(default=None, description="per-role templates for PD: prefill, decode, router")
 
     @model_validator(mode="before")
     @classmethod

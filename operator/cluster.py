@@ -80,6 +80,14 @@ class Cluster(Protocol):
         """Pods matching a label selector, terminating ones included (they still hold their GPUs)."""
         ...
 
+    def list_nodes(self) -> list[Mapping[str, Any]] | None:
+        """Every Node; None when this cluster cannot say (then GPU capacity is not checked)."""
+        ...
+
+    def list_all_pods(self) -> list[Mapping[str, Any]]:
+        """Every pod of every namespace (other tenants' pods hold GPUs too)."""
+        ...
+
 
 class KubeCluster:
     """`Cluster` over kubernetes.dynamic.DynamicClient (sync; kopf runs sync handlers in a thread pool)."""
@@ -156,6 +164,15 @@ class KubeCluster:
 
     def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
         listing = self._call(self._client.get, self._resource("v1", "Pod"), namespace=namespace, label_selector=selector)
+        return list(listing.to_dict().get("items") or []) if listing is not None else []
+
+    def list_nodes(self) -> list[Mapping[str, Any]] | None:
+        listing = self._call(self._client.get, self._resource("v1", "Node"))
+        return list(listing.to_dict().get("items") or []) if listing is not None else []
+
+    def list_all_pods(self) -> list[Mapping[str, Any]]:
+        listing = self._call(self._client.get, self._resource("v1", "Pod"),
+                             field_selector="status.phase!=Succeeded,status.phase!=Failed")
         return list(listing.to_dict().get("items") or []) if listing is not None else []
 
     def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:

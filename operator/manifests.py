@@ -30,6 +30,8 @@ from .engine_args import (
     router_command,
     router_kind,
 )
+from .network import NetworkKnobs, network_args, network_capabilities, network_env, network_resources
+from .pod_template import merge_pod_template
 
 __all__ = [
     "API_VERSION",
@@ -49,6 +51,8 @@ __all__ = [
     "build_labels",
     "build_owner_reference",
     "build_engine_pod_template",
+    "engine_host_resources",
+    "engine_extra_args",
     "build_deployment",
     "build_leader_worker_set",
     "build_service",
@@ -94,9 +98,13 @@ class Blueprint:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     transfer_backend: str = "nixl"
-    shm_size: str = "16Gi"
+    shm_gib: int = 16
     set_name: str = ""         # empty: derived from the layout's shapes (planner.transition.set_name)
     engine_version: str = ""   # the engine release the commands are spelled for (empty: the newest covered)
+    # spec.podTemplate (engine pods) and spec.rolePodTemplates (prefill, decode, router), as plain dicts.
+    pod_template: Mapping[str, Any] = field(default_factory=dict)
+    role_templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    network: NetworkKnobs = field(default_factory=NetworkKnobs)
 
     @property
     def precision(self) -> Precision:
@@ -167,13 +175,45 @@ def _http_probe(path: str, port: int, *, period_s: int, failures: int, initial_s
     return probe
 
 
+# Host CPU and memory an engine pod requests, per GPU it holds plus a base (so engine pods are Burstable, not
+# BestEffort, and the scheduler reserves what they use). vLLM and SGLang run one worker process per GPU, each
+# needing cores for scheduling, CUDA-graph launches and NCCL proxies, next to the API server, tokenizer and
+# engine-core processes (the base); memory holds per-GPU pinned buffers and CPU swap space (vLLM's
+# --swap-space, 4 GiB per GPU by default), safetensors shards staged while weights load, and the memory-backed
+# /dev/shm (NCCL's and the engines' shared memory, counted against the pod's memory). No CPU limit: throttling
+# an engine's scheduler loop shows up directly in TPOT.
+ENGINE_CPU_BASE = 2
+ENGINE_CPU_PER_GPU = 4
+ENGINE_MEMORY_BASE_GIB = 8
+ENGINE_MEMORY_PER_GPU_GIB = 16
+
+
+def engine_host_resources(bp: Blueprint, gpus_per_pod: int) -> dict[str, str]:
+    """CPU and memory requests of one engine pod holding `gpus_per_pod` GPUs (see the figures above)."""
+    cpu = ENGINE_CPU_BASE + ENGINE_CPU_PER_GPU * gpus_per_pod
+    memory_gib = ENGINE_MEMORY_BASE_GIB + ENGINE_MEMORY_PER_GPU_GIB * gpus_per_pod + bp.shm_gib
+    return {"cpu": str(cpu), "memory": f"{memory_gib}Gi"}
+
+
+def _with_templates(rendered: dict[str, Any], *templates: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`rendered` with each template merged in order; the operator's labels are put back on top (the
+    API model refuses templates that set them, so this only guards the selectors)."""
+    labels = dict(rendered["metadata"]["labels"])
+    out = rendered
+    for template in templates:
+        if template:
+            out = merge_pod_template(out, template)
+    out["metadata"]["labels"] = {**out["metadata"].get("labels", {}), **labels}
+    return out
+
+
 def _engine_env(bp: Blueprint, role: Role) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = []
     if bp.engine is Engine.VLLM and role is not Role.AGGREGATED:
         # NIXL's side channel must advertise the pod IP, not localhost, when P and D are on different hosts.
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)})
-    return env
+    return env + network_env(bp.network, engine=bp.engine, role=role, transfer_backend=bp.transfer_backend)
 
 
 def _engine_ports(bp: Blueprint, role: Role) -> list[dict[str, Any]]:
@@ -187,7 +227,10 @@ def _engine_ports(bp: Blueprint, role: Role) -> list[dict[str, Any]]:
 
 def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...], command: tuple[str, ...],
                               gpus_per_pod: int, serving: bool = True) -> dict[str, Any]:
-    """One engine pod: GPUs, /dev/shm, probes (only on pods that serve HTTP), scrape annotations."""
+    """One engine pod: GPUs, CPU and memory sized from them, /dev/shm, probes (only on pods that serve HTTP),
+    no ServiceAccount token; then spec.podTemplate and the role's template merged in (operator/pod_template.py).
+
+    Raises ValueError when a template sets the engine container's command or args."""
     entry = serving and role is Role.AGGREGATED
     labels = {**build_labels(bp, role.value), SET_LABEL: bp.set, SERVING_LABEL: "true" if serving else "false",
               ENTRY_LABEL: "true" if entry else "false"}
@@ -205,7 +248,8 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
         "command": list(command),
         "args": list(args),
         "ports": _engine_ports(bp, role),
-        "resources": {"requests": {"nvidia.com/gpu": gpu}, "limits": {"nvidia.com/gpu": gpu}},
+        "resources": {"requests": {**engine_host_resources(bp, gpus_per_pod), "nvidia.com/gpu": gpu, **network_resources(bp.network)},
+                      "limits": {"nvidia.com/gpu": gpu, **network_resources(bp.network)}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
         # An engine that refuses its arguments exits with the error on stderr: the kubelet keeps its last
         # lines as the container's termination message, which the operator reports in the conditions.
@@ -214,6 +258,9 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
     env = _engine_env(bp, role)
     if env:
         container["env"] = env
+    capabilities = network_capabilities(bp.network)
+    if capabilities:
+        container["securityContext"] = {"capabilities": {"add": capabilities}}
     if serving:
         # Loading weights can take many minutes: the startup probe holds liveness off for up to 30 min.
         container["startupProbe"] = _http_probe("/health", ENGINE_PORT, period_s=10, failures=180)
@@ -221,20 +268,29 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
         container["livenessProbe"] = _http_probe("/health", ENGINE_PORT, period_s=15, failures=4)
     spec: dict[str, Any] = {
         "containers": [container],
+        # Engines never call the API server: no token in the pod (a template may turn it back on).
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 60,
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": bp.shm_size}}],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{bp.shm_gib}Gi"}}],
     }
     if bp.node_selector:
         spec["nodeSelector"] = dict(sorted(bp.node_selector.items()))
     if bp.tolerations:
         spec["tolerations"] = [dict(t) for t in bp.tolerations]
-    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
+    rendered = {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
+    return _with_templates(rendered, bp.pod_template, bp.role_templates.get(role.value))
+
+
+def engine_extra_args(bp: Blueprint, role: Role) -> tuple[str, ...]:
+    """Flags after the plan's: the network's (spec.network), then the user's extraArgs (the last one wins)."""
+    return (*network_args(bp.network, engine=bp.engine, role=role, transfer_backend=bp.transfer_backend), *bp.extra_args)
 
 
 def _command(bp: Blueprint, role: Role, rl: RoleLayout, nodes: int) -> EngineCommand:
     return engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role,
-                          par=rl.parallelism, knobs=rl.knobs, precision=bp.precision, extra_args=bp.extra_args,
-                          nodes=nodes, transfer_backend=bp.transfer_backend, version=bp.engine_version)
+                          par=rl.parallelism, knobs=rl.knobs, precision=bp.precision,
+                          extra_args=engine_extra_args(bp, role), nodes=nodes, transfer_backend=bp.transfer_backend,
+                          version=bp.engine_version)
 
 
 def build_deployment(bp: Blueprint, role: Role) -> dict[str, Any]:
@@ -349,6 +405,8 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         "image": bp.router_image or DEFAULT_ROUTER_IMAGES[router_kind(bp.engine)],
         "command": list(cmd.command),
         "args": list(cmd.args),
+        # The router's Prometheus endpoint (sgl-model-gateway's --prometheus-port, 29000 by default), named for
+        # the chart's router PodMonitor.
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
@@ -360,6 +418,9 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         spec["nodeSelector"] = dict(sorted(bp.node_selector.items()))
     if bp.tolerations:
         spec["tolerations"] = [dict(t) for t in bp.tolerations]
+    meta = {"labels": {**build_labels(bp, ROUTER), SET_LABEL: bp.set, ENTRY_LABEL: "true"},
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(ROUTER_METRICS_PORT), "prometheus.io/path": "/metrics"}}
+    template = _with_templates({"metadata": meta, "spec": spec}, bp.role_templates.get(ROUTER))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -367,10 +428,7 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": _selector(bp, ROUTER)},
-            "template": {"metadata": {"labels": {**build_labels(bp, ROUTER), SET_LABEL: bp.set, ENTRY_LABEL: "true"},
-                                      "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(ROUTER_METRICS_PORT),
-                                                      "prometheus.io/path": "/metrics"}},
-                         "spec": spec},
+            "template": template,
         },
     }
 

@@ -30,13 +30,15 @@ from .api import (
     Mode,
     ObservedStatus,
     PlanStatus,
+    PodTemplate,
     TopologySpec,
     TopologyStatus,
 )
 from .cluster import Cluster
 from .engine_args import engine_command
 from .live import MetricsFactory, run_live_replan
-from .manifests import Blueprint, role_nodes
+from .manifests import Blueprint, engine_extra_args, role_nodes
+from .network import NetworkKnobs
 from .plan_status import condition, set_condition
 from .replan import Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy
 
@@ -116,14 +118,35 @@ def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: s
         tolerations=tuple(t.model_dump(exclude_none=True) for t in hw.tolerations),
         transfer_backend=spec.engine.transferBackend, set_name=set_name,
         engine_version=resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image),
+        pod_template=_template_dict(spec.podTemplate),
+        network=_network(spec),
+        role_templates={role: _template_dict(t) for role in ("prefill", "decode", "router")
+                        if spec.rolePodTemplates is not None and (t := getattr(spec.rolePodTemplates, role)) is not None},
     )
+
+
+def _network(spec: TopologySpec) -> NetworkKnobs:
+    net = spec.network
+    if net is None:
+        return NetworkKnobs()
+    rdma = net.rdma
+    return NetworkKnobs(rdma_resource=rdma.resource if rdma else "", rdma_count=rdma.count if rdma else 1,
+                        ipc_lock=net.ipcLock if net.ipcLock is not None else rdma is not None,
+                        ib_devices=tuple(net.ibDevices), socket_interface=net.socketInterface or "", ib_port=net.ibPort)
+
+
+def _template_dict(template: PodTemplate | None) -> dict[str, Any]:
+    """A pod template as the merge reads it: only the fields the user set (empty lists and maps dropped)."""
+    if template is None:
+        return {}
+    return dict(template.model_dump(mode="json", exclude_unset=True, exclude_none=True))
 
 
 def engine_args_of(bp: Blueprint) -> Callable[[Role, RoleLayout], tuple[int, tuple[str, ...]]]:
     def args_of(role: Role, rl: RoleLayout) -> tuple[int, tuple[str, ...]]:
         nodes = role_nodes(bp, rl)
         cmd = engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role, par=rl.parallelism,
-                             knobs=rl.knobs, precision=bp.precision, extra_args=bp.extra_args, nodes=nodes,
+                             knobs=rl.knobs, precision=bp.precision, extra_args=engine_extra_args(bp, role), nodes=nodes,
                              transfer_backend=bp.transfer_backend, version=bp.engine_version)
         return nodes, (*cmd.command, *cmd.args)
     return args_of

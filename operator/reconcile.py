@@ -22,8 +22,10 @@ from datetime import datetime
 from typing import Any
 
 from ..planner.decide import predict_layout
+from ..planner.errors import Infeasible, InvalidSpec
+from ..planner.hardware import resolve_gpu
 from ..planner.layout import Layout
-from ..planner.problem import Problem
+from ..planner.problem import Decision, Problem
 from ..planner.transition import Phase
 from ..planner.transition import set_name as layout_set_name
 from ..spec import SpecError
@@ -36,7 +38,8 @@ from .api import (
     ProposalStatus,
     parse_topology_spec,
 )
-from .cluster import Cluster, ref_of
+from .capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
+from .cluster import Cluster, owned_selector, ref_of
 from .live import MetricsFactory
 from .manifests import ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from .pass_context import (
@@ -69,6 +72,7 @@ from .sets import Rendering, read_cluster_view, steady_rendering, transition_ren
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
 
 PROGRESS_REQUEUE_S = 15.0
+CAPACITY_REQUEUE_S = 15.0   # look again for freed GPUs
 
 
 def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now: datetime, gpus_per_node_default: int = 8,
@@ -170,10 +174,78 @@ def _set_blueprints(p: PassState, ctx: PassContext) -> Callable[[Layout, str], B
     return bp_for
 
 
+def _capacity(p: PassState, ctx: PassContext) -> Capacity | None:
+    """GPU capacity on the nodes this topology may use, its own pods' GPUs counted as free; None when unknown."""
+    nodes = p.cluster.list_nodes()
+    if nodes is None:
+        return None
+    own = {str(pod["metadata"].get("uid")) for pod in p.cluster.list_pods(p.namespace, owned_selector(p.name))}
+    template = ctx.spec.podTemplate
+    selector = {**ctx.spec.hardware.nodeSelector, **(template.spec.nodeSelector if template is not None else {})}
+    return read_capacity(nodes, p.cluster.list_all_pods(), node_selector=selector, own=own)
+
+
+def _capacity_note(capacity: Capacity, gpu_id: str) -> str:
+    nodes = capacity.of(gpu_id)
+    note = f"{capacity.free(gpu_id)} of {capacity.allocatable(gpu_id)} {gpu_id} GPUs free on {len(nodes)} matching nodes"
+    others = sorted({n.product for n in capacity.nodes if n.gpu_id and n.gpu_id != gpu_id})
+    if others:
+        note += f"; nodes with other GPUs ({', '.join(others)}) do not count"
+    if capacity.unknown_products:
+        note += f"; GPU products not in the catalog, not counted: {', '.join(capacity.unknown_products)}"
+    return note
+
+
+def _decide_within_capacity(p: PassState, ctx: PassContext, problem: Problem | None, current: Layout | None,
+                            capacity: Capacity | None) -> Decision | Outcome:
+    """Plan within the GPUs that are free; when nothing fits, say how many GPUs of which kind are missing.
+
+    - capacity unknown, or at least the budget free: plan as the spec says;
+    - fewer free than the budget: plan with the free GPUs as the budget; if no layout fits them but one fits
+      the spec's budget, report that layout's shortfall;
+    - a layout within the budget whose pods do not fit the free GPUs node by node: report the pods' shortfall.
+    Nothing is applied when capacity is insufficient; the running workloads stay.
+    """
+    try:
+        gpu_id = resolve_gpu(ctx.spec.hardware.gpu).id
+    except InvalidSpec:
+        capacity = None   # the planning path names the unknown GPU
+    if capacity is None:
+        return decide_or_outcome(p, ctx.spec, ctx.planner, current, problem)
+    free = capacity.free(gpu_id)
+    within: Decision | None = None
+    if problem is not None and free is not None and 0 < free < problem.max_gpus:
+        try:
+            within = ctx.planner(dataclasses.replace(problem, max_gpus=free))
+        except Infeasible:
+            within = None   # the spec's budget decides below whether a layout exists at all
+    decision = within if within is not None else decide_or_outcome(p, ctx.spec, ctx.planner, current, problem)
+    if isinstance(decision, Outcome):
+        return decision
+    note = _capacity_note(capacity, gpu_id)
+    best = decision.best
+    if within is None and best.layout.gpus > free:
+        missing = best.layout.gpus - free
+    else:
+        free_per_node = [n.free for n in capacity.of(gpu_id)]
+        missing = unplaced_gpus(layout_pod_gpus(best.layout, gpus_per_node=ctx.gpus_per_node), free_per_node)
+    if missing == 0:
+        p.set(ConditionType.INSUFFICIENT_CAPACITY, False, "Fits", f"{best.layout.label} ({best.layout.gpus} GPUs) fits: {note}")
+        return decision
+    message = (f"plan {best.layout.label} needs {best.layout.gpus} {gpu_id} GPUs; {missing} {gpu_id} GPUs are missing "
+               f"({note}); nothing was applied")
+    if p.set(ConditionType.INSUFFICIENT_CAPACITY, True, "InsufficientCapacity", message):
+        p.event("Warning", "InsufficientCapacity", message)
+    p.set(ConditionType.PLANNED, False, "InsufficientCapacity", message)
+    if p.status.plan is None:
+        p.set(ConditionType.READY, False, "InsufficientCapacity", message)
+    return p.outcome(plan=p.status.plan, proposal=p.status.proposal, requeue_after_s=CAPACITY_REQUEUE_S, error="InsufficientCapacity")
+
+
 def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None, current: Layout | None, run: _Run) -> Outcome | None:
     """Plan this generation: adopt the first plan (or an unchanged layout) at once, start a transition to a changed one."""
     plan = run.plan
-    decision = decide_or_outcome(p, ctx.spec, ctx.planner, current, problem)
+    decision = _decide_within_capacity(p, ctx, problem, current, _capacity(p, ctx))
     if isinstance(decision, Outcome):
         return decision
     best, run.decided = decision.best, True

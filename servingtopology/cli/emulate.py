@@ -1,9 +1,10 @@
 """`servingtopology emulate`: serves vLLM- or SGLang-shaped `/metrics` for engines that are not really running.
 
-Cluster mode (default): one emulated engine per Ready engine pod found through the kubeconfig, with Prometheus
-file-SD and a status file kept current (see servingtopology/emulator/fleet.py). Single mode (`--args`): one
-engine from a command line, for demos without a cluster or GPUs. `--real-engines` names rules under which chosen
-pods run the real engine from their own command line instead (emulator/real_engine.py). Reads the traffic profile and rules files here; the
+Cluster mode (default): one emulated engine per Ready engine pod found through the kubeconfig, listening at
+the pod's address with `--at-pod-address`, and a status file kept current (see servingtopology/emulator/fleet.py).
+Single mode (`--args`): one engine from a command line, for demos without a cluster or GPUs. `--real-engines` names
+rules under which chosen pods run the real engine from their own command line instead (emulator/real_engine.py).
+Reads the traffic profile and rules files here; the
 emulator package does no file reading of its own beyond the files it is told to write.
 """
 
@@ -44,7 +45,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--group-label", default="app.kubernetes.io/instance",
                    help="pods with the same value share one traffic profile (default: %(default)s)")
     p.add_argument("--role-label", default="servingtopology.io/role", help="label naming a pod's PD role (a tie-breaker)")
-    p.add_argument("--file-sd", type=Path, help="cluster mode: Prometheus file_sd JSON to keep current")
+    p.add_argument("--at-pod-address", action="store_true",
+                   help="cluster mode: serve each engine at its pod's IP and engine port, where Prometheus' Kubernetes "
+                        "discovery looks (needs pod IPs local to this host, e.g. kwok with a 127.0.0.0/8 pod CIDR)")
     p.add_argument("--status", type=Path, help="cluster mode: JSON file listing instances and argument errors")
     p.add_argument("--interval-s", type=float, default=1.0, help="cluster mode: seconds between pod listings")
     p.add_argument("--args", dest="engine_args", help="single mode: the engine command line, e.g. 'vllm serve llama-3.1-8b -tp 1'")
@@ -171,8 +174,8 @@ def _run_cluster(args: argparse.Namespace, profile: _ProfileFile, stop: threadin
 
     config.load_kube_config(config_file=args.kubeconfig)
     api = client.CoreV1Api()
-    fleet = Fleet(profile=profile, group_label=args.group_label, role_label=args.role_label, file_sd_path=args.file_sd,
-                  status_path=args.status, host=args.host, simulator=SimulatorKind(args.simulator),
+    fleet = Fleet(profile=profile, group_label=args.group_label, role_label=args.role_label, status_path=args.status,
+                  host=args.host, at_pod_address=args.at_pod_address, simulator=SimulatorKind(args.simulator),
                   real_engines=_RealEngineRulesFile(args.real_engines))
     serialize = client.ApiClient().sanitize_for_serialization
     try:

@@ -1,11 +1,13 @@
-"""Keeps one emulated engine per Ready engine pod, and Prometheus' file-based service discovery in step with them.
+"""Keeps one emulated engine per Ready engine pod, serving at the pod's own address as the real engine would.
 
 Called by `servingtopology emulate` in cluster mode. Each poll lists pods (and nodes, for the GPU product),
 starts an `EmulatedInstance` for every new Ready pod whose command is vLLM or SGLang, stops those whose pod
-went away, and rewrites the file-SD JSON (targets labelled with the pod's namespace, name, node and labels)
-and a status JSON (instances and argument errors). A pod whose arguments are wrong gets no metrics endpoint.
+went away, and rewrites a status JSON (instances and argument errors). With `at_pod_address` an instance
+listens on the pod's IP and the port of its command line (kwok gives pods loopback IPs in the e2e cluster),
+so Prometheus finds it through Kubernetes discovery like a real engine; the fleet plays no part in
+discovery. A pod whose arguments are wrong, or whose address cannot be bound, gets no metrics endpoint.
 A pod the real-engine rules select (`real_engines`, see emulator/real_engine.py) runs the real engine from its own
-command line instead; one that exits is reported with its exit status and log tail, like refused arguments.
+command line instead (at the pod's address too); one that exits is reported with its exit status and log tail.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -38,6 +39,8 @@ __all__ = ["Fleet", "PodView", "pod_view"]
 log = logging.getLogger("servingtopology.emulate")
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# Where each engine listens when its command line names no --port (vLLM's and SGLang's own defaults).
+DEFAULT_ENGINE_PORT = {"vllm": 8000, "sglang": 30000}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,28 +112,27 @@ def refused_status(pod: Mapping[str, Any], container: str, message: str, *, now:
     }}
 
 
-def _label_name(key: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
-
-
 class Fleet:
     """The set of running emulated engines, reconciled against a pod listing on each `sync`."""
 
     def __init__(self, *, profile: Callable[[], TrafficProfile], group_label: str, role_label: str,
-                 file_sd_path: Path | None, status_path: Path | None, host: str = "127.0.0.1",
+                 status_path: Path | None, host: str = "127.0.0.1", at_pod_address: bool = False,
                  simulator: SimulatorKind = SimulatorKind.PROJECT, monotonic: Callable[[], float] = time.monotonic,
                  real_engines: Callable[[], RealEngineRules] | None = None) -> None:
+        """`at_pod_address`: listen on each pod's IP and engine port (else on `host`, any free port)."""
         self.simulator_kind = simulator
         self.real_engines = real_engines or RealEngineRules
         self.profile = profile
         self.group_label = group_label
         self.role_label = role_label
-        self.file_sd_path = file_sd_path
         self.status_path = status_path
         self.host = host
+        self.at_pod_address = at_pod_address
         self._monotonic = monotonic
         self.instances: dict[str, tuple[PodView, EmulatedInstance | RealEngineInstance]] = {}
         self.errors: dict[str, str] = {}
+        self._retry: set[str] = set()
+        self._retry_seen: set[str] = set()
         self._lock = threading.Lock()
         self._profile_seen: TrafficProfile | None = None
         self._profile_epoch_s = monotonic()
@@ -163,6 +165,9 @@ class Fleet:
                 self.errors[key] = f"the engine exited with status {code}:\n{inst.log_tail()}"
                 log.error("engine of pod %s exited with %d", key, code)
         rules = self.real_engines()
+        for key in self._retry:  # an address kwok hands out again may have been free only after the last sync
+            self.errors.pop(key, None)
+        self._retry.clear()
         for key in [k for k in self.instances if k not in wanted]:
             _, instance = self.instances.pop(key)
             instance.stop()
@@ -176,17 +181,26 @@ class Fleet:
             instance: EmulatedInstance | RealEngineInstance
             try:
                 config = self._config(pod)
+                host, port = self._address(pod, config)
                 if rule is not None:  # the real engine: no simulator (its model need not be in the catalog)
-                    instance = RealEngineInstance(name=pod.name, config=config, argv=pod.argv, rule=rule)
+                    instance = RealEngineInstance(name=pod.name, config=config, argv=pod.argv, rule=rule,
+                                                  host=host if self.at_pod_address else None, port=port or None)
                 else:
                     seed = zlib.crc32(key.encode())  # deterministic per pod, unlike hash()
                     simulator = build_simulator(config, gpu=gpu_for_label(node_products.get(pod.node)),
                                                 kind=self.simulator_kind, seed=seed)
                     instance = EmulatedInstance(name=pod.name, config=config, simulator=simulator,
-                                                share=self._share(pod, config.role), host=self.host, seed=seed)
+                                                share=self._share(pod, config.role), host=host, port=port, seed=seed)
             except (EngineArgsError, RealEngineRulesError) as exc:
                 self.errors[key] = str(exc)
                 log.error("engine in pod %s/%s would not start: %s", pod.namespace, pod.name, exc)
+                continue
+            except OSError as exc:  # the pod's address is not on this host, or still taken: tried again next sync
+                if key not in self._retry_seen:
+                    log.error("engine in pod %s/%s: cannot listen on %s:%d: %s", pod.namespace, pod.name, host, port, exc)
+                self.errors[key] = f"cannot listen on {host}:{port}: {exc}"
+                self._retry.add(key)
+                self._retry_seen.add(key)
                 continue
             with self._lock:
                 self.instances[key] = (pod, instance.start())
@@ -194,6 +208,11 @@ class Fleet:
                      config.role, config.tp, config.pp, config.dp, instance.address)
         self._refuse_pd_pairs()
         self._write_files()
+
+    def _address(self, pod: PodView, config: EngineConfig) -> tuple[str, int]:
+        if not self.at_pod_address:
+            return self.host, 0
+        return pod.ip, config.port if config.port is not None else DEFAULT_ENGINE_PORT[str(config.engine)]
 
     def _refuse_pd_pairs(self) -> None:
         """A decode engine that meets a prefill engine its release cannot pair with fails at the KV hand-off (vLLM
@@ -230,17 +249,6 @@ class Fleet:
         self.instances.clear()
         self._write_files()
 
-    def targets(self) -> list[dict[str, Any]]:
-        """File-SD target groups: one per instance, labelled with the pod's identity and labels."""
-        groups = []
-        for pod, instance in self.instances.values():
-            labels = {f"pod_label_{_label_name(k)}": v for k, v in pod.labels.items()}
-            labels.update({_label_name(k): v for k, v in pod.labels.items()})
-            labels.update({"namespace": pod.namespace, "pod": pod.name, "container": pod.container, "node": pod.node,
-                           "pod_ip": pod.ip, "engine_kind": str(instance.config.engine), "role": str(instance.role)})
-            groups.append({"targets": [instance.address], "labels": labels})
-        return sorted(groups, key=lambda g: (g["labels"]["namespace"], g["labels"]["pod"]))
-
     def status(self) -> dict[str, Any]:
         return {
             "instances": {key: {"address": inst.address, "backend": _backend(inst), "engine": str(inst.config.engine), "role": str(inst.role),
@@ -251,8 +259,6 @@ class Fleet:
         }
 
     def _write_files(self) -> None:
-        if self.file_sd_path is not None:
-            _atomic_write(self.file_sd_path, json.dumps(self.targets(), indent=1))
         if self.status_path is not None:
             _atomic_write(self.status_path, json.dumps(self.status(), indent=1))
 
@@ -263,7 +269,7 @@ def _backend(instance: EmulatedInstance | RealEngineInstance) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Writes through a temporary file and a rename, so Prometheus never reads half a file."""
+    """Writes through a temporary file and a rename, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as handle:

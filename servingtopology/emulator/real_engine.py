@@ -101,7 +101,7 @@ def _map_path(value: str, paths: Mapping[str, str]) -> str:
     return value
 
 
-def local_argv(argv: Sequence[str], rule: RealEngineRule, *, port: int) -> list[str]:
+def local_argv(argv: Sequence[str], rule: RealEngineRule, *, port: int, host: str | None = None) -> list[str]:
     """The pod's command line mapped onto this machine: the executable, path prefixes, --host and --port.
 
     Raises RealEngineRulesError when the rule maps no executable for the container's command."""
@@ -117,7 +117,7 @@ def local_argv(argv: Sequence[str], rule: RealEngineRule, *, port: int) -> list[
         arg = args[i]
         flag, eq, value = arg.partition("=")
         if flag in _HOST_FLAGS + _PORT_FLAGS:
-            new = rule.host if flag in _HOST_FLAGS else str(port)
+            new = (host or rule.host) if flag in _HOST_FLAGS else str(port)
             if eq:
                 out.append(f"{flag}={new}")
             else:
@@ -173,18 +173,21 @@ class RealEngineInstance:
 
     backend = "real"
 
-    def __init__(self, *, name: str, config: EngineConfig, argv: Sequence[str], rule: RealEngineRule) -> None:
+    def __init__(self, *, name: str, config: EngineConfig, argv: Sequence[str], rule: RealEngineRule,
+                 host: str | None = None, port: int | None = None) -> None:
+        """`host`/`port`: where the engine listens (the pod's IP and engine port); default the rule's host, a free port."""
         self.name = name
         self.config = config
         self.rule = rule
-        self.port = _free_port(rule.host)
-        self.argv = local_argv(argv, rule, port=self.port)
+        self.host = host or rule.host
+        self.port = port or _free_port(self.host)
+        self.argv = local_argv(argv, rule, port=self.port, host=self.host)
         self.log_path = Path(rule.log_dir or ".") / f"engine-{name}.log"
         self._popen: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
-        return f"{self.rule.host}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def role(self) -> Role:

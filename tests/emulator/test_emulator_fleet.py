@@ -1,9 +1,10 @@
-"""The fleet keeps one emulated engine per Ready engine pod and the Prometheus file-SD in step with them."""
+"""The fleet keeps one emulated engine per Ready engine pod, serving at the pod's own address and engine port."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import urllib.request
 from pathlib import Path
 
 from servingtopology.emulator.fleet import Fleet, PodView
@@ -12,36 +13,55 @@ from servingtopology.emulator.traffic import TrafficProfile
 VLLM = ("vllm", "serve", "llama-3.1-8b", "--tensor-parallel-size", "2")
 
 
-def _pod(name: str, *, argv: tuple[str, ...] = VLLM, gpus: int = 2, ready: bool = True, role: str = "aggregated") -> PodView:
-    return PodView(namespace="ns", name=name, uid=f"uid-{name}", node="gpu-node-0", ip="10.244.0.9",
+def _pod(name: str, *, argv: tuple[str, ...] = VLLM, gpus: int = 2, ready: bool = True, role: str = "aggregated",
+         ip: str = "10.244.0.9") -> PodView:
+    return PodView(namespace="ns", name=name, uid=f"uid-{name}", node="gpu-node-0", ip=ip,
                    labels={"app.kubernetes.io/instance": "llama", "servingtopology.io/role": role},
                    argv=argv, container="engine", gpus=gpus, ready=ready)
 
 
-def _fleet(tmp_path: Path) -> Fleet:
+def _fleet(tmp_path: Path, *, at_pod_address: bool = False) -> Fleet:
     return Fleet(profile=lambda: TrafficProfile.constant(rate_rps=1, input_tokens=100, output_tokens=10),
                  group_label="app.kubernetes.io/instance", role_label="servingtopology.io/role",
-                 file_sd_path=tmp_path / "sd.json", status_path=tmp_path / "status.json")
+                 status_path=tmp_path / "status.json", at_pod_address=at_pod_address)
 
 
-def test_ready_engine_pods_become_labelled_scrape_targets_and_leave_with_their_pod(tmp_path: Path) -> None:
-    fleet = _fleet(tmp_path)
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def test_ready_engine_pods_are_served_at_their_own_address_and_stop_with_their_pod(tmp_path: Path) -> None:
+    # Loopback addresses stand for pod IPs, as kwok gives them in the e2e cluster (pod CIDR 127.64.0.0/16).
+    fleet = _fleet(tmp_path, at_pod_address=True)
     try:
-        fleet.sync([_pod("a"), _pod("b"), _pod("c", ready=False)], {"gpu-node-0": "NVIDIA-H100-80GB-HBM3"})
-        targets = json.loads((tmp_path / "sd.json").read_text())
-        assert [t["labels"]["pod"] for t in targets] == ["a", "b"]
-        labels = targets[0]["labels"]
-        assert labels["namespace"] == "ns" and labels["node"] == "gpu-node-0"
-        assert labels["app_kubernetes_io_instance"] == "llama" and labels["servingtopology_io_role"] == "aggregated"
-        assert "engine" not in labels  # would clash with vLLM's own `engine` label
-        fleet.sync([_pod("b")], {})
-        assert [t["labels"]["pod"] for t in json.loads((tmp_path / "sd.json").read_text())] == ["b"]
+        fleet.sync([_pod("a", ip="127.64.3.1"), _pod("b", ip="127.64.3.2", argv=(*VLLM, "--port", "8123")),
+                    _pod("c", ip="127.64.3.3", ready=False)], {"gpu-node-0": "NVIDIA-H100-80GB-HBM3"})
+        status = json.loads((tmp_path / "status.json").read_text())
+        addresses = {key.split("/")[1]: inst["address"] for key, inst in status["instances"].items()}
+        assert addresses == {"a": "127.64.3.1:8000", "b": "127.64.3.2:8123"}  # vLLM's default port, or --port
+        assert "vllm:num_requests_running" in _get("http://127.64.3.1:8000/metrics")
+        fleet.sync([_pod("b", ip="127.64.3.2", argv=(*VLLM, "--port", "8123"))], {})
+        assert list(json.loads((tmp_path / "status.json").read_text())["instances"]) == ["ns/b/uid-b"]
+        # The address is free again: a new pod that gets the same IP can be served there.
+        fleet.sync([_pod("b", ip="127.64.3.2", argv=(*VLLM, "--port", "8123")), _pod("d", ip="127.64.3.1")], {})
+        assert "ns/d/uid-d" in json.loads((tmp_path / "status.json").read_text())["instances"]
     finally:
         fleet.stop()
-    assert json.loads((tmp_path / "sd.json").read_text()) == []
+    assert json.loads((tmp_path / "status.json").read_text())["instances"] == {}
 
 
-def test_a_pod_whose_arguments_the_engine_would_refuse_gets_an_error_and_no_target(tmp_path: Path) -> None:
+def test_a_pod_whose_address_is_not_on_this_host_gets_an_error_not_a_server(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path, at_pod_address=True)
+    try:
+        fleet.sync([_pod("far", ip="192.0.2.7")], {})  # TEST-NET-1: never a local address
+        errors = json.loads((tmp_path / "status.json").read_text())["errors"]
+        assert "cannot listen on 192.0.2.7:8000" in errors["ns/far/uid-far"]
+    finally:
+        fleet.stop()
+
+
+def test_a_pod_whose_arguments_the_engine_would_refuse_gets_an_error_and_no_server(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)
     try:
         fleet.sync([_pod("bad", argv=(*VLLM, "--max-num-seqs", "0")), _pod("short", gpus=4)], {})
@@ -50,7 +70,6 @@ def test_a_pod_whose_arguments_the_engine_would_refuse_gets_an_error_and_no_targ
         errors = status["errors"]
         assert "max_num_seqs: Input should be greater than or equal to 1" in errors["ns/bad/uid-bad"]  # vLLM 0.33's SchedulerConfig bound
         assert "4 nvidia.com/gpu" in errors["ns/short/uid-short"]  # TP2 on a 4-GPU pod: the GPU counts disagree
-        assert json.loads((tmp_path / "sd.json").read_text()) == []
     finally:
         fleet.stop()
 

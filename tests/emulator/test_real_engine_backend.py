@@ -45,18 +45,18 @@ def test_bad_rules_name_the_field() -> None:
     assert rules.rules[0].env == {"A": "1"}
 
 
-def _pod(namespace: str, name: str, argv: tuple[str, ...] = ARGV) -> PodView:
-    return PodView(namespace=namespace, name=name, uid=f"uid-{name}", node="gpu-node-0", ip="10.0.0.1",
+def _pod(namespace: str, name: str, argv: tuple[str, ...] = ARGV, ip: str = "10.0.0.1") -> PodView:
+    return PodView(namespace=namespace, name=name, uid=f"uid-{name}", node="gpu-node-0", ip=ip,
                    labels={"app.kubernetes.io/instance": "tiny", "servingtopology.io/role": "aggregated"},
                    argv=argv, container="engine", gpus=1, ready=True)
 
 
-def _fleet(tmp_path: Path, rule: RealEngineRule) -> Fleet:
+def _fleet(tmp_path: Path, rule: RealEngineRule, *, at_pod_address: bool = False) -> Fleet:
     from servingtopology.emulator.real_engine import RealEngineRules
 
     return Fleet(profile=lambda: TrafficProfile.constant(rate_rps=1, input_tokens=100, output_tokens=10),
                  group_label="app.kubernetes.io/instance", role_label="servingtopology.io/role",
-                 file_sd_path=tmp_path / "sd.json", status_path=tmp_path / "status.json",
+                 status_path=tmp_path / "status.json", at_pod_address=at_pod_address,
                  real_engines=lambda: RealEngineRules((rule,)))
 
 
@@ -74,8 +74,6 @@ def test_a_selected_pod_runs_the_real_process_as_a_scrape_target_and_others_stay
         while "set" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert f"--host 127.0.0.1 --port {port}" in log.read_text() and "/tmp/here/tiny" in log.read_text()
-        targets = {t["labels"]["pod"]: t for t in json.loads((tmp_path / "sd.json").read_text())}
-        assert targets["a"]["targets"] == [real["address"]] and targets["a"]["labels"]["servingtopology_io_role"] == "aggregated"
         (_, instance), = [v for k, v in fleet.instances.items() if k.startswith("real-ns/")]
         pid = instance.pid
     finally:
@@ -95,8 +93,25 @@ def test_a_real_engine_that_exits_is_reported_with_its_status_and_message_and_lo
         status = json.loads((tmp_path / "status.json").read_text())
         message = status["errors"]["real-ns/a/uid-a"]
         assert "exited with status 2" in message and "unrecognized arguments: --tensor-paralel-size" in message
-        assert not status["instances"] and json.loads((tmp_path / "sd.json").read_text()) == []
+        assert not status["instances"]
         fleet.sync([_pod("real-ns", "a")], {})  # not restarted: the pod keeps its error
         assert not fleet.instances
+    finally:
+        fleet.stop()
+
+
+def test_at_the_pods_address_the_real_engine_listens_on_the_pod_ip_and_its_own_port(tmp_path: Path) -> None:
+    # As in the e2e cluster: kwok's pod IPs are loopback addresses, and Prometheus scrapes <pod IP>:<engine port>.
+    script = "import sys, time\nprint(' '.join(sys.argv[1:]), flush=True)\ntime.sleep(60)"
+    fleet = _fleet(tmp_path, _rule(tmp_path, script), at_pod_address=True)
+    try:
+        fleet.sync([_pod("real-ns", "a", ip="127.64.9.1")], {})
+        real = json.loads((tmp_path / "status.json").read_text())["instances"]["real-ns/a/uid-a"]
+        assert real["address"] == "127.64.9.1:8000"
+        log = tmp_path / "engine-a.log"
+        deadline = time.monotonic() + 20
+        while "--port" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "--host 127.64.9.1 --port 8000" in log.read_text()
     finally:
         fleet.stop()

@@ -37,6 +37,8 @@ class FakeCluster:
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     unready: set[str] = field(default_factory=set)              # object names whose replicas never become ready
     terminating: list[dict[str, Any]] = field(default_factory=list)  # pods still holding GPUs after their owner shrank
+    nodes: list[dict[str, Any]] | None = None                   # None: capacity unknown (not checked)
+    other_pods: list[dict[str, Any]] = field(default_factory=list)  # other tenants' pods, bound to nodes
     grace_passes: int = 0        # > 0: pods removed by a scale-down or a delete linger as terminating for this many ticks
     applies: int = 0
     _version: int = 0
@@ -123,6 +125,13 @@ class FakeCluster:
         want = dict(part.split("=", 1) for part in selector.split(",") if part)
         pods = self._synthesised(namespace) + [p for p in self.terminating if p["metadata"]["namespace"] == namespace]
         return [p for p in pods if all(p["metadata"]["labels"].get(k) == v for k, v in want.items())]
+
+    def list_nodes(self) -> list[Mapping[str, Any]] | None:
+        return self.nodes
+
+    def list_all_pods(self) -> list[Mapping[str, Any]]:
+        namespaces = {ref.namespace for ref in self.objects}
+        return [p for ns in sorted(namespaces) for p in self._synthesised(ns)] + list(self.other_pods)
 
     def _synthesised(self, namespace: str) -> list[dict[str, Any]]:
         pods: list[dict[str, Any]] = []
