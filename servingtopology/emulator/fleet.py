@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
