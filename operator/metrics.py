@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,11 +25,11 @@ from ..planner.observe import MetricSample
 
 __all__ = [
     "Figure", "Query", "MetricsSource", "MetricsUnavailable", "PrometheusMetrics", "build_queries", "label_selector",
-    "topology_matchers", "TOPOLOGY_SERIES_LABEL", "ROLE_SERIES_LABEL",
+    "topology_matchers", "TOPOLOGY_SERIES_LABEL", "ROLE_SERIES_LABEL", "unavailable_reason", "QUERY_TIMEOUT_S",
 ]
 
 # Pod labels as Prometheus sees them after the usual `labelmap` of Kubernetes service discovery
-# (servingtopology.io/topology → servingtopology_io_topology), which the e2e emulator's file SD also writes.
+# (servingtopology.io/topology → servingtopology_io_topology), which the chart's PodMonitors and the e2e Prometheus give.
 TOPOLOGY_SERIES_LABEL = "servingtopology_io_topology"
 ROLE_SERIES_LABEL = "servingtopology_io_role"
 # Requests, lengths and latencies are counted where a request is whole: aggregated engines, or PD decode
@@ -221,14 +222,37 @@ class PrometheusMetrics:
             for expr in q.exprs:
                 try:
                     v = _value(self._client.custom_query(expr))
-                except (OSError, ValueError, PrometheusApiClientException) as exc:  # requests' errors are OSErrors
-                    raise MetricsUnavailable(f"Prometheus query failed: {type(exc).__name__}: {exc}") from exc
+                except (OSError, ValueError, KeyError, TypeError, PrometheusApiClientException) as exc:
+                    raise MetricsUnavailable(f"Prometheus query failed: {unavailable_reason(exc)}") from exc
                 if v is not None:
                     values[q.figure.value] = v * q.scale
                     break
         return MetricSample(at_s=at_s, interval_s=interval_s, **values)
 
 
+def unavailable_reason(exc: BaseException) -> str:
+    """Say why a query failed without repeating what the server sent back.
+
+    A Prometheus URL comes from the resource's author; its response bodies may be anything (an SSRF target's
+    page, a token echoed back), so conditions and Events get the status code or the error's kind only:
+    - a non-200 answer: prometheus-api-client's "HTTP Status Code 503 (b'...')" → "HTTP 503";
+    - a 200 whose JSON has no `data.result` (KeyError/TypeError inside the client) or is not JSON (ValueError);
+    - a connection error or timeout (requests' errors are OSErrors): its kind and message, which the
+      client wrote, not the server.
+    """
+    if isinstance(exc, PrometheusApiClientException):
+        code = re.match(r"HTTP Status Code (\d+)", str(exc))
+        return f"HTTP {code.group(1)}" if code else "the server refused the query"
+    if isinstance(exc, (KeyError, TypeError)):
+        return "HTTP 200 without a Prometheus result (no data.result)"
+    if isinstance(exc, ValueError):
+        return "HTTP 200 with a body that is not Prometheus JSON"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+QUERY_TIMEOUT_S = 10  # one query; a pass asks a dozen, and a hung Prometheus must not hold a worker
+
+
 def _connect(url: str, headers: dict[str, str]) -> _Client:
-    client: _Client = PrometheusConnect(url=url, headers=headers or None, disable_ssl=False)
+    client: _Client = PrometheusConnect(url=url, headers=headers or None, disable_ssl=False, timeout=QUERY_TIMEOUT_S)
     return client

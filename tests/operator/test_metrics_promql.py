@@ -161,3 +161,50 @@ def test_the_router_ttft_metric_is_the_one_the_covered_smg_release_exports() -> 
     # vllm-router exports request durations, no TTFT: vLLM's PD TTFT is composed from the roles' metrics.
     assert not [n for n in (m.name for m in load_caps("vllm-router", "0.1.17").metrics) if "ttft" in n or "first_token" in n]
     assert {m.name for m in load_caps("vllm-router", "0.1.17").metrics} >= {"vllm_router_pd_request_duration_seconds"}
+
+
+class _Answer:
+    """A tiny HTTP server on loopback that answers every request with one fixed status and body."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        import http.server
+        import threading
+
+        answer = (status, body)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(answer[0])
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(answer[1])
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("status", "body", "why"), [
+    (200, b'{"status": "success"}', "HTTP 200 without a Prometheus result"),          # 200 without data: was a KeyError
+    (200, b'{"status": "success", "data": null}', "HTTP 200 without a Prometheus result"),
+    (200, b"<html>login</html>", "HTTP 200 with a body that is not Prometheus JSON"),
+    (401, b"secret-token-echoed-back internal page", "HTTP 401"),   # non-200 bodies were copied into status
+])
+def test_a_prometheus_that_answers_garbage_is_unavailable_and_its_body_is_never_repeated(status, body, why):
+    server = _Answer(status, body)
+    try:
+        src = PrometheusMetrics(server.url, engine=Engine.VLLM, matchers=M, window_s=120)
+        with pytest.raises(MetricsUnavailable) as caught:
+            src.fetch_sample(at_s=0.0, interval_s=60.0)
+    finally:
+        server.close()
+    message = str(caught.value)
+    assert why in message
+    assert "secret-token" not in message and "login" not in message
