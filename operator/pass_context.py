@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from ..planner.engine_caps import resolve_version
 from ..planner.errors import Infeasible, InsufficientData, InvalidSpec
 from ..planner.layout import Layout, Role, RoleLayout
+from ..planner.model import model_catalog
 from ..planner.problem import Decision, Problem
 from ..spec import SpecError, to_layout, to_problem
 from .api import (
@@ -172,7 +173,16 @@ def _planning_spec(p: PassState, spec: TopologySpec) -> Iterator[TopologySpec]:
 def build_problem(p: PassState, spec: TopologySpec, current: Layout | None) -> Problem:
     pinned = to_layout(spec, spec.pinned) if spec.policy.mode is Mode.PINNED and spec.pinned is not None else None
     with _planning_spec(p, spec) as planning:
-        problem = to_problem(planning, pinned=pinned, current=current)
+        try:
+            problem = to_problem(planning, pinned=pinned, current=current)
+        except InvalidSpec as exc:
+            if exc.field != "model":
+                raise
+            # The planner's message names the CLI's `modelConfig`; a resource gives a config.json another way.
+            catalog = ", ".join(sorted(model_catalog()))
+            raise InvalidSpec("spec.model", f"unknown model {spec.model!r}: use a catalog id ({catalog}), or give "
+                              "spec.modelConfigMap (a ConfigMap holding its config.json) with spec.modelSource "
+                              "(what the engine loads)") from None
     allowed = spec.policy.allowedLayouts
     if allowed:
         kinds = tuple(k for k in problem.search.layouts if k in allowed)

@@ -223,6 +223,16 @@ def test_an_invalid_spec_sets_ready_false_with_an_event_and_applies_nothing(chan
     assert out.error == "InvalidSpec"
 
 
+def test_an_unknown_model_tells_a_resource_author_the_resources_own_fields() -> None:
+    obj, cluster, planner = topology(model="acme/never-heard-of-it-7b"), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    message = cond(obj, "Ready")["message"]
+    assert cond(obj, "Ready")["reason"] == "InvalidSpec" and "spec.model" in message
+    assert "spec.modelConfigMap" in message and "spec.modelSource" in message
+    assert "modelConfig:" not in message     # the CLI's field, which a resource does not have
+    assert cluster.objects == {} and planner.problems == []
+
+
 def test_an_unknown_gpu_keeps_the_running_workloads_and_is_reported_once() -> None:
     obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
     run(obj, cluster, planner)
