@@ -28,6 +28,8 @@ import yaml
 
 from servingtopology.cli.main import main
 
+from .test_cli_hardening import FIELDS, GOOD
+
 SEED = 17
 PLAN_CASES = 520
 SIMULATE_CASES = 48
@@ -249,12 +251,8 @@ def test_fuzz_simulate(tmp_path: Path) -> None:
     assert codes[0] >= 3 and codes[2] >= 10  # the simulator ran on the valid ones
 
 
-VFIELDS = ["id", "silicon_data_source", "backend", "model_path", "system", "mode", "isl", "osl", "gemm_quant_mode", "moe_quant_mode",
-           "batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms"]
-VROW = {"id": "r", "silicon_data_source": "silicon_concurrency=4", "backend": "vllm", "model_path": "meta-llama/Llama-3.1-8B-Instruct",
-        "system": "h100_sxm", "mode": "agg", "isl": "1024", "osl": "256", "gemm_quant_mode": "bf16", "moe_quant_mode": "bf16",
-        "batch_size": "4", "tp_size": "1", "pp_size": "1", "attention_dp_size": "1", "moe_tp_size": "1", "moe_ep_size": "1",
-        "silicon_ttft_ms": "50", "silicon_tpot_ms": "10"}
+# The calibration CSV's columns and one good row: the same as the hardening tests'.
+VFIELDS, VROW = FIELDS, GOOD
 VHOSTILE = ["inf", "-inf", "nan", "1e400", "1e300", "-1", "0", "", "abc", "x" * 131_072, "x" * 131_073, "4.5", "disagg", "2\xff"]
 
 
