@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed
 
 env: $(STAMP)
 
+# Quiet when cold: pyproject's metadata raises no setuptools warnings, and the filter drops the one notice every
+# editable install of a package-dir mapping prints ("Editable installation. Please be careful with folders ...").
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 plan: $(STAMP)
