@@ -17,7 +17,7 @@ from .arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
 from .errors import InvalidSpec
 from .hf_config import from_hf_config
 
-__all__ = ["ModelArch", "CheckpointQuant", "ModuleGroup", "StateKind", "from_hf_config", "model_catalog", "resolve_model"]
+__all__ = ["ModelArch", "CheckpointQuant", "ModuleGroup", "StateKind", "from_hf_config", "model_catalog", "resolve_model", "catalog_hf_id"]
 
 
 def _norm(name: str) -> str:
@@ -55,3 +55,12 @@ def resolve_model(name: str, *, field: str = "model") -> ModelArch:
         allowed = ", ".join(sorted(model_catalog()))
         raise InvalidSpec(field, f"unknown model {name!r}; use a catalog id ({allowed}) or give modelConfig: a config.json path")
     return _load_catalog_model(*hit)
+
+
+def catalog_hf_id(name: str) -> str | None:
+    """The Hugging Face id of a catalog model named by id, Hugging Face id or alias; None when not in the catalog."""
+    hit = _catalog_index().get(_norm(name)) or _catalog_index().get(_norm(name.split("/")[-1]))
+    if hit is None:
+        return None
+    raw = tomllib.loads(resources.files(__package__).joinpath("data/models.toml").read_text())
+    return str(raw[hit[0]]["hf_id"])

@@ -7,6 +7,8 @@ alternatives and why not, the funnel, and what must be measured before approval.
 
 from __future__ import annotations
 
+import shlex
+
 from .arch import ModelArch
 from .engine_args import layout_engine_args
 from .engine_caps import load_caps, resolve_version
@@ -116,7 +118,7 @@ def render_record(problem: Problem, decision: Decision) -> str:
                   f"{best.layout.roles[Role.PREFILL].count}:{best.layout.roles[Role.DECODE].count}."]
     lines += ["", "Engine arguments:", ""]
     for role, args in layout_engine_args(problem.engine, best.layout, moe=m.is_moe, version=problem.engine_version).items():
-        lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{' '.join(args)}`")
+        lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{shlex.join(args)}`")
     if decision.current is not None:
         c = decision.current
         lines += ["", f"Current layout {c.layout.label}: p{slo.ttft_percentile:g} TTFT {c.prediction.ttft_ms:.0f} ms, "

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
 from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
 from servingtopology.planner.decide import decide
 from servingtopology.planner.engine_args import layout_engine_args
@@ -21,7 +22,7 @@ from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.record import render_record
-from servingtopology.spec import SpecError, to_problem
+from servingtopology.spec import PlanSpec, SpecError, to_problem
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json"]
 
@@ -42,22 +43,33 @@ def funnel_json(stages: tuple[FunnelStage, ...] | list[FunnelStage]) -> list[dic
             for s in stages]
 
 
-def candidate_json(problem: Problem, c: Candidate) -> dict[str, Any]:
+def candidate_json(problem: Problem, c: Candidate, spec: PlanSpec | None = None) -> dict[str, Any]:
+    """One candidate in `plan --json`: keys in snake_case; `layout_spec` is the spec's `layout:` block (in the spec's
+    camelCase field names) so that a plan can be pinned by pasting it; `engine_commands` (with `spec`) are the
+    shell command lines the engine pods run."""
     p = c.prediction
-    return {
+    out_tokens = problem.workload.output_tokens.expected_tokens
+    out: dict[str, Any] = {
         "label": c.layout.label,
         "gpus": c.layout.gpus,
-        "layout": layout_to_dict(c.layout),
-        "kvCacheDtype": next(iter(c.layout.roles.values())).knobs.kv_dtype.value,
+        "layout_spec": layout_to_dict(c.layout),
+        "kv_cache_dtype": next(iter(c.layout.roles.values())).knobs.kv_dtype.value,
         "prediction": {
             "ttft_ms": round(p.ttft_ms, 3), "tpot_ms": round(p.tpot_ms, 3), "throughput_tok_s": round(p.throughput_tok_s, 1),
-            "slo_capacity_rps": round(p.capacity_rps, 3), "goodput_rps": round(p.goodput_rps, 3),
-            "goodput_per_gpu": round(p.goodput_per_gpu, 4), "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
+            "slo_capacity_rps": round(p.capacity_rps, 3), "slo_capacity_tok_s_per_gpu": round(p.capacity_rps * out_tokens / max(c.layout.gpus, 1), 1),
+            "goodput_rps": round(p.goodput_rps, 3), "goodput_per_gpu": round(p.goodput_per_gpu, 4),
+            "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
             "kv_pool_tokens": p.kv_pool_tokens, "max_request_tokens": p.max_request_tokens, "meets_slo": p.meets_slo, "source": p.source,
         },
-        "engine_args": {r.value: a for r, a in layout_engine_args(problem.engine, c.layout, moe=problem.model.is_moe).items()},
+        "engine_args": {r.value: a for r, a in layout_engine_args(problem.engine, c.layout, moe=problem.model.is_moe,
+                                                                  version=problem.engine_version).items()},
         "why": c.why,
     }
+    if spec is not None:
+        out["engine_commands"] = {rc.role.value: {"count": rc.count, "nodes": rc.nodes, "command": rc.leader,
+                                                  **({"worker_commands": list(rc.workers)} if rc.workers else {})}
+                                  for rc in role_commands(spec, problem, c.layout)}
+    return out
 
 
 def _print_funnel(stages: tuple[FunnelStage, ...] | list[FunnelStage], total: int | None = None) -> None:
@@ -69,18 +81,28 @@ def _print_funnel(stages: tuple[FunnelStage, ...] | list[FunnelStage], total: in
         print(f"{s.stage:<30} {s.admitted:>12,} {s.rejected:>12,} {s.seconds:>9.3f}  {top}")
 
 
-def _print_best(problem: Problem, d: Decision) -> None:
+def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
     slo = problem.slo
+    out_tokens = problem.workload.output_tokens.expected_tokens
     print()
-    print(f"{'#':>2} {'layout':<28} {'GPUs':>4} {f'p{slo.ttft_percentile:g} TTFT':>10} {f'p{slo.tpot_percentile:g} TPOT':>10} "
-          f"{'tok/s':>9} {'req/s/GPU':>9} {'source':>10}")
+    print(f"{'#':>2} {'layout':<28} {'GPUs':>4} {f'p{slo.ttft_percentile:g} TTFT ms':>13} {f'p{slo.tpot_percentile:g} TPOT ms':>13} "
+          f"{'tok/s/user':>10} {'SLO cap. req/s':>14} {'req/s/GPU':>9} {'tok/s/GPU':>9} {'source':>10}")
     for i, c in enumerate((d.best, *d.alternatives)):
         p = c.prediction
-        print(f"{i + 1:>2} {c.layout.label:<28} {c.layout.gpus:>4} {p.ttft_ms:>8.0f}ms {p.tpot_ms:>8.1f}ms {p.throughput_tok_s:>9.0f} "
-              f"{p.goodput_per_gpu:>9.2f} {p.source:>10}")
+        print(f"{i + 1:>2} {c.layout.label:<28} {c.layout.gpus:>4} {p.ttft_ms:>13.0f} {p.tpot_ms:>13.1f} {p.tokens_per_s_per_user:>10.1f} "
+              f"{p.capacity_rps:>14.1f} {p.goodput_per_gpu:>9.2f} {p.capacity_rps * out_tokens / max(c.layout.gpus, 1):>9.0f} {p.source:>10}")
+    print(f"   at the load of {problem.workload.arrival_rate_rps:g} req/s; tok/s/user = 1000 / mean TPOT ms; SLO cap. = the highest load "
+          "within both SLOs;\n   req/s/GPU and tok/s/GPU (output tokens) at that capacity, per GPU")
     print()
-    for role, args in layout_engine_args(problem.engine, d.best.layout, moe=problem.model.is_moe).items():
-        print(f"{role.value} × {d.best.layout.roles[role].count}: {problem.engine.value} {' '.join(args)}")
+    print(f"Engine commands ({problem.engine.value} {problem.engine_version or 'newest covered release'}, as the engine pods run them):")
+    commands = role_commands(spec, problem, d.best.layout)
+    for rc in commands:
+        print(f"  {rc.role.value} × {rc.count}" + (f", each on {rc.nodes} nodes" if rc.nodes > 1 else "") + ":")
+        print(f"    {rc.leader}")
+        for node, line in enumerate(rc.workers, start=1):
+            print(f"    node {node}: {line}")
+    if any(rc.nodes > 1 for rc in commands):
+        print(f"  {MULTINODE_NOTE}")
     print()
 
 
@@ -155,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "funnel": funnel_json(decision.funnel),
             "candidates_total": decision.candidates_total,
-            "best": candidate_json(problem, decision.best),
-            "alternatives": [candidate_json(problem, c) for c in decision.alternatives],
+            "best": candidate_json(problem, decision.best, spec),
+            "alternatives": [candidate_json(problem, c, spec) for c in decision.alternatives],
             "kv_bytes_per_token": decision.kv_bytes_per_token,
             "weight_bytes": decision.weight_bytes,
             "reasons": list(decision.reasons),
@@ -164,6 +186,6 @@ def run(args: argparse.Namespace) -> int:
         }, indent=1))
         return 0
     _print_funnel(decision.funnel, decision.candidates_total)
-    _print_best(problem, decision)
+    _print_best(spec, problem, decision)
     print(record)
     return 0
