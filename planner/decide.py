@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .advice import infeasible_advice
 from .engine_caps import pd_rule_violation, problem_caps
 from .errors import Infeasible, InvalidSpec
 from .funnel import LOAD_MARGIN, SLO_MARGIN, Clock, Progress, Stage, Survivor, no_clock, run_funnel
@@ -165,7 +166,7 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
     t0 = clock()  # stage 7's timer covers everything after the funnel but the simulation
     current = predict_layout(problem, problem.current, simulate=simulate) if problem.current is not None else None
     if not result.survivors and problem.pinned is None:
-        raise Infeasible(result.last_stage, result.closest_miss, funnel=tuple(stages))
+        raise Infeasible(result.last_stage, result.closest_miss, funnel=tuple(stages), advice=infeasible_advice(problem, result, ladder=ladder))
     ranked = _rank(problem, _refine(problem, result.survivors))
     ranked, stage6 = _simulate_top(problem, ranked, simulate, clock)
     stages.append(stage6)

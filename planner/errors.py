@@ -10,6 +10,11 @@ The CLI maps InvalidSpec to exit code 2; the operator maps it to Ready=False, re
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .advice import InfeasibleAdvice
+
 __all__ = ["PlannerError", "InvalidSpec", "Infeasible", "InsufficientData"]
 
 
@@ -27,13 +32,18 @@ class InvalidSpec(PlannerError):
 
 
 class Infeasible(PlannerError):
-    """No candidate survived; `stage` removed the last ones, `closest_miss` says by how much."""
+    """No candidate survived; `stage` removed the last ones, `closest_miss` says by how much, `advice` (planner.advice)
+    what would make it feasible; the message carries all three, so a condition built from str(error) does too."""
 
-    def __init__(self, stage: str, closest_miss: str, *, funnel: tuple[object, ...] = ()) -> None:
-        super().__init__(f"no feasible layout: the last candidates were removed by stage '{stage}'; closest miss: {closest_miss}")
+    def __init__(self, stage: str, closest_miss: str, *, funnel: tuple[object, ...] = (), advice: InfeasibleAdvice | None = None) -> None:
+        message = f"no feasible layout: the last candidates were removed by stage '{stage}'; closest miss: {closest_miss}"
+        if advice is not None:
+            message += "; to make it feasible: " + "; ".join(advice.lines())
+        super().__init__(message)
         self.stage = stage
         self.closest_miss = closest_miss
         self.funnel = funnel  # the FunnelStage rows, so a caller can still print the table
+        self.advice = advice
 
 
 class InsufficientData(PlannerError):

@@ -41,7 +41,8 @@ from .tables import (
 )
 from .workload import Objective
 
-__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "Survivor", "FunnelResult", "Sieve", "Tally", "Stage", "LADDER", "engine_ladder",
+__all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "CLOSEST_KEPT", "Survivor", "Miss", "FunnelResult", "Sieve", "Tally", "Stage",
+           "LADDER", "engine_ladder",
            "run_funnel", "shape_rejection", "reject_pd_shapes", "Progress", "Clock", "no_clock"]
 
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
@@ -68,6 +69,21 @@ class Survivor:
     pool_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """A candidate that failed stage 4 or 5, with its analytical figures at the load (seconds, requests/s) and
+    `miss`: the largest of TTFT×margin/SLO, TPOT×margin/SLO and load/(margin×capacity); 1 would just pass."""
+
+    layout: Layout
+    ttft_s: float
+    tpot_s: float
+    capacity_rps: float
+    miss: float
+
+
+CLOSEST_KEPT = 16   # misses kept for the infeasible advice (planner.advice)
+
+
 @dataclass(slots=True)
 class FunnelResult:
     stages: list[FunnelStage]
@@ -77,6 +93,7 @@ class FunnelResult:
     last_stage: str = ""
     survivors_total: int = 0
     notes: list[str] = field(default_factory=list)
+    closest: tuple[Miss, ...] = ()   # when nothing survived: the candidates nearest to passing stage 5, nearest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +374,7 @@ def run_funnel(problem: Problem, *, progress: Progress | None = None, keep: int 
     result = FunnelResult(stages=stages, candidates_total=total, survivors=list(sieve.survivors), survivors_total=sieve.survivors_total)
     if not result.survivors:
         result.last_stage = next((st.stage for st in stages if st.admitted == 0), stages[-1].stage)
-        result.closest_miss = _closest_miss(sieve, result.last_stage)
+        result.closest_miss, result.closest = _closest_miss(sieve, result.last_stage)
         stages[-1] = replace(stages[-1], seconds=stages[-1].seconds + clock() - t0)
     return result
 
@@ -553,12 +570,14 @@ def _layout_of(s: Sieve, picks: _Picks, i: int) -> Layout:
 
 
 # ---------------------------------------------------------------- the closest miss
-def _closest_miss(s: Sieve, stage: str) -> str:
-    """The candidate nearest to passing stage 5 among those that passed stage 3 (how far short, in %)."""
+def _closest_miss(s: Sieve, stage: str) -> tuple[str, tuple[Miss, ...]]:
+    """The candidate nearest to passing stage 5 among those that passed stage 3 (how far short, in %), and up to
+    CLOSEST_KEPT of the nearest, nearest first (one per structure)."""
     p, rate = s.problem, s.rate_rps
     slo_t, slo_p = p.slo.ttft_ms / 1e3, p.slo.tpot_ms / 1e3
     best: tuple[float, int, int] | None = None   # (miss, kind, tiebreak)
     best_layout: tuple[Layout, float, float, float] | None = None
+    near: list[tuple[float, int, int, Miss]] = []
 
     def consider(miss: FloatArray, kind: int, tiebreak: IntArray, make: Callable[[int], tuple[Layout, float, float, float]]) -> None:
         nonlocal best, best_layout
@@ -566,10 +585,18 @@ def _closest_miss(s: Sieve, stage: str) -> str:
         if not finite.any():
             return
         m = np.where(finite, miss, np.inf)
-        j = int(np.lexsort((tiebreak, m))[0])
+        order = np.lexsort((tiebreak, m))
+        j = int(order[0])
         cand = (float(m[j]), kind, int(tiebreak[j]))
         if best is None or cand < best:
             best, best_layout = cand, make(j)
+        for k in order[: CLOSEST_KEPT * PER_STRUCTURE]:
+            if not np.isfinite(m[k]) or (len(near) >= CLOSEST_KEPT * PER_STRUCTURE and (float(m[k]), kind, int(tiebreak[k])) >= near[-1][:3]):
+                break
+            layout, ttft, tpot, cap = make(int(k))
+            near.append((float(m[k]), kind, int(tiebreak[k]), Miss(layout, ttft, tpot, cap, float(m[k]))))
+            near.sort(key=lambda e: e[:3])
+            del near[CLOSEST_KEPT * PER_STRUCTURE:]
 
     def miss_of(ttft: FloatArray, tpot: FloatArray, cap: FloatArray) -> FloatArray:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -607,8 +634,19 @@ def _closest_miss(s: Sieve, stage: str) -> str:
         layout, ttft, tpot, cap = best_layout
         return (f"{layout.label} on {layout.gpus} GPUs: p{p.slo.ttft_percentile:g} TTFT {ttft * 1e3:.0f} ms "
                 f"(SLO {p.slo.ttft_ms:g}), p{p.slo.tpot_percentile:g} TPOT {tpot * 1e3:.1f} ms (SLO {p.slo.tpot_ms:g}), "
-                f"capacity {cap:.1f} req/s for a load of {rate:g} req/s; {100 * (best[0] - 1):.0f}% short")
+                f"capacity {cap:.1f} req/s for a load of {rate:g} req/s; {100 * (best[0] - 1):.0f}% short"), _one_per_structure(near)
     m, g = p.model, p.gpu
     if stage.startswith("1") or stage.startswith("2"):
-        return f"the smallest valid instance needs more than the {p.max_gpus}-GPU budget or does not fit a {g.gpus_per_node}-GPU node"
-    return f"no layout within {p.max_gpus} × {g.id} holds {m.name}'s weights plus the longest request's KV"
+        return f"the smallest valid instance needs more than the {p.max_gpus}-GPU budget or does not fit a {g.gpus_per_node}-GPU node", ()
+    return f"no layout within {p.max_gpus} × {g.id} holds {m.name}'s weights plus the longest request's KV", ()
+
+
+def _one_per_structure(near: list[tuple[float, int, int, Miss]]) -> tuple[Miss, ...]:
+    """The nearest misses, the first knob variant of each structure, at most CLOSEST_KEPT."""
+    out: list[Miss] = []
+    seen: set[str] = set()
+    for *_, m in near:
+        if m.layout.structure not in seen:
+            seen.add(m.layout.structure)
+            out.append(m)
+    return tuple(out[:CLOSEST_KEPT])

@@ -16,6 +16,7 @@ from typing import Any
 
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
 from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
+from servingtopology.planner.advice import InfeasibleAdvice
 from servingtopology.planner.decide import decide
 from servingtopology.planner.engine_args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec
@@ -24,7 +25,7 @@ from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Pr
 from servingtopology.planner.record import render_record
 from servingtopology.spec import PlanSpec, SpecError, to_problem
 
-__all__ = ["add_parser", "run", "candidate_json", "funnel_json"]
+__all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]
 
 
 def add_parser(sub: Any) -> None:
@@ -70,6 +71,26 @@ def candidate_json(problem: Problem, c: Candidate, spec: PlanSpec | None = None)
                                                   **({"worker_commands": list(rc.workers)} if rc.workers else {})}
                                   for rc in role_commands(spec, problem, c.layout)}
     return out
+
+
+def advice_json(advice: InfeasibleAdvice | None) -> dict[str, Any] | None:
+    """The infeasible advice in `plan --json` (snake_case; None where a lever alone does not help)."""
+    if advice is None:
+        return None
+    c = advice.closest
+
+    def r(x: float | None, nd: int = 3) -> float | None:
+        return None if x is None else round(x, nd)
+    return {
+        "min_gpus": advice.min_gpus, "min_gpus_layout": advice.min_gpus_layout, "searched_gpus": advice.searched_gpus,
+        "budget_gpus": advice.budget_gpus, "gpu": advice.gpu,
+        "closest": None if c is None else {"label": c.label, "gpus": c.gpus, "ttft_ms": r(c.ttft_ms), "tpot_ms": r(c.tpot_ms),
+                                            "capacity_rps": r(c.capacity_rps)},
+        "needed_ttft_ms": r(advice.needed_ttft_ms), "needed_tpot_ms": r(advice.needed_tpot_ms),
+        "slo_ttft_ms": advice.slo_ttft_ms, "slo_tpot_ms": advice.slo_tpot_ms,
+        "feasible_load_rps": r(advice.feasible_load_rps), "feasible_load_layout": advice.feasible_load_layout,
+        "load_rps": advice.load_rps, "lines": list(advice.lines()),
+    }
 
 
 def _print_funnel(stages: tuple[FunnelStage, ...] | list[FunnelStage], total: int | None = None) -> None:
@@ -159,10 +180,15 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
         funnel = [s for s in exc.funnel if isinstance(s, FunnelStage)]
         if args.json:
-            print(json.dumps({"error": "infeasible", "stage": exc.stage, "closest_miss": exc.closest_miss, "funnel": funnel_json(funnel)}))
+            print(json.dumps({"error": "infeasible", "stage": exc.stage, "closest_miss": exc.closest_miss,
+                              "advice": advice_json(exc.advice), "funnel": funnel_json(funnel)}))
         else:
             _print_funnel(funnel)
             print(f"\nNo feasible layout: stage '{exc.stage}' removed the last candidates.\nClosest miss: {exc.closest_miss}")
+            if exc.advice is not None:
+                print("What would make it feasible:")
+                for line in exc.advice.lines():
+                    print(f"  - {line}")
         return 1
     except InvalidSpec as exc:
         return emit_spec_error(exc, as_json=args.json)
