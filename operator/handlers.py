@@ -117,6 +117,8 @@ class Runtime:
                 raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}", delay=RETRY_DELAY_S * 4) from exc
         self.last_pass_s = time.time()
         self.metrics.observe(outcome, mode=mode, trigger=trigger, seconds=time.monotonic() - started)
+        meta = body.get("metadata", {})
+        self.metrics.record(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), status=outcome.status)
         _stage_status(patch, outcome)
         if outcome.applied or outcome.pruned:
             logger.info("applied %s; pruned %s", ", ".join(outcome.applied) or "-", ", ".join(outcome.pruned) or "-")
@@ -153,6 +155,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
     def forget(body: Mapping[str, Any], **_: Any) -> None:
         # Workloads carry owner references: the garbage collector removes them. Only drop our lock.
         runtime.forget(str(body.get("metadata", {}).get("uid", "")))
+        runtime.metrics.forget(namespace=str(body.get("metadata", {}).get("namespace", "")), name=str(body.get("metadata", {}).get("name", "")))
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

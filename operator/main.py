@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         # Stage 6: the step-level simulator checks the top K, as `servingtopology plan` does.
         return decide(problem, simulate=stage6_figures)
 
-    runtime = Runtime(cluster=KubeCluster(_kube_api_client()), planner=plan, metrics=metrics,
+    runtime = Runtime(cluster=KubeCluster(_kube_api_client()), planner=metrics.timed(plan), metrics=metrics,
                       gpus_per_node_default=args.gpus_per_node)
     registry = kopf.OperatorRegistry()
     # A fresh registry has no login handlers (kopf adds them only to its default one): log in through the client.
