@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import shutil
 import ssl
 import subprocess
@@ -27,12 +28,17 @@ from .processes import Child, Supervisor, free_port, http_ok, wait_until
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# kwok gives pods addresses from this range. Inside 127.0.0.0/8 every one of them is a loopback address on
-# Linux, so the emulator serves each engine pod's /metrics at the pod's own IP and port, where Prometheus'
-# Kubernetes discovery points (as it would at a real engine).
-POD_CIDR = "127.64.0.0/16"
 PROMETHEUS_NAMESPACE = "monitoring"
 PROMETHEUS_ACCOUNT = "prometheus"
+
+
+# kwok gives pods addresses from a /16 of 127.0.0.0/8: every one of them is a loopback address on Linux, so the
+# emulator serves each engine pod's /metrics at the pod's own IP and port, where Prometheus' Kubernetes discovery
+# points (as it would at a real engine). Each cluster draws its own /16 (127.64-127.254): loopback is shared by
+# every e2e session on the host, and two sessions on one range take each other's pod addresses ("Address already
+# in use" for an engine of the other session).
+def _session_pod_cidr() -> str:
+    return f"127.{random.randrange(64, 255)}.0.0/16"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,7 @@ class LocalCluster:
         self.binaries = binaries
         self.external_kubeconfig = external_kubeconfig
         self.pod_ready_delay_ms = pod_ready_delay_ms
+        self.pod_cidr = _session_pod_cidr()
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="st-e2e-"))
         self.node_pool = node_pool or NodePool()
         self.with_prometheus = with_prometheus
@@ -165,7 +172,7 @@ class LocalCluster:
         ])
         kwok = self.supervisor.start("kwok", [
             str(self.binaries / "kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", f"--cidr={POD_CIDR}",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", f"--cidr={self.pod_cidr}",
             "--node-ip=10.0.0.1", f"--config={self._kwok_stages()}", "--server-address=127.0.0.1:0",
             "--node-lease-duration-seconds=40",
         ])

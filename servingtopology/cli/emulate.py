@@ -162,7 +162,7 @@ def _report_refusals(api: Any, fleet: Fleet, views: list[Any], raw: dict[str, An
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for view in views:
         key = f"{view.namespace}/{view.name}/{view.uid}"
-        message = fleet.errors.get(key)
+        message = fleet.refusal(key)
         body = refused_status(raw[key], view.container, message, now=now) if message else None
         if body is not None:
             api.patch_namespaced_pod_status(view.name, view.namespace, body)

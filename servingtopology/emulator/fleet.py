@@ -259,6 +259,11 @@ class Fleet:
             "errors": dict(self.errors),
         }
 
+    def refusal(self, key: str) -> str | None:
+        """The message of an engine that refused to run (its arguments, a PD pairing, an exit), for the pod's status;
+        None for an address still taken (tried again at the next sync: a pod marked failed would never be retried)."""
+        return None if key in self._retry else self.errors.get(key)
+
     def _write_files(self) -> None:
         if self.status_path is not None:
             _atomic_write(self.status_path, json.dumps(self.status(), indent=1))

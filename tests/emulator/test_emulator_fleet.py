@@ -123,3 +123,25 @@ def test_pod_arguments_are_expanded_from_the_container_env_as_the_kubelet_does()
         "env": [{"name": "LWS_WORKER_INDEX", "value": "1"}, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}}
     view = pod_view(pod)
     assert view is not None and view.argv[6:9] == ("1", "--master-addr", "$(LWS_LEADER_ADDRESS)")  # unresolvable: as written
+
+
+def test_an_address_still_taken_is_retried_and_never_reported_as_an_engine_refusal(tmp_path: Path) -> None:
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.64.3.9", 8000))   # another pod's engine (or another session's) still holds the pod's address
+    taken.listen()
+    fleet = _fleet(tmp_path, at_pod_address=True)
+    try:
+        fleet.sync([_pod("late", ip="127.64.3.9")], {})
+        assert "cannot listen on 127.64.3.9:8000" in fleet.errors["ns/late/uid-late"]
+        assert fleet.refusal("ns/late/uid-late") is None   # the pod stays Ready (no CrashLoopBackOff written)
+        taken.close()
+        fleet.sync([_pod("late", ip="127.64.3.9")], {})
+        assert "ns/late/uid-late" in json.loads((tmp_path / "status.json").read_text())["instances"]
+        bad = _pod("bad", ip="127.64.3.10", argv=("vllm", "serve", "llama-3.1-8b", "--no-such-flag"))
+        fleet.sync([_pod("late", ip="127.64.3.9"), bad], {})
+        assert fleet.refusal("ns/bad/uid-bad")   # a refused command line is still reported
+    finally:
+        taken.close()
+        fleet.stop()
