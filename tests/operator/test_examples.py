@@ -1,19 +1,27 @@
 """The examples render the pods they promise: the gated-model example's engine pods carry the token Secret and the
 model-cache claim (golden YAML), and every object, the example's own Secret and PVC included, passes the
-Kubernetes schema offline."""
+Kubernetes schema offline. Every example with a ServingTopology is reconciled with the real planner (its
+ConfigMaps in the fake cluster): planned within its SLOs, its budget and its allowed or pinned layout; the
+examples together cover vLLM and SGLang, replicas/TP/PD, Pinned, modelConfigMap and the live-replanning demo."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pytest
 import yaml
+from fake_cluster import FakeCluster
 
 from servingtopology.operator.api import parse_topology_spec
 from servingtopology.operator.manifests import build_workloads
 from servingtopology.operator.pass_context import blueprint_for
+from servingtopology.operator.reconcile import reconcile
+from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Layout, Parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,3 +61,48 @@ def test_the_gated_model_example_renders_engine_pods_with_the_token_secret_and_t
     assert engine["resources"]["requests"]["ephemeral-storage"] == "20Gi" and engine["resources"]["requests"]["cpu"]
     for obj in [secret, claim, *objects]:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+# ---- every example is a valid resource that the real planner plans -----------------------------------------------
+
+def _example_files() -> list[Path]:
+    """The example files that hold a ServingTopology (examples/ also has a CLI planning spec)."""
+    return sorted(p for p in (ROOT / "examples").glob("*.yaml") if any(d.get("kind") == "ServingTopology" for d in _docs(p.name)))
+
+
+def test_the_examples_cover_both_engines_every_layout_kind_pinned_and_a_model_config_map() -> None:
+    topologies = [d for p in _example_files() for d in _docs(p.name) if d["kind"] == "ServingTopology"]
+    engines = {t["spec"]["engine"]["name"] for t in topologies}
+    modes = {t["spec"]["policy"]["mode"] for t in topologies}
+    layouts = {k for t in topologies for k in t["spec"]["policy"].get("allowedLayouts", [])} | {
+        t["spec"]["pinned"]["kind"] for t in topologies if "pinned" in t["spec"]}
+    assert engines == {"vllm", "sglang"} and {"Auto", "DryRun", "Pinned"} <= modes and {"replicas", "pd"} <= layouts
+    assert any("modelConfigMap" in t["spec"] and "model" not in t["spec"] for t in topologies)
+    demo = next(t for t in topologies if t["metadata"]["name"] == "demo")
+    assert demo["spec"]["policy"]["mode"] == "Auto" and demo["spec"]["metrics"]["prometheusUrl"] == "http://127.0.0.1:19090"
+
+
+@pytest.mark.parametrize("path", _example_files(), ids=lambda p: p.name)
+def test_every_example_is_planned_by_the_real_planner_and_renders_valid_objects(path: Path) -> None:
+    docs = _docs(path.name)
+    cluster = FakeCluster()
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            cluster.config_maps[(doc["metadata"]["namespace"], doc["metadata"]["name"])] = dict(doc["data"])
+        if doc["kind"] != "ServingTopology":
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    for doc in (d for d in docs if d["kind"] == "ServingTopology"):
+        obj = copy.deepcopy(doc)
+        obj["metadata"] |= {"uid": UID, "generation": 1}
+        out = reconcile(obj, cluster=cluster, planner=lambda problem: decide(problem), now=datetime(2026, 1, 1, tzinfo=UTC))
+        conditions = {c["type"]: c for c in out.status["conditions"]}
+        assert out.error is None, conditions
+        planned = out.status["proposal"] if doc["spec"]["policy"]["mode"] == "DryRun" else out.status["plan"]
+        assert planned and planned["predicted"]["meetsSlo"], (path.name, conditions)
+        if "pinned" in doc["spec"]:
+            assert planned["kind"] == doc["spec"]["pinned"]["kind"]
+        allowed = doc["spec"]["policy"].get("allowedLayouts")
+        assert allowed is None or planned["kind"] in allowed
+        assert planned["gpus"] <= doc["spec"]["hardware"]["maxGPUs"]
+        for applied in cluster.objects.values():
+            kubernetes_validate.validate(applied, K8S_VERSION, strict=True)
