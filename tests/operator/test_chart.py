@@ -86,3 +86,86 @@ def test_rbac_grants_what_the_router_role_needs_and_no_secrets_by_default() -> N
         assert ("", "pods", verb) in granted and ("discovery.k8s.io", "endpointslices", verb) in granted
     assert not any(r == "secrets" for _, r, _ in granted)
     assert ("servingtopology.io", "servingtopologies/status", "patch") in granted
+
+
+# ---- values.schema.json and NOTES.txt ----------------------------------------------------------------------------
+
+SCHEMA = CHART / "values.schema.json"
+
+
+def _helm_run(verb: str, *sets: str) -> subprocess.CompletedProcess[str]:
+    args = [str(HELM), verb, *(["--strict"] if verb == "lint" else ["stopo"]), str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("value", "where"), [
+    ("operator.logLevel=LOUD", "/operator/logLevel"),
+    ("replicaCount=-1", "/replicaCount"),
+    ("metrics.port=70000", "/metrics/port"),
+    ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ("replicas=2", "'replicas' not allowed"),                       # a typo of replicaCount
+    ("grafanaDashboard.enabled=maybe", "/grafanaDashboard/enabled"),
+    ("podMonitors.interval=15", "/podMonitors/interval"),           # a number where a Prometheus duration goes
+    ("podMonitors.interval=15 seconds", "/podMonitors/interval"),
+    ("operator.gpusPerNode=0", "/operator/gpusPerNode"),
+    ("operator.timerIntervalSeconds=0", "/operator/timerIntervalSeconds"),
+    ("metrics.serviceMonitor.enabled=yes", "/metrics/serviceMonitor/enabled"),
+    ("grafanaDashboard.namespace=Not_A_Namespace", "/grafanaDashboard/namespace"),
+    ("image.repository=", "/image/repository"),
+])
+def test_bad_values_fail_helm_lint_and_helm_template_naming_the_value(value: str, where: str) -> None:
+    for verb in ("lint", "template"):
+        done = _helm_run(verb, value)
+        assert done.returncode != 0, f"helm {verb} --set {value} passed"
+        assert where in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("sets", [(), ("replicaCount=0", "operator.timerIntervalSeconds=5", "podMonitors.enabled=false",
+                                       "operator.namespaces={team-a,ml-*}", "podMonitors.engines.port=8000",
+                                       "grafanaDashboard.enabled=false", "metrics.serviceMonitor.interval=1m30s")])
+def test_good_values_pass_helm_lint(sets: tuple[str, ...]) -> None:
+    done = _helm_run("lint", *sets)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _leaves(values: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    if isinstance(values, dict) and values:
+        return [leaf for k, v in values.items() for leaf in _leaves(v, (*path, k))]
+    return [(path, values)]
+
+
+def test_every_value_in_values_yaml_has_a_typed_and_described_schema_entry() -> None:
+    import json
+
+    schema = json.loads(SCHEMA.read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path, _ in _leaves(values):
+        node = schema
+        for key in path:
+            if key not in node.get("properties", {}) and node.get("type") == "object" and node.get("additionalProperties") is not False:
+                break   # a map or an open core/v1 object (labels, resources.requests, podSecurityContext): typed as a whole
+            assert key in node.get("properties", {}), f"values.schema.json has no entry for {'.'.join(path)}"
+            node = node["properties"][key]
+        assert "type" in node or "anyOf" in node or "enum" in node, f"{'.'.join(path)} has no type"
+        assert node.get("description"), f"{'.'.join(path)} has no description"
+    assert schema["additionalProperties"] is False
+
+
+def test_notes_say_what_was_installed_how_to_apply_an_example_and_how_to_watch() -> None:
+    import re
+
+    done = subprocess.run([str(HELM), "install", "stopo", str(CHART), "--dry-run=client", "--namespace", "stopo-system",
+                           "--set", "rbac.readSecrets=true"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    for wanted in ("servingtopologies.servingtopology.io", "deployment/stopo-servingtopology", "stopo-servingtopology-dashboard",
+                   "grafana_dashboard=1", "kubectl apply --server-side -f charts/servingtopology/crds/", "kubectl get stopo",
+                   "kubectl describe stopo", "kubectl get events", "--sort-by=.lastTimestamp", "with Secret reads"):
+        assert wanted in notes, (wanted, notes)
+    for path in re.findall(r"\b((?:examples|docs|charts)/[\w./-]+)", notes):   # every file the notes name exists
+        assert (ROOT / path.rstrip("/.")).exists(), path
+    quiet = subprocess.run([str(HELM), "install", "stopo", str(CHART), "--dry-run=client", "--set", "grafanaDashboard.enabled=false",
+                            "--set", "podMonitors.enabled=false"], capture_output=True, text=True, timeout=60).stdout.split("NOTES:", 1)[1]
+    assert "dashboard" not in quiet and "PodMonitors" not in quiet
