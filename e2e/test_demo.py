@@ -4,14 +4,17 @@ e2e/demo-traffic.yaml (4 req/s, then 30 req/s). Within five minutes of `kubectl 
 
 Only the namespace and the Prometheus URL (the harness picks a free port; `python -m e2e.up` uses 19090, the
 example's) are changed. The operator's own /metrics (what the chart's Grafana dashboard reads) then carry the
-resource's plan, its predicted and measured TTFT, the prediction error and the transition. The completed transition
+resource's plan, its predicted and measured TTFT, the prediction error and the transition, and the dashboard's
+panels on the engines' vLLM series return data from the harness' Prometheus. The completed transition
 under the GPU budget and the serving floor is test_transitions.py's; this scenario stops at the replan to keep the
 suite short.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -25,6 +28,7 @@ from .stack import Emulator, Operator
 
 EXAMPLE = REPO_ROOT / "examples" / "demo-replan.yaml"
 TRAFFIC = REPO_ROOT / "e2e" / "demo-traffic.yaml"
+DASHBOARD = REPO_ROOT / "charts" / "servingtopology" / "dashboards" / "servingtopology.json"
 PROMISED_S = 300.0   # e2e/README.md: "within five minutes"
 
 
@@ -37,6 +41,21 @@ def _operator_metrics(operator: Operator) -> list[str]:
 def _value(lines: list[str], name: str, *labels: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines
                if line.startswith(name + "{") and all(label in line for label in labels))
+
+
+def _dashboard_engine_queries(namespace: str, name: str) -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "vllm:" in t.get("expr", "")]
+    assert len(exprs) >= 3, exprs
+    values = {"$namespace": namespace, "$topology": name, "$__rate_interval": "1m"}
+    for variable, value in values.items():
+        exprs = [e.replace(variable, value) for e in exprs]
+    return exprs
+
+
+def _prometheus_query(url: str, expr: str) -> list[Any]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as response:
+        return list(json.loads(response.read())["data"]["result"])
 
 
 def _reasons(kube: Kube, namespace: str) -> dict[str, dict[str, Any]]:
@@ -86,5 +105,9 @@ def test_the_demo_example_shows_a_replan_within_five_minutes(
 
         wait_until(lambda: not missing(), timeout_s=30, what="the operator's metrics of the demo",
                    on_timeout=lambda: f"missing: {missing()}")
+        # The dashboard's panels on the engines' own vLLM series, with its variables set to this resource, return data
+        # from the harness' Prometheus: the label names it filters on are the ones the PodMonitor relabelings give.
+        empty = [expr for expr in _dashboard_engine_queries(namespace, name) if not _prometheus_query(cluster.prometheus_url, expr)]
+        assert not empty, empty
     finally:
         emulator.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
