@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from ..planner.layout import LayoutKind
-from ..spec import EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
+from ..spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
 
 __all__ = [
     "Mode",
@@ -44,12 +54,48 @@ __all__ = [
     "HISTORY_LIMIT",
     "parse_topology_spec",
     "duration_s",
+    "check_resource_name",
+    "RESOURCE_NAME_PATTERN",
+    "MAX_RESOURCE_NAME",
 ]
 
 HISTORY_LIMIT = 20
 CONFIGMAP_PREFIX = "configmap:"  # modelConfig placeholder until the reconcile reads the ConfigMap
-_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+# At most 6 digits: "400 digits" durations were admitted and overflowed the timers (issue #17); 999999h is far past any
+# bound below, and Go's time.ParseDuration (CEL's duration()) reads every such string without overflow.
+_DURATION = re.compile(r"^([0-9]{1,6})(s|m|h)$")
 DURATION_PATTERN = _DURATION.pattern
+REPLAN_INTERVAL_S = (10, 86_400)  # every 10 s (the timer's granularity) to once a day
+COOLDOWN_S = (0, 7 * 86_400)      # none to a week
+
+# ---- bounds of the cluster-only fields (Kubernetes' own limits where it has them; apimachinery validation) ----
+# A ServingTopology's name is the client Service's name, so it is a DNS-1035 label (Service names are: a letter first,
+# no dots, at most 63); it is also the value of the app.kubernetes.io/instance label (at most 63). Derived object names
+# (`<name>-<set>-<role>`, `<name>-router`) are shortened with a hash when longer (operator/manifests.py derived_name).
+MAX_RESOURCE_NAME = 63
+RESOURCE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_OBJECT_NAME = 253  # a DNS-1123 subdomain: ConfigMap, Secret, ServiceAccount, PriorityClass names
+_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # container and volume names (DNS-1123 label, at most 63)
+MAX_LABEL_VALUE = 63
+MAX_LABEL_KEY = 317  # a DNS subdomain prefix (253) + "/" + a name (63)
+_LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_IMAGE = r"^[^\s]+$"  # an image reference has no whitespace (issue #17: an image with spaces was admitted)
+MAX_MAP = 64  # entries of a label, annotation or selector map
+MAX_ANNOTATION_VALUE = 4096  # apimachinery caps all annotations of an object at 256 KiB together
+MAX_ITEMS = 64  # tolerations, env, mounts, volumes, ports, ... of a template
+MAX_CONTAINERS = 16
+MAX_ENV_VALUE = 32_768
+MAX_GRACE_S = 7 * 86_400
+
+
+def check_resource_name(name: str) -> None:
+    """Raise SpecError on `metadata.name` when it cannot name the client Service (a DNS-1035 label, at most 63)."""
+    if len(name) > MAX_RESOURCE_NAME or not re.match(RESOURCE_NAME_PATTERN, name):
+        raise SpecError([("metadata.name", f"{name[:80]!r} must be a DNS-1035 label: at most {MAX_RESOURCE_NAME} lowercase "
+                                           "letters, digits and '-', starting with a letter and ending with a letter or digit "
+                                           "(it names the client Service)")])
 
 
 def duration_s(text: str) -> int:
@@ -80,28 +126,63 @@ class _Api(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
+def _cel(*rules: tuple[str, str]) -> ConfigDict:
+    """Model config carrying CEL rules (`x-kubernetes-validations`) into the CRD; each mirrors a validator of the model."""
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]})
+
+
+LabelKey = Annotated[str, Field(max_length=MAX_LABEL_KEY, pattern=_LABEL_KEY)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=_LABEL_VALUE)]
+
+
 class Toleration(_Api):
-    key: str | None = None
-    operator: str = Field(default="Equal", pattern="^(Equal|Exists)$")
-    value: str | None = None
-    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
-    tolerationSeconds: int | None = None
+    """A core/v1 Toleration of the engine pods."""
+
+    model_config = _cel(("self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                         "a toleration with operator Exists takes no value"),
+                        ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                         "tolerationSeconds needs effect NoExecute"),
+                        ("(has(self.key) && self.key != '') || self.operator == 'Exists'",
+                         "a toleration without a key needs operator Exists (it tolerates every taint)"))
+    key: LabelKey | None = Field(default=None, description="the taint key to tolerate; empty with operator Exists: every taint")
+    operator: Literal["Equal", "Exists"] = Field(default="Equal", description="Equal (key and value match) or Exists "
+                                                 "(any value of the key)")
+    value: LabelValue | None = Field(default=None, description="the taint value to match (operator Equal)")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="the taint effect to match: NoSchedule, PreferNoSchedule or NoExecute; default: all")
+    tolerationSeconds: int | None = Field(default=None, ge=0, le=MAX_GRACE_S, description="with effect NoExecute: seconds the pod "
+                                          "stays bound after the taint appears; default: forever")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value: a toleration with operator Exists takes no value")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds: needs effect NoExecute")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator: a toleration without a key needs operator Exists (it tolerates every taint)")
+        return self
 
 
 class ClusterEngineSpec(EngineSpec):
     """The planning spec's engine with the image made mandatory (a cluster has to pull something)."""
 
-    image: str = Field(min_length=1, description="container image of the engine (vllm/vllm-openai:..., lmsysorg/sglang:...)")
-    routerImage: str | None = Field(default=None, description="image of the PD router (vllm-router for vLLM, smg for SGLang); "
+    image: str = Field(min_length=1, max_length=MAX_IMAGE, pattern=_IMAGE,
+                       description="container image of the engine (vllm/vllm-openai:..., lmsysorg/sglang:...); its tag picks "
+                                   "the engine release when version is not set")
+    routerImage: str | None = Field(default=None, min_length=1, max_length=MAX_IMAGE, pattern=_IMAGE,
+                                    description="image of the PD router (vllm-router for vLLM, smg for SGLang); "
                                     "default: the router's own image at the covered version")
-    transferBackend: str = Field(default="nixl", pattern="^(nixl|mooncake)$", description="SGLang PD KV transfer backend")
+    transferBackend: Literal["nixl", "mooncake"] = Field(default="nixl", description="SGLang PD KV transfer backend: nixl or mooncake")
 
 
 class ClusterHardwareSpec(HardwareSpec):
     """The planning spec's hardware plus where the engine pods may run."""
 
-    nodeSelector: dict[str, str] = Field(default_factory=dict, description="node labels every engine pod requires")
-    tolerations: list[Toleration] = Field(default_factory=list, description="tolerations of every engine pod")
+    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP,
+                                                     description="node labels every engine pod requires, e.g. "
+                                                                 "{nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_ITEMS, description="tolerations of every engine pod")
 
 
 # ---- the pod template (merged into the rendered pods by operator/pod_template.py) ----
@@ -131,39 +212,62 @@ Quantity = Annotated[str, BeforeValidator(_quantity), WithJsonSchema({"x-kuberne
 
 
 class EnvVar(_Api):
-    name: str = Field(min_length=1, description="variable name")
-    value: str | None = Field(default=None, description="literal value")
+    """An environment variable of a container."""
+
+    name: str = Field(min_length=1, max_length=256, description="variable name")
+    value: str | None = Field(default=None, max_length=MAX_ENV_VALUE, description="literal value")
     valueFrom: dict[str, Any] | None = _open("a core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef")
 
 
 class VolumeMount(_Api):
-    name: str = Field(min_length=1, description="a volume of the pod (spec.volumes or the rendered dshm)")
-    mountPath: str = Field(min_length=1, description="where the volume appears in the container")
-    subPath: str | None = Field(default=None, description="a path inside the volume to mount instead of its root")
+    """A volume mounted into a container."""
+
+    name: str = Field(min_length=1, max_length=63, description="a volume of the pod (spec.volumes or the rendered dshm)")
+    mountPath: str = Field(min_length=1, max_length=MAX_PATH, description="where the volume appears in the container")
+    subPath: str | None = Field(default=None, max_length=MAX_PATH, description="a path inside the volume to mount instead of its root")
     readOnly: bool | None = Field(default=None, description="mount read-only")
 
 
+ResourceName = Annotated[str, Field(max_length=MAX_LABEL_KEY, pattern=_LABEL_KEY)]
+
+
 class ResourceRequirements(_Api):
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="cpu, memory, ephemeral-storage, rdma/... requests "
-                                          "(merged over the operator's: GPUs from the plan, CPU and memory sized from it)")
-    limits: dict[str, Quantity] = Field(default_factory=dict, description="limits, merged over the operator's (nvidia.com/gpu is the plan's)")
+    """Compute resources of a container, merged over the rendered ones."""
+
+    requests: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=MAX_MAP,
+                                                   description="cpu, memory, ephemeral-storage, rdma/... requests "
+                                                               "(merged over the operator's: GPUs from the plan, CPU and memory sized from it)")
+    limits: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=MAX_MAP,
+                                                 description="limits, merged over the operator's (nvidia.com/gpu is the plan's)")
 
 
 class ContainerTemplate(_Api):
     """A container merged by name into the rendered pod: `engine` (engine pods) or `router` (PD routers); any other
     name adds a sidecar."""
 
-    name: str = Field(min_length=1, description="engine, router, or the name of a container to add")
-    image: str | None = Field(default=None, description="image of an added container; for engine/router use spec.engine")
-    command: list[str] | None = Field(default=None, description="command of an added container (the engine's is the plan's)")
-    args: list[str] | None = Field(default=None, description="arguments of an added container (engine flags: spec.engine.extraArgs)")
-    env: list[EnvVar] = Field(default_factory=list, description="environment variables, merged by name (e.g. HF_TOKEN from a Secret)")
-    envFrom: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 EnvFromSource entries (secretRef, configMapRef), added",
+    model_config = _cel(("!(self.name in ['engine', 'router']) || (!has(self.command) && !has(self.args) && !has(self.image))",
+                         "containers engine and router take command, args and image from the plan and spec.engine (use "
+                         "spec.engine.extraArgs, spec.engine.image or spec.engine.routerImage)"),
+                        ("self.name in ['engine', 'router'] || (has(self.image) && self.image != '')",
+                         "a container other than engine or router is added to the pod: it needs an image"))
+    name: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL, description="engine, router, or the name of a container to add")
+    image: str | None = Field(default=None, min_length=1, max_length=MAX_IMAGE, pattern=_IMAGE,
+                              description="image of an added container; for engine/router use spec.engine")
+    command: list[Annotated[str, Field(max_length=MAX_ARG)]] | None = Field(
+        default=None, max_length=MAX_ARGS, description="command of an added container (the engine's is the plan's)")
+    args: list[Annotated[str, Field(max_length=MAX_ARG)]] | None = Field(
+        default=None, max_length=MAX_ARGS, description="arguments of an added container (engine flags: spec.engine.extraArgs)")
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ITEMS * 4,
+                              description="environment variables, merged by name (e.g. HF_TOKEN from a Secret)")
+    envFrom: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_ITEMS,
+                                          description="core/v1 EnvFromSource entries (secretRef, configMapRef), added",
                                           json_schema_extra=_OPEN_ITEMS)
-    volumeMounts: list[VolumeMount] = Field(default_factory=list, description="mounts, merged by mountPath (e.g. the model cache)")
+    volumeMounts: list[VolumeMount] = Field(default_factory=list, max_length=MAX_ITEMS,
+                                            description="mounts, merged by mountPath (e.g. the model cache)")
     resources: ResourceRequirements | None = Field(default=None, description="requests and limits, merged key by key")
     securityContext: dict[str, Any] | None = _open("a core/v1 SecurityContext, merged over the rendered one (e.g. capabilities.add: [IPC_LOCK])")
-    ports: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 ContainerPort entries, merged by containerPort",
+    ports: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_ITEMS,
+                                        description="core/v1 ContainerPort entries, merged by containerPort",
                                         json_schema_extra=_OPEN_ITEMS)
 
     @model_validator(mode="after")
@@ -181,17 +285,26 @@ class Volume(_Api):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True,
                               json_schema_extra=_OPEN)
-    name: str = Field(min_length=1, description="volume name, merged by name (a template `dshm` replaces the rendered /dev/shm)")
+    name: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL,
+                      description="volume name, merged by name (a template `dshm` replaces the rendered /dev/shm)")
 
 
 class LocalObjectReference(_Api):
-    name: str = Field(min_length=1)
+    """A reference to an object in the resource's namespace, by name."""
+
+    name: str = Field(min_length=1, max_length=MAX_OBJECT_NAME, description="the object's name")
 
 
 class PodMetadataTemplate(_Api):
-    labels: dict[str, str] = Field(default_factory=dict, description="labels added to the pods (not servingtopology.io/* or "
-                                   "app.kubernetes.io/*: the operator's selectors use them)")
-    annotations: dict[str, str] = Field(default_factory=dict, description="annotations added to the pods")
+    """Labels and annotations added to the rendered pods."""
+
+    model_config = _cel(("self.labels.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
+                         "labels under " + " and ".join(RESERVED_LABEL_PREFIXES) + " are the operator's; pick other keys"),)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP,
+                                               description="labels added to the pods (not servingtopology.io/* or "
+                                                           "app.kubernetes.io/*: the operator's selectors use them)")
+    annotations: dict[LabelKey, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE)]] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="annotations added to the pods")
 
     @field_validator("labels")
     @classmethod
@@ -205,21 +318,29 @@ class PodMetadataTemplate(_Api):
 class PodSpecTemplate(_Api):
     """The parts of a core/v1 PodSpec a template may set; merged into the rendered spec (strategic-merge rules)."""
 
-    containers: list[ContainerTemplate] = Field(default_factory=list, description="containers merged by name (engine, router) or added")
-    initContainers: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 Containers run before the engine "
+    containers: list[ContainerTemplate] = Field(default_factory=list, max_length=MAX_CONTAINERS,
+                                                description="containers merged by name (engine, router) or added")
+    initContainers: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_CONTAINERS,
+                                                 description="core/v1 Containers run before the engine "
                                                  "(e.g. a model download into the cache), merged by name", json_schema_extra=_OPEN_ITEMS)
-    volumes: list[Volume] = Field(default_factory=list, description="volumes merged by name: a model-cache PVC or hostPath, Secrets")
-    nodeSelector: dict[str, str] = Field(default_factory=dict, description="node labels the pods require, added to hardware.nodeSelector")
-    tolerations: list[Toleration] = Field(default_factory=list, description="tolerations added to hardware.tolerations")
+    volumes: list[Volume] = Field(default_factory=list, max_length=MAX_ITEMS,
+                                  description="volumes merged by name: a model-cache PVC or hostPath, Secrets")
+    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP,
+                                                     description="node labels the pods require, added to hardware.nodeSelector")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_ITEMS, description="tolerations added to hardware.tolerations")
     affinity: dict[str, Any] | None = _open("a core/v1 Affinity (nodeAffinity, podAffinity, podAntiAffinity), as is")
-    imagePullSecrets: list[LocalObjectReference] = Field(default_factory=list, description="Secrets to pull the images with, merged by name")
-    serviceAccountName: str | None = Field(default=None, description="the pods' ServiceAccount (routers: default is the operator-made one)")
+    imagePullSecrets: list[LocalObjectReference] = Field(default_factory=list, max_length=MAX_ITEMS,
+                                                         description="Secrets to pull the images with, merged by name")
+    serviceAccountName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN,
+                                           description="the pods' ServiceAccount (routers: default is the operator-made one)")
     automountServiceAccountToken: bool | None = Field(default=None, description="mount the ServiceAccount token; default false on engine pods")
     securityContext: dict[str, Any] | None = _open("a core/v1 PodSecurityContext (runAsUser, fsGroup, ...), merged over the rendered one")
-    priorityClassName: str | None = Field(default=None, description="the pods' PriorityClass")
-    runtimeClassName: str | None = Field(default=None, description="the pods' RuntimeClass (e.g. nvidia)")
-    schedulerName: str | None = Field(default=None, description="the scheduler that places the pods")
-    terminationGracePeriodSeconds: int | None = Field(default=None, ge=0, description="seconds to drain before the pod is killed")
+    priorityClassName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN, description="the pods' PriorityClass")
+    runtimeClassName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN,
+                                         description="the pods' RuntimeClass (e.g. nvidia)")
+    schedulerName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, description="the scheduler that places the pods")
+    terminationGracePeriodSeconds: int | None = Field(default=None, ge=0, le=MAX_GRACE_S,
+                                                      description="seconds to drain before the pod is killed")
     hostIPC: bool | None = Field(default=None, description="share the node's IPC namespace")
 
 
@@ -239,7 +360,9 @@ class RolePodTemplates(_Api):
 
 
 class RdmaSpec(_Api):
-    resource: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    """RDMA devices each engine pod requests."""
+
+    resource: str = Field(max_length=MAX_LABEL_KEY, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
                           description="the RDMA device plugin's extended resource, e.g. rdma/rdma_shared_device_a (k8s-rdma-shared-dev-plugin) "
                                       "or nvidia.com/hostdev")
     count: int = Field(default=1, ge=1, le=64, description="devices of that resource per engine pod")
@@ -250,11 +373,12 @@ class NetworkSpec(_Api):
 
     rdma: RdmaSpec | None = Field(default=None, description="RDMA devices each engine pod requests (and limits)")
     ipcLock: bool | None = Field(default=None, description="add the IPC_LOCK capability (pinned memory for RDMA); default: true with rdma")
-    ibDevices: list[str] = Field(default_factory=list, description="RDMA NICs (HCAs) to use, e.g. [mlx5_0, mlx5_1]: NCCL_IB_HCA, "
-                                 "UCX_NET_DEVICES for NIXL, SGLang --disaggregation-ib-device for mooncake",
-                                 json_schema_extra={"items": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+$"}})
+    ibDevices: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=MAX_LIST, description="RDMA NICs (HCAs) to use, e.g. [mlx5_0, mlx5_1]: NCCL_IB_HCA, "
+                                                              "UCX_NET_DEVICES for NIXL, SGLang --disaggregation-ib-device for mooncake",
+        json_schema_extra={"items": {"type": "string", "maxLength": 64, "pattern": r"^[A-Za-z0-9_.-]+$"}})
     ibPort: int = Field(default=1, ge=1, le=255, description="the HCAs' port for UCX (mlx5_0:1)")
-    socketInterface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:^,-]+$",
+    socketInterface: str | None = Field(default=None, max_length=256, pattern=r"^[A-Za-z0-9_.:^,-]+$",
                                         description="NIC for NCCL and Gloo sockets (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME), e.g. eth0")
 
     @field_validator("ibDevices")
@@ -266,43 +390,100 @@ class NetworkSpec(_Api):
         return devices
 
 
+_DATA_KEY = r"^[-._a-zA-Z0-9]+$"  # a ConfigMap or Secret key
+
+
 class ConfigMapRef(_Api):
-    name: str = Field(min_length=1)
-    key: str = Field(default="config.json", min_length=1)
+    """A key of a ConfigMap in the resource's namespace."""
+
+    name: str = Field(min_length=1, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN, description="the ConfigMap's name")
+    key: str = Field(default="config.json", min_length=1, max_length=MAX_OBJECT_NAME, pattern=_DATA_KEY,
+                     description="the key holding the config.json")
 
 
 class SecretRef(_Api):
-    name: str = Field(min_length=1)
-    key: str = Field(default="token", min_length=1)
+    """A key of a Secret in the resource's namespace."""
+
+    name: str = Field(min_length=1, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN, description="the Secret's name")
+    key: str = Field(default="token", min_length=1, max_length=MAX_OBJECT_NAME, pattern=_DATA_KEY,
+                     description="the key holding the token")
+
+
+def _duration_rule(low_s: int, high_s: int) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": f"duration(self) >= duration('{low_s}s') && duration(self) <= duration('{high_s}s')",
+                                          "message": f"must be between {_human_s(low_s)} and {_human_s(high_s)}"}]}
+
+
+def _human_s(seconds: int) -> str:
+    return f"{seconds // 3600}h" if seconds and seconds % 3600 == 0 else f"{seconds}s"
 
 
 class PolicySpec(_Api):
-    mode: Mode = Field(default=Mode.DRY_RUN, description="Auto applies plans; DryRun only proposes; Pinned applies spec.pinned")
-    replanInterval: str = Field(default="5m", pattern=DURATION_PATTERN, description="how often to re-plan from live metrics")
-    cooldown: str = Field(default="15m", pattern=DURATION_PATTERN, description="least time between two applied changes")
-    minImprovement: float = Field(default=0.1, ge=0.0, le=10.0, description="relative gain a new plan needs to replace the current one")
-    allowedLayouts: list[LayoutKind] | None = Field(default=None, description="layout kinds the operator may choose (replicas, pd)")
-    maxSurgeGPUs: int = Field(default=0, ge=0, le=4096, description="GPUs a transition may use above hardware.maxGPUs")
+    """How the operator acts on its plans."""
+
+    mode: Mode = Field(default=Mode.DRY_RUN, description="Auto applies plans; DryRun only proposes (status.proposal and an "
+                       "Event); Pinned applies spec.pinned as is")
+    replanInterval: str = Field(default="5m", max_length=7, pattern=DURATION_PATTERN, json_schema_extra=_duration_rule(*REPLAN_INTERVAL_S),
+                                description=f"how often to re-plan from live metrics: a duration like 90s, 10m or 1h, "
+                                            f"{_human_s(REPLAN_INTERVAL_S[0])} to {_human_s(REPLAN_INTERVAL_S[1])}")
+    cooldown: str = Field(default="15m", max_length=7, pattern=DURATION_PATTERN, json_schema_extra=_duration_rule(*COOLDOWN_S),
+                          description=f"least time between two applied changes: a duration like 90s, 10m or 1h, "
+                                      f"{_human_s(COOLDOWN_S[0])} to {_human_s(COOLDOWN_S[1])}")
+    minImprovement: float = Field(default=0.1, ge=0.0, le=10.0, description="relative gain a new plan needs to replace the current "
+                                  "one (0.1: 10 % more goodput per GPU, or 10 % fewer GPUs)")
+    allowedLayouts: list[LayoutKind] | None = Field(default=None, max_length=MAX_LIST, description="layout kinds the operator may "
+                                                    "choose (replicas, pd); default: spec.search.layouts")
+    maxSurgeGPUs: int = Field(default=0, ge=0, le=MAX_GPUS, description="GPUs a transition may use above hardware.maxGPUs while "
+                              "the old and new layouts run side by side")
+
+    @field_validator("replanInterval", "cooldown")
+    @classmethod
+    def _duration_range(cls, v: str, info: ValidationInfo) -> str:
+        low, high = REPLAN_INTERVAL_S if info.field_name == "replanInterval" else COOLDOWN_S
+        if not low <= duration_s(v) <= high:
+            raise ValueError(f"{v!r} must be between {_human_s(low)} and {_human_s(high)}")
+        return v
+
+
+_PROM_LABEL = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
 class MetricsSpec(_Api):
-    prometheusUrl: str = Field(pattern=r"^https?://", description="base URL of the Prometheus HTTP API")
+    """Where the operator reads the engines' live metrics."""
+
+    prometheusUrl: str = Field(max_length=2048, pattern=r"^https?://", description="base URL of the Prometheus HTTP API, e.g. "
+                               "http://prometheus-operated.monitoring:9090")
     bearerTokenSecret: SecretRef | None = Field(default=None, description="Secret (same namespace) holding a bearer token")
-    selector: dict[str, str] = Field(default_factory=dict, description="extra PromQL label matchers for the engine series")
+    selector: dict[Annotated[str, Field(max_length=128, pattern=_PROM_LABEL)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="extra PromQL label matchers for the engine series, e.g. {namespace: llm}")
 
 
 class TopologySpec(PlanSpec):
-    """spec of a ServingTopology: the planning spec plus placement, policy, pinned layout and metrics."""
+    """The desired state of a ServingTopology: the model, the GPUs, the traffic and its SLO, and how to act on plans."""
 
-    engine: ClusterEngineSpec
-    hardware: ClusterHardwareSpec
-    modelConfigMap: ConfigMapRef | None = Field(default=None, description="a ConfigMap holding a Hugging Face config.json")
-    modelSource: str | None = Field(default=None, description="what the engine loads (Hugging Face id or a path in the image); "
+    model_config = _cel(
+        ("has(self.model) != has(self.modelConfigMap)", "give exactly one of spec.model (catalog or Hugging Face id) or spec.modelConfigMap"),
+        ("!has(self.modelConfigMap) || has(self.modelSource)",
+         "spec.modelConfigMap gives the architecture only: also set spec.modelSource (what the engine loads)"),
+        ("!has(self.policy) || !has(self.policy.mode) || self.policy.mode != 'Pinned' || has(self.pinned)",
+         "spec.policy.mode Pinned needs spec.pinned (a layout: kind, replicas, tp, pp or prefill/decode)"),
+    )
+    model: str | None = Field(default=None, min_length=1, max_length=MAX_ID, description="the model: a catalog id or a Hugging Face "
+                              "id (meta-llama/Llama-3.1-8B-Instruct); exactly one of model or modelConfigMap")
+    engine: ClusterEngineSpec = Field(description="the serving engine (vllm or sglang), its image and release")
+    hardware: ClusterHardwareSpec = Field(description="the GPU type, the GPU budget, the node shape and where engine pods may run")
+    modelConfigMap: ConfigMapRef | None = Field(default=None, description="a ConfigMap holding a Hugging Face config.json, for "
+                                                "a model outside the catalog; exactly one of model or modelConfigMap")
+    modelSource: str | None = Field(default=None, min_length=1, max_length=MAX_PATH,
+                                    description="what the engine loads (Hugging Face id or a path in the image); "
                                     "default: model; required with modelConfigMap")
-    servedModelName: str | None = Field(default=None, description="the model name clients send; default: model")
-    policy: PolicySpec = Field(default_factory=PolicySpec)
+    servedModelName: str | None = Field(default=None, min_length=1, max_length=MAX_ID,
+                                        description="the model name clients send; default: model")
+    policy: PolicySpec = Field(default_factory=PolicySpec, description="how the operator acts on plans: mode (DryRun by "
+                               "default), re-plan interval, cooldown")
     pinned: LayoutSpec | None = Field(default=None, description="the layout to run as is (policy.mode Pinned)")
-    metrics: MetricsSpec | None = None
+    metrics: MetricsSpec | None = Field(default=None, description="the Prometheus holding the engines' metrics, for live "
+                                        "re-planning; default: plan from spec.workload only")
     podTemplate: PodTemplate | None = Field(default=None, description="merged into every engine pod (aggregated, prefill, decode, "
                                             "multi-node workers): env, Secrets, volumes, resources, placement, security")
     network: NetworkSpec | None = Field(default=None, description="RDMA devices, IPC_LOCK and the NICs for KV transfer and NCCL")
@@ -350,93 +531,108 @@ def parse_topology_spec(data: Any) -> TopologySpec:
 
 
 class Condition(_Api):
-    type: ConditionType
-    status: str = Field(pattern="^(True|False|Unknown)$")
-    reason: str = Field(min_length=1)
-    message: str = ""
-    lastTransitionTime: str = Field(json_schema_extra={"format": "date-time"})
-    observedGeneration: int | None = None
+    """One aspect of the resource's state, in the Kubernetes condition conventions."""
+
+    type: ConditionType = Field(description="the aspect: Ready, Planned, Progressing, Degraded, DriftDetected, "
+                                "MetricsAvailable or InsufficientCapacity")
+    status: str = Field(pattern="^(True|False|Unknown)$", description="True, False or Unknown")
+    reason: str = Field(min_length=1, description="a CamelCase word saying why (e.g. InvalidSpec, Infeasible, DryRun)")
+    message: str = Field(default="", description="the reason in a sentence, with the figures behind it")
+    lastTransitionTime: str = Field(json_schema_extra={"format": "date-time"}, description="when status last changed")
+    observedGeneration: int | None = Field(default=None, description="metadata.generation the condition was computed for")
 
 
 class RolePlan(_Api):
     """One role of a plan: enough to rebuild the layout and to read its engine command line."""
 
-    role: str
-    replicas: int = Field(ge=0)
-    tp: int = Field(ge=1)
-    pp: int = Field(ge=1)
-    dp: int = Field(ge=1)
-    ep: bool = False
-    gpusPerInstance: int = Field(ge=1)
-    nodesPerInstance: int = Field(ge=1)
-    maxNumSeqs: int = Field(ge=1)
-    maxNumBatchedTokens: int = Field(ge=1)
-    memoryFraction: float
-    kvCacheDtype: str
-    blockSize: int = Field(ge=1)
-    enablePrefixCaching: bool = True
-    engineArgs: list[str] = Field(default_factory=list)
+    role: str = Field(description="aggregated, prefill or decode")
+    replicas: int = Field(ge=0, description="engine instances of this role")
+    tp: int = Field(ge=1, description="tensor-parallel GPUs per instance")
+    pp: int = Field(ge=1, description="pipeline stages per instance")
+    dp: int = Field(ge=1, description="data-parallel ranks per instance")
+    ep: bool = Field(default=False, description="expert parallelism across the instance's GPUs")
+    gpusPerInstance: int = Field(ge=1, description="GPUs of one instance (tp x pp x dp)")
+    nodesPerInstance: int = Field(ge=1, description="nodes one instance spans (more than 1: a LeaderWorkerSet)")
+    maxNumSeqs: int = Field(ge=1, description="sequences one engine batches (--max-num-seqs)")
+    maxNumBatchedTokens: int = Field(ge=1, description="tokens per engine step (--max-num-batched-tokens)")
+    memoryFraction: float = Field(description="fraction of GPU memory the engine uses (--gpu-memory-utilization)")
+    kvCacheDtype: str = Field(description="KV cache dtype: auto, bf16 or fp8")
+    blockSize: int = Field(ge=1, description="KV cache block size in tokens")
+    enablePrefixCaching: bool = Field(default=True, description="prefix caching on")
+    engineArgs: list[str] = Field(default_factory=list, description="the engine's command-line arguments as rendered")
 
 
 class Predicted(_Api):
-    ttftMs: float
-    tpotMs: float
-    throughputTokS: float
-    capacityRps: float
-    goodputRps: float
-    meetsSlo: bool
-    source: str = "analytical"
+    """The planner's prediction for a layout at the spec's (or the measured) load."""
+
+    ttftMs: float = Field(description="predicted time to first token at the SLO percentile, in ms")
+    tpotMs: float = Field(description="predicted time per output token at the SLO percentile, in ms")
+    throughputTokS: float = Field(description="predicted output tokens per second of the whole layout")
+    capacityRps: float = Field(description="most requests per second the layout serves within the SLO")
+    goodputRps: float = Field(description="requests per second served within the SLO at the load")
+    meetsSlo: bool = Field(description="whether both latency bounds hold at the load")
+    source: str = Field(default="analytical", description="what made the figures: analytical (the model) or simulated")
 
 
 class PlanStatus(_Api):
     layout: str = Field(description="short label, e.g. 4×TP2 or 2P3D@TP4")
-    kind: LayoutKind
-    precision: str
-    gpus: int = Field(ge=0)
+    kind: LayoutKind = Field(description="replicas or pd")
+    precision: str = Field(description="weight precision served: bf16, fp8, fp4 or int4")
+    gpus: int = Field(ge=0, description="GPUs the layout occupies")
     pd: str = Field(description="prefill:decode instance counts, '-' for replicas")
-    roles: list[RolePlan]
-    predicted: Predicted | None = None
-    reasons: list[str] = Field(default_factory=list)
-    decidedAt: str = Field(json_schema_extra={"format": "date-time"})
+    roles: list[RolePlan] = Field(description="each role's shape and engine settings")
+    predicted: Predicted | None = Field(default=None, description="the planner's figures for this layout")
+    reasons: list[str] = Field(default_factory=list, description="why this layout was chosen, one line each")
+    decidedAt: str = Field(json_schema_extra={"format": "date-time"}, description="when the plan was made")
     generation: int = Field(ge=0, description="metadata.generation the plan was made for")
     set: str | None = Field(default=None, max_length=16, description="the workload set running this plan (objects are named <name>-<set>-<role>)")
 
 
 class ProposalStatus(PlanStatus):
-    fromLayout: str | None = None
-    fromGPUs: int | None = None
-    before: Predicted | None = None
-    reason: str = ""
-    message: str = ""
+    """A plan the operator would apply (DryRun) or has not applied yet, and what it replaces."""
+
+    fromLayout: str | None = Field(default=None, description="the running layout it would replace")
+    fromGPUs: int | None = Field(default=None, description="GPUs of the running layout")
+    before: Predicted | None = Field(default=None, description="the running layout's figures at the same load")
+    reason: str = Field(default="", description="a CamelCase word: why it is proposed")
+    message: str = Field(default="", description="the proposal in a sentence, with before and after figures")
 
 
 class ObservedStatus(_Api):
-    at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
-    arrivalRateRps: float | None = None
-    inputTokensMean: float | None = None
-    outputTokensMean: float | None = None
-    prefixHitRate: float | None = None
-    ttftMsP95: float | None = None
-    tpotMsP95: float | None = None
+    """The live traffic and latencies measured from the engines' metrics."""
+
+    at: str | None = Field(default=None, json_schema_extra={"format": "date-time"}, description="when the metrics were read")
+    arrivalRateRps: float | None = Field(default=None, description="measured requests per second")
+    inputTokensMean: float | None = Field(default=None, description="measured mean prompt length, in tokens")
+    outputTokensMean: float | None = Field(default=None, description="measured mean generated length, in tokens")
+    prefixHitRate: float | None = Field(default=None, description="measured fraction of prompt tokens served from the prefix cache")
+    ttftMsP95: float | None = Field(default=None, description="measured p95 time to first token, in ms")
+    tpotMsP95: float | None = Field(default=None, description="measured p95 time per output token, in ms")
     ttftError: float | None = Field(default=None, description="observed/predicted - 1")
     tpotError: float | None = Field(default=None, description="observed/predicted - 1")
 
 
 class HistoryEntry(_Api):
-    at: str = Field(json_schema_extra={"format": "date-time"})
-    action: str = Field(pattern="^(Applied|Proposed|Refused)$")
-    layout: str
-    gpus: int = Field(ge=0)
-    reason: str = ""
+    """One decision in the resource's life."""
+
+    at: str = Field(json_schema_extra={"format": "date-time"}, description="when it was decided")
+    action: str = Field(pattern="^(Applied|Proposed|Refused)$", description="Applied, Proposed or Refused")
+    layout: str = Field(description="the layout's short label")
+    gpus: int = Field(ge=0, description="its GPUs")
+    reason: str = Field(default="", description="why, in a few words")
 
 
 class TopologyStatus(_Api):
-    conditions: list[Condition] = Field(default_factory=list)
-    observedGeneration: int | None = None
-    plan: PlanStatus | None = None
-    proposal: ProposalStatus | None = None
-    observed: ObservedStatus | None = None
-    history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    """What the operator planned, runs and measured (written by the operator only)."""
+
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Planned, Progressing, ... (see each reason)")
+    observedGeneration: int | None = Field(default=None, description="the metadata.generation last reconciled")
+    plan: PlanStatus | None = Field(default=None, description="the layout running (or being rolled out)")
+    proposal: ProposalStatus | None = Field(default=None, description="a better layout found and not applied yet (DryRun, or "
+                                            "waiting for its turn)")
+    observed: ObservedStatus | None = Field(default=None, description="the last live metrics and the prediction error")
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT,
+                                        description=f"the last {HISTORY_LIMIT} decisions, oldest first")
     replan: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
                                           description="live-replanning memory (metric window, drift, calibration, the running "
                                                       "transition); written by the operator, resumed after a restart")

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .api import TopologySpec, TopologyStatus
+from .api import MAX_RESOURCE_NAME, RESOURCE_NAME_PATTERN, TopologySpec, TopologyStatus
 from .manifests import GROUP, KIND
 
 __all__ = ["VERSION", "PLURAL", "SHORT_NAME", "CRD_PATHS", "structural_schema", "build_crd", "render_crd_yaml", "main"]
@@ -70,6 +70,18 @@ def structural_schema(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[
                                "x-kubernetes-preserve-unknown-fields": True}
         return out
     out = {}
+    rules: list[dict[str, str]] = []
+    if "propertyNames" in n or "patternProperties" in n:
+        # A map with constrained keys: pydantic writes the key pattern as patternProperties and the key length as
+        # propertyNames, neither of which a Kubernetes schema has: the values' schema and a CEL rule on the keys.
+        n = dict(n)
+        names = dict(n.pop("propertyNames", {}))
+        patterns = n.pop("patternProperties", {})
+        if patterns:
+            (pattern, values), = patterns.items()
+            names["pattern"] = pattern
+            n["additionalProperties"] = values
+        rules.append(_key_rule(names))
     for key, value in n.items():
         if key in _DROP_KEYS:
             continue
@@ -90,7 +102,64 @@ def structural_schema(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[
             out[key] = value
     if "enum" in out and "type" not in out:
         out["type"] = "string"
+    if rules:
+        out["x-kubernetes-validations"] = [*out.get("x-kubernetes-validations", []), *rules]
+    if "description" in out:
+        out["description"] = _explained(out)
     return out
+
+
+def _key_rule(names: Mapping[str, Any]) -> dict[str, str]:
+    """A CEL rule for a map's key constraints (Kubernetes schemas have no `propertyNames`); a raw CEL string keeps the
+    pattern's backslashes as written (Python's and CEL's (RE2) patterns agree on the ones used here)."""
+    checks = []
+    if "maxLength" in names:
+        checks.append(f"size(k) <= {names['maxLength']}")
+    if "pattern" in names:
+        checks.append(f"k.matches(r'{names['pattern']}')")
+    what = f"at most {names['maxLength']} characters" if "maxLength" in names else ""
+    if "pattern" in names:
+        what = f"{what}, matching {names['pattern']}" if what else f"matching {names['pattern']}"
+    return {"rule": f"self.all(k, {' && '.join(checks)})", "message": f"every key must be {what}"}
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else f"{value:g}"
+
+
+def _explained(node: Mapping[str, Any]) -> str:
+    """The node's description followed by what the schema enforces, in words (`kubectl explain` shows only the
+    description): allowed values, the range, the size limit and the default."""
+    text = str(node["description"]).rstrip()
+    notes = []
+    if "enum" in node:
+        notes.append("Allowed: " + ", ".join(str(v) for v in node["enum"]) + ".")
+    low, high = node.get("minimum"), node.get("maximum")
+    if low is not None or high is not None:
+        if low is not None and high is not None and not node.get("exclusiveMinimum") and not node.get("exclusiveMaximum"):
+            notes.append(f"Range: {_number(low)} to {_number(high)}.")
+        else:
+            parts = []
+            if low is not None:
+                parts.append(f"{'more than' if node.get('exclusiveMinimum') else 'at least'} {_number(low)}")
+            if high is not None:
+                parts.append(f"{'less than' if node.get('exclusiveMaximum') else 'at most'} {_number(high)}")
+            notes.append("Range: " + ", ".join(parts) + ".")
+    if "maxLength" in node:
+        notes.append(f"At most {_number(node['maxLength'])} characters.")
+    if "maxItems" in node:
+        notes.append(f"At most {_number(node['maxItems'])} items.")
+    if "maxProperties" in node:
+        notes.append(f"At most {_number(node['maxProperties'])} entries.")
+    if "default" in node:
+        value = node["default"]
+        shown = str(value).lower() if isinstance(value, bool) else ('""' if value == "" else _number(value) if isinstance(value, int | float) else str(value))
+        notes.append(f"Default: {shown}.")
+    if not notes:
+        return text
+    return f"{text}{'' if text.endswith('.') else '.'} {' '.join(notes)}"
 
 
 def _model_schema(model: type[Any]) -> dict[str, Any]:
@@ -128,12 +197,21 @@ def build_crd() -> dict[str, Any]:
         "description": "Keeps an LLM deployment (vLLM or SGLang) in the best serving topology for its traffic.",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {"type": "string", "description": "servingtopology.io/v1alpha1"},
+            "kind": {"type": "string", "description": "ServingTopology"},
+            "metadata": {"type": "object"},  # Kubernetes forbids anything else here (kubectl explain shows ObjectMeta's)
             "spec": _spec_schema(),
             "status": _model_schema(TopologyStatus),
         },
+        # The name is the client Service's (a DNS-1035 label) and the app.kubernetes.io/instance label's value (at most
+        # 63); api.check_resource_name is the operator's copy of this rule (for resources admitted before it).
+        "x-kubernetes-validations": [
+            {"rule": f"size(self.metadata.name) <= {MAX_RESOURCE_NAME}",
+             "message": f"metadata.name: at most {MAX_RESOURCE_NAME} characters (it names the client Service)"},
+            {"rule": f"self.metadata.name.matches(r'{RESOURCE_NAME_PATTERN}')",
+             "message": "metadata.name must be a DNS-1035 label (it names the client Service): lowercase letters, digits and "
+                        "'-', starting with a letter, no dots"},
+        ],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -10,6 +10,7 @@ sets, switching traffic by its selector alone, without restarting a pod.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ __all__ = [
     "role_nodes",
     "multinode_roles",
     "object_name",
+    "derived_name",
+    "MAX_DNS_LABEL",
+    "MAX_LWS_NAME",
     "build_labels",
     "build_owner_reference",
     "build_engine_pod_template",
@@ -125,9 +129,32 @@ def multinode_roles(bp: Blueprint) -> tuple[Role, ...]:
     return tuple(role for role, rl in bp.layout.roles.items() if role_nodes(bp, rl) > 1)
 
 
-def object_name(bp: Blueprint, component: str) -> str:
-    """`<name>-<set>-<component>` for the objects of one set (engines, its router, its role Services)."""
-    return f"{bp.name}-{bp.set}-{component}"
+MAX_DNS_LABEL = 63  # Service names (DNS-1035 labels), label values, hostnames
+# A LeaderWorkerSet's workers run in a StatefulSet `<lws>-<group index>` whose pods carry a controller-revision-hash
+# label `<statefulset>-<10-character hash>` (at most 63, so StatefulSet names at most 52): 47 leaves room for
+# `-<group index>` up to 9999.
+MAX_LWS_NAME = 47
+_HASH_CHARS = 8
+
+
+def derived_name(base: str, suffix: str, *, limit: int = MAX_DNS_LABEL) -> str:
+    """`<base>-<suffix>`, or when longer than `limit`, `base` cut short followed by `-<hash>-<suffix>`: at most `limit`
+    characters, stable (the hash is of the full name), distinct for distinct full names (8 hex digits: 32 bits),
+    and still ending in the suffix (the role stays readable). `base` is a DNS-1035 label (api.check_resource_name)."""
+    full = f"{base}-{suffix}"
+    if len(full) <= limit:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:_HASH_CHARS]
+    keep = limit - len(suffix) - _HASH_CHARS - 2
+    if keep < 1:
+        raise ValueError(f"suffix {suffix!r} leaves no room for a name within {limit} characters")
+    return f"{base[:keep].rstrip('-')}-{digest}-{suffix}"
+
+
+def object_name(bp: Blueprint, component: str, *, limit: int = MAX_DNS_LABEL) -> str:
+    """`<name>-<set>-<component>` for the objects of one set (engines, its router, its role Services), shortened with
+    a hash past `limit` characters (derived_name)."""
+    return derived_name(bp.name, f"{bp.set}-{component}", limit=limit)
 
 
 def build_labels(bp: Blueprint, component: str) -> dict[str, str]:
@@ -328,7 +355,7 @@ def build_leader_worker_set(bp: Blueprint, role: Role) -> dict[str, Any]:
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
-        "metadata": _metadata(bp, role.value),
+        "metadata": _metadata(bp, role.value, name=object_name(bp, role.value, limit=MAX_LWS_NAME)),
         "spec": {
             "replicas": rl.count,
             "leaderWorkerTemplate": {
@@ -367,8 +394,8 @@ def build_entry_service(bp: Blueprint, *, serving: Sequence[str]) -> dict[str, A
 
 
 def router_account(bp: Blueprint) -> str:
-    """The ServiceAccount every PD router of this topology runs as (shared by the sets)."""
-    return f"{bp.name}-{ROUTER}"
+    """The ServiceAccount (and Role, RoleBinding) every PD router of this topology runs as (shared by the sets)."""
+    return derived_name(bp.name, ROUTER)
 
 
 def build_router_rbac(bp: Blueprint) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from .api import (
     Mode,
     PlanStatus,
     ProposalStatus,
+    check_resource_name,
     parse_topology_spec,
 )
 from .capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
@@ -84,6 +85,7 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
     """
     p = PassState(obj, cluster, now)
     try:
+        check_resource_name(p.name)  # admitted before the CRD's name rule: no object could be named after it
         spec = parse_topology_spec(obj.get("spec"))
     except SpecError as exc:
         return invalid_outcome(p, "; ".join(f"{f}: {m}" for f, m in exc.errors), plan=p.status.plan, proposal=p.status.proposal)

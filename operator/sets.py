@@ -15,7 +15,7 @@ from typing import Any
 from ..planner.layout import Layout, Role
 from ..planner.transition import ClusterView, Phase, TransitionState
 from .cluster import Cluster, ObjectRef
-from .manifests import LWS_API_VERSION, ROLE_LABEL, SET_LABEL, Blueprint, object_name, role_nodes
+from .manifests import LWS_API_VERSION, MAX_LWS_NAME, ROLE_LABEL, SET_LABEL, Blueprint, object_name, role_nodes
 
 __all__ = ["Rendering", "BlueprintFor", "steady_rendering", "transition_rendering", "layout_at", "read_cluster_view"]
 
@@ -63,7 +63,7 @@ def transition_rendering(state: TransitionState, bp_for: BlueprintFor) -> Render
 
 def _workload_ref(bp: Blueprint, role: Role) -> ObjectRef:
     if role_nodes(bp, bp.layout.roles[role]) > 1:
-        return ObjectRef(LWS_API_VERSION, "LeaderWorkerSet", bp.namespace, object_name(bp, role.value))
+        return ObjectRef(LWS_API_VERSION, "LeaderWorkerSet", bp.namespace, object_name(bp, role.value, limit=MAX_LWS_NAME))
     return ObjectRef("apps/v1", "Deployment", bp.namespace, object_name(bp, role.value))
 
 

@@ -87,6 +87,12 @@ MAX_SPEC_DEPTH = 32  # nesting of a spec's YAML (the schema nests 5 deep)
 MAX_CONFIG_BYTES = 16_777_216  # a model's config.json: 16 MiB (the largest in the catalog is ~40 kB)
 
 
+def _cel(*rules: tuple[str, str]) -> ConfigDict:
+    """Model config carrying CEL rules (`x-kubernetes-validations`) into the CRD (operator/crd.py); each rule mirrors a
+    validator of the model, so the API server refuses what the operator would refuse."""
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]})
+
+
 class _Base(BaseModel):
     # allow_inf_nan=False: `.nan` / `.inf` in any float field is refused with the field's name (a NaN SLO bound
     # used to reach the planner and read as "infeasible").
@@ -94,31 +100,49 @@ class _Base(BaseModel):
 
 
 class EngineSpec(_Base):
-    name: Engine = Engine.VLLM
+    """The serving engine the plan is for."""
+
+    name: Engine = Field(default=Engine.VLLM, description="serving engine: vllm or sglang")
     version: str | None = Field(default=None, max_length=32, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?$",
                                 description="engine release (0.11.0, or 0.11 for its newest covered patch); default: the image tag's, "
                                 "else the newest covered release (planner/data/engine_caps)")
-    image: str | None = Field(default=None, min_length=1, max_length=MAX_IMAGE)
-    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG)]] = Field(default_factory=list, max_length=MAX_ARGS)
+    image: str | None = Field(default=None, min_length=1, max_length=MAX_IMAGE,
+                              description="container image of the engine; its tag picks the engine release when version is not set")
+    extraArgs: list[Annotated[str, Field(max_length=MAX_ARG)]] = Field(
+        default_factory=list, max_length=MAX_ARGS,
+        description=f"extra engine flags appended to the planned command line, one argument per item (at most {MAX_ARGS}, "
+                    f"{MAX_ARG} characters each), e.g. [--trust-remote-code]; default: none")
 
 
 class HardwareSpec(_Base):
+    """The GPUs the deployment may use."""
+
     gpu: str = Field(min_length=1, max_length=MAX_ID, description="GPU id from the catalog (h100_sxm, h200_sxm, b200_sxm, a100_sxm, ...) or an alias (H100)")
-    gpusPerNode: int | None = Field(default=None, ge=1, le=72)
-    maxGPUs: int = Field(ge=1, le=MAX_GPUS, description="GPU budget for the whole deployment")
+    gpusPerNode: int | None = Field(default=None, ge=1, le=72, description="GPUs in one node; default: the catalog GPU's usual "
+                                    "node (8 for HGX boards)")
+    maxGPUs: int = Field(ge=1, le=MAX_GPUS, description="GPU budget for the whole deployment (every role and replica together)")
     # NVLink 5 is 900 GB/s one-way per GPU and the fastest NICs 800 Gb/s: 100x headroom each
-    nvlinkGBps: float | None = Field(default=None, gt=0, le=100_000, description="override: one-way NVLink GB/s per GPU")
-    nicGbps: float | None = Field(default=None, gt=0, le=100_000, description="override: NIC Gb/s per GPU")
-    allowCrossNodeTP: bool = False
+    nvlinkGBps: float | None = Field(default=None, gt=0, le=100_000, description="override: one-way NVLink bandwidth per GPU, "
+                                     "in GB/s; default: the catalog GPU's")
+    nicGbps: float | None = Field(default=None, gt=0, le=100_000, description="override: network (NIC) bandwidth per GPU, in "
+                                  "Gb/s; default: the catalog GPU's")
+    allowCrossNodeTP: bool = Field(default=False, description="let a tensor-parallel group span nodes (slow without NVLink "
+                                   "across nodes); pipeline stages may always span nodes")
 
 
 class DistributionSpec(_Base):
-    distribution: LengthKind = LengthKind.FIXED
-    mean: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
-    sigma: float = Field(default=0.5, ge=0, le=4.0)  # lognormal sigma 4: the p99 is ~11,000x the median
-    min: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    values: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(default_factory=list, max_length=MAX_EMPIRICAL)
+    """A distribution of request lengths, in tokens."""
+
+    distribution: LengthKind = Field(default=LengthKind.FIXED, description="fixed (mean), uniform (min..max), lognormal "
+                                     "(mean, sigma) or empirical (values)")
+    mean: float | None = Field(default=None, gt=0, le=MAX_TOKENS, description="mean length in tokens (fixed, lognormal)")
+    # lognormal sigma 4: the p99 is ~11,000x the median
+    sigma: float = Field(default=0.5, ge=0, le=4.0, description="lognormal shape: standard deviation of the log of the length")
+    min: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="shortest length in tokens (uniform)")
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="longest length in tokens (uniform)")
+    values: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(
+        default_factory=list, max_length=MAX_EMPIRICAL,
+        description=f"observed lengths in tokens, drawn with equal weight (empirical; at most {MAX_EMPIRICAL:,} values)")
 
     @model_validator(mode="after")
     def _complete(self) -> DistributionSpec:
@@ -136,12 +160,23 @@ Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)] | DistributionSpec
 
 
 class WorkloadSpec(_Base):
-    arrivalRate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS, description="requests per second (open loop)")
-    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY, description="clients (closed loop)")
-    inputTokens: Tokens
-    outputTokens: Tokens
-    prefixShare: float = Field(default=0.0, ge=0.0, le=1.0)
-    arrivalCV: float = Field(default=1.0, gt=0.0, le=10.0, description="coefficient of variation of inter-arrival times")
+    """The expected traffic: how much, and how long the requests are. Give exactly one of arrivalRate or concurrency."""
+
+    model_config = _cel(("has(self.arrivalRate) != has(self.concurrency)",
+                         "give exactly one of spec.workload.arrivalRate (requests/s) or spec.workload.concurrency (clients)"))
+
+    arrivalRate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS, description="offered load in requests per second "
+                                      "(open loop); exactly one of arrivalRate or concurrency")
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY, description="clients each sending one request at a "
+                                    "time (closed loop); exactly one of arrivalRate or concurrency")
+    inputTokens: Tokens = Field(description="prompt length in tokens: a number, or a distribution {distribution, mean, sigma, "
+                                f"min, max, values}}; 1 to {MAX_TOKENS:,}")
+    outputTokens: Tokens = Field(description="generated length in tokens: a number, or a distribution {distribution, mean, "
+                                 f"sigma, min, max, values}}; 1 to {MAX_TOKENS:,}")
+    prefixShare: float = Field(default=0.0, ge=0.0, le=1.0, description="fraction of each prompt shared with earlier requests "
+                               "(a system prompt, a chat history) that prefix caching can reuse; 0 to 1")
+    arrivalCV: float = Field(default=1.0, gt=0.0, le=10.0, description="coefficient of variation of the inter-arrival times: 1 "
+                             "is Poisson, above 1 bursty, below 1 smoother")
 
     @model_validator(mode="after")
     def _one_load(self) -> WorkloadSpec:
@@ -154,8 +189,14 @@ _PCT = re.compile(r"^p(\d{1,2}(\.\d+)?)$")
 
 
 class SloSpec(_Base):
-    ttftMs: dict[str, float] = Field(description="one percentile and its bound, e.g. {p95: 200}")
-    tpotMs: dict[str, float] = Field(description="one percentile and its bound, e.g. {p95: 35}")
+    """The latency objectives a layout must meet, each one percentile and its bound in milliseconds."""
+
+    ttftMs: dict[str, float] = Field(description="time to first token: exactly one percentile (p50, p90, p95, p99, p99.9) "
+                                     f"and its bound in ms, e.g. {{p95: 200}}; bound in (0, {MAX_SLO_MS:,.0f}]",
+                                     json_schema_extra=lambda s: s.update(_slo_schema()))
+    tpotMs: dict[str, float] = Field(description="time per output token after the first: exactly one percentile (p50, p90, "
+                                     f"p95, p99, p99.9) and its bound in ms, e.g. {{p95: 35}}; bound in (0, {MAX_SLO_MS:,.0f}]",
+                                     json_schema_extra=lambda s: s.update(_slo_schema()))
 
     @field_validator("ttftMs", "tpotMs")
     @classmethod
@@ -171,32 +212,67 @@ class SloSpec(_Base):
 
 
 class SearchSpec(_Base):
-    preset: Literal["narrow", "default", "wide"] = "default"
-    layouts: list[LayoutKind] | None = Field(default=None, max_length=MAX_LIST)
-    tp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(default=None, max_length=MAX_LIST)
-    pp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(default=None, max_length=MAX_LIST)
-    dp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(default=None, max_length=MAX_LIST)
-    maxNumSeqs: list[Annotated[int, Field(ge=1, le=MAX_NUM_SEQS)]] | None = Field(default=None, max_length=MAX_LIST)
-    maxNumBatchedTokens: list[Annotated[int, Field(ge=16, le=MAX_BATCHED_TOKENS)]] | None = Field(default=None, max_length=MAX_LIST)
-    memoryFraction: list[Annotated[float, Field(gt=0.1, le=0.99)]] | None = Field(default=None, max_length=MAX_LIST)
-    kvCacheDtypes: list[KvDtype] | None = Field(default=None, max_length=MAX_LIST)
-    topK: int = Field(default=8, ge=1, le=256)
+    """The candidate layouts the planner tries: a preset, narrowed or widened per knob."""
+
+    preset: Literal["narrow", "default", "wide"] = Field(default="default", description="knob lists to search: narrow (TP only), "
+                                                         "default, or wide (more PP, batch sizes, memory fractions, fp8 KV cache)")
+    layouts: list[LayoutKind] | None = Field(default=None, max_length=MAX_LIST, description="layout kinds to try: replicas "
+                                             "(aggregated engines), pd (prefill/decode disaggregation); default: both")
+    tp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(
+        default=None, max_length=MAX_LIST, description=f"tensor-parallel sizes to try (1 to {MAX_PARALLEL}); default: the preset's")
+    pp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(
+        default=None, max_length=MAX_LIST, description=f"pipeline-parallel sizes to try (1 to {MAX_PARALLEL}); default: the preset's")
+    dp: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL)]] | None = Field(
+        default=None, max_length=MAX_LIST, description=f"data-parallel sizes per engine to try (1 to {MAX_PARALLEL}); default: "
+                                                      "the preset's for MoE and MLA models, else [1]")
+    maxNumSeqs: list[Annotated[int, Field(ge=1, le=MAX_NUM_SEQS)]] | None = Field(
+        default=None, max_length=MAX_LIST, description=f"engine batch sizes (--max-num-seqs) to try (1 to {MAX_NUM_SEQS:,}); "
+                                                      "default: the preset's")
+    maxNumBatchedTokens: list[Annotated[int, Field(ge=16, le=MAX_BATCHED_TOKENS)]] | None = Field(
+        default=None, max_length=MAX_LIST, description="tokens per engine step (--max-num-batched-tokens) to try "
+                                                      f"(16 to {MAX_BATCHED_TOKENS:,}); default: the preset's")
+    memoryFraction: list[Annotated[float, Field(gt=0.1, le=0.99)]] | None = Field(
+        default=None, max_length=MAX_LIST, description="fractions of GPU memory the engine may use (--gpu-memory-utilization) to "
+                                                      "try, in (0.1, 0.99]; default: the preset's")
+    kvCacheDtypes: list[KvDtype] | None = Field(default=None, max_length=MAX_LIST, description="KV cache dtypes to try (auto, "
+                                                "bf16, fp8); default: kvCacheDtype, or [auto, fp8] with the wide preset")
+    topK: int = Field(default=8, ge=1, le=256, description="candidates kept after the analytical ranking and checked by "
+                      "simulation")
 
 
 class EngineArgsSpec(_Base):
-    maxNumSeqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS)
-    maxNumBatchedTokens: int | None = Field(default=None, ge=16, le=MAX_BATCHED_TOKENS)
-    memoryFraction: float | None = Field(default=None, gt=0.1, le=0.99)
-    blockSize: int = Field(default=16, ge=1, le=256)
-    enablePrefixCaching: bool = True
+    """Engine knobs of a pinned layout (or one role of it)."""
+
+    maxNumSeqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS, description="sequences one engine batches "
+                                   "(vLLM --max-num-seqs, SGLang --max-running-requests); default: the layout's, else 256")
+    maxNumBatchedTokens: int | None = Field(default=None, ge=16, le=MAX_BATCHED_TOKENS, description="tokens per engine step "
+                                            "(vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size); default: the "
+                                            "layout's, else 8192")
+    memoryFraction: float | None = Field(default=None, gt=0.1, le=0.99, description="fraction of GPU memory the engine may use "
+                                         "(vLLM --gpu-memory-utilization, SGLang --mem-fraction-static); default: the "
+                                         "layout's, else 0.9")
+    blockSize: int = Field(default=16, ge=1, le=256, description="KV cache block size in tokens (--block-size / --page-size)")
+    enablePrefixCaching: bool = Field(default=True, description="reuse the KV cache of shared prompt prefixes")
+
+
+def _slo_schema() -> dict[str, Any]:
+    """The CRD's bounds of an SLO map: one entry, a percentile key, a bound in (0, MAX_SLO_MS] (as `_percentile`)."""
+    return {"minProperties": 1, "maxProperties": 1,
+            "additionalProperties": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SLO_MS},
+            "x-kubernetes-validations": [
+                {"rule": "self.size() == 1", "message": "give exactly one percentile, e.g. {p95: 200}"},
+                {"rule": f"self.all(k, size(k) <= 16 && k.matches(r'{_PCT.pattern}') && double(k.substring(1)) > 0.0)",
+                 "message": "the percentile key must look like p50, p90, p95, p99, p99.9"}]}
 
 
 class RoleSpec(_Base):
-    count: int = Field(default=1, ge=1, le=MAX_GPUS)
-    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    engineArgs: EngineArgsSpec | None = None
+    """One role (prefill or decode) of a pd layout: its instances and their shape."""
+
+    count: int = Field(default=1, ge=1, le=MAX_GPUS, description="engine instances of this role")
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel GPUs per instance")
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline stages per instance")
+    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="data-parallel ranks per instance")
+    engineArgs: EngineArgsSpec | None = Field(default=None, description="this role's engine knobs, over the layout's engineArgs")
 
     @property
     def gpus(self) -> int:
@@ -204,15 +280,22 @@ class RoleSpec(_Base):
 
 
 class LayoutSpec(_Base):
-    kind: LayoutKind = LayoutKind.REPLICAS
-    replicas: int = Field(default=1, ge=1, le=MAX_GPUS)
-    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    ep: bool = False
-    prefill: RoleSpec | None = None
-    decode: RoleSpec | None = None
-    engineArgs: EngineArgsSpec = Field(default_factory=EngineArgsSpec)
+    """A fixed layout: identical replicas, or prefill and decode roles (pd)."""
+
+    model_config = _cel(("!has(self.kind) || self.kind != 'pd' || (has(self.prefill) && has(self.decode))",
+                         "kind pd needs both prefill and decode ({count, tp, pp})"))
+
+    kind: LayoutKind = Field(default=LayoutKind.REPLICAS, description="replicas (identical aggregated engines) or pd (prefill "
+                             "and decode roles, both required)")
+    replicas: int = Field(default=1, ge=1, le=MAX_GPUS, description="engine instances (kind replicas)")
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel GPUs per instance (kind replicas)")
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline stages per instance (kind replicas)")
+    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="data-parallel ranks per instance (kind replicas)")
+    ep: bool = Field(default=False, description="expert parallelism across the instance's GPUs (MoE models)")
+    prefill: RoleSpec | None = Field(default=None, description="the prefill role (kind pd)")
+    decode: RoleSpec | None = Field(default=None, description="the decode role (kind pd)")
+    engineArgs: EngineArgsSpec = Field(default_factory=EngineArgsSpec, description="engine knobs of every instance (a role's "
+                                       "own engineArgs override them)")
 
     @model_validator(mode="after")
     def _roles(self) -> LayoutSpec:
@@ -228,9 +311,13 @@ class LayoutSpec(_Base):
 
 
 class SimulationSpec(_Base):
-    requests: int = Field(default=2000, ge=10, le=MAX_SIM_REQUESTS)
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    warmupRequests: int = Field(default=100, ge=0, le=MAX_SIM_REQUESTS)
+    """The discrete-event simulation that checks the top candidates."""
+
+    requests: int = Field(default=2000, ge=10, le=MAX_SIM_REQUESTS, description="requests simulated per candidate (more: "
+                          "steadier percentiles, more CPU)")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="random seed of the simulated arrivals and lengths")
+    warmupRequests: int = Field(default=100, ge=0, le=MAX_SIM_REQUESTS, description="first requests left out of the "
+                                "percentiles (the empty-engine start)")
 
 
 def _mean_tokens(v: int | DistributionSpec) -> float:
@@ -257,16 +344,21 @@ class PlanSpec(_Base):
 
     model: str | None = Field(default=None, min_length=1, max_length=MAX_ID, description="catalog id or Hugging Face id")
     modelConfig: str | None = Field(default=None, min_length=1, max_length=MAX_PATH, description="path to a Hugging Face config.json")
-    precision: Precision = Precision.BF16
-    kvCacheDtype: KvDtype = KvDtype.AUTO
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    hardware: HardwareSpec
-    workload: WorkloadSpec
-    slo: SloSpec
-    objective: Objective = Objective.GOODPUT_PER_GPU
-    search: SearchSpec = Field(default_factory=SearchSpec)
-    layout: LayoutSpec | None = None
-    simulation: SimulationSpec = Field(default_factory=SimulationSpec)
+    # No default in the schema: an unset precision means "as the checkpoint is stored" (serving_precision), which a
+    # defaulted `bf16` written by the API server would override.
+    precision: Precision = Field(default=Precision.BF16, json_schema_extra=lambda s: s.pop("default", None),
+                                 description="weight precision the engines serve: bf16, fp8, fp4 or int4; default: the "
+                                             "checkpoint's own (its quantization_config), bf16 for an unquantized one")
+    kvCacheDtype: KvDtype = Field(default=KvDtype.AUTO, description="KV cache dtype: auto (the model's dtype), bf16 or fp8")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="the serving engine (vllm or sglang) and its release")
+    hardware: HardwareSpec = Field(description="the GPU type, the GPU budget and the node shape")
+    workload: WorkloadSpec = Field(description="the expected traffic: load (arrivalRate or concurrency) and request lengths")
+    slo: SloSpec = Field(description="latency objectives: one TTFT and one TPOT percentile bound, in ms")
+    objective: Objective = Field(default=Objective.GOODPUT_PER_GPU, description="how layouts meeting the SLO are ranked: "
+                                 "goodput-per-gpu (most SLO-meeting requests per GPU) or min-gpus (fewest GPUs)")
+    search: SearchSpec = Field(default_factory=SearchSpec, description="the candidate layouts to try; default: the default preset")
+    layout: LayoutSpec | None = Field(default=None, description="a fixed layout to evaluate instead of searching")
+    simulation: SimulationSpec = Field(default_factory=SimulationSpec, description="the simulation that checks the top candidates")
 
     @field_validator("engine", mode="before")
     @classmethod
