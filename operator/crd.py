@@ -66,7 +66,7 @@ def structural_schema(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[
             r = _resolve(b, defs)
             shapes.append("{" + ", ".join(r.get("properties", {})) + "}" if r.get("type") == "object" else str(r.get("type")))
         text = f"one of: {' | '.join(shapes)}"
-        out: dict[str, Any] = {"description": f"{n['description']}; {text}" if "description" in n else text,
+        out: dict[str, Any] = {"description": n.get("description", text),
                                "x-kubernetes-preserve-unknown-fields": True}
         return out
     out = {}

@@ -174,7 +174,7 @@ class WorkloadSpec(_Base):
     outputTokens: Tokens = Field(description="generated length in tokens: a number, or a distribution {distribution, mean, "
                                  f"sigma, min, max, values}}; 1 to {MAX_TOKENS:,}")
     prefixShare: float = Field(default=0.0, ge=0.0, le=1.0, description="fraction of each prompt shared with earlier requests "
-                               "(a system prompt, a chat history) that prefix caching can reuse; 0 to 1")
+                               "(a system prompt, a chat history) that prefix caching can reuse")
     arrivalCV: float = Field(default=1.0, gt=0.0, le=10.0, description="coefficient of variation of the inter-arrival times: 1 "
                              "is Poisson, above 1 bursty, below 1 smoother")
 
