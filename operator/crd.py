@@ -49,7 +49,10 @@ def structural_schema(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[
       fields: the API server stores it as is and the operator's pydantic model validates it;
     - `additionalProperties: false` is dropped (Kubernetes forbids it beside `properties`; pruning does the job);
     - numeric `exclusiveMinimum` becomes `minimum` + `exclusiveMinimum: true` (OpenAPI v3.0 spelling);
-    - only scalar defaults are kept, so every default is valid against its own node.
+    - only scalar defaults are kept, so every default is valid against its own node;
+    - a map's key constraints (`propertyNames`, `patternProperties`) become a CEL rule on the map;
+    - the models' CEL rules (`x-kubernetes-validations`, from `json_schema_extra`) pass through as they are;
+    - a description gets what the node enforces appended in words (`_explained`), as `kubectl explain` shows nothing else.
     """
     n = _resolve(node, defs)
     if "anyOf" in n:
