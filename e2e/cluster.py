@@ -10,15 +10,17 @@ from e2e/build_control_plane.sh's cache; nothing is downloaded here.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import random
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -28,17 +30,14 @@ from .processes import Child, Supervisor, free_port, http_ok, wait_until
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-PROMETHEUS_NAMESPACE = "monitoring"
-PROMETHEUS_ACCOUNT = "prometheus"
-
-
 # kwok gives pods addresses from a /16 of 127.0.0.0/8: every one of them is a loopback address on Linux, so the
 # emulator serves each engine pod's /metrics at the pod's own IP and port, where Prometheus' Kubernetes discovery
-# points (as it would at a real engine). Each cluster draws its own /16 (127.64-127.254): loopback is shared by
-# every e2e session on the host, and two sessions on one range take each other's pod addresses ("Address already
-# in use" for an engine of the other session).
-def _session_pod_cidr() -> str:
-    return f"127.{random.randrange(64, 255)}.0.0/16"
+# points (as it would at a real engine). Each session claims its own /16 (`claim_pod_cidr`): two sessions on one
+# host with the same range would both serve their first pod at 127.x.0.1:8000, and the second gets EADDRINUSE.
+POD_CIDR_SECOND_OCTETS = range(65, 255)
+POD_CIDR_CLAIMS = Path(tempfile.gettempdir()) / "st-e2e-pod-cidrs"
+PROMETHEUS_NAMESPACE = "monitoring"
+PROMETHEUS_ACCOUNT = "prometheus"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +48,24 @@ class NodePool:
     gpus_per_node: int = 8
     gpu_product: str = "NVIDIA-H100-80GB-HBM3"
     name_prefix: str = "gpu-node"
+
+
+def claim_pod_cidr() -> tuple[str, IO[str]]:
+    """A pod range `127.X.0.0/16` that no other live e2e session on this host holds, and the open lock file that
+    holds it (an exclusive flock, released when the file is closed or the process dies, so a killed session
+    leaves nothing to clean up). The file descriptor is not inherited by children (PEP 446)."""
+    POD_CIDR_CLAIMS.mkdir(parents=True, exist_ok=True)
+    octets = list(POD_CIDR_SECOND_OCTETS)
+    random.shuffle(octets)
+    for octet in octets:
+        handle = (POD_CIDR_CLAIMS / f"127.{octet}").open("w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return f"127.{octet}.0.0/16", handle
+    raise RuntimeError(f"every pod range 127.{{65..254}}.0.0/16 is held by another e2e session ({POD_CIDR_CLAIMS})")
 
 
 class LocalCluster:
@@ -63,7 +80,6 @@ class LocalCluster:
         self.binaries = binaries
         self.external_kubeconfig = external_kubeconfig
         self.pod_ready_delay_ms = pod_ready_delay_ms
-        self.pod_cidr = _session_pod_cidr()
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="st-e2e-"))
         self.node_pool = node_pool or NodePool()
         self.with_prometheus = with_prometheus
@@ -74,6 +90,10 @@ class LocalCluster:
         self.kubeconfig = external_kubeconfig or self.work_dir / "admin.kubeconfig"
         self.prometheus_dir = self.work_dir / "prometheus"
         self.prometheus: Child | None = None
+        self.apiserver: Child | None = None
+        self._apiserver_argv: list[str] = []
+        self.pod_cidr = ""
+        self._pod_cidr_claim: IO[str] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -120,6 +140,9 @@ class LocalCluster:
     def stop(self) -> None:
         """Stops every process; keeps the work folder (logs) for post-mortems."""
         self.supervisor.stop_all()
+        if self._pod_cidr_claim is not None:
+            self._pod_cidr_claim.close()
+            self._pod_cidr_claim = None
 
     def _start(self) -> None:
         if self.external_kubeconfig is not None:
@@ -143,7 +166,7 @@ class LocalCluster:
                    on_timeout=etcd.log_tail)
 
         self.apiserver_port = free_port()
-        apiserver = self.supervisor.start("kube-apiserver", [
+        self._apiserver_argv = [
             str(self.binaries / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={self.apiserver_port}",
@@ -155,8 +178,8 @@ class LocalCluster:
             "--disable-admission-plugins=ServiceAccount", "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0", "--enable-priority-and-fairness=false", "--profiling=false",
             "--endpoint-reconciler-type=none", "-v=1",
-        ])
-        wait_until(self._apiserver_ready, timeout_s=120, what="kube-apiserver /readyz", on_timeout=apiserver.log_tail)
+        ]
+        self.start_apiserver()
         admin_kubeconfig(self.kubeconfig, server_url=self.server_url, pki=self.pki)
 
         cm = self.supervisor.start("kube-controller-manager", [
@@ -170,6 +193,7 @@ class LocalCluster:
             str(self.binaries / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
             "--secure-port=0", "-v=1",
         ])
+        self.pod_cidr, self._pod_cidr_claim = claim_pod_cidr()
         kwok = self.supervisor.start("kwok", [
             str(self.binaries / "kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake", f"--cidr={self.pod_cidr}",
@@ -182,6 +206,23 @@ class LocalCluster:
                    what=f"{self.node_pool.count} fake GPU nodes Ready", on_timeout=kwok.log_tail)
         if self.with_prometheus:
             self.start_prometheus()
+
+    # ---- the API server (restartable on the same etcd, port and certificates) ------------------------
+
+    def start_apiserver(self) -> Child:
+        """Starts kube-apiserver with the command line of the first start and waits for /readyz."""
+        assert self._apiserver_argv, "the local control plane only"
+        self.apiserver = self.supervisor.start("kube-apiserver", self._apiserver_argv)
+        child = self.apiserver
+        wait_until(lambda: child.raise_if_dead() or self._apiserver_ready(), timeout_s=120, what="kube-apiserver /readyz",
+                   on_timeout=child.log_tail)
+        return child
+
+    def stop_apiserver(self, *, sig: int = signal.SIGKILL) -> None:
+        """Stops kube-apiserver (SIGKILL by default, as a crash; SIGTERM drains it); etcd and the port stay."""
+        if self.apiserver is not None:
+            self.supervisor.stop(self.apiserver, grace_s=0.0 if sig == signal.SIGKILL else 30.0, sig=sig)
+            self.apiserver = None
 
     def _kwok_stages(self) -> Path:
         """kwok's stages, with engine pods taking `pod_ready_delay_ms` to become Ready (as weights load), so a

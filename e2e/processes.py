@@ -132,10 +132,21 @@ def http_ok(url: str, *, context: object | None = None, timeout_s: float = 2.0) 
         return False
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago and that this process has not handed out before.
+
+    The kernel may hand the same free port to two bind(0) calls in a row (etcd's client and peer ports are asked
+    for back to back, before either process binds); a port handed out once is never handed out again."""
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no fresh free port after 100 tries")

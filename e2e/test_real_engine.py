@@ -14,6 +14,7 @@ Needs the engine environment (`make engine-env`, e2e/engine/vllm_cpu_env.sh; the
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import threading
@@ -180,7 +181,7 @@ def test_the_real_vllm_engine_runs_the_rendered_pod_and_its_metrics_reach_the_op
     ran = engine_log.read_text(errors="replace").splitlines()[0].removeprefix("$ ").split()
     expected = [str(engine_python.with_name("vllm")), "serve", str(tiny_model), *container["args"][1:]]
     host, port = address.rsplit(":", 1)
-    assert host.startswith(cluster.pod_cidr.rsplit(".", 2)[0] + ".") and port == "8000", address
+    assert ipaddress.ip_address(host) in ipaddress.ip_network(cluster.pod_cidr) and port == "8000", (address, cluster.pod_cidr)
     for flag, local in (("--host", host), ("--port", port)):
         expected[expected.index(flag) + 1] = local
     assert ran == expected, (ran, expected)
