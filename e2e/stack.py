@@ -26,6 +26,7 @@ from .processes import Child, free_port, http_ok, wait_until
 CHART = REPO_ROOT / "charts" / "servingtopology"
 OPERATOR_NAMESPACE = "servingtopology-system"
 RELEASE = "st"
+PRIORITY_ABOVE_RANDOM = 1 << 30   # operator/main.py draws a replica's random peering priority below this
 
 
 def _venv_script(name: str) -> str:
@@ -42,6 +43,7 @@ class Operator:
     kubeconfig: Path | None = None
     child: Child | None = None
     liveness_port: int = 0
+    starts: int = 0
 
     def install(self) -> None:
         """`helm install` the chart (operator replicas 0: kwok pods run nothing), then prepare the local command."""
@@ -68,8 +70,17 @@ class Operator:
         self.argv = [*command, *args]
 
     def start(self) -> Child:
+        """Starts the chart's command line and waits for /healthz.
+
+        Each start adds `--priority` above every earlier start's (and above the random one the chart's replicas
+        take): kopf pauses an operator while a live peering record of the same or higher priority exists, and a
+        SIGKILLed process leaves its record alive for 60 s, so a replacement with a random priority would sit
+        paused for up to a minute half of the time. A replacement pod that outranks its dead predecessor starts
+        handling at once, which keeps the restart scenarios' timing independent of a coin toss."""
         assert self.kubeconfig is not None, "install() first"
-        self.child = self.cluster.supervisor.start("operator", self.argv, env={"KUBECONFIG": str(self.kubeconfig)})
+        self.starts += 1
+        argv = [*self.argv, f"--priority={PRIORITY_ABOVE_RANDOM + self.starts}"]
+        self.child = self.cluster.supervisor.start("operator", argv, env={"KUBECONFIG": str(self.kubeconfig)})
         child = self.child
         wait_until(lambda: _alive_and(child, lambda: http_ok(f"http://127.0.0.1:{self.liveness_port}/healthz")),
                    timeout_s=90, what="operator /healthz", on_timeout=child.log_tail)
