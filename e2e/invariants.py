@@ -96,7 +96,14 @@ class Report:
         return (f"{self.samples} samples ({self.errors} failed reads, longest gap {self.longest_gap_s:.1f} s); "
                 f"GPUs held max {self.max_gpus_held} of budget {self.budget_gpus}; serving capacity min {cap} req/s "
                 f"against floor {floor} req/s; Ready serving pods min {self.min_ready_serving}; "
-                f"transitions {' | '.join(self.transitions) or '-'}")
+                f"transitions {' | '.join(self.transitions) or '-'}; transitions started per change "
+                f"{[len(v) for v in self.started_per_change.values() if v] or '-'}")
+
+    @property
+    def changes_started_twice(self) -> int:
+        """Changes for which more than one transition was started (a pass that planned from a stale copy, or a
+        restart that began again instead of carrying on from status)."""
+        return sum(1 for v in self.started_per_change.values() if len(v) > 1)
 
 
 @dataclass
