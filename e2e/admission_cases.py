@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DELETE", "Case", "REFUSED", "valid_topology", "mutated"]
+__all__ = ["DELETE", "Case", "REFUSED", "REFUSED_WHEN_PLANNED", "valid_topology", "mutated"]
 
 DELETE = object()  # a value meaning "remove this key"
 
@@ -108,4 +108,12 @@ REFUSED: tuple[Case, ...] = (
     Case("name-with-a-dot", (("metadata.name", "llama.v2"),), "metadata.name"),
     Case("name-with-a-leading-digit", (("metadata.name", "8b-llama"),), "metadata.name"),
     Case("name-of-64-characters", (("metadata.name", "l" * 64),), "metadata.name"),
+)
+
+# Refused by the operator when it plans rather than when it parses the spec (the planner's own budget rule for a pin,
+# planner.tables.layout_rejection), so the parse-level parity test leaves them out.
+REFUSED_WHEN_PLANNED: tuple[Case, ...] = (
+    Case("pinned-4xtp8-over-8-gpus", (*_PINNED, ("spec.pinned", {"replicas": 4, "tp": 8})), "spec"),
+    Case("pinned-pd-over-8-gpus", (*_PINNED, ("spec.pinned", {"kind": "pd", "prefill": {"count": 2, "tp": 4},
+                                                               "decode": {"count": 1, "tp": 2}})), "spec"),
 )

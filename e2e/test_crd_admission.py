@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .admission_cases import REFUSED, Case, mutated, valid_topology
+from .admission_cases import REFUSED, REFUSED_WHEN_PLANNED, Case, mutated, valid_topology
 from .cluster import LocalCluster
 from .kubetools import REPO_ROOT
 from .processes import wait_until
@@ -45,12 +45,19 @@ def test_the_api_server_admits_the_valid_spec_and_defaults_it(cluster: LocalClus
     assert "precision" not in spec  # an unset precision stays unset: the checkpoint's own is served
 
 
-@pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", REFUSED + REFUSED_WHEN_PLANNED, ids=lambda c: c.id)
 def test_the_api_server_refuses_what_the_operator_would_refuse(cluster: LocalCluster, operator: Operator, namespace: str,
                                                                case: Case) -> None:
     done = _dry_run(cluster, mutated(valid_topology(namespace=namespace), case.changes))
     assert done.returncode != 0, f"{case.id} admitted"
     assert "is invalid" in done.stderr and case.field in done.stderr, done.stderr
+
+
+def test_a_pin_within_the_budget_is_admitted(cluster: LocalCluster, operator: Operator, namespace: str) -> None:
+    for pinned in ({"replicas": 2, "tp": 4}, {"kind": "pd", "prefill": {"count": 1, "tp": 4}, "decode": {"count": 2, "tp": 2}}):
+        obj = mutated(valid_topology(namespace=namespace), (("spec.policy.mode", "Pinned"), ("spec.pinned", pinned)))
+        done = _dry_run(cluster, obj)
+        assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

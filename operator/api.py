@@ -458,6 +458,17 @@ class MetricsSpec(_Api):
         default_factory=dict, max_length=MAX_MAP, description="extra PromQL label matchers for the engine series, e.g. {namespace: llm}")
 
 
+def _pinned_gpus_cel() -> str:
+    """CEL for the GPUs of spec.pinned (replicas x tp x pp x dp, or the sum over the pd roles). Every knob has a schema
+    default of 1, which the API server fills in before it evaluates the rule."""
+    def gpus(node: str, count: str) -> str:
+        return " * ".join(f"{node}.{k}" for k in (count, "tp", "pp", "dp"))
+
+    pd = f"{gpus('self.pinned.prefill', 'count')} + {gpus('self.pinned.decode', 'count')}"
+    return (f"(has(self.pinned.kind) && self.pinned.kind == 'pd') ? "
+            f"((has(self.pinned.prefill) && has(self.pinned.decode)) ? {pd} : 0) : {gpus('self.pinned', 'replicas')}")
+
+
 class TopologySpec(PlanSpec):
     """The desired state of a ServingTopology: the model, the GPUs, the traffic and its SLO, and how to act on plans."""
 
@@ -467,6 +478,11 @@ class TopologySpec(PlanSpec):
          "spec.modelConfigMap gives the architecture only: also set spec.modelSource (what the engine loads)"),
         ("!has(self.policy) || !has(self.policy.mode) || self.policy.mode != 'Pinned' || has(self.pinned)",
          "spec.policy.mode Pinned needs spec.pinned (a layout: kind, replicas, tp, pp or prefill/decode)"),
+        # The planner refuses a pin over the budget (its stage-2 rule, as for the CLI's `layout`); the API server says
+        # so at once. Products stay far inside int64: at most 4,096 x 64 x 64 x 64 per role.
+        ("!has(self.pinned) || !has(self.policy) || !has(self.policy.mode) || self.policy.mode != 'Pinned' || "
+         f"({_pinned_gpus_cel()}) <= self.hardware.maxGPUs",
+         "spec.pinned takes more GPUs than spec.hardware.maxGPUs (replicas x tp x pp x dp, or the sum over prefill and decode)"),
     )
     model: str | None = Field(default=None, min_length=1, max_length=MAX_ID, description="the model: a catalog id or a Hugging Face "
                               "id (meta-llama/Llama-3.1-8B-Instruct); exactly one of model or modelConfigMap")

@@ -162,7 +162,7 @@ def test_every_cel_rule_names_a_field_in_its_message() -> None:
     rules = [(p, r) for p, node in _nodes(ROOT_SCHEMA, "") for r in node.get("x-kubernetes-validations", [])]
     assert len(rules) >= 12
     for path, rule in rules:
-        assert rule["message"] and len(rule["rule"]) < 400, (path, rule)
+        assert rule["message"] and len(rule["rule"]) < 600, (path, rule)  # the API server estimates each rule's cost
     root_messages = [r["message"] for r in ROOT_SCHEMA["x-kubernetes-validations"]]
     assert all("metadata.name" in m for m in root_messages)
     spec_messages = " ".join(r["message"] for r in SPEC_SCHEMA["x-kubernetes-validations"])
