@@ -69,6 +69,14 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     arrive; prefills of a burst of clients collide in one step. `requests_per_client` (default the parameter
     file's) sets how much the start-up wave weighs in the mean TTFT. `recv_interval`: the engine takes in new
     requests every that many steps (SGLang's `--scheduler-recv-interval`), so an arrival waits half of them.
+
+    Prompts that arrive together are prefilled together: a step's prefill batch holds every waiting prompt up
+    to the token budget (vLLM's `max_num_batched_tokens` beside the decodes, SGLang's chunked-prefill size), so
+    the prefill side saturates when the prompt tokens arriving per step reach that capacity, not when every
+    step carries a prefill. A new request first waits out the step in flight: the mean residual of a renewal
+    process of decode steps (t_d) and prefill steps (t_p), E[S²]/(2·E[S]), which a long prefill lengthens
+    beyond half a mean step (the inspection paradox); then it queues for budget (M/D/1 in the capacity's
+    utilisation, scaled by `queue_factor`).
     """
     p = params or perf_params()
     clients = np.asarray(clients_per_rank, dtype=float)
@@ -81,34 +89,39 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     recv = np.maximum(np.asarray(recv_interval, dtype=float), 1.0)
     colliding = 1.0 + p.arrival_burst * (np.minimum(clients, np.maximum(budget / isl, 1.0)) - 1.0)
 
-    def state(b: Any) -> tuple[Any, Any, Any, Any, Any]:
+    def state(b: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
         d = b * n_d / life
         p_bar = b * isl / life
-        q = np.clip(np.maximum(p_bar, colliding * np.minimum(isl, budget)), 1.0, np.maximum(budget - d, 1.0))
-        f = p_bar / q
+        cap = np.maximum(budget - d, 1.0) if mixed_batches else budget
+        q = np.clip(np.maximum(p_bar, colliding * np.minimum(isl, budget)), 1.0, cap)
+        f = p_bar / q  # prefill steps per decode step (above 1: SGLang runs several prefill batches between decodes)
         pairs = q * isl / 2.0
         t_d = step(prefill_tokens=0.0 * d, prefill_pairs=0.0 * d, decode_tokens=d, decode_context_tokens=d * ctx)
         if mixed_batches:
             t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=d, decode_context_tokens=d * ctx)
-            tau = (1.0 - np.minimum(f, 1.0)) * t_d + np.minimum(f, 1.0) * t_p
+            fm = np.minimum(f, 1.0)
+            tau = (1.0 - fm) * t_d + fm * t_p
+            residual = ((1.0 - fm) * t_d * t_d + fm * t_p * t_p) / (2.0 * tau)
         else:
             t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=0.0 * d, decode_context_tokens=0.0 * d)
             tau = t_d + f * t_p
-        return tau, t_p, f, b / (life * tau), d
+            residual = (t_d * t_d + f * t_p * t_p) / (2.0 * tau)
+        return tau, t_p, p_bar / cap, b / (life * tau), d, residual
 
-    def wait(tau: Any, t_p: Any, f: Any) -> Any:
-        rho = np.minimum(f, _RHO_MAX)
-        return ttft_overhead_s + (0.5 * recv + p.result_delay_steps) * tau + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p
+    def wait(tau: Any, t_p: Any, u: Any, residual: Any) -> Any:
+        rho = np.minimum(u, _RHO_MAX)
+        return (ttft_overhead_s + residual + (0.5 * (recv - 1.0) + p.result_delay_steps) * tau
+                + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p)
 
     def excess(b: Any) -> Any:
-        tau, t_p, f, x, _ = state(b)
-        over = np.where(f >= _RHO_MAX, np.inf, 0.0)
-        return b + x * wait(tau, t_p, f) - clients + over
+        tau, t_p, u, x, _, res = state(b)
+        over = np.where(u >= _RHO_MAX, np.inf, 0.0) if mixed_batches else 0.0
+        return b + x * wait(tau, t_p, u, res) - clients + over
 
     hi = np.maximum(np.minimum(clients, np.asarray(max_running, dtype=float)), 1e-3)
     b, capped = _bisect(excess, hi)
-    tau, t_p, f, x, _ = state(b)
-    w = wait(tau, t_p, f)
+    tau, t_p, u, x, _, res = state(b)
+    w = wait(tau, t_p, u, res)
     queued = np.maximum(clients - b - x * w, 0.0)
     ttft = w + queued / np.maximum(x, 1e-12) + n_c * t_p
     # Start-up wave: all clients arrive at once and their prompts go through C tokens per step.
@@ -116,7 +129,7 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
     wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5 + ttft_overhead_s
     ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / _per_client(requests_per_client, p)
-    return ClosedLoopResult(ttft_s=ttft, tpot_s=tau, throughput_rps=x * ranks, running_per_rank=b, saturated=capped | (queued > 0))
+    return ClosedLoopResult(ttft_s=ttft, tpot_s=tau, throughput_rps=x * ranks, running_per_rank=b, saturated=capped | (queued > 1e-6 * clients))
 
 
 def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, clients: Any, prefill_ranks: Any,

@@ -291,13 +291,19 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         moe_narrow = 1.0 + _narrow_cols(p, mp) / (model.moe_intermediate_size / moe_tp)
         moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak * moe_narrow
         moe_mem_s = expert_weight_bytes(model, precision, mp) * moe_layers / moe_tp / (hbm * p.mem_eff) * moe_narrow
-        # EP: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the distinct remote GPUs
-        # holding its k experts. DP attention without EP: tokens are all-gathered and reduce-scattered (BF16).
+        # EP under DP attention: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the
+        # distinct remote GPUs holding its k experts. DP attention without EP: tokens are all-gathered and
+        # reduce-scattered (BF16). EP under TP attention (dp = 1) exchanges nothing of its own: every GPU already
+        # holds every token, computes its local experts and the outputs are summed by the TP all-reduce that TP
+        # experts use too (SGLang FusedMoE.forward: `if reduce_results and (moe_tp_size > 1 or moe_ep_size > 1):
+        # tensor_model_parallel_all_reduce`, sgl-project/sglang python/sglang/srt/layers/moe/fused_moe_triton/layer.py;
+        # vLLM likewise uses its all2all manager only when data_parallel_size > 1).
         k = model.experts_per_token
-        remote = np.where(ep > 1, ep * (1.0 - (1.0 - 1.0 / np.maximum(ep, 1)) ** k) * (ep - 1) / np.maximum(ep, 1), 0.0)
+        exchanged = (ep > 1) & (dp > 1)
+        remote = np.where(exchanged, ep * (1.0 - (1.0 - 1.0 / np.maximum(ep, 1)) ** k) * (ep - 1) / np.maximum(ep, 1), 0.0)
         gathered = np.where((ep <= 1) & (dp > 1), 2.0 * 2.0 * (dp - 1) / dp, 0.0)
         a2a_tok = moe_layers * model.hidden_size * (3.0 * remote + gathered) / _link_bps(gpu, group, p)
-        a2a_fixed = np.where((ep > 1) | (dp > 1), moe_layers * 2.0 * _exchange_latency_s(gpu, group, p), zero)
+        a2a_fixed = np.where(dp > 1, moe_layers * 2.0 * _exchange_latency_s(gpu, group, p), zero)
         local = model.num_experts / ep
     else:
         moe_flop_s = moe_mem_s = a2a_tok = a2a_fixed = zero
@@ -331,9 +337,9 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         attn_mixed_ctx_s = attn_ctx_s * gpu.mixed_kv_reread * (model.num_heads / max(model.num_kv_heads, 1) - 1.0)
 
     # Two all-reduces per layer under TP (ring: 2(n−1)/n of the activations cross each link); in MoE layers
-    # whose experts are expert-parallel the combine replaces the second one.
+    # whose experts are expert-parallel under DP attention the combine replaces the second one.
     layers = model.num_layers * frac
-    reduces = 2.0 * layers - np.where(ep > 1, model.num_moe_layers * frac, 0.0)
+    reduces = 2.0 * layers - np.where((ep > 1) & (dp > 1), model.num_moe_layers * frac, 0.0)
     # The link is the one the tp GPUs share (planner.hardware.Link): NVLink, PCIe with or without peer-to-peer, a NIC.
     tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / _link_bps(gpu, tp, p), zero)
     tp_fixed = np.where(tp > 1, reduces * _allreduce_latency_s(gpu, tp, p), zero)

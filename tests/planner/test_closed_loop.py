@@ -1,5 +1,7 @@
 """The closed-loop estimator: Little's law, monotone load, caps that queue clients, PD pools."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -84,3 +86,41 @@ def test_a_scheduler_that_takes_requests_every_n_steps_delays_the_first_token_by
     # 29/2 more steps of waiting, at the (slightly lighter) step time of the slower loop
     assert extra == pytest.approx(14.5 * float(thirty.tpot_s[0]), rel=0.15)
     assert float(thirty.throughput_rps[0]) < float(every.throughput_rps[0])
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_prompts_arriving_together_are_prefilled_together(mixed):
+    # Llama-3.1-8B, 448 clients with 1,000-token prompts and 100-token answers, prompts that do not collide by
+    # chance (arrival_burst ≈ 0): about 4 prompts arrive per step, 4,000 tokens against an 8,192-token budget. The
+    # engine batches them into one prefill step, so nobody queues for admission. The old estimator called a
+    # state where every step carried a prefill saturated, capped the running batch near osl (≈ 100) and queued
+    # the other ~350 clients (TTFT of seconds).
+    model = resolve_model("llama-3.1-8b")
+    params = replace(PARAMS, arrival_burst=1e-3)
+
+    def step(**kw):
+        return step_time_s(model, GPU, precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=1, pp=1, dp=1,
+                           params=params, **kw)
+    r = aggregated(step, clients_per_rank=np.array([448.0]), isl=1000, osl=100, token_budget=8192, max_running=1024.0,
+                   mixed_batches=mixed, params=params)
+    assert not bool(r.saturated[0])
+    assert float(r.running_per_rank[0]) > 0.9 * 448
+    assert float(r.ttft_s[0]) < 5 * float(r.tpot_s[0])
+
+
+def test_prompt_tokens_beyond_the_budget_queue_clients_in_mixed_batches():
+    r = aggregated(_step(), clients_per_rank=np.array([2048.0]), isl=8192, osl=16, token_budget=8192, max_running=4096.0,
+                   mixed_batches=True, params=PARAMS)
+    assert bool(r.saturated[0])
+    assert float(r.running_per_rank[0]) < 2048.0
+
+
+def test_a_long_prefill_step_lengthens_the_wait_of_a_new_request_beyond_half_a_mean_step():
+    # The inspection paradox: a request arriving at a random time more likely lands in a long (prefill) step.
+    one = aggregated(_step(), clients_per_rank=np.array([16.0]), isl=8192, osl=256, token_budget=8192, max_running=1024.0,
+                     mixed_batches=True, params=replace(PARAMS, ttft_overhead_s=0.0, result_delay_steps=0.0, queue_factor=1e-9))
+    t_p = float(_step()(prefill_tokens=8192.0, prefill_pairs=8192.0 * 4096, decode_tokens=0.0, decode_context_tokens=0.0))
+    wait = float(one.ttft_s[0]) - t_p  # TTFT less the request's own prefill step
+    # One step in 16 is a ~1 s prefill among ~25 ms decodes: the mean step (the TPOT) is ~85 ms, but a random
+    # arrival waits E[S²]/(2·E[S]) ≈ 0.4 s, several mean steps (half a mean step before).
+    assert wait > 2.0 * float(one.tpot_s[0])

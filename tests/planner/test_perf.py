@@ -176,3 +176,20 @@ def test_decode_rows_beside_a_prefill_chunk_reread_kv_where_the_gpu_says_so():
     alone = _step(llama8, gpu, **dec) - _step(llama8, gpu)
     beside = _step(llama8, gpu, pre=16.0, pairs=16.0 * 8, **dec) - _step(llama8, gpu, pre=16.0, pairs=16.0 * 8)
     assert beside > alone * 1.2
+
+
+def test_expert_parallel_under_tp_attention_exchanges_nothing_beyond_the_tp_all_reduce():
+    # SGLang's and vLLM's EP without DP attention: every GPU holds every token, computes its local experts and the
+    # outputs are summed by the same all-reduce TP experts use; no dispatch/combine. Under DP attention they exchange.
+    from servingtopology.planner.perf import step_coefficients
+    b200 = resolve_gpu("b200_sxm")
+
+    def coeffs(dp, ep):
+        return step_coefficients(DSV3, b200, precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
+                                 tp=8 // dp, pp=1, dp=dp, moe_ep=ep)
+    tp_experts, ep_experts = coeffs(1, 1), coeffs(1, 8)
+    assert float(ep_experts.a2a_fixed_s) == 0.0 and float(ep_experts.a2a_s_per_token) == 0.0
+    assert float(ep_experts.tp_fixed_s) == float(tp_experts.tp_fixed_s)
+    assert float(ep_experts.tp_s_per_token) == float(tp_experts.tp_s_per_token)
+    dp_ep = coeffs(8, 8)
+    assert float(dp_ep.a2a_fixed_s) > 0.0 and float(dp_ep.a2a_s_per_token) > 0.0
