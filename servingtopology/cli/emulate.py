@@ -36,7 +36,12 @@ log = logging.getLogger("servingtopology.emulate")
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("emulate", help="serve engine-shaped /metrics from the simulator, for tests and demos")
+    p = subparsers.add_parser(
+        "emulate", help="serve engine-shaped /metrics from the simulator, for tests and demos",
+        description="Serve vLLM- or SGLang-shaped /metrics for engines that are not really running, driven by the step-level "
+                    "simulator and a traffic profile. Cluster mode (default): one emulated engine per Ready engine pod found "
+                    "through the kubeconfig, read from the pod's own engine command line. Single mode (--args): one engine "
+                    "from a command line, for demos without a cluster or GPUs. For tests and demos; it serves no completions.")
     p.add_argument("--profile", type=Path, help="traffic profile YAML/JSON (phases of rate_rps, input_tokens, output_tokens, "
                    "duration_s); re-read when it changes. Default: 2 rps of 1000 in / 200 out tokens")
     p.add_argument("--kubeconfig", help="cluster mode: kubeconfig to list pods and nodes with (default: the usual lookup)")

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main", "INTERNAL_ERROR"]
+__all__ = ["main", "build_parser", "INTERNAL_ERROR"]
 
 INTERNAL_ERROR = 3
 
@@ -27,10 +27,12 @@ COMMANDS = {
     "validate": "validate",
     "operator": "operator_cmd",
     "emulate": "emulate",
+    "completion": "completion",
 }
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    """The whole command line's parser (also what `completion` generates its scripts from), and the subcommand modules."""
     from .. import __version__
 
     parser = argparse.ArgumentParser(prog="servingtopology", description="Plan and keep the serving topology of an LLM.")
@@ -50,7 +52,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, modules = _parser()
+    parser, modules = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
