@@ -145,6 +145,17 @@ class SimResult:
         span = self._span_s(keep)
         return float(self.meets(slo)[keep].sum()) / span if span > 0 else 0.0
 
+    def slo_attainment(self, slo: Slo, *, warmup_requests: int = 0) -> float:
+        """The share of measured requests that finished within both the TTFT and the TPOT target (unfinished: missed)."""
+        keep = self._window(warmup_requests)
+        return float(self.meets(slo)[keep].sum()) / int(keep.sum()) if keep.any() else 0.0
+
+    def offered_rps(self, *, warmup_requests: int = 0) -> float:
+        """The arrival rate of the measured requests: arrivals per second between the first and the last arrival."""
+        arrivals = self.arrival_s[self._window(warmup_requests)]
+        span = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
+        return (len(arrivals) - 1) / span if span > 0 else 0.0
+
     def _window(self, warmup_requests: int) -> npt.NDArray[np.bool_]:
         keep = np.ones(len(self.arrival_s), dtype=bool)
         keep[: max(0, warmup_requests)] = False

@@ -37,6 +37,7 @@ from servingtopology.planner.sim import (
     recorded_latencies,
     simulate,
 )
+from servingtopology.planner.workload import Slo
 from servingtopology.spec import MAX_SIM_REQUESTS, MAX_TOKENS, SpecError, read_model_config, to_problem
 
 __all__ = ["add_parser", "run", "read_trace", "Replay", "load_replay", "run_replay", "compare", "summary_json"]
@@ -276,7 +277,11 @@ def _num(v: Any) -> Any:
     return v
 
 
-def _print_summary(out: Mapping[str, Any]) -> None:
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _print_summary(out: Mapping[str, Any], slo: Slo | None = None, rate_rps: float | None = None) -> None:
     print(f"layout {out['layout']} on {out['gpus']} GPUs: {out['finished']} of {out['requests']} requests finished "
           f"({out['unfinished']} unfinished), {out['preemptions']} preemptions, simulated in {out['wall_s']:.2f} s")
     print(f"{'ms':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}")
@@ -284,8 +289,20 @@ def _print_summary(out: Mapping[str, Any]) -> None:
         row = out[key]
         print(f"{key.removesuffix('_ms'):<10}" + "".join(f"{(row[k] if row[k] is not None else math.nan):>10.1f}"
                                                          for k in ("mean", "p50", "p90", "p95", "p99")))
-    print(f"throughput {out['throughput_tok_s']} output tok/s ({out['throughput_tok_s_per_gpu']} per GPU), "
-          f"goodput {out['goodput_rps']} req/s, KV in use {out['kv_utilisation_mean']:.0%} on average")
+    print(f"throughput {out['throughput_tok_s']:,.1f} output tok/s ({out['throughput_tok_s_per_gpu']:,.1f} per GPU) and "
+          f"{out['request_rps']:.2f} req/s finished over the {out['duration_s']:.1f} s from the first arrival to the last finish; "
+          f"KV in use {out['kv_utilisation_mean']:.0%} on average")
+    if slo is None or out.get("goodput_rps") is None:
+        return
+    ttft, tpot = out["ttft_ms"].get(f"p{slo.ttft_percentile:g}"), out["tpot_ms"].get(f"p{slo.tpot_percentile:g}")
+    met = ttft is not None and tpot is not None and ttft <= slo.ttft_ms and tpot <= slo.tpot_ms
+    drawn = f" (the spec's {rate_rps:g} req/s, as drawn)" if rate_rps else ""
+    print(f"SLOs {'met' if met else 'missed'} at the offered {out['offered_rps']:.1f} req/s{drawn}: p{slo.ttft_percentile:g} TTFT "
+          f"{_ms(ttft)} ms (SLO {slo.ttft_ms:g}), p{slo.tpot_percentile:g} TPOT {_ms(tpot)} ms (SLO {slo.tpot_ms:g}), the percentiles "
+          "`plan` predicts and ranks by")
+    print(f"goodput {out['goodput_rps']:.1f} req/s: requests that each met both targets ({out['slo_attainment']:.1%} of them) per "
+          f"second of the {out['duration_s']:.1f} s run, the drain after the last arrival included (vLLM's benchmark definition), "
+          f"so below the offered rate even when every request meets its targets")
 
 
 def _run_spec(args: argparse.Namespace) -> int:
@@ -301,10 +318,12 @@ def _run_spec(args: argparse.Namespace) -> int:
                       precision=problem.precision, seed=spec.simulation.seed)
     warmup = 0 if args.trace else min(spec.simulation.warmupRequests, len(requests) // 2)  # a trace is measured whole
     out = summary_json(result.summary(problem.slo, warmup_requests=warmup), layout=layout, wall_s=time.perf_counter() - t0)
+    out["offered_rps"] = _num(result.offered_rps(warmup_requests=warmup))
+    out["slo_attainment"] = _num(result.slo_attainment(problem.slo, warmup_requests=warmup))
     if args.json:
         print(json.dumps(out))
     else:
-        _print_summary(out)
+        _print_summary(out, problem.slo, None if args.trace else problem.workload.arrival_rate_rps)
     return 0
 
 

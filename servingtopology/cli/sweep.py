@@ -118,12 +118,15 @@ def _plot(path: str, layout: Layout, points: list[dict[str, Any]]) -> None:
 def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.1f}"
-    print(f"serving envelope of {layout.label} on {layout.gpus} GPUs")
-    print(f"{'conc':>6}{'tok/s/GPU':>11}{'tok/s/user':>11}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'preempt':>9}")
+    print(f"serving envelope of {layout.label} on {layout.gpus} GPUs (closed loop: each client sends its next request when the last ends)")
+    print(f"{'clients':>7}{'out tok/s/GPU':>15}{'tok/s/user':>12}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'ITL p50 ms':>12}"
+          f"{'ITL p99 ms':>12}{'goodput req/s':>15}{'preemptions':>13}")
     for p in points:
-        print(f"{p['concurrency']:>6}{f(p['throughput_tok_s_per_gpu']):>11}{f(p['tokens_per_s_per_user']):>11}"
-              f"{f(p['ttft_ms']['p50']):>10}{f(p['ttft_ms']['p99']):>10}{f(p['itl_ms']['p50']):>9}{f(p['itl_ms']['p99']):>9}"
-              f"{p['preemptions']:>9}")
+        print(f"{p['concurrency']:>7}{f(p['throughput_tok_s_per_gpu']):>15}{f(p['tokens_per_s_per_user']):>12}"
+              f"{f(p['ttft_ms']['p50']):>13}{f(p['ttft_ms']['p99']):>13}{f(p['itl_ms']['p50']):>12}{f(p['itl_ms']['p99']):>12}"
+              f"{f(p['goodput_rps']):>15}{p['preemptions']:>13}")
+    print("out tok/s/GPU: output tokens per second per GPU; tok/s/user: 1000 / mean TPOT ms; goodput: requests meeting both SLOs "
+          "per second of the run")
 
 
 def run(args: argparse.Namespace) -> int:
