@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("spec", nargs="?", help="planning spec (YAML); omit for the embedded default scenario")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--record", metavar="FILE.md", help="write the decision record to this file")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the Pareto frontier (throughput per GPU against tokens/s per user)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the candidates, the Pareto frontier, the chosen layout and the SLOs (output "
+                   "tokens/s per GPU against tokens/s per user, and TTFT: the axes of sweep --plot)")
     p.add_argument("--no-simulate", action="store_true", help="skip stage 6 (step-level simulation of the top K)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -128,31 +129,9 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
 
 
 def _plot(d: Decision, problem: Problem, path: str) -> None:
-    import matplotlib
+    from servingtopology.cli.plots import plan_figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_tok = problem.workload.output_tokens.expected_tokens
-    pts = [(c.prediction.capacity_rps * out_tok / c.layout.gpus, c.prediction.tokens_per_s_per_user, c.layout.label) for c in d.evaluated]
-    pts = [p for p in pts if p[0] > 0 and p[1] > 0]
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    ax.scatter([p[1] for p in pts], [p[0] for p in pts], s=12, alpha=0.4, label="evaluated candidates")
-    frontier, best_y = [], -1.0
-    for x, y, label in sorted(((p[1], p[0], p[2]) for p in pts), reverse=True):
-        if y > best_y:
-            frontier.append((x, y, label))
-            best_y = y
-    ax.plot([f[0] for f in frontier], [f[1] for f in frontier], "r-o", ms=4, label="Pareto frontier")
-    for x, y, label in frontier[:12]:
-        ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("tokens/s per user (1 / mean TPOT)")
-    ax.set_ylabel("output tokens/s per GPU at the SLO capacity")
-    ax.set_title(f"{problem.model.name} on {problem.gpu.id} ({problem.engine.value})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(plan_figure(d, problem), path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -201,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         _plot(decision, problem, args.plot)
     if args.json:
         print(json.dumps({
+            **({"plot": args.plot} if args.plot else {}),
             "funnel": funnel_json(decision.funnel),
             "candidates_total": decision.candidates_total,
             "best": candidate_json(problem, decision.best, spec),
@@ -214,4 +194,8 @@ def run(args: argparse.Namespace) -> int:
     _print_funnel(decision.funnel, decision.candidates_total)
     _print_best(spec, problem, decision)
     print(record)
+    if args.record:
+        print(f"decision record written to {args.record}")
+    if args.plot:
+        print(f"plot written to {args.plot}")
     return 0

@@ -21,6 +21,7 @@ from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim import from_workload, simulate
+from servingtopology.planner.workload import Slo
 from servingtopology.spec import MAX_CONCURRENCY, MAX_SIM_REQUESTS, SpecError, to_problem
 
 __all__ = ["add_parser", "run", "sweep_points", "parse_concurrency"]
@@ -35,7 +36,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
     p.add_argument("--requests-per-client", type=int, default=8, help="requests each client sends (default 8; at least 200 in all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="FILE.png", help="draw throughput per GPU against tokens/s per user")
+    p.add_argument("--plot", metavar="FILE.png", help="draw output tokens/s per GPU against tokens/s per user, and TTFT, with the SLOs "
+                   "(the axes of plan --plot)")
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -84,9 +86,9 @@ def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, se
             "throughput_tok_s": _r(s.throughput_tok_s, 1),
             "throughput_tok_s_per_gpu": _r(s.throughput_tok_s_per_gpu, 1),
             "tokens_per_s_per_user": _r(1000.0 / s.tpot_ms.mean if s.tpot_ms.mean > 0 else math.nan, 2),
-            "ttft_ms": {"p50": _r(s.ttft_ms.p50), "p99": _r(s.ttft_ms.p99)},
+            "ttft_ms": {"p50": _r(s.ttft_ms.p50), "p95": _r(s.ttft_ms.p95), "p99": _r(s.ttft_ms.p99)},
             "itl_ms": {"p50": _r(s.itl_ms.p50), "p99": _r(s.itl_ms.p99)},
-            "tpot_ms": {"mean": _r(s.tpot_ms.mean), "p50": _r(s.tpot_ms.p50), "p99": _r(s.tpot_ms.p99)},
+            "tpot_ms": {"mean": _r(s.tpot_ms.mean), "p50": _r(s.tpot_ms.p50), "p95": _r(s.tpot_ms.p95), "p99": _r(s.tpot_ms.p99)},
             "goodput_rps": _r(s.goodput_rps),
             "preemptions": s.preemptions,
             "unfinished": s.unfinished,
@@ -95,24 +97,10 @@ def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, se
     return points
 
 
-def _plot(path: str, layout: Layout, points: list[dict[str, Any]]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _plot(path: str, layout: Layout, points: list[dict[str, Any]], slo: Slo) -> None:
+    from servingtopology.cli.plots import save, sweep_figure
 
-    xs = [p["tokens_per_s_per_user"] or 0.0 for p in points]
-    ys = [p["throughput_tok_s_per_gpu"] or 0.0 for p in points]
-    fig, ax = plt.subplots(figsize=(7, 5))
-    ax.plot(xs, ys, marker="o")
-    for p, x, y in zip(points, xs, ys, strict=True):
-        ax.annotate(str(p["concurrency"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("tokens/s per user (1000 / mean TPOT)")
-    ax.set_ylabel("output tokens/s per GPU")
-    ax.set_title(f"serving envelope of {layout.label} ({layout.gpus} GPUs), labelled by concurrency")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(sweep_figure(layout.label, layout.gpus, points, slo), path)
 
 
 def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
@@ -146,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"infeasible: {exc}")
         return 1
     if args.plot:
-        _plot(args.plot, layout, points)
+        _plot(args.plot, layout, points, problem.slo)
     if args.json:
-        print(json.dumps({"layout": layout.label, "gpus": layout.gpus, "points": points}))
+        print(json.dumps({"layout": layout.label, "gpus": layout.gpus, "points": points, **({"plot": args.plot} if args.plot else {})}))
     else:
         _print(layout, points)
         if args.plot:
