@@ -198,7 +198,7 @@ def test_prometheus_answering_garbage_gives_metrics_unavailable_touches_nothing_
     with GarbagePrometheus(cluster.prometheus_url) as fake:
         # The spec's workload is the emulator's default traffic: live metrics agree with it, nothing to replan for.
         _apply(cluster, topology(name, namespace, prometheus_url=fake.url, arrival_rate=2, input_tokens=1000,
-                                 output_tokens=200, replan_interval="5s", cooldown="10m", allowed_layouts=["replicas"]))
+                                 output_tokens=200, replan_interval="10s", cooldown="10m", allowed_layouts=["replicas"]))
         wait_until(lambda: _settled(kube, namespace, name), timeout_s=240, what="first plan settled", on_timeout=operator.log_tail)
         kube.wait_condition(namespace, name, "MetricsAvailable", "True", timeout_s=180, log=operator.log_tail)
         plan_before = kube.topology(namespace, name)["status"]["plan"]
