@@ -49,6 +49,7 @@ __all__ = [
     "PlanStatus",
     "ProposalStatus",
     "ObservedStatus",
+    "SummaryStatus",
     "HistoryEntry",
     "TopologyStatus",
     "HISTORY_LIMIT",
@@ -610,6 +611,7 @@ class ProposalStatus(PlanStatus):
     fromLayout: str | None = Field(default=None, description="the running layout it would replace")
     fromGPUs: int | None = Field(default=None, description="GPUs of the running layout")
     before: Predicted | None = Field(default=None, description="the running layout's figures at the same load")
+    loadRps: float | None = Field(default=None, description="the arrival rate 'before' and 'predicted' are both predicted at, in req/s")
     reason: str = Field(default="", description="a CamelCase word: why it is proposed")
     message: str = Field(default="", description="the proposal in a sentence, with before and after figures")
 
@@ -626,6 +628,28 @@ class ObservedStatus(_Api):
     tpotMsP95: float | None = Field(default=None, description="measured p95 time per output token, in ms")
     ttftError: float | None = Field(default=None, description="observed/predicted - 1")
     tpotError: float | None = Field(default=None, description="observed/predicted - 1")
+    predictedTtftMs: float | None = Field(default=None, description="the running layout's TTFT predicted at the observed workload "
+                                          "(uncalibrated): what ttftError compares the measurement with")
+    predictedTpotMs: float | None = Field(default=None, description="the running layout's TPOT predicted at the observed workload "
+                                          "(uncalibrated): what tpotError compares the measurement with")
+
+
+class SummaryStatus(_Api):
+    """What `kubectl get stopo` shows: texts the operator writes on every pass for the printer columns (kubectl's
+    JSONPath cannot format a figure or join two fields). Read by people; programs should read plan, observed and
+    conditions."""
+
+    mode: str = Field(description="policy.mode in effect (Auto, DryRun, Pinned)")
+    layout: str = Field(description="the running layout; 'from → to' while a transition runs; '-' when nothing runs")
+    pd: str = Field(description="prefill:decode instances of the running layout ('-' for replicas); 'from → to' while it changes")
+    gpus: str = Field(description="GPUs of the running layout; 'from → to' while a transition runs")
+    ttft: str = Field(description="TTFT at the SLO percentile, 'measured / predicted' with units (e.g. '4.6s / 40ms'; "
+                                  "'-' where there is no figure)")
+    tpot: str = Field(description="TPOT at the SLO percentile, 'measured / predicted' with units")
+    phase: str = Field(description="'Steady', or the transition's phase and mode with the traffic split, "
+                                   "e.g. 'Progressing (Surge): 3×TP1 75%, 3×TP2 25%'")
+    proposal: str = Field(description="the proposed layout (DryRun, or a transition's target); '-' when none")
+    error: str = Field(description="prediction error at the observed load, measured/predicted - 1 (e.g. 'TTFT +12%, TPOT -3%')")
 
 
 class HistoryEntry(_Api):
@@ -649,6 +673,7 @@ class TopologyStatus(_Api):
     observed: ObservedStatus | None = Field(default=None, description="the last live metrics and the prediction error")
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT,
                                         description=f"the last {HISTORY_LIMIT} decisions, oldest first")
+    summary: SummaryStatus | None = Field(default=None, description="the printer columns' texts (kubectl get stopo)")
     replan: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
                                           description="live-replanning memory (metric window, drift, calibration, the running "
                                                       "transition); written by the operator, resumed after a restart")

@@ -180,16 +180,28 @@ def _spec_schema() -> dict[str, Any]:
 
 
 def _printer_columns() -> list[dict[str, Any]]:
+    """`kubectl get stopo`: readiness and why, the mode, what runs, measured against predicted, a transition's phase;
+    `-o wide` (priority 1) adds the proposal and the prediction error. Texts come from status.summary (readout.py)."""
+    ready = '.status.conditions[?(@.type=="Ready")]'
     return [
-        {"name": "LAYOUT", "type": "string", "jsonPath": ".status.plan.layout", "description": "the running layout"},
-        {"name": "GPUS", "type": "integer", "jsonPath": ".status.plan.gpus", "description": "GPUs of the running layout"},
-        {"name": "P:D", "type": "string", "jsonPath": ".status.plan.pd", "description": "prefill:decode instances"},
-        {"name": "TTFT", "type": "number", "jsonPath": ".status.plan.predicted.ttftMs", "description": "predicted TTFT (ms) at the SLO percentile"},
-        {"name": "TPOT", "type": "number", "jsonPath": ".status.plan.predicted.tpotMs", "description": "predicted TPOT (ms) at the SLO percentile"},
-        {"name": "READY", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-        {"name": "MODE", "type": "string", "jsonPath": ".spec.policy.mode", "priority": 1},
-        {"name": "PROPOSAL", "type": "string", "jsonPath": ".status.proposal.layout", "priority": 1},
+        {"name": "READY", "type": "string", "jsonPath": f"{ready}.status", "description": "the Ready condition"},
+        {"name": "REASON", "type": "string", "jsonPath": f"{ready}.reason",
+         "description": "the Ready condition's reason (WorkloadsReady, ServingFloorHeld, DryRun, InvalidSpec, Infeasible, ...)"},
+        {"name": "MODE", "type": "string", "jsonPath": ".status.summary.mode", "description": "policy.mode in effect"},
+        {"name": "LAYOUT", "type": "string", "jsonPath": ".status.summary.layout", "description": "the running layout; from → to in a transition"},
+        {"name": "P:D", "type": "string", "jsonPath": ".status.summary.pd", "description": "prefill:decode instances"},
+        {"name": "GPUS", "type": "string", "jsonPath": ".status.summary.gpus", "description": "GPUs of the running layout"},
+        {"name": "TTFT", "type": "string", "jsonPath": ".status.summary.ttft",
+         "description": "TTFT at the SLO percentile: measured / predicted, with units"},
+        {"name": "TPOT", "type": "string", "jsonPath": ".status.summary.tpot",
+         "description": "TPOT at the SLO percentile: measured / predicted, with units"},
+        {"name": "PHASE", "type": "string", "jsonPath": ".status.summary.phase",
+         "description": "Steady, or the transition's phase with the traffic split"},
         {"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "PROPOSAL", "type": "string", "jsonPath": ".status.summary.proposal", "priority": 1,
+         "description": "the proposed layout (DryRun) or a transition's target"},
+        {"name": "ERROR", "type": "string", "jsonPath": ".status.summary.error", "priority": 1,
+         "description": "prediction error at the observed load: measured / predicted - 1"},
     ]
 
 

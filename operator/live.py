@@ -23,7 +23,7 @@ from .api import TopologySpec
 from .cluster import Cluster, ClusterError
 from .metrics import MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
 from .plan_status import timestamp
-from .replan import Planner, Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy, fetch_sample, replan
+from .replan import Planner, Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy, fetch_sample, metrics_grace, replan
 
 __all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "metrics_request", "run_live_replan", "QUERY_TIMEOUT_S"]
 
@@ -87,8 +87,10 @@ def _token(cluster: Cluster, spec: TopologySpec, namespace: str) -> tuple[str | 
 
 def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | None, memory: ReplanMemory, policy: ReplanPolicy,
                     now: datetime, cluster: Cluster, namespace: str, name: str, factory: MetricsFactory, planner: Planner,
-                    predict: Predictor = predict_layout) -> ReplanOutcome | None:
-    """One replan interval when spec.metrics is set and the interval is due; None otherwise (nothing to write)."""
+                    predict: Predictor = predict_layout, ready_since: datetime | None = None) -> ReplanOutcome | None:
+    """One replan interval when spec.metrics is set and the interval is due; None otherwise (nothing to write).
+
+    `ready_since`: when the Ready condition last turned True (None: not Ready), for the MetricsGrace rule."""
     if spec.metrics is None:
         return None
     now_s = now.timestamp()
@@ -102,5 +104,7 @@ def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | N
             sample, error = fetch_sample(source, at_s=now_s, interval_s=policy.interval_s)
         except (MetricsUnavailable, ValueError, OSError) as exc:   # a URL the client refuses, a DNS failure at connect
             sample, error = None, f"Prometheus at {spec.metrics.prometheusUrl}: {type(exc).__name__}: {exc}"
+    grace = metrics_grace(memory, ready_since_s=ready_since.timestamp() if ready_since is not None else None, now_s=now_s,
+                          interval_s=policy.interval_s)
     return replan(problem=problem, current=current, memory=memory, sample=sample, metrics_error=error, policy=policy,
-                  now_s=now_s, planner=planner, predict=predict, at=timestamp(now))
+                  now_s=now_s, planner=planner, predict=predict, at=timestamp(now), grace=grace)

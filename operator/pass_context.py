@@ -32,6 +32,7 @@ from .api import (
     ObservedStatus,
     PlanStatus,
     PodTemplate,
+    PolicySpec,
     TopologySpec,
     TopologyStatus,
 )
@@ -41,6 +42,7 @@ from .live import MetricsFactory, run_live_replan
 from .manifests import Blueprint, engine_extra_args, role_nodes
 from .network import NetworkKnobs
 from .plan_status import condition, set_condition
+from .readout import summary_status
 from .replan import Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy
 
 __all__ = [
@@ -82,6 +84,25 @@ class PassState:
         self.pruned: list[str] = []
         self.memory = ReplanMemory.from_dict(self.status.replan)
         self.observed: ObservedStatus | None = self.status.observed
+        self.traffic: dict[str, float] | None = None   # a running transition's traffic split, when read this pass
+
+    @property
+    def mode(self) -> str:
+        """policy.mode as written (the API's default when absent), for the MODE column even when the spec is invalid."""
+        spec = self.obj.get("spec")
+        policy = spec.get("policy") if isinstance(spec, Mapping) else None
+        mode = policy.get("mode") if isinstance(policy, Mapping) else None
+        return str(mode or PolicySpec.model_fields["mode"].default)
+
+    def ready_since(self) -> datetime | None:
+        """When the Ready condition last turned True (None while it is not True)."""
+        ready = condition(self.conditions, ConditionType.READY)
+        if ready is None or ready.status != "True":
+            return None
+        try:
+            return datetime.fromisoformat(ready.lastTransitionTime.replace("Z", "+00:00"))
+        except ValueError:
+            return None
 
     def set(self, kind: ConditionType, status: bool | None, reason: str, message: str) -> bool:
         """Set a condition; True when it changed (status, reason or message), which is when Events are due."""
@@ -96,14 +117,17 @@ class PassState:
 
     def outcome(self, *, plan: PlanStatus | None, proposal: Any, history: list[HistoryEntry] | None = None,
                 decided: bool = False, requeue_after_s: float | None = None, error: str | None = None) -> Outcome:
+        summary = summary_status(mode=self.mode, plan=plan, proposal=proposal, observed=self.observed,
+                                 transition=self.memory.transition if self.memory.transitioning else None, shares=self.traffic)
         status = self.status.model_copy(update={
             "conditions": self.conditions, "observedGeneration": self.generation, "plan": plan, "proposal": proposal,
             "history": history if history is not None else self.status.history, "observed": self.observed,
-            "replan": self.memory.to_dict(),
+            "replan": self.memory.to_dict(), "summary": summary,
         })
         body = status.model_dump(mode="json", exclude_none=True)
-        body.setdefault("plan", None)       # explicit nulls: a merge patch then removes a stale plan or proposal
+        body.setdefault("plan", None)       # explicit nulls: a merge patch then removes a stale plan, proposal or observation
         body.setdefault("proposal", None)
+        body.setdefault("observed", None)
         return Outcome(body, tuple(self.applied), tuple(self.pruned), decided, requeue_after_s, error)
 
 def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: str, uid: str, gpus_per_node: int,
@@ -249,7 +273,7 @@ def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layo
     try:
         out = run_live_replan(spec=ctx.spec, problem=problem, current=current, memory=p.memory, policy=ctx.policy, now=p.now,
                               cluster=p.cluster, namespace=p.namespace, name=p.name, factory=ctx.metrics, planner=ctx.planner,
-                              predict=ctx.predict)
+                              predict=ctx.predict, ready_since=p.ready_since())
     except (InvalidSpec, InsufficientData) as exc:
         p.event("Warning", "ReplanFailed", f"{exc}; keeping the running layout")
         p.memory = dataclasses.replace(p.memory, last_fetch_s=p.now.timestamp())

@@ -13,9 +13,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..planner.hardware import Precision
-from ..planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
+from ..planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
 from ..planner.problem import Candidate, Prediction
 from .api import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
+from .readout import ms_text, pd_ratio
 
 if TYPE_CHECKING:
     from .replan import ReplanOutcome
@@ -40,13 +41,6 @@ ArgsOf = Callable[[Role, RoleLayout], tuple[int, tuple[str, ...]]]  # role -> (n
 def timestamp(now: datetime) -> str:
     """RFC 3339 in UTC with a Z, second precision (what Kubernetes writes)."""
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def pd_ratio(layout: Layout) -> str:
-    """`P:D` instance counts of a PD layout, `-` for replicas (the printer column)."""
-    if layout.kind is LayoutKind.REPLICAS:
-        return "-"
-    return f"{layout.roles[Role.PREFILL].count}:{layout.roles[Role.DECODE].count}"
 
 
 def predicted(p: Prediction) -> Predicted:
@@ -77,15 +71,21 @@ def plan_status(candidate: Candidate, *, args_of: ArgsOf, reasons: Sequence[str]
 
 
 def proposal_status(candidate: Candidate, *, current: PlanStatus | None, before: Prediction | None, args_of: ArgsOf,
-                    reasons: Sequence[str], now: datetime, generation: int, percentile: str) -> ProposalStatus:
-    """`status.proposal`: the plan a DryRun would apply, with the figures before and after."""
+                    reasons: Sequence[str], now: datetime, generation: int, percentile: str, load_rps: float | None = None) -> ProposalStatus:
+    """`status.proposal`: the plan a DryRun would apply, with the figures before and after.
+
+    SameLoadFigures: `before` must be the running layout predicted at the load `candidate` was predicted at
+    (`load_rps`); without one the message quotes the new figures alone, never the running plan's figures at the
+    load it was planned for.
+    """
     plan = plan_status(candidate, args_of=args_of, reasons=reasons, now=now, generation=generation)
-    before_p = predicted(before) if before is not None else (current.predicted if current is not None else None)
+    before_p = predicted(before) if before is not None else None
     reason = reasons[0] if reasons else (candidate.why or "best ranked layout under the SLOs")
     message = change_message(current_layout=current.layout if current else None, current_gpus=current.gpus if current else None,
-                             before=before_p, after=plan, reason=reason, percentile=percentile, verb="would")
+                             before=before_p, after=plan, reason=reason, percentile=percentile, verb="would", load_rps=load_rps)
     return ProposalStatus(**plan.model_dump(), fromLayout=current.layout if current else None,
-                          fromGPUs=current.gpus if current else None, before=before_p, reason=reason, message=message)
+                          fromGPUs=current.gpus if current else None, before=before_p,
+                          loadRps=None if load_rps is None else round(load_rps, 3), reason=reason, message=message)
 
 
 def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args_of: ArgsOf, now: datetime, generation: int,
@@ -95,31 +95,36 @@ def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args
     # replan words it "…, because <why> (<drift>)[; <Mode> transition]"; the proposal keeps "<why> (<drift>)".
     why = re.sub(r"; \w+ transition$", "", out.message.split(", because ", 1)[1]) if ", because " in out.message else ""
     reasons = ([why] if why else []) + list(out.decision.reasons if out.decision is not None else ())
+    # SameLoadFigures: out.before is the running layout at the load out.after was chosen for (out.load_rps).
     proposal = proposal_status(out.after, current=current, before=out.before.prediction if out.before is not None else None,
-                               args_of=args_of, reasons=reasons, now=now, generation=generation, percentile=percentile)
+                               args_of=args_of, reasons=reasons, now=now, generation=generation, percentile=percentile,
+                               load_rps=out.load_rps)
     return proposal.model_copy(update={"set": set_name}) if set_name else proposal
 
 
 def change_message(*, current_layout: str | None, current_gpus: int | None, before: Predicted | None, after: PlanStatus,
-                   reason: str, percentile: str, verb: str) -> str:
-    """`would change 4×TP2 → 2P3D@TP4: p95 TTFT 310→180 ms, TPOT 30→28 ms, GPUs 8→10, because …`.
+                   reason: str, percentile: str, verb: str, load_rps: float | None = None) -> str:
+    """`would change 4×TP2 → 2P3D@TP4 at 30 req/s: p95 TTFT 2.1s→180ms, TPOT 30ms→28ms, GPUs 8→10, because …`.
 
-    `verb` is "would" for a proposal and "did" for an applied change (worded "changed").
+    `verb` is "would" for a proposal and "did" for an applied change (worded "changed"). `before` and `after` must
+    be predictions at the same load (SameLoadFigures), named by `load_rps` when known.
     """
     a = after.predicted
+    at = "" if load_rps is None else f" at {load_rps:.3g} req/s"
     if current_layout is None or (current_layout == after.layout and current_gpus == after.gpus):
-        head = f"{'would create' if verb == 'would' else 'created'} {after.layout}"
+        head = f"{'would create' if verb == 'would' else 'created'} {after.layout}{at}"
         figures = [f"{after.gpus} GPU{'' if after.gpus == 1 else 's'}"]
         if a is not None:
-            figures = [f"{percentile} TTFT {a.ttftMs:.0f} ms", f"TPOT {a.tpotMs:.1f} ms", *figures]
+            figures = [f"{percentile} TTFT {ms_text(a.ttftMs)}", f"TPOT {ms_text(a.tpotMs)}", *figures]
     else:
-        head = f"{'would change' if verb == 'would' else 'changed'} {current_layout} → {after.layout}"
+        head = f"{'would change' if verb == 'would' else 'changed'} {current_layout} → {after.layout}{at}"
         figures = []
         if a is not None:
             if before is not None:
-                figures += [f"{percentile} TTFT {before.ttftMs:.0f}→{a.ttftMs:.0f} ms", f"TPOT {before.tpotMs:.1f}→{a.tpotMs:.1f} ms"]
+                figures += [f"{percentile} TTFT {ms_text(before.ttftMs)}→{ms_text(a.ttftMs)}",
+                            f"TPOT {ms_text(before.tpotMs)}→{ms_text(a.tpotMs)}"]
             else:
-                figures += [f"{percentile} TTFT {a.ttftMs:.0f} ms", f"TPOT {a.tpotMs:.1f} ms"]
+                figures += [f"{percentile} TTFT {ms_text(a.ttftMs)}", f"TPOT {ms_text(a.tpotMs)}"]
         figures.append(f"GPUs {current_gpus}→{after.gpus}")
     return f"{head}: {', '.join(figures)}, because {reason}"
 

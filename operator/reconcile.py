@@ -26,7 +26,7 @@ from ..planner.errors import Infeasible, InvalidSpec
 from ..planner.hardware import resolve_gpu
 from ..planner.layout import Layout
 from ..planner.problem import Decision, Problem
-from ..planner.transition import Phase
+from ..planner.transition import Phase, TransitionState
 from ..planner.transition import set_name as layout_set_name
 from ..spec import SpecError
 from .api import (
@@ -35,6 +35,7 @@ from .api import (
     HistoryEntry,
     Mode,
     PlanStatus,
+    Predicted,
     ProposalStatus,
     check_resource_name,
     parse_topology_spec,
@@ -62,11 +63,13 @@ from .plan_status import (
     condition,
     layout_from_plan,
     plan_status,
+    predicted,
     proposal_from_replan,
     proposal_status,
     timestamp,
 )
-from .replan import Predictor, Verdict, policy_from_spec, transition_step
+from .readout import phase_text, traffic_shares
+from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
 from .rollout import finished_plan, rebase_sets, running_set, start_for_change
 from .sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
 
@@ -137,6 +140,7 @@ class _Run:
     history: list[HistoryEntry]
     decided: bool = False
     requeue_after_s: float | None = None
+    floor: FloorCheck | None = None   # ServingFloorHeld of the running transition, when read this pass
 
 
 def _step(p: PassState, ctx: PassContext, problem: Problem, run: _Run) -> None:
@@ -151,6 +155,9 @@ def _step(p: PassState, ctx: PassContext, problem: Problem, run: _Run) -> None:
     state = memory.transition
     if step is None or state is None or state.phase is not Phase.DONE:
         run.requeue_after_s = step.requeue_after_s if step is not None and step.requeue_after_s is not None else PROGRESS_REQUEUE_S
+        if state is not None:
+            p.traffic = traffic_shares(state, view)
+            run.floor = serving_floor(memory, view, problem=problem)
         return
     if state.rolled_back:
         p.event("Warning", "TransitionRolledBack", f"back on {run.plan.layout}: {state.message}")
@@ -159,15 +166,29 @@ def _step(p: PassState, ctx: PassContext, problem: Problem, run: _Run) -> None:
         new = finished_plan(p.memory, run.proposal, problem=problem, predict=ctx.predict, now=p.now, generation=p.generation,
                             args_of=engine_args_of(ctx.bp_for(p, state.target)))
         reason = new.reasons[0] if new.reasons else "a better layout for the workload"
-        message = change_message(current_layout=run.plan.layout, current_gpus=run.plan.gpus, before=run.plan.predicted, after=new,
-                                 reason=reason, percentile=slo_percentile(ctx.spec), verb="did")
+        before, load_rps = _same_load_before(ctx, problem, run.proposal, source=state.source, target=new)
+        message = change_message(current_layout=run.plan.layout, current_gpus=run.plan.gpus, before=before, after=new,
+                                 reason=reason, percentile=slo_percentile(ctx.spec), verb="did", load_rps=load_rps)
         p.event("Normal", "PlanApplied", message)
         p.set(ConditionType.PLANNED, True, "Pinned" if ctx.spec.policy.mode is Mode.PINNED else "Planned", message)
         run.history = append_history(run.history, HistoryEntry(at=timestamp(p.now), action="Applied", layout=new.layout, gpus=new.gpus,
                                                                reason=reason[:256]), HISTORY_LIMIT)
         run.plan = new
     run.proposal = None
-    p.memory = dataclasses.replace(memory, transition=None)
+    p.memory = after_transition(memory, now_s=p.now.timestamp())
+    p.observed = None   # measured on the layout that no longer runs (PostTransitionWindow)
+
+
+def _same_load_before(ctx: PassContext, problem: Problem, proposal: ProposalStatus | None, *, source: Layout,
+                      target: PlanStatus) -> tuple[Predicted | None, float | None]:
+    """SameLoadFigures for a finished transition: the old layout's figures at the load the new plan was predicted at.
+
+    The proposal carries them when it still matches the target; otherwise (status lost) `finished_plan` predicted
+    the target at the spec's problem, and the old layout is predicted there too.
+    """
+    if proposal is not None and proposal.layout == target.layout and proposal.before is not None:
+        return proposal.before, proposal.loadRps
+    return predicted(ctx.predict(problem, source).prediction), problem.workload.arrival_rate_rps
 
 
 def _set_blueprints(p: PassState, ctx: PassContext) -> Callable[[Layout, str], Blueprint]:
@@ -264,7 +285,11 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
     reason = decision.reasons[0] if decision.reasons else (best.why or "best ranked layout under the SLOs")
     if ctx.spec.policy.mode is Mode.PINNED:
         reason = "policy.mode is Pinned"
-    before = plan.predicted if plan is not None else None
+    # SameLoadFigures: the running layout at the load this plan was made for, not its figures at its own planned load.
+    same_load = decision.current if decision.current is not None else (
+        ctx.predict(problem, current) if problem is not None and current is not None and plan is not None else None)
+    before = predicted(same_load.prediction) if same_load is not None else None
+    load_rps = problem.workload.arrival_rate_rps if problem is not None else None
     # A new generation re-bases drift on the spec's workload; the calibration and the metric window stay.
     p.memory = dataclasses.replace(p.memory, assumed=None, drift=dataclasses.replace(p.memory.drift, streak=0, calm=0, detected=False))
     started = None
@@ -275,8 +300,9 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
             p.event("Warning", "TransitionUnsafe", started.warning)
         p.memory = started.memory
     if started is not None and started.started:
-        proposal = proposal_status(best, current=plan, before=None, args_of=engine_args_of(bp), reasons=[reason, *decision.reasons],
-                                   now=p.now, generation=p.generation, percentile=slo_percentile(ctx.spec))
+        proposal = proposal_status(best, current=plan, before=same_load.prediction if same_load is not None else None,
+                                   args_of=engine_args_of(bp), reasons=[reason, *decision.reasons], now=p.now,
+                                   generation=p.generation, percentile=slo_percentile(ctx.spec), load_rps=load_rps)
         state = p.memory.transition
         assert state is not None
         run.proposal = proposal.model_copy(update={"set": state.to_set})
@@ -285,7 +311,8 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
         p.set(ConditionType.PLANNED, True, "Pinned" if ctx.spec.policy.mode is Mode.PINNED else "Planned", message)
         return None
     message = change_message(current_layout=plan.layout if plan else None, current_gpus=plan.gpus if plan else None,
-                             before=before, after=new_plan, reason=reason, percentile=slo_percentile(ctx.spec), verb="did")
+                             before=before, after=new_plan, reason=reason, percentile=slo_percentile(ctx.spec), verb="did",
+                             load_rps=load_rps)
     changed = plan is None or plan.layout != new_plan.layout or plan.gpus != new_plan.gpus
     p.event("Normal", "PlanApplied" if changed else "PlanKept", message)
     p.set(ConditionType.PLANNED, True, "Pinned" if ctx.spec.policy.mode is Mode.PINNED else "Planned", message)
@@ -350,15 +377,29 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
     degraded = failed or (not ready and not p.applied and not run.decided and not moving
                           and any(c is not None and c.status == "True" for c in was.values()))
     failures = [] if ready else engine_failures(p.cluster.list_pods(p.namespace, f"app.kubernetes.io/instance={p.name}"))
-    if failures:
+    floor = run.floor if moving and state is not None else None
+    if floor is not None and floor.held and state is not None:
+        # ServingFloorHeld: the old set (or both) still carries the load while the new one comes up; a surge is not
+        # an outage, and `kubectl wait --for=condition=Ready` must not fail in the middle of one.
+        p.set(ConditionType.READY, True, "ServingFloorHeld",
+              f"{_serving_label(state)} serves {floor.capacity_rps:.2f} req/s ready (floor {floor.floor_rps:.2f}) while "
+              f"{state.source.label} → {state.target.label} runs; {summary}")
+    elif failures:
         # An engine that refused to start: its own message, as the kubelet kept it, is the reason to show.
         if p.set(ConditionType.READY, False, "EngineFailed", f"{plan.layout}: {'; '.join(failures)}"):
             p.event("Warning", "EngineFailed", failures[0])
+    elif floor is not None and state is not None:
+        p.set(ConditionType.READY, False, "BelowServingFloor",
+              f"{_serving_label(state)} serves {floor.capacity_rps:.2f} req/s ready, under the floor of {floor.floor_rps:.2f}; {summary}")
     else:
         p.set(ConditionType.READY, ready, "WorkloadsReady" if ready else ("ReplicasUnavailable" if degraded else "WorkloadsNotReady"),
               f"{plan.layout}: {summary}")
     if moving and state is not None:
-        p.set(ConditionType.PROGRESSING, True, "Transition", f"{state.source.label} → {state.target.label}: {state.message}")
+        p.set(ConditionType.PROGRESSING, True, progressing_reason(state),
+              f"{state.source.label} → {state.target.label}, {phase_text(state, p.traffic)}; {state.message}"
+              + (f"; engine failures: {'; '.join(failures)}" if failures else ""))
+    elif failed and state is not None:
+        p.set(ConditionType.PROGRESSING, False, "TransitionFailed", f"{state.source.label} → {state.target.label}: {state.message}")
     else:
         p.set(ConditionType.PROGRESSING, not ready and not degraded, "RollingOut" if not ready and not degraded else "Settled", summary)
     reason = "TransitionFailed" if failed else ("ReplicasUnavailable" if degraded else "AsPlanned")
@@ -367,6 +408,17 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
         p.event("Warning", reason, f"{plan.layout}: {text}")
     requeue = run.requeue_after_s if moving else (None if ready else PROGRESS_REQUEUE_S)
     return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, requeue_after_s=requeue)
+
+
+def progressing_reason(state: TransitionState) -> str:
+    """The Progressing reason of a running transition: `SurgeProgressing`, `InPlaceProgressing`, `SurgeDraining`,
+    or `RollingBack` once it heads back to where it started."""
+    return "RollingBack" if state.rolled_back else f"{state.mode.value}{state.phase.value}"
+
+
+def _serving_label(state: TransitionState) -> str:
+    labels = {state.from_set: state.source.label, state.to_set: state.target.label}
+    return " + ".join(labels.get(s, s) for s in state.serving)
 
 
 ENGINE_CONTAINERS = ("engine", "router")

@@ -35,15 +35,18 @@ from ..planner.transition import (
     in_place,
     layout_to_state,
     next_step,
+    serving_capacity_rps,
     start_transition,
 )
 from ..planner.workload import LengthDist, LengthKind, Workload
 from .api import ConditionType, Mode, ObservedStatus, PolicySpec, duration_s
 from .metrics import MetricsSource, MetricsUnavailable
+from .readout import ms_text
 
 __all__ = [
     "ReplanPolicy", "ReplanMemory", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",
     "policy_from_spec", "fetch_sample", "replan", "transition_step", "capacity_of", "observed_status",
+    "METRICS_GRACE_MIN_S", "metrics_grace", "FloorCheck", "serving_floor", "after_transition",
 ]
 
 Planner = Callable[[Problem], Decision]
@@ -162,9 +165,10 @@ class ReplanOutcome:
     observation: Observation | None = None
     observed: ObservedStatus | None = None
     decision: Decision | None = None
-    before: Candidate | None = None          # the running layout at the observed workload
+    before: Candidate | None = None          # the running layout at the observed workload (once a decision is made: at `load_rps`)
     after: Candidate | None = None           # the proposed or target layout at the observed workload
     message: str = ""
+    load_rps: float | None = None            # the arrival rate `after` (and the decision's current) were predicted at
 
 
 def fetch_sample(source: MetricsSource, *, at_s: float, interval_s: float) -> tuple[MetricSample | None, str | None]:
@@ -198,7 +202,39 @@ def observed_status(obs: Observation, *, at: str, raw: Candidate | None) -> Obse
                           outputTokensMean=round(w.output_tokens.expected_tokens, 1), prefixHitRate=round(w.prefix_share, 4),
                           ttftMsP95=None if slo.ttft_ms is None else round(slo.ttft_ms, 1),
                           tpotMsP95=None if slo.tpot_ms is None else round(slo.tpot_ms, 2),
-                          ttftError=None if ttft_err is None else round(ttft_err, 4), tpotError=None if tpot_err is None else round(tpot_err, 4))
+                          ttftError=None if ttft_err is None else round(ttft_err, 4), tpotError=None if tpot_err is None else round(tpot_err, 4),
+                          predictedTtftMs=None if p is None else round(p.ttft_ms, 1),
+                          predictedTpotMs=None if p is None else round(p.tpot_ms, 2))
+
+
+METRICS_GRACE_MIN_S = 60.0   # Prometheus has to discover new pods and scrape them twice before a rate() exists
+
+
+def metrics_grace(memory: ReplanMemory, *, ready_since_s: float | None, now_s: float, interval_s: float) -> str | None:
+    """MetricsGrace: why a failed or empty fetch is not reported as MetricsUnavailable yet; None when it is news.
+
+    - metrics were read or judged missing before (memory.metrics_available is set): an outage is reported at once;
+    - the workloads are not Ready: their engines cannot have been scraped yet;
+    - Ready for less than max(one replan interval, METRICS_GRACE_MIN_S): Prometheus is still discovering the pods
+      and needs two scrapes for a rate.
+    """
+    if memory.metrics_available is not None:
+        return None
+    if ready_since_s is None:
+        return "the workloads are not Ready yet; metrics are expected once their engines serve"
+    grace_s = max(interval_s, METRICS_GRACE_MIN_S)
+    waited_s = now_s - ready_since_s
+    if waited_s < grace_s:
+        return (f"the workloads have been Ready for {max(waited_s, 0.0):.0f} s; metrics are expected within "
+                f"{grace_s:.0f} s (one replan interval, at least {METRICS_GRACE_MIN_S:.0f} s)")
+    return None
+
+
+def _awaiting_metrics(memory: ReplanMemory, why: str, grace: str, now_s: float) -> ReplanOutcome:
+    """Inside the grace period: MetricsAvailable=Unknown with the reason, no Event, nothing else changes."""
+    mem = replace(memory, last_fetch_s=now_s)
+    return ReplanOutcome(Verdict.KEEP, mem, (ConditionNote(ConditionType.METRICS_AVAILABLE, None, "AwaitingMetrics", f"{grace} ({why})"),),
+                         message=why)
 
 
 def _metrics_down(memory: ReplanMemory, why: str, now_s: float) -> ReplanOutcome:
@@ -209,13 +245,15 @@ def _metrics_down(memory: ReplanMemory, why: str, now_s: float) -> ReplanOutcome
                          message=why)
 
 
-def _change(before: Candidate | None, after: Candidate, pct: float) -> str:
+def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: float) -> str:
+    """`A → B at 30 req/s: p95 TTFT 208s→247ms, …`: both predicted at the same load (SameLoadFigures)."""
     a = after.prediction
     if before is None:
-        return f"{after.layout.label}: p{pct:g} TTFT {a.ttft_ms:.0f} ms, TPOT {a.tpot_ms:.1f} ms, GPUs {after.layout.gpus}"
+        return (f"{after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(a.ttft_ms)}, TPOT {ms_text(a.tpot_ms)}, "
+                f"GPUs {after.layout.gpus}")
     b = before.prediction
-    return (f"{before.layout.label} → {after.layout.label}: p{pct:g} TTFT {b.ttft_ms:.0f}→{a.ttft_ms:.0f} ms, "
-            f"TPOT {b.tpot_ms:.1f}→{a.tpot_ms:.1f} ms, GPUs {before.layout.gpus}→{after.layout.gpus}")
+    return (f"{before.layout.label} → {after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(b.ttft_ms)}→{ms_text(a.ttft_ms)}, "
+            f"TPOT {ms_text(b.tpot_ms)}→{ms_text(a.tpot_ms)}, GPUs {before.layout.gpus}→{after.layout.gpus}")
 
 
 def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observation) -> Workload:
@@ -244,11 +282,16 @@ def _prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, 
 
 
 def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,
-           policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "") -> ReplanOutcome:
+           policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "",
+           grace: str | None = None) -> ReplanOutcome:
     """One replan interval. `problem` is the spec's (its workload is what the first plan assumed); `current`
-    the running layout. Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
+    the running layout; `grace` (from `metrics_grace`) holds back a MetricsUnavailable while metrics cannot exist yet.
+    Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
     if metrics_error is not None or sample is None or sample.empty:
-        return _metrics_down(memory, metrics_error or "Prometheus returned no engine series for this ServingTopology", now_s)
+        why = metrics_error or "Prometheus returned no engine series for this ServingTopology"
+        if grace is not None:
+            return _awaiting_metrics(memory, why, grace, now_s)
+        return _metrics_down(memory, why, now_s)
     conds = [ConditionNote(ConditionType.METRICS_AVAILABLE, True, "MetricsFlowing", "engine metrics are being read")]
     events = [] if memory.metrics_available is not False else [EventNote("Normal", "MetricsAvailable", "engine metrics are back")]
     window = (*memory.samples, sample)[-policy.window_intervals:]
@@ -294,7 +337,10 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         events.append(EventNote("Warning", "ReplanInfeasible", f"{exc}; keeping {current.label if current else 'nothing'}"))
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc), **base)
-    current_c = decision.current or before
+    # SameLoadFigures: the running layout at the load the planner chose `after` for, never at another load.
+    current_c = decision.current or (predict(observed, current) if current is not None else None)
+    load_rps = observed.workload.arrival_rate_rps or 0.0
+    base = {**base, "before": current_c, "load_rps": load_rps}
     after = _prefer_in_place(observed, current, decision.best, predict)
     switch, why = worth_switching(current_c, after, objective=problem.objective, min_improvement=policy.drift.min_improvement)
     pct = problem.slo.ttft_percentile
@@ -302,7 +348,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
         events.append(EventNote("Normal", "PlanKept", f"{verdict.message}; kept {current.label if current else '-'}: {why}"))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=why, **base)
-    change = _change(current_c, after, pct)
+    change = _change(current_c, after, pct, load_rps)
     if policy.mode is Mode.DRY_RUN or current is None:
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload)
         message = f"would change {change}, because {why} ({verdict.message})"
@@ -326,6 +372,41 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     return ReplanOutcome(Verdict.TRANSITION, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
 
 
+def _transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:
+    """The spec's problem at the workload the transition was started for, with the calibrated corrections."""
+    return replace(problem, workload=memory.assumed or problem.workload, ttft_correction=memory.calibration.ttft_correction,
+                   tpot_correction=memory.calibration.tpot_correction)
+
+
+@dataclass(frozen=True, slots=True)
+class FloorCheck:
+    """ServingFloorHeld: whether the ready serving instances of a running transition carry its capacity floor."""
+
+    held: bool
+    capacity_rps: float
+    floor_rps: float
+
+
+def serving_floor(memory: ReplanMemory, view: ClusterView, *, problem: Problem) -> FloorCheck | None:
+    """ServingFloorHeld for the running transition (None when there is none): the serving sets' ready capacity,
+    judged as `next_step` judges it, is above zero and at least the floor fixed when the transition started."""
+    state = memory.transition
+    if state is None or state.phase in (Phase.DONE, Phase.FAILED):
+        return None
+    capacity = serving_capacity_rps(state, view, capacity=capacity_of(_transition_problem(memory, problem)))
+    return FloorCheck(held=capacity > 0 and capacity >= memory.transition_floor_rps - 1e-9, capacity_rps=capacity,
+                      floor_rps=memory.transition_floor_rps)
+
+
+def after_transition(memory: ReplanMemory, *, now_s: float) -> ReplanMemory:
+    """PostTransitionWindow: the memory once a transition has ended (done or rolled back).
+
+    The metric window is emptied and the next sample is due one full replan interval later, so its rate window lies
+    after the change: no drift is judged, and nothing calibrated, on samples of the layout that no longer runs.
+    """
+    return replace(memory, transition=None, samples=(), last_fetch_s=now_s)
+
+
 def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem, policy: ReplanPolicy,
                     now_s: float) -> tuple[ReplanMemory, Step | None, tuple[EventNote, ...]]:
     """The next step of the running transition (None when there is none); the caller executes it and saves the memory.
@@ -336,8 +417,7 @@ def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem
     state = memory.transition
     if state is None or state.phase in (Phase.DONE, Phase.FAILED):
         return memory, None, ()
-    problem = replace(problem, workload=memory.assumed or problem.workload, ttft_correction=memory.calibration.ttft_correction,
-                      tpot_correction=memory.calibration.tpot_correction)
+    problem = _transition_problem(memory, problem)
     budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=memory.transition_floor_rps,
                     ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
     step = next_step(state, view, budget=budget, capacity=capacity_of(problem), now_s=now_s)

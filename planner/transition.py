@@ -26,7 +26,7 @@ from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role,
 
 __all__ = [
     "Mode", "Phase", "Action", "Budget", "ClusterView", "TransitionState", "Step", "Capacity",
-    "set_name", "in_place", "start_transition", "next_step", "run_ideal", "layout_to_state", "layout_from_state",
+    "set_name", "in_place", "start_transition", "next_step", "serving_capacity_rps", "run_ideal", "layout_to_state", "layout_from_state",
 ]
 
 Capacity = Callable[[Layout], float]  # requests/s a layout carries within the SLOs (its counts as given)
@@ -331,6 +331,13 @@ def next_step(state: TransitionState, view: ClusterView, *, budget: Budget, capa
     if late:
         return _rollback(p, f"blocked for {budget.ready_timeout_s:.0f} s by the GPU budget and the capacity floor")
     return Step(Action.WAIT, s, requeue_after_s=poll_s, message="blocked: no step keeps both the GPU budget and the capacity floor")
+
+
+def serving_capacity_rps(state: TransitionState, view: ClusterView, *, capacity: Capacity) -> float:
+    """Requests/s the ready instances of the serving sets carry (each set at min(ready, desired)): the yardstick
+    `next_step` keeps at or above the floor."""
+    p = _Pass(state, view, Budget(max_gpus=0, surge_gpus=0, floor_rps=0.0), capacity, state.since_s)
+    return p.serving_capacity()
 
 
 def run_ideal(state: TransitionState, *, budget: Budget, capacity: Capacity, now_s: float, max_steps: int = 1000) -> list[Step]:

@@ -54,7 +54,26 @@ def test_the_crd_names_group_version_short_name_status_and_printer_columns() -> 
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["LAYOUT", "GPUS", "P:D", "TTFT", "TPOT", "READY", "AGE"]
+    assert columns == ["READY", "REASON", "MODE", "LAYOUT", "P:D", "GPUS", "TTFT", "TPOT", "PHASE", "AGE"]
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == ["PROPOSAL", "ERROR"]
+
+
+def test_every_printer_column_reads_a_field_the_status_schema_has() -> None:
+    # A column whose JSONPath names no field prints <none> forever; the API server does not check it.
+    version = build_crd()["spec"]["versions"][0]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"]
+        if not path.startswith(".status.summary."):
+            continue
+        node = status
+        for key in path.removeprefix(".status.").split("."):
+            assert key in node.get("properties", {}), (column["name"], path)
+            node = node["properties"][key]
+        assert node["type"] == "string" and column["type"] == "string", column
+    reasons = [c for c in version["additionalPrinterColumns"] if c["name"] == "REASON"]
+    assert reasons[0]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
 
 
 def test_the_spec_schema_carries_enums_minimums_and_required_fields() -> None:

@@ -123,9 +123,13 @@ def settle(obj: dict[str, Any], cluster: FakeCluster, planner: ScriptedPlanner, 
     raise AssertionError("the transition did not finish")
 
 
+# The running 4×TP2 as the planner predicts it at the new load of 30 req/s (it was planned at 310 ms for the old one).
+REPLICAS_AT_30 = Candidate(REPLICAS, prediction(2500, 45, meets_slo=False), score=0.1)
+
+
 def test_a_spec_change_replans_and_moves_to_the_new_layout_through_a_transition() -> None:
     obj, cluster = topology(), FakeCluster()
-    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD8, ttft_ms=180, tpot_ms=28))
+    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD8, ttft_ms=180, tpot_ms=28, current=REPLICAS_AT_30))
     run(obj, cluster, planner)
     bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 30})
     outs = settle(obj, cluster, planner, minutes=10)
@@ -138,9 +142,11 @@ def test_a_spec_change_replans_and_moves_to_the_new_layout_through_a_transition(
     assert f"Deployment/llama-8b-{R}-aggregated" in [r for o in outs for r in o.pruned]
     assert planner.problems[1].current == REPLICAS  # the running layout is the planner's `current`
     started = next(e for e in cluster.events if e.reason == "TransitionStarted")
-    assert started.message.startswith("Surge transition: changing 4×TP2 → 1P3D@TP2")
+    # Before and after at the same load (SameLoadFigures), in the Event that starts the change and the one that ends it.
+    assert started.message.startswith("Surge transition: changing 4×TP2 → 1P3D@TP2 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms")
     applied = next(e for e in reversed(cluster.events) if e.reason == "PlanApplied")
-    assert applied.message.startswith("changed 4×TP2 → 1P3D@TP2: p95 TTFT 310→180 ms, TPOT 30.0→28.0 ms, GPUs 8→8, because")
+    assert applied.message.startswith("changed 4×TP2 → 1P3D@TP2 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms, GPUs 8→8, because")
+    assert obj["status"]["history"][-1]["layout"] == "1P3D@TP2"
     assert [h["layout"] for h in obj["status"]["history"]] == ["4×TP2", "1P3D@TP2"]
     assert obj["status"]["plan"]["pd"] == "1:3" and obj["status"]["plan"]["set"] == new
     assert obj["status"]["proposal"] is None if "proposal" in obj["status"] else True
@@ -149,7 +155,7 @@ def test_a_spec_change_replans_and_moves_to_the_new_layout_through_a_transition(
 
 def test_a_spec_change_with_no_safe_path_replaces_the_workloads_at_once_and_warns() -> None:
     obj, cluster = topology(), FakeCluster()
-    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD, ttft_ms=180, tpot_ms=28))
+    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD, ttft_ms=180, tpot_ms=28, current=REPLICAS_AT_30))
     run(obj, cluster, planner)
     bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 30})
     out = run(obj, cluster, planner, minutes=10)   # 2P3D@TP4 needs 20 GPUs: no transition within 8 + 2
@@ -157,7 +163,7 @@ def test_a_spec_change_with_no_safe_path_replaces_the_workloads_at_once_and_warn
     assert f"Deployment/llama-8b-{P}-prefill" in cluster.kinds()
     assert "TransitionUnsafe" in reasons(cluster)
     applied = next(e for e in reversed(cluster.events) if e.reason == "PlanApplied")
-    assert applied.message.startswith("changed 4×TP2 → 2P3D@TP4: p95 TTFT 310→180 ms, TPOT 30.0→28.0 ms, GPUs 8→20, because")
+    assert applied.message.startswith("changed 4×TP2 → 2P3D@TP4 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms, GPUs 8→20, because")
     assert [h["layout"] for h in obj["status"]["history"]] == ["4×TP2", "2P3D@TP4"]
 
 
@@ -166,7 +172,7 @@ def test_dry_run_proposes_with_an_event_and_touches_no_workload() -> None:
     run(obj, cluster, ScriptedPlanner(decision(PD)))
     assert cluster.objects == {} and cluster.applies == 0
     assert reasons(cluster) == ["PlanProposed"]
-    assert cluster.events[0].message.startswith("would create 2P3D@TP4: p95 TTFT 180 ms")
+    assert cluster.events[0].message.startswith("would create 2P3D@TP4: p95 TTFT 180ms")
     assert obj["status"]["proposal"]["layout"] == "2P3D@TP4" and "plan" not in obj["status"]
     assert cond(obj, "Ready")["reason"] == "DryRun"
 
@@ -184,7 +190,7 @@ def test_dry_run_over_a_running_plan_words_the_change_and_leaves_the_workloads_a
     assert cluster.objects == running and cluster.applies == applies
     proposed = cluster.events[-1]
     assert proposed.reason == "PlanProposed"
-    assert proposed.message == ("would change 4×TP2 → 1P(TP4)·3D(TP2): p95 TTFT 310→180 ms, TPOT 30.0→25.0 ms, GPUs 8→10, "
+    assert proposed.message == ("would change 4×TP2 → 1P(TP4)·3D(TP2): p95 TTFT 310ms→180ms, TPOT 30ms→25ms, GPUs 8→10, "
                                 "because long prompts stall decode")
     assert obj["status"]["plan"]["layout"] == "4×TP2" and obj["status"]["proposal"]["fromLayout"] == "4×TP2"
 

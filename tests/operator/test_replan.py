@@ -131,7 +131,9 @@ def test_dry_run_proposes_once_with_before_and_after_figures():
     i, out = proposed[0]
     assert i == 6   # the third interval at 9 req/s
     assert out.after is not None and out.after.layout.label == "2×TP1"
-    assert out.message.startswith("would change 1×TP1 → 2×TP1: p95 TTFT 100→100 ms, TPOT 20.0→20.0 ms, GPUs 1→2, because 1×TP1 misses")
+    assert out.message.startswith("would change 1×TP1 → 2×TP1 at 9 req/s: p95 TTFT 100ms→100ms, TPOT 20ms→20ms, GPUs 1→2, "
+                                  "because 1×TP1 misses")
+    assert out.load_rps == 9.0 and out.before is not None and out.before.layout.label == "1×TP1"
     assert [e.reason for e in out.events] == ["DriftDetected", "PlanProposed"]
     assert cond(out, ConditionType.DRIFT_DETECTED).reason == "WorkloadShift"
 
