@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -14,6 +15,7 @@ from .conftest import Kube
 from .objects import engine_containers, gpus_of, pod_ready, topology
 from .processes import wait_until
 from .stack import Emulator, Operator
+from .tables import table
 
 INSTANCE = "app.kubernetes.io/instance"
 
@@ -62,13 +64,15 @@ def test_an_applied_topology_runs_engines_on_fake_gpus_and_reports_ready(
     assert all(p["spec"]["nodeName"].startswith("gpu-node-") for p in pods)
     assert sum(gpus_of(p) for p in pods) == plan["gpus"]
 
-    # The printer columns are filled (LAYOUT, GPUS, P:D, TTFT, TPOT, READY).
-    table = cluster.kubectl("get", "stopo", "llama", "-n", namespace).stdout.splitlines()
-    header, row = table[0].split(), table[1].split()
-    for column in ("LAYOUT", "GPUS", "READY"):
-        assert column in header, table
-    assert row[header.index("GPUS")] == str(plan["gpus"]), table
-    assert row[header.index("READY")] == "True", table
+    # The printer columns are filled: readiness and why, what runs, and TTFT/TPOT with units (e2e/test_transitions.py
+    # reads them through a transition).
+    header, rows = table(cluster.kubectl("get", "stopo", "llama", "-n", namespace).stdout)
+    row = rows[0]
+    assert header == ["NAME", "READY", "REASON", "MODE", "LAYOUT", "P:D", "GPUS", "TTFT", "TPOT", "PHASE", "AGE"], header
+    assert (row["READY"], row["REASON"], row["MODE"], row["LAYOUT"], row["GPUS"]) == (
+        "True", "WorkloadsReady", "Auto", plan["layout"], str(plan["gpus"])), row
+    with_units = r"^(-|[0-9.]+(ms|s)) / [0-9.]+(ms|s)$"
+    assert re.match(with_units, row["TTFT"]) and re.match(with_units, row["TPOT"]), row
 
     # The emulator serves one engine per Ready pod, none refused for its arguments.
     def emulated() -> bool:
@@ -113,6 +117,9 @@ def test_dry_run_proposes_with_an_event_and_touches_no_workloads(
     status = kube.topology(namespace, "dry").get("status", {})
     assert status.get("proposal"), status
     assert not kube.items("deployments", namespace), "DryRun must not create workloads"
+    _, rows = table(cluster.kubectl("get", "stopo", "dry", "-n", namespace, "-o", "wide").stdout)
+    row = rows[0]
+    assert (row["READY"], row["REASON"], row["MODE"], row["PROPOSAL"]) == ("False", "DryRun", "DryRun", status["proposal"]["layout"]), row
 
 
 def test_an_invalid_topology_is_rejected_by_the_api_server_with_a_readable_message(
