@@ -118,7 +118,7 @@ class PassState:
     def outcome(self, *, plan: PlanStatus | None, proposal: Any, history: list[HistoryEntry] | None = None,
                 decided: bool = False, requeue_after_s: float | None = None, error: str | None = None) -> Outcome:
         summary = summary_status(mode=self.mode, plan=plan, proposal=proposal, observed=self.observed,
-                                 transition=self.memory.transition if self.memory.transitioning else None, shares=self.traffic)
+                                 transition=self.memory.transition, shares=self.traffic)
         status = self.status.model_copy(update={
             "conditions": self.conditions, "observedGeneration": self.generation, "plan": plan, "proposal": proposal,
             "history": history if history is not None else self.status.history, "observed": self.observed,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..planner.layout import Layout, LayoutKind, Role
-from ..planner.transition import ClusterView, Phase, TransitionState
+from ..planner.transition import ClusterView, Mode, Phase, TransitionState
 from .api import ObservedStatus, PlanStatus, ProposalStatus, SummaryStatus
 
 __all__ = ["NONE", "ms_text", "pd_ratio", "pair_text", "error_text", "traffic_shares", "phase_text", "summary_status"]
@@ -85,12 +85,13 @@ def traffic_shares(state: TransitionState, view: ClusterView) -> dict[str, float
 
 def phase_text(state: TransitionState | None, shares: Mapping[str, float] | None) -> str:
     """The PHASE column: `Steady`, or the transition's phase, its mode and the traffic split when known, e.g.
-    `Progressing (Surge): 3×TP1 75%, 3×TP2 25%`, `Draining (Surge): 3×TP2 100%`, `RollingBack (InPlace)`."""
+    `Progressing (Surge): 3×TP1 75%, 3×TP2 25%`, `Draining (Surge): 3×TP2 100%`, `RollingBack (InPlace)`, `Failed (Surge)`
+    (a failed transition stays shown until the spec changes: both sets are left as they are)."""
     if state is None or state.phase is Phase.DONE:
         return "Steady"
     phase = "RollingBack" if state.rolled_back and state.phase is not Phase.FAILED else state.phase.value
     head = f"{phase} ({state.mode.value})"
-    if not shares or state.phase is Phase.FAILED:
+    if not shares or state.phase is Phase.FAILED or state.mode is Mode.IN_PLACE:   # in place: one set takes it all
         return head
     labels = {state.from_set: state.source.label, state.to_set: state.target.label}
     return head + ": " + ", ".join(f"{labels.get(s, s)} {share * 100:.0f}%" for s, share in shares.items())

@@ -20,7 +20,7 @@ from fake_cluster import FakeCluster
 from test_live_reconcile import NS, T0, CountingPlanner, ScriptedMetrics, live_topology, run, running
 from test_reconcile import cond, reasons
 
-from servingtopology.operator.readout import ms_text, pair_text, phase_text, traffic_shares
+from servingtopology.operator.readout import ms_text, pair_text, phase_text, summary_status, traffic_shares
 from servingtopology.operator.reconcile import reconcile
 from servingtopology.operator.replan import METRICS_GRACE_MIN_S, ReplanMemory
 from servingtopology.planner.layout import Layout, Parallelism, Role
@@ -58,6 +58,15 @@ def test_the_traffic_split_follows_the_ready_entry_endpoints_of_the_serving_sets
     assert traffic_shares(_surge(("a",)), view) == {"a": 1.0}
     assert phase_text(_surge(("b",), Phase.DRAINING), {"b": 1.0}) == "Draining (Surge): 3×TP2 100%"
     assert phase_text(None, None) == "Steady"
+
+
+def test_a_failed_transition_keeps_showing_both_layouts_and_its_phase() -> None:
+    failed = _surge(("a", "b"), Phase.FAILED)
+    s = summary_status(mode="Auto", plan=None, proposal=None, observed=None, transition=failed, shares={"a": 0.5, "b": 0.5})
+    assert s.phase == "Failed (Surge)" and s.layout == "-"   # no plan: nothing claimed as running
+    in_place = TransitionState(mode=Mode.IN_PLACE, phase=Phase.PROGRESSING, source=failed.source, target=failed.source,
+                               from_set="a", to_set="a", desired={"a": {Role.AGGREGATED: 3}}, serving=("a",), since_s=0.0, started_s=0.0)
+    assert phase_text(in_place, {"a": 1.0}) == "Progressing (InPlace)"
 
 
 # ---- the columns through the reconcile ----
