@@ -24,6 +24,7 @@ from ..planner.errors import Infeasible, InsufficientData, InvalidSpec
 from ..planner.layout import Layout, Role, RoleLayout
 from ..planner.model import model_catalog
 from ..planner.problem import Decision, Problem
+from ..planner.tables import layout_rejection
 from ..spec import SpecError, to_layout, to_problem
 from .api import (
     ConditionType,
@@ -207,6 +208,10 @@ def build_problem(p: PassState, spec: TopologySpec, current: Layout | None) -> P
             raise InvalidSpec("spec.model", f"unknown model {spec.model!r}: use a catalog id ({catalog}), or give "
                               "spec.modelConfigMap (a ConfigMap holding its config.json) with spec.modelSource "
                               "(what the engine loads)") from None
+    rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None
+    if rejected is not None:   # the planner's own rules for a pin, in the resource's field names
+        where, why = rejected
+        raise InvalidSpec(where.replace("layout", "spec.pinned", 1), why.replace("(hardware.maxGPUs)", "(spec.hardware.maxGPUs)"))
     allowed = spec.policy.allowedLayouts
     if allowed:
         kinds = tuple(k for k in problem.search.layouts if k in allowed)

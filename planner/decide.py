@@ -22,6 +22,7 @@ from .memory import kv_bytes_per_token, weight_bytes_total
 from .pd_ratio import RANK_TOLERANCE, PdRatio, choose_pd_ratio
 from .predict import predict_figures, slo_capacity_rps, to_prediction
 from .problem import Candidate, Decision, FunnelStage, Problem
+from .tables import layout_rejection
 from .workload import Objective
 
 __all__ = ["SimFigures", "Simulate", "decide", "predict_layout"]
@@ -158,6 +159,9 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
     funnel's stages (default: the engine release's, funnel.engine_ladder)."""
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
+    rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None
+    if rejected is not None:   # a pin is held to the search's own shape and budget rules
+        raise InvalidSpec(*rejected)
     kv_dtype = problem.search.kv_dtypes[0]
     kv_tok = int(kv_bytes_per_token(problem.model, kv_dtype, tp=1, pp=1))
     weights = weight_bytes_total(problem.model, problem.precision)

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .layout import EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
+from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from .problem import Problem
 from .role_knobs import decode_knobs, prefill_knobs
 
 __all__ = ["IntArray", "FloatArray", "BoolArray", "UnitTable", "KnobAxes", "ReplicaCandidates", "PdCandidates",
-           "shape_rejection", "unit_table", "knob_axes", "add_reason"]
+           "shape_rejection", "layout_rejection", "unit_table", "knob_axes", "add_reason"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -54,6 +54,30 @@ def shape_rejection(problem: Problem, tp: int, pp: int, dp: int) -> str | None:
         return "TP×DP group spans nodes"
     if group * pp > gpu.gpus_per_node and gpu.gpus_per_node % group:
         return "pipeline stages do not tile whole nodes"
+    nodes = -(-group * pp // gpu.gpus_per_node)
+    if nodes > 1 and (group * pp % nodes or group * pp // nodes % group):
+        # One pod per node (a LeaderWorkerSet group): each must hold the same whole number of TP×DP groups.
+        return "the instance does not split into equal pods of whole TP×DP groups over its nodes"
+    return None
+
+
+def layout_rejection(problem: Problem, layout: Layout) -> tuple[str, str] | None:
+    """Why a given layout (a pin, not a search row) is impossible: (its field, the reason), or None.
+
+    The search's own rules, so a pin and a searched candidate are held to the same: each role's instance
+    shape (`shape_rejection`, stage 1) and the GPU budget (stage 2, named `hardware.maxGPUs` in the reason).
+    Fields are the spec's: `layout`, `layout.prefill`, `layout.decode`.
+    """
+    for role, rl in layout.roles.items():
+        par = rl.parallelism
+        why = shape_rejection(problem, par.tp, par.pp, par.dp)
+        if why is not None:
+            where = "layout" if layout.kind is LayoutKind.REPLICAS else f"layout.{role.value}"
+            m, gpus_per_node = problem.model, problem.gpu.gpus_per_node
+            return where, (f"{par.label} (TP {par.tp}, PP {par.pp}, DP {par.dp}): {why} (the model has {m.num_heads} attention "
+                           f"and {m.num_kv_heads} KV heads, {m.num_layers} layers; {gpus_per_node} GPUs per node)")
+    if layout.gpus > problem.max_gpus:
+        return "layout", f"{layout.label} needs {layout.gpus} GPUs, over the budget of {problem.max_gpus} (hardware.maxGPUs)"
     return None
 
 

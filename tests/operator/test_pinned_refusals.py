@@ -1,0 +1,57 @@
+"""Pinned mode holds `spec.pinned` to the planner's own shape and budget rules: a pin the search would never
+offer is refused with Ready=False/InvalidSpec naming spec.pinned, and nothing is applied."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import yaml
+from fake_cluster import FakeCluster
+
+from servingtopology.operator.reconcile import reconcile
+from servingtopology.planner.decide import decide
+from test_reconcile import ROOT
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _pinned(pinned: dict[str, Any], **hardware: Any) -> dict[str, Any]:
+    obj = yaml.safe_load((ROOT / "examples" / "servingtopology.yaml").read_text())
+    obj["metadata"] |= {"uid": "uid-1", "generation": 1}
+    obj["spec"]["policy"]["mode"] = "Pinned"
+    obj["spec"]["pinned"] = pinned
+    obj["spec"]["hardware"] |= hardware
+    return obj
+
+
+@pytest.mark.parametrize(("pinned", "hardware", "words"), [
+    # 4×TP8 is 32 GPUs against maxGPUs 8 (went Ready before)
+    ({"kind": "replicas", "replicas": 4, "tp": 8}, {}, ["spec.pinned", "32 GPUs", "budget of 8", "spec.hardware.maxGPUs"]),
+    # TP48 on a 32-head model (the API model caps tp at 64, so TP1000 no longer parses; TP48 was accepted too)
+    ({"kind": "replicas", "replicas": 1, "tp": 48}, {"maxGPUs": 64, "allowCrossNodeTP": True},
+     ["spec.pinned", "TP does not divide the attention heads"]),
+    # 5 stages on 3-GPU nodes: pods of 3 and 2 (retried forever without a condition before)
+    ({"kind": "replicas", "replicas": 1, "pp": 5}, {"gpusPerNode": 3}, ["spec.pinned", "equal pods"]),
+    # 64 stages of a 32-layer model
+    ({"kind": "replicas", "replicas": 1, "pp": 64}, {"maxGPUs": 64}, ["spec.pinned", "PP exceeds the layers"]),
+    # a PD pin names its role
+    ({"kind": "pd", "prefill": {"count": 1, "tp": 2}, "decode": {"count": 1, "tp": 3}}, {}, ["spec.pinned.decode", "attention heads"]),
+])
+def test_a_pin_the_planner_would_never_choose_is_refused_naming_spec_pinned(pinned: dict[str, Any], hardware: dict[str, Any],
+                                                                           words: list[str]) -> None:
+    obj, cluster = _pinned(pinned, **hardware), FakeCluster()
+    out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=decide, now=T0)
+    ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec"), ready
+    assert all(w in ready["message"] for w in words), ready["message"]
+    assert cluster.objects == {} and out.error == "InvalidSpec"
+    assert [e.reason for e in cluster.events] == ["InvalidSpec"]
+
+
+def test_a_pin_within_the_rules_still_goes_ahead() -> None:
+    obj, cluster = _pinned({"kind": "replicas", "replicas": 2, "tp": 4}), FakeCluster()
+    out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=decide, now=T0)
+    assert out.status["plan"]["layout"] == "2×TP4" and out.error is None and cluster.objects
