@@ -44,11 +44,11 @@ from .manifests import Blueprint, engine_extra_args, role_nodes
 from .network import NetworkKnobs
 from .plan_status import condition, set_condition
 from .readout import summary_status
-from .replan import Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy
+from .replan import Predictor, ReplanOutcome, ReplanPolicy, read_replan_status
 
 __all__ = [
     "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_or_none",
-    "invalid_outcome", "decide_or_outcome", "slo_percentile", "observe_live",
+    "invalid_outcome", "hold_unreadable", "decide_or_outcome", "slo_percentile", "observe_live",
 ]
 
 Planner = Callable[[Problem], Decision]
@@ -74,17 +74,22 @@ class PassState:
         meta = obj["metadata"]
         self.name, self.namespace, self.uid = meta["name"], meta.get("namespace", "default"), meta.get("uid", "")
         self.generation = int(meta.get("generation") or 1)
-        try:
-            raw = obj.get("status") or {}
-            known = {k: v for k, v in raw.items() if k in TopologyStatus.model_fields}  # e.g. kopf's own keys
-            self.status = TopologyStatus.model_validate(known)
-        except ValidationError:
-            self.status = TopologyStatus()  # a status this version cannot read is rebuilt, not trusted
+        raw = obj.get("status") or {}
+        known = {k: v for k, v in raw.items() if k in TopologyStatus.model_fields}  # e.g. kopf's own keys
+        self.status, unreadable = _read_status(known)
         self.conditions = list(self.status.conditions)
         self.applied: list[str] = []
         self.pruned: list[str] = []
-        self.memory = ReplanMemory.from_dict(self.status.replan)
+        self.memory, replan_unreadable = read_replan_status(self.status.replan)
         self.observed: ObservedStatus | None = self.status.observed
+        # What of the status could not be read (named), and whether that holds the workloads: a running transition
+        # (or the plan it leads from) that cannot be read is never dropped; its raw status is written back as it was.
+        self.unreadable = [*unreadable, *(replan_unreadable.problems if replan_unreadable else ())]
+        self.unreadable_sections = (*(f"status.{k}" for k in _sections(unreadable)),
+                                    *(f"status.replan.{k}" for k in (replan_unreadable.sections if replan_unreadable else ())))
+        self.holding = bool(replan_unreadable and replan_unreadable.transition) or (
+            "status.plan" in self.unreadable_sections and self.memory.transition is not None)
+        self._raw_status = dict(known)
         self.traffic: dict[str, float] | None = None   # a running transition's traffic split, when read this pass
 
     @property
@@ -126,10 +131,50 @@ class PassState:
             "replan": self.memory.to_dict(), "summary": summary,
         })
         body = status.model_dump(mode="json", exclude_none=True)
+        if self.holding:   # what could not be read goes back as it was, never a reset
+            body |= {k: self._raw_status[k] for k in ("plan", "replan") if k in self._raw_status}
         body.setdefault("plan", None)       # explicit nulls: a merge patch then removes a stale plan, proposal or observation
         body.setdefault("proposal", None)
         body.setdefault("observed", None)
         return Outcome(body, tuple(self.applied), tuple(self.pruned), decided, requeue_after_s, error)
+
+def _read_status(known: Mapping[str, Any]) -> tuple[TopologyStatus, list[str]]:
+    """The status this version can read, field by field; each field it cannot read is left out and named."""
+    try:
+        return TopologyStatus.model_validate(known), []
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    problems = [f"status.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in errors]
+    bad = {str(e["loc"][0]) for e in errors if e["loc"]}
+    try:
+        return TopologyStatus.model_validate({k: v for k, v in known.items() if k not in bad}), problems
+    except ValidationError:
+        return TopologyStatus(), problems
+
+
+def _sections(problems: list[str]) -> list[str]:
+    return sorted({p.split(":", 1)[0].removeprefix("status.").split(".", 1)[0].split("[", 1)[0] for p in problems})
+
+
+def hold_unreadable(p: PassState) -> Outcome | None:
+    """Report what of the status could not be read; when that holds the workloads, the pass's Outcome (nothing
+    applied, pruned or planned), else None (the unreadable advisory parts started afresh; the pass goes on)."""
+    if not p.unreadable:
+        return None
+    what = ", ".join(p.unreadable_sections)
+    detail = "; ".join(p.unreadable)[:600]
+    if not p.holding:
+        p.event("Warning", "StatusUnreadable", f"{what} could not be read ({detail}); those parts start afresh")
+        p.set(ConditionType.DRIFT_DETECTED, None, "StatusUnreadable", f"{what} could not be read; replanning memory starts afresh")
+        return None
+    message = (f"the running transition in status.replan cannot be read ({detail}); workloads are left as they are. Fix "
+               "status.replan, or clear it to drop the transition: kubectl patch stopo "
+               f"{p.name} -n {p.namespace} --subresource=status --type=merge -p '{{\"status\":{{\"replan\":null}}}}'")
+    if p.set(ConditionType.DEGRADED, True, "StatusUnreadable", message):
+        p.event("Warning", "StatusUnreadable", message)
+    p.set(ConditionType.PROGRESSING, None, "StatusUnreadable", "the running transition cannot be read; nothing is changed")
+    return p.outcome(plan=p.status.plan, proposal=p.status.proposal, error="StatusUnreadable")
+
 
 def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: str, uid: str, gpus_per_node: int,
                   set_name: str = "") -> Blueprint:

@@ -52,6 +52,7 @@ from .pass_context import (
     blueprint_for,
     decide_or_outcome,
     engine_args_of,
+    hold_unreadable,
     invalid_outcome,
     observe_live,
     problem_or_none,
@@ -87,6 +88,9 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
     Raises ClusterError (from the Cluster) on transient API failures; everything else becomes status.
     """
     p = PassState(obj, cluster, now)
+    held = hold_unreadable(p)
+    if held is not None:
+        return held
     try:
         check_resource_name(p.name)  # admitted before the CRD's name rule: no object could be named after it
         spec = parse_topology_spec(obj.get("spec"))

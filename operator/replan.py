@@ -42,9 +42,10 @@ from ..planner.workload import LengthDist, LengthKind, Workload
 from .api import ConditionType, Mode, ObservedStatus, PolicySpec, duration_s
 from .metrics import MetricsSource, MetricsUnavailable
 from .readout import ms_text
+from .replan_status import Unreadable, validate_replan_status
 
 __all__ = [
-    "ReplanPolicy", "ReplanMemory", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",
+    "ReplanPolicy", "ReplanMemory", "ReplanStatusError", "read_replan_status", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",
     "policy_from_spec", "fetch_sample", "replan", "transition_step", "capacity_of", "observed_status",
     "METRICS_GRACE_MIN_S", "metrics_grace", "FloorCheck", "serving_floor", "after_transition",
 ]
@@ -111,20 +112,12 @@ class ReplanMemory:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any] | None) -> ReplanMemory:
-        """Read status.replan; anything unreadable starts afresh (a replan memory is advisory)."""
-        if not d:
-            return ReplanMemory()
-        try:
-            return ReplanMemory(
-                samples=tuple(MetricSample(**s) for s in d.get("samples") or ()),
-                drift=DriftState.from_dict(d.get("drift") or {}), calibration=Calibration.from_dict(d.get("calibration") or {}),
-                assumed=_workload_from(d["assumed"]) if d.get("assumed") else None, metrics_available=d.get("metricsAvailable"),
-                last_fetch_s=d.get("lastFetchS"),
-                transition=TransitionState.from_dict(d["transition"]) if d.get("transition") else None,
-                transition_floor_rps=float(d.get("transitionFloorRps") or 0.0),
-            )
-        except (KeyError, TypeError, ValueError):
-            return ReplanMemory()
+        """Read status.replan strictly (operator/replan_status.py's schema); raise ReplanStatusError naming the
+        fields it cannot read. None or {} is a fresh memory."""
+        memory, unreadable = read_replan_status(d)
+        if unreadable is not None:
+            raise ReplanStatusError(unreadable)
+        return memory
 
     def due(self, now_s: float, interval_s: float) -> bool:
         """Whether a replan interval has passed since the last fetch."""
@@ -133,6 +126,35 @@ class ReplanMemory:
     @property
     def transitioning(self) -> bool:
         return self.transition is not None and self.transition.phase not in (Phase.DONE, Phase.FAILED)
+
+
+class ReplanStatusError(ValueError):
+    """status.replan holds something this operator cannot read; `unreadable` names the fields."""
+
+    def __init__(self, unreadable: Unreadable) -> None:
+        super().__init__(unreadable.message)
+        self.unreadable = unreadable
+
+
+def read_replan_status(d: Mapping[str, Any] | None) -> tuple[ReplanMemory, Unreadable | None]:
+    """Read status.replan section by section: what validates is kept, what does not is left at its default and
+    named in the second value (whose `transition` says the running transition could not be read)."""
+    if not d:
+        return ReplanMemory(), None
+    model, unreadable = validate_replan_status(d)
+    raw = model.model_dump(mode="json")
+    try:
+        memory = ReplanMemory(
+            samples=tuple(MetricSample(**s) for s in raw["samples"]),
+            drift=DriftState.from_dict(raw["drift"]), calibration=Calibration.from_dict(raw["calibration"]),
+            assumed=_workload_from(raw["assumed"]) if raw["assumed"] else None, metrics_available=model.metricsAvailable,
+            last_fetch_s=model.lastFetchS,
+            transition=TransitionState.from_dict(raw["transition"]) if raw["transition"] else None,
+            transition_floor_rps=float(model.transitionFloorRps or 0.0),
+        )
+    except (ArithmeticError, KeyError, TypeError, ValueError) as exc:   # values the schema admits but the planner's types refuse
+        return ReplanMemory(), Unreadable(tuple(sorted(d)), (f"status.replan: {type(exc).__name__}: {exc}",))
+    return memory, unreadable
 
 
 class Verdict(enum.StrEnum):

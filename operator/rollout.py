@@ -15,7 +15,7 @@ from ..planner.errors import Infeasible, InsufficientData
 from ..planner.layout import Layout
 from ..planner.observe import observe
 from ..planner.problem import Problem
-from ..planner.transition import Budget, start_transition
+from ..planner.transition import Budget, start_requested
 from ..planner.transition import set_name as layout_set_name
 from .api import PlanStatus, ProposalStatus
 from .plan_status import ArgsOf, layout_from_plan, plan_status
@@ -69,27 +69,20 @@ def start_for_change(memory: ReplanMemory, *, problem: Problem, current: Layout,
                      policy: ReplanPolicy, now_s: float) -> Started:
     """Start the transition a changed plan (a spec edit) asks for.
 
-    The floor is min(load, the running layout's capacity). When no step sequence keeps it inside the GPU
-    budget plus surge, the user's change still goes ahead with the floor dropped (the warning says capacity
-    may dip); when not even that exists (a target over the budget), nothing starts and the caller replaces.
+    The floor is min(load, the running layout's capacity); the transition planner's `start_requested` keeps it, or
+    (no step sequence keeps it inside the GPU budget plus surge) the highest floor a sequence can, and says so in
+    the warning. When not even that exists (a target over the budget), nothing starts and the caller replaces.
     """
     capacity = capacity_of(problem)
-    floor = min(load_rps(memory, problem), capacity(current))
-    miss = ""
-    for floor_rps in (floor, 0.0):
-        budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=floor_rps,
-                        ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
-        try:
-            state = start_transition(current, target, budget=budget, capacity=capacity, now_s=now_s)
-        except Infeasible as exc:
-            miss = exc.closest_miss or str(exc)
-            continue
-        warning = "" if floor_rps >= floor else (
-            f"no step sequence from {current.label} to {target.label} keeps {floor:.2f} req/s within "
-            f"{budget.limit_gpus} GPUs ({miss}); serving capacity may dip")
-        started = replace(memory, transition=state, transition_floor_rps=floor_rps, assumed=None)
-        return Started(rebase_sets(started, running), True, warning)
-    return Started(memory, False, f"{current.label} → {target.label}: {miss}; replacing the workloads at once")
+    budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus,
+                    floor_rps=min(load_rps(memory, problem), capacity(current)),
+                    ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
+    try:
+        requested = start_requested(current, target, budget=budget, capacity=capacity, now_s=now_s)
+    except Infeasible as exc:
+        return Started(memory, False, f"{current.label} → {target.label}: {exc.closest_miss or exc}; replacing the workloads at once")
+    started = replace(memory, transition=requested.state, transition_floor_rps=requested.floor_rps, assumed=None)
+    return Started(rebase_sets(started, running), True, requested.lowered)
 
 
 def finished_plan(memory: ReplanMemory, proposal: ProposalStatus | None, *, problem: Problem, predict: Predictor, args_of: ArgsOf,

@@ -8,7 +8,10 @@ cluster is an observed value, capacity a caller's function, time an argument; ne
 
 Invariants every step keeps (checked by the property tests):
 - GPUs held (desired or still present, over every set) never exceed max_gpus + surge_gpus;
-- the ready capacity of the serving sets never drops below `floor_rps` because of a step;
+- the ready capacity of the serving sets never drops below `floor_rps` because of a step; the floor is
+  fixed when the transition starts, and lowered in one place only: `start_requested`, for a change a person
+  asked for (a spec edit) that no step sequence can make above the full floor — it keeps the highest floor
+  some sequence can hold (0 only when none holds any) and says so;
 - one transition at a time; a step that stays pending or blocked past `ready_timeout_s` rolls back once,
   and a rollback that also times out stops in phase Failed with everything left as it is.
 """
@@ -26,7 +29,8 @@ from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role,
 
 __all__ = [
     "Mode", "Phase", "Action", "Budget", "ClusterView", "TransitionState", "Step", "Capacity",
-    "set_name", "in_place", "start_transition", "next_step", "serving_capacity_rps", "run_ideal", "layout_to_state", "layout_from_state",
+    "set_name", "in_place", "start_transition", "start_requested", "Requested", "next_step", "serving_capacity_rps", "run_ideal",
+    "layout_to_state", "layout_from_state",
 ]
 
 Capacity = Callable[[Layout], float]  # requests/s a layout carries within the SLOs (its counts as given)
@@ -374,3 +378,42 @@ def start_transition(current: Layout, target: Layout, *, budget: Budget, capacit
         raise Infeasible("transition", f"{current.label} → {target.label}: {last.message} "
                          f"(GPUs {budget.max_gpus}+{budget.surge_gpus} surge, floor {budget.floor_rps:.2f} req/s)")
     return state
+
+
+@dataclass(frozen=True, slots=True)
+class Requested:
+    """A transition a person asked for: its state, the floor it keeps, and why the floor is lower, if it is."""
+
+    state: TransitionState
+    floor_rps: float
+    lowered: str = ""     # empty when the full floor is kept
+
+
+FLOOR_SEARCH_STEPS = 8   # bisections of [0, floor] for the highest floor a step sequence can hold (floor/256)
+
+
+def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float) -> Requested:
+    """Start a transition a person asked for (a spec edit), keeping the capacity floor if any sequence can.
+
+    When no step sequence holds `budget.floor_rps` within the GPUs plus surge, the change still goes ahead,
+    with the highest floor some sequence holds (bisection, FLOOR_SEARCH_STEPS rounds; 0 only when none holds
+    any), and `lowered` says by how much capacity may dip. Raise Infeasible when not even floor 0 has a path
+    (e.g. a target over the budget): the caller decides what to do then.
+    """
+    try:
+        return Requested(start_transition(current, target, budget=budget, capacity=capacity, now_s=now_s), budget.floor_rps)
+    except Infeasible as exc:
+        miss = exc.closest_miss
+    state = start_transition(current, target, budget=replace(budget, floor_rps=0.0), capacity=capacity, now_s=now_s)
+    low, high = 0.0, budget.floor_rps
+    for _ in range(FLOOR_SEARCH_STEPS):
+        mid = (low + high) / 2
+        try:
+            state = start_transition(current, target, budget=replace(budget, floor_rps=mid), capacity=capacity, now_s=now_s)
+        except Infeasible:
+            high = mid
+            continue
+        low = mid
+    lowered = (f"no step sequence from {current.label} to {target.label} keeps {budget.floor_rps:.2f} req/s within "
+               f"{budget.limit_gpus} GPUs ({miss}); serving capacity may dip to {low:.2f} req/s")
+    return Requested(state, low, lowered)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 from fake_cluster import FakeCluster
+from test_reconcile import ROOT
 
 from servingtopology.operator.reconcile import reconcile
 from servingtopology.planner.decide import decide
-from test_reconcile import ROOT
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -12,6 +12,7 @@ from servingtopology.operator.api import ConditionType, Mode, PolicySpec
 from servingtopology.operator.replan import (
     ReplanMemory,
     ReplanPolicy,
+    ReplanStatusError,
     Verdict,
     policy_from_spec,
     replan,
@@ -190,13 +191,14 @@ def test_steady_intervals_calibrate_the_model_and_report_its_error():
     assert outs[2].observed is not None and outs[2].observed.ttftError == pytest.approx(1.0)
 
 
-def test_the_memory_survives_status_as_json_and_garbage_starts_afresh():
+def test_the_memory_survives_status_as_json_and_garbage_is_named_not_dropped():
     samples = [sample(60.0 * i) for i in range(1, 4)] + [sample(60.0 * i, rate=9.0) for i in range(4, 8)]
     mem = feed(samples, pol=policy(Mode.AUTO))[-1].memory
     assert mem.transition is not None
     back = ReplanMemory.from_dict(json.loads(json.dumps(mem.to_dict())))
     assert back == mem
-    assert ReplanMemory.from_dict({"samples": [{"bogus": 1}]}) == ReplanMemory()
+    with pytest.raises(ReplanStatusError, match=r"status.replan.samples\[0\].bogus"):
+        ReplanMemory.from_dict({"samples": [{"bogus": 1}]})
     assert ReplanMemory.from_dict(None) == ReplanMemory()
     assert back.due(mem.last_fetch_s + 60.0, 60.0) and not back.due(mem.last_fetch_s + 30.0, 60.0)
 

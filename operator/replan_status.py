@@ -1,0 +1,212 @@
+"""The schema of `status.replan` (the replan memory and the running transition) and its strict reader.
+
+Called by operator/replan.py (`ReplanMemory.from_dict` / `read_replan_status`) on every pass. status.replan is
+written by the operator, but it comes back through the API server, where anyone with status access (or an
+older or newer operator) may have changed it: it is a trust boundary, so it is validated here before it
+becomes planner values. Pure: dicts in, a validated model or an error naming the field out.
+
+Sections are judged apart: the metric window, drift, calibration and the assumed workload are advisory (one
+that cannot be read starts afresh, and the caller says so); the running transition with its capacity floor is
+not (the caller holds the workloads as they are rather than drop it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..planner.drift import Trigger
+from ..planner.hardware import Precision
+from ..planner.layout import KvDtype, LayoutKind, Role
+from ..planner.transition import Mode, Phase
+from ..planner.workload import LengthKind
+
+__all__ = ["ReplanStatus", "Unreadable", "TRANSITION_SECTIONS", "validate_replan_status"]
+
+# The sections whose loss would drop a running transition or its capacity floor.
+TRANSITION_SECTIONS = ("transition", "transitionFloorRps")
+_ROLES_OF = {LayoutKind.REPLICAS: {Role.AGGREGATED}, LayoutKind.PD: {Role.PREFILL, Role.DECODE}}
+
+
+class _Strict(BaseModel):
+    # Strict JSON validation: no string-to-number or number-to-bool coercion, no unknown keys, no NaN.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class SampleStatus(_Strict):
+    """One metric interval (planner.observe.MetricSample's fields, in its own names)."""
+
+    at_s: float
+    interval_s: float = Field(gt=0)
+    request_rate_rps: float | None = None
+    prompt_tokens_rate: float | None = None
+    generation_tokens_rate: float | None = None
+    input_tokens_mean: float | None = None
+    output_tokens_mean: float | None = None
+    input_tokens_p99: float | None = None
+    output_tokens_p99: float | None = None
+    prefix_hit_rate: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    preemptions_per_s: float | None = None
+
+
+class DriftStatus(_Strict):
+    streak: int = Field(default=0, ge=0)
+    calm: int = Field(default=0, ge=0)
+    detected: bool = False
+    lastChangeS: float | None = None
+    trigger: Trigger | None = None
+
+
+class CalibrationStatus(_Strict):
+    ttftCorrection: float = Field(default=1.0, gt=0)
+    tpotCorrection: float = Field(default=1.0, gt=0)
+    samples: int = Field(default=0, ge=0)
+
+
+class LengthStatus(_Strict):
+    kind: LengthKind
+    mean: float = Field(ge=0)
+    low: int = Field(ge=0)
+    high: int = Field(ge=0)
+    sigma: float = Field(ge=0)
+    values: list[int] = Field(default_factory=list)
+
+
+class WorkloadStatus(_Strict):
+    input: LengthStatus
+    output: LengthStatus
+    rate: float | None = Field(default=None, ge=0)
+    prefix: float = Field(ge=0, le=1)
+    cv: float = Field(gt=0)
+
+
+class RoleStateStatus(_Strict):
+    count: int = Field(ge=0)
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    dp: int = Field(ge=1)
+    ep: bool
+    maxNumSeqs: int = Field(ge=1)
+    maxNumBatchedTokens: int = Field(ge=1)
+    memoryFraction: float = Field(gt=0, le=1)
+    kvDtype: KvDtype
+    blockSize: int = Field(ge=1)
+    prefixCaching: bool
+
+
+class LayoutStateStatus(_Strict):
+    kind: LayoutKind
+    precision: Precision
+    roles: dict[Role, RoleStateStatus]
+
+    @model_validator(mode="after")
+    def _roles_match_the_kind(self) -> LayoutStateStatus:
+        if set(self.roles) != _ROLES_OF[self.kind]:
+            raise ValueError(f"a {self.kind.value} layout has roles {sorted(r.value for r in _ROLES_OF[self.kind])}, "
+                             f"not {sorted(r.value for r in self.roles)}")
+        return self
+
+
+class TransitionStatus(_Strict):
+    mode: Mode
+    phase: Phase
+    source: LayoutStateStatus
+    target: LayoutStateStatus
+    fromSet: str = Field(min_length=1, max_length=63)
+    toSet: str = Field(min_length=1, max_length=63)
+    desired: dict[str, dict[Role, int]]
+    serving: list[str] = Field(min_length=1)
+    sinceS: float
+    startedS: float
+    rolledBack: bool = False
+    drainSinceS: float | None = None
+    message: str = ""
+
+    @model_validator(mode="after")
+    def _sets_are_known(self) -> TransitionStatus:
+        unknown = [s for s in self.serving if s not in (self.fromSet, self.toSet)]
+        if unknown:
+            raise ValueError(f"serving names sets {unknown} that are neither fromSet nor toSet")
+        if any(n < 0 for counts in self.desired.values() for n in counts.values()):
+            raise ValueError("desired instance counts must be ≥ 0")
+        return self
+
+
+class ReplanStatus(_Strict):
+    """status.replan as `ReplanMemory.to_dict` writes it."""
+
+    samples: list[SampleStatus] = Field(default_factory=list)
+    drift: DriftStatus = Field(default_factory=DriftStatus)
+    calibration: CalibrationStatus = Field(default_factory=CalibrationStatus)
+    assumed: WorkloadStatus | None = None
+    metricsAvailable: bool | None = None
+    lastFetchS: float | None = None
+    transition: TransitionStatus | None = None
+    transitionFloorRps: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _a_transition_keeps_its_floor(self) -> ReplanStatus:
+        if self.transition is not None and self.transitionFloorRps is None:
+            raise ValueError("transitionFloorRps: a running transition needs the capacity floor it started with")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """What of status.replan could not be read: the top-level sections, and one line naming each bad field."""
+
+    sections: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def transition(self) -> bool:
+        """Whether the running transition (or its floor) is among them."""
+        return any(s in TRANSITION_SECTIONS for s in self.sections)
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.problems)
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    out = "status.replan"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def validate_replan_status(raw: Mapping[str, Any]) -> tuple[ReplanStatus, Unreadable | None]:
+    """Validate status.replan; sections that fail are left out of the model (defaults) and named in Unreadable.
+
+    A transition whose floor failed is left out with it (the two are one section to the caller).
+    """
+    try:
+        text = json.dumps(raw, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return ReplanStatus(), Unreadable(tuple(raw), (f"status.replan: not JSON ({exc})",))
+    try:
+        return ReplanStatus.model_validate_json(text), None
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    problems = tuple(f"{_where(tuple(e['loc']))}: {e['msg']}" for e in errors)
+    bad = {str(e["loc"][0]) for e in errors if e["loc"]}
+    if not bad or any(not e["loc"] for e in errors):   # a whole-object rule (the floor): the transition's
+        bad |= set(TRANSITION_SECTIONS)
+    if bad & set(TRANSITION_SECTIONS):
+        bad |= set(TRANSITION_SECTIONS)
+    kept = {k: v for k, v in raw.items() if k not in bad}
+    try:
+        model = ReplanStatus.model_validate_json(json.dumps(kept))
+    except ValidationError:
+        return ReplanStatus(), Unreadable(tuple(sorted(set(raw) | bad)), problems)
+    return model, Unreadable(tuple(sorted(bad)), problems)
