@@ -121,6 +121,7 @@ class ConditionType(enum.StrEnum):
     DRIFT_DETECTED = "DriftDetected"
     METRICS_AVAILABLE = "MetricsAvailable"
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"  # True: the plan's GPUs are not free in the cluster
+    CONFLICT = "Conflict"                          # True: an object to apply exists and is not this resource's
 
 
 class _Api(BaseModel):

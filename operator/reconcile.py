@@ -43,7 +43,7 @@ from .api import (
 from .capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
 from .cluster import Cluster, owned_selector, ref_of
 from .live import MetricsFactory
-from .manifests import ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
+from .manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from .pass_context import (
     Outcome,
     PassContext,
@@ -372,6 +372,12 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
             p.event("Warning", "LeaderWorkerSetMissing", message)
         return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error="LeaderWorkerSetMissing")
     objects = _apply(p, rendering)
+    if objects is None:
+        conflict = condition(p.conditions, ConditionType.CONFLICT)
+        if p.status.plan is None or condition(p.conditions, ConditionType.READY) is None:
+            p.set(ConditionType.READY, False, "ObjectNotOwned", conflict.message if conflict else "objects not owned")
+        return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error="ObjectNotOwned",
+                         requeue_after_s=PROGRESS_REQUEUE_S)
     ready, summary = _readiness(p, objects)
     moving = p.memory.transitioning
     failed = state is not None and state.phase is Phase.FAILED
@@ -475,14 +481,52 @@ def _readiness(p: PassState, objects: list[dict[str, Any]]) -> tuple[bool, str]:
     return ready, "ready: " + ", ".join(parts)
 
 
-def _apply(p: PassState, rendering: Rendering) -> list[dict[str, Any]]:
+def owned_by(obj: Mapping[str, Any] | None, uid: str) -> bool:
+    """Whether an object carries an owner reference to the ServingTopology with this uid."""
+    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("kind") == KIND and r.get("uid") == uid for r in refs)
+
+
+def _owner_words(obj: Mapping[str, Any]) -> str:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in refs) or "no owner"
+
+
+def _not_owned(p: PassState, objects: list[dict[str, Any]]) -> list[str]:
+    """`Kind/name (owned by …)` for each object to apply that exists and is not this resource's."""
+    out = []
+    for obj in objects:
+        live = p.cluster.read(ref_of(obj))
+        if live is not None and not owned_by(live, p.uid):
+            out.append(f"{ref_of(obj)} ({_owner_words(live)})")
+    return out
+
+
+def _apply(p: PassState, rendering: Rendering) -> list[dict[str, Any]] | None:
+    """Apply the rendering and prune what no set needs; None when an object to apply exists and is not this
+    resource's: then nothing of the pass is applied or pruned, and Conflict=True names the objects.
+
+    Server-side apply with force would take such an object over (its selector overwritten, an owner reference added,
+    and garbage collection deleting it with this resource); the check is before the first apply, so a pass is all
+    or nothing. Pruning deletes only objects with this resource's owner reference, whatever their labels say.
+    """
     objects = build_topology(rendering.sets, serving=rendering.serving)
+    foreign = _not_owned(p, objects)
+    if foreign:
+        message = (f"{'; '.join(foreign)} already exist{'s' if len(foreign) == 1 else ''} and {'is' if len(foreign) == 1 else 'are'} "
+                   f"not owned by ServingTopology {p.name}: nothing was applied; delete or rename "
+                   f"{'it' if len(foreign) == 1 else 'them'}, or rename this resource")
+        if p.set(ConditionType.CONFLICT, True, "ObjectNotOwned", message):
+            p.event("Warning", "ObjectNotOwned", message)
+        return None
+    if condition(p.conditions, ConditionType.CONFLICT) is not None:
+        p.set(ConditionType.CONFLICT, False, "AllOwned", "every object this resource renders is its own")
     for obj in objects:
         if p.cluster.apply(obj):
             p.applied.append(str(ref_of(obj)))
     desired = {ref_of(o) for o in objects}
     for ref in p.cluster.list_owned(p.namespace, p.name):
-        if ref not in desired:
+        if ref not in desired and owned_by(p.cluster.read(ref), p.uid):
             p.cluster.delete(ref)
             p.pruned.append(str(ref))
     if p.applied:
