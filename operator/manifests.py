@@ -32,7 +32,13 @@ from .engine_args import (
     router_kind,
 )
 from .network import NetworkKnobs, network_args, network_capabilities, network_env, network_resources
-from .pod_template import merge_pod_template
+from .pod_template import (
+    engine_container_security,
+    engine_pod_security,
+    merge_pod_template,
+    router_container_security,
+    router_pod_security,
+)
 
 __all__ = [
     "API_VERSION",
@@ -285,9 +291,7 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
     env = _engine_env(bp, role)
     if env:
         container["env"] = env
-    capabilities = network_capabilities(bp.network)
-    if capabilities:
-        container["securityContext"] = {"capabilities": {"add": capabilities}}
+    container["securityContext"] = engine_container_security(network_capabilities(bp.network))
     if serving:
         # Loading weights can take many minutes: the startup probe holds liveness off for up to 30 min.
         container["startupProbe"] = _http_probe("/health", ENGINE_PORT, period_s=10, failures=180)
@@ -297,6 +301,7 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
         "containers": [container],
         # Engines never call the API server: no token in the pod (a template may turn it back on).
         "automountServiceAccountToken": False,
+        "securityContext": engine_pod_security(),
         "terminationGracePeriodSeconds": 60,
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{bp.shm_gib}Gi"}}],
     }
@@ -439,8 +444,11 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "readinessProbe": _http_probe("/health", ROUTER_PORT, period_s=5, failures=3),
         "livenessProbe": _http_probe("/health", ROUTER_PORT, period_s=15, failures=4, initial_s=10),
+        "securityContext": router_container_security(),
     }
-    spec: dict[str, Any] = {"serviceAccountName": router_account(bp), "containers": [container]}
+    # The router watches the engine pods through the API server: it needs its ServiceAccount's token.
+    spec: dict[str, Any] = {"serviceAccountName": router_account(bp), "automountServiceAccountToken": True,
+                            "securityContext": router_pod_security(), "containers": [container]}
     if bp.node_selector:
         spec["nodeSelector"] = dict(sorted(bp.node_selector.items()))
     if bp.tolerations:

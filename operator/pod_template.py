@@ -20,7 +20,45 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["merge_pod_template", "FIXED_CONTAINER_FIELDS"]
+__all__ = ["merge_pod_template", "FIXED_CONTAINER_FIELDS", "engine_pod_security", "engine_container_security",
+           "router_pod_security", "router_container_security", "NON_ROOT_UID"]
+
+# The security contexts of the pods the operator renders, against the Kubernetes Pod Security Standards
+# (kubernetes.io/docs/concepts/security/pod-security-standards). A pod template may change any of them.
+# - Router pods meet `restricted`: a non-root UID (a stateless binary that binds ports above 1024 and writes no
+#   files), no privilege escalation, every capability dropped, the runtime's default seccomp profile. They keep
+#   the ServiceAccount token: the routers discover the engine pods through the API server (their own Role).
+# - Engine pods meet `restricted` except runAsNonRoot, so they meet `baseline`: the engines' published images
+#   (vllm/vllm-openai, lmsysorg/sglang) have no USER and keep their caches under /root (~/.cache/huggingface,
+#   ~/.cache/vllm, Triton's and torch inductor's caches; inductor also calls getpass.getuser(), which fails for a
+#   UID without a passwd entry unless USER is set). Setting runAsNonRoot, runAsUser and HOME/HF_HOME/USER in
+#   spec.podTemplate (with the weights on a volume that UID can read) makes them `restricted` too. GPUs need no
+#   privilege: the device plugin hands the /dev/nvidia* nodes to the container. Engines get no token.
+# - spec.network with RDMA adds IPC_LOCK (pinning memory for GPUDirect RDMA), which `baseline` does not allow:
+#   such pods need a `privileged` namespace.
+NON_ROOT_UID = 65532
+
+
+def engine_pod_security() -> dict[str, Any]:
+    """The engine pod's securityContext (see the table above)."""
+    return {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def engine_container_security(add: Sequence[str] = ()) -> dict[str, Any]:
+    """The engine container's securityContext: no escalation, every capability dropped but `add`."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if add:
+        capabilities["add"] = list(add)
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
+
+
+def router_pod_security() -> dict[str, Any]:
+    """The router pod's securityContext: `restricted` (a non-root UID and group, the default seccomp profile)."""
+    return {"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def router_container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 # Container fields the plan owns: the template may not set them on the operator's containers.
 FIXED_CONTAINER_FIELDS = ("command", "args")
