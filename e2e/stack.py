@@ -53,6 +53,8 @@ class Operator:
              f"--kubeconfig={self.cluster.kubeconfig}", "--set", "replicaCount=0",
              # No Prometheus Operator here: the cluster's Prometheus gets the chart's PodMonitors as scrape configs.
              "--set", "podMonitors.enabled=false",
+             # The cluster's Prometheus listens on loopback, outside the chart's default allow-list of in-cluster Services.
+             "--set-json", f"operator.prometheusUrlAllowList={json.dumps([self.cluster.prometheus_url])}",
              "--set", f"operator.timerIntervalSeconds={self.timer_interval_s}", "--set", "operator.logLevel=DEBUG",
              "--create-namespace"],
             check=True, capture_output=True, text=True, timeout=180,

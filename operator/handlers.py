@@ -26,6 +26,7 @@ from .manifests import GROUP
 from .reconcile import Outcome, Planner, reconcile
 from .replan import Predictor
 from .telemetry import OperatorMetrics
+from .url_policy import UrlAllowList
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "QuietRequeues", "QUIET_REQUEUES"]
 
@@ -86,6 +87,7 @@ class Runtime:
     gpus_per_node_default: int = 8
     metrics_source: MetricsFactory | None = prometheus_source   # None: no live replanning
     predict: Predictor = predict_layout
+    prometheus_urls: UrlAllowList | None = None   # the Prometheus URLs resources may name (None: any)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     last_pass_s: float = 0.0
@@ -107,7 +109,7 @@ class Runtime:
             try:
                 outcome = reconcile(dict(body), cluster=self.cluster, planner=self.planner, now=self.clock(),
                                     gpus_per_node_default=self.gpus_per_node_default, metrics=self.metrics_source,
-                                    predict=self.predict)
+                                    predict=self.predict, metrics_allow=self.prometheus_urls)
             except ClusterError as exc:
                 self.metrics.failed("ApiError", trigger=trigger)
                 raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=RETRY_DELAY_S) from exc

@@ -9,7 +9,7 @@ a Secret that cannot be read counts as metrics being down, never as a failed pas
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -19,11 +19,24 @@ from urllib3.util.retry import Retry
 from ..planner.decide import predict_layout
 from ..planner.layout import Engine, Layout
 from ..planner.problem import Problem
-from .api import TopologySpec
+from .api import ConditionType, TopologySpec
 from .cluster import Cluster, ClusterError
 from .metrics import MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
 from .plan_status import timestamp
-from .replan import Planner, Predictor, ReplanMemory, ReplanOutcome, ReplanPolicy, fetch_sample, metrics_grace, replan
+from .replan import (
+    ConditionNote,
+    EventNote,
+    Planner,
+    Predictor,
+    ReplanMemory,
+    ReplanOutcome,
+    ReplanPolicy,
+    Verdict,
+    fetch_sample,
+    metrics_grace,
+    replan,
+)
+from .url_policy import UrlAllowList
 
 __all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "metrics_request", "run_live_replan", "QUERY_TIMEOUT_S"]
 
@@ -87,15 +100,24 @@ def _token(cluster: Cluster, spec: TopologySpec, namespace: str) -> tuple[str | 
 
 def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | None, memory: ReplanMemory, policy: ReplanPolicy,
                     now: datetime, cluster: Cluster, namespace: str, name: str, factory: MetricsFactory, planner: Planner,
-                    predict: Predictor = predict_layout, ready_since: datetime | None = None) -> ReplanOutcome | None:
+                    predict: Predictor = predict_layout, ready_since: datetime | None = None,
+                    allow: UrlAllowList | None = None) -> ReplanOutcome | None:
     """One replan interval when spec.metrics is set and the interval is due; None otherwise (nothing to write).
 
-    `ready_since`: when the Ready condition last turned True (None: not Ready), for the MetricsGrace rule."""
+    `ready_since`: when the Ready condition last turned True (None: not Ready), for the MetricsGrace rule.
+    `allow`: the Prometheus URLs the operator may call (None: any); a URL outside it is MetricsAvailable=False,
+    reason PrometheusUrlNotAllowed, with no Secret read and no request."""
     if spec.metrics is None:
         return None
     now_s = now.timestamp()
     if not memory.due(now_s, policy.interval_s):
         return None
+    refused = allow.refusal(spec.metrics.prometheusUrl, field="spec.metrics.prometheusUrl") if allow is not None else None
+    if refused is not None:   # before the token Secret is read: no credential goes to a URL the operator may not call
+        events = () if memory.metrics_available is False else (EventNote("Warning", "PrometheusUrlNotAllowed", refused),)
+        return ReplanOutcome(Verdict.KEEP, replace(memory, metrics_available=False, last_fetch_s=now_s),
+                             (ConditionNote(ConditionType.METRICS_AVAILABLE, False, "PrometheusUrlNotAllowed", refused),), events,
+                             message=refused)
     token, error = _token(cluster, spec, namespace)
     sample = None
     if error is None:

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between level-based re-reconciles of every ServingTopology")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node when a spec does not say")
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, type=str.upper)
+    parser.add_argument("--allow-prometheus-url", action="append", default=[], metavar="GLOB",
+                        help="a Prometheus URL rule spec.metrics.prometheusUrl may match (repeatable; `*` within the host or "
+                             "a path segment, `**` anything); default: the in-cluster Prometheus Operator Services")
 
 
 def _kube_api_client() -> object:
@@ -55,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from .cluster import KubeCluster
     from .handlers import Runtime, register
     from .telemetry import new_metrics, serve_metrics
+    from .url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
 
     kopf.configure(debug=args.log_level == "DEBUG", quiet=args.log_level in ("WARNING", "ERROR"))
     logging.getLogger().setLevel(getattr(logging, args.log_level))
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         return decide(problem, simulate=stage6_figures)
 
     runtime = Runtime(cluster=KubeCluster(_kube_api_client()), planner=metrics.timed(plan), metrics=metrics,
-                      gpus_per_node_default=args.gpus_per_node)
+                      gpus_per_node_default=args.gpus_per_node,
+                      prometheus_urls=UrlAllowList.of(args.allow_prometheus_url or DEFAULT_PROMETHEUS_URLS))
     registry = kopf.OperatorRegistry()
     # A fresh registry has no login handlers (kopf adds them only to its default one): log in through the client.
     kopf.on.login(registry=registry)(kopf.login_via_client)

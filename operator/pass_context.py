@@ -45,6 +45,7 @@ from .network import NetworkKnobs
 from .plan_status import condition, set_condition
 from .readout import summary_status
 from .replan import Predictor, ReplanOutcome, ReplanPolicy, read_replan_status
+from .url_policy import UrlAllowList
 
 __all__ = [
     "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_or_none",
@@ -304,6 +305,7 @@ class PassContext:
     metrics: MetricsFactory | None
     policy: ReplanPolicy
     gpus_per_node: int
+    metrics_allow: UrlAllowList | None = None    # the Prometheus URLs the operator may call (None: any)
 
     def bp_for(self, p: PassState, layout: Layout, set_name: str = "") -> Blueprint:
         return blueprint_for(self.spec, layout, name=p.name, namespace=p.namespace, uid=p.uid, gpus_per_node=self.gpus_per_node,
@@ -323,7 +325,7 @@ def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layo
     try:
         out = run_live_replan(spec=ctx.spec, problem=problem, current=current, memory=p.memory, policy=ctx.policy, now=p.now,
                               cluster=p.cluster, namespace=p.namespace, name=p.name, factory=ctx.metrics, planner=ctx.planner,
-                              predict=ctx.predict, ready_since=p.ready_since())
+                              predict=ctx.predict, ready_since=p.ready_since(), allow=ctx.metrics_allow)
     except (InvalidSpec, InsufficientData) as exc:
         p.event("Warning", "ReplanFailed", f"{exc}; keeping the running layout")
         p.memory = dataclasses.replace(p.memory, last_fetch_s=p.now.timestamp())

@@ -73,6 +73,7 @@ from .readout import phase_text, traffic_shares
 from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
 from .rollout import finished_plan, rebase_sets, running_set, start_for_change
 from .sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
+from .url_policy import UrlAllowList
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
 
@@ -81,10 +82,12 @@ CAPACITY_REQUEUE_S = 15.0   # look again for freed GPUs
 
 
 def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now: datetime, gpus_per_node_default: int = 8,
-              metrics: MetricsFactory | None = None, predict: Predictor = predict_layout) -> Outcome:
+              metrics: MetricsFactory | None = None, predict: Predictor = predict_layout,
+              metrics_allow: UrlAllowList | None = None) -> Outcome:
     """Bring the cluster and the status in line with one ServingTopology; safe to run any number of times.
 
-    `metrics` builds the live metrics source (None: no live replanning, e.g. unit tests of the plan alone).
+    `metrics` builds the live metrics source (None: no live replanning, e.g. unit tests of the plan alone);
+    `metrics_allow` the Prometheus URLs it may call (None: any; the operator always passes its allow-list).
     Raises ClusterError (from the Cluster) on transient API failures; everything else becomes status.
     """
     p = PassState(obj, cluster, now)
@@ -100,7 +103,7 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
         p.set(ConditionType.METRICS_AVAILABLE, False, "NoMetricsSource", "spec.metrics is not set; planning from the expected workload")
     current = layout_from_plan(p.status.plan) if p.status.plan is not None else None
     ctx = PassContext(spec=spec, planner=planner, predict=predict, metrics=metrics, policy=policy_from_spec(spec.policy),
-                      gpus_per_node=spec.hardware.gpusPerNode or gpus_per_node_default)
+                      gpus_per_node=spec.hardware.gpusPerNode or gpus_per_node_default, metrics_allow=metrics_allow)
     if spec.policy.mode is Mode.DRY_RUN:
         return _dry_run(p, ctx, current)
     return _enact(p, ctx, current)

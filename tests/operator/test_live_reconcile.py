@@ -24,6 +24,7 @@ from servingtopology.operator.manifests import SET_LABEL
 from servingtopology.operator.metrics import MetricsUnavailable
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.operator.replan import ReplanMemory, capacity_of
+from servingtopology.operator.url_policy import UrlAllowList
 from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Role
 from servingtopology.planner.observe import MetricSample
@@ -74,9 +75,11 @@ def live_topology(mode: str = "Auto", *, surge_gpus: int = SURGE_GPUS) -> dict[s
     return obj
 
 
-def run(obj: dict[str, Any], cluster: FakeCluster, planner: Any, metrics: ScriptedMetrics, minute: int) -> Outcome:
+def run(obj: dict[str, Any], cluster: FakeCluster, planner: Any, metrics: ScriptedMetrics, minute: int,
+        allow: UrlAllowList | None = None) -> Outcome:
     """One reconcile; its status goes back through JSON, as the API server would store it."""
-    out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=planner, now=T0 + timedelta(minutes=minute), metrics=metrics)
+    out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=planner, now=T0 + timedelta(minutes=minute), metrics=metrics,
+                    metrics_allow=allow)
     obj["status"] = json.loads(json.dumps({k: v for k, v in out.status.items() if v is not None}))
     return out
 
