@@ -247,7 +247,7 @@ def _decide_within_capacity(p: PassState, ctx: PassContext, problem: Problem | N
     if problem is not None and free is not None and 0 < free < problem.max_gpus:
         try:
             within = ctx.planner(dataclasses.replace(problem, max_gpus=free))
-        except Infeasible:
+        except (Infeasible, InvalidSpec):   # InvalidSpec: a pin over the free GPUs (decide holds pins to the budget)
             within = None   # the spec's budget decides below whether a layout exists at all
     decision = within if within is not None else decide_or_outcome(p, ctx.spec, ctx.planner, current, problem)
     if isinstance(decision, Outcome):

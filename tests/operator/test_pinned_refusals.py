@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from fake_cluster import FakeCluster
+from test_capacity import node, pod
 from test_reconcile import ROOT
 
 from servingtopology.operator.reconcile import reconcile
@@ -55,3 +56,14 @@ def test_a_pin_within_the_rules_still_goes_ahead() -> None:
     obj, cluster = _pinned({"kind": "replicas", "replicas": 2, "tp": 4}), FakeCluster()
     out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=decide, now=T0)
     assert out.status["plan"]["layout"] == "2×TP4" and out.error is None and cluster.objects
+
+
+def test_a_pin_within_the_budget_but_over_the_free_gpus_is_insufficient_capacity_not_a_failed_pass() -> None:
+    # decide() refuses a pin over the budget it is given; planning within the free GPUs must not turn that into a
+    # failed pass (the e2e capacity scenario: 2×TP8 pinned with 8 GPUs free).
+    obj, cluster = _pinned({"kind": "replicas", "replicas": 2, "tp": 8}, maxGPUs=16), FakeCluster(
+        nodes=[node("n0"), node("n1")], other_pods=[pod("n0", 8)])
+    out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=decide, now=T0)
+    assert out.error == "InsufficientCapacity" and cluster.objects == {}
+    message = next(c for c in out.status["conditions"] if c["type"] == "InsufficientCapacity")["message"]
+    assert "8 h100_sxm GPUs are missing" in message, message
