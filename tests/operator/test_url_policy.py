@@ -5,9 +5,10 @@ the token Secret is only ever read from the resource's own namespace."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from fake_cluster import FakeCluster
 from test_live_reconcile import NS, CountingPlanner, ScriptedMetrics, live_topology, run
-from test_reconcile import cond, reasons
+from test_reconcile import ROOT, cond, reasons
 
 from servingtopology.operator.api import parse_topology_spec
 from servingtopology.operator.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
@@ -70,3 +71,12 @@ def test_the_token_secret_cannot_name_another_namespace() -> None:
     with pytest.raises(SpecError) as err:
         parse_topology_spec(spec)
     assert any("bearerTokenSecret.namespace" in f for f, _ in err.value.errors)
+
+
+def test_every_cluster_example_names_a_url_the_default_rules_allow() -> None:
+    # examples/demo-replan.yaml is for the local stack, whose Prometheus is on loopback (e2e/up.py allows it).
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            url = ((doc or {}).get("spec") or {}).get("metrics", {}).get("prometheusUrl") if isinstance(doc, dict) else None
+            if url and path.name != "demo-replan.yaml":
+                assert DEFAULT.allows(url), (path.name, url)
