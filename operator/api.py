@@ -552,7 +552,7 @@ class Condition(_Api):
     """One aspect of the resource's state, in the Kubernetes condition conventions."""
 
     type: ConditionType = Field(description="the aspect: Ready, Planned, Progressing, Degraded, DriftDetected, "
-                                "MetricsAvailable or InsufficientCapacity")
+                                "MetricsAvailable, InsufficientCapacity or Conflict (an object to apply exists and is not this resource's)")
     status: str = Field(pattern="^(True|False|Unknown)$", description="True, False or Unknown")
     reason: str = Field(min_length=1, description="a CamelCase word saying why (e.g. InvalidSpec, Infeasible, DryRun)")
     message: str = Field(default="", description="the reason in a sentence, with the figures behind it")
