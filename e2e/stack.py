@@ -53,8 +53,9 @@ class Operator:
              f"--kubeconfig={self.cluster.kubeconfig}", "--set", "replicaCount=0",
              # No Prometheus Operator here: the cluster's Prometheus gets the chart's PodMonitors as scrape configs.
              "--set", "podMonitors.enabled=false",
-             # The cluster's Prometheus listens on loopback, outside the chart's default allow-list of in-cluster Services.
-             "--set-json", f"operator.prometheusUrlAllowList={json.dumps([self.cluster.prometheus_url])}",
+             # The cluster's Prometheus (and the fault scenarios' stand-ins for it) listen on loopback, outside the chart's
+             # default allow-list of in-cluster Services: allow any loopback port.
+             "--set-json", 'operator.prometheusUrlAllowList=["http://127.0.0.1:*"]',
              "--set", f"operator.timerIntervalSeconds={self.timer_interval_s}", "--set", "operator.logLevel=DEBUG",
              "--create-namespace"],
             check=True, capture_output=True, text=True, timeout=180,
