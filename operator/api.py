@@ -122,6 +122,7 @@ class ConditionType(enum.StrEnum):
     METRICS_AVAILABLE = "MetricsAvailable"
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"  # True: the plan's GPUs are not free in the cluster
     CONFLICT = "Conflict"                          # True: an object to apply exists and is not this resource's
+    RECONCILED = "Reconciled"   # False: the last pass failed (reason ApiError / InternalError) and is retried with back-off
 
 
 class _Api(BaseModel):

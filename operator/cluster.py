@@ -9,17 +9,27 @@ workloads; it decides nothing.
 from __future__ import annotations
 
 import base64
+import threading
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from .manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
 
 __all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "KubeCluster", "ref_of", "owned_selector", "build_event"]
 
 FIELD_MANAGER = "servingtopology-operator"
+# Every request's (connect, read) timeout: a hung API server fails the pass (ClusterError, retried with back-off)
+# instead of holding its thread and the resource's lock for ever.
+REQUEST_TIMEOUT_S = (5.0, 30.0)
+# How long "is LeaderWorkerSet installed" is trusted: a miss makes the dynamic client rediscover every API group
+# (about 25 requests), which every Auto pass did while the CRD was absent.
+DISCOVERY_TTL_S = 300.0
 # Every kind the builders create, so that pruning can find what an old plan left behind.
 MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "Deployment"),
@@ -90,26 +100,80 @@ class Cluster(Protocol):
 
 
 class KubeCluster:
-    """`Cluster` over kubernetes.dynamic.DynamicClient (sync; kopf runs sync handlers in a thread pool)."""
+    """`Cluster` over kubernetes.dynamic.DynamicClient (sync; the handlers run passes on the Runtime's threads).
 
-    def __init__(self, api_client: Any, *, reporting_instance: str = "") -> None:
+    Every request has REQUEST_TIMEOUT_S; API and connection errors (urllib3's, which are not OSErrors) become
+    ClusterError; the answer to "is LeaderWorkerSet installed" is cached for DISCOVERY_TTL_S. `requests` counts
+    requests by kind ("discovery" or "api") for the operator's metrics. Events are stamped when they are written.
+    """
+
+    def __init__(self, api_client: Any, *, reporting_instance: str = "", timeout_s: tuple[float, float] = REQUEST_TIMEOUT_S,
+                 discovery_ttl_s: float = DISCOVERY_TTL_S, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         from kubernetes import dynamic
 
-        self._client = dynamic.DynamicClient(api_client)
+        self.requests: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+        self._client_lock = threading.Lock()
+        self._lws_lock = threading.Lock()
+        self._discovery_lock = threading.Lock()
+        self._resources: dict[tuple[str, str], Any] = {}
+        self._timeout = timeout_s
+        _count_requests(api_client, self._count, timeout_s)
+        # Discovery starts on the first request, in a pass (a failure there is the pass's ClusterError, retried),
+        # not while the operator starts.
+        self._new_client = lambda: dynamic.DynamicClient(api_client)
+        self._dynamic: Any = None
         self._instance = reporting_instance or f"{FIELD_MANAGER}-{uuid.uuid4().hex[:8]}"
+        self._ttl, self._clock, self._monotonic = discovery_ttl_s, clock, monotonic
+        self._lws: tuple[bool, float] | None = None
 
-    def _resource(self, api_version: str, kind: str) -> Any:
-        return self._client.resources.get(api_version=api_version, kind=kind)
+    @property
+    def _client(self) -> Any:
+        with self._client_lock:
+            if self._dynamic is None:
+                self._dynamic = self._discovering(self._new_client)
+            return self._dynamic
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.dynamic import exceptions
+    def _count(self, path: str) -> None:
+        with self._count_lock:
+            self.requests["discovery" if _is_discovery(path) else "api"] += 1
+
+    def _discovering(self, fn: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.dynamic.exceptions import DynamicApiError
+        from urllib3.exceptions import HTTPError
 
         try:
-            return fn(*args, **kwargs)
+            return fn()
+        except (DynamicApiError, ApiException, HTTPError, OSError) as exc:
+            raise ClusterError(f"discovery: {_short(exc)}") from exc
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        """The client's Resource for a kind, resolved once (the client's discovery cache is not thread-safe: concurrent
+        misses each rediscover every group, 200 requests at start-up with 50 resources)."""
+        key = (api_version, kind)
+        found = self._resources.get(key)
+        if found is None:
+            with self._discovery_lock:
+                found = self._resources.get(key)
+                if found is None:
+                    found = self._resources[key] = self._discovering(lambda: self._client.resources.get(api_version=api_version, kind=kind))
+        return found
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.dynamic import exceptions
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*args, _request_timeout=self._timeout, **kwargs)
         except exceptions.NotFoundError:
             return None
-        except (exceptions.DynamicApiError, OSError) as exc:
+        except exceptions.DynamicApiError as exc:
             raise ClusterError(str(exc)) from exc
+        except (ApiException, HTTPError, OSError) as exc:
+            raise ClusterError(_short(exc)) from exc
 
     def apply(self, obj: Mapping[str, Any]) -> bool:
         ref = ref_of(obj)
@@ -144,11 +208,17 @@ class KubeCluster:
     def has_leader_worker_set(self) -> bool:
         from kubernetes.dynamic import exceptions
 
-        try:
-            self._resource(LWS_API_VERSION, "LeaderWorkerSet")
-        except exceptions.ResourceNotFoundError:
-            return False
-        return True
+        with self._lws_lock:   # one lookup at a time: concurrent misses would each rediscover every group
+            now = self._monotonic()
+            if self._lws is not None and now - self._lws[1] < self._ttl:
+                return self._lws[0]
+            try:
+                self._resource(LWS_API_VERSION, "LeaderWorkerSet")
+                found = True
+            except exceptions.ResourceNotFoundError:
+                found = False
+            self._lws = (found, now)
+            return found
 
     def read_config_map(self, namespace: str, name: str, key: str) -> str | None:
         cm = self._call(self._client.get, self._resource("v1", "ConfigMap"), name=name, namespace=namespace)
@@ -176,9 +246,41 @@ class KubeCluster:
         return list(listing.to_dict().get("items") or []) if listing is not None else []
 
     def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None:
-        event = build_event(owner, type=type, reason=reason, message=message, now=now, instance=self._instance)
+        # Stamped when written: the pass's `now` is its start, up to a pass's length earlier.
+        event = build_event(owner, type=type, reason=reason, message=message, now=self._clock(), instance=self._instance)
         meta = owner["metadata"]
         self._call(self._client.create, self._resource("v1", "Event"), body=event, namespace=meta["namespace"])
+
+
+def _short(exc: BaseException) -> str:
+    """A connection or discovery error in one line: its status and reason, or the error's kind and text."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is not None:
+        return f"{status} {reason or ''}".strip()
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _is_discovery(path: str) -> bool:
+    """/api, /apis, /api/v1, /apis/<group>, /apis/<group>/<version> (and /version, /openapi): no resource named."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if not parts or parts[0] in ("version", "openapi"):
+        return True
+    if parts[0] == "api":
+        return len(parts) <= 2
+    return parts[0] == "apis" and len(parts) <= 3
+
+
+def _count_requests(api_client: Any, count: Callable[[str], None], timeout_s: tuple[float, float]) -> None:
+    """Count every request the client makes (discovery included) and give discovery the same timeouts."""
+    call_api = api_client.call_api
+
+    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        count(urlsplit(url).path)
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = timeout_s
+        return call_api(method, url, *args, **kwargs)
+
+    api_client.call_api = counted
 
 
 def build_event(owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime,

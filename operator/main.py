@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import secrets
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -36,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-prometheus-url", action="append", default=[], metavar="GLOB",
                         help="a Prometheus URL rule spec.metrics.prometheusUrl may match (repeatable; `*` within the host or "
                              "a path segment, `**` anything); default: the in-cluster Prometheus Operator Services")
+    parser.add_argument("--plan-timeout-s", type=float, default=30.0,
+                        help="wall-time budget of one plan; a plan over it is stopped and its resource gets PlanBudgetExceeded")
+    parser.add_argument("--plan-memory-mib", type=int, default=512,
+                        help="memory budget of one plan (address space beyond the planner's own, in MiB); 0: no limit")
+    parser.add_argument("--plan-slots", type=int, default=min(2, os.cpu_count() or 1),
+                        help="plans that run at once, each in its own process (default: up to 2, by CPU count)")
+    parser.add_argument("--workers", type=int, default=8, help="threads running reconcile passes (a pass never waits on a plan)")
 
 
 def _kube_api_client() -> object:
@@ -48,36 +57,56 @@ def _kube_api_client() -> object:
     return client.ApiClient()
 
 
+def _runtime_metrics(registry: Any, cluster: Any, worker: Any) -> None:
+    """servingtopology_api_requests_total{kind="discovery"|"api"} (the requests of the operator's client) and the plan
+    worker's servingtopology_plans_started_total, _plans_over_budget_total, _plan_cpu_seconds_total, _plans_pending."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class Collector:
+        def collect(self) -> Any:
+            family = CounterMetricFamily("servingtopology_api_requests", "Kubernetes API requests of the operator's client", labels=["kind"])
+            for kind in ("discovery", "api"):
+                family.add_metric([kind], float(cluster.requests.get(kind, 0)))
+            yield family
+            yield CounterMetricFamily("servingtopology_plans_started", "Plans started in the plan worker", value=worker.plans_started)
+            yield CounterMetricFamily("servingtopology_plans_failed", "Plans over budget or whose process died", value=worker.plans_failed)
+            yield CounterMetricFamily("servingtopology_plan_cpu_seconds", "CPU seconds of the plan processes", value=worker.plans_cpu_s)
+            yield GaugeMetricFamily("servingtopology_plans_pending", "Plans queued or running", value=worker.pending())
+
+    registry.register(Collector())
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
     import kopf
 
-    from ..planner.decide import decide
-    from ..planner.problem import Decision, Problem
-    from ..planner.sim.stage import stage6_figures
     from .cluster import KubeCluster
-    from .handlers import Runtime, register
+    from .handlers import RETRY_CAP_S, Runtime, register
+    from .plan_worker import PlanBudget, PlanWorker
     from .telemetry import new_metrics, serve_metrics
     from .url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
 
     kopf.configure(debug=args.log_level == "DEBUG", quiet=args.log_level in ("WARNING", "ERROR"))
     logging.getLogger().setLevel(getattr(logging, args.log_level))
     metrics = new_metrics()
+    cluster = KubeCluster(_kube_api_client())
+    # Stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does; in child processes.
+    planner = PlanWorker(budget=PlanBudget(wall_s=args.plan_timeout_s, memory_mib=args.plan_memory_mib), slots=max(1, args.plan_slots),
+                         on_plan_s=metrics.plan_seconds.observe)   # servingtopology_plan_seconds: each plan's time in its child
+    _runtime_metrics(metrics.registry, cluster, planner)
     if args.metrics_port:
         serve_metrics(metrics, args.metrics_port)
-
-    def plan(problem: Problem) -> Decision:
-        # Stage 6: the step-level simulator checks the top K, as `servingtopology plan` does.
-        return decide(problem, simulate=stage6_figures)
-
-    runtime = Runtime(cluster=KubeCluster(_kube_api_client()), planner=metrics.timed(plan), metrics=metrics,
-                      gpus_per_node_default=args.gpus_per_node,
-                      prometheus_urls=UrlAllowList.of(args.allow_prometheus_url or DEFAULT_PROMETHEUS_URLS))
+    timer_interval_s = args.timer_interval_s
+    runtime = Runtime(cluster=cluster, planner=planner, metrics=metrics, gpus_per_node_default=args.gpus_per_node,
+                      prometheus_urls=UrlAllowList.of(args.allow_prometheus_url or DEFAULT_PROMETHEUS_URLS),
+                      workers=max(1, args.workers),
+                      # Liveness: every resource has a pass each timer interval, or after a failure's back-off at most.
+                      stall_s=max(4 * timer_interval_s, RETRY_CAP_S + 2 * timer_interval_s))
     registry = kopf.OperatorRegistry()
     # A fresh registry has no login handlers (kopf adds them only to its default one): log in through the client.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     clusterwide = not args.namespace
-    register(registry, runtime, timer_interval_s=args.timer_interval_s, peering_name=args.peering_name, clusterwide=clusterwide)
+    register(registry, runtime, timer_interval_s=timer_interval_s, peering_name=args.peering_name, clusterwide=clusterwide)
     asyncio.run(kopf.operator(
         registry=registry,
         clusterwide=clusterwide,

@@ -43,6 +43,7 @@ from .live import MetricsFactory, run_live_replan
 from .manifests import Blueprint, engine_extra_args, role_nodes
 from .network import NetworkKnobs
 from .plan_status import condition, set_condition
+from .plan_worker import PlanBudgetExceeded, blocking
 from .readout import summary_status
 from .replan import Predictor, ReplanOutcome, ReplanPolicy, read_replan_status
 from .url_policy import UrlAllowList
@@ -292,6 +293,14 @@ def decide_or_outcome(p: PassState, spec: TopologySpec, planner: Planner, curren
     except InsufficientData as exc:
         p.set(ConditionType.PLANNED, None, "InsufficientData", str(exc))
         return p.outcome(plan=plan, proposal=proposal, requeue_after_s=60.0, error="InsufficientData")
+    except PlanBudgetExceeded as exc:
+        # The worker stopped the plan; it is tried again after a back-off (operator/plan_worker.py), not every pass.
+        message = f"{exc}; running workloads are left as they are"
+        if p.set(ConditionType.PLANNED, False, "PlanBudgetExceeded", message):
+            p.event("Warning", "PlanBudgetExceeded", message)
+        if plan is None:
+            p.set(ConditionType.READY, False, "PlanBudgetExceeded", "no plan within the planning budget, nothing deployed")
+        return p.outcome(plan=plan, proposal=proposal, error="PlanBudgetExceeded")
     return decision
 
 
@@ -324,9 +333,11 @@ def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layo
         return None
     try:
         out = run_live_replan(spec=ctx.spec, problem=problem, current=current, memory=p.memory, policy=ctx.policy, now=p.now,
-                              cluster=p.cluster, namespace=p.namespace, name=p.name, factory=ctx.metrics, planner=ctx.planner,
-                              predict=ctx.predict, ready_since=p.ready_since(), allow=ctx.metrics_allow)
-    except (InvalidSpec, InsufficientData) as exc:
+                              cluster=p.cluster, namespace=p.namespace, name=p.name, factory=ctx.metrics,
+                              # The replan's Problem follows the measured load, new every fetch: wait for its plan.
+                              planner=blocking(ctx.planner), predict=ctx.predict, ready_since=p.ready_since(),
+                              allow=ctx.metrics_allow)
+    except (InvalidSpec, InsufficientData, PlanBudgetExceeded) as exc:
         p.event("Warning", "ReplanFailed", f"{exc}; keeping the running layout")
         p.memory = dataclasses.replace(p.memory, last_fetch_s=p.now.timestamp())
         return None

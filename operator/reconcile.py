@@ -69,6 +69,7 @@ from .plan_status import (
     proposal_status,
     timestamp,
 )
+from .plan_worker import PlanBudgetExceeded
 from .readout import phase_text, traffic_shares
 from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
 from .rollout import finished_plan, rebase_sets, running_set, start_for_change
@@ -247,7 +248,7 @@ def _decide_within_capacity(p: PassState, ctx: PassContext, problem: Problem | N
     if problem is not None and free is not None and 0 < free < problem.max_gpus:
         try:
             within = ctx.planner(dataclasses.replace(problem, max_gpus=free))
-        except (Infeasible, InvalidSpec):   # InvalidSpec: a pin over the free GPUs (decide holds pins to the budget)
+        except (Infeasible, InvalidSpec, PlanBudgetExceeded):   # InvalidSpec: a pin over the free GPUs (decide holds pins to the budget)
             within = None   # the spec's budget decides below whether a layout exists at all
     decision = within if within is not None else decide_or_outcome(p, ctx.spec, ctx.planner, current, problem)
     if isinstance(decision, Outcome):

@@ -4,6 +4,7 @@ resume, timer) is registered."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -67,7 +68,9 @@ def test_an_api_failure_becomes_a_temporary_error_with_a_delay() -> None:
     with pytest.raises(kopf.TemporaryError) as caught:
         rt.handle(topology(), patch, LOG, "timer")
     assert caught.value.delay and caught.value.delay > 0
-    assert patch.status == {}  # nothing half-written
+    assert set(patch.status) == {"conditions"}  # nothing half-written: only the failure's condition
+    failed = next(c for c in patch.status["conditions"] if c["type"] == "Reconciled")
+    assert failed["status"] == "False" and failed["reason"] == "ApiError" and "connection refused" in failed["message"]
     assert sample(rt, "servingtopology_errors_total", reason="ApiError") == 1
 
 
@@ -81,7 +84,8 @@ def test_a_bug_is_caught_at_the_handler_boundary_and_retried() -> None:
 def test_every_trigger_is_registered_once() -> None:
     registry = kopf.OperatorRegistry()
     register(registry, runtime(FakeCluster()), timer_interval_s=30, peering_name="p", clusterwide=True)
-    ids = {h.id for h in registry._spawning.get_all_handlers()} | {h.id for h in registry._changing.get_all_handlers()}
+    ids = {h.id for h in registry._spawning.get_all_handlers()} | {h.id for h in registry._changing.get_all_handlers()} \
+        | {h.id for h in registry._watching.get_all_handlers()}
     assert {"reconcile-create", "reconcile-update/spec", "reconcile-resume", "reconcile-timer", "forget"} <= ids
 
 
@@ -113,8 +117,15 @@ def test_the_production_runtime_reads_prometheus() -> None:
 def registered(rt: Runtime, handler_id: str, *, timer_interval_s: float = 30) -> Any:
     registry = kopf.OperatorRegistry()
     register(registry, rt, timer_interval_s=timer_interval_s, peering_name="p", clusterwide=True)
-    handlers = [*registry._changing.get_all_handlers(), *registry._spawning.get_all_handlers(), *registry._activities.get_all_handlers()]
-    return next(h.fn for h in handlers if h.id == handler_id)
+    handlers = [*registry._changing.get_all_handlers(), *registry._spawning.get_all_handlers(), *registry._activities.get_all_handlers(),
+                *registry._watching.get_all_handlers()]
+    fn = next(h.fn for h in handlers if h.id == handler_id)
+    if not asyncio.iscoroutinefunction(fn):
+        return fn
+
+    def call(**kwargs: Any) -> Any:
+        return asyncio.run(fn(**kwargs))
+    return call
 
 
 @pytest.mark.parametrize("handler_id", ["reconcile-create", "reconcile-update/spec", "reconcile-resume", "reconcile-timer"])

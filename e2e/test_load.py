@@ -1,0 +1,173 @@
+"""Load and deletion on a real API server (issue 17): 50 ServingTopologies applied at once (40 DryRun, 10 Auto,
+Llama-3.1-8B at 10 different loads: tenants on a few standard profiles, 10 different plans) on the kwok GPU nodes.
+
+Each spec simulates its top 2 candidates (spec.search.topK 2, ~0.3 CPU s a plan; the default 8 is ~1.3 CPU s).
+Checks, and prints, on the shared 2-core machine: every resource planned within 60 s p95 (plans run in the operator's
+plan worker, never on its event loop or its pass threads); each Auto resource shows Ready within one pass of its last
+pod turning Ready; one PlanProposed / PlanApplied Event per resource (no duplicate plans); API discovery requests
+bounded (one rediscovery per cache TTL, not ~25 per pass); the GPU budget held (each resource within its maxGPUs,
+all within the nodes' GPUs); the operator's CPU seconds. Then the operator is stopped (SIGSTOP on its process group)
+and `kubectl delete stopo --wait --timeout=60s` still succeeds: no finalizer waits on it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import statistics
+import time
+import urllib.request
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from .cluster import LocalCluster
+from .conftest import Kube
+from .objects import gpus_of, pod_ready, topology
+from .processes import wait_until
+from .stack import Operator
+
+DRY_RUN, AUTO = 40, 10
+WORKLOADS = 10      # 10 loads, each shared by 4 DryRun and 1 Auto resource: 10 different plans, each planned once
+PLAN_P95_LIMIT_S = 60.0
+DISCOVERY_TTL_S = 300.0            # operator/cluster.py DISCOVERY_TTL_S
+FULL_DISCOVERY_REQUESTS = 30       # /api, /apis and one per group-version on this cluster (~25), rounded up
+
+
+def _t(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+
+
+def _metric(operator: Operator, name: str, **labels: str) -> float:
+    port = next(a.split("=", 1)[1] for a in operator.argv if a.startswith("--metrics-port="))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(?:{{(.*)}})? ([0-9.e+-]+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """CPU seconds of every process in the operator's group (it, the forkserver), with their reaped children (plans)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:     # field 5 (pgrp), counted after the command
+            total += sum(int(x) for x in fields[11:15])   # utime, stime, cutime, cstime
+    return total / tick
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c.get("type") == kind), None)
+
+
+def test_fifty_topologies_at_once_are_planned_once_each_promptly_and_deleted_without_the_operator(
+        cluster: LocalCluster, operator: Operator, kube: Kube, namespace: str) -> None:
+    assert operator.child is not None
+    pgid = operator.child.popen.pid
+    total_gpus = cluster.node_pool.count * cluster.node_pool.gpus_per_node
+    objs = []
+    for i in range(DRY_RUN + AUTO):
+        auto = i >= DRY_RUN
+        obj = topology(f"load-{i:02d}", namespace, prometheus_url=cluster.prometheus_url, mode="Auto" if auto else "DryRun",
+                       arrival_rate=1.0 + 0.25 * (i % WORKLOADS), max_gpus=8,
+                       replan_interval="10m", cooldown="10m")   # no live replan inside the scenario: one plan each
+        # Stage 6 simulates the top 2 candidates, not 8: one plan is ~0.3 CPU s instead of ~1.3 (50 plans: ~15 CPU s
+        # instead of ~70), so that the p95 target holds on this shared machine; the concurrency is the same.
+        obj["spec"]["search"] = {"topK": 2}
+        objs.append(obj)
+    names = [o["metadata"]["name"] for o in objs]
+    auto_names = names[DRY_RUN:]
+    cpu0, discovery0, passes0 = _group_cpu_s(pgid), _metric(operator, "servingtopology_api_requests_total", kind="discovery"), \
+        _metric(operator, "servingtopology_reconciles_total")
+    plan_cpu0, plans0 = _metric(operator, "servingtopology_plan_cpu_seconds_total"), _metric(operator, "servingtopology_plans_started_total")
+    log_start = len(operator.log_tail(10**9))
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objs))
+
+    gpu_peak = [0]
+
+    def all_planned() -> bool:
+        pods = kube.items("pods", namespace)
+        held = sum(gpus_of(p) for p in pods if p["spec"].get("nodeName"))
+        gpu_peak[0] = max(gpu_peak[0], held)
+        items = kube.items("servingtopologies", namespace)
+        return len(items) == len(names) and all((c := _condition(o, "Planned")) and c["status"] == "True" for o in items)
+
+    wait_until(all_planned, timeout_s=240, interval_s=2.0, what="all 50 ServingTopologies planned", on_timeout=operator.log_tail)
+    planned_wall_s = time.monotonic() - started
+
+    def autos_ready() -> bool:
+        items = {o["metadata"]["name"]: o for o in kube.items("servingtopologies", namespace)}
+        pods = kube.items("pods", namespace)
+        gpu_peak[0] = max(gpu_peak[0], sum(gpus_of(p) for p in pods if p["spec"].get("nodeName")))
+        return all((c := _condition(items[n], "Ready")) and c["status"] == "True" for n in auto_names)
+
+    wait_until(autos_ready, timeout_s=180, interval_s=2.0, what="the 10 Auto ServingTopologies Ready", on_timeout=operator.log_tail)
+    duration_s = time.monotonic() - started
+    cpu_s = _group_cpu_s(pgid) - cpu0
+    discovery = _metric(operator, "servingtopology_api_requests_total", kind="discovery") - discovery0
+    passes = _metric(operator, "servingtopology_reconciles_total") - passes0
+    plan_cpu_s = _metric(operator, "servingtopology_plan_cpu_seconds_total") - plan_cpu0
+    plans_run = _metric(operator, "servingtopology_plans_started_total") - plans0
+
+    items = {o["metadata"]["name"]: o for o in kube.items("servingtopologies", namespace)}
+    to_plan = sorted(_t(_condition(items[n], "Planned")["lastTransitionTime"]) - _t(items[n]["metadata"]["creationTimestamp"])
+                     for n in names)
+    p50, p95 = statistics.median(to_plan), to_plan[int(0.95 * (len(to_plan) - 1))]
+
+    pods = kube.items("pods", namespace)
+    late = []
+    for n in auto_names:
+        own = [p for p in pods if p["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == n
+               and any(c.get("name") == "engine" for c in p["spec"]["containers"])]
+        assert own and all(pod_ready(p) for p in own), n
+        pods_ready = max(_t(next(c for c in p["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"]) for p in own)
+        late.append(_t(_condition(items[n], "Ready")["lastTransitionTime"]) - pods_ready)
+        assert sum(gpus_of(p) for p in own) <= 8, f"{n} holds more than its maxGPUs"
+
+    events = kube.items("events", namespace)
+    plans: dict[str, int] = dict.fromkeys(names, 0)
+    for e in events:
+        if e.get("reason") in ("PlanProposed", "PlanApplied"):
+            plans[e["involvedObject"]["name"]] += int(e.get("count") or 1)
+    finalizers = {n: items[n]["metadata"].get("finalizers") for n in names if items[n]["metadata"].get("finalizers")}
+
+    print(f"\nload: 50 resources planned in {planned_wall_s:.0f} s wall; time to plan p50 {p50:.0f} s, p95 {p95:.0f} s, "
+          f"max {to_plan[-1]:.0f} s; Auto Ready after their pods: max {max(late):.0f} s (timer {operator.timer_interval_s} s); "
+          f"operator CPU {cpu_s:.1f} s over {duration_s:.0f} s ({plans_run:.0f} plans: {plan_cpu_s:.1f} CPU s); "
+          f"{passes:.0f} passes, {discovery:.0f} discovery requests; "
+          f"GPU peak {gpu_peak[0]} of {total_gpus}; plans per resource {sorted(set(plans.values()))}")
+
+    assert p95 <= PLAN_P95_LIMIT_S, f"time to plan p95 {p95:.0f} s > {PLAN_P95_LIMIT_S:.0f} s: {to_plan}"
+    # One pass: the timer interval, plus the second-resolution stamps and the Deployment controller's status update.
+    assert max(late) <= operator.timer_interval_s + 5, f"Ready shown {late} s after the pods"
+    assert all(count == 1 for count in plans.values()), {n: c for n, c in plans.items() if c != 1}
+    # At most the client's start-up discovery and one LeaderWorkerSet lookup per cache TTL (the old code: ~25 a pass).
+    assert discovery <= FULL_DISCOVERY_REQUESTS * (2 + duration_s / DISCOVERY_TTL_S), f"{discovery} discovery requests in {passes} passes"
+    assert gpu_peak[0] <= total_gpus
+    assert not finalizers, f"finalizers would make deletion wait on the operator: {finalizers}"
+
+    # Deletion must not wait on the operator: stop it (and its plan worker) and delete everything.
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        cluster.kubectl("delete", "stopo", "--all", "-n", namespace, "--wait=true", "--timeout=60s")
+        assert not kube.items("servingtopologies", namespace)
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+    # Owner references: the garbage collector removes the workloads without the operator.
+    wait_until(lambda: not kube.items("deployments", namespace), timeout_s=120, what="workloads garbage-collected")
+    log = operator.log_tail(10**9)[log_start:]
+    assert "Traceback" not in log, log[log.find("Traceback") - 2000:][:6000]

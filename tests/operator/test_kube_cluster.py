@@ -1,0 +1,158 @@
+"""KubeCluster against a loopback HTTP API server (real kubernetes client, real sockets): the LeaderWorkerSet
+lookup is cached (a missing CRD made every Auto pass rediscover every API group, ~25 requests), every request has a
+timeout (a hung API server fails the pass instead of holding its thread), connection errors are ClusterError, and
+Events are stamped when written."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+from kubernetes import client
+
+from servingtopology.operator.cluster import ClusterError, KubeCluster, ObjectRef
+
+CORE = [("pods", "Pod"), ("configmaps", "ConfigMap"), ("events", "Event"), ("nodes", "Node"), ("services", "Service"),
+        ("serviceaccounts", "ServiceAccount"), ("secrets", "Secret")]
+GROUPS = {"apps/v1": [("deployments", "Deployment")],
+          "rbac.authorization.k8s.io/v1": [("roles", "Role"), ("rolebindings", "RoleBinding")],
+          "servingtopology.io/v1alpha1": [("servingtopologies", "ServingTopology")]}
+
+
+def _resources(gv: str, kinds: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"kind": "APIResourceList", "groupVersion": gv, "resources": [
+        {"name": n, "singularName": n[:-1], "namespaced": k != "Node", "kind": k,
+         "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]} for n, k in kinds]}
+
+
+class FakeApi(BaseHTTPRequestHandler):
+    hang = False
+    paths: ClassVar[list[str]] = []
+    bodies: ClassVar[list[dict[str, Any]]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, body: dict[str, Any], status: int = 200) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        type(self).paths.append(path)
+        if type(self).hang and "/namespaces/" in path:
+            time.sleep(5)
+            return
+        if path == "/version":
+            return self._send({"major": "1", "minor": "34", "gitVersion": "v1.34.0"})
+        if path == "/api":
+            return self._send({"kind": "APIVersions", "versions": ["v1"]})
+        if path == "/apis":
+            return self._send({"kind": "APIGroupList", "groups": [
+                {"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+                 "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}} for gv in GROUPS]})
+        if path == "/api/v1":
+            return self._send(_resources("v1", CORE))
+        for gv, kinds in GROUPS.items():
+            if path == f"/apis/{gv}":
+                return self._send(_resources(gv, kinds))
+        return self._send({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}, 404)
+
+    def do_POST(self) -> None:
+        type(self).paths.append(self.path)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        self._send({**body, "metadata": {**body["metadata"], "name": "e-1", "resourceVersion": "1"}}, 201)
+
+
+@pytest.fixture()
+def api() -> Iterator[str]:
+    FakeApi.hang, FakeApi.paths, FakeApi.bodies = False, [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def kube(host: str, **kw: Any) -> KubeCluster:
+    config = client.Configuration()
+    config.host = host
+    return KubeCluster(client.ApiClient(config), **kw)
+
+
+def discovery_requests() -> int:
+    return sum(1 for p in FakeApi.paths if p in ("/api", "/apis", "/version") or (p.count("/") <= 3 and "/namespaces" not in p))
+
+
+def test_a_missing_leader_worker_set_is_looked_up_once_per_ttl_not_every_pass(api: str) -> None:
+    cluster = kube(api)
+    assert cluster.has_leader_worker_set() is False
+    after_first = discovery_requests()
+    for _ in range(20):
+        assert cluster.has_leader_worker_set() is False
+    assert discovery_requests() == after_first
+    assert cluster.requests["discovery"] == after_first
+
+
+def test_concurrent_passes_look_it_up_once(api: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    cluster = kube(api)
+    cluster.read(ObjectRef("v1", "ConfigMap", "default", "x"))      # the client's own start-up discovery
+    before = discovery_requests()
+    with ThreadPoolExecutor(8) as pool:
+        assert not any(pool.map(lambda _: cluster.has_leader_worker_set(), range(8)))
+    one_lookup = discovery_requests() - before
+    cluster._lws = None
+    cluster.has_leader_worker_set()
+    assert one_lookup == discovery_requests() - before - one_lookup
+
+
+def test_the_lookup_is_repeated_after_the_ttl(api: str) -> None:
+    now = [0.0]
+    cluster = kube(api, discovery_ttl_s=60, monotonic=lambda: now[0])
+    cluster.has_leader_worker_set()
+    first = discovery_requests()
+    now[0] = 61
+    cluster.has_leader_worker_set()
+    assert discovery_requests() > first
+
+
+def test_a_hung_api_server_fails_the_request_within_its_timeout(api: str) -> None:
+    cluster = kube(api, timeout_s=(1.0, 1.0))
+    cluster.has_leader_worker_set()       # discovery answers; requests under /namespaces/ hang
+    FakeApi.hang = True
+    started = time.monotonic()
+    with pytest.raises(ClusterError):
+        cluster.read(ObjectRef("v1", "ConfigMap", "default", "x"))
+    assert time.monotonic() - started < 4.5
+
+
+def test_a_refused_connection_is_a_cluster_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]      # closed once the block ends: nothing listens there
+    cluster = kube(f"http://127.0.0.1:{port}", timeout_s=(1.0, 1.0))
+    with pytest.raises(ClusterError):
+        cluster.list_pods("default", "a=b")
+
+
+def test_an_event_is_stamped_when_it_is_written_not_when_the_pass_started(api: str) -> None:
+    written = datetime(2026, 1, 1, 0, 0, 40, tzinfo=UTC)
+    cluster = kube(api, clock=lambda: written)
+    owner = {"metadata": {"name": "llama", "namespace": "default", "uid": "u"}}
+    cluster.record_event(owner, type="Normal", reason="PlanProposed", message="m", now=datetime(2026, 1, 1, tzinfo=UTC))
+    event = FakeApi.bodies[-1]
+    assert event["lastTimestamp"] == event["firstTimestamp"] == "2026-01-01T00:00:40Z"
+    assert event["eventTime"].startswith("2026-01-01T00:00:40")
