@@ -107,3 +107,14 @@ def test_a_requested_change_lowers_the_floor_only_as_far_as_it_must() -> None:
                           capacity=_toy_capacity, now_s=0.0)
     assert 1.9 < got.floor_rps <= 2.0
     assert "keeps 8.00 req/s" in got.lowered and f"may dip to {got.floor_rps:.2f} req/s" in got.lowered
+
+
+def test_the_sample_schema_names_every_field_of_the_planners_metric_sample_and_no_other() -> None:
+    # SampleStatus mirrors planner.observe.MetricSample field by field (a schema at the status trust boundary):
+    # a field added to one and not the other would be dropped or refused on the next pass.
+    import dataclasses
+
+    from servingtopology.operator.replan_status import SampleStatus
+    from servingtopology.planner.observe import MetricSample
+
+    assert list(SampleStatus.model_fields) == [f.name for f in dataclasses.fields(MetricSample)]
