@@ -41,6 +41,7 @@ from ..planner.transition import (
 from ..planner.workload import LengthDist, LengthKind, Workload
 from .api import ConditionType, Mode, ObservedStatus, PolicySpec, duration_s
 from .metrics import MetricsSource, MetricsUnavailable
+from .plan_status import predicted
 from .readout import ms_text
 from .replan_status import Unreadable, validate_replan_status
 
@@ -268,14 +269,18 @@ def _metrics_down(memory: ReplanMemory, why: str, now_s: float) -> ReplanOutcome
 
 
 def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: float) -> str:
-    """`A → B at 30 req/s: p95 TTFT 208s→247ms, …`: both predicted at the same load (SameLoadFigures)."""
-    a = after.prediction
+    """`A → B at 30 req/s: p95 TTFT 208s→247ms, …`: both predicted at the same load (SameLoadFigures).
+
+    The figures are formatted from the values status stores (`predicted` rounds them), so the PlanApplied Event,
+    written from status when the transition ends, quotes the same digits (158.54 ms is "159ms" raw but "158ms"
+    once stored as 158.5)."""
+    a = predicted(after.prediction)
     if before is None:
-        return (f"{after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(a.ttft_ms)}, TPOT {ms_text(a.tpot_ms)}, "
+        return (f"{after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(a.ttftMs)}, TPOT {ms_text(a.tpotMs)}, "
                 f"GPUs {after.layout.gpus}")
-    b = before.prediction
-    return (f"{before.layout.label} → {after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(b.ttft_ms)}→{ms_text(a.ttft_ms)}, "
-            f"TPOT {ms_text(b.tpot_ms)}→{ms_text(a.tpot_ms)}, GPUs {before.layout.gpus}→{after.layout.gpus}")
+    b = predicted(before.prediction)
+    return (f"{before.layout.label} → {after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(b.ttftMs)}→{ms_text(a.ttftMs)}, "
+            f"TPOT {ms_text(b.tpotMs)}→{ms_text(a.tpotMs)}, GPUs {before.layout.gpus}→{after.layout.gpus}")
 
 
 def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observation) -> Workload:

@@ -16,14 +16,18 @@ import re
 from datetime import timedelta
 from typing import Any
 
+from cases import prediction
 from fake_cluster import FakeCluster
 from test_live_reconcile import NS, T0, CountingPlanner, ScriptedMetrics, live_topology, run, running
 from test_reconcile import cond, reasons
 
+from servingtopology.operator.api import PlanStatus
+from servingtopology.operator.plan_status import change_message, predicted
 from servingtopology.operator.readout import ms_text, pair_text, phase_text, summary_status, traffic_shares
 from servingtopology.operator.reconcile import reconcile
-from servingtopology.operator.replan import METRICS_GRACE_MIN_S, ReplanMemory
+from servingtopology.operator.replan import METRICS_GRACE_MIN_S, ReplanMemory, _change
 from servingtopology.planner.layout import Layout, Parallelism, Role
+from servingtopology.planner.problem import Candidate
 from servingtopology.planner.transition import ClusterView, Mode, Phase, TransitionState
 
 UNIT = re.compile(r"^(-|[0-9.]+(ms|s)) / (-|[0-9.]+(ms|s))$")
@@ -248,3 +252,17 @@ def test_the_proposal_keeps_the_load_its_before_and_after_figures_were_predicted
     proposal = obj["status"]["proposal"]
     assert proposal["loadRps"] == 80.0 and proposal["before"]["ttftMs"] > proposal["predicted"]["ttftMs"], proposal
     assert NS == "default"
+
+
+def test_start_and_end_messages_format_the_same_digits_when_a_figure_sits_on_a_rounding_edge() -> None:
+    """Status stores TTFT to 0.1 ms and TPOT to 0.01 ms; 158.54 ms reads "159ms" raw but "158ms" once stored as 158.5.
+    TransitionStarted (from the Candidate) and PlanApplied (from status) must quote the same digits (a CI run failed so)."""
+    for ttft_before, ttft_after, tpot_after in ((339_456.0, 158.54, 17.049), (9.96, 9.949, 9.9951), (999.54, 158.45, 16.995)):
+        before = Candidate(Layout.replicas(1, Parallelism(tp=1)), prediction(ttft_before, 277.0), score=0.0)
+        after = Candidate(Layout.replicas(3, Parallelism(tp=1)), prediction(ttft_after, tpot_after), score=1.0)
+        started = _change(before, after, 95, 25.0)
+        stored = predicted(after.prediction)
+        plan = PlanStatus.model_construct(layout="3×TP1", gpus=3, predicted=stored)
+        applied = change_message(current_layout="1×TP1", current_gpus=1, before=predicted(before.prediction), after=plan,
+                                 reason="r", percentile="p95", verb="did", load_rps=25.0)
+        assert _figures(started) == _figures(applied), (started, applied)
