@@ -16,9 +16,43 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["add_arguments", "main", "run", "memory_needed_mib", "OPERATOR_RESIDENT_MIB", "PLAN_PROCESS_MIB"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG = logging.getLogger(__name__)
+# What the operator's container holds besides the plans' own budgets (measured on CPython 3.11, kopf 1.45, the
+# kubernetes client 31): the operator process's resident size was 102 MiB after passes over examples/ (imports 93 MiB);
+# the forkserver 43 MiB and multiprocessing's resource tracker 13 MiB; a plan process starts as a copy-on-write fork of
+# the forkserver and may copy up to its 43 MiB besides its budget (examples' plans grew 7-14 MiB of address space).
+OPERATOR_RESIDENT_MIB = 192   # 102 measured, allowed for the watch caches and many resources
+PLAN_PROCESS_MIB = 64         # forkserver 43 + tracker 13 measured; and what one plan process may copy (43)
+CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
+
+
+def memory_needed_mib(*, slots: int, plan_memory_mib: int) -> int:
+    """The most memory the operator may use with `slots` plans at their budget: what the container limit must cover
+    (the Helm chart refuses a smaller resources.limits.memory with the same formula, templates/_helpers.tpl)."""
+    return slots * (plan_memory_mib + PLAN_PROCESS_MIB) + PLAN_PROCESS_MIB + OPERATOR_RESIDENT_MIB
+
+
+def _warn_when_the_limit_is_below_the_budget(slots: int, plan_memory_mib: int, path: str = CGROUP_MEMORY_MAX) -> str | None:
+    """Decision `MemoryLimitBelowPlanBudget`: a WARNING at start when the container's memory limit (cgroup v2) is
+    below what the plans may use, since the kernel would kill the operator, not the plan, at the limit."""
+    try:
+        with open(path) as f:
+            raw = f.read().strip()
+    except OSError:
+        return None
+    if not raw.isdigit() or plan_memory_mib <= 0:
+        return None     # "max": no limit; or no plan budget to compare
+    limit_mib, needed = int(raw) // (1 << 20), memory_needed_mib(slots=slots, plan_memory_mib=plan_memory_mib)
+    if limit_mib >= needed:
+        return None
+    text = (f"MemoryLimitBelowPlanBudget: the container's memory limit is {limit_mib} MiB, below the {needed} MiB that "
+            f"{slots} plans of {plan_memory_mib} MiB may use with the operator; lower --plan-slots or --plan-memory-mib, "
+            "or raise the limit")
+    LOG.warning(text)
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a path segment, `**` anything); default: the in-cluster Prometheus Operator Services")
     parser.add_argument("--plan-timeout-s", type=float, default=30.0,
                         help="wall-time budget of one plan; a plan over it is stopped and its resource gets PlanBudgetExceeded")
-    parser.add_argument("--plan-memory-mib", type=int, default=512,
-                        help="memory budget of one plan (address space beyond the planner's own, in MiB); 0: no limit")
+    parser.add_argument("--plan-memory-mib", type=int, default=256,
+                        help="memory budget of one plan (address space beyond the planner's own, in MiB); 0: no limit. The "
+                             "container's memory limit must cover memory_needed_mib(): slots x (budget + 64) + 256 MiB")
     parser.add_argument("--plan-slots", type=int, default=min(2, os.cpu_count() or 1),
                         help="plans that run at once, each in its own process (default: up to 2, by CPU count)")
     parser.add_argument("--workers", type=int, default=8, help="threads running reconcile passes (a pass never waits on a plan)")
@@ -88,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     kopf.configure(debug=args.log_level == "DEBUG", quiet=args.log_level in ("WARNING", "ERROR"))
     logging.getLogger().setLevel(getattr(logging, args.log_level))
+    _warn_when_the_limit_is_below_the_budget(max(1, args.plan_slots), args.plan_memory_mib)
     metrics = new_metrics()
     cluster = KubeCluster(_kube_api_client())
     # Stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does; in child processes.

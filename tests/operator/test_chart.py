@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from servingtopology.operator.crd import render_crd_yaml
-from servingtopology.operator.main import add_arguments
+from servingtopology.operator.main import _warn_when_the_limit_is_below_the_budget, add_arguments, memory_needed_mib
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "servingtopology"
@@ -79,6 +79,57 @@ def test_the_deployed_command_line_is_one_the_operator_accepts() -> None:
     assert probe["path"] == "/healthz"
 
 
+def _operator_args(*sets: str) -> tuple[argparse.Namespace, dict[str, Any]]:
+    deployment = next(d for d in helm_template(*sets) if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    return parser.parse_args(container["args"]), container["resources"]
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "k": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor / (1 << 20)
+    return float(quantity) / (1 << 20)
+
+
+def test_the_plan_worker_flags_render_from_the_values() -> None:
+    args, _ = _operator_args("operator.plan.slots=3", "operator.plan.memoryMiB=128", "operator.plan.timeoutSeconds=45",
+                             "operator.workers=4", "resources.limits.memory=2Gi")
+    assert (args.plan_slots, args.plan_memory_mib, args.plan_timeout_s, args.workers) == (3, 128, 45.0, 4)
+
+
+def test_the_default_memory_limit_covers_the_plans_at_their_budget_and_the_operator() -> None:
+    args, resources = _operator_args()
+    needed = memory_needed_mib(slots=args.plan_slots, plan_memory_mib=args.plan_memory_mib)
+    assert args.plan_memory_mib > 0, "the chart must bound each plan's memory"
+    assert _mebibytes(resources["limits"]["memory"]) >= needed, (resources, args.plan_slots, args.plan_memory_mib, needed)
+
+
+def test_a_memory_limit_below_the_plans_budget_is_refused_naming_the_values() -> None:
+    sets = ("operator.plan.slots=3", "operator.plan.memoryMiB=300")
+    needed = memory_needed_mib(slots=3, plan_memory_mib=300)
+    assert needed == 3 * (300 + 64) + 256
+    done = _helm_run("template", *sets, f"resources.limits.memory={needed - 1}Mi")
+    assert done.returncode != 0 and "resources.limits.memory" in done.stderr and f"{needed} MiB" in done.stderr, done.stderr
+    args, resources = _operator_args(*sets, f"resources.limits.memory={needed}Mi")
+    assert args.plan_slots == 3 and resources["limits"]["memory"] == f"{needed}Mi"
+    assert _helm_run("template", *sets, f"resources.limits.memory={needed * (1 << 20)}").returncode == 0   # plain bytes
+    assert _helm_run("template", *sets, "resources.limits.memory=1G").returncode != 0                     # 954 MiB
+
+
+def test_the_operator_warns_at_start_when_its_container_limit_is_below_the_plans_budget(tmp_path: Path) -> None:
+    limit = tmp_path / "memory.max"
+    limit.write_text(f"{1 << 30}\n")
+    assert _warn_when_the_limit_is_below_the_budget(2, 256, str(limit)) is None                    # 896 MiB within 1 GiB
+    warned = _warn_when_the_limit_is_below_the_budget(2, 512, str(limit))
+    assert warned is not None and warned.startswith("MemoryLimitBelowPlanBudget") and "1408 MiB" in warned
+    limit.write_text("max\n")
+    assert _warn_when_the_limit_is_below_the_budget(16, 4096, str(limit)) is None
+
+
 def test_rbac_grants_what_the_router_role_needs_and_no_secrets_by_default() -> None:
     role = next(d for d in helm_template() if d["kind"] == "ClusterRole")
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
@@ -114,6 +165,11 @@ def _helm_run(verb: str, *sets: str) -> subprocess.CompletedProcess[str]:
     ("metrics.serviceMonitor.enabled=yes", "/metrics/serviceMonitor/enabled"),
     ("grafanaDashboard.namespace=Not_A_Namespace", "/grafanaDashboard/namespace"),
     ("image.repository=", "/image/repository"),
+    ("operator.plan.slots=0", "/operator/plan/slots"),
+    ("operator.plan.memoryMiB=0", "/operator/plan/memoryMiB"),     # the chart always bounds a plan's memory
+    ("operator.plan.timeoutSeconds=0", "/operator/plan/timeoutSeconds"),
+    ("operator.workers=0", "/operator/workers"),
+    ("operator.plan.slot=2", "'slot' not allowed"),
 ])
 def test_bad_values_fail_helm_lint_and_helm_template_naming_the_value(value: str, where: str) -> None:
     for verb in ("lint", "template"):

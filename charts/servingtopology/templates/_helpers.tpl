@@ -33,3 +33,27 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A Kubernetes memory quantity (bytes, or with a Ki/Mi/Gi/Ti or k/M/G/T suffix) in MiB. */}}
+{{- define "servingtopology.mebibytes" -}}
+{{- $q := toString . -}}
+{{- $units := list (list "Ki" 1024.0) (list "Mi" 1048576.0) (list "Gi" 1073741824.0) (list "Ti" 1099511627776.0) (list "k" 1000.0) (list "M" 1000000.0) (list "G" 1000000000.0) (list "T" 1000000000000.0) -}}
+{{- $bytes := 0.0 -}}
+{{- $found := false -}}
+{{- range $units -}}
+{{- if and (not $found) (hasSuffix (index . 0) $q) -}}
+{{- $bytes = mulf (float64 (trimSuffix (index . 0) $q)) (index . 1) -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $found -}}{{- $bytes = float64 $q -}}{{- end -}}
+{{- divf $bytes 1048576.0 -}}
+{{- end -}}
+
+{{/* The memory the operator may use with its plan processes at their budgets, in MiB (operator/main.py,
+     memory_needed_mib): slots x (plan budget + 64 MiB a plan process may copy) + 64 MiB planner processes + 192 MiB
+     the operator's own resident size. */}}
+{{- define "servingtopology.memoryNeededMiB" -}}
+{{- $plan := .Values.operator.plan -}}
+{{- add (mul (int $plan.slots) (add (int $plan.memoryMiB) 64)) 64 192 -}}
+{{- end -}}
