@@ -13,7 +13,9 @@ What this layer guarantees, whatever a resource holds:
 - every failure ends in a condition (`Reconciled=False` with the reason) and a retry with capped exponential back-off,
   logged once at WARNING/ERROR and then at DEBUG; kopf's routine success lines are DEBUG, decisions INFO;
 - no finalizer: kopf's timer would put one on every object (kopf issue #833); deletion does not wait on the operator
-  (owner references garbage-collect the workloads) and the timer of a deleted object stops itself;
+  (owner references garbage-collect the workloads). The timer is re-registered without it by operator/kopf_compat.py
+  (kopf has no public switch; the adapter fails at start-up if kopf changes), and the timer of a deleted object is
+  stopped by kopf itself through the timer's public `when=` filter, False once the DELETED event was seen;
 - liveness fails when no pass completed for `stall_s` while resources exist.
 """
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
 import logging
 import re
 import threading
@@ -38,6 +39,7 @@ from ..planner.decide import predict_layout
 from .api import Condition, ConditionType, TopologyStatus
 from .cluster import Cluster, ClusterError, ObjectRef
 from .crd import PLURAL, VERSION
+from .kopf_compat import timer_without_finalizer
 from .live import MetricsFactory, prometheus_source
 from .manifests import API_VERSION, GROUP, KIND
 from .pass_context import PassState
@@ -395,10 +397,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
                 raise Requeue(delay_s)
 
         async def handler(body: Mapping[str, Any], patch: Any, logger: logging.Logger, **kwargs: Any) -> None:
-            uid = str((body.get("metadata") or {}).get("uid", ""))
-            if trigger == "timer" and runtime.gone(uid):
-                _stop_timer(kwargs.get("stopped"))
-                return
+            if runtime.gone(_uid(body)):
+                return      # a pass queued before the DELETED event; kopf stops the timer on that event (`alive`)
             for _ in range(PLAN_WAITS):
                 try:
                     await _in_thread(runtime, lambda: run(body, patch, logger))
@@ -415,9 +415,14 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
     kopf.on.create(g, v, p, id="reconcile-create", registry=registry)(make("create"))
     kopf.on.update(g, v, p, id="reconcile-update", field="spec", registry=registry)(make("update"))
     kopf.on.resume(g, v, p, id="reconcile-resume", registry=registry)(make("resume"))
-    kopf.timer(g, v, p, id="reconcile-timer", interval=timer_interval_s, initial_delay=timer_interval_s,
+    def alive(body: Mapping[str, Any], **_: Any) -> bool:
+        # kopf re-evaluates a timer's filter on every watch event and stops the timer when it turns False: after the
+        # DELETED event (`forget` runs before kopf matches the timers), the object's timer ends without a finalizer.
+        return not runtime.gone(_uid(body))
+
+    kopf.timer(g, v, p, id="reconcile-timer", interval=timer_interval_s, initial_delay=timer_interval_s, when=alive,
                registry=registry)(make("timer"))
-    _without_finalizer(registry, "reconcile-timer")
+    timer_without_finalizer(registry, "reconcile-timer")
 
     @kopf.on.event(g, v, p, id="forget", registry=registry)
     def forget(type: str | None, body: Mapping[str, Any], **_: Any) -> None:
@@ -446,18 +451,5 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
         return runtime.health()
 
 
-def _without_finalizer(registry: kopf.OperatorRegistry, handler_id: str) -> None:
-    """kopf marks every timer as needing a finalizer, so that it can stop the timer before the object goes (kopf
-    issue #833, PR #548): with the operator down, `kubectl delete` would then hang. This operator has nothing to do
-    before deletion; its timer stops itself on the object's DELETED event (see `forget`)."""
-    spawning = registry._spawning
-    spawning._handlers = [dataclasses.replace(h, requires_finalizer=False) if h.id == handler_id else h for h in spawning._handlers]
-
-
-def _stop_timer(stopped: Any) -> None:
-    """Stop the calling timer for good (its object is deleted): kopf's stopper behind the handler's `stopped` flag."""
-    setter = getattr(stopped, "_setter", None)
-    if setter is not None:
-        from kopf._core.intents.stoppers import DaemonStoppingReason
-
-        setter.set(DaemonStoppingReason.RESOURCE_DELETED)
+def _uid(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("uid", ""))

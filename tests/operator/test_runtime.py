@@ -168,22 +168,45 @@ def test_no_handler_puts_a_finalizer_on_the_resource() -> None:
     assert needing == []
 
 
-def test_the_timer_of_a_deleted_resource_stops_itself() -> None:
-    from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+def test_kopf_stops_the_timer_of_a_deleted_resource_through_its_public_filter() -> None:
+    # kopf matches a timer's `when=` filter on every watch event (kopf._core.intents.registries.match) and stops a
+    # running timer whose filter no longer matches; `forget` runs on the DELETED event before the timers are matched.
+    from kopf._core.intents.causes import SpawningCause
+    from kopf._cogs.structs.bodies import Body
+    from kopf._cogs.structs.ephemera import Memo
+    from kopf._cogs.structs.patches import Patch as KopfPatch
+    from kopf._cogs.structs.references import Resource
 
     rt = runtime(FakeCluster())
-    body = topology()
-    registered(rt, "forget")(type="DELETED", body=body)
+    registry = kopf.OperatorRegistry()
+    register(registry, rt, timer_interval_s=30, peering_name="p", clusterwide=True)
+    body = Body(topology())
+    cause = SpawningCause(resource=Resource("servingtopology.io", "v1alpha1", "servingtopologies"), indices={},  # type: ignore[arg-type]
+                          logger=LOG, patch=KopfPatch(), body=body, memo=Memo(), reset=False)
 
-    async def tick() -> bool:
-        stopper: FlagSetter[Any] = FlagSetter()
-        registry = kopf.OperatorRegistry()
-        register(registry, rt, timer_interval_s=30, peering_name="p", clusterwide=True)
-        timer = next(h.fn for h in registry._spawning.get_all_handlers() if h.id == "reconcile-timer")
-        await timer(body=body, patch=Patch(), logger=LOG, stopped=AsyncFlagWaiter(stopper))
-        return stopper.is_set()
+    def timers() -> list[str]:
+        return [h.id for h in registry._spawning.get_handlers(cause)]
 
-    assert asyncio.run(tick())
+    assert timers() == ["reconcile-timer"]
+    registered(rt, "forget")(type="DELETED", body=topology())
+    assert timers() == []
+
+
+def test_the_kopf_adapter_fails_at_start_up_naming_the_version_when_kopf_changes() -> None:
+    from servingtopology.operator.kopf_compat import KOPF_CHECKED, KopfInternalsChanged, timer_without_finalizer
+
+    class Moved:
+        _spawning = object()      # a registry whose spawning handlers are no longer a `_handlers` list
+
+    with pytest.raises(KopfInternalsChanged, match=rf"kopf {kopf.__version__}: .*_spawning._handlers.*kopf{KOPF_CHECKED}"):
+        timer_without_finalizer(Moved(), "reconcile-timer")  # type: ignore[arg-type]
+    with pytest.raises(KopfInternalsChanged, match="0 spawning handlers have the id 'nope'"):
+        timer_without_finalizer(kopf.OperatorRegistry(), "nope")
+    import tomllib
+    from pathlib import Path
+
+    deps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"kopf{KOPF_CHECKED}" in deps, "pyproject.toml pins kopf to the range the adapter was checked against"
 
 
 def test_a_routine_timer_pass_logs_nothing_at_info_and_each_decision_logs_one_line(caplog: pytest.LogCaptureFixture) -> None:
