@@ -171,11 +171,11 @@ def test_no_handler_puts_a_finalizer_on_the_resource() -> None:
 def test_kopf_stops_the_timer_of_a_deleted_resource_through_its_public_filter() -> None:
     # kopf matches a timer's `when=` filter on every watch event (kopf._core.intents.registries.match) and stops a
     # running timer whose filter no longer matches; `forget` runs on the DELETED event before the timers are matched.
-    from kopf._core.intents.causes import SpawningCause
     from kopf._cogs.structs.bodies import Body
     from kopf._cogs.structs.ephemera import Memo
     from kopf._cogs.structs.patches import Patch as KopfPatch
     from kopf._cogs.structs.references import Resource
+    from kopf._core.intents.causes import SpawningCause
 
     rt = runtime(FakeCluster())
     registry = kopf.OperatorRegistry()
