@@ -37,6 +37,30 @@ __all__ = [
 ]
 
 StepModelFactory = Callable[[Role, RoleLayout], StepTimeModel]
+MEMO_ENTRIES = 1 << 16     # step times remembered per role of one simulation (~10 MB at most)
+
+
+class RememberedSteps:
+    """A pure `StepTimeModel` with its answers remembered: a simulation asks for the same batch shape again and again
+    (fixed lengths, one or two running sequences, the three probes of every decode burst), and the answer is the
+    model's own float, so a replay's figures are unchanged. Only for models known to be pure (`InstancePerf`)."""
+
+    __slots__ = ("_seen", "model")
+
+    def __init__(self, model: StepTimeModel) -> None:
+        self.model = model
+        self._seen: dict[tuple[float, float, float, float], float] = {}
+
+    def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
+                    decode_context_tokens: float) -> float:
+        key = (prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens)
+        t = self._seen.get(key)
+        if t is None:
+            if len(self._seen) >= MEMO_ENTRIES:
+                self._seen.clear()
+            t = self._seen[key] = self.model.step_time_s(prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs,
+                                                         decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
+        return t
 
 
 def _roles(layout: Layout) -> tuple[Role, ...]:
@@ -72,7 +96,7 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
         if pool <= 0:
             raise Infeasible("simulation", f"the {role.value} instances of {layout.label} have no room for KV cache "
                              f"({model.name} on {gpu.id} at {prec.value})")
-        perf = step_model(role, rl) if step_model else InstancePerf(model, gpu, prec, rl.knobs.kv_dtype, engine, rl.parallelism)
+        perf = step_model(role, rl) if step_model else RememberedSteps(InstancePerf(model, gpu, prec, rl.knobs.kv_dtype, engine, rl.parallelism))
         instances[role] = []
         for _ in range(rl.count):
             instances[role].append(Instance(index=index, role=role, role_layout=rl, engine=engine, model=perf,
@@ -83,11 +107,15 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
         near = layout.gpus <= gpu.gpus_per_node if same_node is None else same_node
         kv_dtype = layout.roles[Role.DECODE].knobs.kv_dtype
         prompt = requests.prompt_tokens
+        # Every request's transfer time at once: the same element-wise arithmetic as one call per request.
+        each_s = None if transfer_s is not None else \
+            np.asarray(kv_transfer_s(model, gpu, kv_dtype=kv_dtype, tokens=prompt.astype(np.float64), same_node=near), dtype=np.float64)
 
         def transfer(rid: int) -> float:
-            if transfer_s is not None:
+            if each_s is None:
+                assert transfer_s is not None
                 return transfer_s(int(prompt[rid]))
-            return float(kv_transfer_s(model, gpu, kv_dtype=kv_dtype, tokens=float(prompt[rid]), same_node=near))
+            return float(each_s[rid])
     else:
         front, decode = instances[Role.AGGREGATED], []
 

@@ -109,6 +109,11 @@ class Instance:
     # ---- segments ------------------------------------------------------------------------------------
     def plan(self, now_s: float, *, horizon_s: float = float("inf")) -> float | None:
         """Start the next segment at now_s; return its end, or None when there is nothing to run."""
+        if not any(rank.running or rank.waiting or rank.remote for rank in self.ranks):
+            # Nothing admitted, queued or arriving: the schedulers below would plan an empty step and change nothing
+            # (a PD prefill instance woken by a finished KV transfer, a decode instance between requests).
+            self.busy = False
+            return None
         for r, rank in enumerate(self.ranks):
             for rid in admit_remote(rank, now_s) if rank.remote else []:
                 self._loading[rid] = (r, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))

@@ -79,6 +79,9 @@ class Rank:
         self._counter = 0
         self.outstanding = 0                   # requests routed here and not yet gone
         self.live_at_decode_state = 0          # ready running sequences when decode_state last looked
+        # Slots are taken lowest first and reused last-freed first, so every running sequence lies below the
+        # highest slot ever taken: the per-step scans look at [:high], not at all `capacity` slots.
+        self.high = 0
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -86,15 +89,18 @@ class Rank:
         return self.capacity - len(self.free_slots)
 
     def decode_mask(self) -> npt.NDArray[np.bool_]:
-        mask: npt.NDArray[np.bool_] = self.active & self.ready & (self.nkv >= self.target)
+        h = self.high
+        mask: npt.NDArray[np.bool_] = self.active[:h] & self.ready[:h] & (self.nkv[:h] >= self.target[:h])
         return mask
 
     def prefilling(self) -> bool:
         """Whether any ready sequence still has prompt tokens to compute."""
-        return bool((self.active & self.ready & (self.nkv < self.target)).any())
+        h = self.high
+        return bool((self.active[:h] & self.ready[:h] & (self.nkv[:h] < self.target[:h])).any())
 
     def prefilling_slots(self) -> list[int]:
-        return [int(s) for s in np.flatnonzero(self.active & self.ready & (self.nkv < self.target))]
+        h = self.high
+        return [int(s) for s in np.flatnonzero(self.active[:h] & self.ready[:h] & (self.nkv[:h] < self.target[:h]))]
 
     def kv_used_frac(self) -> float:
         return self.pool.in_use / self.pool.total if self.pool.total else 0.0
@@ -121,6 +127,8 @@ class Rank:
     def admit(self, rid: int, *, hk: int, hr: int, now_s: float, nkv: int = 0, ready: bool = True) -> int:
         """Put `rid` in a slot, referencing its cached blocks; the caller allocates the rest."""
         slot = self.free_slots.pop()
+        if slot >= self.high:
+            self.high = slot + 1
         self._counter += 1
         if hk > 0:
             self.pool.acquire(int(self.key[rid]))
@@ -252,8 +260,9 @@ class Rank:
 
     def decode_state(self) -> tuple[I64, int, int]:
         """Decoding slots, their count and the sum of their cached tokens."""
-        live = self.active & self.ready
-        slots = np.nonzero(live & (self.nkv >= self.target))[0]
+        h = self.high
+        live = self.active[:h] & self.ready[:h]
+        slots = np.nonzero(live & (self.nkv[:h] >= self.target[:h]))[0]
         self.live_at_decode_state = int(np.count_nonzero(live))
         return slots, len(slots), int(np.add.reduce(self.nkv[slots]))
 

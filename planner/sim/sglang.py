@@ -40,8 +40,9 @@ class SglangPolicy:
         self.decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / DECAY_STEPS
 
     def _reserve(self, rank: Rank, ratio: float) -> float:
-        live = rank.active
-        left = np.minimum(rank.out_total[live] - rank.out[live], CLIP_MAX_NEW_TOKENS)
+        h = rank.high  # every running sequence's slot is below it
+        live = rank.active[:h]
+        left = np.minimum(rank.out_total[:h][live] - rank.out[:h][live], CLIP_MAX_NEW_TOKENS)
         return float(left.sum()) * ratio
 
     def _head_fits(self, rank: Rank, rem_total: float, ratio: float) -> tuple[bool, int, int, int]:

@@ -122,7 +122,8 @@ class VllmPolicy:
 
     def schedule(self, rank: Rank, now_s: float) -> Planned:
         """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
-        act = np.nonzero(rank.active & rank.ready)[0]
+        h = rank.high  # every running sequence's slot is below it
+        act = np.nonzero(rank.active[:h] & rank.ready[:h])[0]
         order = act[rank.order[act].argsort(kind="stable")]
         nkv = rank.nkv[order]
         want = np.maximum(rank.target[order] - nkv, 1)
