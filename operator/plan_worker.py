@@ -48,8 +48,10 @@ FAILURE_BACKOFF_S = 60.0          # a failed plan of the same Problem is tried a
 FAILURE_BACKOFF_CAP_S = 1800.0
 RESULT_TTL_S = 1800.0             # a finished plan is reused for 30 min (a pure function: only memory bounds it)
 MAX_RESULTS = 256
-# What the forkserver imports once, so that every child starts with the planner loaded (fork, not a fresh import).
-PRELOAD = ("servingtopology.planner.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.plan_worker")
+# What the forkserver imports once, so that every child starts with the planner loaded (fork, not a fresh import);
+# plan_preload, last, runs a small plan (what plans load lazily) and freezes the collector's view of it all.
+PRELOAD = ("servingtopology.planner.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.plan_worker",
+           "servingtopology.operator.plan_preload")
 
 
 @dataclass(frozen=True, slots=True)
