@@ -12,6 +12,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from .objects import topology
+
 __all__ = ["DELETE", "Case", "REFUSED", "REFUSED_WHEN_PLANNED", "valid_topology", "mutated"]
 
 DELETE = object()  # a value meaning "remove this key"
@@ -25,22 +27,9 @@ class Case:
 
 
 def valid_topology(name: str = "llama", namespace: str = "default") -> dict[str, Any]:
-    """A valid ServingTopology (Llama-3.1-8B on H100s, Auto) every case starts from."""
-    return {
-        "apiVersion": "servingtopology.io/v1alpha1",
-        "kind": "ServingTopology",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "engine": {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"},
-            "hardware": {"gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": 8,
-                         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
-            "workload": {"arrivalRate": 10, "inputTokens": 2048, "outputTokens": 256},
-            "slo": {"ttftMs": {"p95": 1000}, "tpotMs": {"p95": 50}},
-            "policy": {"mode": "Auto", "replanInterval": "1m", "cooldown": "5m"},
-        },
-    }
+    """A valid ServingTopology (Llama-3.1-8B on H100s, Auto) every case starts from: e2e/objects.py's, with no
+    precision (the checkpoint's own: no case may depend on a default the CRD must not set) and no metrics."""
+    return topology(name, namespace, prometheus_url=None, precision=None, replan_interval="1m", cooldown="5m")
 
 
 def mutated(obj: dict[str, Any], changes: tuple[tuple[str, Any], ...]) -> dict[str, Any]:

@@ -165,11 +165,14 @@ class TopologyWatch:
         with self._lock:
             segment = self._segment
         try:
+            # The Service before the pods: the operator points it at a set only once that set's pods are Ready and
+            # drains the old set after it, so pods listed after the selector was read are never the new set's, not
+            # yet Ready, under a selector that already names it (the other order can see that mix on a slow read).
+            selector = self._entry_selector()
             obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name,
                                                             _request_timeout=REQUEST_TIMEOUT_S)
             pods = self._core.list_namespaced_pod(self.namespace, label_selector=f"{INSTANCE}={self.name}",
                                                   _request_timeout=REQUEST_TIMEOUT_S).items
-            selector = self._entry_selector()
         except Exception as exc:  # an API server that is down: keep sampling, report the gap
             self.errors.append(f"{time.monotonic() - self._started:.1f} s: {type(exc).__name__}: {str(exc)[:200]}")
             return None

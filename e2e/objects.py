@@ -12,19 +12,22 @@ from typing import Any
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 
-def topology(name: str, namespace: str, *, prometheus_url: str, mode: str = "Auto", max_gpus: int = 8,
+def topology(name: str, namespace: str, *, prometheus_url: str | None, mode: str = "Auto", max_gpus: int = 8,
              arrival_rate: float = 10.0, input_tokens: int = 2048, output_tokens: int = 256, engine: str = "vllm",
              allowed_layouts: list[str] | None = None, max_surge_gpus: int = 2, replan_interval: str = "10s",
-             cooldown: str = "10s") -> dict[str, Any]:
-    """A ServingTopology for Llama-3.1-8B on the harness's fake H100 nodes."""
+             cooldown: str = "10s", precision: str | None = "bf16") -> dict[str, Any]:
+    """A ServingTopology for Llama-3.1-8B on the harness's fake H100 nodes.
+
+    `precision=None` leaves spec.precision out (the checkpoint's own then serves); `prometheus_url=None` leaves
+    spec.metrics out (the chart's default Prometheus)."""
     image = "vllm/vllm-openai:v0.11.0" if engine == "vllm" else "lmsysorg/sglang:v0.5.23"
-    return {
+    obj: dict[str, Any] = {
         "apiVersion": "servingtopology.io/v1alpha1",
         "kind": "ServingTopology",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "precision": "bf16",
+            "precision": precision,
             "engine": {"name": engine, "image": image},
             "hardware": {
                 "gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": max_gpus,
@@ -41,6 +44,11 @@ def topology(name: str, namespace: str, *, prometheus_url: str, mode: str = "Aut
             "metrics": {"prometheusUrl": prometheus_url, "selector": {"namespace": namespace}},
         },
     }
+    if precision is None:
+        del obj["spec"]["precision"]
+    if prometheus_url is None:
+        del obj["spec"]["metrics"]
+    return obj
 
 
 def with_spec(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

@@ -36,11 +36,16 @@ class PodSampler:
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _started_s: float = 0.0
 
     def __enter__(self) -> PodSampler:
         from kubernetes import client, config
 
         self._api = client.CoreV1Api(config.new_client_from_config(config_file=str(self.kubeconfig)))
+        # The first sample is taken here, before the scenario changes anything: scenarios read it as "what served
+        # before the change", which a first sample left to the thread could miss on a loaded machine.
+        self._started_s = time.monotonic()
+        self.samples.append(_sample(0.0, self._list()))
         self._thread = threading.Thread(target=self._run, name="pod-sampler", daemon=True)
         self._thread.start()
         return self
@@ -50,15 +55,16 @@ class PodSampler:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def _list(self) -> list[Any]:
+        return list(self._api.list_namespaced_pod(self.namespace, label_selector=f"{INSTANCE}={self.name}").items)
+
     def _run(self) -> None:
-        started = time.monotonic()
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):
             try:
-                pods = self._api.list_namespaced_pod(self.namespace, label_selector=f"{INSTANCE}={self.name}").items
-                self.samples.append(_sample(time.monotonic() - started, pods))
+                pods = self._list()
+                self.samples.append(_sample(time.monotonic() - self._started_s, pods))
             except Exception as exc:  # keep sampling; the scenario decides whether gaps matter
                 self.errors.append(repr(exc))
-            self._stop.wait(self.interval_s)
 
     def max_gpus_held(self) -> int:
         return max((s.gpus_held for s in self.samples), default=0)

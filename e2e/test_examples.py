@@ -1,7 +1,7 @@
 """The examples against the real API server: examples/gated-llama-hf-cache.yaml applied as a user would (its Secret,
 its claim, its ServingTopology), retargeted at the harness: the engine pods run with HF_TOKEN from the Secret and the
 shared model cache mounted; and every example file applied at once, accepted by the API server (the CRD's schema and
-rules) and planned by the operator. The live-replanning demo's own scenario is e2e/test_demo.py."""
+rules) and planned by the operator. The live-replanning demo's own scenario is in e2e/test_transitions.py."""
 
 from __future__ import annotations
 

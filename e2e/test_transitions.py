@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import yaml
 
 from .cluster import LocalCluster
 from .conftest import Kube
+from .kubetools import REPO_ROOT
 from .objects import topology
 from .processes import wait_until
 from .sampling import PodSampler
@@ -124,13 +128,29 @@ def _get_stopo(cluster: LocalCluster, namespace: str, name: str, *, wide: bool =
 
 
 def _check_events_in_time_order(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    """`kubectl get events --sort-by=.lastTimestamp`: both timestamps set on the operator's Events, the table in the
-    same order as the sorted objects, and those in time order. Returns the topology's Events in that order."""
+    """`kubectl get events --sort-by=.lastTimestamp`: both timestamps set on the operator's Events, the table holding
+    exactly the listed Events, in time order. Returns the topology's Events in that order.
+
+    The table and the objects are two kubectl calls: they are compared on a quiet namespace (the same Events, at the
+    same resourceVersions, listed before and after the table), and the table's order is checked against the Events'
+    own times (Events of one second are equal under the sort, so kubectl may print them in either order)."""
     sort = "--sort-by=.lastTimestamp"
-    headers, rows = table(cluster.kubectl("get", "events", "-n", namespace, sort).stdout)
+    snapshot: list[tuple[list[str], list[dict[str, str]], list[dict[str, Any]]]] = []
+
+    def listed() -> list[dict[str, Any]]:
+        return list(json.loads(cluster.kubectl("get", "events", "-n", namespace, sort, "-o", "json").stdout)["items"])
+
+    def quiet() -> bool:
+        first = listed()
+        headers, rows = table(cluster.kubectl("get", "events", "-n", namespace, sort).stdout)
+        items = listed()
+        versions = [(e["metadata"]["uid"], e["metadata"]["resourceVersion"]) for e in items]
+        snapshot[:] = [(headers, rows, items)]
+        return versions == [(e["metadata"]["uid"], e["metadata"]["resourceVersion"]) for e in first]
+
+    wait_until(quiet, timeout_s=120, what="the namespace's Events to hold still for one table read")
+    headers, rows, items = snapshot[0]
     assert {"LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"} <= set(headers), headers
-    items = json.loads(cluster.kubectl("get", "events", "-n", namespace, sort, "-o", "json").stdout)["items"]
-    assert [r["REASON"] for r in rows] == [e["reason"] for e in items], ([r["REASON"] for r in rows], [e["reason"] for e in items])
     mine = [e for e in items if e["involvedObject"]["kind"] == "ServingTopology" and e["involvedObject"]["name"] == name]
     assert mine, items
     for event in mine:
@@ -138,47 +158,160 @@ def _check_events_in_time_order(cluster: LocalCluster, namespace: str, name: str
         assert event["firstTimestamp"] <= event["lastTimestamp"], event
     stamps = [e["lastTimestamp"] for e in items if e.get("lastTimestamp")]
     assert stamps == sorted(stamps), stamps
+    # The table: the same Events (by reason and message), each row's Event no earlier than the row above's.
+    times: dict[tuple[str, str], list[str]] = {}
+    for e in items:
+        times.setdefault((e["reason"], " ".join(str(e.get("message", "")).split())), []).append(e.get("lastTimestamp") or "")
+    assert sorted((r["REASON"], " ".join(r["MESSAGE"].split())) for r in rows) == sorted(
+        key for key, stamps_of in times.items() for _ in stamps_of), ([r["REASON"] for r in rows], [e["reason"] for e in items])
+    in_table_order = []
+    for r in rows:
+        candidates = times[(r["REASON"], " ".join(r["MESSAGE"].split()))]
+        candidates.sort()
+        in_table_order.append(candidates.pop(0))
+    stamped = [t for t in in_table_order if t]   # an Event without lastTimestamp (eventTime only) has no place in the sort
+    assert stamped == sorted(stamped), list(zip([r["REASON"] for r in rows], in_table_order, strict=True))
     return mine
 
 
-def test_traffic_drift_in_the_emulator_leads_to_a_replan_and_a_completed_transition(
+# The live-replanning demo of e2e/README.md: examples/demo-replan.yaml with the emulator playing e2e/demo-traffic.yaml.
+DEMO_EXAMPLE = REPO_ROOT / "examples" / "demo-replan.yaml"
+DEMO_TRAFFIC = REPO_ROOT / "e2e" / "demo-traffic.yaml"
+DASHBOARD = REPO_ROOT / "charts" / "servingtopology" / "dashboards" / "servingtopology.json"
+PROMISED_S = 300.0   # e2e/README.md: DriftDetected and TransitionStarted "within five minutes" of the apply
+
+
+def _operator_metrics(operator: Operator) -> list[str]:
+    port = next(a.split("=", 1)[1] for a in operator.argv if a.startswith("--metrics-port="))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return [line for line in response.read().decode().splitlines() if not line.startswith("#")]
+
+
+def _value(lines: list[str], name: str, *labels: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith(name + "{") and all(label in line for label in labels))
+
+
+def _dashboard_engine_queries(namespace: str, name: str) -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "vllm:" in t.get("expr", "")]
+    assert len(exprs) >= 3, exprs
+    values = {"$namespace": namespace, "$topology": name, "$__rate_interval": "1m"}
+    for variable, value in values.items():
+        exprs = [e.replace(variable, value) for e in exprs]
+    return exprs
+
+
+def _prometheus_query(url: str, expr: str) -> list[Any]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as response:
+        return list(json.loads(response.read())["data"]["result"])
+
+
+def test_the_demo_drifts_from_4_to_30_rps_replans_within_five_minutes_and_completes_the_transition(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
-    """Also what a user sees of it: `kubectl get stopo` (and -o wide) before, during and after the transition, and
-    `kubectl get events --sort-by=.lastTimestamp` at the end."""
-    emulator.set_profile({"phases": [{"rate_rps": 4, "input_tokens": 2048, "output_tokens": 256}]})
+    """The demo as a user runs it (examples/demo-replan.yaml, e2e/demo-traffic.yaml's phases; only the namespace and
+    the Prometheus URL changed: the harness picks a free port, `python -m e2e.up` uses 19090, the example's) and what
+    the user sees of it: `kubectl get stopo` (and -o wide) before, during and after the transition, the Events
+    (`kubectl get events --sort-by=.lastTimestamp`), the operator's /metrics and the dashboard's engine panels; the
+    pods sampled throughout against the GPU budget and the serving floor.
+
+    The traffic file's first phase (4 req/s) is held until the steady-state checks are done and at least its
+    `duration_s` has passed since the topology was Ready (so the load rises no earlier than in the demo, and never
+    before the checks that need the steady state); then its later phases play. The five-minute promise is checked on
+    the demo's own timeline: apply → Ready, the first phase's duration, and the rise → TransitionStarted."""
+    (obj,) = [d for d in yaml.safe_load_all(DEMO_EXAMPLE.read_text()) if d]
+    name = obj["metadata"]["name"]
+    assert obj["spec"]["metrics"]["prometheusUrl"] == "http://127.0.0.1:19090"   # what e2e.up serves
+    assert (obj["spec"]["hardware"]["maxGPUs"], obj["spec"]["policy"]["maxSurgeGPUs"]) == (MAX_GPUS, SURGE_GPUS)
+    obj["metadata"]["namespace"] = namespace
+    obj["spec"]["metrics"] = {"prometheusUrl": cluster.prometheus_url, "selector": {"namespace": namespace}}
+    traffic = yaml.safe_load(DEMO_TRAFFIC.read_text())
+    steady, *rise = traffic["phases"]
+    assert steady["rate_rps"] == obj["spec"]["workload"]["arrivalRate"] == 4 and rise and rise[-1]["rate_rps"] == 30, traffic
+    steady_s = float(steady["duration_s"])
+    emulator.set_profile({"phases": [{k: v for k, v in steady.items() if k != "duration_s"}]})
     try:
-        _apply(cluster, topology("drift", namespace, prometheus_url=cluster.prometheus_url, arrival_rate=4,
-                                 max_gpus=MAX_GPUS, max_surge_gpus=SURGE_GPUS))
-        wait_until(lambda: _settled(kube, namespace, "drift"), timeout_s=180, what="first plan settled",
+        _apply(cluster, obj)
+        applied_s = time.monotonic()
+        wait_until(lambda: _settled(kube, namespace, name), timeout_s=180, what="first plan settled",
                    on_timeout=operator.log_tail)
-        _require_live_metrics(kube, namespace, "drift")
-        before = kube.topology(namespace, "drift")["status"]["plan"]
-        headers, row = _get_stopo(cluster, namespace, "drift")
-        assert headers == COLUMNS, headers
-        assert (row["READY"], row["REASON"], row["MODE"], row["LAYOUT"], row["GPUS"], row["PHASE"]) == (
-            "True", "WorkloadsReady", "Auto", before["layout"], str(before["gpus"]), "Steady"), row
-        wait_until(lambda: not _get_stopo(cluster, namespace, "drift")[1]["TTFT"].startswith("- "), timeout_s=60,
-                   what="a measured TTFT in the TTFT column")
-        _, row = _get_stopo(cluster, namespace, "drift")
-        assert MEASURED_OVER_PREDICTED.match(row["TTFT"]) and MEASURED_OVER_PREDICTED.match(row["TPOT"]), row
-        seen: list[dict[str, str]] = []
-        with PodSampler(cluster.kubeconfig, namespace, "drift") as sampler:
-            emulator.set_profile({"phases": [{"rate_rps": 30, "input_tokens": 2048, "output_tokens": 256}]})
+        ready_s = time.monotonic() - applied_s
+        with PodSampler(cluster.kubeconfig, namespace, name) as sampler:  # its first sample: what served before the drift
+            before = kube.topology(namespace, name)["status"]["plan"]
+            assert before["gpus"] >= 1, before
+            headers, row = _get_stopo(cluster, namespace, name)
+            assert headers == COLUMNS, headers
+            assert (row["READY"], row["REASON"], row["MODE"], row["LAYOUT"], row["GPUS"], row["PHASE"]) == (
+                "True", "WorkloadsReady", "Auto", before["layout"], str(before["gpus"]), "Steady"), row
+            _require_live_metrics(kube, namespace, name, true_s=180)
+            wait_until(lambda: not _get_stopo(cluster, namespace, name)[1]["TTFT"].startswith("- "), timeout_s=120,
+                       what="a measured TTFT in the TTFT column")
+            _, row = _get_stopo(cluster, namespace, name)
+            assert MEASURED_OVER_PREDICTED.match(row["TTFT"]) and MEASURED_OVER_PREDICTED.match(row["TPOT"]), row
+            time.sleep(max(0.0, applied_s + ready_s + steady_s - time.monotonic()))   # the demo's first phase, at least
+            emulator.set_profile({"phases": rise})
+            rose_s = time.monotonic()
+            seen: list[dict[str, str]] = []
+            drift_or_progressing: list[bool] = []
+
+            def read() -> dict[str, Any]:
+                seen.append(_get_stopo(cluster, namespace, name)[1])
+                status = kube.topology(namespace, name).get("status", {})
+                conditions = {c["type"]: c.get("status") for c in status.get("conditions", [])}
+                drift_or_progressing.append("True" in (conditions.get("DriftDetected"), conditions.get("Progressing")))
+                return dict(status)
+
+            def reported() -> bool:
+                read()
+                return {"DriftDetected", "TransitionStarted"} <= {e["reason"] for e in kube.events(namespace)}
+
+            wait_until(reported, timeout_s=PROMISED_S, what="DriftDetected and TransitionStarted Events", interval_s=2.0,
+                       on_timeout=lambda: "\n".join(f"{e['reason']}: {e.get('message')}" for e in kube.events(namespace))
+                       + "\n" + operator.log_tail())
+            reported_s = time.monotonic() - rose_s
+            # The pass that posts DriftDetected sets its condition True (it stays True through the transition, until the
+            # first replan interval after it), the one that posts TransitionStarted Progressing True: the reads from the
+            # rise to the one right after both Events (every 2 s) saw one of them.
+            status = read()
+            assert any(drift_or_progressing), drift_or_progressing
+            target = status.get("proposal") or status.get("plan")
+            assert target is not None and target["gpus"] > before["gpus"], (before, target)
+
+            # What the chart's dashboard reads: the operator's own /metrics carry this resource's plan and transition.
+            mine = (f'topology_namespace="{namespace}"', f'topology="{name}"')
+            wanted = ("servingtopology_plan_info", "servingtopology_predicted_ttft_seconds", "servingtopology_observed_ttft_seconds",
+                      "servingtopology_prediction_error_ratio", "servingtopology_plan_instances")
+
+            def missing() -> list[str]:   # the pass that posted the Event records its metrics right after it
+                metrics = _operator_metrics(operator)
+                gone = [s for s in wanted if not any(line.startswith(s + "{") and all(m in line for m in mine) for line in metrics)]
+                phases = sum(_value(metrics, "servingtopology_transition_phase", *mine, f'phase="{p}"')
+                             for p in ("Progressing", "Draining", "Done"))
+                return gone + ([] if _value(metrics, "servingtopology_transitions_total", *mine) >= 1 else ["transitions_total"]) + (
+                    [] if phases == 1 else [f"transition_phase sum {phases}"])
+
+            wait_until(lambda: not missing(), timeout_s=60, what="the operator's metrics of the demo",
+                       on_timeout=lambda: f"missing: {missing()}")
+            # The dashboard's panels on the engines' own vLLM series, with its variables set to this resource, return
+            # data from the harness' Prometheus: the label names it filters on are the ones the PodMonitor relabelings give.
+            empty = [expr for expr in _dashboard_engine_queries(namespace, name) if not _prometheus_query(cluster.prometheus_url, expr)]
+            assert not empty, empty
 
             def replanned() -> bool:
-                seen.append(_get_stopo(cluster, namespace, "drift")[1])
-                plan = kube.topology(namespace, "drift").get("status", {}).get("plan", {})
+                plan = read().get("plan", {})
                 return bool(plan.get("layout") and plan.get("layout") != before["layout"])
 
-            wait_until(replanned, timeout_s=300, what="a replan after the drift", interval_s=2.0, on_timeout=operator.log_tail)
-            wait_until(lambda: _settled(kube, namespace, "drift"), timeout_s=240, what="the transition completed", on_timeout=operator.log_tail)
-        after = kube.topology(namespace, "drift")["status"]
+            wait_until(replanned, timeout_s=240, what="the new plan", interval_s=2.0, on_timeout=operator.log_tail)
+            wait_until(lambda: _settled(kube, namespace, name), timeout_s=240, what="the transition completed",
+                       on_timeout=operator.log_tail)
+        after = kube.topology(namespace, name)["status"]
         assert after["plan"]["gpus"] > before["gpus"], (before, after["plan"])
         assert any(h.get("action") == "Applied" and h.get("layout") == after["plan"]["layout"] for h in after.get("history", []))
         assert sampler.max_gpus_held() <= MAX_GPUS + SURGE_GPUS
         floor = sampler.samples[0].ready_serving_pods  # what served before the drift
-        assert sampler.min_ready_after_first_serving() >= floor, f"Ready serving pods dropped below the {floor} before the drift"
-        events = _check_events_in_time_order(cluster, namespace, "drift")
+        assert floor >= 1 and sampler.min_ready_after_first_serving() >= floor, \
+            f"Ready serving pods dropped below the {floor} before the drift"
+        events = _check_events_in_time_order(cluster, namespace, name)
         reasons = [e["reason"] for e in events]
         started = next(e["message"] for e in events if e["reason"] == "TransitionStarted")
         # During the transition LAYOUT names both layouts, PHASE the phase, and Ready holds while the serving sets carry
@@ -191,7 +324,7 @@ def test_traffic_drift_in_the_emulator_leads_to_a_replan_and_a_completed_transit
         assert all(re.match(r"^(Progressing|Draining|RollingBack) \((Surge|InPlace)\)", r["PHASE"]) for r in moving), moving
         assert all((r["READY"], r["REASON"]) == ("True", "ServingFloorHeld") for r in moving), moving
         assert not surge or any(r["PHASE"].startswith("Draining (Surge): ") and r["PHASE"].endswith(" 100%") for r in moving), moving
-        headers, row = _get_stopo(cluster, namespace, "drift", wide=True)
+        headers, row = _get_stopo(cluster, namespace, name, wide=True)
         assert headers == WIDE_COLUMNS, headers
         assert (row["LAYOUT"], row["GPUS"], row["PHASE"]) == (after["plan"]["layout"], str(after["plan"]["gpus"]), "Steady"), row
         assert MEASURED_OVER_PREDICTED.match(row["TTFT"]) and MEASURED_OVER_PREDICTED.match(row["TPOT"]), row
@@ -202,8 +335,14 @@ def test_traffic_drift_in_the_emulator_leads_to_a_replan_and_a_completed_transit
         figures = re.compile(r" at \S+ req/s: p95 TTFT \S+→\S+, TPOT \S+→\S+")
         assert figures.search(started) and figures.search(applied), (started, applied)
         assert figures.search(started).group(0) == figures.search(applied).group(0), (started, applied)  # type: ignore[union-attr]
-        print(f"\ndrift 4 → 30 req/s: {before['layout']} → {after['plan']['layout']}; max GPUs held {sampler.max_gpus_held()} "
-              f"(budget {MAX_GPUS}+{SURGE_GPUS}); fewest Ready serving pods {sampler.min_ready_after_first_serving()}; "
-              f"{len(moving)} table reads mid-transition, e.g. {moving[-1]}")
+        # The demo's promise on its own timeline (e2e/README.md): apply → Ready, the first phase, the rise → the Events.
+        demo_s = ready_s + steady_s + reported_s
+        print(f"\ndemo 4 → 30 req/s: {before['layout']} ({before['gpus']} GPUs) → {after['plan']['layout']}; Ready {ready_s:.0f} s "
+              f"after the apply, DriftDetected and TransitionStarted {reported_s:.0f} s after the rise ({demo_s:.0f} s on the "
+              f"demo's timeline, {rose_s - applied_s + reported_s:.0f} s here); "
+              f"max GPUs held {sampler.max_gpus_held()} (budget {MAX_GPUS}+{SURGE_GPUS}); fewest Ready serving pods "
+              f"{sampler.min_ready_after_first_serving()} (floor {floor}); {len(moving)} table reads mid-transition"
+              + (f", e.g. {moving[-1]}" if moving else "") + f"; {started}")
+        assert demo_s <= PROMISED_S, demo_s
     finally:
         emulator.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
