@@ -340,15 +340,15 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
         p.memory = dataclasses.replace(p.memory, transition=None)   # a finished one, or a failed one the user has moved past
     problem = problem_or_none(p, ctx, current)
     if p.memory.transitioning and problem is not None and run.plan is not None:
-        if new_generation:
+        if new_generation and (run.proposal is None or run.proposal.generation != p.generation):
             p.set(ConditionType.PLANNED, None, "TransitionInProgress", "the spec changed; it is planned once the running transition ends")
         _step(p, ctx, problem, run)
     elif new_generation:
         failed = _plan_for_generation(p, ctx, problem, current, run)
         if failed is not None:
             return failed
-        if p.memory.transitioning and problem is not None:
-            _step(p, ctx, problem, run)
+        if p.memory.transitioning:
+            _declared(run)
     elif problem is not None and run.plan is not None and p.memory.transition is None:
         out = observe_live(p, ctx, problem, current)
         if out is not None and out.verdict is Verdict.TRANSITION and out.after is not None:
@@ -358,8 +358,16 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
                                                 generation=p.generation, percentile=slo_percentile(ctx.spec),
                                                 set_name=state.to_set if state is not None else None)
             run.decided = True
-            _step(p, ctx, problem, run)
+            _declared(run)
     return _render(p, ctx, run)
+
+
+def _declared(run: _Run) -> None:
+    """TransitionDeclaredFirst: the pass that starts a transition only declares it (status.replan: the sets, the
+    steps' target and the serving floor) and asks for the next pass at once; the first step runs in that pass, which
+    reads the transition back from status. Nothing that runs changes before its transition and floor are stored, so an
+    operator killed in between leaves a declared transition to carry on, never a scaled-down set no status names."""
+    run.requeue_after_s = 0.0
 
 
 def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
