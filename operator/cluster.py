@@ -78,6 +78,10 @@ class Cluster(Protocol):
         """Objects of MANAGED_KINDS that carry the topology's label (whatever plan made them)."""
         ...
 
+    def owned_objects(self, namespace: str, name: str) -> dict[ObjectRef, Mapping[str, Any]]:
+        """The same objects, whole (metadata, spec, status): one LIST per kind, read once by a pass."""
+        ...
+
     def has_leader_worker_set(self) -> bool: ...
 
     def read_config_map(self, namespace: str, name: str, key: str) -> str | None: ...
@@ -197,13 +201,17 @@ class KubeCluster:
         return (k for k in MANAGED_KINDS if lws or k[0] != LWS_API_VERSION)
 
     def list_owned(self, namespace: str, name: str) -> list[ObjectRef]:
-        out = []
+        return sorted(self.owned_objects(namespace, name))
+
+    def owned_objects(self, namespace: str, name: str) -> dict[ObjectRef, Mapping[str, Any]]:
+        out: dict[ObjectRef, Mapping[str, Any]] = {}
         for api_version, kind in self._kinds():
             listing = self._call(self._client.get, self._resource(api_version, kind), namespace=namespace,
                                  label_selector=owned_selector(name))
             for item in (listing.items if listing is not None else []):
-                out.append(ObjectRef(api_version, kind, namespace, item.metadata.name))
-        return sorted(out)
+                # A list's items carry no apiVersion/kind of their own: the kind listed names them.
+                out[ObjectRef(api_version, kind, namespace, item.metadata.name)] = {"apiVersion": api_version, "kind": kind, **item.to_dict()}
+        return dict(sorted(out.items()))
 
     def has_leader_worker_set(self) -> bool:
         from kubernetes.dynamic import exceptions

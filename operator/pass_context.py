@@ -37,7 +37,7 @@ from .api import (
     TopologySpec,
     TopologyStatus,
 )
-from .cluster import Cluster
+from .cluster import Cluster, ObjectRef
 from .engine_args import engine_command
 from .live import MetricsFactory, run_live_replan
 from .manifests import Blueprint, engine_extra_args, role_nodes
@@ -82,6 +82,8 @@ class PassState:
         self.conditions = list(self.status.conditions)
         self.applied: list[str] = []
         self.pruned: list[str] = []
+        # The pass's one LIST of this resource's objects, less those it changed since (read those again when needed).
+        self.listed: dict[ObjectRef, Mapping[str, Any]] = {}
         self.memory, replan_unreadable = read_replan_status(self.status.replan)
         self.observed: ObservedStatus | None = self.status.observed
         # What of the status could not be read (named), and whether that holds the workloads: a running transition

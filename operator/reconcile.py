@@ -41,7 +41,7 @@ from .api import (
     parse_topology_spec,
 )
 from .capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
-from .cluster import Cluster, owned_selector, ref_of
+from .cluster import Cluster, ObjectRef, owned_selector, ref_of
 from .live import MetricsFactory
 from .manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from .pass_context import (
@@ -477,7 +477,8 @@ def _readiness(p: PassState, objects: list[dict[str, Any]]) -> tuple[bool, str]:
     workloads = [o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet")]
     several = len({o["metadata"]["labels"].get(SET_LABEL) for o in workloads}) > 1   # mid-transition: name the sets
     for obj in workloads:
-        live = p.cluster.read(ref_of(obj)) or {}
+        ref = ref_of(obj)
+        live = p.listed[ref] if ref in p.listed else (p.cluster.read(ref) or {})   # read again only what this pass changed
         want = int(obj["spec"]["replicas"])
         st = live.get("status") or {}
         have = int(st.get("readyReplicas") or 0)
@@ -504,13 +505,17 @@ def _owner_words(obj: Mapping[str, Any]) -> str:
     return ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in refs) or "no owner"
 
 
-def _not_owned(p: PassState, objects: list[dict[str, Any]]) -> list[str]:
-    """`Kind/name (owned by …)` for each object to apply that exists and is not this resource's."""
+def _not_owned(p: PassState, objects: list[dict[str, Any]], listed: Mapping[ObjectRef, Mapping[str, Any]]) -> list[str]:
+    """`Kind/name (owned by …)` for each object to apply that exists and is not this resource's.
+
+    `listed` is the pass's one LIST of the objects with this resource's labels: an object found there is judged from
+    it; only the others (not yet created, or someone else's without the labels) are read, each once."""
     out = []
     for obj in objects:
-        live = p.cluster.read(ref_of(obj))
+        ref = ref_of(obj)
+        live = listed[ref] if ref in listed else p.cluster.read(ref)
         if live is not None and not owned_by(live, p.uid):
-            out.append(f"{ref_of(obj)} ({_owner_words(live)})")
+            out.append(f"{ref} ({_owner_words(live)})")
     return out
 
 
@@ -523,7 +528,8 @@ def _apply(p: PassState, rendering: Rendering) -> list[dict[str, Any]] | None:
     or nothing. Pruning deletes only objects with this resource's owner reference, whatever their labels say.
     """
     objects = build_topology(rendering.sets, serving=rendering.serving)
-    foreign = _not_owned(p, objects)
+    listed = p.cluster.owned_objects(p.namespace, p.name)
+    foreign = _not_owned(p, objects, listed)
     if foreign:
         message = (f"{'; '.join(foreign)} already exist{'s' if len(foreign) == 1 else ''} and {'is' if len(foreign) == 1 else 'are'} "
                    f"not owned by ServingTopology {p.name}: nothing was applied; delete or rename "
@@ -537,10 +543,11 @@ def _apply(p: PassState, rendering: Rendering) -> list[dict[str, Any]] | None:
         if p.cluster.apply(obj):
             p.applied.append(str(ref_of(obj)))
     desired = {ref_of(o) for o in objects}
-    for ref in p.cluster.list_owned(p.namespace, p.name):
-        if ref not in desired and owned_by(p.cluster.read(ref), p.uid):
+    for ref, live in listed.items():
+        if ref not in desired and owned_by(live, p.uid):
             p.cluster.delete(ref)
             p.pruned.append(str(ref))
+    p.listed = {ref: live for ref, live in listed.items() if str(ref) not in p.applied}   # unchanged by this pass
     if p.applied:
         p.event("Normal", "WorkloadsApplied", f"applied {', '.join(p.applied)}")
     if p.pruned:

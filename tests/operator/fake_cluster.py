@@ -41,6 +41,8 @@ class FakeCluster:
     other_pods: list[dict[str, Any]] = field(default_factory=list)  # other tenants' pods, bound to nodes
     grace_passes: int = 0        # > 0: pods removed by a scale-down or a delete linger as terminating for this many ticks
     applies: int = 0
+    reads: list[ObjectRef] = field(default_factory=list)   # every GET, in order
+    lists: int = 0                                          # owned_objects() calls (a LIST per kind each)
     _version: int = 0
 
     def apply(self, obj: Mapping[str, Any]) -> bool:
@@ -79,6 +81,7 @@ class FakeCluster:
         return out
 
     def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:
+        self.reads.append(ref)
         obj = self.objects.get(ref)
         return self._with_status(obj) if obj is not None else None
 
@@ -106,11 +109,15 @@ class FakeCluster:
         self.terminating = [p for p in self.terminating if p["ticks"] > 0]
 
     def list_owned(self, namespace: str, name: str) -> list[ObjectRef]:
+        return sorted(self.owned_objects(namespace, name))
+
+    def owned_objects(self, namespace: str, name: str) -> dict[ObjectRef, Mapping[str, Any]]:
         kinds = set(MANAGED_KINDS)
-        return sorted(ref for ref, obj in self.objects.items()
-                      if ref.namespace == namespace and (ref.api_version, ref.kind) in kinds
-                      and obj["metadata"].get("labels", {}).get(TOPOLOGY_LABEL) == name
-                      and obj["metadata"]["labels"].get("app.kubernetes.io/managed-by") == MANAGED_BY)
+        self.lists += 1
+        return {ref: self._with_status(obj) for ref, obj in sorted(self.objects.items())
+                if ref.namespace == namespace and (ref.api_version, ref.kind) in kinds
+                and obj["metadata"].get("labels", {}).get(TOPOLOGY_LABEL) == name
+                and obj["metadata"]["labels"].get("app.kubernetes.io/managed-by") == MANAGED_BY}
 
     def has_leader_worker_set(self) -> bool:
         return self.lws_installed

@@ -67,6 +67,13 @@ class FakeApi(BaseHTTPRequestHandler):
         for gv, kinds in GROUPS.items():
             if path == f"/apis/{gv}":
                 return self._send(_resources(gv, kinds))
+        if path == "/apis/apps/v1/namespaces/default/deployments":
+            return self._send({"kind": "DeploymentList", "apiVersion": "apps/v1", "metadata": {}, "items": [
+                {"metadata": {"name": "llama-8b-s1-aggregated", "namespace": "default", "generation": 2,
+                              "ownerReferences": [{"kind": "ServingTopology", "name": "llama-8b", "uid": "u-1"}]},
+                 "spec": {"replicas": 2}, "status": {"readyReplicas": 2, "observedGeneration": 2}}]})
+        if "/namespaces/default/" in path and path.count("/") == (6 if path.startswith("/apis/") else 5):   # a collection
+            return self._send({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
         return self._send({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}, 404)
 
     def do_POST(self) -> None:
@@ -156,3 +163,18 @@ def test_an_event_is_stamped_when_it_is_written_not_when_the_pass_started(api: s
     event = FakeApi.bodies[-1]
     assert event["lastTimestamp"] == event["firstTimestamp"] == "2026-01-01T00:00:40Z"
     assert event["eventTime"].startswith("2026-01-01T00:00:40")
+
+
+def test_the_owned_objects_come_whole_from_one_list_per_kind(api: str) -> None:
+    cluster = kube(api)
+    cluster.has_leader_worker_set()
+    FakeApi.paths.clear()
+    owned = cluster.owned_objects("default", "llama-8b")
+    ref = ObjectRef("apps/v1", "Deployment", "default", "llama-8b-s1-aggregated")
+    assert list(owned) == [ref] and cluster.list_owned("default", "llama-8b") == [ref]
+    got = owned[ref]
+    assert got["apiVersion"] == "apps/v1" and got["kind"] == "Deployment"
+    assert got["metadata"]["ownerReferences"][0]["uid"] == "u-1" and got["status"]["readyReplicas"] == 2
+    lists = [p for p in FakeApi.paths if "/namespaces/default/" in p]
+    plurals = {"services", "serviceaccounts", "deployments", "roles", "rolebindings"}
+    assert lists and {p.rsplit("/", 1)[1] for p in lists} <= plurals, lists     # collections only: no GET of one object

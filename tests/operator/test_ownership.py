@@ -82,3 +82,33 @@ def test_pruning_deletes_only_what_carries_this_resources_owner_reference() -> N
                               "namespace": "default", "labels": labels, "generation": 1}, "spec": {"replicas": 0, "template": {}}}
     out = run(obj, cluster, planner, minutes=1)
     assert stray in cluster.objects and out.pruned == ()
+
+
+def test_a_steady_pass_lists_its_objects_once_and_reads_none_of_them_again() -> None:
+    # The ownership check, the readiness summary and pruning share the pass's one LIST (per kind) of the objects
+    # with this resource's labels; an object is read on its own only when it is not in that list or this pass changed it.
+    obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(PD8))
+    run(obj, cluster, planner)
+    first = list(cluster.reads)
+    managed = [r for r in cluster.objects if r.kind != "ServingTopology"]
+    assert len(managed) >= 5 and set(first) <= set(managed)
+    # Created this pass: each read once before (absent), and a workload once more after for its readiness.
+    assert all(first.count(r) == (2 if r.kind == "Deployment" else 1) for r in managed), first
+    cluster.reads.clear()
+    lists = cluster.lists
+    for minute in (1, 2, 3):
+        run(obj, cluster, planner, minutes=minute)
+    assert cluster.reads == [] and cluster.lists - lists == 3, (cluster.reads, cluster.lists - lists)
+    assert cond(obj, "Ready")["status"] == "True"
+
+
+def test_an_object_this_pass_changed_is_read_again_for_its_readiness() -> None:
+    obj, cluster, planner = topology(), FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    cluster.ready = False                       # the scaled Deployment's pods are not ready yet
+    obj["spec"]["podTemplate"] = {"metadata": {"annotations": {"team": "a"}}}
+    obj["metadata"]["generation"] += 1
+    cluster.reads.clear()
+    run(obj, cluster, planner, minutes=1)
+    changed = [r for r in cluster.reads if r.kind == "Deployment"]
+    assert changed and cond(obj, "Ready")["status"] == "False", (cluster.reads, cond(obj, "Ready"))

@@ -115,7 +115,7 @@ def test_a_queued_pass_holding_a_stale_copy_does_not_plan_the_same_generation_tw
 
 def test_repeated_failures_back_off_exponentially_to_a_cap_log_once_and_end_in_a_condition(caplog: pytest.LogCaptureFixture) -> None:
     class Failing(FakeCluster):
-        def list_owned(self, namespace: str, name: str) -> list[ObjectRef]:
+        def owned_objects(self, namespace: str, name: str) -> dict[ObjectRef, Any]:
             raise ClusterError("connection refused")
 
     rt = runtime(Failing())
