@@ -285,24 +285,20 @@ def decide_or_outcome(p: PassState, spec: TopologySpec, planner: Planner, curren
         decision = planner(problem if problem is not None else build_problem(p, spec, current))
     except InvalidSpec as exc:
         return invalid_outcome(p, str(exc), plan=plan, proposal=proposal)
-    except Infeasible as exc:
+    except (Infeasible, PlanBudgetExceeded) as exc:
+        # Infeasible: no layout meets the spec. PlanBudgetExceeded: the worker stopped the plan; it is tried again
+        # after a back-off (operator/plan_worker.py), not every pass. Either way the running workloads stay.
+        reason, event, nothing = (("Infeasible", "PlanInfeasible", "no feasible layout") if isinstance(exc, Infeasible)
+                                  else ("PlanBudgetExceeded", "PlanBudgetExceeded", "no plan within the planning budget"))
         message = f"{exc}; running workloads are left as they are"
-        if p.set(ConditionType.PLANNED, False, "Infeasible", message):
-            p.event("Warning", "PlanInfeasible", message)
+        if p.set(ConditionType.PLANNED, False, reason, message):
+            p.event("Warning", event, message)
         if plan is None:
-            p.set(ConditionType.READY, False, "Infeasible", "no feasible layout, nothing deployed")
-        return p.outcome(plan=plan, proposal=proposal, error="Infeasible")
+            p.set(ConditionType.READY, False, reason, f"{nothing}, nothing deployed")
+        return p.outcome(plan=plan, proposal=proposal, error=reason)
     except InsufficientData as exc:
         p.set(ConditionType.PLANNED, None, "InsufficientData", str(exc))
         return p.outcome(plan=plan, proposal=proposal, requeue_after_s=60.0, error="InsufficientData")
-    except PlanBudgetExceeded as exc:
-        # The worker stopped the plan; it is tried again after a back-off (operator/plan_worker.py), not every pass.
-        message = f"{exc}; running workloads are left as they are"
-        if p.set(ConditionType.PLANNED, False, "PlanBudgetExceeded", message):
-            p.event("Warning", "PlanBudgetExceeded", message)
-        if plan is None:
-            p.set(ConditionType.READY, False, "PlanBudgetExceeded", "no plan within the planning budget, nothing deployed")
-        return p.outcome(plan=plan, proposal=proposal, error="PlanBudgetExceeded")
     return decision
 
 
