@@ -62,6 +62,14 @@ class RememberedSteps:
                                                          decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
         return t
 
+    def decode_s(self, decoding_tokens: float, context_tokens: float) -> float:
+        """`step_time_s` of a pure decode step (the decode bursts' probes), without the keyword call."""
+        key = (0.0, 0.0, decoding_tokens, context_tokens)
+        t = self._seen.get(key)
+        if t is None:
+            t = self.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=decoding_tokens, decode_context_tokens=context_tokens)
+        return t
+
 
 def _roles(layout: Layout) -> tuple[Role, ...]:
     return (Role.AGGREGATED,) if layout.kind is LayoutKind.REPLICAS else (Role.PREFILL, Role.DECODE)

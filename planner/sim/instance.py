@@ -39,8 +39,13 @@ class _Burst:
 
 def _burst_times(model: StepTimeModel, *, decoding: int, context0: int, steps: int) -> F64:
     """Step times of `steps` decode steps of `decoding` sequences whose summed context starts at context0."""
+    probe = getattr(model, "decode_s", None)   # RememberedSteps: the same floats, remembered, without the keyword call
+    d = float(decoding)
+
     def t(j: int) -> float:
-        return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=float(decoding),
+        if probe is not None:
+            return float(probe(d, float(context0 + decoding * j)))
+        return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=d,
                                  decode_context_tokens=float(context0 + decoding * j))
     if steps <= 2:
         return np.array([t(j) for j in range(1, steps + 1)])

@@ -124,7 +124,7 @@ class VllmPolicy:
         """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
         h = rank.high  # every running sequence's slot is below it
         act = np.nonzero(rank.active[:h] & rank.ready[:h])[0]
-        order = act[rank.order[act].argsort(kind="stable")]
+        order = act[rank.order[act].argsort(kind="stable")] if len(act) > 1 else act
         nkv = rank.nkv[order]
         want = np.maximum(rank.target[order] - nkv, 1)
         took = want.cumsum()
