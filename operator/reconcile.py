@@ -347,8 +347,8 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
         failed = _plan_for_generation(p, ctx, problem, current, run)
         if failed is not None:
             return failed
-        if p.memory.transitioning:
-            _declared(run)
+        if p.memory.transitioning and problem is not None:
+            _declared(p, ctx, problem, run)
     elif problem is not None and run.plan is not None and p.memory.transition is None:
         out = observe_live(p, ctx, problem, current)
         if out is not None and out.verdict is Verdict.TRANSITION and out.after is not None:
@@ -358,15 +358,21 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
                                                 generation=p.generation, percentile=slo_percentile(ctx.spec),
                                                 set_name=state.to_set if state is not None else None)
             run.decided = True
-            _declared(run)
+            _declared(p, ctx, problem, run)
     return _render(p, ctx, run)
 
 
-def _declared(run: _Run) -> None:
+def _declared(p: PassState, ctx: PassContext, problem: Problem, run: _Run) -> None:
     """TransitionDeclaredFirst: the pass that starts a transition only declares it (status.replan: the sets, the
     steps' target and the serving floor) and asks for the next pass at once; the first step runs in that pass, which
     reads the transition back from status. Nothing that runs changes before its transition and floor are stored, so an
-    operator killed in between leaves a declared transition to carry on, never a scaled-down set no status names."""
+    operator killed in between leaves a declared transition to carry on, never a scaled-down set no status names.
+    The pass still reads the serving floor (ServingFloorHeld), as every pass of a transition does."""
+    state = p.memory.transition
+    assert state is not None
+    view = read_cluster_view(p.cluster, transition_rendering(state, _set_blueprints(p, ctx)), namespace=p.namespace, name=p.name)
+    p.traffic = traffic_shares(state, view)
+    run.floor = serving_floor(p.memory, view, problem=problem)
     run.requeue_after_s = 0.0
 
 

@@ -127,3 +127,15 @@ def test_a_transition_started_for_this_generation_is_not_reported_as_waiting_for
         cluster.tick()
         planned.append(next(c for c in obj["status"]["conditions"] if c["type"] == "Planned")["reason"])
     assert "TransitionInProgress" not in planned and set(planned) == {"Planned"}, planned
+
+
+def test_the_pass_that_declares_a_transition_shows_ready_as_the_serving_floor_held() -> None:
+    from test_live_reconcile import run, running
+
+    obj, cluster, planner, metrics = running(minutes=5)
+    obj["spec"]["workload"]["arrivalRate"], metrics.rate = 80, 80.0
+    obj["metadata"]["generation"] = 2
+    run(obj, cluster, planner, metrics, 5)
+    assert obj["status"]["replan"]["transition"], "the change declared no transition"
+    ready = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ServingFloorHeld"), ready
