@@ -70,6 +70,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "attn_decode_mem_eff": (0.2, 0.95),
     "link_eff": (0.2, 0.95),
     "allreduce_latency_s": (1e-6, 60e-6),
+    "allreduce_peer_latency_s": (1e-8, 10e-6),
     "a2a_latency_s": (2e-6, 200e-6),
     "layer_overhead_s": (1e-6, 80e-6),
     "step_overhead_s": (1e-4, 8e-3),
@@ -101,8 +102,12 @@ def _to_params(x: np.ndarray, base: PerfParams, names: list[str]) -> PerfParams:
     return replace(base, **values)
 
 
+# Where a search starts a parameter that the start file lacks (its PerfParams default is 0: the term switched off).
+_START = {"allreduce_peer_latency_s": 0.5e-6}
+
+
 def _from_params(p: PerfParams, names: list[str]) -> np.ndarray:
-    return np.array([math.log(max(getattr(p, name), _FLOOR.get(name, 1e-12))) for name in names])
+    return np.array([math.log(max(getattr(p, name) or _START.get(name, 0.0), _FLOOR.get(name, 1e-12))) for name in names])
 
 
 def _pins(specs: list[str]) -> dict[str, float]:
@@ -242,19 +247,52 @@ def _figures(s: dict) -> dict:
     return {k: s[k] for k in ("ttft", "tpot", "ranking")} | {"predicted": s["predicted"]}
 
 
-def leave_one_model_out(m: Measurements, base: PerfParams, names: list[str], x0: np.ndarray, *, evals: int, ticks: Sequence[StepTicks],
-                        step: float, loss_args: dict) -> dict:
-    """Each model family's rows predicted by a fit that never saw that family (its rows and its decode ticks left
-    out). Every fold starts from `x0` and runs a compass search of `evals` loss evaluations from `step`."""
+def _families(m: Measurements) -> list[list[str]]:
     fams: dict[tuple[object, ...], list[str]] = {}
     for path, model in m.models.items():
         if isinstance(model, ModelArch):
             fams.setdefault(family(model), []).append(path)
+    return sorted(fams.values(), key=lambda v: sorted(v))
+
+
+def _pooled(m: Measurements, results: list[Prediction | Skip]) -> dict:
+    vs = [c.backend in ("vllm", "sglang") for c in m.cases]
+    all_s = summarize(m.cases, results, skipped_at_parse=m.skipped_at_parse)
+    vs_s = summarize([c for c, k in zip(m.cases, vs, strict=True) if k], [r for r, k in zip(results, vs, strict=True) if k],
+                     skipped_at_parse=_backends(m).skipped_at_parse)
+    return {"all": _figures(all_s), "vllm_sglang": _figures(vs_s)}
+
+
+def assemble_folds(m: Measurements, base: PerfParams, records: Sequence[dict]) -> dict:
+    """Leave-one-model-out figures pooled from the folds that separate runs recorded (`--lomo-folds` splits the folds
+    over processes): each family's rows are predicted again with its own fold's parameters."""
+    folds = [f for r in records for f in r["folds"]]
+    results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
+    for fold in folds:
+        held = [c.model_path in fold["models"] for c in m.cases]
+        params = replace(base, **{k: float(v) for k, v in fold["params"].items()})
+        preds = predict_all([c for c, h in zip(m.cases, held, strict=True) if h], m.models, m.gpus, params=params)
+        for i, pred in zip([i for i, h in enumerate(held) if h], preds, strict=True):
+            results[i] = pred
+    missing = [sorted(p) for p in _families(m) if not any(sorted(p) == f["models"] for f in folds)]
+    if missing:
+        raise SystemExit(f"--lomo-from: no fold recorded for {missing}")
+    first = records[0]
+    return {"evals_per_fold": first["evals_per_fold"], "start_step": first["start_step"], "start": first["start"],
+            "folds": sorted(folds, key=lambda f: f["models"]), "cpu_s": round(sum(f["cpu_s"] for f in folds), 1),
+            "commands": [r.get("command") for r in records]} | _pooled(m, results)
+
+
+def leave_one_model_out(m: Measurements, base: PerfParams, names: list[str], x0: np.ndarray, *, evals: int, ticks: Sequence[StepTicks],
+                        step: float, loss_args: dict, only: Sequence[str] = ()) -> dict:
+    """Each model family's rows predicted by a fit that never saw that family (its rows and its decode ticks left
+    out). Every fold starts from `x0` and runs a compass search of `evals` loss evaluations from `step`. `only`: run
+    just the folds whose model ids contain one of these strings (the others are left unpredicted)."""
     results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
     folds = []
-    for paths in sorted(fams.values(), key=lambda v: sorted(v)):
+    for paths in _families(m):
         held = [c.model_path in paths for c in m.cases]
-        if not any(held):
+        if not any(held) or (only and not any(o in p for o in only for p in paths)):
             continue
         t0 = time.process_time()
         train = _subset(m, [not h for h in held])
@@ -275,14 +313,9 @@ def leave_one_model_out(m: Measurements, base: PerfParams, names: list[str], x0:
         _, fs = evaluate(_backends(_subset(m, held)), _to_params(x, base, names))
         fitted = _to_params(x, base, names)
         folds.append({"models": sorted(paths), "rows": sum(held), "fit_loss": round(fx, 6), "cpu_s": round(cpu, 1),
-                      "vllm_sglang": _figures(fs), "params": {n: round(getattr(fitted, n), 8) for n in names}})
+                      "vllm_sglang": _figures(fs), "params": {n: float(f"{getattr(fitted, n):.10g}") for n in names}})
         print(f"  held-out vLLM+SGLang: TTFT {fs['ttft']['median_ape']} %, TPOT {fs['tpot']['median_ape']} % ({cpu:.0f} CPU s)", flush=True)
-    vs = [c.backend in ("vllm", "sglang") for c in m.cases]
-    all_s = summarize(m.cases, results, skipped_at_parse=m.skipped_at_parse)
-    vs_s = summarize([c for c, k in zip(m.cases, vs, strict=True) if k], [r for r, k in zip(results, vs, strict=True) if k],
-                     skipped_at_parse=_backends(m).skipped_at_parse)
-    return {"evals_per_fold": evals, "start_step": step, "folds": folds,
-            "all": _figures(all_s), "vllm_sglang": _figures(vs_s)}
+    return {"evals_per_fold": evals, "start_step": step, "folds": folds} | _pooled(m, results)
 
 
 def without_harness_figures(m: Measurements, params: PerfParams) -> dict:
@@ -390,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lomo-step", type=float, default=0.3, help="first compass step of each fold (log-parameter units)")
     ap.add_argument("--lomo-from-defaults", action="store_true",
                     help="start each fold from PerfParams() instead of the fitted parameters (no information from the held-out rows)")
+    ap.add_argument("--lomo-folds", default="", metavar="SUBSTR,...",
+                    help="run only the folds whose model ids contain one of these strings (to split the folds over processes)")
+    ap.add_argument("--lomo-from", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="record the leave-one-model-out folds these parameter files hold (runs with --lomo-from-defaults, which "
+                         "do not depend on this fit) instead of running them")
     args = ap.parse_args(argv)
 
     m = load_measurements(args.csv, model_dir=args.model_dir)
@@ -418,11 +456,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"restart {k}: loss {loss:.5f} after {time.perf_counter() - t0:.0f} s")
     fitted = _to_params(x, base, names)
     lomo = None
-    if args.lomo:
+    if args.lomo_from:
+        records = [json.loads(f.read_text()) for f in args.lomo_from]
+        lomo_records = [dict(r["leave_one_model_out"], command=r["command"]) for r in records]
+        if any(r.get("start") != "PerfParams() defaults" for r in lomo_records):
+            raise SystemExit("--lomo-from: only folds started from PerfParams() defaults (--lomo-from-defaults) can be recorded beside another fit")
+        lomo = assemble_folds(m, base, lomo_records)
+    elif args.lomo:
         t_lomo = time.process_time()
         x0 = _from_params(replace(PerfParams(), **pins), names) if args.lomo_from_defaults else x
         lomo = leave_one_model_out(m, base, names, x0, evals=args.lomo_evals, ticks=ticks, step=args.lomo_step,
-                                   loss_args={"rank_weight": args.rank_weight, "step_weight": args.step_weight, "ttft_weight": args.ttft_weight})
+                                   loss_args={"rank_weight": args.rank_weight, "step_weight": args.step_weight, "ttft_weight": args.ttft_weight},
+                                   only=[s for s in args.lomo_folds.split(",") if s])
         lomo["start"] = "PerfParams() defaults" if args.lomo_from_defaults else "the parameters fitted on every row (warm start)"
         lomo["cpu_s"] = round(time.process_time() - t_lomo, 1)
         s_ = lomo["vllm_sglang"]

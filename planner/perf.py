@@ -65,7 +65,8 @@ class PerfParams:
     attn_prefill_eff: float = 0.45      # fraction of BF16 peak FLOP/s reached by prefill attention
     attn_decode_mem_eff: float = 0.70   # fraction of HBM bandwidth reached reading KV in decode
     link_eff: float = 0.75              # fraction of link bandwidth reached by collectives
-    allreduce_latency_s: float = 10e-6  # fixed cost of one TP all-reduce
+    allreduce_latency_s: float = 10e-6  # fixed cost of one TP all-reduce over NVLink (two GPUs' worth: see the next)
+    allreduce_peer_latency_s: float = 0.0  # NVLink: added per GPU beyond two (each rank signals and reads every peer)
     a2a_latency_s: float = 20e-6        # fixed cost of one expert-parallel dispatch or combine
     layer_overhead_s: float = 15e-6     # per layer and step: norms, rotary, activations, launches
     step_overhead_s: float = 1.5e-3     # scheduling, launch, sampling setup per step
@@ -166,14 +167,18 @@ def _link_bps(gpu: Gpu, group: Any, p: PerfParams) -> Any:
 def _allreduce_latency_s(gpu: Gpu, group: Any, p: PerfParams) -> Any:
     """Fixed cost of one small all-reduce over `group` GPUs, by the link they share.
 
-    NVLink: one-shot custom all-reduce / NVLS, flat in the group (fitted `allreduce_latency_s`). PCIe: the custom
+    NVLink: the one-shot custom all-reduce (vLLM/SGLang custom_all_reduce) has every rank write a flag to and read
+    the buffer of each of its n − 1 peers, and NCCL's NVLS/ring steps grow with the ranks too, so the cost is the
+    fitted `allreduce_latency_s` on two GPUs plus the fitted `allreduce_peer_latency_s` per GPU beyond two (an
+    H100 NVSwitch node measures ≈ 6 µs on 2 GPUs and more on 8 with NVLS, NVIDIA/nccl issue #1259; the same
+    straight line in n as the PCIe constants below). PCIe: the custom
     all-reduce on two peer-to-peer GPUs, else NCCL, whose cost grows with the GPUs (constants above). Across nodes
     each doubling beyond one node adds a tree hop.
     """
     n = np.minimum(group, gpu.gpus_per_node)
     link = gpu.scaleup_link
     if link is Link.NVLINK:
-        intra = p.allreduce_latency_s + 0.0 * n
+        intra = p.allreduce_latency_s + p.allreduce_peer_latency_s * np.maximum(n - 2.0, 0.0)
     elif link is Link.PCIE_P2P:
         intra = np.where(n <= 2, PCIE_CUSTOM_AR_S, PCIE_P2P_AR_BASE_S + PCIE_P2P_AR_PER_GPU_S * n)
     else:

@@ -207,7 +207,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     r = summary["ranking"]
     if r["groups"]:
         print(f"ranking over {r['groups']} groups: top-1 {r['top1_agreement']} (trivial baseline, most GPUs for TPOT and fewest for "
-              f"tokens/s per GPU: {r['baseline_top1']}; {r['baseline_top1_expected']} with random tie-breaks); pairwise ordering "
+              f"tokens/s per GPU, equal GPU counts tied at random: {r['baseline_top1']}; {r['baseline_top1_first_listed']} giving ties "
+              f"to the first listed); pairwise ordering "
               f"{r['pairwise_ordering']} over {r['pairs']} pairs")
     reasons = summary["skipped"]["by_reason"]
     if reasons:
