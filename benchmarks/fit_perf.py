@@ -284,10 +284,13 @@ def assemble_folds(m: Measurements, base: PerfParams, records: Sequence[dict]) -
 
 
 def leave_one_model_out(m: Measurements, base: PerfParams, names: list[str], x0: np.ndarray, *, evals: int, ticks: Sequence[StepTicks],
-                        step: float, loss_args: dict, only: Sequence[str] = ()) -> dict:
+                        step: float, loss_args: dict, only: Sequence[str] = (), resume: Sequence[dict] = ()) -> dict:
     """Each model family's rows predicted by a fit that never saw that family (its rows and its decode ticks left
     out). Every fold starts from `x0` and runs a compass search of `evals` loss evaluations from `step`. `only`: run
-    just the folds whose model ids contain one of these strings (the others are left unpredicted)."""
+    just the folds whose model ids contain one of these strings (the others are left unpredicted). `resume`: folds
+    recorded by an earlier run; a fold found there starts from its own recorded parameters (fitted without the
+    held-out family, so the continuation stays honest) and adds its evaluations and CPU to the record."""
+    earlier = {tuple(f["models"]): dict(f, evals=f.get("evals", r["evals_per_fold"])) for r in resume for f in r["folds"]}
     results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
     folds = []
     for paths in _families(m):
@@ -304,15 +307,18 @@ def leave_one_model_out(m: Measurements, base: PerfParams, names: list[str], x0:
             return _loss(train, targets, _to_params(v, base, names), ticks=fold_ticks, **loss_args)
 
         print(f"fold {'+'.join(sorted(paths))}: {sum(held)} rows held out, {len(train.cases)} fitted", flush=True)
-        x, fx = pattern_search(loss_of, x0, step=step, evals=evals) if evals > 1 else (x0, loss_of(x0))
+        prior = earlier.get(tuple(sorted(paths)))
+        start = x0 if prior is None else _from_params(replace(base, **{k: float(v) for k, v in prior["params"].items()}), names)
+        x, fx = pattern_search(loss_of, start, step=step, evals=evals) if evals > 1 else (start, loss_of(start))
         held_cases = [c for c, h in zip(m.cases, held, strict=True) if h]
         preds = predict_all(held_cases, m.models, m.gpus, params=_to_params(x, base, names))
         for i, pred in zip([i for i, h in enumerate(held) if h], preds, strict=True):
             results[i] = pred
-        cpu = time.process_time() - t0
+        cpu = time.process_time() - t0 + (prior["cpu_s"] if prior else 0.0)
         _, fs = evaluate(_backends(_subset(m, held)), _to_params(x, base, names))
         fitted = _to_params(x, base, names)
         folds.append({"models": sorted(paths), "rows": sum(held), "fit_loss": round(fx, 6), "cpu_s": round(cpu, 1),
+                      "evals": evals + (prior["evals"] if prior else 0),
                       "vllm_sglang": _figures(fs), "params": {n: float(f"{getattr(fitted, n):.10g}") for n in names}})
         print(f"  held-out vLLM+SGLang: TTFT {fs['ttft']['median_ape']} %, TPOT {fs['tpot']['median_ape']} % ({cpu:.0f} CPU s)", flush=True)
     return {"evals_per_fold": evals, "start_step": step, "folds": folds} | _pooled(m, results)
@@ -425,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="start each fold from PerfParams() instead of the fitted parameters (no information from the held-out rows)")
     ap.add_argument("--lomo-folds", default="", metavar="SUBSTR,...",
                     help="run only the folds whose model ids contain one of these strings (to split the folds over processes)")
+    ap.add_argument("--lomo-resume", type=Path, nargs="+", default=(), metavar="FILE",
+                    help="continue the folds these earlier --lomo-from-defaults runs recorded, each from its own parameters")
     ap.add_argument("--lomo-from", type=Path, nargs="+", default=None, metavar="FILE",
                     help="record the leave-one-model-out folds these parameter files hold (runs with --lomo-from-defaults, which "
                          "do not depend on this fit) instead of running them")
@@ -459,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lomo_from:
         records = [json.loads(f.read_text()) for f in args.lomo_from]
         lomo_records = [dict(r["leave_one_model_out"], command=r["command"]) for r in records]
-        if any(r.get("start") != "PerfParams() defaults" for r in lomo_records):
+        if any(not str(r.get("start")).startswith("PerfParams() defaults") for r in lomo_records):
             raise SystemExit("--lomo-from: only folds started from PerfParams() defaults (--lomo-from-defaults) can be recorded beside another fit")
         lomo = assemble_folds(m, base, lomo_records)
     elif args.lomo:
@@ -467,8 +475,12 @@ def main(argv: list[str] | None = None) -> int:
         x0 = _from_params(replace(PerfParams(), **pins), names) if args.lomo_from_defaults else x
         lomo = leave_one_model_out(m, base, names, x0, evals=args.lomo_evals, ticks=ticks, step=args.lomo_step,
                                    loss_args={"rank_weight": args.rank_weight, "step_weight": args.step_weight, "ttft_weight": args.ttft_weight},
-                                   only=[s for s in args.lomo_folds.split(",") if s])
+                                   only=[s for s in args.lomo_folds.split(",") if s],
+                                   resume=[json.loads(f.read_text())["leave_one_model_out"] for f in args.lomo_resume])
         lomo["start"] = "PerfParams() defaults" if args.lomo_from_defaults else "the parameters fitted on every row (warm start)"
+        if args.lomo_resume:
+            lomo["start"] += ", continued from the folds of " + ", ".join(str(f) for f in args.lomo_resume)
+            lomo["evals_per_fold"] = max(f["evals"] for f in lomo["folds"])
         lomo["cpu_s"] = round(time.process_time() - t_lomo, 1)
         s_ = lomo["vllm_sglang"]
         print(f"leave-one-model-out vLLM+SGLang: TTFT {s_['ttft']['median_ape']} %, TPOT {s_['tpot']['median_ape']} %, "
