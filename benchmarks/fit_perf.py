@@ -266,7 +266,14 @@ def _pooled(m: Measurements, results: list[Prediction | Skip]) -> dict:
 def assemble_folds(m: Measurements, base: PerfParams, records: Sequence[dict]) -> dict:
     """Leave-one-model-out figures pooled from the folds that separate runs recorded (`--lomo-folds` splits the folds
     over processes): each family's rows are predicted again with its own fold's parameters."""
-    folds = [f for r in records for f in r["folds"]]
+    # A fold recorded twice (a run and its --lomo-resume continuation): the one with the most evaluations.
+    best: dict[tuple[str, ...], dict] = {}
+    for r in records:
+        for f in r["folds"]:
+            f = dict(f, evals=f.get("evals", r["evals_per_fold"]))
+            if tuple(f["models"]) not in best or f["evals"] > best[tuple(f["models"])]["evals"]:
+                best[tuple(f["models"])] = f
+    folds = list(best.values())
     results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
     for fold in folds:
         held = [c.model_path in fold["models"] for c in m.cases]
@@ -278,7 +285,7 @@ def assemble_folds(m: Measurements, base: PerfParams, records: Sequence[dict]) -
     if missing:
         raise SystemExit(f"--lomo-from: no fold recorded for {missing}")
     first = records[0]
-    return {"evals_per_fold": first["evals_per_fold"], "start_step": first["start_step"], "start": first["start"],
+    return {"evals_per_fold": sorted({f["evals"] for f in folds}), "start_step": first["start_step"], "start": first.get("start", ""),
             "folds": sorted(folds, key=lambda f: f["models"]), "cpu_s": round(sum(f["cpu_s"] for f in folds), 1),
             "commands": [r.get("command") for r in records]} | _pooled(m, results)
 
@@ -507,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "perturb": args.perturb,
         "command": "benchmarks/fit_perf.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "start": str(args.start) if args.start else ("defaults" if args.from_defaults else "committed parameters"),
+        "start_command": json.loads(args.start.read_text()).get("command") if args.start else None,
         "rank_weight": args.rank_weight,
         "step_ticks": {t.name: len(t.running) for t in ticks},
         "step_weight": args.step_weight,

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from servingtopology.cli.validate import Measurements
 from servingtopology.planner.calibration import parse_row
@@ -55,3 +56,29 @@ def test_each_fold_fits_without_the_held_out_family_and_predicts_only_it(monkeyp
     assert seen[0] == {"meta-llama/Llama-3.1-70B", "nvidia/Llama-3.1-70B-FP8"}
     assert seen[-1] == {"deepseek-ai/DeepSeek-V3"}
     assert out["vllm_sglang"]["predicted"] == 4
+
+
+def test_a_resumed_fold_starts_from_its_own_parameters_and_the_longest_fold_is_recorded(monkeypatch):
+    m = _measurements()
+    starts: list[float] = []
+    real_loss = fit_perf._loss
+
+    def spy(train, targets, params, **kw):
+        starts.append(params.step_overhead_s)
+        return real_loss(train, targets, params, **kw)
+
+    monkeypatch.setattr(fit_perf, "_loss", spy)
+    names = ["step_overhead_s"]
+    args = {"ticks": [], "step": 0.3, "loss_args": {"rank_weight": 0.5, "step_weight": 0.0, "ttft_weight": 1.5}}
+    first = fit_perf.leave_one_model_out(m, PerfParams(), names, np.log([1.5e-3]), evals=3, **args)
+    llama = next(f for f in first["folds"] if "meta-llama/Llama-3.1-70B" in f["models"])
+    llama["params"]["step_overhead_s"] = 2.5e-3  # as if that fold had moved there
+    starts.clear()
+    more = fit_perf.leave_one_model_out(m, PerfParams(), names, np.log([1.5e-3]), evals=3, only=["Llama"], resume=[first], **args)
+    assert starts[0] == pytest.approx(2.5e-3, rel=1e-9)  # the Llama fold's own recorded point, not the common start
+    assert [f["models"] for f in more["folds"]] == [llama["models"]] and more["folds"][0]["evals"] == 6
+    monkeypatch.setattr(fit_perf, "_loss", real_loss)
+    pooled = fit_perf.assemble_folds(m, PerfParams(), [dict(first, command="a"), dict(more, command="b")])
+    assert {f["evals"] for f in pooled["folds"]} == {3, 6} and pooled["vllm_sglang"]["predicted"] == 4
+    with pytest.raises(SystemExit, match="no fold recorded"):
+        fit_perf.assemble_folds(m, PerfParams(), [dict(more, command="b")])
