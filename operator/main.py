@@ -22,11 +22,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG = logging.getLogger(__name__)
 # What the operator's container holds besides the plans' own budgets (measured on CPython 3.11, kopf 1.45, the
 # kubernetes client 31): the operator process's resident size was 101 MiB after passes over examples/ (imports 92 MiB),
-# at most 114 MiB in the full e2e suite (50 resources at once included), 253 MiB with its plan processes; the
+# at most 137 MiB in four full e2e suites (50 resources at once included), 283 MiB with its plan processes; the
 # forkserver 48 MiB (after operator/plan_preload.py's warm-up) and multiprocessing's resource tracker 13 MiB; a plan
 # process starts as a copy-on-write fork of the forkserver and may copy up to its 48 MiB besides its budget (the
 # examples' plans grew 7-14 MiB of address space, 13-19 MiB resident).
-OPERATOR_RESIDENT_MIB = 192   # 101-114 measured, allowed for the watch caches and many resources
+OPERATOR_RESIDENT_MIB = 192   # 101-137 measured, allowed for the watch caches and many resources
 PLAN_PROCESS_MIB = 64         # forkserver 48 + tracker 13 measured; and what one plan process may copy (48)
 CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
 
