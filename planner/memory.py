@@ -10,6 +10,7 @@ Sources: vLLM `request_memory`/`determine_available_memory`/`get_num_blocks` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -228,9 +229,13 @@ def kv_pool_bytes(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Prec
     return budget - weights - activation_reserve_bytes(model, tp=tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
 
 
+@lru_cache(maxsize=4096)
 def kv_pool_tokens(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Precision, parallelism: Parallelism,
                    knobs: EngineKnobs) -> int:
-    """Context tokens one attention-DP rank can cache (vLLM rounds down to whole blocks)."""
+    """Context tokens one attention-DP rank can cache (vLLM rounds down to whole blocks).
+
+    Remembered (every argument is a frozen value and the result a pure function of them): a plan asks it about twice
+    for each of its hundreds of survivors, and they share a few dozen (parallelism, knobs) pairs."""
     tp, pp, dp = parallelism.tp, parallelism.pp, parallelism.dp
     pool = float(kv_pool_bytes(model, gpu, engine=engine, precision=precision, tp=tp, pp=pp, dp=dp,
                                max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs,

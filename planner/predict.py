@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill, load_shape
-from .arch import ModelArch
-from .hardware import Gpu, Precision
-from .layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role
-from .memory import kv_pool_tokens
+from .layout import KvDtype, Layout, LayoutKind, Role
+from .memory import kv_pool_tokens, max_request_tokens
 from .perf import kv_transfer_s, request_overhead_s
 from .problem import Prediction, Problem
 
@@ -41,16 +38,10 @@ class Figures:
     pool_tokens: Any
 
 
-@lru_cache(maxsize=4096)
-def _pool_tokens(model: ModelArch, gpu: Gpu, engine: Engine, precision: Precision, parallelism: Parallelism, knobs: EngineKnobs) -> int:
-    """memory.kv_pool_tokens, remembered: a plan asks it twice for each of its hundreds of survivors, and they share a
-    few dozen (parallelism, knobs) pairs (frozen values: a pure function of its arguments)."""
-    return kv_pool_tokens(model, gpu, engine=engine, precision=precision, parallelism=parallelism, knobs=knobs)
-
-
 def _pool(problem: Problem, layout: Layout, role: Role) -> int:
     r = layout.roles[role]
-    return _pool_tokens(problem.model, problem.gpu, problem.engine, problem.precision, r.parallelism, r.knobs)
+    return kv_pool_tokens(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision,
+                          parallelism=r.parallelism, knobs=r.knobs)
 
 
 def _role_arrays(layouts: Sequence[Layout], role: Role) -> dict[str, FloatArray]:
@@ -171,9 +162,8 @@ def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: fl
     rate = float(problem.workload.arrival_rate_rps or 0.0)
     meets = ttft_s * 1e3 <= problem.slo.ttft_ms and tpot_s * 1e3 <= problem.slo.tpot_ms and rate < capacity_rps
     role = layout.roles.get(Role.DECODE) or layout.roles[Role.AGGREGATED]
-    # memory.max_request_tokens: the pool or the model's context
-    longest = min(problem.model.max_context_tokens,
-                  _pool_tokens(problem.model, problem.gpu, problem.engine, problem.precision, role.parallelism, role.knobs))
+    longest = max_request_tokens(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision,
+                                 parallelism=role.parallelism, knobs=role.knobs)
     served = min(rate, capacity_rps)
     return Prediction(
         ttft_ms=ttft_s * 1e3,
