@@ -88,6 +88,9 @@ class ModelArch:
     v_head_dim: int = 0
     q_lora_rank: int = 0
     attn_output_gate: bool = False  # q_proj also produces a per-head output gate (Qwen3-Next / Qwen3.5)
+    # Query heads summed over the attention layers when they differ by layer (`num_attention_heads_per_layer`);
+    # 0: every attention layer has `num_heads`. KV heads, and so the cache, are per model.
+    query_heads_total: int = 0
     # Sparse attention indexer (DeepSeek-V3.2 / GLM-5 DSA): each query attends to the top-k tokens the indexer picks.
     index_n_heads: int = 0
     index_head_dim: int = 0
@@ -195,7 +198,12 @@ class ModelArch:
     @property
     def attention_params_total(self) -> int:
         """Softmax-attention projections of every attention layer, with their indexers."""
-        return self.num_attention_layers * self.attention_params_per_layer + self.num_indexer_layers * self.indexer_params_per_layer
+        base = self.num_attention_layers * self.attention_params_per_layer + self.num_indexer_layers * self.indexer_params_per_layer
+        if self.query_heads_total and not self.is_mla:
+            # q (and its gate) and o grow with each layer's own query heads; k and v do not.
+            extra_heads = self.query_heads_total - self.num_attention_layers * self.num_heads
+            base += extra_heads * self.head_dim * self.hidden_size * (3 if self.attn_output_gate else 2)
+        return base
 
     @property
     def dense_ffn_params_total(self) -> int:

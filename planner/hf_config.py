@@ -48,9 +48,25 @@ _NEUTRAL = frozenset({
     "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "id2label", "label2id", "exponential_decay_length_penalty",
     "cross_attention_hidden_size", "task_specific_params", "bad_words_ids", "begin_suppress_tokens", "suppress_tokens",
 })
+# What a model's own code fixes when its config.json leaves a field out, by the config's `model_type`: defaults of
+# transformers' config classes and fixed parts of vLLM's model code. Used only for an absent field, and named in the
+# assumptions; any other model_type takes the generic default. This is no list of supported models: a model_type
+# not named here is read the same way, from its fields.
+_IMPLIED: dict[str, dict[str, Any]] = {
+    # transformers configuration_gemma.py, configuration_gemma2.py, modular_gemma3.py (Gemma3TextConfig derives from
+    # Gemma2Config), configuration_cohere.py, configuration_cohere2.py: tie_word_embeddings=True by default.
+    **{mt: {"tie_word_embeddings": True} for mt in ("gemma", "gemma2", "gemma3", "gemma3_text", "cohere", "cohere2")},
+    # vLLM llama4.py Llama4MoE (and transformers Llama4TextMoe): every MoE layer has one shared expert of the
+    # routed experts' width (`intermediate_size`) beside the routed ones; the config has no field for it.
+    "llama4_text": {"n_shared_experts": 1},
+}
 _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv", "state", "conv", "expand", "pattern",
                 "interval", "ratio", "topk", "top_k", "compress", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
                 "num_", "n_", "moe", "block", "group")
+
+
+# Token ids and scalar multipliers (muP, routing scales) never change weights, FLOPs or cache bytes.
+_SCALAR_SUFFIXES = ("_token_id", "_token_ids", "_token_index", "_multiplier", "_multipliers", "_scaling_factor")
 
 
 class _Reader:
@@ -155,6 +171,9 @@ def _mixers(r: _Reader, layers: int, warn: Callable[[str], None], assume: list[s
 
 def _apply_sliding(r: _Reader, mix: list[str], max_ctx: int, assume: list[str]) -> int:
     """Mark sliding-window layers; returns the window (0 when no layer slides)."""
+    chunk = r.num("attention_chunk_size")
+    if chunk > 0 and "sliding" not in mix and not r.num("sliding_window"):
+        return _apply_chunked(r, mix, chunk, max_ctx, assume)
     window = r.num("sliding_window", "attention_chunk_size")
     if window <= 0 or (window >= max_ctx > 0 and "sliding" not in mix):
         for i, m in enumerate(mix):
@@ -181,6 +200,29 @@ def _apply_sliding(r: _Reader, mix: list[str], max_ctx: int, assume: list[str]) 
     for i in slide:
         mix[i] = "sliding"
     return window if slide else 0
+
+
+def _apply_chunked(r: _Reader, mix: list[str], chunk: int, max_ctx: int, assume: list[str]) -> int:
+    """Chunked local attention (Llama-4 `attention_chunk_size`): layers that use RoPE attend within their chunk,
+    the no-RoPE layers attend globally. The layout is `no_rope_layers` (1: RoPE, chunked; 0: global), else every
+    `no_rope_layer_interval`-th layer is global (transformers Llama4TextConfig: interval 4 by default, so layers
+    3, 7, 11, ... are global). vLLM llama4.py: `use_chunked_local_attn = not self.nope and attention_chunk_size`,
+    cached as ChunkedLocalAttentionSpec, which frees the blocks of past chunks (at most one chunk per sequence,
+    as a sliding window of `attention_chunk_size` tokens is charged here)."""
+    if chunk >= max_ctx > 0:
+        return 0
+    uses_rope = r.get("no_rope_layers")
+    if isinstance(uses_rope, list) and uses_rope:
+        local = [i for i, m in enumerate(mix) if m == "full" and i < len(uses_rope) and int(uses_rope[i]) == 1]
+    else:
+        interval = r.num("no_rope_layer_interval", default=4)
+        if r.get("no_rope_layer_interval") is None:
+            assume.append(f"attention_chunk_size {chunk} without no_rope_layers: every {interval}th layer attends globally, "
+                          "the others within their chunk (transformers Llama4TextConfig default no_rope_layer_interval 4)")
+        local = [i for i, m in enumerate(mix) if m == "full" and (interval <= 0 or (i + 1) % interval != 0)]
+    for i in local:
+        mix[i] = "sliding"
+    return chunk if local else 0
 
 
 def _ffn_kinds(r: _Reader, layers: int, given: list[str | None], moe: bool) -> list[str]:
@@ -258,6 +300,13 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     inner, wrapper = text_config(cfg)
     if wrapper:
         assumptions.append(f"language model read from {wrapper}; other towers (vision, audio) are not counted")
+    model_type = str(inner.get("model_type") or "")
+    for key, value in _IMPLIED.get(model_type, {}).items():
+        if inner.get(key) is None:
+            inner[key] = value
+            assumptions.append(f"{key} absent: {value}, as {model_type}'s own config class and model code have it")
+    if inner.get("tie_word_embeddings") is None:
+        assumptions.append("tie_word_embeddings absent: the LM head is taken as a separate matrix (untied)")
     r = _Reader(inner)
     layers = r.num("num_hidden_layers", "num_layers", "n_layer", "n_layers")
     hidden = r.num("hidden_size", "d_model", "n_embd", "dim")
@@ -294,6 +343,15 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     if heads <= 0 and any(m in ("full", "sliding", "parallel") for m in mix):
         raise InvalidSpec(field, "config.json has attention layers but no num_attention_heads")
 
+    per_layer_heads = r.get("num_attention_heads_per_layer")
+    query_heads_total = 0
+    if isinstance(per_layer_heads, list) and len(per_layer_heads) == len(mix):
+        query_heads_total = sum(int(h) for h, m in zip(per_layer_heads, mix, strict=True) if m in ("full", "sliding", "parallel"))
+        assumptions.append(f"num_attention_heads_per_layer: {query_heads_total} query heads over the attention layers "
+                           f"({min(per_layer_heads)}-{max(per_layer_heads)} a layer); KV heads stay {kv_heads}")
+    elif per_layer_heads is not None:
+        warnings.append(f"num_attention_heads_per_layer has {len(per_layer_heads) if isinstance(per_layer_heads, list) else '?'} "
+                        f"entries for {len(mix)} layers; num_attention_heads {heads} was used for every layer")
     kv_lora = r.num("kv_lora_rank")
     index_topk = r.num("index_topk")
     indexer_types = r.get("indexer_types")
@@ -313,7 +371,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     dense_inter = r.num("intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
     if num_experts and not moe_inter:
         moe_inter = r.num("intermediate_size", default=4 * hidden)
-    shared_width = r.num("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size")
+    shared_width = r.num("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size",
+                         "share_expert_dim")
     n_shared = r.num("n_shared_experts", "num_shared_experts") if num_experts else 0
     checkpoint = parse_quantization(inner.get("quantization_config") or cfg.get("quantization_config") or inner.get("compression_config"),
                                     _representatives(mix, ffn, shared=bool(n_shared or shared_width)), warnings.append, assumptions)
@@ -329,6 +388,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         ffn_matrices=matrices,
         kv_lora_rank=kv_lora, qk_rope_head_dim=r.num("qk_rope_head_dim"), qk_nope_head_dim=r.num("qk_nope_head_dim"),
         v_head_dim=r.num("v_head_dim"), q_lora_rank=r.num("q_lora_rank"), attn_output_gate=bool(r.get("attn_output_gate", default=False)),
+        query_heads_total=query_heads_total,
         index_n_heads=r.num("index_n_heads") if index_topk else 0, index_head_dim=r.num("index_head_dim") if index_topk else 0,
         index_topk=index_topk, num_indexer_layers=n_indexer,
         sliding_window=window, num_sliding_layers=sum(1 for m in mix if m == "sliding"),
@@ -344,7 +404,9 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
             continue
         if isinstance(value, str) and not key.endswith(("pattern", "type", "types")):
             continue
-        if any(h in key.lower() for h in _SHAPE_HINTS) and not key.endswith("_token_id"):
+        if key.endswith(_SCALAR_SUFFIXES):
+            continue
+        if any(h in key.lower() for h in _SHAPE_HINTS):
             warnings.append(f"field {key!r} is not understood by the planner and was ignored")
     return replace(arch, warnings=tuple(warnings), assumptions=tuple(assumptions))
 

@@ -220,7 +220,7 @@ def test_the_planner_never_refuses_a_config_by_its_architecture_name():
     for path in CONFIGS.glob("*.json"):
         cfg = json.loads(path.read_text())
         cfg["architectures"] = ["NeverHeardOfItForCausalLM"]
-        assert from_hf_config(cfg).total_params > 1e9
+        assert from_hf_config(cfg).total_params > 1e8  # the smallest here: Qwen2-0.5B
 
 
 def test_state_bytes_are_vectorised_over_candidates():
