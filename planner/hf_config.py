@@ -47,6 +47,9 @@ _NEUTRAL = frozenset({
     "num_beam_groups", "num_beams", "num_return_sequences", "pruned_heads", "repetition_penalty", "length_penalty",
     "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "id2label", "label2id", "exponential_decay_length_penalty",
     "cross_attention_hidden_size", "task_specific_params", "bad_words_ids", "begin_suppress_tokens", "suppress_tokens",
+    # Training-time MoE and attention knobs (DBRX ffn_config / attn_config; llm-foundry names).
+    "moe_jitter_eps", "moe_loss_weight", "moe_normalize_expert_weights", "uniform_expert_assignment", "clip_qkv", "emb_pdrop",
+    "output_attentions", "output_hidden_states", "return_dict",
 })
 # What a model's own code fixes when its config.json leaves a field out, by the config's `model_type`: defaults of
 # transformers' config classes and fixed parts of vLLM's model code. Used only for an absent field, and named in the
@@ -61,7 +64,7 @@ _IMPLIED: dict[str, dict[str, Any]] = {
     "llama4_text": {"n_shared_experts": 1},
 }
 _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv", "state", "conv", "expand", "pattern",
-                "interval", "ratio", "topk", "top_k", "compress", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
+                "interval", "ratio", "topk", "top_k", "compress", "quant", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
                 "num_", "n_", "moe", "block", "group")
 
 
@@ -103,6 +106,28 @@ def text_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
                 merged["architectures"] = cfg["architectures"]
             return merged, key
     return dict(cfg), ""
+
+
+# Nested blocks that hold a model's own fields (DBRX `attn_config` / `ffn_config`, as vLLM's dbrx.py reads them) are
+# merged as fallbacks; other towers, checkpoint formats and rope settings are not. Hugging Face writes
+# PretrainedConfig bookkeeping into such blocks (`tie_word_embeddings: true`, `model_type: ""`): it is never merged.
+_NOT_NESTED_MODEL = frozenset({*_WRAPPERS, "vision_config", "audio_config", "quantization_config", "compression_config",
+                               "rope_scaling", "rope_parameters", "speech_config", "thinker_config", "talker_config"})
+_BOOKKEEPING = frozenset({"tie_word_embeddings", "return_dict", "output_hidden_states", "output_attentions", "model_type",
+                          "architectures", "torch_dtype", "dtype", "transformers_version", "is_encoder_decoder"})
+
+
+def _merge_nested(inner: dict[str, Any]) -> list[str]:
+    """Merge the fields of nested `*_config` blocks into `inner` where the top level lacks them; returns their names."""
+    merged = []
+    for key, block in list(inner.items()):
+        if not key.endswith("_config") or key in _NOT_NESTED_MODEL or not isinstance(block, Mapping):
+            continue
+        merged.append(key)
+        for k, v in block.items():
+            if k not in inner and k not in _BOOKKEEPING and k not in _NEUTRAL:
+                inner[k] = v
+    return merged
 
 
 def _mixers(r: _Reader, layers: int, warn: Callable[[str], None], assume: list[str]) -> tuple[list[str], list[str | None]]:
@@ -300,6 +325,9 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     inner, wrapper = text_config(cfg)
     if wrapper:
         assumptions.append(f"language model read from {wrapper}; other towers (vision, audio) are not counted")
+    nested = _merge_nested(inner)
+    if nested:
+        assumptions.append(f"fields read from the nested {', '.join(nested)} blocks")
     model_type = str(inner.get("model_type") or "")
     for key, value in _IMPLIED.get(model_type, {}).items():
         if inner.get(key) is None:
@@ -308,15 +336,17 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     if inner.get("tie_word_embeddings") is None:
         assumptions.append("tie_word_embeddings absent: the LM head is taken as a separate matrix (untied)")
     r = _Reader(inner)
+    r.read.update(nested)
     layers = r.num("num_hidden_layers", "num_layers", "n_layer", "n_layers")
     hidden = r.num("hidden_size", "d_model", "n_embd", "dim")
     if layers <= 0 or hidden <= 0:
         raise InvalidSpec(field, "config.json lacks a usable num_hidden_layers and hidden_size (also read: num_layers, n_layer, "
                                  "d_model, n_embd); they are needed to size any decoder")
-    heads = r.num("num_attention_heads", "n_head", "num_heads")
+    heads = r.num("num_attention_heads", "n_head", "num_heads", "n_heads")
     head_dim = r.num("head_dim", "attention_head_dim", "kv_channels") or (hidden // heads if heads else 0)
-    kv_heads = r.num("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", default=heads)
-    max_ctx = r.num("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "model_max_length", default=0)
+    kv_heads = r.num("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "kv_n_heads", default=heads)
+    max_ctx = r.num("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "model_max_length",
+                    "max_seq_len", default=0)
     if max_ctx <= 0:
         max_ctx = 4096
         assumptions.append("no max_position_embeddings: a 4096-token context assumed")
@@ -329,7 +359,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     layers = len(mix)
     window = _apply_sliding(r, mix, max_ctx, assumptions)
     ffn = _ffn_kinds(r, layers, given_ffn, num_experts > 0)
-    act = str(r.get("mlp_hidden_act", "hidden_act", "hidden_activation", "activation_function", default="silu")).lower()
+    act_field = r.get("mlp_hidden_act", "hidden_act", "hidden_activation", "activation_function", "ffn_act_fn", default="silu")
+    act = str(act_field.get("name", "silu") if isinstance(act_field, Mapping) else act_field).lower()
     matrices = 2 if act in ("relu2", "squared_relu") else 3
     if matrices == 2:
         assumptions.append(f"activation {act}: plain two-matrix MLPs (up, down), as vLLM's nemotron_h")
@@ -370,7 +401,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     moe_inter = r.num("moe_intermediate_size", "expert_intermediate_size") if num_experts else 0
     dense_inter = r.num("intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
     if num_experts and not moe_inter:
-        moe_inter = r.num("intermediate_size", default=4 * hidden)
+        moe_inter = r.num("intermediate_size", "ffn_hidden_size", default=4 * hidden)
     shared_width = r.num("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size",
                          "share_expert_dim")
     n_shared = r.num("n_shared_experts", "num_shared_experts") if num_experts else 0

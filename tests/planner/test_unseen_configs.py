@@ -56,6 +56,7 @@ PUBLISHED = [
     ("glm-4.7-flash", 30.0, None, 0.02),           # GLM-4.7-Flash "30B-A3B" (the A3B label rounds 3.6B of weights a token)
     ("qwen2-0.5b", 0.49, None, 0.02),              # Qwen2 card: 0.49B
     ("falcon-h1-0.5b", 0.52, None, 0.02),          # tiiuae/Falcon-H1-0.5B: 0.52B in its safetensors
+    ("dbrx-instruct-mlx-4bit", 132.0, 36.0, 0.01), # Databricks: DBRX 132B total, 36B active
 ]
 
 
@@ -182,3 +183,17 @@ def test_an_attention_kind_the_reader_does_not_know_is_named_not_silently_priced
     m = load("deepseek-v4-flash")
     for field in ("compress_ratios", "o_lora_rank", "o_groups", "num_hash_layers"):
         assert any(repr(field) in w for w in m.warnings), field
+
+
+def test_nested_attn_and_ffn_blocks_are_read():
+    """DBRX keeps its KV heads in `attn_config` and its experts in `ffn_config` (vLLM dbrx.py reads
+    config.attn_config.kv_n_heads and config.ffn_config.moe_num_experts / moe_top_k / ffn_hidden_size), and names its
+    heads `n_heads`. Old main refused it: "config.json has attention layers but no num_attention_heads". The nested
+    blocks' Hugging Face bookkeeping (`tie_word_embeddings: true` inside them) does not override the top level."""
+    m = load("dbrx-instruct-mlx-4bit")
+    assert (m.num_heads, m.num_kv_heads, m.head_dim, m.max_context_tokens) == (48, 8, 128, 32768)
+    assert (m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.num_moe_layers) == (16, 4, 10752, 40)
+    assert not m.tie_embeddings
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(40, 8, 128, BF16)  # 163,840
+    # MLX's own `quantization` block is no checkpoint format vLLM or SGLang loads: named, and priced as BF16.
+    assert m.checkpoint is None and any("'quantization'" in w for w in m.warnings)
