@@ -62,6 +62,12 @@ _IMPLIED: dict[str, dict[str, Any]] = {
     # vLLM llama4.py Llama4MoE (and transformers Llama4TextMoe): every MoE layer has one shared expert of the
     # routed experts' width (`intermediate_size`) beside the routed ones; the config has no field for it.
     "llama4_text": {"n_shared_experts": 1},
+    # transformers configuration_starcoder2.py: tie_word_embeddings=True; vLLM starcoder2.py Starcoder2MLP is c_fc ->
+    # act -> c_proj (two matrices), which no field says: its `hidden_act` is the same GELU Gemma gates with.
+    "starcoder2": {"tie_word_embeddings": True, "mlp_gated": False},
+    # vLLM gpt_bigcode.py (GPTBigMLP c_fc/c_proj), gpt_neox.py (dense_h_to_4h/dense_4h_to_h), phi.py (PhiMLP fc1/fc2),
+    # falcon.py (FalconMLP), gpt2.py, gpt_j.py, opt.py, bloom.py, mpt.py: two-matrix MLPs as well.
+    **{mt: {"mlp_gated": False} for mt in ("gpt_bigcode", "gpt_neox", "phi", "falcon", "gpt2", "gptj", "opt", "bloom", "mpt")},
 }
 _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv", "state", "conv", "expand", "pattern",
                 "interval", "ratio", "topk", "top_k", "compress", "quant", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
@@ -332,7 +338,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     for key, value in _IMPLIED.get(model_type, {}).items():
         if inner.get(key) is None:
             inner[key] = value
-            assumptions.append(f"{key} absent: {value}, as {model_type}'s own config class and model code have it")
+            assumptions.append(f"plain two-matrix MLP (no gate projection), as {model_type}'s model code in vLLM has it" if key == "mlp_gated"
+                               else f"{key} absent: {value}, as {model_type}'s own config class and model code have it")
     if inner.get("tie_word_embeddings") is None:
         assumptions.append("tie_word_embeddings absent: the LM head is taken as a separate matrix (untied)")
     r = _Reader(inner)
@@ -361,8 +368,9 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     ffn = _ffn_kinds(r, layers, given_ffn, num_experts > 0)
     act_field = r.get("mlp_hidden_act", "hidden_act", "hidden_activation", "activation_function", "ffn_act_fn", default="silu")
     act = str(act_field.get("name", "silu") if isinstance(act_field, Mapping) else act_field).lower()
-    matrices = 2 if act in ("relu2", "squared_relu") else 3
-    if matrices == 2:
+    gated = r.get("mlp_gated")
+    matrices = 2 if act in ("relu2", "squared_relu") or gated is False else 3
+    if act in ("relu2", "squared_relu"):
         assumptions.append(f"activation {act}: plain two-matrix MLPs (up, down), as vLLM's nemotron_h")
 
     kind, mixer_params, conv_values, ssm_values, state_heads = (StateKind.NONE, 0, 0, 0, 0)

@@ -197,3 +197,25 @@ def test_nested_attn_and_ffn_blocks_are_read():
     assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(40, 8, 128, BF16)  # 163,840
     # MLX's own `quantization` block is no checkpoint format vLLM or SGLang loads: named, and priced as BF16.
     assert m.checkpoint is None and any("'quantization'" in w for w in m.warnings)
+
+
+def test_a_plain_gelu_mlp_is_two_matrices_where_the_models_code_says_so():
+    """StarCoder2-15B: Starcoder2MLP is c_fc -> gelu -> c_proj (vLLM starcoder2.py), with the same `hidden_act` Gemma
+    gates with, so no field tells it apart; transformers' Starcoder2Config ties the embeddings by default. Every layer
+    slides over 4096 tokens (vLLM passes config.sliding_window to each layer). Old main: 22.0B (gated, untied)."""
+    m = load("starcoder2-15b")
+    h, layers = 6144, 40
+    per_layer = 2 * h * 48 * 128 + 2 * h * 4 * 128 + 2 * h * 24576
+    assert m.ffn_matrices == 2 and m.tie_embeddings
+    assert m.total_params == layers * per_layer + 49152 * h  # 15.65B (card: "15B")
+    assert (m.num_sliding_layers, m.sliding_window) == (40, 4096) and kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == 0
+    assert fixed_bytes_per_seq(m, KvDtype.AUTO, tp=1, pp=1) == full_attention_bytes(40, 4, 128, BF16) * (4096 + 16)
+    # A gated model with a GELU activation stays gated (Gemma), and a config that gives the field keeps its word.
+    assert load("gemma-2-9b").ffn_matrices == 3
+    assert from_hf_config({**raw("starcoder2-15b"), "tie_word_embeddings": False}).tie_embeddings is False
+
+
+@pytest.mark.parametrize("model_type", ["gpt_bigcode", "gpt_neox", "phi", "falcon", "gpt2", "gptj", "opt", "bloom", "mpt"])
+def test_the_other_two_matrix_mlp_model_types(model_type):
+    cfg = {"model_type": model_type, "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}
+    assert from_hf_config(cfg).dense_ffn_params_per_layer == 2 * 256 * 1024
