@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from ..planner.layout import LayoutKind
+from ..planner.transition import CapacityDrop
 from ..spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
 
 __all__ = [
@@ -438,6 +439,11 @@ class PolicySpec(_Api):
                                                     "choose (replicas, pd); default: spec.search.layouts")
     maxSurgeGPUs: int = Field(default=0, ge=0, le=MAX_GPUS, description="GPUs a transition may use above hardware.maxGPUs while "
                               "the old and new layouts run side by side")
+    capacityDrop: CapacityDrop = Field(default=CapacityDrop.NEVER, description="how far a spec edit's transition may lower the "
+                                       "serving capacity when no step sequence within hardware.maxGPUs + maxSurgeGPUs keeps "
+                                       "min(load, running capacity): Never (the change waits, Planned=False TransitionBlocked, "
+                                       "naming the GPUs it needs), AboveZero (dip, but something always serves) or Any (serving "
+                                       "may stop during the move). Changes the operator starts on drift always keep the full floor")
 
     @field_validator("replanInterval", "cooldown")
     @classmethod

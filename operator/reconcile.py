@@ -72,7 +72,7 @@ from .plan_status import (
 from .plan_worker import PlanBudgetExceeded
 from .readout import phase_text, traffic_shares
 from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
-from .rollout import finished_plan, rebase_sets, running_set, start_for_change
+from .rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
 from .sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
 from .url_policy import UrlAllowList
 
@@ -149,6 +149,7 @@ class _Run:
     decided: bool = False
     requeue_after_s: float | None = None
     floor: FloorCheck | None = None   # ServingFloorHeld of the running transition, when read this pass
+    hold: bool = False                # TransitionBlocked: apply and prune nothing, report on the objects as they are
 
 
 def _step(p: PassState, ctx: PassContext, problem: Problem, run: _Run) -> None:
@@ -300,23 +301,16 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
     load_rps = problem.workload.arrival_rate_rps if problem is not None else None
     # A new generation re-bases drift on the spec's workload; the calibration and the metric window stay.
     p.memory = dataclasses.replace(p.memory, assumed=None, drift=dataclasses.replace(p.memory.drift, streak=0, calm=0, detected=False))
-    started = None
     if plan is not None and current is not None and problem is not None and current != best.layout:
         started = start_for_change(p.memory, problem=problem, current=current, target=best.layout, running=running_set(plan),
                                    policy=ctx.policy, now_s=p.now.timestamp())
-        if started.warning:
-            p.event("Warning", "TransitionUnsafe", started.warning)
-        p.memory = started.memory
-    if started is not None and started.started:
         proposal = proposal_status(best, current=plan, before=same_load.prediction if same_load is not None else None,
                                    args_of=engine_args_of(bp), reasons=[reason, *decision.reasons], now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec), load_rps=load_rps)
-        state = p.memory.transition
-        assert state is not None
-        run.proposal = proposal.model_copy(update={"set": state.to_set})
-        message = f"{state.mode.value} transition: {proposal.message.replace('would change', 'changing', 1)}"
-        p.event("Normal", "TransitionStarted", message)
-        p.set(ConditionType.PLANNED, True, "Pinned" if ctx.spec.policy.mode is Mode.PINNED else "Planned", message)
+        if started.started:
+            _begin(p, ctx, run, proposal, started)
+        else:
+            _blocked(p, run, proposal, started, fresh=True)
         return None
     message = change_message(current_layout=plan.layout if plan else None, current_gpus=plan.gpus if plan else None,
                              before=before, after=new_plan, reason=reason, percentile=slo_percentile(ctx.spec), verb="did",
@@ -332,6 +326,61 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
     return None
 
 
+TRANSITION_BLOCKED = "TransitionBlocked"   # Planned=False reason and Warning Event: a spec edit's move waits (StartVerdict says why)
+
+
+def _begin(p: PassState, ctx: PassContext, run: _Run, proposal: ProposalStatus, started: Started) -> None:
+    """Record the transition a spec edit starts (the next pass takes its first step) with TransitionStarted, and a
+    Warning named after the verdict when the floor is lower than the full one (policy.capacityDrop allowed it)."""
+    if started.warning:
+        p.event("Warning", f"Transition{started.verdict.value}", started.warning)
+    p.memory = started.memory
+    state = p.memory.transition
+    assert state is not None
+    run.proposal = proposal.model_copy(update={"set": state.to_set})
+    message = f"{state.mode.value} transition: {proposal.message.replace('would change', 'changing', 1)}"
+    p.event("Normal", "TransitionStarted", message)
+    p.set(ConditionType.PLANNED, True, "Pinned" if ctx.spec.policy.mode is Mode.PINNED else "Planned", message)
+
+
+def _blocked(p: PassState, run: _Run, proposal: ProposalStatus, started: Started, *, fresh: bool) -> None:
+    """TransitionBlocked: a spec edit's move would drop the serving floor further than policy.capacityDrop allows
+    (or no sequence fits the GPU budget at all). The running layout keeps serving untouched (nothing is applied or
+    pruned this pass), status.proposal shows the target with before and after figures, Planned=False names the
+    verdict, the GPUs the move needs and what to change. One Warning Event per blocked change: posted by the pass
+    that planned it (`fresh`) when the Planned condition did not already say the same; the passes that look again
+    (the load, and so the floor, may change) post none."""
+    assert run.plan is not None
+    message = f"{started.verdict.value}: keeping {run.plan.layout} serving as it is; {started.message}"
+    was = condition(p.conditions, ConditionType.PLANNED)
+    p.set(ConditionType.PLANNED, False, TRANSITION_BLOCKED, message)
+    if fresh and (was is None or (was.reason, was.message) != (TRANSITION_BLOCKED, message)):
+        p.event("Warning", TRANSITION_BLOCKED, message)
+    run.proposal = proposal
+    run.hold = True
+
+
+def _blocked_target(p: PassState, run: _Run) -> ProposalStatus | None:
+    """The target of this generation's blocked change, when the last pass left one (Planned=False TransitionBlocked)."""
+    proposal, planned = p.status.proposal, condition(p.conditions, ConditionType.PLANNED)
+    if (proposal is None or proposal.generation != p.generation or planned is None or planned.reason != TRANSITION_BLOCKED
+            or run.plan is None or p.memory.transition is not None):
+        return None
+    return proposal
+
+
+def _look_again(p: PassState, ctx: PassContext, problem: Problem, current: Layout, run: _Run, proposal: ProposalStatus) -> None:
+    """A blocked change of this generation, judged again without planning again: it starts once the floor it needs
+    can be kept (the load fell) and stays blocked, without another Event, while it cannot."""
+    assert run.plan is not None
+    started = start_for_change(p.memory, problem=problem, current=current, target=layout_from_plan(proposal),
+                               running=running_set(run.plan), policy=ctx.policy, now_s=p.now.timestamp())
+    if started.started:
+        _begin(p, ctx, run, proposal, started)
+    else:
+        _blocked(p, run, proposal, started, fresh=False)
+
+
 def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
     run = _Run(plan=p.status.plan, proposal=p.status.proposal if p.memory.transitioning else None, history=list(p.status.history))
     state = p.memory.transition
@@ -344,9 +393,13 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
             p.set(ConditionType.PLANNED, None, "TransitionInProgress", "the spec changed; it is planned once the running transition ends")
         _step(p, ctx, problem, run)
     elif new_generation:
-        failed = _plan_for_generation(p, ctx, problem, current, run)
-        if failed is not None:
-            return failed
+        blocked = _blocked_target(p, run)
+        if blocked is not None and problem is not None and current is not None:
+            _look_again(p, ctx, problem, current, run, blocked)
+        else:
+            failed = _plan_for_generation(p, ctx, problem, current, run)
+            if failed is not None:
+                return failed
         if p.memory.transitioning and problem is not None:
             _declared(p, ctx, problem, run)
     elif problem is not None and run.plan is not None and p.memory.transition is None:
@@ -389,7 +442,7 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
         if p.set(ConditionType.READY, False, "LeaderWorkerSetMissing", message):
             p.event("Warning", "LeaderWorkerSetMissing", message)
         return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error="LeaderWorkerSetMissing")
-    objects = _apply(p, rendering)
+    objects = _unchanged(p, rendering) if run.hold else _apply(p, rendering)
     if objects is None:
         conflict = condition(p.conditions, ConditionType.CONFLICT)
         if p.status.plan is None or condition(p.conditions, ConditionType.READY) is None:
@@ -523,6 +576,13 @@ def _not_owned(p: PassState, objects: list[dict[str, Any]], listed: Mapping[Obje
         if live is not None and not owned_by(live, p.uid):
             out.append(f"{ref} ({_owner_words(live)})")
     return out
+
+
+def _unchanged(p: PassState, rendering: Rendering) -> list[dict[str, Any]]:
+    """TransitionBlocked: apply and prune nothing (a spec edit's other changes wait with the move); the objects the
+    running plan renders, for readiness, which reads them from the pass's one LIST."""
+    p.listed = p.cluster.owned_objects(p.namespace, p.name)
+    return build_topology(rendering.sets, serving=rendering.serving)
 
 
 def _apply(p: PassState, rendering: Rendering) -> list[dict[str, Any]] | None:

@@ -28,6 +28,7 @@ from ..planner.transition import (
     Action,
     Budget,
     Capacity,
+    CapacityDrop,
     ClusterView,
     Phase,
     Step,
@@ -61,6 +62,7 @@ class ReplanPolicy:
     interval_s: float
     drift: DriftPolicy
     max_surge_gpus: int = 0
+    capacity_drop: CapacityDrop = CapacityDrop.NEVER   # how far a spec edit's transition may lower the floor
     window_intervals: int = 6        # samples kept for the estimate (the last N intervals)
     ready_timeout_s: float = 900.0
     drain_s: float = 60.0
@@ -71,7 +73,7 @@ def policy_from_spec(policy: PolicySpec, *, persist_intervals: int = 3) -> Repla
     drift = DriftPolicy(persist_intervals=persist_intervals, cooldown_s=float(duration_s(policy.cooldown)),
                         min_improvement=policy.minImprovement)
     return ReplanPolicy(mode=policy.mode, interval_s=float(duration_s(policy.replanInterval)), drift=drift,
-                        max_surge_gpus=policy.maxSurgeGPUs)
+                        max_surge_gpus=policy.maxSurgeGPUs, capacity_drop=policy.capacityDrop)
 
 
 def _workload_dict(w: Workload) -> dict[str, Any]:
@@ -101,6 +103,7 @@ class ReplanMemory:
     last_fetch_s: float | None = None
     transition: TransitionState | None = None
     transition_floor_rps: float = 0.0        # min(load, running capacity) when the transition started
+    transition_keeps_serving: bool = True    # serving capacity stays above zero (False: started under capacityDrop Any)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,7 +111,7 @@ class ReplanMemory:
             "drift": self.drift.to_dict(), "calibration": self.calibration.to_dict(),
             "assumed": _workload_dict(self.assumed) if self.assumed else None, "metricsAvailable": self.metrics_available,
             "lastFetchS": self.last_fetch_s, "transition": self.transition.to_dict() if self.transition else None,
-            "transitionFloorRps": self.transition_floor_rps,
+            "transitionFloorRps": self.transition_floor_rps, "transitionKeepsServing": self.transition_keeps_serving,
         }
 
     @staticmethod
@@ -152,6 +155,9 @@ def read_replan_status(d: Mapping[str, Any] | None) -> tuple[ReplanMemory, Unrea
             last_fetch_s=model.lastFetchS,
             transition=TransitionState.from_dict(raw["transition"]) if raw["transition"] else None,
             transition_floor_rps=float(model.transitionFloorRps or 0.0),
+            # Status written before the flag existed: a floor of zero let serving stop, any other floor did not.
+            transition_keeps_serving=(model.transitionKeepsServing if model.transitionKeepsServing is not None
+                                      else float(model.transitionFloorRps or 0.0) > 0),
         )
     except (ArithmeticError, KeyError, TypeError, ValueError) as exc:   # values the schema admits but the planner's types refuse
         return ReplanMemory(), Unreadable(tuple(sorted(d)), (f"status.replan: {type(exc).__name__}: {exc}",))
@@ -392,7 +398,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         events.append(EventNote("Warning", "TransitionBlocked", f"would change {change}, but {exc.closest_miss}"))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=exc.closest_miss, **base)
     mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload, transition=state,
-                  transition_floor_rps=budget.floor_rps)
+                  transition_floor_rps=budget.floor_rps, transition_keeps_serving=True)
     message = f"changing {change}, because {why} ({verdict.message}); {state.mode.value} transition"
     events.append(EventNote("Normal", "TransitionStarted", message))
     conds.append(ConditionNote(ConditionType.PROGRESSING, True, "Transition", message))
@@ -446,7 +452,7 @@ def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem
         return memory, None, ()
     problem = _transition_problem(memory, problem)
     budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=memory.transition_floor_rps,
-                    ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
+                    ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s, keep_serving=memory.transition_keeps_serving)
     step = next_step(state, view, budget=budget, capacity=capacity_of(problem), now_s=now_s)
     events: tuple[EventNote, ...] = ()
     if step.action in (Action.SCALE, Action.ROUTE, Action.DELETE, Action.ROLLBACK):

@@ -28,7 +28,7 @@ from ..planner.workload import LengthKind
 __all__ = ["ReplanStatus", "Unreadable", "TRANSITION_SECTIONS", "validate_replan_status"]
 
 # The sections whose loss would drop a running transition or its capacity floor.
-TRANSITION_SECTIONS = ("transition", "transitionFloorRps")
+TRANSITION_SECTIONS = ("transition", "transitionFloorRps", "transitionKeepsServing")
 _ROLES_OF = {LayoutKind.REPLICAS: {Role.AGGREGATED}, LayoutKind.PD: {Role.PREFILL, Role.DECODE}}
 
 
@@ -153,6 +153,7 @@ class ReplanStatus(_Strict):
     lastFetchS: float | None = None
     transition: TransitionStatus | None = None
     transitionFloorRps: float | None = Field(default=None, ge=0)
+    transitionKeepsServing: bool | None = None   # absent in status written before it existed: read from the floor
 
     @model_validator(mode="after")
     def _a_transition_keeps_its_floor(self) -> ReplanStatus:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from ..planner.errors import Infeasible, InsufficientData
+from ..planner.errors import InsufficientData
 from ..planner.layout import Layout
 from ..planner.observe import observe
 from ..planner.problem import Problem
-from ..planner.transition import Budget, start_requested
+from ..planner.transition import Budget, StartVerdict, start_requested
 from ..planner.transition import set_name as layout_set_name
 from .api import PlanStatus, ProposalStatus
 from .plan_status import ArgsOf, layout_from_plan, plan_status
@@ -26,11 +26,22 @@ __all__ = ["Started", "running_set", "rebase_sets", "load_rps", "start_for_chang
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """The memory with the transition (when one could start) and a warning to post, if any."""
+    """A spec edit's change, decided: the memory (with the transition when one starts), the planner's verdict
+    (StartVerdict: FloorKept, FloorLowered, FloorDroppedToZero, or not started: FloorWouldDrop, OverBudget) and
+    its sentence (empty when the full floor is kept)."""
 
     memory: ReplanMemory
-    started: bool
-    warning: str = ""
+    verdict: StartVerdict
+    message: str = ""
+
+    @property
+    def started(self) -> bool:
+        return self.verdict in (StartVerdict.FLOOR_KEPT, StartVerdict.FLOOR_LOWERED, StartVerdict.FLOOR_DROPPED)
+
+    @property
+    def warning(self) -> str:
+        """The Warning to post with TransitionStarted when the floor is lower than the full one (empty otherwise)."""
+        return self.message if self.verdict in (StartVerdict.FLOOR_LOWERED, StartVerdict.FLOOR_DROPPED) else ""
 
 
 def running_set(plan: PlanStatus) -> str:
@@ -67,22 +78,23 @@ def load_rps(memory: ReplanMemory, problem: Problem) -> float:
 
 def start_for_change(memory: ReplanMemory, *, problem: Problem, current: Layout, target: Layout, running: str,
                      policy: ReplanPolicy, now_s: float) -> Started:
-    """Start the transition a changed plan (a spec edit) asks for.
+    """Decide the transition a changed plan (a spec edit) asks for.
 
-    The floor is min(load, the running layout's capacity); the transition planner's `start_requested` keeps it, or
-    (no step sequence keeps it inside the GPU budget plus surge) the highest floor a sequence can, and says so in
-    the warning. When not even that exists (a target over the budget), nothing starts and the caller replaces.
+    The floor is min(load, the running layout's capacity), above zero. The transition planner's `start_requested`
+    keeps it, or (no step sequence keeps it inside the GPU budget plus surge) lowers it only as far as
+    `policy.capacity_drop` (spec.policy.capacityDrop) allows; otherwise nothing starts (FloorWouldDrop, or OverBudget
+    when no sequence exists at all) and the caller keeps the running layout, naming the GPUs the move needs.
     """
     capacity = capacity_of(problem)
     budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus,
                     floor_rps=min(load_rps(memory, problem), capacity(current)),
                     ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
-    try:
-        requested = start_requested(current, target, budget=budget, capacity=capacity, now_s=now_s)
-    except Infeasible as exc:
-        return Started(memory, False, f"{current.label} → {target.label}: {exc.closest_miss or exc}; replacing the workloads at once")
-    started = replace(memory, transition=requested.state, transition_floor_rps=requested.floor_rps, assumed=None)
-    return Started(rebase_sets(started, running), True, requested.lowered)
+    requested = start_requested(current, target, budget=budget, capacity=capacity, now_s=now_s, allow=policy.capacity_drop)
+    if requested.state is None:
+        return Started(memory, requested.verdict, requested.message)
+    started = replace(memory, transition=requested.state, transition_floor_rps=requested.floor_rps, assumed=None,
+                      transition_keeps_serving=requested.verdict is not StartVerdict.FLOOR_DROPPED)
+    return Started(rebase_sets(started, running), requested.verdict, requested.message)
 
 
 def finished_plan(memory: ReplanMemory, proposal: ProposalStatus | None, *, problem: Problem, predict: Predictor, args_of: ArgsOf,

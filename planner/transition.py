@@ -8,10 +8,12 @@ cluster is an observed value, capacity a caller's function, time an argument; ne
 
 Invariants every step keeps (checked by the property tests):
 - GPUs held (desired or still present, over every set) never exceed max_gpus + surge_gpus;
-- the ready capacity of the serving sets never drops below `floor_rps` because of a step; the floor is
-  fixed when the transition starts, and lowered in one place only: `start_requested`, for a change a person
-  asked for (a spec edit) that no step sequence can make above the full floor — it keeps the highest floor
-  some sequence can hold (0 only when none holds any) and says so;
+- the ready capacity of the serving sets never drops below `floor_rps` because of a step, and never to zero
+  while `keep_serving` (the default); the floor is fixed when the transition starts (for a change a person
+  asked for, at most the target's own capacity), and lowered in one place only: `start_requested`, for a spec
+  edit that no step sequence can make above the full floor, and only as far as the person's `CapacityDrop`
+  allows (the default, Never, lowers nothing: the change is not started and `StartVerdict` says why, with the
+  GPUs a sequence keeping the floor would need);
 - one transition at a time; a step that stays pending or blocked past `ready_timeout_s` rolls back once,
   and a rollback that also times out stops in phase Failed with everything left as it is.
 """
@@ -28,7 +30,7 @@ from .hardware import Precision
 from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
 
 __all__ = [
-    "Mode", "Phase", "Action", "Budget", "ClusterView", "TransitionState", "Step", "Capacity",
+    "Mode", "Phase", "Action", "Budget", "CapacityDrop", "StartVerdict", "ClusterView", "TransitionState", "Step", "Capacity",
     "set_name", "in_place", "start_transition", "start_requested", "Requested", "next_step", "serving_capacity_rps", "run_ideal",
     "layout_to_state", "layout_from_state",
 ]
@@ -57,6 +59,25 @@ class Action(enum.StrEnum):
     DONE = "Done"
 
 
+class CapacityDrop(enum.StrEnum):
+    """How far a change a person asked for may lower the serving floor when no step sequence keeps it
+    (spec.policy.capacityDrop). Changes the operator starts itself (drift) always keep the full floor."""
+
+    NEVER = "Never"            # keep min(load, running capacity) above zero at every step, or do not start
+    ABOVE_ZERO = "AboveZero"   # keep the highest floor some sequence holds, but never zero: something always serves
+    ANY = "Any"                # as AboveZero, down to zero: the service may stop serving during the move
+
+
+class StartVerdict(enum.StrEnum):
+    """What `start_requested` decided, by name."""
+
+    FLOOR_KEPT = "FloorKept"              # started; the full floor holds at every step
+    FLOOR_LOWERED = "FloorLowered"        # started with a lower floor above zero, as CapacityDrop allows
+    FLOOR_DROPPED = "FloorDroppedToZero"  # started with floor zero (CapacityDrop Any): serving may stop during the move
+    FLOOR_WOULD_DROP = "FloorWouldDrop"   # not started: no sequence keeps the floor CapacityDrop requires
+    OVER_BUDGET = "OverBudget"            # not started: no sequence within the GPU budget at all, even at floor zero
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     max_gpus: int
@@ -64,6 +85,11 @@ class Budget:
     floor_rps: float               # min(observed load, capacity of the running layout): never go below
     ready_timeout_s: float = 900.0
     drain_s: float = 60.0
+    keep_serving: bool = True      # the serving capacity stays above zero too (False only for CapacityDrop Any)
+
+    def holds(self, capacity_rps: float) -> bool:
+        """Whether a serving capacity keeps this budget's floor (and, while keep_serving, is above zero)."""
+        return capacity_rps >= self.floor_rps and (capacity_rps > 0 or not self.keep_serving)
 
     @property
     def limit_gpus(self) -> int:
@@ -260,7 +286,7 @@ def _shrink(p: _Pass) -> dict[Role, int] | None:
         extra.sort(key=lambda r: (-counts[r] / max(base.get(r, 1), 1), r.value))
         for r in extra:
             trial = {**counts, r: counts[r] - 1}
-            if p.serving_capacity(name, trial) >= p.budget.floor_rps:
+            if p.budget.holds(p.serving_capacity(name, trial)):
                 counts, changed = trial, True
                 break
         else:
@@ -319,7 +345,7 @@ def next_step(state: TransitionState, view: ClusterView, *, budget: Budget, capa
     if at_goal and s.mode is Mode.IN_PLACE:
         done = replace(s, phase=Phase.DONE, message=f"now running {s.target.label}")
         return Step(Action.DONE, done, message=done.message)
-    if at_goal and p.serving_capacity(serving=(s.to_set,)) >= budget.floor_rps:
+    if at_goal and budget.holds(p.serving_capacity(serving=(s.to_set,))):
         return _mutate(p, Action.ROUTE, serving=(s.to_set,), phase=Phase.DRAINING,
                        message=f"traffic to {s.to_set} ({s.target.label}) only; draining {s.from_set}")
     grown = _grow(p) if not at_goal else None
@@ -363,7 +389,7 @@ def start_transition(current: Layout, target: Layout, *, budget: Budget, capacit
     (the target cannot carry the floor, or the budget and the floor block every step even on an ideal cluster)."""
     if target.gpus > budget.max_gpus:
         raise Infeasible("transition", f"{target.label} needs {target.gpus} GPUs, over the budget of {budget.max_gpus}")
-    if _cap(capacity, target, _counts(target)) < budget.floor_rps:
+    if not budget.holds(_cap(capacity, target, _counts(target))):
         raise Infeasible("transition", f"{target.label} carries less than the floor of {budget.floor_rps:.2f} req/s")
     mode = Mode.IN_PLACE if in_place(current, target) else Mode.SURGE
     old = set_name(current)
@@ -382,38 +408,124 @@ def start_transition(current: Layout, target: Layout, *, budget: Budget, capacit
 
 @dataclass(frozen=True, slots=True)
 class Requested:
-    """A transition a person asked for: its state, the floor it keeps, and why the floor is lower, if it is."""
+    """A change a person asked for, decided: the transition (None when not started), the floor it keeps, and why.
 
-    state: TransitionState
+    `floor_rps` is the floor the started transition keeps (blocked: the full floor it would need);
+    `holdable_rps` the highest floor some sequence within the budget holds (None: no sequence at all);
+    `gpus_needed` the GPUs (hardware.maxGPUs + surge) a sequence keeping the full floor needs (None: no GPU
+    count does, the target itself carries less; equal to the budget's limit when the floor is kept)."""
+
+    verdict: StartVerdict
+    state: TransitionState | None
     floor_rps: float
-    lowered: str = ""     # empty when the full floor is kept
+    full_floor_rps: float
+    holdable_rps: float | None
+    gpus_needed: int | None
+    message: str = ""
+
+    @property
+    def started(self) -> bool:
+        return self.state is not None
+
+    @property
+    def lowered(self) -> str:
+        """The warning for a started transition whose floor is lower than the full one; empty otherwise."""
+        return self.message if self.verdict in (StartVerdict.FLOOR_LOWERED, StartVerdict.FLOOR_DROPPED) else ""
 
 
 FLOOR_SEARCH_STEPS = 8   # bisections of [0, floor] for the highest floor a step sequence can hold (floor/256)
 
 
-def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float) -> Requested:
-    """Start a transition a person asked for (a spec edit), keeping the capacity floor if any sequence can.
-
-    When no step sequence holds `budget.floor_rps` within the GPUs plus surge, the change still goes ahead,
-    with the highest floor some sequence holds (bisection, FLOOR_SEARCH_STEPS rounds; 0 only when none holds
-    any), and `lowered` says by how much capacity may dip. Raise Infeasible when not even floor 0 has a path
-    (e.g. a target over the budget): the caller decides what to do then.
-    """
+def _try_start(current: Layout, target: Layout, budget: Budget, capacity: Capacity, now_s: float) -> TransitionState | None:
     try:
-        return Requested(start_transition(current, target, budget=budget, capacity=capacity, now_s=now_s), budget.floor_rps)
-    except Infeasible as exc:
-        miss = exc.closest_miss
-    state = start_transition(current, target, budget=replace(budget, floor_rps=0.0), capacity=capacity, now_s=now_s)
-    low, high = 0.0, budget.floor_rps
+        return start_transition(current, target, budget=budget, capacity=capacity, now_s=now_s)
+    except Infeasible:
+        return None
+
+
+def _lowest_serving(state: TransitionState, *, budget: Budget, capacity: Capacity, now_s: float) -> float:
+    """The lowest serving capacity along the ideal run of a transition (everything asked for ready at once)."""
+    lowest = _Pass(state, ClusterView(ready={k: dict(v) for k, v in state.desired.items()}), budget, capacity, now_s).serving_capacity()
+    for step in run_ideal(state, budget=budget, capacity=capacity, now_s=now_s):
+        if step.state.phase in (Phase.PROGRESSING, Phase.DRAINING):
+            view = ClusterView(ready={k: dict(v) for k, v in step.state.desired.items()})
+            lowest = min(lowest, _Pass(step.state, view, budget, capacity, now_s).serving_capacity())
+    return lowest
+
+
+def gpus_to_keep_floor(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity) -> int | None:
+    """The fewest GPUs (hardware.maxGPUs + surge, maxGPUs at least the target's) some step sequence keeping the
+    full floor needs; None when no count does (the target carries less than the floor). Both layouts side by side
+    always suffice, so the search ends there."""
+    if not budget.holds(_cap(capacity, target, _counts(target))):
+        return None
+    low = max(budget.limit_gpus, target.gpus)
+    for limit in range(low, max(low, current.gpus + target.gpus) + 1):
+        trial = replace(budget, max_gpus=max(budget.max_gpus, target.gpus), surge_gpus=limit - max(budget.max_gpus, target.gpus))
+        if _try_start(current, target, trial, capacity, 0.0) is not None:
+            return limit
+    return None
+
+
+def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float,
+                    allow: CapacityDrop = CapacityDrop.NEVER) -> Requested:
+    """Decide a change a person asked for (a spec edit): start it keeping the capacity floor if any sequence can.
+
+    The full floor is min(`budget.floor_rps`, the target's capacity): a smaller target is the person's choice, the
+    dip below it on the way is not. When no step sequence holds `budget.floor_rps` (and capacity above zero) within the GPUs plus surge:
+    - `allow` Never: nothing starts (FloorWouldDrop), the running layout keeps serving;
+    - AboveZero: start with the highest floor some sequence holds (bisection, FLOOR_SEARCH_STEPS rounds) if it is
+      above zero (FloorLowered), else nothing starts (FloorWouldDrop);
+    - Any: as AboveZero, and with floor zero when no positive floor holds (FloorDroppedToZero).
+    A target no sequence reaches even at floor zero (e.g. over hardware.maxGPUs) never starts (OverBudget),
+    whatever `allow` says: the GPU budget is not the user's to trade away here. Never raises.
+    """
+    # Ending at the target is what was asked: the move keeps no more than the target itself carries.
+    full = min(budget.floor_rps, _cap(capacity, target, _counts(target)))
+    budget = replace(budget, floor_rps=full)
+    state = _try_start(current, target, budget, capacity, now_s)
+    if state is not None:
+        return Requested(StartVerdict.FLOOR_KEPT, state, full, full, full, budget.limit_gpus)
+    needed = gpus_to_keep_floor(current, target, budget=budget, capacity=capacity)
+    lowest = _try_start(current, target, replace(budget, floor_rps=0.0, keep_serving=False), capacity, now_s)
+    move = f"{current.label} ({current.gpus} GPUs) → {target.label} ({target.gpus} GPUs)"
+    within = f"within {budget.limit_gpus} GPUs (hardware.maxGPUs {budget.max_gpus} + policy.maxSurgeGPUs {budget.surge_gpus})"
+    if needed is None:
+        carries = _cap(capacity, target, _counts(target))
+        need = f"{target.label} itself carries {carries:.2f} req/s, under the floor; no GPU budget keeps it"
+    else:
+        max_gpus = max(budget.max_gpus, target.gpus)
+        raises = ([f"hardware.maxGPUs to {max_gpus}"] if max_gpus > budget.max_gpus else []) + (
+            [f"policy.maxSurgeGPUs to {needed - max_gpus}"] if needed - max_gpus > budget.surge_gpus else [])
+        need = f"keeping it needs {needed} GPUs during the move: raise {' and '.join(raises)}"
+    if lowest is None:
+        why = (f"{target.label} needs {target.gpus} GPUs, over hardware.maxGPUs {budget.max_gpus}" if target.gpus > budget.max_gpus
+               else f"no step sequence reaches it {within}, even at a serving floor of zero")
+        return Requested(StartVerdict.OVER_BUDGET, None, full, full, None, needed, f"{move}: {why}; {need}")
+    low, high, best = 0.0, full, lowest
+    holds_some = False   # whether a sequence holds a floor above zero (and so capacity above zero at every step)
     for _ in range(FLOOR_SEARCH_STEPS):
         mid = (low + high) / 2
-        try:
-            state = start_transition(current, target, budget=replace(budget, floor_rps=mid), capacity=capacity, now_s=now_s)
-        except Infeasible:
+        got = _try_start(current, target, replace(budget, floor_rps=mid), capacity, now_s)
+        if got is None:
             high = mid
-            continue
-        low = mid
-    lowered = (f"no step sequence from {current.label} to {target.label} keeps {budget.floor_rps:.2f} req/s within "
-               f"{budget.limit_gpus} GPUs ({miss}); serving capacity may dip to {low:.2f} req/s")
-    return Requested(state, low, lowered)
+        else:
+            low, best, holds_some = mid, got, True
+    if holds_some:   # the floor the found sequence really keeps (the bisection stops short of it by up to floor/256)
+        kept_rps = _lowest_serving(best, budget=replace(budget, floor_rps=low), capacity=capacity, now_s=now_s)
+        exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s) if kept_rps > low else None
+        if exact is not None:
+            low, best = kept_rps, exact
+    kept = f"the serving floor of {full:.2f} req/s" if full > 0 else "any serving capacity"
+    gap = f"no step sequence from {move} keeps {kept} {within}"
+    if holds_some and allow is not CapacityDrop.NEVER:
+        return Requested(StartVerdict.FLOOR_LOWERED, best, low, full, low, needed,
+                         f"{gap}; policy.capacityDrop {allow.value}: serving capacity may dip to {low:.2f} req/s; {need}")
+    if not holds_some and allow is CapacityDrop.ANY:
+        return Requested(StartVerdict.FLOOR_DROPPED, lowest, 0.0, full, 0.0, needed,
+                         f"{gap}, nor any floor above zero; policy.capacityDrop Any: serving may stop during the move; {need}")
+    holdable = low if holds_some else 0.0
+    options = ("or set policy.capacityDrop to AboveZero to move keeping at least "
+               f"{holdable:.2f} req/s" if holds_some else "or set policy.capacityDrop to Any to move with serving stopped for a while")
+    return Requested(StartVerdict.FLOOR_WOULD_DROP, None, full, full, holdable, needed,
+                     f"{gap} (the most a sequence keeps: {holdable:.2f} req/s); {need}, {options}")

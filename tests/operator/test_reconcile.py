@@ -153,18 +153,90 @@ def test_a_spec_change_replans_and_moves_to_the_new_layout_through_a_transition(
     assert cond(obj, "Progressing")["status"] == "False" and cond(obj, "Ready")["status"] == "True"
 
 
-def test_a_spec_change_with_no_safe_path_replaces_the_workloads_at_once_and_warns() -> None:
+def _blocked_passes(obj: dict[str, Any], cluster: FakeCluster, planner: ScriptedPlanner, *, first: int, passes: int) -> list[Outcome]:
+    """Reconcile a blocked change once a minute, checking after each pass that no running object changed."""
+    running, applies, outs = copy.deepcopy(cluster.objects), cluster.applies, []
+    for i in range(passes):
+        outs.append(run(obj, cluster, planner, minutes=first + i))
+        assert cluster.objects == running and cluster.applies == applies, f"pass {i} changed what runs"
+        assert outs[-1].applied == () and outs[-1].pruned == ()
+    return outs
+
+
+def test_a_spec_change_over_the_gpu_budget_waits_with_everything_running_as_it_was() -> None:
+    # (a) OverBudget: 2P3D@TP4 needs 20 GPUs, over maxGPUs 8; the old operator replaced 4×TP2 by it at once.
     obj, cluster = topology(), FakeCluster()
     planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30), decision(PD, ttft_ms=180, tpot_ms=28, current=REPLICAS_AT_30))
     run(obj, cluster, planner)
+    created = len(cluster.events)
     bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 30})
-    out = run(obj, cluster, planner, minutes=10)   # 2P3D@TP4 needs 20 GPUs: no transition within 8 + 2
-    assert out.pruned == (f"Deployment/llama-8b-{R}-aggregated",)
-    assert f"Deployment/llama-8b-{P}-prefill" in cluster.kinds()
-    assert "TransitionUnsafe" in reasons(cluster)
-    applied = next(e for e in reversed(cluster.events) if e.reason == "PlanApplied")
-    assert applied.message.startswith("changed 4×TP2 → 2P3D@TP4 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms, GPUs 8→20, because")
-    assert [h["layout"] for h in obj["status"]["history"]] == ["4×TP2", "2P3D@TP4"]
+    _blocked_passes(obj, cluster, planner, first=10, passes=4)
+    assert len(planner.problems) == 2   # planned once for the generation; the later passes only look again
+    planned = cond(obj, "Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "TransitionBlocked")
+    assert planned["message"].startswith("OverBudget: keeping 4×TP2 serving as it is; 4×TP2 (8 GPUs) → 2P3D@TP4 (20 GPUs): "
+                                         "2P3D@TP4 needs 20 GPUs, over hardware.maxGPUs 8; keeping it needs ")
+    assert "raise hardware.maxGPUs to 20" in planned["message"]
+    assert cond(obj, "Ready")["status"] == "True" and cond(obj, "Ready")["reason"] == "WorkloadsReady"
+    assert reasons(cluster)[created:] == ["TransitionBlocked"]   # one Warning, not one per pass; nothing started or applied
+    proposal = obj["status"]["proposal"]
+    assert (proposal["layout"], proposal["fromLayout"], proposal["gpus"], proposal["fromGPUs"]) == ("2P3D@TP4", "4×TP2", 20, 8)
+    assert proposal["message"].startswith("would change 4×TP2 → 2P3D@TP4 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms, GPUs 8→20")
+    assert obj["status"]["plan"]["layout"] == "4×TP2" and [h["layout"] for h in obj["status"]["history"]] == ["4×TP2"]
+    assert obj["status"]["summary"]["proposal"] == "2P3D@TP4" and not (obj["status"].get("replan") or {}).get("transition")
+
+
+# (b) maxGPUs 2, no surge: 3×TP1 → 1×TP2 has no step sequence that keeps any capacity serving (the TP2 fits only
+# once every TP1 is gone). The old operator recorded a floor of 0 with a TransitionUnsafe Warning and went ahead.
+TP1X3, TP2X1 = Layout.replicas(3, Parallelism(tp=1)), Layout.replicas(1, Parallelism(tp=2))
+
+
+def _squeezed(capacity_drop: str | None) -> tuple[dict[str, Any], FakeCluster, ScriptedPlanner]:
+    obj, cluster = topology(), FakeCluster()
+    planner = ScriptedPlanner(decision(TP1X3, ttft_ms=300, tpot_ms=30), decision(TP2X1, ttft_ms=200, tpot_ms=25))
+    run(obj, cluster, planner)
+    policy = {**obj["spec"]["policy"], "maxSurgeGPUs": 0} | ({"capacityDrop": capacity_drop} if capacity_drop else {})
+    bump(obj, hardware={**obj["spec"]["hardware"], "maxGPUs": 2}, policy=policy)
+    return obj, cluster, planner
+
+
+def test_a_spec_edit_whose_move_would_stop_serving_is_blocked_by_default_and_names_the_gpus_it_needs() -> None:
+    obj, cluster, planner = _squeezed(None)
+    _blocked_passes(obj, cluster, planner, first=1, passes=3)
+    planned = cond(obj, "Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "TransitionBlocked")
+    message = planned["message"]
+    assert message.startswith("FloorWouldDrop: keeping 3×TP1 serving as it is; no step sequence from 3×TP1 (3 GPUs) → 1×TP2 (2 GPUs) "
+                              "keeps the serving floor of ")
+    assert "within 2 GPUs (hardware.maxGPUs 2 + policy.maxSurgeGPUs 0) (the most a sequence keeps: 0.00 req/s)" in message
+    assert "GPUs during the move: raise policy.maxSurgeGPUs to " in message
+    assert message.endswith("or set policy.capacityDrop to Any to move with serving stopped for a while")
+    assert reasons(cluster).count("TransitionBlocked") == 1 and "TransitionStarted" not in reasons(cluster)
+    assert cond(obj, "Ready")["status"] == "True" and obj["status"]["proposal"]["layout"] == "1×TP2"
+    # The user raises the surge: a new generation, planned again, and the move starts with its full floor.
+    bump(obj, policy={**obj["spec"]["policy"], "maxSurgeGPUs": 2})
+    run(obj, cluster, planner, minutes=10)
+    replan = obj["status"]["replan"]
+    assert replan["transition"]["target"]["roles"]["aggregated"]["tp"] == 2 and replan["transitionFloorRps"] > 0
+    assert replan["transitionKeepsServing"] is True and cond(obj, "Planned")["reason"] == "Planned"
+    assert reasons(cluster).count("TransitionStarted") == 1
+
+
+@pytest.mark.parametrize("capacity_drop", ["AboveZero", None])
+def test_a_move_that_cannot_keep_any_capacity_stays_blocked_unless_capacity_drop_is_any(capacity_drop: str | None) -> None:
+    obj, cluster, planner = _squeezed(capacity_drop)
+    _blocked_passes(obj, cluster, planner, first=1, passes=2)
+    assert cond(obj, "Planned")["reason"] == "TransitionBlocked" and "FloorWouldDrop" in cond(obj, "Planned")["message"]
+
+
+def test_capacity_drop_any_lets_the_move_stop_serving_and_says_so_once() -> None:
+    obj, cluster, planner = _squeezed("Any")
+    settle(obj, cluster, planner, minutes=1)
+    events = reasons(cluster)
+    assert events.count("TransitionFloorDroppedToZero") == 1 and events.count("TransitionStarted") == 1
+    dropped = next(e for e in cluster.events if e.reason == "TransitionFloorDroppedToZero")
+    assert "policy.capacityDrop Any: serving may stop during the move" in dropped.message
+    assert obj["status"]["plan"]["layout"] == "1×TP2" and cluster.gpus_held("default") <= 2
 
 
 def test_dry_run_proposes_with_an_event_and_touches_no_workload() -> None:

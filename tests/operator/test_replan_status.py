@@ -14,7 +14,7 @@ from test_reconcile import PD8, REPLICAS, ScriptedPlanner, bump, cond, decision,
 from servingtopology.operator.replan import ReplanMemory, ReplanStatusError, read_replan_status
 from servingtopology.operator.replan_status import validate_replan_status
 from servingtopology.planner.layout import Layout, Parallelism
-from servingtopology.planner.transition import Budget, start_requested
+from servingtopology.planner.transition import Budget, CapacityDrop, StartVerdict, start_requested
 
 
 def _mid_transition() -> tuple[dict[str, Any], FakeCluster, ScriptedPlanner]:
@@ -97,16 +97,20 @@ def test_a_requested_change_keeps_the_full_floor_when_a_sequence_can() -> None:
     budget = Budget(max_gpus=8, surge_gpus=8, floor_rps=8.0)
     got = start_requested(Layout.replicas(4, Parallelism(tp=2)), Layout.replicas(1, Parallelism(tp=8)), budget=budget,
                           capacity=_toy_capacity, now_s=0.0)
-    assert got.floor_rps == 8.0 and got.lowered == ""
+    assert got.verdict is StartVerdict.FLOOR_KEPT and got.floor_rps == 8.0 and got.lowered == "" and got.gpus_needed == 16
 
 
-def test_a_requested_change_lowers_the_floor_only_as_far_as_it_must() -> None:
+def test_a_requested_change_lowers_the_floor_only_as_far_as_it_must_and_only_when_allowed() -> None:
     # 4×TP2 → 1×TP8 with 2 GPUs of surge: one TP2 instance (2 req/s) can keep serving while the TP8 comes up.
     budget = Budget(max_gpus=8, surge_gpus=2, floor_rps=8.0)
-    got = start_requested(Layout.replicas(4, Parallelism(tp=2)), Layout.replicas(1, Parallelism(tp=8)), budget=budget,
-                          capacity=_toy_capacity, now_s=0.0)
-    assert 1.9 < got.floor_rps <= 2.0
-    assert "keeps 8.00 req/s" in got.lowered and f"may dip to {got.floor_rps:.2f} req/s" in got.lowered
+    current, target = Layout.replicas(4, Parallelism(tp=2)), Layout.replicas(1, Parallelism(tp=8))
+    got = start_requested(current, target, budget=budget, capacity=_toy_capacity, now_s=0.0, allow=CapacityDrop.ABOVE_ZERO)
+    assert got.verdict is StartVerdict.FLOOR_LOWERED and got.floor_rps == 2.0 and got.state is not None
+    assert "keeps the serving floor of 8.00 req/s" in got.lowered and "may dip to 2.00 req/s" in got.lowered
+    assert "keeping it needs 16 GPUs during the move: raise policy.maxSurgeGPUs to 8" in got.lowered
+    held = start_requested(current, target, budget=budget, capacity=_toy_capacity, now_s=0.0)   # the default: Never
+    assert held.verdict is StartVerdict.FLOOR_WOULD_DROP and held.state is None and held.holdable_rps == 2.0
+    assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 2.00 req/s")
 
 
 def test_the_sample_schema_names_every_field_of_the_planners_metric_sample_and_no_other() -> None:

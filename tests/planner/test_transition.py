@@ -14,6 +14,7 @@ from servingtopology.planner.layout import EngineKnobs, Layout, LayoutKind, Para
 from servingtopology.planner.transition import (
     Action,
     Budget,
+    CapacityDrop,
     ClusterView,
     Mode,
     Phase,
@@ -23,8 +24,10 @@ from servingtopology.planner.transition import (
     layout_to_state,
     next_step,
     run_ideal,
+    start_requested,
     start_transition,
 )
+from servingtopology.planner.transition import StartVerdict as V
 
 
 def capacity(layout: Layout) -> float:
@@ -104,8 +107,9 @@ class FakeCluster:
 
 
 def drive(state: TransitionState, cluster: FakeCluster, budget: Budget, *, roundtrip: bool = False, max_ticks: int = 400,
-          tick_s: float = 15.0) -> list[Step]:
-    """Run the planner one step per tick, checking the budget and the floor after every executed step."""
+          tick_s: float = 15.0, gpu_cap: int | None = None) -> list[Step]:
+    """Run the planner one step per tick, checking the budget and the floor after every executed step (GPUs against
+    `gpu_cap` when the running layout already holds more than the budget: a lowered maxGPUs)."""
     now, steps = state.started_s, []
     for _ in range(max_ticks):
         if roundtrip:
@@ -115,8 +119,9 @@ def drive(state: TransitionState, cluster: FakeCluster, budget: Budget, *, round
         step = next_step(state, cluster.view(), budget=budget, capacity=capacity, now_s=now)
         cluster.apply(step)
         steps.append(step)
-        assert cluster.gpus() <= budget.limit_gpus, step.message
+        assert cluster.gpus() <= max(budget.limit_gpus, gpu_cap or 0), step.message
         assert cluster.serving_capacity() >= budget.floor_rps - 1e-9, step.message
+        assert cluster.serving_capacity() > 0 or not budget.keep_serving, step.message
         state = step.state
         if state.phase in (Phase.DONE, Phase.FAILED):
             return steps
@@ -258,3 +263,54 @@ def test_a_restarted_operator_resumes_from_any_intermediate_status(current, targ
     steps = drive(resumed, cluster, budget) if resumed.phase is not Phase.DONE else [Step(Action.DONE, resumed)]
     assert steps[-1].state.phase is Phase.DONE
     assert cluster.desired == {state.to_set: {r: rl.count for r, rl in target.roles.items()}}
+
+
+@settings(max_examples=80, deadline=None)
+@given(current=layouts, target=layouts, max_gpus=st.integers(1, 12), surge=st.integers(0, 8), load=st.floats(0.0, 40.0),
+       allow=st.sampled_from(list(CapacityDrop)), seed=st.integers(0, 1000))
+def test_a_requested_change_starts_only_as_the_capacity_drop_policy_allows_and_then_keeps_what_it_promised(
+        current, target, max_gpus, surge, load, allow, seed):
+    """start_requested's verdicts: each started move reaches its target within the GPU budget, keeping the floor it
+    recorded (and capacity above zero unless it dropped to zero under Any); a floor below the full one only when the
+    policy allows it; nothing started otherwise, with the GPUs a move keeping the full floor would need."""
+    budget = Budget(max_gpus=max_gpus, surge_gpus=surge, floor_rps=min(load, capacity(current)))
+    got = start_requested(current, target, budget=budget, capacity=capacity, now_s=0.0, allow=allow)
+    full = min(budget.floor_rps, capacity(target))
+    assert got.full_floor_rps == full and got.started == (got.state is not None)
+    assert (got.verdict is V.OVER_BUDGET) == (got.holdable_rps is None)
+    if target.gpus > max_gpus:
+        assert got.verdict is V.OVER_BUDGET and not got.started
+    if got.verdict is V.FLOOR_KEPT:
+        assert got.floor_rps == full and got.message == ""
+    elif got.verdict is V.FLOOR_LOWERED:
+        assert allow is not CapacityDrop.NEVER and 0 < got.floor_rps < full
+    elif got.verdict is V.FLOOR_DROPPED:
+        assert allow is CapacityDrop.ANY and got.floor_rps == 0
+    else:
+        assert not got.started and got.message
+    if got.gpus_needed is not None:   # the figure the blocked message quotes does keep the full floor
+        wide = Budget(max_gpus=max(max_gpus, target.gpus), surge_gpus=got.gpus_needed - max(max_gpus, target.gpus), floor_rps=full)
+        start_transition(current, target, budget=wide, capacity=capacity, now_s=0.0)
+    if got.state is None:
+        return
+    kept = Budget(max_gpus=max_gpus, surge_gpus=surge, floor_rps=got.floor_rps, keep_serving=got.verdict is not V.FLOOR_DROPPED)
+    cluster = FakeCluster(got.state.from_set, current, seed=seed)
+    steps = drive(got.state, cluster, kept, gpu_cap=current.gpus)
+    assert steps[-1].state.phase is Phase.DONE
+    assert cluster.desired == {got.state.to_set: {r: rl.count for r, rl in target.roles.items()}}
+
+
+def test_a_floor_of_zero_still_keeps_something_serving_unless_the_budget_lets_it_stop():
+    # maxGPUs 2, no surge, 3×TP1 → 1×TP2: the TP2 fits only once every TP1 is gone.
+    current, target = replicas(3), replicas(1, tp=2)
+    with pytest.raises(Infeasible):
+        start_transition(current, target, budget=Budget(2, 0, floor_rps=0.0), capacity=capacity, now_s=0)
+    state = start_transition(current, target, budget=Budget(2, 0, floor_rps=0.0, keep_serving=False), capacity=capacity, now_s=0)
+    assert run_ideal(state, budget=Budget(2, 0, floor_rps=0.0, keep_serving=False), capacity=capacity, now_s=0)[-1].state.phase is Phase.DONE
+    got = start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0)
+    assert got.verdict is V.FLOOR_WOULD_DROP and got.holdable_rps == 0.0 and got.gpus_needed == 4
+    assert "keeping it needs 4 GPUs during the move: raise policy.maxSurgeGPUs to 2" in got.message
+    assert start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0,
+                           allow=CapacityDrop.ABOVE_ZERO).verdict is V.FLOOR_WOULD_DROP
+    assert start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0,
+                           allow=CapacityDrop.ANY).verdict is V.FLOOR_DROPPED
