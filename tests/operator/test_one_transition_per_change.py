@@ -139,3 +139,33 @@ def test_the_pass_that_declares_a_transition_shows_ready_as_the_serving_floor_he
     assert obj["status"]["replan"]["transition"], "the change declared no transition"
     ready = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("True", "ServingFloorHeld"), ready
+
+
+def test_a_blocked_change_posts_one_warning_and_changes_nothing_through_duplicated_and_stale_passes() -> None:
+    # Pinned 3×TP1, then pinned 1×TP2 with maxGPUs 2 and no surge: the TP2 fits only once every TP1 is gone, so the
+    # move would stop serving (policy.capacityDrop defaults to Never): TransitionBlocked, the old operator went ahead.
+    k = Kopf()
+    k.obj["spec"]["policy"]["mode"] = "Pinned"
+    k.obj["spec"]["pinned"] = {"kind": "replicas", "replicas": 3, "tp": 1}
+    k.run(5, trigger="create")
+    running = deployments(k.cluster)
+    assert k.obj["status"]["plan"]["layout"] == "3×TP1" and running
+    stale_spec = copy.deepcopy(k.obj)
+    k.obj["spec"]["hardware"]["maxGPUs"] = 2
+    k.obj["spec"]["policy"]["maxSurgeGPUs"] = 0
+    k.obj["spec"]["pinned"] = {"kind": "replicas", "replicas": 1, "tp": 2}
+    k.obj["metadata"]["generation"] += 1
+    k.version += 1
+    k.obj["metadata"]["resourceVersion"] = str(k.version)
+    k.tick("update", stale_spec, write_late=False)
+    k.run(10)
+    assert deployments(k.cluster) == running and k.undeclared == []
+    reasons = [e.reason for e in k.cluster.events]
+    assert reasons.count("TransitionBlocked") == 1 and "TransitionStarted" not in reasons, reasons
+    planned = next(c for c in k.obj["status"]["conditions"] if c["type"] == "Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "TransitionBlocked")
+    assert planned["message"].startswith("FloorWouldDrop: keeping 3×TP1 serving as it is; no step sequence from 3×TP1 (3 GPUs) → "
+                                         "1×TP2 (2 GPUs) keeps the serving floor of ")
+    assert "keeping it needs 4 GPUs during the move: raise policy.maxSurgeGPUs to 2" in planned["message"]
+    assert k.obj["status"]["proposal"]["layout"] == "1×TP2" and k.obj["status"]["plan"]["layout"] == "3×TP1"
+    assert k.rt.planner.calls == 2   # once per generation: the blocked passes look again without planning again
