@@ -96,6 +96,14 @@ class ModelArch:
     index_head_dim: int = 0
     index_topk: int = 0
     num_indexer_layers: int = 0  # layers that keep their own indexer key cache
+    # Compressed sparse attention (DeepSeek-V4 `compress_ratios`): every layer keeps a window of one shared K=V vector of
+    # `head_dim` per token, and a layer of ratio r > 1 also one compressed entry per r tokens (vLLM deepseek_v4
+    # attention.py: MLAAttentionSpec with tokens_per_state = r); its indexer keys (ratio-4 layers) one per r tokens too.
+    compressed_kv_values_per_token: float = 0.0  # sum over layers of head_dim / r
+    compressed_indexer_keys_per_token: float = 0.0  # sum over indexer layers of 1 / r
+    kv_shared_vector: bool = False  # K and V are one cached vector (MQA-style latent): one vector per token, not two
+    o_lora_rank: int = 0  # low-rank grouped output projection (wo_a per group, then wo_b)
+    o_groups: int = 0
     # Sliding-window layers keep at most `sliding_window` tokens; fixed-state layers keep a state per sequence.
     sliding_window: int = 0
     num_sliding_layers: int = 0
@@ -160,9 +168,13 @@ class ModelArch:
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
             o = self.num_heads * self.v_head_dim * h
             return q + kv + o
-        q = h * self.num_heads * self.head_dim * (2 if self.attn_output_gate else 1)
-        kv = 2 * h * self.num_kv_heads * self.head_dim
-        o = self.num_heads * self.head_dim * h
+        q_out = self.num_heads * self.head_dim * (2 if self.attn_output_gate else 1)
+        q = (h * self.q_lora_rank + self.q_lora_rank * q_out) if self.q_lora_rank else h * q_out
+        kv = (1 if self.kv_shared_vector else 2) * h * self.num_kv_heads * self.head_dim
+        if self.o_lora_rank:  # vLLM deepseek_v4 wo_a (heads x head_dim -> groups x o_lora, grouped) and wo_b
+            o = self.num_heads * self.head_dim * self.o_lora_rank + max(self.o_groups, 1) * self.o_lora_rank * h
+        else:
+            o = self.num_heads * self.head_dim * h
         return q + kv + o
 
     @property
@@ -246,6 +258,11 @@ class ModelArch:
         lm_head = self.vocab_size * self.hidden_size
         body = self.non_expert_params - self.embedding_params
         return body + self.num_moe_layers * self.experts_per_token * self.expert_params + lm_head
+
+    @property
+    def indexer_keys_per_token(self) -> float:
+        """Indexer key entries cached per context token, over all indexer layers (compressed layers keep one per r)."""
+        return self.compressed_indexer_keys_per_token if self.compressed_kv_values_per_token else float(self.num_indexer_layers)
 
     @property
     def kv_latent_dim(self) -> int:

@@ -75,7 +75,7 @@ _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv"
 
 
 # Token ids and scalar multipliers (muP, routing scales) never change weights, FLOPs or cache bytes.
-_SCALAR_SUFFIXES = ("_token_id", "_token_ids", "_token_index", "_multiplier", "_multipliers", "_scaling_factor")
+_SCALAR_SUFFIXES = ("_token_id", "_token_ids", "_token_index", "_multiplier", "_multipliers", "_scaling_factor", "_rope_theta")
 
 
 class _Reader:
@@ -392,12 +392,30 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         warnings.append(f"num_attention_heads_per_layer has {len(per_layer_heads) if isinstance(per_layer_heads, list) else '?'} "
                         f"entries for {len(mix)} layers; num_attention_heads {heads} was used for every layer")
     kv_lora = r.num("kv_lora_rank")
+    compressed_values, compressed_index_keys, compressed_index_layers = 0.0, 0.0, -1
+    ratios = r.get("compress_ratios")
+    if isinstance(ratios, list) and len(ratios) >= len(mix) and not kv_lora:
+        # DeepSeek-V4 (vLLM models/deepseek_v4/attention.py): a window of `sliding_window` tokens in every layer, one
+        # compressed head_dim entry per r tokens in layers of ratio r > 1, an indexer in the ratio-4 layers; the list may
+        # carry the MTP layer's ratio after the decoder layers'.
+        rs = [int(x) for x in ratios[:len(mix)]]
+        compressed_values = sum(head_dim / x for x in rs if x > 1)
+        compressed_index_layers = sum(1 for x in rs if x == 4)
+        compressed_index_keys = sum(1 / x for x in rs if x == 4)
+        assumptions.append(f"compress_ratios: {sum(1 for x in rs if x > 1)} layers keep one {head_dim}-value entry per "
+                           f"{'/'.join(str(x) for x in sorted({x for x in rs if x > 1}))} tokens beside their window, "
+                           f"{compressed_index_layers} with an indexer (vLLM deepseek_v4)")
+    elif ratios is not None:
+        warnings.append(f"compress_ratios has {len(ratios) if isinstance(ratios, list) else '?'} entries for {len(mix)} layers "
+                        "and was not used: compressed attention not priced")
     index_topk = r.num("index_topk")
     indexer_types = r.get("indexer_types")
     n_attention = sum(1 for m in mix if m in ("full", "sliding", "parallel"))
     n_indexer = 0
     if index_topk > 0:
         n_indexer = sum(1 for t in indexer_types if str(t).lower() == "full") if isinstance(indexer_types, list) else n_attention
+        if compressed_index_layers >= 0:
+            n_indexer = compressed_index_layers
         assumptions.append(f"sparse attention: each query reads its top {index_topk} tokens; the indexer keeps its own FP8 key "
                            f"cache in {n_indexer} layers")
     mtp = r.num("num_nextn_predict_layers", "mtp_num_hidden_layers")
@@ -428,6 +446,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         kv_lora_rank=kv_lora, qk_rope_head_dim=r.num("qk_rope_head_dim"), qk_nope_head_dim=r.num("qk_nope_head_dim"),
         v_head_dim=r.num("v_head_dim"), q_lora_rank=r.num("q_lora_rank"), attn_output_gate=bool(r.get("attn_output_gate", default=False)),
         query_heads_total=query_heads_total,
+        compressed_kv_values_per_token=compressed_values, compressed_indexer_keys_per_token=compressed_index_keys,
+        kv_shared_vector=compressed_index_layers >= 0, o_lora_rank=r.num("o_lora_rank"), o_groups=r.num("o_groups"),
         index_n_heads=r.num("index_n_heads") if index_topk else 0, index_head_dim=r.num("index_head_dim") if index_topk else 0,
         index_topk=index_topk, num_indexer_layers=n_indexer,
         sliding_window=window, num_sliding_layers=sum(1 for m in mix if m == "sliding"),

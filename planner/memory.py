@@ -112,16 +112,25 @@ def kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num 
     vLLM MLAAttentionSpec with one KV head). DSA indexer: its FP8 key per token in each indexer layer.
     Sliding-window and fixed-state layers do not grow with context: see `fixed_bytes_per_seq`.
     """
-    indexer = model.num_indexer_layers * model.index_head_dim * INDEXER_KEY_BYTES_PER_DIM / pp + 0 * tp
+    indexer = model.indexer_keys_per_token * model.index_head_dim * INDEXER_KEY_BYTES_PER_DIM / pp + 0 * tp
     if model.is_mla:
         return model.num_attention_layers / pp * _mla_bytes_per_layer(model, kv_dtype) + indexer
     heads = np.maximum(1, model.num_kv_heads // tp)
-    return 2 * (model.num_full_attention_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value + indexer
+    compressed = model.compressed_kv_values_per_token / pp * _compressed_bytes_per_value(kv_dtype)
+    return 2 * (model.num_full_attention_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value + indexer + compressed
+
+
+def _compressed_bytes_per_value(kv_dtype: KvDtype) -> float:
+    """Compressed-attention entries (DeepSeek-V4): in the model dtype, or vLLM's fp8_ds_mla layout under FP8 (448 FP8
+    NoPE bytes, 128 bytes of BF16 RoPE and an 8-byte scale per 512-value entry: 584 bytes, vLLM deepseek_v4
+    attention.py `state_content_bytes`)."""
+    return 584.0 / 512.0 if kv_dtype is KvDtype.FP8 else float(kv_dtype.bytes_per_value)
 
 
 def _sliding_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> Num:
     heads = np.maximum(1, model.num_kv_heads // tp)
-    return 2 * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value
+    vectors = 1 if model.kv_shared_vector else 2  # a shared K=V latent (DeepSeek-V4's window) is one vector a token
+    return vectors * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value
 
 
 def sliding_kv_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:

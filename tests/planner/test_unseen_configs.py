@@ -57,6 +57,7 @@ PUBLISHED = [
     ("qwen2-0.5b", 0.49, None, 0.02),              # Qwen2 card: 0.49B
     ("falcon-h1-0.5b", 0.52, None, 0.02),          # tiiuae/Falcon-H1-0.5B: 0.52B in its safetensors
     ("dbrx-instruct-mlx-4bit", 132.0, 36.0, 0.01), # Databricks: DBRX 132B total, 36B active
+    ("deepseek-v4-flash", 284.0, 13.0, 0.01),      # DeepSeek-V4-Flash: 284B total, 13B activated
 ]
 
 
@@ -177,11 +178,26 @@ def test_fields_that_do_not_shape_a_model_give_no_warnings():
     assert from_hf_config(cfg).shared_expert_params_per_layer == 3 * 4096 * 2560
 
 
-def test_an_attention_kind_the_reader_does_not_know_is_named_not_silently_priced():
-    """DeepSeek-V4-Flash's compressed attention (`compress_ratios` per layer, `o_lora_rank`, hash-routed layers) is not
-    modelled (docs/models.md): the warnings name each field it could not use."""
+def test_compressed_sparse_attention_caches_one_entry_per_r_tokens():
+    """DeepSeek-V4-Flash (vLLM models/deepseek_v4/attention.py): every layer keeps a 128-token window of one shared
+    512-value K=V vector; a layer of compress ratio r > 1 also one 512-value entry per r tokens (MLAAttentionSpec with
+    tokens_per_state = r: 2 bytes a value in BF16, vLLM's fp8_ds_mla 584 bytes an entry under FP8); the 21 ratio-4 layers
+    keep indexer keys (128 FP8 values + an FP32 scale) per 4 tokens. q and o are low-rank (q_lora_rank, o_lora_rank in
+    o_groups). Old main read it as plain attention: 291.3B total, 20.3B active, 5,676 bytes a token."""
     m = load("deepseek-v4-flash")
-    for field in ("compress_ratios", "o_lora_rank", "o_groups", "num_hash_layers"):
+    ratios = raw("deepseek-v4-flash")["compress_ratios"][:43]
+    fours, one28s = ratios.count(4), ratios.count(128)
+    assert (fours, one28s) == (21, 20) and m.num_indexer_layers == 21
+    indexer = fours * (128 + 4) / 4
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == pytest.approx(fours * 512 * 2 / 4 + one28s * 512 * 2 / 128 + indexer)
+    assert kv_bytes_per_token(m, KvDtype.FP8, tp=1) == pytest.approx(fours * 584 / 4 + one28s * 584 / 128 + indexer)
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=8) == kv_bytes_per_token(m, KvDtype.AUTO, tp=1)  # one head, replicated
+    assert fixed_bytes_per_seq(m, KvDtype.AUTO, tp=1, pp=1) == 43 * 512 * BF16 * (128 + 16)  # the window: one vector a token
+    h, heads, d = 4096, 64, 512
+    attention = h * 1024 + 1024 * heads * d + h * d + heads * d * 1024 + 8 * 1024 * h
+    assert m.attention_params_per_layer == attention
+    # What it still does not use is named: the FP4 expert storage and the hash-routed layers.
+    for field in ("expert_dtype", "num_hash_layers"):
         assert any(repr(field) in w for w in m.warnings), field
 
 
