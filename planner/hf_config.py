@@ -29,7 +29,7 @@ _WRAPPERS = ("text_config", "language_config", "llm_config", "text_model_config"
 _NEUTRAL = frozenset({
     "architectures", "model_type", "auto_map", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "initializer_range", "rope_theta", "rope_scaling",
-    "rope_parameters", "partial_rotary_factor", "rotary_dim", "rope_interleave", "rotary_pct", "rotary_emb_base",
+    "rope_parameters", "original_max_position_embeddings", "partial_rotary_factor", "rotary_dim", "rope_interleave", "rotary_pct", "rotary_emb_base",
     "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "use_cache", "attention_bias",
     "mlp_bias", "use_bias", "bias", "norm_topk_prob", "scoring_func", "topk_method", "n_group", "topk_group",
     "routed_scaling_factor", "aux_loss_alpha", "router_aux_loss_coef", "output_router_logits", "seq_aux", "ep_size",

@@ -58,6 +58,8 @@ PUBLISHED = [
     ("falcon-h1-0.5b", 0.52, None, 0.02),          # tiiuae/Falcon-H1-0.5B: 0.52B in its safetensors
     ("dbrx-instruct-mlx-4bit", 132.0, 36.0, 0.01), # Databricks: DBRX 132B total, 36B active
     ("deepseek-v4-flash", 284.0, 13.0, 0.01),      # DeepSeek-V4-Flash: 284B total, 13B activated
+    ("exaone-4.0-32b-fp8", 32.0, None, 0.01),      # EXAONE 4.0 32B (card: 30.95B without embeddings)
+    ("phi-3-mini-4k", 3.8, None, 0.01),            # Phi-3-mini: 3.8B
 ]
 
 
@@ -235,3 +237,21 @@ def test_a_plain_gelu_mlp_is_two_matrices_where_the_models_code_says_so():
 def test_the_other_two_matrix_mlp_model_types(model_type):
     cfg = {"model_type": model_type, "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}
     assert from_hf_config(cfg).dense_ffn_params_per_layer == 2 * 256 * 1024
+
+
+def test_a_sliding_pattern_with_an_fp8_block_checkpoint_and_a_window_shorter_than_the_context():
+    """EXAONE-4.0-32B-FP8: `sliding_window_pattern` 4 (transformers Exaone4Config layer_types, which vLLM exaone4.py
+    reads: every 4th layer global) and an FP8 128x128 block checkpoint on every Linear; Phi-3-mini-4k: a 2047-token
+    `sliding_window` and no layer list, which vLLM applies to every layer (Attention falls back to
+    cache_config.sliding_window)."""
+    ex = load("exaone-4.0-32b-fp8")
+    assert (ex.num_full_attention_layers, ex.num_sliding_layers, ex.sliding_window) == (16, 48, 4096)
+    assert kv_bytes_per_token(ex, KvDtype.AUTO, tp=1) == full_attention_bytes(16, 8, 128, BF16)
+    assert (ex.total_params - ex.embedding_params) / 1e9 == pytest.approx(30.95, abs=0.01)  # the card's own figure
+    h = 5120
+    gemms = 64 * (2 * h * 40 * 128 + 2 * h * 8 * 128 + 3 * h * 27392)
+    assert weight_bytes_total(ex, Precision.FP8) == pytest.approx(gemms * (1 + 4 / 128**2) + 2 * 102400 * h * 2)
+    phi = load("phi-3-mini-4k")
+    assert (phi.num_sliding_layers, phi.sliding_window) == (32, 2047) and kv_bytes_per_token(phi, KvDtype.AUTO, tp=1) == 0
+    assert fixed_bytes_per_seq(phi, KvDtype.AUTO, tp=1, pp=1) == full_attention_bytes(32, 32, 96, BF16) * (2047 + 16)
+    assert phi.warnings == ()
