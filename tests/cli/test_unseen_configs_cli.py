@@ -27,6 +27,11 @@ ROWS = [
     ("zai-org/GLM-4.7", "glm-4.7", "h200_sxm", "bf16", "bf16", "bf16", 8, 8),
     ("mistralai/Mixtral-8x22B-Instruct-v0.1", "mixtral-8x22b", "h100_sxm", "bf16", "bf16", "bf16", 8, 1),
     ("stepfun-ai/Step-3.7-Flash", "step-3.7-flash", "h200_sxm", "bf16", "bf16", "bf16", 4, 4),
+    ("databricks/dbrx-instruct", "dbrx-instruct-mlx-4bit", "h200_sxm", "bf16", "bf16", "bf16", 4, 1),  # refused on old main
+    ("bigcode/starcoder2-15b", "starcoder2-15b", "h100_sxm", "bf16", "bf16", "bf16", 1, 1),
+    ("deepseek-ai/DeepSeek-V4-Flash", "deepseek-v4-flash", "h200_sxm", "bf16", "bf16", "bf16", 8, 8),
+    ("LGAI-EXAONE/EXAONE-4.0-32B-FP8", "exaone-4.0-32b-fp8", "h100_sxm", "fp8", "fp8_block", "fp8_block", 2, 1),
+    ("microsoft/Phi-3-mini-4k-instruct", "phi-3-mini-4k", "h100_sxm", "bf16", "bf16", "bf16", 1, 1),
 ]
 
 
