@@ -60,7 +60,6 @@ OUT = ROOT / "planner" / "data" / "perf_params.json"
 BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_eff_max": (0.2, 0.95),
     "gemm_half_tokens": (1.0, 1024.0),
-    "fp8_eff_scale": (0.3, 1.0),
     "fp4_eff_scale": (0.2, 1.0),
     "moe_eff_scale": (0.1, 1.0),
     "mem_eff": (0.3, 0.95),
@@ -85,12 +84,13 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "sglang_ttft_s_per_input_token": (1e-8, 2e-4),
     "result_delay_steps": (0.01, 5.0),
     "pd_admission_steps": (0.01, 30.0),
-    "arrival_burst": (0.0, 1.0),
     "queue_factor": (0.1, 20.0),
 }
-_FLOOR = {"arrival_burst": 1e-3}
-# Declared, not fitted: the benchmark length where a caller does not state one (planner.calibration.UNSTATED's 10).
-DECLARED = {"bench_requests_per_client": 10.0}
+_FLOOR: dict[str, float] = {}
+# Declared, not fitted (a fold that cannot pin a parameter must fall back to a sourced value, not drift): the
+# benchmark length where a caller does not state one (planner.calibration.UNSTATED's 10), the FP8 GEMM share and
+# the steady-state prompt collisions (sources beside their PerfParams defaults in planner/perf.py).
+DECLARED = {"bench_requests_per_client": 10.0, "fp8_eff_scale": PerfParams().fp8_eff_scale, "arrival_burst": PerfParams().arrival_burst}
 
 
 def _to_params(x: np.ndarray, base: PerfParams, names: list[str]) -> PerfParams:
