@@ -45,6 +45,12 @@ def funnel_json(stages: tuple[FunnelStage, ...] | list[FunnelStage]) -> list[dic
             for s in stages]
 
 
+def _tok_s_per_gpu(capacity_rps: float, out_tokens: float, gpus: int) -> float:
+    """Output tokens/s per GPU at the SLO capacity, rounded once (to 0.1) so the JSON and the table print one figure:
+    the table's whole number comes from this value, never from the raw float (3149.46 → 3149.5 → "3150" in both)."""
+    return round(capacity_rps * out_tokens / max(gpus, 1), 1)
+
+
 def candidate_json(problem: Problem, c: Candidate, spec: PlanSpec | None = None) -> dict[str, Any]:
     """One candidate in `plan --json`: keys in snake_case; `layout_spec` is the spec's `layout:` block (in the spec's
     camelCase field names) so that a plan can be pinned by pasting it; `engine_commands` (with `spec`) are the
@@ -58,7 +64,7 @@ def candidate_json(problem: Problem, c: Candidate, spec: PlanSpec | None = None)
         "kv_cache_dtype": next(iter(c.layout.roles.values())).knobs.kv_dtype.value,
         "prediction": {
             "ttft_ms": round(p.ttft_ms, 3), "tpot_ms": round(p.tpot_ms, 3), "throughput_tok_s": round(p.throughput_tok_s, 1),
-            "slo_capacity_rps": round(p.capacity_rps, 3), "slo_capacity_tok_s_per_gpu": round(p.capacity_rps * out_tokens / max(c.layout.gpus, 1), 1),
+            "slo_capacity_rps": round(p.capacity_rps, 3), "slo_capacity_tok_s_per_gpu": _tok_s_per_gpu(p.capacity_rps, out_tokens, c.layout.gpus),
             "goodput_rps": round(p.goodput_rps, 3), "goodput_per_gpu": round(p.goodput_per_gpu, 4),
             "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
             "kv_pool_tokens": p.kv_pool_tokens, "max_request_tokens": p.max_request_tokens, "meets_slo": p.meets_slo, "source": p.source,
@@ -112,7 +118,7 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
     for i, c in enumerate((d.best, *d.alternatives)):
         p = c.prediction
         print(f"{i + 1:>2} {c.layout.label:<28} {c.layout.gpus:>4} {p.ttft_ms:>13.0f} {p.tpot_ms:>13.1f} {p.tokens_per_s_per_user:>10.1f} "
-              f"{p.capacity_rps:>14.1f} {p.goodput_per_gpu:>9.2f} {p.capacity_rps * out_tokens / max(c.layout.gpus, 1):>9.0f} {p.source:>10}")
+              f"{p.capacity_rps:>14.1f} {p.goodput_per_gpu:>9.2f} {_tok_s_per_gpu(p.capacity_rps, out_tokens, c.layout.gpus):>9.0f} {p.source:>10}")
     print(f"   at the load of {problem.workload.arrival_rate_rps:g} req/s; tok/s/user = 1000 / mean TPOT ms; SLO cap. = the highest load "
           "within both SLOs;\n   req/s/GPU and tok/s/GPU (output tokens) at that capacity, per GPU")
     print()

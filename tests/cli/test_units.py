@@ -33,3 +33,14 @@ def test_sweep_table_headers_have_units(tmp_path, capsys):
     header = capsys.readouterr().out.splitlines()[1]
     for unit in ("clients", "out tok/s/GPU", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "goodput req/s"):
         assert unit in header
+
+
+def test_the_table_and_the_json_round_tok_s_per_gpu_from_one_figure():
+    # 3149.46 tok/s/GPU: the JSON keeps 3149.5 (→ 3150 when read back as a whole number) while formatting the raw
+    # float gave "3149" in the table; both now come from the one rounded figure.
+    from servingtopology.cli.plan import _tok_s_per_gpu
+
+    for raw in (3149.46, 3150.54, 2.449, 10.05, 999.95):
+        fig = _tok_s_per_gpu(raw, 1.0, 1)
+        assert f"{fig:.0f}" == str(round(fig))
+    assert f"{_tok_s_per_gpu(3149.46, 1.0, 1):.0f}" == "3150"
