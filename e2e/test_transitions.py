@@ -354,3 +354,43 @@ def test_the_demo_drifts_from_4_to_30_rps_replans_within_five_minutes_and_comple
         assert demo_s <= PROMISED_S, demo_s
     finally:
         emulator.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
+
+
+def test_a_move_that_would_stop_serving_is_blocked_and_leaves_every_workload_as_it_was(
+        cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
+    """TransitionBlocked: Pinned 3×TP1, then pinned 1×TP2 with maxGPUs 2 and no surge. The TP2 fits only once every TP1
+    is gone, so the move would stop serving; with policy.capacityDrop at its default (Never) nothing starts: the
+    Deployments keep their generation and replicas, Planned=False names the GPUs the move needs, one Warning Event.
+    Every check is of a state, never of a duration (the waits only bound how long the operator may take)."""
+    obj = topology("blocked", namespace, prometheus_url=None, mode="Pinned", max_gpus=8, max_surge_gpus=0)
+    obj["spec"]["pinned"] = {"kind": "replicas", "replicas": 3, "tp": 1}
+    _apply(cluster, obj)
+    wait_until(lambda: _settled(kube, namespace, "blocked"), timeout_s=180, what="Pinned 3×TP1 settled", on_timeout=operator.log_tail)
+    before = _deployments(kube, namespace, "blocked")
+    with PodSampler(cluster.kubeconfig, namespace, "blocked") as sampler:
+        _patch_spec(cluster, namespace, "blocked", {"hardware": {"maxGPUs": 2}, "pinned": {"replicas": 1, "tp": 2}})
+        generation = kube.topology(namespace, "blocked")["metadata"]["generation"]
+
+        def blocked() -> bool:
+            planned = kube.condition(namespace, "blocked", "Planned") or {}
+            return planned.get("reason") == "TransitionBlocked" and planned.get("observedGeneration") == generation
+
+        wait_until(blocked, timeout_s=120, what="Planned=False TransitionBlocked", on_timeout=operator.log_tail)
+        # The passes after the blocking one (the next timer pass, a requeue) look again and change nothing either.
+        seen = len(sampler.samples)
+        wait_until(lambda: len(sampler.samples) >= seen + 20, timeout_s=120, what="20 pod samples after the block")
+    planned = kube.condition(namespace, "blocked", "Planned") or {}
+    assert planned.get("status") == "False", planned
+    assert planned["message"].startswith("FloorWouldDrop: keeping 3×TP1 serving as it is; no step sequence from 3×TP1 (3 GPUs) → "
+                                         "1×TP2 (2 GPUs) keeps the serving floor of "), planned
+    assert "keeping it needs 4 GPUs during the move: raise policy.maxSurgeGPUs to 2" in planned["message"], planned
+    assert _deployments(kube, namespace, "blocked") == before, (before, _deployments(kube, namespace, "blocked"))
+    status = kube.topology(namespace, "blocked")["status"]
+    assert status["plan"]["layout"] == "3×TP1" and status["proposal"]["layout"] == "1×TP2", status
+    assert (kube.condition(namespace, "blocked", "Ready") or {}).get("status") == "True"
+    warnings = [e for e in kube.events(namespace, reason="TransitionBlocked") if e["involvedObject"]["name"] == "blocked"]
+    assert sum(int(e.get("count") or 1) for e in warnings) == 1, warnings
+    assert not [e for e in kube.events(namespace, reason="TransitionStarted") if e["involvedObject"]["name"] == "blocked"]
+    floor = sampler.samples[0].ready_serving_pods
+    assert floor == 3 and sampler.min_ready_after_first_serving() >= floor and sampler.max_gpus_held() <= 3, sampler.samples[-1]
+    print(f"\nblocked: {planned['message'][:160]}…; {len(sampler.samples)} samples, Deployments unchanged {before}")

@@ -632,14 +632,32 @@ class ObservedStatus(_Api):
     inputTokensMean: float | None = Field(default=None, description="measured mean prompt length, in tokens")
     outputTokensMean: float | None = Field(default=None, description="measured mean generated length, in tokens")
     prefixHitRate: float | None = Field(default=None, description="measured fraction of prompt tokens served from the prefix cache")
-    ttftMsP95: float | None = Field(default=None, description="measured p95 time to first token, in ms")
-    tpotMsP95: float | None = Field(default=None, description="measured p95 time per output token, in ms")
+    ttftMs: float | None = Field(default=None, description="measured time to first token at ttftPercentile, in ms")
+    ttftPercentile: float | None = Field(default=None, gt=0, lt=100, description="the percentile ttftMs is measured at "
+                                         "(spec.slo's TTFT percentile, e.g. 95); absent on figures read from status written "
+                                         "before it existed (ttftMsP95, which held this percentile too)")
+    tpotMs: float | None = Field(default=None, description="measured time per output token at tpotPercentile, in ms")
+    tpotPercentile: float | None = Field(default=None, gt=0, lt=100, description="the percentile tpotMs is measured at "
+                                         "(spec.slo's TPOT percentile)")
     ttftError: float | None = Field(default=None, description="observed/predicted - 1")
     tpotError: float | None = Field(default=None, description="observed/predicted - 1")
     predictedTtftMs: float | None = Field(default=None, description="the running layout's TTFT predicted at the observed workload "
                                           "(uncalibrated): what ttftError compares the measurement with")
     predictedTpotMs: float | None = Field(default=None, description="the running layout's TPOT predicted at the observed workload "
                                           "(uncalibrated): what tpotError compares the measurement with")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_old_names(cls, data: Any) -> Any:
+        """Status written before the rename named the SLO-percentile figures ttftMsP95 / tpotMsP95 whatever the
+        percentile was; read them as ttftMs / tpotMs with the percentile unknown."""
+        if isinstance(data, dict) and ("ttftMsP95" in data or "tpotMsP95" in data):
+            data = dict(data)
+            for old, new in (("ttftMsP95", "ttftMs"), ("tpotMsP95", "tpotMs")):
+                if old in data:
+                    value = data.pop(old)
+                    data.setdefault(new, value)
+        return data
 
 
 class SummaryStatus(_Api):

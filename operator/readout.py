@@ -112,8 +112,8 @@ def summary_status(*, mode: str, plan: PlanStatus | None, proposal: ProposalStat
         pd = before if before == after else f"{before} → {after}"
     else:
         layout, gpus, pd = plan.layout, str(plan.gpus), plan.pd
-    measured_ttft = observed.ttftMsP95 if observed is not None else None
-    measured_tpot = observed.tpotMsP95 if observed is not None else None
+    measured_ttft = observed.ttftMs if observed is not None else None
+    measured_tpot = observed.tpotMs if observed is not None else None
     predicted = plan.predicted if plan is not None else None
     predicted_ttft = observed.predictedTtftMs if observed is not None and observed.predictedTtftMs is not None else (
         predicted.ttftMs if predicted is not None else None)

@@ -221,16 +221,20 @@ def capacity_of(problem: Problem) -> Capacity:
     return capacity
 
 
-def observed_status(obs: Observation, *, at: str, raw: Candidate | None) -> ObservedStatus:
-    """status.observed: the observed workload and latencies, with the model's error against them (observed/predicted − 1)."""
+def observed_status(obs: Observation, *, at: str, raw: Candidate | None, ttft_percentile: float | None = None,
+                    tpot_percentile: float | None = None) -> ObservedStatus:
+    """status.observed: the observed workload and latencies at the SLO percentiles (which it names), with the
+    model's error against them (observed/predicted − 1)."""
     w, slo = obs.workload.workload, obs.slo
     p = raw.prediction if raw is not None else None
     ttft_err = slo.ttft_ms / p.ttft_ms - 1.0 if p is not None and slo.ttft_ms is not None and p.ttft_ms > 0 else None
     tpot_err = slo.tpot_ms / p.tpot_ms - 1.0 if p is not None and slo.tpot_ms is not None and p.tpot_ms > 0 else None
     return ObservedStatus(at=at, arrivalRateRps=round(w.arrival_rate_rps or 0.0, 4), inputTokensMean=round(w.input_tokens.expected_tokens, 1),
                           outputTokensMean=round(w.output_tokens.expected_tokens, 1), prefixHitRate=round(w.prefix_share, 4),
-                          ttftMsP95=None if slo.ttft_ms is None else round(slo.ttft_ms, 1),
-                          tpotMsP95=None if slo.tpot_ms is None else round(slo.tpot_ms, 2),
+                          ttftMs=None if slo.ttft_ms is None else round(slo.ttft_ms, 1),
+                          ttftPercentile=None if slo.ttft_ms is None else ttft_percentile,
+                          tpotMs=None if slo.tpot_ms is None else round(slo.tpot_ms, 2),
+                          tpotPercentile=None if slo.tpot_ms is None else tpot_percentile,
                           ttftError=None if ttft_err is None else round(ttft_err, 4), tpotError=None if tpot_err is None else round(tpot_err, 4),
                           predictedTtftMs=None if p is None else round(p.ttft_ms, 1),
                           predictedTpotMs=None if p is None else round(p.tpot_ms, 2))
@@ -345,7 +349,8 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
                         policy=policy.drift)
     mem = replace(mem, calibration=cal)
     observed = replace(observed, ttft_correction=cal.ttft_correction, tpot_correction=cal.tpot_correction)
-    status = observed_status(obs, at=at, raw=raw)
+    status = observed_status(obs, at=at, raw=raw, ttft_percentile=problem.slo.ttft_percentile,
+                             tpot_percentile=problem.slo.tpot_percentile)
     before = predict(observed, current) if current is not None else None
     base = dict(observation=obs, observed=status, before=before)
     if policy.mode is Mode.PINNED or mem.transitioning:

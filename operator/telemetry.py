@@ -113,10 +113,10 @@ class OperatorMetrics:
                 rows.append((self.predicted_ttft_seconds, key, float(predicted["ttftMs"]) / 1000.0))
             if predicted.get("tpotMs") is not None:
                 rows.append((self.predicted_tpot_seconds, key, float(predicted["tpotMs"]) / 1000.0))
-        if observed.get("ttftMsP95") is not None:
-            rows.append((self.observed_ttft_seconds, key, float(observed["ttftMsP95"]) / 1000.0))
-        if observed.get("tpotMsP95") is not None:
-            rows.append((self.observed_tpot_seconds, key, float(observed["tpotMsP95"]) / 1000.0))
+        for figure, gauge in (("ttft", self.observed_ttft_seconds), ("tpot", self.observed_tpot_seconds)):
+            measured = observed.get(f"{figure}Ms", observed.get(f"{figure}MsP95"))   # the old name: status before the rename
+            if measured is not None:
+                rows.append((gauge, key, float(measured) / 1000.0))
         if observed.get("arrivalRateRps") is not None:
             rows.append((self.observed_request_rate, key, float(observed["arrivalRateRps"])))
         for figure in FIGURES:

@@ -88,6 +88,22 @@ def test_steady_columns_show_measured_over_predicted_with_units_and_the_error() 
     assert s["error"].startswith(f"TTFT {expected * 100:+.0f}%, TPOT "), s
 
 
+def test_the_measured_figures_name_the_percentile_they_are_at_and_status_from_before_the_rename_still_reads() -> None:
+    # status.observed held the SLO percentile's figure under the name ttftMsP95 whatever the percentile was.
+    obj, cluster, planner, metrics = running(minutes=8)
+    observed = obj["status"]["observed"]
+    assert (observed["ttftMs"], observed["ttftPercentile"], observed["tpotMs"], observed["tpotPercentile"]) == (120.0, 95.0, 20.0, 95.0)
+    assert "ttftMsP95" not in observed and "tpotMsP95" not in observed
+    old = {k: v for k, v in observed.items() if k not in ("ttftMs", "ttftPercentile", "tpotMs", "tpotPercentile")}
+    obj["status"]["observed"] = old | {"ttftMsP95": 120.0, "tpotMsP95": 20.0}
+    before = len(cluster.events)
+    run(obj, cluster, planner, metrics, 7)   # the same minute, not due: the old figures are read back, not replaced
+    assert (obj["status"]["observed"]["ttftMs"], obj["status"]["observed"]["tpotMs"]) == (120.0, 20.0)
+    assert "ttftPercentile" not in obj["status"]["observed"]
+    assert summary(obj)["ttft"].startswith("120ms / ") and cond(obj, "Ready")["status"] == "True"
+    assert "StatusUnreadable" not in reasons(cluster)[before:]
+
+
 def test_a_new_topology_without_a_measurement_shows_a_dash_over_the_plans_prediction() -> None:
     obj, cluster = live_topology(), FakeCluster()
     run(obj, cluster, CountingPlanner(), ScriptedMetrics(empty=True), 0)

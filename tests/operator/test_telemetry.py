@@ -62,10 +62,13 @@ def test_a_pass_publishes_the_plan_of_the_resource_under_its_namespace_and_name(
 
 def test_measured_figures_error_and_transition_phase_follow_the_status_and_stale_series_go() -> None:
     m = new_metrics()
-    m.record(namespace="default", name="llama-8b", status=status(observed={"ttftMsP95": 500.0, "tpotMsP95": 30.0, "ttftError": 1.0,
+    m.record(namespace="default", name="llama-8b", status=status(observed={"ttftMs": 500.0, "tpotMs": 30.0, "ttftError": 1.0,
                                                                           "tpotError": 0.5, "arrivalRateRps": 12.0}))
     assert value(m, "servingtopology_observed_ttft_seconds", **T) == 0.5
     assert value(m, "servingtopology_observed_tpot_seconds", **T) == 0.03
+    old = new_metrics()   # status written before ttftMs / tpotMs were named so
+    old.record(namespace="default", name="llama-8b", status=status(observed={"ttftMsP95": 500.0, "tpotMsP95": 30.0}))
+    assert value(old, "servingtopology_observed_ttft_seconds", **T) == 0.5 and value(old, "servingtopology_observed_tpot_seconds", **T) == 0.03
     assert value(m, "servingtopology_prediction_error_ratio", **T, figure="ttft") == 1.0
     assert value(m, "servingtopology_observed_requests_per_second", **T) == 12.0
     moving = {"phase": "Progressing", "startedS": 100.0}
