@@ -62,13 +62,19 @@ _IMPLIED: dict[str, dict[str, Any]] = {
     # vLLM llama4.py Llama4MoE (and transformers Llama4TextMoe): every MoE layer has one shared expert of the
     # routed experts' width (`intermediate_size`) beside the routed ones; the config has no field for it.
     "llama4_text": {"n_shared_experts": 1},
-    # transformers configuration_starcoder2.py: tie_word_embeddings=True; vLLM starcoder2.py Starcoder2MLP is c_fc ->
-    # act -> c_proj (two matrices), which no field says: its `hidden_act` is the same GELU Gemma gates with.
+    # transformers configuration_starcoder2.py: tie_word_embeddings=True; Starcoder2MLP is c_fc -> act -> c_proj (two
+    # matrices; vLLM 0.33 runs it through its Transformers backend), which no field says: its `hidden_act` is the same
+    # GELU Gemma gates with.
     "starcoder2": {"tie_word_embeddings": True, "mlp_gated": False},
-    # vLLM gpt_bigcode.py (GPTBigMLP c_fc/c_proj), gpt_neox.py (dense_h_to_4h/dense_4h_to_h), phi.py (PhiMLP fc1/fc2),
-    # falcon.py (FalconMLP), gpt2.py, gpt_j.py, opt.py, bloom.py, mpt.py: two-matrix MLPs as well.
-    **{mt: {"mlp_gated": False} for mt in ("gpt_bigcode", "gpt_neox", "phi", "falcon", "gpt2", "gptj", "opt", "bloom", "mpt")},
+    # Two-matrix MLPs as well: vLLM gpt2.py, opt.py, bloom.py, falcon.py (FalconMLP), gpt_j.py; GPTBigMLP c_fc/c_proj,
+    # GPTNeoXMLP dense_h_to_4h/dense_4h_to_h, PhiMLP fc1/fc2 and MptMLP up_proj/down_proj (transformers modeling code;
+    # vLLM 0.33 runs the first three through its Transformers backend and no longer loads MPT). Their config classes
+    # (transformers configuration_<model_type>.py) tie the embeddings by default, but GPT-NeoX's, Phi's and GPT-J's.
+    **{mt: {"tie_word_embeddings": True, "mlp_gated": False} for mt in ("gpt2", "opt", "bloom", "falcon", "gpt_bigcode", "mpt")},
+    **{mt: {"tie_word_embeddings": False, "mlp_gated": False} for mt in ("gpt_neox", "phi", "gptj")},
 }
+# Other names the reader takes for an implied field: a config that gives one of them gives the field.
+_ALSO_READ_AS: dict[str, tuple[str, ...]] = {"n_shared_experts": ("num_shared_experts",)}
 _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv", "state", "conv", "expand", "pattern",
                 "interval", "ratio", "topk", "top_k", "compress", "quant", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
                 "num_", "n_", "moe", "block", "group")
@@ -336,7 +342,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         assumptions.append(f"fields read from the nested {', '.join(nested)} blocks")
     model_type = str(inner.get("model_type") or "")
     for key, value in _IMPLIED.get(model_type, {}).items():
-        if inner.get(key) is None:
+        if all(inner.get(k) is None for k in (key, *_ALSO_READ_AS.get(key, ()))):
             inner[key] = value
             assumptions.append(f"plain two-matrix MLP (no gate projection), as {model_type}'s model code in vLLM has it" if key == "mlp_gated"
                                else f"{key} absent: {value}, as {model_type}'s own config class and model code have it")

@@ -6,7 +6,6 @@ layers/mamba/mamba_utils.py), or published totals from the model cards, never fi
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,20 +27,8 @@ from servingtopology.planner.memory import (
 )
 from servingtopology.planner.model import from_hf_config
 from servingtopology.planner.perf import evaluate_step_s, step_coefficients
+from tests.planner.model_configs import BF16, CONFIGS, FP8, full_attention_bytes, load, raw
 from tests.planner.strategies import hf_configs
-
-CONFIGS = Path(__file__).parent / "data" / "model_configs"
-BF16, FP8 = 2, 1
-
-
-def load(name: str):
-    return from_hf_config(json.loads((CONFIGS / f"{name}.json").read_text()), name=name)
-
-
-def full_attention_bytes(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """vLLM FullAttentionSpec: K and V of every KV head, per token and layer."""
-    return layers * 2 * kv_heads * head_dim * dtype_bytes
-
 
 # (config, published total parameters in billions, published active parameters in billions, tolerance)
 PUBLISHED = [
@@ -208,7 +195,7 @@ def test_mtp_layers_are_counted_apart_from_the_served_weights():
 
 
 def test_a_field_the_reader_does_not_understand_is_named_in_a_warning():
-    cfg = json.loads((CONFIGS / "llama-3.1-8b-instruct.json").read_text())
+    cfg = raw("llama-3.1-8b-instruct")
     cfg["compress_ratios"] = [0, 4, 128]
     cfg["quantization_config"] = {"quant_method": "frobnicate4"}
     m = from_hf_config(cfg)
@@ -233,7 +220,7 @@ def test_tp_must_divide_the_state_space_heads(tmp_path):
     from servingtopology.planner.funnel import shape_rejection
     from servingtopology.spec import parse_spec, to_problem
 
-    cfg = json.loads((CONFIGS / "nemotron-h-8b.json").read_text())
+    cfg = raw("nemotron-h-8b")
     cfg["mamba_num_heads"] = 24  # 24 Mamba-2 heads beside 32 attention heads: TP 16 splits the attention, not the SSM
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))

@@ -7,8 +7,6 @@ MambaStateShapeCalculator.mamba2_state_shape) or taken from the published totals
 from the planner. docs/models.md holds the table of what was checked.
 """
 
-import json
-from pathlib import Path
 
 import pytest
 
@@ -24,23 +22,7 @@ from servingtopology.planner.memory import (
     weight_bytes_total,
 )
 from servingtopology.planner.model import from_hf_config
-
-CONFIGS = Path(__file__).parent / "data" / "model_configs"
-BF16, FP8 = 2, 1
-
-
-def raw(name: str) -> dict:
-    return json.loads((CONFIGS / f"{name}.json").read_text())
-
-
-def load(name: str):
-    return from_hf_config(raw(name), name=name)
-
-
-def full_attention_bytes(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """vLLM FullAttentionSpec: K and V of every KV head, per token and layer."""
-    return layers * 2 * kv_heads * head_dim * dtype_bytes
-
+from tests.planner.model_configs import BF16, FP8, full_attention_bytes, load, raw
 
 # (config, published total in billions, published active in billions or None, relative tolerance on the total)
 PUBLISHED = [
@@ -218,7 +200,7 @@ def test_nested_attn_and_ffn_blocks_are_read():
 
 
 def test_a_plain_gelu_mlp_is_two_matrices_where_the_models_code_says_so():
-    """StarCoder2-15B: Starcoder2MLP is c_fc -> gelu -> c_proj (vLLM starcoder2.py), with the same `hidden_act` Gemma
+    """StarCoder2-15B: Starcoder2MLP is c_fc -> gelu -> c_proj (transformers modeling_starcoder2.py, which vLLM 0.33 runs), with the same `hidden_act` Gemma
     gates with, so no field tells it apart; transformers' Starcoder2Config ties the embeddings by default. Every layer
     slides over 4096 tokens (vLLM passes config.sliding_window to each layer). Old main: 22.0B (gated, untied)."""
     m = load("starcoder2-15b")
@@ -255,3 +237,40 @@ def test_a_sliding_pattern_with_an_fp8_block_checkpoint_and_a_window_shorter_tha
     assert (phi.num_sliding_layers, phi.sliding_window) == (32, 2047) and kv_bytes_per_token(phi, KvDtype.AUTO, tp=1) == 0
     assert fixed_bytes_per_seq(phi, KvDtype.AUTO, tp=1, pp=1) == full_attention_bytes(32, 32, 96, BF16) * (2047 + 16)
     assert phi.warnings == ()
+
+
+# (model_type, whether its transformers config class ties the embeddings by default: configuration_<model_type>.py)
+TIED_BY_DEFAULT = [
+    ("gpt2", True), ("opt", True), ("bloom", True), ("falcon", True), ("gpt_bigcode", True), ("mpt", True),
+    ("gpt_neox", False), ("phi", False), ("gptj", False),
+]
+
+
+@pytest.mark.parametrize(("model_type", "tied"), TIED_BY_DEFAULT, ids=[t[0] for t in TIED_BY_DEFAULT])
+def test_two_matrix_model_types_tie_their_embeddings_as_their_config_class_does(model_type, tied):
+    h, vocab, layers = 256, 1000, 2
+    cfg = {"model_type": model_type, "num_hidden_layers": layers, "hidden_size": h, "num_attention_heads": 4,
+           "intermediate_size": 1024, "vocab_size": vocab}
+    m = from_hf_config(cfg)
+    assert m.tie_embeddings is tied
+    assert m.total_params == layers * (4 * h * h + 2 * h * 1024) + vocab * h * (1 if tied else 2)
+    assert any(f"tie_word_embeddings absent: {tied}, as {model_type}'s" in a for a in m.assumptions)
+
+
+def test_gpt2_small_matches_its_published_124m():
+    """openai-community/gpt2 config.json (no tie_word_embeddings field; GPT2Config ties by default and vLLM's gpt2.py
+    shares wte with lm_head): 124,439,808 parameters, of which 786,432 are learned position embeddings and 0.12M
+    biases and norms that the planner does not count. Old main counted a second 50257 x 768 matrix: 162.1M."""
+    cfg = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768,
+           "n_head": 12, "n_inner": None, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257, "layer_norm_epsilon": 1e-05}
+    m = from_hf_config(cfg)
+    assert m.total_params == 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 50257 * 768
+    assert m.total_params / 1e6 == pytest.approx(124.44 - 0.79, abs=0.15)
+
+
+def test_an_implied_field_yields_to_the_same_field_under_another_name():
+    # Llama-4's one shared expert is a default for a config that says nothing; `num_shared_experts` 0 says something.
+    cfg = {**raw("llama-4-scout")["text_config"], "num_shared_experts": 0}
+    m = from_hf_config(cfg)
+    assert m.num_shared_experts == 0 and m.shared_expert_params_per_layer == 0
+    assert not any("n_shared_experts absent" in a for a in m.assumptions)
