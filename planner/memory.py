@@ -121,16 +121,19 @@ def kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num 
 
 
 def _compressed_bytes_per_value(kv_dtype: KvDtype) -> float:
-    """Compressed-attention entries (DeepSeek-V4): in the model dtype, or vLLM's fp8_ds_mla layout under FP8 (448 FP8
-    NoPE bytes, 128 bytes of BF16 RoPE and an 8-byte scale per 512-value entry: 584 bytes, vLLM deepseek_v4
-    attention.py `state_content_bytes`)."""
-    return 584.0 / 512.0 if kv_dtype is KvDtype.FP8 else float(kv_dtype.bytes_per_value)
+    """DeepSeek-V4's cache entries (compressed entries and the window's shared K=V vector) in vLLM's fp8_ds_mla layout:
+    448 FP8 NoPE bytes, 128 bytes of BF16 RoPE and an 8-byte scale per 512-value entry, 584 bytes (deepseek_v4
+    attention.py `state_content_bytes`, DeepseekV4SWACache `packed_bytes_per_token`). Under FP8 and under auto too: the
+    default CUDA attention classes (FlashMLA; FlashInfer on SM12) keep `use_fp8_ds_mla_layout` and turn
+    `--kv-cache-dtype auto` into fp8_ds_mla (`_resolve_dsv4_kv_cache_dtype`); BF16 entries only when BF16 is asked for."""
+    return float(kv_dtype.bytes_per_value) if kv_dtype is KvDtype.BF16 else 584.0 / 512.0
 
 
 def _sliding_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> Num:
     heads = np.maximum(1, model.num_kv_heads // tp)
-    vectors = 1 if model.kv_shared_vector else 2  # a shared K=V latent (DeepSeek-V4's window) is one vector a token
-    return vectors * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value
+    if model.kv_shared_vector:  # DeepSeek-V4's window: one shared K=V vector a token, as its compressed entries are stored
+        return (model.num_sliding_layers / pp) * heads * model.head_dim * _compressed_bytes_per_value(kv_dtype)
+    return 2 * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value
 
 
 def sliding_kv_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:

@@ -165,7 +165,8 @@ def test_fields_that_do_not_shape_a_model_give_no_warnings():
 def test_compressed_sparse_attention_caches_one_entry_per_r_tokens():
     """DeepSeek-V4-Flash (vLLM models/deepseek_v4/attention.py): every layer keeps a 128-token window of one shared
     512-value K=V vector; a layer of compress ratio r > 1 also one 512-value entry per r tokens (MLAAttentionSpec with
-    tokens_per_state = r: 2 bytes a value in BF16, vLLM's fp8_ds_mla 584 bytes an entry under FP8); the 21 ratio-4 layers
+    tokens_per_state = r; vLLM's fp8_ds_mla layout, 584 bytes an entry, under FP8 and under auto, which the default CUDA
+    classes turn into fp8_ds_mla: `_resolve_dsv4_kv_cache_dtype`; 2 bytes a value only when BF16 is asked for); the 21 ratio-4 layers
     keep indexer keys (128 FP8 values + an FP32 scale) per 4 tokens. q and o are low-rank (q_lora_rank, o_lora_rank in
     o_groups). Old main read it as plain attention: 291.3B total, 20.3B active, 5,676 bytes a token."""
     m = load("deepseek-v4-flash")
@@ -173,10 +174,12 @@ def test_compressed_sparse_attention_caches_one_entry_per_r_tokens():
     fours, one28s = ratios.count(4), ratios.count(128)
     assert (fours, one28s) == (21, 20) and m.num_indexer_layers == 21
     indexer = fours * (128 + 4) / 4
-    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == pytest.approx(fours * 512 * 2 / 4 + one28s * 512 * 2 / 128 + indexer)
-    assert kv_bytes_per_token(m, KvDtype.FP8, tp=1) == pytest.approx(fours * 584 / 4 + one28s * 584 / 128 + indexer)
+    for kv_dtype in (KvDtype.AUTO, KvDtype.FP8):   # 3,850 bytes a token (old main priced auto as BF16: 6,229)
+        assert kv_bytes_per_token(m, kv_dtype, tp=1) == pytest.approx(fours * 584 / 4 + one28s * 584 / 128 + indexer)
+        assert fixed_bytes_per_seq(m, kv_dtype, tp=1, pp=1) == pytest.approx(43 * 584 * (128 + 16))  # the window: one entry a token
+    assert kv_bytes_per_token(m, KvDtype.BF16, tp=1) == pytest.approx(fours * 512 * BF16 / 4 + one28s * 512 * BF16 / 128 + indexer)
+    assert fixed_bytes_per_seq(m, KvDtype.BF16, tp=1, pp=1) == 43 * 512 * BF16 * (128 + 16)
     assert kv_bytes_per_token(m, KvDtype.AUTO, tp=8) == kv_bytes_per_token(m, KvDtype.AUTO, tp=1)  # one head, replicated
-    assert fixed_bytes_per_seq(m, KvDtype.AUTO, tp=1, pp=1) == 43 * 512 * BF16 * (128 + 16)  # the window: one vector a token
     h, heads, d = 4096, 64, 512
     attention = h * 1024 + 1024 * heads * d + h * d + heads * d * 1024 + 8 * 1024 * h
     assert m.attention_params_per_layer == attention
