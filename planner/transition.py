@@ -490,7 +490,8 @@ def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity
     The full floor is min(`budget.floor_rps`, the target's capacity): a smaller target is the person's choice, the
     dip below it on the way is not. When no step sequence holds `budget.floor_rps` (and capacity above zero) within the GPUs plus surge:
     - `allow` Never: nothing starts (FloorWouldDrop), the running layout keeps serving;
-    - AboveZero: start with the highest floor some sequence holds (bisection, FLOOR_SEARCH_STEPS rounds) if it is
+    - AboveZero: start with the highest floor some sequence holds (bisection, FLOOR_SEARCH_STEPS rounds; below its
+      reach, the floor a sequence that keeps something serving holds) if it is
       above zero (FloorLowered), else nothing starts (FloorWouldDrop);
     - Any: as AboveZero, and with floor zero when no positive floor holds (FloorDroppedToZero).
     A target no sequence reaches even at floor zero (e.g. over hardware.maxGPUs) never starts (OverBudget),
@@ -527,6 +528,12 @@ def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity
             high = mid
         else:
             low, best, holds_some = mid, got, True
+    serving = None if holds_some else _try_start(current, target, replace(budget, floor_rps=0.0), capacity, now_s)
+    if serving is not None:   # something keeps serving, below the bisection's last step (floor/256): the floor it keeps
+        kept_rps = _lowest_serving(serving, budget=replace(budget, floor_rps=0.0), capacity=capacity, now_s=now_s)
+        exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s) if kept_rps > 0 else None
+        if exact is not None:
+            low, best, holds_some = kept_rps, exact, True
     if holds_some:   # the floor the found sequence really keeps (the bisection stops short of it by up to floor/256)
         kept_rps = _lowest_serving(best, budget=replace(budget, floor_rps=low), capacity=capacity, now_s=now_s)
         exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s) if kept_rps > low else None

@@ -314,3 +314,23 @@ def test_a_floor_of_zero_still_keeps_something_serving_unless_the_budget_lets_it
                            allow=CapacityDrop.ABOVE_ZERO).verdict is V.FLOOR_WOULD_DROP
     assert start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0,
                            allow=CapacityDrop.ANY).verdict is V.FLOOR_DROPPED
+
+
+def test_capacity_drop_above_zero_finds_a_serving_sequence_below_the_bisections_reach():
+    # 8×TP1 → 1×TP8 in 8 GPUs + 1 of surge: one TP1 keeps serving while the TP8 comes up. With a capacity that grows
+    # with the batch (2·n³ req/s for n TP1 instances), that one instance carries 2 req/s, under 1/256 of the 2000 req/s
+    # floor, below the floor bisection's last step: old main refused AboveZero ("the most a sequence keeps: 0.00")
+    # and let Any stop serving though a sequence keeps 2 req/s.
+    def steep(layout: Layout) -> float:
+        r = layout.roles[Role.AGGREGATED]
+        return 2.0 * r.count ** 3 if r.parallelism.tp == 1 else 2000.0 * r.count
+
+    current, target, budget = replicas(8), replicas(1, tp=8), Budget(8, 1, floor_rps=2000.0)
+    for allow in (CapacityDrop.ABOVE_ZERO, CapacityDrop.ANY):
+        got = start_requested(current, target, budget=budget, capacity=steep, now_s=0.0, allow=allow)
+        assert got.verdict is V.FLOOR_LOWERED and got.floor_rps == 2.0 * 1 ** 3 and got.state is not None
+        kept = Budget(8, 1, floor_rps=got.floor_rps)
+        assert run_ideal(got.state, budget=kept, capacity=steep, now_s=0.0)[-1].state.phase is Phase.DONE
+    held = start_requested(current, target, budget=budget, capacity=steep, now_s=0.0)
+    assert held.verdict is V.FLOOR_WOULD_DROP and held.holdable_rps == 2.0
+    assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 2.00 req/s")
