@@ -358,6 +358,11 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     heads = r.num("num_attention_heads", "n_head", "num_heads", "n_heads")
     head_dim = r.num("head_dim", "attention_head_dim", "kv_channels") or (hidden // heads if heads else 0)
     kv_heads = r.num("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "kv_n_heads", default=heads)
+    if r.get("multi_query") is True and not r.get("new_decoder_architecture"):
+        # One K and V head shared by every query head: vLLM falcon.py (`elif self.multi_query: total_num_kv_heads = 1`,
+        # after new_decoder_architecture's num_kv_heads) and transformers GPTBigCode (`kv_heads = 1 if multi_query`).
+        kv_heads = 1
+        assumptions.append("multi_query: one KV head shared by every query head")
     max_ctx = r.num("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "model_max_length",
                     "max_seq_len", default=0)
     if max_ctx <= 0:

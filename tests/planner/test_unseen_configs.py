@@ -277,3 +277,21 @@ def test_an_implied_field_yields_to_the_same_field_under_another_name():
     m = from_hf_config(cfg)
     assert m.num_shared_experts == 0 and m.shared_expert_params_per_layer == 0
     assert not any("n_shared_experts absent" in a for a in m.assumptions)
+
+
+def test_multi_query_configs_cache_one_kv_head():
+    """tiiuae/falcon-7b's config.json (`multi_query: true`, `new_decoder_architecture: false`, no KV-head count) and
+    bigcode/starcoder's (GPTBigCode, `multi_query: true`): one K and V head for all 71 (48) query heads, as vLLM
+    falcon.py and transformers' GPTBigCodeAttention build them. Old main took 71 KV heads: 581,632 bytes a token."""
+    falcon = {"alibi": False, "architectures": ["FalconForCausalLM"], "bias": False, "hidden_size": 4544, "model_type": "falcon",
+              "multi_query": True, "new_decoder_architecture": False, "num_attention_heads": 71, "num_hidden_layers": 32,
+              "parallel_attn": True, "vocab_size": 65024}
+    m = from_hf_config(falcon)
+    h, d = 4544, 64
+    assert m.num_kv_heads == 1 and kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(32, 1, d, BF16)  # 8,192
+    assert m.total_params == 32 * (2 * h * h + 2 * h * d + 2 * h * 4 * h) + 65024 * h   # 6.92B, tied (FalconConfig)
+    # Falcon-40B's layout: new_decoder_architecture reads its KV heads from num_kv_heads whatever multi_query says.
+    assert from_hf_config({**falcon, "new_decoder_architecture": True, "num_kv_heads": 8}).num_kv_heads == 8
+    starcoder = {"model_type": "gpt_bigcode", "multi_query": True, "n_embd": 6144, "n_head": 48, "n_inner": 24576, "n_layer": 40,
+                 "n_positions": 8192, "vocab_size": 49152}
+    assert kv_bytes_per_token(from_hf_config(starcoder), KvDtype.AUTO, tp=1) == full_attention_bytes(40, 1, 128, BF16)
