@@ -47,8 +47,22 @@ def test_the_whole_ladder_of_the_wide_preset_on_32_gpus_is_pinned():
 def test_the_ladder_survivors_and_choice_are_the_ones_the_old_funnel_gave(name):
     # Each case: the ladder, the survivors (their order pinned by a digest), the closest miss and decide's
     # analytical choice, as written by the funnel before it became a ladder over typed tables.
+    # Counts, reasons, layouts and the survivors' digest are exact; the head's figures are compared to 1e-9 relative:
+    # numpy's SIMD kernels and libm differ by CPU (on an AMD EPYC CI machine 10 of 35 cases differed from the file in
+    # the last bit of a survivor's figure), and the last bit of a float is not the funnel's mechanics.
     got = summarise(cases()[name])
-    assert json.loads(json.dumps(got)) == GOLDEN_CASES[name]
+    assert json.loads(json.dumps(got)) == _close(GOLDEN_CASES[name])
+
+
+def _close(value):
+    """`value` with every float replaced by pytest.approx(rel=1e-9): nested lists and dicts compare element-wise."""
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-9, abs=1e-12)
+    if isinstance(value, list):
+        return [_close(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _close(v) for k, v in value.items()}
+    return value
 
 
 @pytest.mark.parametrize(("max_gpus", "objective"), [(64, Objective.GOODPUT_PER_GPU), (64, Objective.MIN_GPUS),
