@@ -287,7 +287,8 @@ def assemble_folds(m: Measurements, base: PerfParams, records: Sequence[dict]) -
     first = records[0]
     return {"evals_per_fold": sorted({f["evals"] for f in folds}), "start_step": first["start_step"], "start": first.get("start", ""),
             "folds": sorted(folds, key=lambda f: f["models"]), "cpu_s": round(sum(f["cpu_s"] for f in folds), 1),
-            "commands": [r.get("command") for r in records]} | _pooled(m, results)
+            # A record that was itself assembled keeps the commands that ran its folds.
+            "commands": [c for r in records for c in (r.get("commands") or [r.get("command")])]} | _pooled(m, results)
 
 
 def leave_one_model_out(m: Measurements, base: PerfParams, names: list[str], x0: np.ndarray, *, evals: int, ticks: Sequence[StepTicks],

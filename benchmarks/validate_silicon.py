@@ -4,7 +4,8 @@ Prints the validation table of `servingtopology validate` on shared/groundtruth/
 (every backend; the targets are on the vLLM and SGLang rows), the time it took, the same rows without the
 benchmark-harness knowledge, the leave-one-model-out figures recorded by `fit_perf.py --lomo` with the shipped
 parameters (the number to improve: each model family predicted by a fit that never saw it), the trivial ranking
-baseline and the pairwise ordering accuracy, and, when the simulator's replay is available (`servingtopology
+baseline and the pairwise ordering accuracy (also within one engine release: many groups compare a topology run on one
+release with another run on a later one), and, when the simulator's replay is available (`servingtopology
 simulate --replay`), the TTFT/TPOT errors of the replayed vLLM runs in shared/groundtruth/llmservingsim_vllm_refs/.
 
     .venv/bin/python benchmarks/validate_silicon.py [--csv PATH] [--model-dir DIR]
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         r = b["ranking"]
         print(f"  {label:32s} TTFT {b['ttft']['median_ape']} %, TPOT {b['tpot']['median_ape']} %, top-1 {r['top1_agreement']} "
               f"(baseline {r['baseline_top1']}), pairwise {r['pairwise_ordering']}")
+        same = r.get("same_release")
+        if same is not None:
+            print(f"  {'':32s} {r['cross_release_groups']} of {r['groups']} groups mix engine releases; within one release "
+                  f"({same['groups']} groups): top-1 {same['top1_agreement']} (baseline {same['baseline_top1']}), "
+                  f"pairwise {same['pairwise_ordering']}")
     if lomo is not None:
         r = lomo["ranking"]
         got = {"lomo_ttft_median_ape": lomo["ttft"]["median_ape"], "lomo_tpot_median_ape": lomo["tpot"]["median_ape"],

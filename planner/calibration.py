@@ -147,6 +147,10 @@ class CalibrationCase:
     ttft_ms: float
     tpot_ms: float
     harness: Harness = UNSTATED
+    # The engine release that ran the row, as the schema's `backend_version` records it ("" when not recorded). Not a
+    # prediction input: planner.fidelity ranks topologies within one release too (a sweep that ran one topology on an
+    # older release and another on a newer one measures the releases as much as the topologies).
+    engine_release: str = ""
 
     @property
     def gpus(self) -> int:
@@ -232,6 +236,7 @@ def parse_row(row: Mapping[str, str]) -> CalibrationCase:
         model_path=(row.get("model_path") or "").strip(), isl=_int(row, "isl"), osl=_int(row, "osl"),
         concurrency=max(concurrency, 1), precision=_precision(row, "gemm_quant_mode"), moe_precision=_precision(row, "moe_quant_mode"),
         agg=agg, prefill=pre, decode=dec, ttft_ms=ttft, tpot_ms=tpot, harness=harness_of(row.get("silicon_data_source") or ""),
+        engine_release=(row.get("backend_version") or "").strip(),
     )
 
 

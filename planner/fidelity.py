@@ -14,7 +14,9 @@ no more. `baseline_top1_first_listed` gives every tie to the topology listed fir
 issue's 0.896 was scored; it rides on the file's order (the sweeps list plain TP first, and plain TP often is the
 best), information a ranker does not have, so it is reported, not used as the bar. Pairwise: over every pair of
 topologies within a group whose measured figures differ, the share the prediction orders as measured (both
-criteria pooled). Pure; no I/O.
+criteria pooled). Groups mix engine releases where a sweep ran some topologies on one release and others on another
+(the schema's `backend_version`); `same_release` scores the groups of one release alone, and `cross_release_groups`
+counts the mixed ones. Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -53,20 +55,24 @@ def _best(values: dict[str, float], *, lowest: bool) -> str:
     return min(values, key=values.__getitem__) if lowest else max(values, key=values.__getitem__)
 
 
-def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -> dict[str, Any]:
-    """Top-1 agreement over topology groups, for lowest TPOT and for highest tokens/s per GPU."""
+def _group_by_benchmark(cases: Sequence[CalibrationCase], results: Sequence[Result], *,
+                        by_release: bool) -> list[dict[str, list[tuple[CalibrationCase, Prediction]]]]:
+    """Predicted rows grouped by benchmark (and, with `by_release`, by engine release), then by topology."""
     groups: dict[tuple[Any, ...], dict[str, list[tuple[CalibrationCase, Prediction]]]] = {}
     for c, r in zip(cases, results, strict=True):
         if isinstance(r, Prediction):
             key = (c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency)
+            key += (c.engine_release,) if by_release else ()
             groups.setdefault(key, {}).setdefault(f"{c.mode}:{c.topology_label}", []).append((c, r))
-    hits_tpot = hits_tput = near = n = 0
+    return [topos for topos in groups.values() if len(topos) >= 2]
+
+
+def _score(groups: Sequence[dict[str, list[tuple[CalibrationCase, Prediction]]]]) -> dict[str, Any]:
+    hits_tpot = hits_tput = near = 0
+    n = len(groups)
     base = base_expected = 0.0
     pairs_right = pairs = 0
-    for topos in groups.values():
-        if len(topos) < 2:
-            continue
-        n += 1
+    for topos in groups:
         meas_tpot = {t: float(np.mean([c.tpot_ms for c, _ in v])) for t, v in topos.items()}
         pred_tpot = {t: float(np.mean([r.tpot_ms for _, r in v])) for t, v in topos.items()}
         meas_tput = {t: float(np.mean([tokens_per_gpu_s(c, c.ttft_ms, c.tpot_ms) for c, _ in v])) for t, v in topos.items()}
@@ -98,6 +104,19 @@ def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -
             "top1_within_5pct": round(near / (2 * n), 4),
             "baseline_top1": round(base_expected / (2 * n), 4), "baseline_top1_first_listed": round(base / (2 * n), 4),
             "pairs": pairs, "pairwise_ordering": round(pairs_right / pairs, 4) if pairs else None}
+
+
+def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -> dict[str, Any]:
+    """Top-1 agreement over topology groups, for lowest TPOT and for highest tokens/s per GPU.
+
+    Beside the figures: `cross_release_groups`, the groups whose topologies were measured on more than one recorded
+    engine release (a release left blank counts as one more), and `same_release`, the same scores over groups that
+    also share the engine release, where a ranking compares topologies and not releases.
+    """
+    groups = _group_by_benchmark(cases, results, by_release=False)
+    crossing = sum(len({c.engine_release for v in topos.values() for c, _ in v}) > 1 for topos in groups)
+    same = _score(_group_by_benchmark(cases, results, by_release=True))
+    return _score(groups) | {"cross_release_groups": crossing, "same_release": same}
 
 
 def _block(cases: Sequence[CalibrationCase], results: Sequence[Result], skipped_at_parse: Counter[str]) -> dict[str, Any]:

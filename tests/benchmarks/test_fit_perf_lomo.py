@@ -82,6 +82,9 @@ def test_a_resumed_fold_starts_from_its_own_parameters_and_the_longest_fold_is_r
     assert {f["evals"] for f in pooled["folds"]} == {3, 6} and pooled["vllm_sglang"]["predicted"] == 4
     with pytest.raises(SystemExit, match="no fold recorded"):
         fit_perf.assemble_folds(m, PerfParams(), [dict(more, command="b")])
+    # Assembled again from the assembled record (to score it anew), the commands that ran the folds stay recorded.
+    again = fit_perf.assemble_folds(m, PerfParams(), [dict(pooled, command="c")])
+    assert again["commands"] == ["a", "b"] and again["folds"] == pooled["folds"]
 
 
 def test_a_fold_never_fits_the_fp8_share_or_prompt_collisions_it_cannot_pin(monkeypatch):

@@ -230,3 +230,23 @@ def test_inferencex_sglang_blackwell_rows_wait_for_the_scheduler_recv_interval()
     both = predict_all([imax, other], {row["model_path"]: model}, {"b200_sxm": gpu})
     # 30-step receive interval at 64 clients: about 15 decode steps more before the first token
     assert both[0].ttft_ms - both[1].ttft_ms > 10 * both[0].tpot_ms
+
+
+def test_the_engine_release_is_the_rows_backend_version():
+    assert parse_row({**AGG, "backend_version": " 0.5.9 "}).engine_release == "0.5.9"
+    assert parse_row(AGG).engine_release == ""  # not recorded
+
+
+def test_topologies_measured_on_different_engine_releases_are_ranked_only_within_a_release():
+    # At 32 clients a sweep ran TP4 on an older release and TP2 on a newer one: TP2 measured faster, TP4 predicted
+    # faster. That comparison is a miss of the benchmark group, but no release ran both, so it is no same-release group.
+    # At 64 clients the newer release ran both topologies: one group of each kind, ranked as predicted.
+    def row(tp, tpot, release, clients):
+        return parse_row({**AGG, "tp_size": str(tp), "moe_tp_size": str(tp), "silicon_tpot_ms": str(tpot), "backend_version": release,
+                          "silicon_data_source": f"x; silicon_concurrency={clients}"})
+    cases = [row(4, 30.0, "0.5.5", 32), row(2, 20.0, "0.5.9", 32), row(4, 12.0, "0.5.9", 64), row(2, 18.0, "0.5.9", 64)]
+    preds = [Prediction(ttft_ms=c.ttft_ms, tpot_ms=t, throughput_rps=1.0) for c, t in zip(cases, (15.0, 22.0, 13.0, 19.0), strict=True)]
+    r = ranking_score(cases, preds)
+    assert (r["groups"], r["cross_release_groups"], r["top1_tpot"]) == (2, 1, 0.5)
+    same = r["same_release"]
+    assert (same["groups"], same["top1_tpot"], same["pairs"]) == (1, 1.0, 2)
