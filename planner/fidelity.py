@@ -61,8 +61,8 @@ def _group_by_benchmark(cases: Sequence[CalibrationCase], results: Sequence[Resu
     groups: dict[tuple[Any, ...], dict[str, list[tuple[CalibrationCase, Prediction]]]] = {}
     for c, r in zip(cases, results, strict=True):
         if isinstance(r, Prediction):
-            key = (c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency)
-            key += (c.engine_release,) if by_release else ()
+            key: tuple[Any, ...] = (c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency,
+                                    c.engine_release if by_release else None)
             groups.setdefault(key, {}).setdefault(f"{c.mode}:{c.topology_label}", []).append((c, r))
     return [topos for topos in groups.values() if len(topos) >= 2]
 
