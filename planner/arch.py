@@ -27,6 +27,8 @@ class StateKind(enum.StrEnum):
     MAMBA1 = "mamba1"                     # Jamba
     MAMBA2 = "mamba2"                     # Nemotron-H, Falcon-H1, Granite-4 hybrids
     LINEAR_ATTENTION = "linear_attention"  # MiniMax-01 lightning attention: one (head_dim × head_dim) state per head
+    KDA = "kda"                           # Kimi Delta Attention (Kimi-Linear): q/k/v short convs, FP32 (d × d) state per head
+    SHORT_CONV = "short_conv"             # LFM2 gated short convolution: only a (L_cache − 1) × conv_dim conv state
 
 
 class ModuleGroup(enum.StrEnum):
@@ -115,6 +117,7 @@ class ModelArch:
     state_conv_values: int = 0  # conv state values per sequence per fixed-state layer (TP-sharded)
     state_ssm_values: int = 0  # recurrent state values per sequence per fixed-state layer (TP-sharded)
     state_heads: int = 0  # heads the recurrent state is split over (TP shards them; replicated past it)
+    state_ssm_fp32: bool = False  # recurrent state kept in FP32 whatever the model dtype (vLLM kda_state_dtype)
     # Multi-token prediction: extra decoder layers loaded only for MTP speculative decoding.
     num_mtp_layers: int = 0
     checkpoint: CheckpointQuant | None = None

@@ -50,6 +50,8 @@ _NEUTRAL = frozenset({
     # Training-time MoE and attention knobs (DBRX ffn_config / attn_config; llm-foundry names).
     "moe_jitter_eps", "moe_loss_weight", "moe_normalize_expert_weights", "uniform_expert_assignment", "clip_qkv", "emb_pdrop",
     "output_attentions", "output_hidden_states", "return_dict",
+    # Norm epsilons and routing groups under other names (LFM2 `block_norm_eps`, Kimi-Linear `num_expert_group`).
+    "block_norm_eps", "num_expert_group",
 })
 # What a model's own code fixes when its config.json leaves a field out, by the config's `model_type`: defaults of
 # transformers' config classes and fixed parts of vLLM's model code. Used only for an absent field, and named in the
@@ -72,9 +74,12 @@ _IMPLIED: dict[str, dict[str, Any]] = {
     # (transformers configuration_<model_type>.py) tie the embeddings by default, but GPT-NeoX's, Phi's and GPT-J's.
     **{mt: {"tie_word_embeddings": True, "mlp_gated": False} for mt in ("gpt2", "opt", "bloom", "falcon", "gpt_bigcode", "mpt")},
     **{mt: {"tie_word_embeddings": False, "mlp_gated": False} for mt in ("gpt_neox", "phi", "gptj")},
+    # transformers configuration_lfm2.py Lfm2Config: tie_embedding=True and block_auto_adjust_ff_dim=True by default
+    # (Lfm2MLP then takes 2/3 of the width, rounded up to block_multiple_of, 256 by default).
+    "lfm2": {"tie_word_embeddings": True, "block_auto_adjust_ff_dim": True},
 }
 # Other names the reader takes for an implied field: a config that gives one of them gives the field.
-_ALSO_READ_AS: dict[str, tuple[str, ...]] = {"n_shared_experts": ("num_shared_experts",)}
+_ALSO_READ_AS: dict[str, tuple[str, ...]] = {"n_shared_experts": ("num_shared_experts",), "tie_word_embeddings": ("tie_embedding",)}
 _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv", "state", "conv", "expand", "pattern",
                 "interval", "ratio", "topk", "top_k", "compress", "quant", "mtp", "nextn", "sparse", "mamba", "ssm", "linear", "attn",
                 "num_", "n_", "moe", "block", "group")
@@ -181,13 +186,25 @@ def _mixers(r: _Reader, layers: int, warn: Callable[[str], None], assume: list[s
     if isinstance(types, list) and types:
         kinds = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "sliding",
                  "sliding_window": "sliding", "local": "sliding", "chunked_attention": "sliding", "linear_attention": "state",
-                 "mamba": "state", "mamba2": "state", "ssm": "state"}
+                 "mamba": "state", "mamba2": "state", "ssm": "state", "conv": "state", "short_conv": "state", "kda": "state"}
         mix = []
         for i, t in enumerate(str(x).lower() for x in types[:layers]):
             if t not in kinds:
                 warn(f"layer_types entry {t!r} is not understood; layer {i} taken as full attention")
             mix.append(kinds.get(t, "full"))
         return mix + ["full"] * (layers - len(mix)), ffn
+    full_idxs = r.get("full_attn_idxs")
+    if isinstance(full_idxs, list):
+        # LFM2 (vLLM lfm2.py: `layer_types` built from `full_attn_idxs`; every other layer is a short-conv block).
+        full = {int(i) for i in full_idxs}
+        return ["full" if i in full else "state" for i in range(layers)], ffn
+    kda = r.get("kda_layers")
+    if isinstance(kda, list) and kda:
+        # Kimi-Linear `linear_attn_config.kda_layers` counts layers from 1 (configuration_kimi.py `is_kda_layer`:
+        # `(layer_idx + 1) in kda_layers`; its full_attn_layers end at num_hidden_layers); the rest run MLA.
+        r.get("full_attn_layers")
+        linear = {int(i) - 1 for i in kda}
+        return ["state" if i in linear else "full" for i in range(layers)], ffn
     attn_types = r.get("attn_type_list")
     if isinstance(attn_types, list) and attn_types:
         return ["full" if int(x) == 1 else "state" for x in attn_types[:layers]] + ["full"] * (layers - len(attn_types)), ffn
@@ -296,6 +313,28 @@ def _state(r: _Reader, hidden: int, heads: int, head_dim: int) -> tuple[StateKin
     (K−1) × (I + 2·G·N) and recurrent heads × head_dim × N; Mamba-1 conv (K−1) × I and recurrent I × N;
     linear attention heads × head_dim × head_dim.
     """
+    if r.get("kda_layers") is not None:
+        # Kimi Delta Attention (vLLM kimi_linear.py KimiDeltaAttention; MambaStateShapeCalculator.kda_state_shape):
+        # q, k, v, o of heads x head_dim from `linear_attn_config` (the top-level head_dim is the legacy attention
+        # one), a short conv on each of q, k, v, low-rank f (decay) and g (gate) projections through head_dim and a
+        # per-head beta; conv state (K-1) x 3·H·d, recurrent H x d x d in FP32 (kda_state_dtype).
+        block = r.cfg.get("linear_attn_config")
+        lin: Mapping[str, Any] = block if isinstance(block, Mapping) else {}
+        kh = int(lin.get("num_heads") or heads)
+        kd = int(lin.get("head_dim") or head_dim)
+        k = int(lin.get("short_conv_kernel_size") or 4)
+        r.get("short_conv_kernel_size")
+        width = kh * kd
+        params = 4 * hidden * width + 3 * width * k + 2 * (hidden * kd + kd * width) + hidden * kh
+        return StateKind.KDA, params, (k - 1) * 3 * width, kh * kd * kd, kh
+    if r.get("conv_L_cache", "conv_l_cache") is not None:
+        # LFM2 gated short convolution (vLLM lfm2.py ShortConv): in_proj hidden -> 3 x conv_dim (B, C, x), a depthwise
+        # conv of L_cache taps, out_proj conv_dim -> hidden; state (L_cache - 1) x conv_dim
+        # (MambaStateShapeCalculator.short_conv_state_shape), no recurrent state.
+        k = r.num("conv_L_cache", "conv_l_cache", default=3)
+        conv_dim = r.num("conv_dim", default=hidden)
+        params = hidden * 3 * conv_dim + conv_dim * k + conv_dim * hidden
+        return StateKind.SHORT_CONV, params, (k - 1) * conv_dim, 0, 1
     if r.num("linear_num_value_heads", "linear_num_key_heads") > 0:
         kh = r.num("linear_num_key_heads", default=heads)
         vh = r.num("linear_num_value_heads", default=kh)
@@ -346,12 +385,12 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
             inner[key] = value
             assumptions.append(f"plain two-matrix MLP (no gate projection), as {model_type}'s model code in vLLM has it" if key == "mlp_gated"
                                else f"{key} absent: {value}, as {model_type}'s own config class and model code have it")
-    if inner.get("tie_word_embeddings") is None:
+    if inner.get("tie_word_embeddings") is None and inner.get("tie_embedding") is None:
         assumptions.append("tie_word_embeddings absent: the LM head is taken as a separate matrix (untied)")
     r = _Reader(inner)
     r.read.update(nested)
     layers = r.num("num_hidden_layers", "num_layers", "n_layer", "n_layers")
-    hidden = r.num("hidden_size", "d_model", "n_embd", "dim")
+    hidden = r.num("hidden_size", "d_model", "n_embd", "dim", "block_dim")
     if layers <= 0 or hidden <= 0:
         raise InvalidSpec(field, "config.json lacks a usable num_hidden_layers and hidden_size (also read: num_layers, n_layer, "
                                  "d_model, n_embd); they are needed to size any decoder")
@@ -379,7 +418,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     ffn = _ffn_kinds(r, layers, given_ffn, num_experts > 0)
     act_field = r.get("mlp_hidden_act", "hidden_act", "hidden_activation", "activation_function", "ffn_act_fn", default="silu")
     act = str(act_field.get("name", "silu") if isinstance(act_field, Mapping) else act_field).lower()
-    gated = r.get("mlp_gated")
+    gated = r.get("mlp_gated", "block_use_swiglu", "use_swiglu")
     matrices = 2 if act in ("relu2", "squared_relu") or gated is False else 3
     if act in ("relu2", "squared_relu"):
         assumptions.append(f"activation {act}: plain two-matrix MLPs (up, down), as vLLM's nemotron_h")
@@ -389,7 +428,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     if n_state:
         kind, mixer_params, conv_values, ssm_values, state_heads = _state(r, hidden, heads, head_dim)
         assumptions.append(f"{n_state} {kind.value} layers keep a fixed state per sequence, stored in the model dtype "
-                           "(vLLM mamba_ssm_cache_dtype 'auto')")
+                           + ("with the recurrent state in FP32 (vLLM kda_state_dtype)" if kind is StateKind.KDA
+                              else "(vLLM mamba_ssm_cache_dtype 'auto')"))
     if heads <= 0 and any(m in ("full", "sliding", "parallel") for m in mix):
         raise InvalidSpec(field, "config.json has attention layers but no num_attention_heads")
 
@@ -436,7 +476,18 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         assumptions.append(f"{mtp} multi-token-prediction layers are loaded only with MTP speculative decoding; not counted in the weights")
 
     moe_inter = r.num("moe_intermediate_size", "expert_intermediate_size") if num_experts else 0
-    dense_inter = r.num("intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
+    dense_inter = r.num("intermediate_size_mlp", "block_ff_dim", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
+    r.read.update(("block_multiple_of", "block_ffn_dim_multiplier"))
+    if r.get("block_auto_adjust_ff_dim") is True:
+        # LFM2's MLP (transformers Lfm2MLP, vLLM lfm2.py Lfm2MLP): 2/3 of the configured width, times
+        # block_ffn_dim_multiplier, rounded up to block_multiple_of (Lfm2Config defaults 1.0 and 256).
+        multiple = r.num("block_multiple_of", default=256)
+        mult = r.get("block_ffn_dim_multiplier")
+        width = int(2 * dense_inter / 3)
+        width = int(float(mult) * width) if mult is not None else width
+        adjusted = multiple * ((width + multiple - 1) // max(multiple, 1))
+        assumptions.append(f"block_auto_adjust_ff_dim: the MLP is {adjusted} wide (2/3 of {dense_inter}, rounded up to {multiple})")
+        dense_inter = adjusted
     if num_experts and not moe_inter:
         moe_inter = r.num("intermediate_size", "ffn_hidden_size", default=4 * hidden)
     shared_width = r.num("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size",
@@ -448,7 +499,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         name=name or str(inner.get("_name_or_path") or (list(inner.get("architectures") or []) or ["custom"])[0]),
         num_layers=layers, hidden_size=hidden, num_heads=max(heads, 1), num_kv_heads=max(min(kv_heads, max(heads, 1)), 1),
         head_dim=max(head_dim, 1), intermediate_size=dense_inter, vocab_size=vocab, max_context_tokens=max_ctx,
-        tie_embeddings=bool(r.get("tie_word_embeddings", default=False)),
+        tie_embeddings=bool(r.get("tie_word_embeddings", "tie_embedding", default=False)),
         num_experts=num_experts,
         experts_per_token=r.num("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "moe_k") if num_experts else 0,
         moe_intermediate_size=moe_inter, num_shared_experts=n_shared, shared_expert_intermediate_size=shared_width if num_experts else 0,
@@ -465,6 +516,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         num_linear_layers=sum(1 for m in mix if m == "state"), num_mixerless_layers=sum(1 for m in mix if m == "none"),
         state_kind=kind, linear_mixer_params=n_state * mixer_params, state_conv_values=conv_values, state_ssm_values=ssm_values,
         state_heads=state_heads, num_parallel_state_layers=sum(1 for m in mix if m == "parallel"),
+        state_ssm_fp32=kind is StateKind.KDA,
         num_mtp_layers=mtp, checkpoint=checkpoint,
     )
     r.read.update(("intermediate_size", "num_hidden_layers"))

@@ -153,8 +153,10 @@ def state_bytes_per_seq(model: ModelArch, *, tp: Num, pp: Num = 1) -> Num:
     """
     if model.num_state_layers == 0:
         return 0 * tp
-    per_layer = model.state_conv_values / tp + model.state_ssm_values / np.minimum(tp, max(model.state_heads, 1))
-    return model.num_state_layers / pp * per_layer * STATE_BYTES_PER_VALUE
+    ssm_bytes = 4.0 if model.state_ssm_fp32 else STATE_BYTES_PER_VALUE  # vLLM kda_state_dtype: (model dtype, float32)
+    per_layer = (model.state_conv_values / tp * STATE_BYTES_PER_VALUE
+                 + model.state_ssm_values / np.minimum(tp, max(model.state_heads, 1)) * ssm_bytes)
+    return model.num_state_layers / pp * per_layer
 
 
 def fixed_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> Num:
