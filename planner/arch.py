@@ -55,6 +55,10 @@ class CheckpointQuant:
     precision: Precision
     bytes_per_param: float
     quantized: frozenset[ModuleGroup]
+    # Routed experts stored in another format than the other quantised groups (DeepSeek-V4 `expert_dtype: fp4` beside
+    # an FP8 block `quantization_config`); None: they share the checkpoint's format.
+    expert_precision: Precision | None = None
+    expert_bytes_per_param: float = 0.0
 
     def covers(self, group: ModuleGroup) -> bool:
         return group in self.quantized

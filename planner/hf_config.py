@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .arch import ModelArch, ModuleGroup, StateKind
+from .arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
 from .checkpoint_quant import parse_quantization
 from .errors import InvalidSpec
+from .hardware import Precision
 
 __all__ = ["from_hf_config", "text_config"]
 
@@ -52,6 +53,9 @@ _NEUTRAL = frozenset({
     "output_attentions", "output_hidden_states", "return_dict",
     # Norm epsilons and routing groups under other names (LFM2 `block_norm_eps`, Kimi-Linear `num_expert_group`).
     "block_norm_eps", "num_expert_group",
+    # Which layers skip RoPE: a NoPE layer still caches K and V (vLLM smollm3/llama FullAttentionSpec); the layout
+    # matters only beside chunked attention, where `_apply_chunked` reads them.
+    "no_rope_layers", "no_rope_layer_interval",
 })
 # What a model's own code fixes when its config.json leaves a field out, by the config's `model_type`: defaults of
 # transformers' config classes and fixed parts of vLLM's model code. Used only for an absent field, and named in the
@@ -289,6 +293,13 @@ def _ffn_kinds(r: _Reader, layers: int, given: list[str | None], moe: bool) -> l
     inter = r.num("interleave_moe_layer_step", default=1)
     e_period, e_offset = r.num("expert_layer_period"), r.num("expert_layer_offset")
     only = {int(i) for i in (r.get("mlp_only_layers") or [])}
+    # ERNIE-4.5 (vLLM ernie45_moe.py): MoE where (i + 1) % moe_layer_interval == 0 and start <= i <= end.
+    start_raw, end_raw = r.get("moe_layer_start_index"), r.get("moe_layer_end_index")
+    start = min(int(x) for x in start_raw) if isinstance(start_raw, list) and start_raw else int(start_raw or 0)
+    end = max(int(x) for x in end_raw) if isinstance(end_raw, list) and end_raw else (
+        int(end_raw) if end_raw is not None else layers - 1)
+    end = end if end >= 0 else layers - 1
+    e_interval = r.num("moe_layer_interval", default=1)
     moe_layers = r.get("moe_layers")
     kinds = r.get("mlp_layer_types")
     for i in range(layers):
@@ -297,6 +308,7 @@ def _ffn_kinds(r: _Reader, layers: int, given: list[str | None], moe: bool) -> l
             continue
         sparse = i >= k and (freq <= 1 or i % freq == 0) and (step <= 1 or (i + 1) % step == 0) and i not in only
         sparse = sparse and (inter <= 1 or (i + 1) % inter == 0) and (e_period <= 0 or i % e_period == e_offset)
+        sparse = sparse and start <= i <= end and (e_interval <= 1 or (i + 1) % e_interval == 0)
         if isinstance(moe_layers, list):
             sparse = i in {int(x) for x in moe_layers}
         if isinstance(kinds, list) and i < len(kinds):
@@ -422,6 +434,11 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     matrices = 2 if act in ("relu2", "squared_relu") or gated is False else 3
     if act in ("relu2", "squared_relu"):
         assumptions.append(f"activation {act}: plain two-matrix MLPs (up, down), as vLLM's nemotron_h")
+    elif gated is None and "gelu" in act:
+        # Which MLP a GELU model has is fixed by its model code, not by a field (Gemma gates GELU, GPT-2 and StarCoder2
+        # do not; vLLM and transformers build the module their architecture class names): say which one was taken.
+        assumptions.append(f"hidden_act {act} with no field saying whether the MLP is gated: taken as gated (gate, up, "
+                           "down); a plain GELU MLP has two matrices (set mlp_gated: false)")
 
     kind, mixer_params, conv_values, ssm_values, state_heads = (StateKind.NONE, 0, 0, 0, 0)
     n_state = sum(1 for m in mix if m in ("state", "parallel"))
@@ -475,7 +492,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     if mtp:
         assumptions.append(f"{mtp} multi-token-prediction layers are loaded only with MTP speculative decoding; not counted in the weights")
 
-    moe_inter = r.num("moe_intermediate_size", "expert_intermediate_size") if num_experts else 0
+    moe_idx = [i for i, f in enumerate(ffn) if f == "moe"]
+    moe_inter = _per_layer(r, ("moe_intermediate_size", "expert_intermediate_size"), moe_idx, len(ffn), assumptions) if num_experts else 0
     dense_inter = r.num("intermediate_size_mlp", "block_ff_dim", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
     r.read.update(("block_multiple_of", "block_ffn_dim_multiplier"))
     if r.get("block_auto_adjust_ff_dim") is True:
@@ -492,16 +510,28 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         moe_inter = r.num("intermediate_size", "ffn_hidden_size", default=4 * hidden)
     shared_width = r.num("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size",
                          "share_expert_dim")
-    n_shared = r.num("n_shared_experts", "num_shared_experts") if num_experts else 0
+    n_shared = _per_layer(r, ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "num_shared_expert"), moe_idx,
+                          len(ffn), assumptions) if num_experts else 0
+    if r.get("use_mixed_mlp_moe") is False:
+        n_shared = 0  # Hunyuan: no shared MLP beside the experts unless use_mixed_mlp_moe
+    elif r.get("use_mixed_mlp_moe") is True and n_shared and not shared_width and r.num("intermediate_size") not in (0, moe_inter):
+        # vLLM hunyuan_v1.py HunYuanSparseMoeBlock: the shared MLP is intermediate_size x num_shared_expert wide (when that
+        # is the experts' width, n_shared x moe_intermediate_size says the same).
+        shared_width = r.num("intermediate_size") * n_shared
+    if r.get("use_cla") is True:
+        warnings.append(f"use_cla (cross-layer attention, share factor {r.get('cla_share_factor')}) is not priced: every "
+                        "attention layer is charged its own KV")
     checkpoint = parse_quantization(inner.get("quantization_config") or cfg.get("quantization_config") or inner.get("compression_config"),
                                     _representatives(mix, ffn, shared=bool(n_shared or shared_width)), warnings.append, assumptions)
+    checkpoint = _expert_dtype(r, checkpoint, num_experts > 0 and "moe" in ffn, warnings.append, assumptions)
     arch = ModelArch(
         name=name or str(inner.get("_name_or_path") or (list(inner.get("architectures") or []) or ["custom"])[0]),
         num_layers=layers, hidden_size=hidden, num_heads=max(heads, 1), num_kv_heads=max(min(kv_heads, max(heads, 1)), 1),
         head_dim=max(head_dim, 1), intermediate_size=dense_inter, vocab_size=vocab, max_context_tokens=max_ctx,
         tie_embeddings=bool(r.get("tie_word_embeddings", "tie_embedding", default=False)),
         num_experts=num_experts,
-        experts_per_token=r.num("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "moe_k") if num_experts else 0,
+        experts_per_token=_per_layer(r, ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "moe_k", "moe_topk"),
+                                     moe_idx, len(ffn), assumptions) if num_experts else 0,
         moe_intermediate_size=moe_inter, num_shared_experts=n_shared, shared_expert_intermediate_size=shared_width if num_experts else 0,
         num_dense_layers=sum(1 for f in ffn if f == "dense"), num_moe_ffn_layers=sum(1 for f in ffn if f == "moe"),
         ffn_matrices=matrices,
@@ -531,6 +561,48 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         if any(h in key.lower() for h in _SHAPE_HINTS):
             warnings.append(f"field {key!r} is not understood by the planner and was ignored")
     return replace(arch, warnings=tuple(warnings), assumptions=tuple(assumptions))
+
+
+def _per_layer(r: _Reader, keys: tuple[str, ...], layers: list[int], n_layers: int, assume: list[str]) -> int:
+    """A count or width given once or per layer (Hunyuan's `moe_topk`, `num_shared_expert`, `moe_intermediate_size`
+    lists, one entry a layer, as vLLM hunyuan_v1.py indexes them by layer_id): the mean over `layers`."""
+    value = r.get(*keys)
+    if isinstance(value, list):
+        nums = [int(x) for x in value if isinstance(x, int | float) and not isinstance(x, bool)]
+        if not nums or len(nums) != len(value):
+            return 0
+        if len(nums) != n_layers:  # not one entry a layer (ERNIE-VL's [text, vision] widths): the language model's first
+            return nums[0]
+        picked = [nums[i] for i in layers] or nums
+        mean = round(sum(picked) / len(picked))
+        if len(set(picked)) > 1:
+            key = next(k for k in keys if r.cfg.get(k) is not None)
+            assume.append(f"{key} differs by layer ({min(picked)}-{max(picked)}); the mean over the MoE layers, {mean}, was used")
+        return mean
+    return r.num(*keys)
+
+
+# DeepSeek-V4 `expert_dtype` (no quantization_config field): "fp4" experts are packed E2M1 pairs with an E8M0 scale per
+# 32 values (DeepSeek's inference model.py: torch.float4_e2m1fn_x2 experts; vLLM Fp8Config hands them to Mxfp4MoEMethod).
+_MXFP4_BYTES = 0.5 + 1.0 / 32
+
+
+def _expert_dtype(r: _Reader, checkpoint: CheckpointQuant | None, has_experts: bool, warn: Callable[[str], None],
+                  assume: list[str]) -> CheckpointQuant | None:
+    dtype = r.get("expert_dtype")
+    if dtype is None or not has_experts:
+        return checkpoint
+    if str(dtype).lower() not in ("fp4", "mxfp4"):
+        if str(dtype).lower() not in ("bf16", "bfloat16"):
+            warn(f"expert_dtype {dtype!r} is not understood; the experts are priced as the rest of the checkpoint")
+        return checkpoint
+    assume.append("expert_dtype fp4: routed experts stored as MXFP4 (4 bits + an E8M0 scale per 32), as DeepSeek-V4's "
+                  "model code and vLLM's Mxfp4MoEMethod load them")
+    if checkpoint is None:
+        return CheckpointQuant(method="mxfp4", precision=Precision.FP4, bytes_per_param=_MXFP4_BYTES,
+                               quantized=frozenset({ModuleGroup.ROUTED_EXPERTS}))
+    return replace(checkpoint, expert_precision=Precision.FP4, expert_bytes_per_param=_MXFP4_BYTES,
+                   quantized=checkpoint.quantized | {ModuleGroup.ROUTED_EXPERTS})
 
 
 def _representatives(mix: list[str], ffn: list[str], *, shared: bool) -> dict[ModuleGroup, tuple[str, ...]]:

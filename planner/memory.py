@@ -56,6 +56,10 @@ def group_bytes_per_param(model: ModelArch, group: ModuleGroup, precision: Preci
         return 2.0 if group is ModuleGroup.LM_HEAD else served.weight_bytes
     if not ck.covers(group):
         return 2.0
+    if group is ModuleGroup.ROUTED_EXPERTS and ck.expert_precision is not None:
+        # Experts stored in their own format (DeepSeek-V4 `expert_dtype`) are served as stored unless a benchmark
+        # names another MoE format.
+        return ck.expert_bytes_per_param if moe_precision in (None, ck.expert_precision) else served.weight_bytes
     return ck.bytes_per_param if served is ck.precision else served.weight_bytes
 
 

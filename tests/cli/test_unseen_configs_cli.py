@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from servingtopology.cli.main import main
 from servingtopology.cli.validate import evaluate, load_measurements
 from servingtopology.planner.calibration import Prediction
@@ -32,7 +34,15 @@ ROWS = [
     ("deepseek-ai/DeepSeek-V4-Flash", "deepseek-v4-flash", "h200_sxm", "bf16", "bf16", "bf16", 8, 8),
     ("LGAI-EXAONE/EXAONE-4.0-32B-FP8", "exaone-4.0-32b-fp8", "h100_sxm", "fp8", "fp8_block", "fp8_block", 2, 1),
     ("microsoft/Phi-3-mini-4k-instruct", "phi-3-mini-4k", "h100_sxm", "bf16", "bf16", "bf16", 1, 1),
+    # Session 15: layer kinds and MoE layouts the reader had not met (tests/planner/test_new_layer_kinds.py).
+    ("moonshotai/Kimi-Linear-48B-A3B-Instruct", "kimi-linear-48b-a3b", "h200_sxm", "bf16", "bf16", "bf16", 2, 1),
+    ("LiquidAI/LFM2-1.2B", "lfm2-1.2b", "h100_sxm", "bf16", "bf16", "bf16", 1, 1),
+    ("ibm-granite/granite-4.0-h-tiny", "granite-4.0-h-tiny", "h100_sxm", "bf16", "bf16", "bf16", 1, 1),
+    ("HuggingFaceTB/SmolLM3-3B", "smollm3-3b", "h100_sxm", "bf16", "bf16", "bf16", 1, 1),
+    ("baidu/ERNIE-4.5-21B-A3B-PT", "ernie-4.5-21b-a3b", "h100_sxm", "bf16", "bf16", "bf16", 1, 1),
+    ("tencent/Hunyuan-A13B-Instruct", "hunyuan-a13b", "h200_sxm", "bf16", "bf16", "bf16", 2, 1),
 ]
+NEW_CONFIGS = ["kimi-linear-48b-a3b", "lfm2-1.2b", "granite-4.0-h-tiny", "smollm3-3b", "ernie-4.5-21b-a3b", "hunyuan-a13b"]
 
 
 def _csv_and_models(tmp_path: Path) -> tuple[Path, Path]:
@@ -72,3 +82,25 @@ def test_plan_and_simulate_price_llama4_by_its_global_layers(tmp_path, capsys):
     assert main(["simulate", str(spec), "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)
     assert sim["finished"] > 0 and sim["unfinished"] == 0
+
+
+@pytest.mark.parametrize("cfg", NEW_CONFIGS)
+def test_plan_simulate_and_validate_take_each_new_config(tmp_path, capsys, cfg):
+    """Each session-15 config through `plan` (its simulation stage off) and `simulate`, with exit code 0; `validate`
+    takes their rows in the test below."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"modelConfig: {CONFIGS / (cfg + '.json')}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
+                    "workload: {arrivalRate: 2, inputTokens: 2000, outputTokens: 200}\nslo: {ttftMs: {p95: 3000}, tpotMs: {p95: 100}}\n"
+                    "search: {preset: narrow, topK: 1}\n")
+    assert main(["plan", str(spec), "--json", "--no-simulate", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_bytes_per_token"] > 0
+    assert main(["simulate", str(spec), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["finished"] > 0 and sim["unfinished"] == 0
+
+
+def test_validate_exits_0_on_the_unseen_families(tmp_path, capsys):
+    rows, models = _csv_and_models(tmp_path)
+    assert main(["validate", "--measurements", str(rows), "--model-dir", str(models), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"]["count"] == 0

@@ -6,9 +6,10 @@ totals; never read back from the planner. docs/models.md holds the table."""
 
 import pytest
 
-from servingtopology.planner.arch import StateKind
+from servingtopology.planner.arch import ModuleGroup, StateKind
+from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import KvDtype
-from servingtopology.planner.memory import kv_bytes_per_token, state_bytes_per_seq
+from servingtopology.planner.memory import group_bytes_per_param, kv_bytes_per_token, state_bytes_per_seq, weight_bytes_total
 from servingtopology.planner.model import from_hf_config
 from tests.planner.model_configs import BF16, full_attention_bytes, load, raw
 
@@ -72,3 +73,101 @@ def test_granite_4_h_mamba2_hybrid_with_routed_and_shared_experts():
     conv, temporal = 3 * (48 * 64 + 2 * 1 * 128), 48 * 64 * 128
     assert state_bytes_per_seq(m, tp=1) == 36 * (conv + temporal) * BF16
     assert m.total_params / 1e9 == pytest.approx(6.94, abs=0.01)  # ibm-granite: 7B (6.94B in its safetensors)
+
+
+def test_smollm3_nope_layers_still_cache_every_layer():
+    """SmolLM3-3B: every 4th layer skips RoPE (`no_rope_layers`), but a NoPE layer still caches K and V (vLLM runs it
+    through its Llama layers, FullAttentionSpec in all 36). The layout shapes no weight or cache byte: old main warned
+    that both fields were not understood."""
+    m = load("smollm3-3b")
+    assert m.num_full_attention_layers == 36 and m.num_sliding_layers == 0
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(36, 4, 128, BF16)  # 73,728
+    h = 2048
+    assert m.total_params == 36 * (2 * h * 16 * 128 + 2 * h * 4 * 128 + 3 * h * 11008) + 128256 * h
+    assert m.total_params / 1e9 == pytest.approx(3.08, abs=0.01)  # HuggingFaceTB: 3.08B
+    assert m.warnings == ()
+
+
+def test_ernie_moe_layers_run_from_start_to_end_index_with_shared_experts():
+    """ERNIE-4.5-21B-A3B (vLLM ernie45_moe.py): a layer is MoE when (i + 1) % moe_layer_interval == 0 and
+    moe_layer_start_index <= i <= moe_layer_end_index, else a dense MLP of intermediate_size; Ernie4_5_MoeMoE adds a
+    shared MLP of moe_intermediate_size x moe_num_shared_experts. Old main: 28 MoE layers and no shared expert, 21.85B
+    with 2.69B active, and four fields named as not understood."""
+    m = load("ernie-4.5-21b-a3b")
+    assert (m.num_moe_layers, m.num_dense_layers, m.experts_per_token) == (27, 1, 6)
+    h, e = 2560, 1536
+    attention = 2 * h * 20 * 128 + 2 * h * 4 * 128
+    moe = 64 * 3 * h * e + 3 * h * (2 * e) + h * 64
+    assert m.total_params == 28 * attention + 3 * h * 12288 + 27 * moe + 103424 * h
+    assert m.total_params / 1e9 == pytest.approx(21.8, abs=0.05)  # Baidu: 21B total ("21.8B in all")
+    assert m.active_params_per_token / 1e9 == pytest.approx(3.0, abs=0.4)  # "A3B"
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(28, 4, 128, BF16)
+    assert m.warnings == ()
+
+
+def test_hunyuan_per_layer_lists_of_top_k_shared_experts_and_widths():
+    """Hunyuan-A13B gives `moe_topk`, `num_shared_expert` and `moe_intermediate_size` as one entry a layer (vLLM
+    hunyuan_v1.py indexes them by layer_id) and, with `use_mixed_mlp_moe`, a shared MLP of intermediate_size x
+    num_shared_expert. Old main read no top-k and no shared MLP: 1.88B active against the card's 13B."""
+    m = load("hunyuan-a13b")
+    assert (m.num_moe_layers, m.experts_per_token, m.moe_intermediate_size) == (32, 8, 3072)
+    h = 4096
+    attention = 2 * h * 32 * 128 + 2 * h * 8 * 128
+    expert = 3 * h * 3072
+    assert m.total_params == 32 * (attention + 64 * expert + expert + h * 64) + 128167 * h
+    assert m.active_params_per_token == 32 * (attention + 8 * expert + expert + h * 64) + 128167 * h
+    assert (m.total_params / 1e9, m.active_params_per_token / 1e9) == (pytest.approx(80.0, rel=0.01), pytest.approx(13.0, rel=0.03))
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(32, 8, 128, BF16)
+    assert m.warnings == ()
+    # A per-layer list that varies is averaged over the MoE layers, and said so.
+    varied = from_hf_config({**raw("hunyuan-a13b"), "moe_topk": [8] * 16 + [4] * 16})
+    assert varied.experts_per_token == 6 and any("moe_topk differs by layer" in a for a in varied.assumptions)
+
+
+def test_deepseek_v4_fp4_experts_are_priced_as_mxfp4():
+    """DeepSeek-V4's `expert_dtype: fp4`: its experts are packed E2M1 pairs with an E8M0 scale per 32 values (DeepSeek's
+    inference model.py builds them as torch.float4_e2m1fn_x2; vLLM's Fp8Config hands `expert_dtype == "fp4"` experts
+    to Mxfp4MoEMethod): 0.5 + 1/32 bytes a weight. Old main priced them as BF16 (568 GB of weights) and warned."""
+    m = load("deepseek-v4-flash")
+    assert m.checkpoint is not None and m.checkpoint.precision is Precision.FP4
+    assert m.checkpoint.quantized == {ModuleGroup.ROUTED_EXPERTS}
+    experts = m.routed_expert_params_total
+    rest = weight_bytes_total(m, Precision.BF16) - experts * 2  # every other group stays BF16 (no quantization_config)
+    assert weight_bytes_total(m, Precision.FP4) == pytest.approx(experts * (0.5 + 1 / 32) + rest)
+    assert not any("expert_dtype" in w for w in m.warnings)
+    # The released checkpoint pairs them with FP8 128x128 blocks on every other Linear (quantization_config fp8):
+    # the experts keep their own format beside it.
+    cfg = {**raw("deepseek-v4-flash"), "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    both = from_hf_config(cfg)
+    assert both.checkpoint is not None and both.checkpoint.precision is Precision.FP8
+    assert group_bytes_per_param(both, ModuleGroup.ROUTED_EXPERTS, Precision.FP8) == 0.5 + 1 / 32
+    assert group_bytes_per_param(both, ModuleGroup.ATTENTION, Precision.FP8) == 1 + 4 / 128**2
+
+
+def test_a_gelu_mlp_on_an_unknown_model_type_is_named_as_taken_gated():
+    """No field tells a plain GELU MLP (GPT-2, StarCoder2) from a gated one (Gemma): the model code decides. An
+    unknown model_type with a GELU activation is taken as gated and the decision record says so; a config that says
+    `mlp_gated: false` (or LFM2's `block_use_swiglu: false`) gets two matrices."""
+    cfg = {"model_type": "brand_new", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+           "intermediate_size": 1024, "hidden_act": "gelu"}
+    m = from_hf_config(cfg)
+    assert m.ffn_matrices == 3 and any("hidden_act gelu" in a and "gated" in a for a in m.assumptions)
+    assert from_hf_config({**cfg, "mlp_gated": False}).dense_ffn_params_per_layer == 2 * 256 * 1024
+    assert not any("hidden_act" in a for a in from_hf_config({**cfg, "hidden_act": "silu"}).assumptions)
+
+
+def test_a_gptq_int4_checkpoint_is_priced_as_vllm_allocates_it():
+    """A GPTQ int4 `quantization_config` (bits 4, group_size 128, desc_act, sym: the fields AutoGPTQ/GPTQModel write)
+    on Llama-3.1-8B: vLLM's GPTQLinearMethod allocates qweight as int32 packing 8 weights (0.5 bytes a weight),
+    scales in FP16 per group of 128 input rows (2/128) and qzeros packed the same way per group (0.5/128) for every
+    Linear; the LM head stays BF16 (`lm_head` false). g_idx (one int32 per input row, 4/out_features a weight, under
+    0.1 %) is not counted."""
+    q = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True, "damp_percent": 0.1,
+         "checkpoint_format": "gptq", "lm_head": False}
+    m = from_hf_config({**raw("llama-3.1-8b-instruct"), "quantization_config": q})
+    assert m.checkpoint is not None and m.checkpoint.precision is Precision.INT4
+    per_weight = 0.5 + 2 / 128 + 0.5 / 128
+    assert m.checkpoint.bytes_per_param == pytest.approx(per_weight)
+    h, v = 4096, 128256
+    gemms = 32 * (2 * h * 32 * 128 + 2 * h * 8 * 128 + 3 * h * 14336)
+    assert weight_bytes_total(m, Precision.INT4) == pytest.approx(gemms * per_weight + 2 * v * h * 2)
