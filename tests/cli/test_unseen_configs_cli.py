@@ -62,6 +62,15 @@ def _csv_and_models(tmp_path: Path) -> tuple[Path, Path]:
     return path, root
 
 
+def _spec(tmp_path: Path, cfg: str) -> Path:
+    """A plan spec for one stored config: 8 H200s, 2 req/s of 2000/200-token requests, the narrow search."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"modelConfig: {CONFIGS / (cfg + '.json')}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
+                    "workload: {arrivalRate: 2, inputTokens: 2000, outputTokens: 200}\nslo: {ttftMs: {p95: 3000}, tpotMs: {p95: 100}}\n"
+                    "search: {preset: narrow, topK: 1}\n")
+    return spec
+
+
 def test_validate_predicts_every_row_of_the_unseen_families(tmp_path):
     rows, models = _csv_and_models(tmp_path)
     results, summary = evaluate(load_measurements(rows, model_dir=models))
@@ -71,10 +80,7 @@ def test_validate_predicts_every_row_of_the_unseen_families(tmp_path):
 
 def test_plan_and_simulate_price_llama4_by_its_global_layers(tmp_path, capsys):
     """Old main planned Llama-4-Scout with 0 KV bytes per token ('48 of 48 layers attend to a 8192-token window')."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(f"modelConfig: {CONFIGS / 'llama-4-scout.json'}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
-                    "workload: {arrivalRate: 2, inputTokens: 2000, outputTokens: 200}\nslo: {ttftMs: {p95: 3000}, tpotMs: {p95: 100}}\n"
-                    "search: {preset: narrow, topK: 1}\n")
+    spec = _spec(tmp_path, "llama-4-scout")
     assert main(["plan", str(spec), "--json", "--no-simulate", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] == 12 * 2 * 8 * 128 * 2  # vLLM FullAttentionSpec on the 12 no-RoPE layers
@@ -88,10 +94,7 @@ def test_plan_and_simulate_price_llama4_by_its_global_layers(tmp_path, capsys):
 def test_plan_simulate_and_validate_take_each_new_config(tmp_path, capsys, cfg):
     """Each session-15 config through `plan` (its simulation stage off) and `simulate`, with exit code 0; `validate`
     takes their rows in the test below."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(f"modelConfig: {CONFIGS / (cfg + '.json')}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
-                    "workload: {arrivalRate: 2, inputTokens: 2000, outputTokens: 200}\nslo: {ttftMs: {p95: 3000}, tpotMs: {p95: 100}}\n"
-                    "search: {preset: narrow, topK: 1}\n")
+    spec = _spec(tmp_path, cfg)
     assert main(["plan", str(spec), "--json", "--no-simulate", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] > 0
