@@ -441,7 +441,8 @@ class PolicySpec(_Api):
                               "the old and new layouts run side by side")
     capacityDrop: CapacityDrop = Field(default=CapacityDrop.NEVER, description="how far a spec edit's transition may lower the "
                                        "serving capacity when no step sequence within hardware.maxGPUs + maxSurgeGPUs keeps "
-                                       "min(load, running capacity): Never (the change waits, Planned=False TransitionBlocked, "
+                                       "its floor, min(load (measured while metrics flow, else the spec's), the running layout's capacity, the target's "
+                                       "capacity): Never (the change waits, Planned=False TransitionBlocked, "
                                        "naming the GPUs it needs), AboveZero (dip, but something always serves) or Any (serving "
                                        "may stop during the move). Changes the operator starts on drift always keep the full floor")
 

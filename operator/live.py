@@ -101,7 +101,7 @@ def _token(cluster: Cluster, spec: TopologySpec, namespace: str) -> tuple[str | 
 def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | None, memory: ReplanMemory, policy: ReplanPolicy,
                     now: datetime, cluster: Cluster, namespace: str, name: str, factory: MetricsFactory, planner: Planner,
                     predict: Predictor = predict_layout, ready_since: datetime | None = None,
-                    allow: UrlAllowList | None = None) -> ReplanOutcome | None:
+                    allow: UrlAllowList | None = None, observe_only: str | None = None) -> ReplanOutcome | None:
     """One replan interval when spec.metrics is set and the interval is due; None otherwise (nothing to write).
 
     `ready_since`: when the Ready condition last turned True (None: not Ready), for the MetricsGrace rule.
@@ -129,4 +129,4 @@ def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | N
     grace = metrics_grace(memory, ready_since_s=ready_since.timestamp() if ready_since is not None else None, now_s=now_s,
                           interval_s=policy.interval_s)
     return replan(problem=problem, current=current, memory=memory, sample=sample, metrics_error=error, policy=policy,
-                  now_s=now_s, planner=planner, predict=predict, at=timestamp(now), grace=grace)
+                  now_s=now_s, planner=planner, predict=predict, at=timestamp(now), grace=grace, observe_only=observe_only)

@@ -325,8 +325,10 @@ def problem_or_none(p: PassState, ctx: PassContext, current: Layout | None) -> P
         return None   # the planning path reports it
 
 
-def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layout | None) -> ReplanOutcome | None:
-    """One replan interval when due: write its conditions, Events, observed figures and memory."""
+def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layout | None, *,
+                 observe_only: str | None = None) -> ReplanOutcome | None:
+    """One replan interval when due: write its conditions, Events, observed figures and memory (`observe_only`: why
+    this interval may read and record but not decide, see operator/replan.py `replan`)."""
     if ctx.metrics is None:
         return None
     try:
@@ -334,7 +336,7 @@ def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layo
                               cluster=p.cluster, namespace=p.namespace, name=p.name, factory=ctx.metrics,
                               # The replan's Problem follows the measured load, new every fetch: wait for its plan.
                               planner=blocking(ctx.planner), predict=ctx.predict, ready_since=p.ready_since(),
-                              allow=ctx.metrics_allow)
+                              allow=ctx.metrics_allow, observe_only=observe_only)
     except (InvalidSpec, InsufficientData, PlanBudgetExceeded) as exc:
         p.event("Warning", "ReplanFailed", f"{exc}; keeping the running layout")
         p.memory = dataclasses.replace(p.memory, last_fetch_s=p.now.timestamp())

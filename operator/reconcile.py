@@ -371,7 +371,8 @@ def _blocked_target(p: PassState, run: _Run) -> ProposalStatus | None:
 
 def _look_again(p: PassState, ctx: PassContext, problem: Problem, current: Layout, run: _Run, proposal: ProposalStatus) -> None:
     """A blocked change of this generation, judged again without planning again: it starts once the floor it needs
-    can be kept (the load fell) and stays blocked, without another Event, while it cannot."""
+    can be kept (the measured load fell: the pass has just read it) and stays blocked, without another Event, while it
+    cannot."""
     assert run.plan is not None
     started = start_for_change(p.memory, problem=problem, current=current, target=layout_from_plan(proposal),
                                running=running_set(run.plan), policy=ctx.policy, now_s=p.now.timestamp())
@@ -395,6 +396,9 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
     elif new_generation:
         blocked = _blocked_target(p, run)
         if blocked is not None and problem is not None and current is not None:
+            # The running layout keeps serving: its metrics are still read (status.observed, and the load the blocked
+            # move's floor follows), though nothing is decided from them while the change waits.
+            observe_live(p, ctx, problem, current, observe_only=f"the spec change to {blocked.layout} waits ({TRANSITION_BLOCKED})")
             _look_again(p, ctx, problem, current, run, blocked)
         else:
             failed = _plan_for_generation(p, ctx, problem, current, run)

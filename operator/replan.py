@@ -320,9 +320,11 @@ def _prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, 
 
 def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,
            policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "",
-           grace: str | None = None) -> ReplanOutcome:
+           grace: str | None = None, observe_only: str | None = None) -> ReplanOutcome:
     """One replan interval. `problem` is the spec's (its workload is what the first plan assumed); `current`
-    the running layout; `grace` (from `metrics_grace`) holds back a MetricsUnavailable while metrics cannot exist yet.
+    the running layout; `grace` (from `metrics_grace`) holds back a MetricsUnavailable while metrics cannot exist yet;
+    `observe_only` (why: e.g. a spec change waits, TransitionBlocked) reads and records the figures and decides nothing,
+    as under Pinned or during a transition.
     Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
     if metrics_error is not None or sample is None or sample.empty:
         why = metrics_error or "Prometheus returned no engine series for this ServingTopology"
@@ -353,8 +355,9 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
                              tpot_percentile=problem.slo.tpot_percentile)
     before = predict(observed, current) if current is not None else None
     base = dict(observation=obs, observed=status, before=before)
-    if policy.mode is Mode.PINNED or mem.transitioning:
-        why = "policy.mode is Pinned" if policy.mode is Mode.PINNED else "a transition is in progress"
+    if policy.mode is Mode.PINNED or mem.transitioning or observe_only:
+        why = ("policy.mode is Pinned" if policy.mode is Mode.PINNED else "a transition is in progress" if mem.transitioning
+               else observe_only)
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=f"observed only: {why}", **base)
     assumed = mem.assumed or problem.workload
     verdict = assess_drift(mem.drift, shift=workload_shift(assumed, obs.workload.workload), observed_slo=obs.slo, slo=problem.slo,

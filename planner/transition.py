@@ -390,7 +390,7 @@ def start_transition(current: Layout, target: Layout, *, budget: Budget, capacit
     if target.gpus > budget.max_gpus:
         raise Infeasible("transition", f"{target.label} needs {target.gpus} GPUs, over the budget of {budget.max_gpus}")
     if not budget.holds(_cap(capacity, target, _counts(target))):
-        raise Infeasible("transition", f"{target.label} carries less than the floor of {budget.floor_rps:.2f} req/s")
+        raise Infeasible("transition", f"{target.label} carries less than the floor of {_rps(budget.floor_rps)} req/s")
     mode = Mode.IN_PLACE if in_place(current, target) else Mode.SURGE
     old = set_name(current)
     new = old if mode is Mode.IN_PLACE else set_name(target)
@@ -402,8 +402,14 @@ def start_transition(current: Layout, target: Layout, *, budget: Budget, capacit
     last = run_ideal(state, budget=budget, capacity=capacity, now_s=now_s)[-1]
     if last.state.phase is not Phase.DONE:
         raise Infeasible("transition", f"{current.label} → {target.label}: {last.message} "
-                         f"(GPUs {budget.max_gpus}+{budget.surge_gpus} surge, floor {budget.floor_rps:.2f} req/s)")
+                         f"(GPUs {budget.max_gpus}+{budget.surge_gpus} surge, floor {_rps(budget.floor_rps)} req/s)")
     return state
+
+
+def _rps(rate: float) -> str:
+    """A floor in req/s as messages print it: two decimals, or two significant digits under 0.01 req/s so that a
+    dip to 0.004 req/s never reads as 0.00 (which the messages reserve for a floor of exactly zero)."""
+    return f"{rate:.2f}" if rate == 0 or rate >= 0.01 else f"{rate:.2g}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,7 +515,7 @@ def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity
     within = f"within {budget.limit_gpus} GPUs (hardware.maxGPUs {budget.max_gpus} + policy.maxSurgeGPUs {budget.surge_gpus})"
     if needed is None:
         carries = _cap(capacity, target, _counts(target))
-        need = f"{target.label} itself carries {carries:.2f} req/s, under the floor; no GPU budget keeps it"
+        need = f"{target.label} itself carries {_rps(carries)} req/s, under the floor; no GPU budget keeps it"
     else:
         max_gpus = max(budget.max_gpus, target.gpus)
         raises = ([f"hardware.maxGPUs to {max_gpus}"] if max_gpus > budget.max_gpus else []) + (
@@ -539,16 +545,16 @@ def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity
         exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s) if kept_rps > low else None
         if exact is not None:
             low, best = kept_rps, exact
-    kept = f"the serving floor of {full:.2f} req/s" if full > 0 else "any serving capacity"
+    kept = f"the serving floor of {_rps(full)} req/s" if full > 0 else "any serving capacity"
     gap = f"no step sequence from {move} keeps {kept} {within}"
     if holds_some and allow is not CapacityDrop.NEVER:
         return Requested(StartVerdict.FLOOR_LOWERED, best, low, full, low, needed,
-                         f"{gap}; policy.capacityDrop {allow.value}: serving capacity may dip to {low:.2f} req/s; {need}")
+                         f"{gap}; policy.capacityDrop {allow.value}: serving capacity may dip to {_rps(low)} req/s; {need}")
     if not holds_some and allow is CapacityDrop.ANY:
         return Requested(StartVerdict.FLOOR_DROPPED, lowest, 0.0, full, 0.0, needed,
                          f"{gap}, nor any floor above zero; policy.capacityDrop Any: serving may stop during the move; {need}")
     holdable = low if holds_some else 0.0
     options = ("or set policy.capacityDrop to AboveZero to move keeping at least "
-               f"{holdable:.2f} req/s" if holds_some else "or set policy.capacityDrop to Any to move with serving stopped for a while")
+               f"{_rps(holdable)} req/s" if holds_some else "or set policy.capacityDrop to Any to move with serving stopped for a while")
     return Requested(StartVerdict.FLOOR_WOULD_DROP, None, full, full, holdable, needed,
-                     f"{gap} (the most a sequence keeps: {holdable:.2f} req/s); {need}, {options}")
+                     f"{gap} (the most a sequence keeps: {_rps(holdable)} req/s); {need}, {options}")

@@ -40,7 +40,9 @@ def test_the_table_and_the_json_round_tok_s_per_gpu_from_one_figure():
     # float gave "3149" in the table; both now come from the one rounded figure.
     from servingtopology.cli.plan import _tok_s_per_gpu
 
-    for raw in (3149.46, 3150.54, 2.449, 10.05, 999.95):
+    # (raw, the JSON's figure, the table's text): the table is the JSON's figure formatted, never the raw float's
+    # (which prints 3149 and 3151 for the first two).
+    cases = [(3149.46, 3149.5, "3150"), (3150.54, 3150.5, "3150"), (2.449, 2.4, "2"), (10.05, 10.1, "10"), (999.95, 1000.0, "1000")]
+    for raw, json_figure, table in cases:
         fig = _tok_s_per_gpu(raw, 1.0, 1)
-        assert f"{fig:.0f}" == str(round(fig))
-    assert f"{_tok_s_per_gpu(3149.46, 1.0, 1):.0f}" == "3150"
+        assert fig == json_figure and f"{fig:.0f}" == table, (raw, fig)

@@ -303,3 +303,38 @@ def test_pinned_only_observes_however_the_traffic_drifts() -> None:
     assert obj["status"]["observed"]["arrivalRateRps"] == pytest.approx(80.0)
     assert not [r for r in reasons(cluster) if r.startswith(("Transition", "PlanProposed"))]
     assert obj["status"]["replan"]["transition"] is None
+
+
+def test_a_blocked_change_keeps_reading_the_metrics_and_starts_once_the_measured_load_lets_it() -> None:
+    # Pinned 4×TP1 serving more than any step towards 2×TP2 can keep within maxGPUs 4 and no surge: the move is blocked.
+    # While it waits, the running layout's metrics are still read (status.observed follows them) and the load the floor
+    # follows is the measured one, so when the traffic falls the move starts. The old reconcile stopped reading metrics
+    # while a change was blocked: status.observed froze and the floor kept the load measured before the edit for ever.
+    obj = topology("Pinned", pinned={"kind": "replicas", "replicas": 4, "tp": 1})
+    obj["spec"]["policy"] |= {"replanInterval": "1m", "cooldown": "5m", "maxSurgeGPUs": 0}
+    obj["spec"]["hardware"]["maxGPUs"] = 4
+    cluster, planner, metrics = FakeCluster(), CountingPlanner(), ScriptedMetrics(rate=200.0)
+    for minute in range(4):
+        run(obj, cluster, planner, metrics, minute)
+        cluster.tick()
+    assert obj["status"]["plan"]["layout"] == "4×TP1" and obj["status"]["observed"]["arrivalRateRps"] == pytest.approx(200.0)
+    obj["spec"]["pinned"] = {"kind": "replicas", "replicas": 2, "tp": 2}
+    obj["metadata"]["generation"] += 1
+    running_before = deployments(cluster)
+    for minute in range(4, 8):
+        metrics.rate = 150.0 + minute
+        run(obj, cluster, planner, metrics, minute)
+        cluster.tick()
+        assert cond(obj, "Planned")["reason"] == "TransitionBlocked" and deployments(cluster) == running_before
+    assert 157.0 < obj["status"]["observed"]["arrivalRateRps"] < 200.0   # the window now holds the passes' readings
+    assert obj["status"]["observed"]["at"] == (T0 + timedelta(minutes=7)).isoformat().replace("+00:00", "Z")
+    assert reasons(cluster).count("TransitionBlocked") == 1 and planner.calls == 2
+    metrics.rate = 0.5   # the traffic falls: a sequence that keeps 0.5 req/s serving fits in 4 GPUs
+    for minute in range(8, 40):
+        run(obj, cluster, planner, metrics, minute)
+        cluster.tick()
+        assert cluster.gpus_held(NS) <= 4
+        if obj["status"]["plan"]["layout"] == "2×TP2" and not obj["status"]["replan"].get("transition"):
+            break
+    assert reasons(cluster).count("TransitionStarted") == 1 and obj["status"]["plan"]["layout"] == "2×TP2"
+    assert planner.calls == 2   # the blocked change started from its plan: judged again, never planned again

@@ -334,3 +334,19 @@ def test_capacity_drop_above_zero_finds_a_serving_sequence_below_the_bisections_
     held = start_requested(current, target, budget=budget, capacity=steep, now_s=0.0)
     assert held.verdict is V.FLOOR_WOULD_DROP and held.holdable_rps == 2.0
     assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 2.00 req/s")
+
+
+def test_a_dip_under_a_hundredth_of_a_request_per_second_is_not_printed_as_zero():
+    # 3×TP1 → 1×TP2 in 3 GPUs, no surge, each TP1 carrying 0.004 req/s: the move keeps one TP1 (0.004 req/s) while
+    # the TP2 comes up. Old main printed that dip as "0.00 req/s", the figure its messages use for stopping serving.
+    def tiny(layout: Layout) -> float:
+        r = layout.roles[Role.AGGREGATED]
+        return 0.004 * r.count if r.parallelism.tp == 1 else 0.006 * r.count
+
+    current, target, budget = replicas(3), replicas(1, tp=2), Budget(3, 0, floor_rps=0.012)
+    held = start_requested(current, target, budget=budget, capacity=tiny, now_s=0.0)
+    assert held.verdict is V.FLOOR_WOULD_DROP and held.holdable_rps == pytest.approx(0.004)
+    assert "keeps the serving floor of 0.006 req/s" in held.message and "(the most a sequence keeps: 0.004 req/s)" in held.message
+    assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 0.004 req/s")
+    lowered = start_requested(current, target, budget=budget, capacity=tiny, now_s=0.0, allow=CapacityDrop.ABOVE_ZERO)
+    assert lowered.verdict is V.FLOOR_LOWERED and "serving capacity may dip to 0.004 req/s" in lowered.message
