@@ -397,3 +397,60 @@ def test_a_move_that_would_stop_serving_is_blocked_and_leaves_every_workload_as_
     floor = sampler.samples[0].ready_serving_pods
     assert floor == 3 and sampler.min_ready_after_first_serving() >= floor and sampler.max_gpus_held() <= 3, sampler.samples[-1]
     print(f"\nblocked: {planned['message'][:160]}…; {len(sampler.samples)} samples, Deployments unchanged {before}")
+
+
+def test_a_blocked_move_keeps_reading_metrics_and_starts_when_the_measured_load_falls(
+        cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
+    """A blocked change follows the measured load: Pinned 4×TP1 (8192/1024-token requests, which one TP1 serves at
+    about 1.5 req/s) → 2×TP2 within maxGPUs 4 and no surge. Every sequence passes through two TP1s (about 2.9 req/s), so
+    at the emulator's 4 req/s the move is blocked (FloorWouldDrop); while it waits, the running pods' metrics are still
+    read (status.observed moves on); when the traffic falls to 1 req/s the move starts by itself, keeps pods serving and
+    the GPU budget, and ends on 2×TP2. The old reconcile stopped reading metrics while a change was blocked, so the
+    floor kept the load measured before the edit and the move never started."""
+    name, tokens = "waits", {"input_tokens": 8192, "output_tokens": 1024}
+    emulator.set_profile({"phases": [{"rate_rps": 4, **tokens}]})
+    try:
+        obj = topology(name, namespace, prometheus_url=cluster.prometheus_url, mode="Pinned", max_gpus=4, max_surge_gpus=0,
+                       arrival_rate=4, input_tokens=8192, output_tokens=1024)
+        obj["spec"]["pinned"] = {"kind": "replicas", "replicas": 4, "tp": 1}
+        _apply(cluster, obj)
+        wait_until(lambda: _settled(kube, namespace, name), timeout_s=180, what="Pinned 4×TP1 settled", on_timeout=operator.log_tail)
+        _require_live_metrics(kube, namespace, name)
+
+        def observed() -> dict[str, Any]:
+            return dict(kube.topology(namespace, name).get("status", {}).get("observed") or {})
+
+        wait_until(lambda: (observed().get("arrivalRateRps") or 0) >= 3.3, timeout_s=180, what="4 req/s measured",
+                   on_timeout=lambda: json.dumps(observed()))
+        with PodSampler(cluster.kubeconfig, namespace, name) as sampler:
+            _patch_spec(cluster, namespace, name, {"pinned": {"replicas": 2, "tp": 2}})
+            generation = kube.topology(namespace, name)["metadata"]["generation"]
+
+            def blocked() -> bool:
+                planned = kube.condition(namespace, name, "Planned") or {}
+                return planned.get("reason") == "TransitionBlocked" and planned.get("observedGeneration") == generation
+
+            wait_until(blocked, timeout_s=120, what="Planned=False TransitionBlocked", on_timeout=operator.log_tail)
+            message = (kube.condition(namespace, name, "Planned") or {})["message"]
+            at = observed().get("at")
+            wait_until(lambda: observed().get("at") != at and blocked(), timeout_s=90, what="status.observed read while blocked",
+                       on_timeout=lambda: json.dumps(observed()))
+            emulator.set_profile({"phases": [{"rate_rps": 1, **tokens}]})
+            fell_s = time.monotonic()
+
+            def started() -> bool:
+                return any(e["involvedObject"]["name"] == name for e in kube.events(namespace, reason="TransitionStarted"))
+
+            wait_until(started, timeout_s=360, what="the blocked move started after the load fell", on_timeout=operator.log_tail)
+            started_s = time.monotonic() - fell_s
+            wait_until(lambda: _settled(kube, namespace, name), timeout_s=300, what="2×TP2 settled", on_timeout=operator.log_tail)
+        status = kube.topology(namespace, name)["status"]
+        assert status["plan"]["layout"] == "2×TP2" and status["plan"]["generation"] == generation, status["plan"]
+        assert message.startswith("FloorWouldDrop: keeping 4×TP1 serving as it is"), message
+        blocked_warnings = [e for e in kube.events(namespace, reason="TransitionBlocked") if e["involvedObject"]["name"] == name]
+        assert sum(int(e.get("count") or 1) for e in blocked_warnings) == 1, blocked_warnings
+        assert sampler.max_gpus_held() <= 4 and sampler.min_ready_after_first_serving() >= 1, sampler.samples[-1]
+        print(f"\nblocked at 4 req/s, started {started_s:.0f} s after the traffic fell to 1 req/s; max GPUs held "
+              f"{sampler.max_gpus_held()} (budget 4), fewest Ready serving pods {sampler.min_ready_after_first_serving()}; {message[:140]}…")
+    finally:
+        emulator.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
