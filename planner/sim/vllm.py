@@ -4,7 +4,9 @@ Follows vLLM's `Scheduler.schedule` (v1/core/sched/scheduler.py): running reques
 order, each taking min(its remaining tokens, what is left of `max_num_batched_tokens`); when a running
 request cannot get KV blocks the newest running request is preempted (recompute) until it can; only
 in a step without preemption are waiting requests admitted, FCFS, while the budget, `max_num_seqs`
-and the pool allow (the head request blocking the queue). Prefix hits count whole blocks.
+and the pool allow (the head request blocking the queue). Prefix hits count whole blocks. A waiting
+request is admitted only when the blocks of its whole prompt fit in the free pool, not just those of
+its first chunk (`whole_prompt_fits`).
 """
 
 from __future__ import annotations
@@ -100,18 +102,18 @@ def admit_remote(rank: Rank, now_s: float) -> list[int]:
     return started
 
 
-def _undo_admit(rank: Rank, slot: int) -> None:
-    rid = int(rank.rid[slot])
-    hk, hr = int(rank.hit_k[slot]), int(rank.hit_r[slot])
-    rank.ledger.cached_tokens[rid] -= (hk + hr) * rank.page
-    if hk:
-        rank.pool.release(int(rank.key[rid]))
-    if hr:
-        rank.pool.release(-(rid + 1))
-    rank.pool.free_allocated(int(rank.blk[slot]) - hk - hr)
-    rank.active[slot] = False
-    rank.ready[slot] = False
-    rank.free_slots.append(slot)
+def whole_prompt_fits(rank: Rank, rid: int, tokens: int, hk: int, hr: int) -> bool:
+    """vLLM's admission gate `--scheduler-reserve-full-isl` (on by default): a waiting or preempted request
+    is taken in only if the free pool holds blocks for all its `tokens` (prompt, plus the outputs of a
+    preempted one) beyond its prefix hits, not only for the first chunk, so a long prompt is not admitted
+    to be preempted half-way (`KVCacheManager.allocate_slots(full_sequence_must_fit=...)`,
+    vllm/v1/core/kv_cache_manager.py, vllm-project/vllm PR #37307 merged 2026-03-17; `true` in the 0.19.0
+    replay's resolved scheduler_config and the default in 0.32/0.33's parsers, absent from 0.11's). Hit blocks
+    that are cached but unreferenced count against the free pool, as vLLM's `get_num_blocks_to_allocate`
+    counts them (acquiring them takes them out of the free queue)."""
+    pinned_now = (rank.pool.evictable_extent(int(rank.key[rid])) if hk else 0) + (
+        rank.pool.evictable_extent(-(rid + 1)) if hr else 0)
+    return rank.blocks_for(tokens) - (hk + hr) <= rank.pool.free - pinned_now
 
 
 class VllmPolicy:
@@ -206,14 +208,15 @@ class VllmPolicy:
             hk, hr = rank.hits(rid)
             tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
             n = min(tokens - (hk + hr) * rank.page, budget_left)
-            slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
-            if not rank.grow(slot, n):
-                _undo_admit(rank, slot)
+            if not whole_prompt_fits(rank, rid, tokens, hk, hr):
                 if rank.running == 0 and rank.blocks_for(tokens) > rank.pool.total:
                     rank.waiting.popleft()  # larger than the whole pool: never admissible
                     rank.outstanding -= 1
                     continue
                 break
+            slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
+            ok = rank.grow(slot, n)  # the first chunk's blocks are a part of the whole prompt's
+            assert ok
             rank.waiting.popleft()
             slots.append(slot)
             news.append(n)
@@ -230,9 +233,7 @@ class VllmPolicy:
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
         tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
-        n = min(tokens - (hk + hr) * rank.page, self.budget - decoding)
-        pinned_now = (rank.pool.evictable_extent(int(rank.key[rid])) if hk else 0) + (rank.pool.evictable_extent(-(rid + 1)) if hr else 0)
-        return rank.blocks_for((hk + hr) * rank.page + n) - (hk + hr) <= rank.pool.free - pinned_now
+        return whole_prompt_fits(rank, rid, tokens, hk, hr)
 
     def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:
         """Steps of pure decode this rank can run unchanged, and whether an arrival could end them early.

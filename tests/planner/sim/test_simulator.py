@@ -122,6 +122,26 @@ def test_preemption_happens_exactly_when_the_pool_runs_out(engine: Engine) -> No
         assert first == pytest.approx(2.57)  # 1 prefill step + 256 decode steps of 10 ms
 
 
+@pytest.mark.parametrize(("prompt", "waits"), [(600, True), (400, False)])
+def test_vllm_admits_a_waiting_prompt_only_when_all_its_blocks_fit(prompt: int, waits: bool) -> None:
+    # --scheduler-reserve-full-isl (vLLM's default): A (512-token prompt, 300 answer tokens) runs in a
+    # 1,024-token pool; B arrives next. Once A's prompt is in (33 blocks of 64), 31 blocks are free: B's
+    # first 256-token chunk always fits, but a 600-token prompt (38 blocks) waits for A to finish
+    # instead of being admitted and preempted half-way, while a 400-token one (25 blocks) starts at once.
+    layout = Layout.replicas(1, Parallelism(), EngineKnobs(max_num_seqs=8, max_num_batched_tokens=256))
+    reqs = RequestSet(np.array([0.0, 0.001]), np.array([512, prompt]), np.array([300, 10]), np.full(2, -1),
+                      np.zeros(2, dtype=np.int64), np.full(2, -1))
+    r = simulate(layout, model=MODEL, gpu=GPU, engine=Engine.VLLM, requests=reqs,
+                 pool_tokens={Role.AGGREGATED: 1024}, step_model=lambda role, rl: FixedStep(0.01))
+    assert r.summary().unfinished == 0
+    assert int(r.preemptions[0]) == 0
+    if waits:
+        assert int(r.preemptions.sum()) == 0
+        assert r.scheduled_s[1] >= r.finish_s[0]
+    else:
+        assert r.scheduled_s[1] == pytest.approx(0.02)  # the step after A's two prompt chunks
+
+
 def test_a_pd_run_ttft_includes_the_kv_transfer_floor() -> None:
     prompt = 4000
     pd = Layout.pd(RoleLayout(1, Parallelism()), RoleLayout(1, Parallelism()))
