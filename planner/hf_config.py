@@ -31,7 +31,7 @@ _NEUTRAL = frozenset({
     "architectures", "model_type", "auto_map", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "initializer_range", "rope_theta", "rope_scaling",
     "rope_parameters", "original_max_position_embeddings", "partial_rotary_factor", "rotary_dim", "rope_interleave", "rotary_pct", "rotary_emb_base",
-    "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "use_cache", "attention_bias",
+    "attention_dropout", "attn_dropout_prob", "emb_dropout_prob", "hidden_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "use_cache", "attention_bias",
     "mlp_bias", "use_bias", "bias", "norm_topk_prob", "scoring_func", "topk_method", "n_group", "topk_group",
     "routed_scaling_factor", "aux_loss_alpha", "router_aux_loss_coef", "output_router_logits", "seq_aux", "ep_size",
     "pretraining_tp", "use_qk_norm", "qk_norm_type", "qk_layernorm", "use_routing_bias", "router_jitter_noise",
@@ -81,6 +81,10 @@ _IMPLIED: dict[str, dict[str, Any]] = {
     # transformers configuration_lfm2.py Lfm2Config: tie_embedding=True and block_auto_adjust_ff_dim=True by default
     # (Lfm2MLP then takes 2/3 of the width, rounded up to block_multiple_of, 256 by default).
     "lfm2": {"tie_word_embeddings": True, "block_auto_adjust_ff_dim": True},
+    # Qwen (v1, remote code `QWenLMHeadModel`): `intermediate_size` counts both gated projections together; each (w1, w2)
+    # is intermediate_size // 2 wide, and so is c_proj's input (vLLM qwen.py QWenBlock: `QWenMLP(config.hidden_size,
+    # config.intermediate_size // 2)`; the released modeling_qwen.py: `ff_dim_in = config.intermediate_size // 2`).
+    "qwen": {"mlp_width_divisor": 2},
 }
 # Other names the reader takes for an implied field: a config that gives one of them gives the field.
 _ALSO_READ_AS: dict[str, tuple[str, ...]] = {"n_shared_experts": ("num_shared_experts",), "tie_word_embeddings": ("tie_embedding",)}
@@ -90,7 +94,9 @@ _SHAPE_HINTS = ("layer", "head", "dim", "size", "expert", "rank", "window", "kv"
 
 
 # Token ids and scalar multipliers (muP, routing scales) never change weights, FLOPs or cache bytes.
-_SCALAR_SUFFIXES = ("_token_id", "_token_ids", "_token_index", "_multiplier", "_multipliers", "_scaling_factor", "_rope_theta")
+_SCALAR_SUFFIXES = ("_token_id", "_token_ids", "_token_index", "_multiplier", "_multipliers", "_scaling_factor", "_rope_theta",
+                    # Norm and residual scalars (MiniMax-M1 `layernorm_*_alpha` / `_beta`) and dropout rates.
+                    "_alpha", "_beta", "_dropout")
 
 
 class _Reader:
@@ -285,6 +291,7 @@ def _apply_chunked(r: _Reader, mix: list[str], chunk: int, max_ctx: int, assume:
 
 def _ffn_kinds(r: _Reader, layers: int, given: list[str | None], moe: bool) -> list[str]:
     if not moe:
+        r.read.add("mlp_only_layers")  # which layers skip the experts: moot without experts (Qwen3.5 dense writes [])
         return [g if g is not None and g != "moe" else "dense" for g in given]
     out: list[str] = []
     k = r.num("first_k_dense_replace")
@@ -396,16 +403,18 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         if all(inner.get(k) is None for k in (key, *_ALSO_READ_AS.get(key, ()))):
             inner[key] = value
             assumptions.append(f"plain two-matrix MLP (no gate projection), as {model_type}'s model code in vLLM has it" if key == "mlp_gated"
+                               else f"{key} {value}: {model_type}'s model code halves intermediate_size for each MLP projection"
+                               if key == "mlp_width_divisor"
                                else f"{key} absent: {value}, as {model_type}'s own config class and model code have it")
     if inner.get("tie_word_embeddings") is None and inner.get("tie_embedding") is None:
         assumptions.append("tie_word_embeddings absent: the LM head is taken as a separate matrix (untied)")
     r = _Reader(inner)
     r.read.update(nested)
     layers = r.num("num_hidden_layers", "num_layers", "n_layer", "n_layers")
-    hidden = r.num("hidden_size", "d_model", "n_embd", "dim", "block_dim")
+    hidden = r.num("hidden_size", "d_model", "n_embd", "n_embed", "dim", "block_dim")
     if layers <= 0 or hidden <= 0:
         raise InvalidSpec(field, "config.json lacks a usable num_hidden_layers and hidden_size (also read: num_layers, n_layer, "
-                                 "d_model, n_embd); they are needed to size any decoder")
+                                 "d_model, n_embd, n_embed); they are needed to size any decoder")
     heads = r.num("num_attention_heads", "n_head", "num_heads", "n_heads")
     head_dim = r.num("head_dim", "attention_head_dim", "kv_channels") or (hidden // heads if heads else 0)
     kv_heads = r.num("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "kv_n_heads", default=heads)
@@ -495,6 +504,10 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     moe_idx = [i for i, f in enumerate(ffn) if f == "moe"]
     moe_inter = _per_layer(r, ("moe_intermediate_size", "expert_intermediate_size"), moe_idx, len(ffn), assumptions) if num_experts else 0
     dense_inter = r.num("intermediate_size_mlp", "block_ff_dim", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
+    divisor = r.num("mlp_width_divisor", default=1)
+    if divisor > 1:
+        dense_inter //= divisor
+        assumptions.append(f"mlp_width_divisor {divisor}: each MLP projection is intermediate_size / {divisor} = {dense_inter} wide")
     r.read.update(("block_multiple_of", "block_ffn_dim_multiplier"))
     if r.get("block_auto_adjust_ff_dim") is True:
         # LFM2's MLP (transformers Lfm2MLP, vLLM lfm2.py Lfm2MLP): 2/3 of the configured width, times
