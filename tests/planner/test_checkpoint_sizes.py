@@ -55,6 +55,14 @@ def _without_siglip_tower(cfg: dict[str, Any], total: int) -> float:
     return total - 2 * (v["num_hidden_layers"] * layer + embeddings + projector)
 
 
+def _without_stored_tied_head(cfg: dict[str, Any], total: int) -> float:
+    """This Gemma copy stores `lm_head.weight` beside `model.embed_tokens.weight`, but Gemma ties them in its model code
+    (the config has no tie_word_embeddings; transformers GemmaConfig defaults it to true) and vLLM's gemma.py skips a
+    stored lm_head.weight when it loads ("not used in vllm as it is tied with embed_token"): vocab x hidden values fewer."""
+    assert "tie_word_embeddings" not in cfg and cfg["model_type"] == "gemma"
+    return total - 2 * cfg["vocab_size"] * cfg["hidden_size"]
+
+
 def _without_qwen_vl_visual(cfg: dict[str, Any], total: int) -> float:
     """Qwen-VL stores its vision transformer (`transformer.visual.*`, FP16, left unquantised by the GPTQ pass: the index
     lists qweight/scales only under transformer.h.*) beside the language model; vLLM's qwen_vl.py builds it for image
@@ -95,6 +103,9 @@ CHECKPOINTS = [
                what="Gemma-3 27B with its SigLIP tower; sliding-window layers, tied"),
     Checkpoint("ckpt-minimax-m1", 912_210_767_872, what="MiniMax-M1: lightning (linear) attention + 1 softmax layer in 8, 32 experts"),
     Checkpoint("ckpt-phi-tiny-moe", 7_510_440_576, what="PhiMoE: 16 experts, attention and LM-head biases"),
+    Checkpoint("ckpt-cogito-qwen2.5-14b", 29_531_895_808, what="Qwen2.5-14B fine-tune: q/k/v biases, GQA 8, untied"),
+    Checkpoint("ckpt-gemma-2b", 6_060_920_832, _without_stored_tied_head,
+               what="Gemma-2B: MQA, head_dim 256 != hidden/heads, gated GELU, tied by model_type (FP16)"),
     Checkpoint("ckpt-reflection-llama-3.1-70b", 282_214_825_984, _fp32_served_in_16_bits,
                what="Llama-3.1-70B fine-tune stored in FP32, GQA 8"),
     Checkpoint("ckpt-qwen3.5-2b-dense", 3_763_650_176,
