@@ -125,6 +125,10 @@ class ModelArch:
     # Multi-token prediction: extra decoder layers loaded only for MTP speculative decoding.
     num_mtp_layers: int = 0
     checkpoint: CheckpointQuant | None = None
+    # Encoder towers of a multimodal checkpoint (vision, audio) and their projectors into the language model, which
+    # vLLM loads beside it by default (planner.towers). Weights only: never in the per-token FLOPs or the KV cache.
+    tower_params: int = 0
+    tower_bytes_per_param: float = 2.0
     # What the config said that the planner did not use (warnings) and what it assumed (assumptions).
     warnings: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
@@ -244,8 +248,13 @@ class ModelArch:
 
     @property
     def total_params(self) -> int:
-        """Weights the engine loads to serve the model (MTP layers excluded: see `mtp_params`)."""
+        """Weights of the language model (MTP layers excluded: see `mtp_params`; encoder towers: `tower_params`)."""
         return self.non_expert_params + self.routed_expert_params_total
+
+    @property
+    def total_params_with_towers(self) -> int:
+        """Weights the engine loads to serve the model with its multimodal inputs: the language model and its towers."""
+        return self.total_params + self.tower_params
 
     @property
     def mtp_params(self) -> int:

@@ -22,6 +22,7 @@ from .arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
 from .checkpoint_quant import parse_quantization
 from .errors import InvalidSpec
 from .hardware import Precision
+from .towers import read_towers
 
 __all__ = ["from_hf_config", "text_config"]
 
@@ -394,7 +395,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     assumptions: list[str] = []
     inner, wrapper = text_config(cfg)
     if wrapper:
-        assumptions.append(f"language model read from {wrapper}; other towers (vision, audio) are not counted")
+        assumptions.append(f"language model read from {wrapper}")
     nested = _merge_nested(inner)
     if nested:
         assumptions.append(f"fields read from the nested {', '.join(nested)} blocks")
@@ -562,6 +563,9 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         state_ssm_fp32=kind is StateKind.KDA,
         num_mtp_layers=mtp, checkpoint=checkpoint,
     )
+    towers = read_towers(cfg, hidden, warnings.append, assumptions)
+    if towers is not None:
+        arch = replace(arch, tower_params=towers.params, tower_bytes_per_param=towers.bytes_per_param)
     r.read.update(("intermediate_size", "num_hidden_layers"))
     for key in sorted(set(inner) - r.read - _NEUTRAL):
         value = inner[key]

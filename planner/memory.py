@@ -20,7 +20,7 @@ from .hardware import Gpu, Precision
 from .layout import Engine, EngineKnobs, KvDtype, Parallelism
 
 __all__ = [
-    "weight_bytes_total", "weight_bytes_per_gpu", "linear_weight_bytes", "expert_weight_bytes", "group_bytes_per_param",
+    "weight_bytes_total", "weight_bytes_per_gpu", "tower_bytes", "language_model_bytes", "linear_weight_bytes", "expert_weight_bytes", "group_bytes_per_param",
     "kv_bytes_per_token", "sliding_kv_bytes_per_seq", "state_bytes_per_seq", "fixed_bytes_per_seq", "pool_tokens_from_bytes",
     "AttentionRead", "attention_read_bytes", "activation_reserve_bytes", "kv_pool_bytes", "kv_pool_tokens", "max_request_tokens",
     "transfer_floor_s", "RUNTIME_RESERVE_BYTES", "INDEXER_KEY_BYTES_PER_DIM",
@@ -75,18 +75,33 @@ def _non_expert_bytes(model: ModelArch, precision: Precision) -> float:
     return dense + head + routers + _embedding_bytes(model)
 
 
-def weight_bytes_total(model: ModelArch, precision: Precision, moe_precision: Precision | None = None) -> float:
-    """Bytes of all weights of one copy of the model."""
+def tower_bytes(model: ModelArch) -> float:
+    """Bytes of a multimodal model's encoder towers and projectors (planner.towers), stored and served in 16 bits
+    whatever the serving precision of the language model (checkpoints leave them unquantised)."""
+    return model.tower_params * model.tower_bytes_per_param
+
+
+def language_model_bytes(model: ModelArch, precision: Precision, moe_precision: Precision | None = None) -> float:
+    """Bytes of the language model's weights alone (what `--language-model-only` would load)."""
     return _non_expert_bytes(model, precision) + model.routed_expert_params_total * group_bytes_per_param(
         model, ModuleGroup.ROUTED_EXPERTS, precision, moe_precision)
+
+
+def weight_bytes_total(model: ModelArch, precision: Precision, moe_precision: Precision | None = None) -> float:
+    """Bytes of all weights of one copy of the model: the language model and, for a multimodal model, its towers."""
+    return language_model_bytes(model, precision, moe_precision) + tower_bytes(model)
 
 
 def weight_bytes_per_gpu(model: ModelArch, precision: Precision, *, tp: Num, pp: Num, dp: Num = 1,
                          moe_precision: Precision | None = None) -> Num:
     """Weights on one GPU: non-expert weights sharded by TP (replicated across attention-DP ranks),
-    routed experts sharded over TP × DP (tensor or expert parallel), layers split by PP."""
+    routed experts sharded over TP × DP (tensor or expert parallel), layers split by PP.
+
+    Encoder towers are sharded by TP (vLLM's default `--mm-encoder-tp-mode weights`: "split the weights of each layer
+    across TP ranks"; `data` would replicate them) and are not split by PP: a multimodal model builds its tower in
+    every pipeline stage's module (only the language model's layers are PP-split), so each stage is charged it."""
     experts = model.routed_expert_params_total * group_bytes_per_param(model, ModuleGroup.ROUTED_EXPERTS, precision, moe_precision)
-    return (_non_expert_bytes(model, precision) / tp + experts / (tp * dp)) / pp
+    return (_non_expert_bytes(model, precision) / tp + experts / (tp * dp)) / pp + tower_bytes(model) / tp
 
 
 def linear_weight_bytes(model: ModelArch, precision: Precision) -> float:

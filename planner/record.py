@@ -84,7 +84,8 @@ def render_record(problem: Problem, decision: Decision) -> str:
         f"# Topology decision record: {m.name} on {g.id} ({engine_label(problem)})",
         "",
         "## Inputs",
-        f"- Model: {m.name}: {m.total_params / 1e9:.2f} B parameters ({m.active_params_per_token / 1e9:.2f} B active per token), "
+        f"- Model: {m.name}: {m.total_params / 1e9:.2f} B parameters ({m.active_params_per_token / 1e9:.2f} B active per token)"
+        f"{f' plus {m.tower_params / 1e9:.2f} B of vision/audio towers, loaded beside it' if m.tower_params else ''}, "
         f"{m.num_layers} layers, {'MLA' if m.is_mla else f'{m.num_heads} heads / {m.num_kv_heads} KV heads'}"
         f"{f', MoE {m.num_experts} experts top-{m.experts_per_token}' if m.is_moe else ''}.",
         f"- Weights at {problem.precision.value}: {decision.weight_bytes / GIB:.1f} GiB ({decision.weight_bytes / 1e9:.1f} GB) for one copy.",

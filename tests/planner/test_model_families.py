@@ -20,6 +20,7 @@ from servingtopology.planner.memory import (
     kv_bytes_per_token,
     kv_pool_bytes,
     kv_pool_tokens,
+    language_model_bytes,
     pool_tokens_from_bytes,
     sliding_kv_bytes_per_seq,
     state_bytes_per_seq,
@@ -185,7 +186,11 @@ def test_int4_weight_only_checkpoints_price_group_scales_and_unquantised_modules
     experts = 60 * 384 * 3 * 7168 * 2048
     assert kimi.routed_expert_params_total == experts
     rest = kimi.total_params - experts
-    assert weight_bytes_total(kimi, Precision.INT4) == pytest.approx(experts * (0.5 + 2 / 32) + rest * 2, rel=1e-6)
+    assert language_model_bytes(kimi, Precision.INT4) == pytest.approx(experts * (0.5 + 2 / 32) + rest * 2, rel=1e-6)
+    # Its MoonViT tower (27 layers of 1152, MLP 4304) and 2x2 patch merger into 7168 stay in 16 bits beside it: the
+    # Kimi-K2.5 card's "MoonViT, 400M" vision encoder, 0.42 B with the merger here.
+    assert kimi.tower_params / 1e9 == pytest.approx(0.4, rel=0.2)
+    assert weight_bytes_total(kimi, Precision.INT4) == language_model_bytes(kimi, Precision.INT4) + 2 * kimi.tower_params
 
 
 def test_mtp_layers_are_counted_apart_from_the_served_weights():
