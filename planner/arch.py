@@ -121,9 +121,22 @@ class ModelArch:
     state_conv_values: int = 0  # conv state values per sequence per fixed-state layer (TP-sharded)
     state_ssm_values: int = 0  # recurrent state values per sequence per fixed-state layer (TP-sharded)
     state_heads: int = 0  # heads the recurrent state is split over (TP shards them; replicated past it)
-    state_ssm_fp32: bool = False  # recurrent state kept in FP32 whatever the model dtype (vLLM kda_state_dtype)
+    # Recurrent state kept in FP32 whatever the model dtype: Kimi's KDA always (vLLM kda_state_dtype), others when the
+    # config's `mamba_ssm_dtype` says float32 (vLLM Qwen3_5ForConditionalGenerationConfig sets --mamba-ssm-cache-dtype
+    # 'auto' to it; SGLang mamba2_state_dtype reads it too).
+    state_ssm_fp32: bool = False
+    # Cross-layer KV sharing: attention layers that read another layer's KV cache and allocate none of their own (vLLM
+    # builds them with `kv_sharing_target_layer_name`, or for Hunyuan CLA as cross-attention over the previous layer's
+    # K and V), by kind. `kv_reuse_drops_kv_proj`: those layers have no k/v projections either (hunyuan_v1.py
+    # HunYuanCrossAttention has only q_proj and o_proj).
+    kv_reuse_full_layers: int = 0
+    kv_reuse_sliding_layers: int = 0
+    kv_reuse_drops_kv_proj: bool = False
     # Multi-token prediction: extra decoder layers loaded only for MTP speculative decoding.
     num_mtp_layers: int = 0
+    # The MTP block stores its own embedding and one LM head per MTP layer (DeepSeek-V3's layer 61 `embed_tokens` and
+    # `shared_head.head`); False: it reads the main model's (Qwen3.5 `mtp_use_dedicated_embeddings: false`, MiMo).
+    mtp_dedicated_embeddings: bool = False
     checkpoint: CheckpointQuant | None = None
     # Encoder towers of a multimodal checkpoint (vision, audio) and their projectors into the language model, which
     # vLLM loads beside it by default (planner.towers). Weights only: never in the per-token FLOPs or the KV cache.
@@ -164,6 +177,11 @@ class ModelArch:
     def num_attention_layers(self) -> int:
         """Layers with softmax attention (full or sliding window)."""
         return self.num_full_attention_layers + self.num_sliding_layers
+
+    @property
+    def num_kv_reuse_layers(self) -> int:
+        """Attention layers that read another layer's KV cache and keep none of their own."""
+        return self.kv_reuse_full_layers + self.kv_reuse_sliding_layers
 
     @property
     def num_moe_layers(self) -> int:
@@ -222,6 +240,8 @@ class ModelArch:
     def attention_params_total(self) -> int:
         """Softmax-attention projections of every attention layer, with their indexers."""
         base = self.num_attention_layers * self.attention_params_per_layer + self.num_indexer_layers * self.indexer_params_per_layer
+        if self.kv_reuse_drops_kv_proj and not self.is_mla:
+            base -= self.num_kv_reuse_layers * 2 * self.hidden_size * self.num_kv_heads * self.head_dim
         if self.query_heads_total and not self.is_mla:
             # q (and its gate) and o grow with each layer's own query heads; k and v do not.
             extra_heads = self.query_heads_total - self.num_attention_layers * self.num_heads
@@ -258,15 +278,18 @@ class ModelArch:
 
     @property
     def mtp_params(self) -> int:
-        """Weights of the multi-token-prediction layers: each a decoder layer (MoE where the model is), the
-        projection of [embedding; hidden] back to hidden and its own embedding and head copies (the checkpoint's
-        layer 61 of DeepSeek-V3, as vLLM's deepseek_mtp loads it: 671 B + 14 B = 685 B)."""
+        """Weights the checkpoint stores for its multi-token-prediction layers: each a decoder layer (MoE where the model
+        is) and the projection of [embedding; hidden] back to hidden (eh_proj, MiMo's input_proj, Qwen's mtp.fc); with
+        dedicated embeddings also one embedding for the block and an LM head per layer (DeepSeek-V3's layer 61, as vLLM
+        deepseek_mtp.py loads it: `embed_tokens` shared by the MTP layers, `shared_head.head` per layer; 671 B + 14 B =
+        685 B). Without them the MTP layers read the main model's embedding and head (nothing more stored)."""
         if self.num_mtp_layers == 0:
             return 0
         ffn = (self.num_experts * self.expert_params + self.shared_expert_params_per_layer + self.router_params_per_layer
                if self.is_moe else self.dense_ffn_params_per_layer)
         per_layer = self.attention_params_per_layer + self.indexer_params_per_layer + ffn + 2 * self.hidden_size**2
-        return self.num_mtp_layers * (per_layer + 2 * self.vocab_size * self.hidden_size)
+        embeddings = (self.num_mtp_layers + 1) * self.vocab_size * self.hidden_size if self.mtp_dedicated_embeddings else 0
+        return self.num_mtp_layers * per_layer + embeddings
 
     @property
     def active_params_per_token(self) -> int:

@@ -40,7 +40,7 @@ _NEUTRAL = frozenset({
     "mamba_conv_bias", "chunk_size", "mamba_chunk_size", "use_mamba_kernels", "time_step_min", "time_step_max",
     "time_step_floor", "time_step_limit", "time_step_rank", "router_temperature", "moe_router_topk_scaling_factor",
     "qk_head_dim", "head_size", "hidden_act", "mlp_hidden_act", "hidden_activation", "swiglu_limit", "final_logit_softcapping",
-    "attn_logit_softcapping", "query_pre_attn_scalar", "use_sliding_window", "sliding_window", "mtp_use_dedicated_embeddings",
+    "attn_logit_softcapping", "query_pre_attn_scalar", "use_sliding_window", "sliding_window",
     "index_share_for_mtp_iteration", "indexer_rope_interleave", "rope_local_base_freq", "use_mtp", "mtp_transformer_layers",
     "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_config", "audio_config",
     "quantization_config", "compression_config", "max_window_layers", "cache_implementation", "use_return_dict",
@@ -69,6 +69,9 @@ _IMPLIED: dict[str, dict[str, Any]] = {
     # vLLM llama4.py Llama4MoE (and transformers Llama4TextMoe): every MoE layer has one shared expert of the
     # routed experts' width (`intermediate_size`) beside the routed ones; the config has no field for it.
     "llama4_text": {"n_shared_experts": 1},
+    # DeepSeek-V3's MTP layer (model.layers.61) stores its own `embed_tokens` and `shared_head.head` (671 B + 14 B = 685 B
+    # in the release), which vLLM deepseek_mtp.py loads (`embed_tokens` shared by the MTP layers, a head per layer).
+    **{mt: {"mtp_use_dedicated_embeddings": True} for mt in ("deepseek_v3", "deepseek_v32")},
     # transformers configuration_starcoder2.py: tie_word_embeddings=True; Starcoder2MLP is c_fc -> act -> c_proj (two
     # matrices; vLLM 0.33 runs it through its Transformers backend), which no field says: its `hidden_act` is the same
     # GELU Gemma gates with.
@@ -401,6 +404,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         assumptions.append(f"fields read from the nested {', '.join(nested)} blocks")
     model_type = str(inner.get("model_type") or "")
     for key, value in _IMPLIED.get(model_type, {}).items():
+        if key == "mtp_use_dedicated_embeddings" and not inner.get("num_nextn_predict_layers"):
+            continue  # no MTP layers: nothing for the field to shape
         if all(inner.get(k) is None for k in (key, *_ALSO_READ_AS.get(key, ()))):
             inner[key] = value
             assumptions.append(f"plain two-matrix MLP (no gate projection), as {model_type}'s model code in vLLM has it" if key == "mlp_gated"
@@ -451,11 +456,15 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
                            "down); a plain GELU MLP has two matrices (set mlp_gated: false)")
 
     kind, mixer_params, conv_values, ssm_values, state_heads = (StateKind.NONE, 0, 0, 0, 0)
+    ssm_fp32 = False
     n_state = sum(1 for m in mix if m in ("state", "parallel"))
     if n_state:
         kind, mixer_params, conv_values, ssm_values, state_heads = _state(r, hidden, heads, head_dim)
+        ssm_fp32 = _ssm_state_fp32(r, kind, warnings.append)
         assumptions.append(f"{n_state} {kind.value} layers keep a fixed state per sequence, stored in the model dtype "
                            + ("with the recurrent state in FP32 (vLLM kda_state_dtype)" if kind is StateKind.KDA
+                              else "with the recurrent state in FP32 (the config's mamba_ssm_dtype, which vLLM's "
+                                   "--mamba-ssm-cache-dtype 'auto' takes)" if ssm_fp32
                               else "(vLLM mamba_ssm_cache_dtype 'auto')"))
     if heads <= 0 and any(m in ("full", "sliding", "parallel") for m in mix):
         raise InvalidSpec(field, "config.json has attention layers but no num_attention_heads")
@@ -499,8 +508,12 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     mtp = r.num("num_nextn_predict_layers", "mtp_num_hidden_layers")
     if not mtp and r.get("use_mtp"):
         mtp = r.num("num_mtp_modules", default=1) * r.num("mtp_transformer_layers", default=1)
+    dedicated = r.get("mtp_use_dedicated_embeddings")
+    mtp_dedicated = bool(dedicated) if isinstance(dedicated, bool) else False
     if mtp:
-        assumptions.append(f"{mtp} multi-token-prediction layers are loaded only with MTP speculative decoding; not counted in the weights")
+        assumptions.append(f"{mtp} multi-token-prediction layers are loaded only with MTP speculative decoding; not counted in the weights"
+                           + ("; they store their own embedding and LM heads" if mtp_dedicated
+                              else "; they read the main model's embedding and LM head"))
 
     moe_idx = [i for i, f in enumerate(ffn) if f == "moe"]
     moe_inter = _per_layer(r, ("moe_intermediate_size", "expert_intermediate_size"), moe_idx, len(ffn), assumptions) if num_experts else 0
@@ -532,9 +545,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         # vLLM hunyuan_v1.py HunYuanSparseMoeBlock: the shared MLP is intermediate_size x num_shared_expert wide (when that
         # is the experts' width, n_shared x moe_intermediate_size says the same).
         shared_width = r.num("intermediate_size") * n_shared
-    if r.get("use_cla") is True:
-        warnings.append(f"use_cla (cross-layer attention, share factor {r.get('cla_share_factor')}) is not priced: every "
-                        "attention layer is charged its own KV")
+    reuse_full, reuse_sliding, reuse_drops_kv = _kv_reuse(r, mix, warnings.append, assumptions)
     checkpoint = parse_quantization(inner.get("quantization_config") or cfg.get("quantization_config") or inner.get("compression_config"),
                                     _representatives(mix, ffn, shared=bool(n_shared or shared_width)), warnings.append, assumptions)
     checkpoint = _expert_dtype(r, checkpoint, num_experts > 0 and "moe" in ffn, warnings.append, assumptions)
@@ -560,8 +571,9 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         num_linear_layers=sum(1 for m in mix if m == "state"), num_mixerless_layers=sum(1 for m in mix if m == "none"),
         state_kind=kind, linear_mixer_params=n_state * mixer_params, state_conv_values=conv_values, state_ssm_values=ssm_values,
         state_heads=state_heads, num_parallel_state_layers=sum(1 for m in mix if m == "parallel"),
-        state_ssm_fp32=kind is StateKind.KDA,
-        num_mtp_layers=mtp, checkpoint=checkpoint,
+        state_ssm_fp32=kind is StateKind.KDA or ssm_fp32,
+        kv_reuse_full_layers=reuse_full, kv_reuse_sliding_layers=reuse_sliding, kv_reuse_drops_kv_proj=reuse_drops_kv,
+        num_mtp_layers=mtp, mtp_dedicated_embeddings=mtp_dedicated, checkpoint=checkpoint,
     )
     towers = read_towers(cfg, hidden, warnings.append, assumptions)
     if towers is not None:
@@ -578,6 +590,59 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         if any(h in key.lower() for h in _SHAPE_HINTS):
             warnings.append(f"field {key!r} is not understood by the planner and was ignored")
     return replace(arch, warnings=tuple(warnings), assumptions=tuple(assumptions))
+
+
+def _kv_reuse(r: _Reader, mix: list[str], warn: Callable[[str], None], assume: list[str]) -> tuple[int, int, bool]:
+    """Attention layers that read another layer's KV cache: (full, sliding, whether they lack k/v projections).
+
+    Hunyuan cross-layer attention (`use_cla`, `cla_share_factor` f): vLLM hunyuan_v1.py builds layer i as
+    HunYuanCrossAttention (q_proj and o_proj only, attending over the K and V the previous layer computed) when
+    i % f != 0, and skips such a layer's k/v weights when loading. `num_kv_shared_layers` N (Gemma-3n): the last N
+    layers reuse the cache of the last earlier layer of their kind (vLLM `kv_sharing_target_layer_name`: no cache
+    of their own); their k/v projections stay in the model.
+    """
+    attn = ("full", "sliding", "parallel")
+    if r.get("use_cla") is True:
+        factor = r.num("cla_share_factor", default=1)
+        if factor > 1:
+            idx = [i for i, m in enumerate(mix) if m in attn and i % factor != 0]
+            full = sum(1 for i in idx if mix[i] != "sliding")
+            assume.append(f"use_cla with cla_share_factor {factor}: {len(idx)} of {sum(1 for m in mix if m in attn)} attention "
+                          "layers attend over the previous layer's K and V: no KV cache and no k/v projections of their own "
+                          "(vLLM hunyuan_v1.py)")
+            return full, len(idx) - full, True
+        r.get("cla_share_factor")
+    shared = r.num("num_kv_shared_layers")
+    if shared > 0:
+        if shared >= len(mix):
+            warn(f"num_kv_shared_layers {shared} is not below the {len(mix)} layers; KV sharing was not priced")
+            return 0, 0, False
+        tail = mix[len(mix) - shared:]
+        full = sum(1 for m in tail if m in ("full", "parallel"))
+        sliding = sum(1 for m in tail if m == "sliding")
+        assume.append(f"num_kv_shared_layers {shared}: the last {shared} layers reuse an earlier layer's KV cache and keep none "
+                      "of their own (vLLM kv_sharing_target_layer_name)")
+        return full, sliding, False
+    return 0, 0, False
+
+
+# `mamba_ssm_dtype` values and whether they keep the recurrent state in FP32.
+_SSM_DTYPES = {"float32": True, "fp32": True, "bfloat16": False, "bf16": False, "float16": False, "fp16": False, "auto": False}
+
+
+def _ssm_state_fp32(r: _Reader, kind: StateKind, warn: Callable[[str], None]) -> bool:
+    """Whether the config keeps the recurrent (SSM / delta-rule) state in FP32: its `mamba_ssm_dtype` (Qwen3.5 writes
+    "float32"). vLLM's Qwen3_5ForConditionalGenerationConfig.verify_and_update_config sets --mamba-ssm-cache-dtype
+    'auto' to it and MambaStateDtypeCalculator then allocates the temporal state in that dtype, the conv state in the
+    model dtype; SGLang's mamba2_state_dtype reads the same field (FP32 when the field is absent: not modelled here)."""
+    value = r.get("mamba_ssm_dtype", "mamba_ssm_cache_dtype")
+    if value is None or kind in (StateKind.KDA, StateKind.SHORT_CONV):
+        return False
+    key = str(value).lower().replace("torch.", "")
+    if key not in _SSM_DTYPES:
+        warn(f"mamba_ssm_dtype {value!r} is not understood; the recurrent state is priced in the model dtype")
+        return False
+    return _SSM_DTYPES[key]
 
 
 def _per_layer(r: _Reader, keys: tuple[str, ...], layers: list[int], n_layers: int, assume: list[str]) -> int:

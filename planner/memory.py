@@ -124,19 +124,29 @@ def _mla_bytes_per_layer(model: ModelArch, kv_dtype: KvDtype) -> float:
 
 
 def kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num = 1) -> Num:
-    """KV bytes one GPU stores per cached token, counting only layers that grow with context.
+    """KV bytes one GPU stores per cached token, counting only layers that grow with context and own a cache.
 
     MHA/GQA: 2 × (L_full/PP) × max(1, n_kv // TP) × head_dim × dtype bytes (KV heads replicate when TP > n_kv).
     MLA: (L_attn/PP) × (kv_lora_rank + qk_rope_head_dim) × dtype bytes on every TP rank (the latent is replicated;
     vLLM MLAAttentionSpec with one KV head). DSA indexer: its FP8 key per token in each indexer layer.
+    Layers that read another layer's cache (cross-layer KV sharing) store nothing: vLLM gives a layer with
+    `kv_sharing_target_layer_name` no KV cache spec of its own and points it at its target's tensor
+    (`initialize_kv_cache_for_kv_sharing`); Hunyuan's CLA layers attend over the previous layer's K and V.
     Sliding-window and fixed-state layers do not grow with context: see `fixed_bytes_per_seq`.
     """
+    return _kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp, owned=True)
+
+
+def _kv_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, owned: bool) -> Num:
+    """KV bytes per token of the full-attention layers: those that own a cache (`owned`), else all that read one."""
     indexer = model.indexer_keys_per_token * model.index_head_dim * INDEXER_KEY_BYTES_PER_DIM / pp + 0 * tp
+    reuse = model.kv_reuse_full_layers if owned else 0
     if model.is_mla:
-        return model.num_attention_layers / pp * _mla_bytes_per_layer(model, kv_dtype) + indexer
+        return (model.num_attention_layers - reuse) / pp * _mla_bytes_per_layer(model, kv_dtype) + indexer
     heads = np.maximum(1, model.num_kv_heads // tp)
     compressed = model.compressed_kv_values_per_token / pp * _compressed_bytes_per_value(kv_dtype)
-    return 2 * (model.num_full_attention_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value + indexer + compressed
+    layers = model.num_full_attention_layers - reuse
+    return 2 * (layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value + indexer + compressed
 
 
 def _compressed_bytes_per_value(kv_dtype: KvDtype) -> float:
@@ -148,17 +158,19 @@ def _compressed_bytes_per_value(kv_dtype: KvDtype) -> float:
     return float(kv_dtype.bytes_per_value) if kv_dtype is KvDtype.BF16 else 584.0 / 512.0
 
 
-def _sliding_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> Num:
+def _sliding_bytes_per_token(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, owned: bool = True) -> Num:
+    """Sliding-window KV bytes per windowed token: layers that own a cache (`owned`), else all that read one."""
     heads = np.maximum(1, model.num_kv_heads // tp)
+    layers = model.num_sliding_layers - (model.kv_reuse_sliding_layers if owned else 0)
     if model.kv_shared_vector:  # DeepSeek-V4's window: one shared K=V vector a token, as its compressed entries are stored
-        return (model.num_sliding_layers / pp) * heads * model.head_dim * _compressed_bytes_per_value(kv_dtype)
-    return 2 * (model.num_sliding_layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value
+        return (layers / pp) * heads * model.head_dim * _compressed_bytes_per_value(kv_dtype)
+    return 2 * (layers / pp) * heads * model.head_dim * kv_dtype.bytes_per_value
 
 
 def sliding_kv_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_batched_tokens: Num) -> Num:
     """Fixed KV one running sequence holds in sliding-window layers: min(window − 1 + step budget, context) tokens
     (vLLM SlidingWindowSpec.max_memory_usage_bytes)."""
-    if model.num_sliding_layers == 0:
+    if model.num_sliding_layers - model.kv_reuse_sliding_layers == 0:
         return 0 * tp
     tokens = np.minimum(model.sliding_window - 1 + max_num_batched_tokens, model.max_context_tokens)
     return _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * tokens
@@ -172,7 +184,9 @@ def state_bytes_per_seq(model: ModelArch, *, tp: Num, pp: Num = 1) -> Num:
     """
     if model.num_state_layers == 0:
         return 0 * tp
-    ssm_bytes = 4.0 if model.state_ssm_fp32 else STATE_BYTES_PER_VALUE  # vLLM kda_state_dtype: (model dtype, float32)
+    # vLLM kda_state_dtype (model dtype, float32); gated_delta_net/mamba2 state dtypes: the conv state in the model dtype,
+    # the recurrent one in --mamba-ssm-cache-dtype, which 'auto' takes from the config's mamba_ssm_dtype (Qwen3.5).
+    ssm_bytes = 4.0 if model.state_ssm_fp32 else STATE_BYTES_PER_VALUE
     per_layer = (model.state_conv_values / tp * STATE_BYTES_PER_VALUE
                  + model.state_ssm_values / np.minimum(tp, max(model.state_heads, 1)) * ssm_bytes)
     return model.num_state_layers / pp * per_layer
@@ -231,9 +245,10 @@ def attention_read_bytes(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Nu
         indexer = model.num_indexer_layers * model.index_head_dim * INDEXER_KEY_BYTES_PER_DIM / pp + 0 * tp
         latent = model.num_attention_layers / pp * _mla_bytes_per_layer(model, kv_dtype) + 0 * tp
         return AttentionRead(per_context_token=indexer, capped_per_token=latent, cap_tokens=float(model.index_topk), per_sequence=state)
-    full = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
+    # Every attention layer reads its context, whether from its own cache or from the layer it shares one with.
+    full = _kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp, owned=False)
     if model.num_sliding_layers:
-        return AttentionRead(per_context_token=full, capped_per_token=_sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp),
+        return AttentionRead(per_context_token=full, capped_per_token=_sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp, owned=False),
                              cap_tokens=float(model.sliding_window), per_sequence=state)
     return AttentionRead(per_context_token=full, capped_per_token=0.0 * full, cap_tokens=float("inf"), per_sequence=state)
 

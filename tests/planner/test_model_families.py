@@ -199,6 +199,22 @@ def test_mtp_layers_are_counted_apart_from_the_served_weights():
     assert load("qwen3.5-397b-a17b").mtp_params > 0 and load("llama-3.1-8b-instruct").mtp_params == 0
 
 
+def test_mtp_layers_count_what_the_checkpoint_stores():
+    """DeepSeek-V3's layer 61 stores its own `embed_tokens` and `shared_head.head` (vLLM deepseek_mtp.py loads both: the
+    685 B above). MiMo's `model.mtp_layers.0.*` holds a decoder layer and `input_proj` (2h -> h) and no embedding or head
+    (the checkpoint index; vLLM mimo_mtp.py); Qwen3.5 says `mtp_use_dedicated_embeddings: false`. Old main added an
+    embedding and an LM-head copy to every MTP layer: 2.91 GB for MiMo's 0.42 GB."""
+    mimo, cfg = load("ckpt-mimo-7b"), raw("ckpt-mimo-7b")
+    h, inter, kv, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_key_value_heads"], cfg["head_dim"]
+    stored = 2 * h * h + 2 * h * kv * hd + 3 * h * inter + 2 * h * h  # q, o, k, v, gated MLP, input_proj (no biases, norms)
+    assert mimo.mtp_params == stored and 2 * mimo.mtp_params / 1e9 == pytest.approx(0.42, abs=0.01)
+    qwen = load("ckpt-qwen3.5-2b-dense")
+    assert 0 < qwen.mtp_params < qwen.vocab_size * qwen.hidden_size  # one decoder layer and mtp.fc, no 0.5 B embedding
+    ds = load("deepseek-v3")
+    assert ds.mtp_dedicated_embeddings and ds.mtp_params - from_hf_config(
+        {**raw("deepseek-v3"), "mtp_use_dedicated_embeddings": False}).mtp_params == 2 * 129280 * 7168
+
+
 def test_a_field_the_reader_does_not_understand_is_named_in_a_warning():
     cfg = raw("llama-3.1-8b-instruct")
     cfg["compress_ratios"] = [0, 4, 128]

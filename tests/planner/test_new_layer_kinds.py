@@ -9,7 +9,14 @@ import pytest
 from servingtopology.planner.arch import ModuleGroup, StateKind
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import KvDtype
-from servingtopology.planner.memory import group_bytes_per_param, kv_bytes_per_token, state_bytes_per_seq, weight_bytes_total
+from servingtopology.planner.memory import (
+    attention_read_bytes,
+    fixed_bytes_per_seq,
+    group_bytes_per_param,
+    kv_bytes_per_token,
+    state_bytes_per_seq,
+    weight_bytes_total,
+)
 from servingtopology.planner.model import from_hf_config
 from tests.planner.model_configs import BF16, full_attention_bytes, load, raw
 
@@ -171,3 +178,76 @@ def test_a_gptq_int4_checkpoint_is_priced_as_vllm_allocates_it():
     h, v = 4096, 128256
     gemms = 32 * (2 * h * 32 * 128 + 2 * h * 8 * 128 + 3 * h * 14336)
     assert weight_bytes_total(m, Precision.INT4) == pytest.approx(gemms * per_weight + 2 * v * h * 2)
+
+
+def test_hunyuan_cla_layers_keep_no_kv_cache_and_no_kv_projections():
+    """Hunyuan-Large (Hunyuan-A52B): `use_cla` with `cla_share_factor` 2. vLLM hunyuan_v1.py builds layer i as
+    HunYuanCrossAttention when i % 2 != 0: q_proj and o_proj only, attending over the K and V the layer before computed
+    (ENCODER_DECODER attention, no cache of its own for decoder tokens), and skips those layers' k/v weights when loading.
+    So 32 of the 64 layers hold KV: the README's "CLA ... a 50% savings in the KV-Cache portion". Old main charged all 64
+    (163,840 bytes a token in BF16) and warned that use_cla was not priced."""
+    m = load("hunyuan-large-cla")
+    assert not any("use_cla" in w for w in m.warnings)
+    assert (m.kv_reuse_full_layers, m.kv_reuse_sliding_layers) == (32, 0)
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(32, 8, 80, BF16)  # 81,920
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=8) == full_attention_bytes(32, 1, 80, BF16)
+    # Decode still reads the shared K and V in every layer.
+    assert attention_read_bytes(m, KvDtype.AUTO, tp=1, pp=1).per_context_token == full_attention_bytes(64, 8, 80, BF16)
+    no_cla = raw("hunyuan-large-cla")
+    no_cla["use_cla"] = False
+    plain = from_hf_config(no_cla)
+    assert kv_bytes_per_token(plain, KvDtype.AUTO, tp=1) == full_attention_bytes(64, 8, 80, BF16)
+    h, kv_heads, head_dim = 6400, 8, 80
+    assert plain.total_params - m.total_params == 32 * 2 * h * kv_heads * head_dim  # 262 M of k/v projections
+    # The README's "389 billion parameters and 52 billion active".
+    assert m.total_params / 1e9 == pytest.approx(389, rel=0.01)
+    assert m.active_params_per_token / 1e9 == pytest.approx(52, rel=0.02)
+
+
+def test_num_kv_shared_layers_hold_no_cache_of_their_own():
+    """`num_kv_shared_layers` N (Gemma-3n; transformers Gemma3nTextAttention: layers from num_hidden_layers - N on
+    reuse the cache of the last earlier layer of their kind): vLLM gives those layers a `kv_sharing_target_layer_name`
+    and no KV cache spec of their own. 35 layers with every 5th global and a 512-token window elsewhere; the last 20
+    share (4 global, 16 sliding), so 15 layers keep KV: 3 global, 12 windowed."""
+    types = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(35)]
+    cfg = {"hidden_size": 2048, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+           "intermediate_size": 8192, "vocab_size": 262144, "max_position_embeddings": 32768, "layer_types": types,
+           "sliding_window": 512, "num_kv_shared_layers": 20}
+    m = from_hf_config(cfg)
+    assert (m.kv_reuse_full_layers, m.kv_reuse_sliding_layers) == (4, 16)
+    assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(3, 2, 256, BF16)
+    window = min(512 + 16, 32768)
+    assert fixed_bytes_per_seq(m, KvDtype.AUTO, tp=1, pp=1) == full_attention_bytes(12, 2, 256, BF16) * window
+    assert m.total_params == from_hf_config({**cfg, "num_kv_shared_layers": 0}).total_params  # k/v projections stay
+    assert not any("num_kv_shared_layers" in w for w in m.warnings)
+
+
+def test_mamba_ssm_dtype_float32_keeps_the_recurrent_state_in_fp32():
+    """Qwen3.5 configs say `mamba_ssm_dtype: "float32"`. vLLM's Qwen3_5ForConditionalGenerationConfig.verify_and_update_config
+    sets --mamba-ssm-cache-dtype 'auto' to it, and MambaStateDtypeCalculator.gated_delta_net_state_dtype keeps the conv
+    state in the model dtype and the recurrent one in that dtype; SGLang's mamba2_state_dtype reads the same field. The
+    2B dense fine-tune: 18 Gated DeltaNet layers, 16 key and 16 value heads of 128, conv kernel 4. Old main priced the
+    recurrent state in BF16 (9.6 MiB a sequence instead of 18.6)."""
+    m = load("ckpt-qwen3.5-2b-dense")
+    conv, recurrent = 3 * (2 * 16 * 128 + 16 * 128), 16 * 128 * 128
+    assert state_bytes_per_seq(m, tp=1) == 18 * (conv * BF16 + recurrent * FP32)
+    assert state_bytes_per_seq(m, tp=2) == 18 * (conv / 2 * BF16 + recurrent / 2 * FP32)
+    bf16 = raw("ckpt-qwen3.5-2b-dense")
+    bf16["mamba_ssm_dtype"] = "bfloat16"
+    assert state_bytes_per_seq(from_hf_config(bf16), tp=1) == 18 * (conv + recurrent) * BF16
+    # Qwen3-Next's config has no such field: 'auto', the model dtype (vLLM) as before.
+    nxt = load("qwen3-next-80b-a3b")
+    assert not nxt.state_ssm_fp32
+
+
+def test_fp32_state_matches_an_sglang_mamba_pool_log():
+    """An SGLang start-up log in the search index (file id 69213517065, a 27B Qwen3.5-shaped model: 64 layers, every 4th
+    full attention, 16 key / 48 value heads of 128, conv 4, `mamba_ssm_dtype` float32, TP 1): "Mamba Cache is allocated.
+    max_mamba_cache_size: 360, conv_state size: 0.99GB, ssm_state size: 50.77GB" (GiB; SGLang's MambaPool holds
+    size + 1 slots)."""
+    cfg = raw("ckpt-qwen3.5-2b-dense")
+    cfg.update(num_hidden_layers=64, linear_num_value_heads=48, hidden_size=5120,
+               layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)])
+    m = from_hf_config(cfg)
+    per_slot = float(state_bytes_per_seq(m, tp=1))
+    assert per_slot * 361 / 2**30 == pytest.approx(50.77 + 0.99, abs=0.01)
