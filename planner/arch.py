@@ -125,6 +125,9 @@ class ModelArch:
     # config's `mamba_ssm_dtype` says float32 (vLLM Qwen3_5ForConditionalGenerationConfig sets --mamba-ssm-cache-dtype
     # 'auto' to it; SGLang mamba2_state_dtype reads it too).
     state_ssm_fp32: bool = False
+    # The config names the recurrent state's dtype (`mamba_ssm_dtype`, `mamba_ssm_cache_dtype`, or its model_type's code
+    # fixes one): the engines take it. Unnamed, each engine keeps its own default (planner.memory.state_bytes_per_seq).
+    state_ssm_dtype_given: bool = False
     # Cross-layer KV sharing: attention layers that read another layer's KV cache and allocate none of their own (vLLM
     # builds them with `kv_sharing_target_layer_name`, or for Hunyuan CLA as cross-attention over the previous layer's
     # K and V), by kind. `kv_reuse_drops_kv_proj`: those layers have no k/v projections either (hunyuan_v1.py

@@ -354,7 +354,7 @@ def _rank_cap(model: ModelArch, gpu: Gpu, d: _EngineDefaults, prec: Precision, b
     pool = kv_pool_bytes(model, gpu, engine=d.engine, precision=prec, tp=tp, pp=pp, dp=dp, max_num_batched_tokens=budget,
                          max_num_seqs=d.max_running, memory_fraction=d.memory_fraction)
     per_tok = kv_bytes_per_token(model, d.kv_dtype, tp=tp, pp=pp)
-    per_seq = per_tok * ctx_tokens + fixed_bytes_per_seq(model, d.kv_dtype, tp=tp, pp=pp)  # + window KV and fixed state
+    per_seq = per_tok * ctx_tokens + fixed_bytes_per_seq(model, d.kv_dtype, tp=tp, pp=pp, engine=d.engine)  # + window KV and fixed state
     seqs = np.where(pool > 0, pool / np.maximum(per_seq, 1e-9), np.inf)
     return np.minimum(np.maximum(seqs, 1.0), d.max_running)
 

@@ -69,6 +69,10 @@ _IMPLIED: dict[str, dict[str, Any]] = {
     # vLLM llama4.py Llama4MoE (and transformers Llama4TextMoe): every MoE layer has one shared expert of the
     # routed experts' width (`intermediate_size`) beside the routed ones; the config has no field for it.
     "llama4_text": {"n_shared_experts": 1},
+    # vLLM model_executor/models/config.py NemotronHForCausalLMConfig: --mamba-ssm-cache-dtype 'auto' becomes the
+    # config's `mamba_ssm_cache_dtype`, else float32 (DEFAULT_MAMBA_SSM_CACHE_DTYPE: "Only float32 is known to have no
+    # accuracy issues by default").
+    "nemotron_h": {"mamba_ssm_cache_dtype": "float32"},
     # DeepSeek-V3's MTP layer (model.layers.61) stores its own `embed_tokens` and `shared_head.head` (671 B + 14 B = 685 B
     # in the release), which vLLM deepseek_mtp.py loads (`embed_tokens` shared by the MTP layers, a head per layer).
     **{mt: {"mtp_use_dedicated_embeddings": True} for mt in ("deepseek_v3", "deepseek_v32")},
@@ -411,6 +415,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
             assumptions.append(f"plain two-matrix MLP (no gate projection), as {model_type}'s model code in vLLM has it" if key == "mlp_gated"
                                else f"{key} {value}: {model_type}'s model code halves intermediate_size for each MLP projection"
                                if key == "mlp_width_divisor"
+                               else f"{key} absent: {value}, as vLLM's {model_type} config hook defaults it"
+                               if key == "mamba_ssm_cache_dtype"
                                else f"{key} absent: {value}, as {model_type}'s own config class and model code have it")
     if inner.get("tie_word_embeddings") is None and inner.get("tie_embedding") is None:
         assumptions.append("tie_word_embeddings absent: the LM head is taken as a separate matrix (untied)")
@@ -456,16 +462,18 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
                            "down); a plain GELU MLP has two matrices (set mlp_gated: false)")
 
     kind, mixer_params, conv_values, ssm_values, state_heads = (StateKind.NONE, 0, 0, 0, 0)
-    ssm_fp32 = False
+    ssm_fp32 = ssm_given = False
     n_state = sum(1 for m in mix if m in ("state", "parallel"))
     if n_state:
         kind, mixer_params, conv_values, ssm_values, state_heads = _state(r, hidden, heads, head_dim)
         ssm_fp32 = _ssm_state_fp32(r, kind, warnings.append)
+        ssm_given = kind is StateKind.KDA or r.get("mamba_ssm_dtype", "mamba_ssm_cache_dtype") is not None
         assumptions.append(f"{n_state} {kind.value} layers keep a fixed state per sequence, stored in the model dtype "
                            + ("with the recurrent state in FP32 (vLLM kda_state_dtype)" if kind is StateKind.KDA
                               else "with the recurrent state in FP32 (the config's mamba_ssm_dtype, which vLLM's "
                                    "--mamba-ssm-cache-dtype 'auto' takes)" if ssm_fp32
-                              else "(vLLM mamba_ssm_cache_dtype 'auto')"))
+                              else "(vLLM mamba_ssm_cache_dtype 'auto'; SGLang keeps a Mamba-2 or Gated DeltaNet "
+                                   "recurrent state in FP32 unless the config names its dtype)"))
     if heads <= 0 and any(m in ("full", "sliding", "parallel") for m in mix):
         raise InvalidSpec(field, "config.json has attention layers but no num_attention_heads")
 
@@ -571,7 +579,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         num_linear_layers=sum(1 for m in mix if m == "state"), num_mixerless_layers=sum(1 for m in mix if m == "none"),
         state_kind=kind, linear_mixer_params=n_state * mixer_params, state_conv_values=conv_values, state_ssm_values=ssm_values,
         state_heads=state_heads, num_parallel_state_layers=sum(1 for m in mix if m == "parallel"),
-        state_ssm_fp32=kind is StateKind.KDA or ssm_fp32,
+        state_ssm_fp32=kind is StateKind.KDA or ssm_fp32, state_ssm_dtype_given=ssm_given,
         kv_reuse_full_layers=reuse_full, kv_reuse_sliding_layers=reuse_sliding, kv_reuse_drops_kv_proj=reuse_drops_kv,
         num_mtp_layers=mtp, mtp_dedicated_embeddings=mtp_dedicated, checkpoint=checkpoint,
     )
@@ -634,7 +642,7 @@ def _ssm_state_fp32(r: _Reader, kind: StateKind, warn: Callable[[str], None]) ->
     """Whether the config keeps the recurrent (SSM / delta-rule) state in FP32: its `mamba_ssm_dtype` (Qwen3.5 writes
     "float32"). vLLM's Qwen3_5ForConditionalGenerationConfig.verify_and_update_config sets --mamba-ssm-cache-dtype
     'auto' to it and MambaStateDtypeCalculator then allocates the temporal state in that dtype, the conv state in the
-    model dtype; SGLang's mamba2_state_dtype reads the same field (FP32 when the field is absent: not modelled here)."""
+    model dtype; SGLang's mamba2_state_dtype reads the same field (and keeps FP32 when it is absent: memory.py)."""
     value = r.get("mamba_ssm_dtype", "mamba_ssm_cache_dtype")
     if value is None or kind in (StateKind.KDA, StateKind.SHORT_CONV):
         return False

@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from .arch import ModelArch, ModuleGroup
+from .arch import ModelArch, ModuleGroup, StateKind
 from .hardware import Gpu, Precision
 from .layout import Engine, EngineKnobs, KvDtype, Parallelism
 
@@ -38,7 +38,7 @@ NCCL_RESERVE_BYTES_PER_PEER = 0.12e9
 # DSA indexer keys: FP8 values plus one FP32 scale per 128 (vLLM DeepseekV32IndexerCache: head_size =
 # index_head_dim + index_head_dim // 128 × 4 bytes, e.g. 132 bytes per token and layer), whatever the KV dtype.
 INDEXER_KEY_BYTES_PER_DIM = 1.0 + 4.0 / 128
-STATE_BYTES_PER_VALUE = 2.0  # fixed-state layers keep conv and recurrent state in the model dtype (BF16; vLLM 'auto')
+STATE_BYTES_PER_VALUE = 2.0  # fixed-state layers keep their state in the model dtype (BF16; vLLM 'auto') unless told
 _DENSE_GROUPS = (ModuleGroup.ATTENTION, ModuleGroup.LINEAR_MIXER, ModuleGroup.DENSE_FFN, ModuleGroup.SHARED_EXPERTS)
 
 
@@ -176,32 +176,37 @@ def sliding_kv_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp
     return _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * tokens
 
 
-def state_bytes_per_seq(model: ModelArch, *, tp: Num, pp: Num = 1) -> Num:
-    """Conv and recurrent state one sequence holds in the fixed-state layers on one GPU.
+def state_bytes_per_seq(model: ModelArch, *, tp: Num, pp: Num = 1, engine: Engine | None = None) -> Num:
+    """Conv and recurrent state one sequence holds in the fixed-state layers on one GPU (`engine` None: vLLM's).
 
     vLLM MambaSpec per layer: conv values / TP plus recurrent values over min(TP, state heads) (heads are
     TP-sharded; past the head count they replicate). SGLang's MambaPool holds the same shapes per request slot.
+    Dtypes: the conv state in the model dtype; the recurrent one in FP32 where the config names float32 (vLLM
+    --mamba-ssm-cache-dtype 'auto' takes Qwen3.5's `mamba_ssm_dtype`, Nemotron-H's `mamba_ssm_cache_dtype` or float32;
+    Kimi's KDA always, kda_state_dtype), else in the model dtype under vLLM; SGLang keeps a Mamba-2 or Gated DeltaNet
+    recurrent state in FP32 unless the config names another dtype (configs/mamba_utils.py `mamba2_state_dtype`:
+    default float32, then the config's `mamba_ssm_dtype`, then SGLANG_MAMBA_SSM_DTYPE).
     """
     if model.num_state_layers == 0:
         return 0 * tp
-    # vLLM kda_state_dtype (model dtype, float32); gated_delta_net/mamba2 state dtypes: the conv state in the model dtype,
-    # the recurrent one in --mamba-ssm-cache-dtype, which 'auto' takes from the config's mamba_ssm_dtype (Qwen3.5).
-    ssm_bytes = 4.0 if model.state_ssm_fp32 else STATE_BYTES_PER_VALUE
+    sglang_fp32 = (engine is Engine.SGLANG and not model.state_ssm_dtype_given
+                   and model.state_kind in (StateKind.MAMBA2, StateKind.GATED_DELTA_NET))
+    ssm_bytes = 4.0 if model.state_ssm_fp32 or sglang_fp32 else STATE_BYTES_PER_VALUE
     per_layer = (model.state_conv_values / tp * STATE_BYTES_PER_VALUE
                  + model.state_ssm_values / np.minimum(tp, max(model.state_heads, 1)) * ssm_bytes)
     return model.num_state_layers / pp * per_layer
 
 
-def fixed_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> Num:
+def fixed_bytes_per_seq(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, engine: Engine | None = None) -> Num:
     """Bytes a decoding sequence holds whatever its length: its window of sliding-window KV (vLLM frees the blocks
     that fall out of the window: SlidingWindowManager.remove_skipped_blocks; one 16-token block of slack) plus
     its fixed state."""
     window = np.minimum(model.sliding_window + 16, model.max_context_tokens) if model.num_sliding_layers else 0
-    return _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * window + state_bytes_per_seq(model, tp=tp, pp=pp)
+    return _sliding_bytes_per_token(model, kv_dtype, tp=tp, pp=pp) * window + state_bytes_per_seq(model, tp=tp, pp=pp, engine=engine)
 
 
 def pool_tokens_from_bytes(model: ModelArch, pool_bytes: Num, kv_dtype: KvDtype, *, tp: Num, pp: Num, max_num_seqs: Num,
-                           max_num_batched_tokens: Num) -> Num:
+                           max_num_batched_tokens: Num, engine: Engine | None = None) -> Num:
     """Context tokens a KV pool of `pool_bytes` holds once running sequences' fixed bytes are set aside.
 
     Sliding-window and fixed-state layers take a fixed share per running sequence out of the same pool (vLLM's
@@ -214,7 +219,7 @@ def pool_tokens_from_bytes(model: ModelArch, pool_bytes: Num, kv_dtype: KvDtype,
     pool = np.maximum(pool_bytes, 0.0)
     # One sequence at its peak (window − 1 + a whole prefill chunk: vLLM SlidingWindowSpec.max_memory_usage_bytes).
     chunk = sliding_kv_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens) + 0.0 * pool
-    per_seq = fixed_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp)
+    per_seq = fixed_bytes_per_seq(model, kv_dtype, tp=tp, pp=pp, engine=engine)
     per_tok = kv_bytes_per_token(model, kv_dtype, tp=tp, pp=pp)
     room = np.maximum(pool - chunk, 0.0)
     seqs = np.where(per_seq > 0, np.minimum(max_num_seqs, np.floor(room / 2.0 / np.maximum(per_seq, 1e-9))), max_num_seqs)
@@ -238,9 +243,9 @@ class AttentionRead:
     per_sequence: Any
 
 
-def attention_read_bytes(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num) -> AttentionRead:
+def attention_read_bytes(model: ModelArch, kv_dtype: KvDtype, *, tp: Num, pp: Num, engine: Engine | None = None) -> AttentionRead:
     """What decode attention reads, for the step-time model (planner.perf)."""
-    state = 2.0 * state_bytes_per_seq(model, tp=tp, pp=pp)  # read and written back every step
+    state = 2.0 * state_bytes_per_seq(model, tp=tp, pp=pp, engine=engine)  # read and written back every step
     if model.is_mla and model.has_indexer:
         indexer = model.num_indexer_layers * model.index_head_dim * INDEXER_KEY_BYTES_PER_DIM / pp + 0 * tp
         latent = model.num_attention_layers / pp * _mla_bytes_per_layer(model, kv_dtype) + 0 * tp
@@ -291,7 +296,7 @@ def kv_pool_tokens(model: ModelArch, gpu: Gpu, *, engine: Engine, precision: Pre
     if pool <= 0:
         return 0
     tokens = int(pool_tokens_from_bytes(model, pool, knobs.kv_dtype, tp=tp, pp=pp, max_num_seqs=knobs.max_num_seqs,
-                                        max_num_batched_tokens=knobs.max_num_batched_tokens))
+                                        max_num_batched_tokens=knobs.max_num_batched_tokens, engine=engine))
     if engine is Engine.VLLM:
         tokens -= tokens % knobs.block_size_tokens
     return max(tokens, 0)

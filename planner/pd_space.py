@@ -37,7 +37,7 @@ def pool_tokens(problem: Problem, kv: object, tp: object, pp: object, dp: object
                          max_num_batched_tokens=mnbt, max_num_seqs=mns, memory_fraction=mem)
     # Sliding-window KV and fixed state per running sequence come out of the pool first (memory.pool_tokens_from_bytes).
     tokens = pool_tokens_from_bytes(problem.model, np.maximum(pool, 0.0), kv, tp=tp, pp=pp, max_num_seqs=mns,  # type: ignore[arg-type]
-                                    max_num_batched_tokens=mnbt)
+                                    max_num_batched_tokens=mnbt, engine=problem.engine)
     return np.asarray(tokens, dtype=np.float64)
 
 

@@ -331,7 +331,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     # fixed-state layers read and write their state once per sequence and step.
     heads = np.maximum(model.num_heads / tp, 1.0)
     qk_v_dim = (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) if model.is_mla else 2 * model.head_dim
-    read = attention_read_bytes(model, kv_dtype, tp=tp, pp=pp)
+    read = attention_read_bytes(model, kv_dtype, tp=tp, pp=pp, engine=engine)
     capped_layers = (model.num_attention_layers if model.has_indexer else model.num_sliding_layers) * frac
     full_layers = (0 if model.has_indexer else model.num_full_attention_layers) * frac
     attn_pair_s = 2.0 * heads * qk_v_dim * full_layers / (peak16 * p.attn_prefill_eff)

@@ -112,9 +112,11 @@ def test_mamba2_hybrid_pattern_gives_mixerless_mlp_layers_and_mamba_state():
     assert (m.num_state_layers, m.num_full_attention_layers, m.num_mixerless_layers, m.num_dense_layers) == (24, 4, 24, 24)
     assert m.ffn_matrices == 2
     assert kv_bytes_per_token(m, KvDtype.AUTO, tp=1) == full_attention_bytes(4, 8, 128, BF16)
-    # vLLM mamba2_state_shape: conv (K−1) × (I + 2·G·N), recurrent heads × head_dim × N; I = 128 × 64.
+    # vLLM mamba2_state_shape: conv (K−1) × (I + 2·G·N), recurrent heads × head_dim × N; I = 128 × 64. The recurrent
+    # state in FP32: vLLM's NemotronHForCausalLMConfig turns --mamba-ssm-cache-dtype 'auto' into the config's
+    # mamba_ssm_cache_dtype, else float32 (SGLang's mamba2_state_dtype defaults to float32 too).
     conv, recurrent = 3 * (128 * 64 + 2 * 8 * 128), 128 * 64 * 128
-    assert state_bytes_per_seq(m, tp=1) == 24 * (conv + recurrent) * BF16
+    assert state_bytes_per_seq(m, tp=1) == 24 * (conv * BF16 + recurrent * 4)
 
 
 def test_mamba1_hybrid_interleaves_attention_and_experts_by_period():

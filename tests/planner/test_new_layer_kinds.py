@@ -8,7 +8,7 @@ import pytest
 
 from servingtopology.planner.arch import ModuleGroup, StateKind
 from servingtopology.planner.hardware import Precision
-from servingtopology.planner.layout import KvDtype
+from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.memory import (
     attention_read_bytes,
     fixed_bytes_per_seq,
@@ -251,3 +251,27 @@ def test_fp32_state_matches_an_sglang_mamba_pool_log():
     m = from_hf_config(cfg)
     per_slot = float(state_bytes_per_seq(m, tp=1))
     assert per_slot * 361 / 2**30 == pytest.approx(50.77 + 0.99, abs=0.01)
+
+
+def test_sglang_keeps_mamba2_and_gated_deltanet_state_in_fp32_unless_the_config_says():
+    """SGLang python/sglang/srt/configs/mamba_utils.py `mamba2_state_dtype`: the conv state in BF16, the temporal
+    (recurrent) state float32 by default, then the config's `mamba_ssm_dtype`, then SGLANG_MAMBA_SSM_DTYPE; the Mamba-2 and
+    Gated DeltaNet configs (Qwen3-Next, Falcon-H1, Nemotron-H) size their MambaPool with it. vLLM keeps 'auto' (the model
+    dtype) for a config that names nothing. Qwen3-Next-80B at TP 1: 36 GDN layers of 32 value heads x 128 x 128; a
+    Qwen3-Next SGLang run in the index measured ~73.6 MiB a mamba slot (file id 66621302680). Old main charged SGLang the
+    BF16 state (37.7 MiB)."""
+    m = load("qwen3-next-80b-a3b")
+    conv, recurrent = 3 * (2 * 16 * 128 + 32 * 128), 32 * 128 * 128
+    assert state_bytes_per_seq(m, tp=1) == 36 * (conv + recurrent) * BF16
+    sglang = state_bytes_per_seq(m, tp=1, engine=Engine.SGLANG)
+    assert sglang == 36 * (conv * BF16 + recurrent * FP32)
+    assert sglang / 2**20 == pytest.approx(73.6, abs=0.2)
+    # A config that names a 16-bit state keeps it under SGLang; KDA and short convolutions are unchanged.
+    named = raw("qwen3-next-80b-a3b")
+    named["mamba_ssm_dtype"] = "bfloat16"
+    assert state_bytes_per_seq(from_hf_config(named), tp=1, engine=Engine.SGLANG) == 36 * (conv + recurrent) * BF16
+    for name in ("kimi-linear-48b-a3b", "lfm2-1.2b", "jamba-v0.1"):
+        other = load(name)
+        assert state_bytes_per_seq(other, tp=1, engine=Engine.SGLANG) == state_bytes_per_seq(other, tp=1)
+    # The pool an SGLang rank sets aside per running sequence follows (memory.pool_tokens_from_bytes).
+    assert fixed_bytes_per_seq(m, KvDtype.AUTO, tp=1, pp=1, engine=Engine.SGLANG) == sglang
