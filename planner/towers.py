@@ -1,8 +1,9 @@
 """The other towers of a multimodal checkpoint (vision, audio) priced from the config's own fields.
 
 vLLM builds a multimodal model's encoder towers and projectors beside the language model whenever it serves the
-model with its multimodal inputs enabled, which is the default (only `--language-model-only`, which the operator does
-not render, leaves them out: vLLM config/multimodal.py `language_model_only`). Their weights therefore sit on the GPU
+model with its multimodal inputs enabled, which is the default (only `--language-model-only`, which the operator renders
+only when the user puts it in `engine.extraArgs`, leaves them out: vLLM config/multimodal.py `language_model_only`; see
+`language_only_flag`). Their weights therefore sit on the GPU
 beside the language model's. Called by planner.hf_config; pure: reads a parsed config dict, no architecture names.
 
 A tower is read as a ViT-style transformer encoder from the block that describes it (`vision_config`, `audio_config`,
@@ -36,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Towers", "read_towers", "TOWER_BLOCKS"]
+__all__ = ["LANGUAGE_ONLY_FLAGS", "TOWER_BLOCKS", "Towers", "language_only_flag", "read_towers"]
 
 # Blocks that describe a tower, and where they sit: the outer config (Qwen-VL v1's `visual`) or any config level.
 TOWER_BLOCKS = ("vision_config", "audio_config", "visual")
@@ -189,3 +190,26 @@ def read_towers(cfg: Mapping[str, Any], text_hidden: int, warn: Callable[[str], 
             warn("quantization_config skips modules but names no tower (visual, vision, audio, projector): the towers were "
                  "priced in 16 bits; a quantised tower would take fewer bytes")
     return Towers(params=total, bytes_per_param=2.0)
+
+
+# The engine flags that start a multimodal model without its towers, per engine: vLLM `--language-model-only` (config/
+# multimodal.py: every modality limited to 0 and the encoder not built, vllm-project/vllm PR #22299; in the 0.32/0.33
+# parsers, not in 0.11's). SGLang's `--language-model-only` / `--language-only` are not honoured: the sources we found do
+# not settle what the covered release skips (sgl-project/sglang PR #34479, still open, says the tower was "built-and-
+# left-empty" before it), so the towers stay counted (a plan that counts too much memory never overfills the GPU).
+LANGUAGE_ONLY_FLAGS: dict[str, tuple[str, ...]] = {"vllm": ("--language-model-only",)}
+
+
+def language_only_flag(engine: str, extra_args: tuple[str, ...], has_flag: Callable[[str], bool]) -> str | None:
+    """`LanguageModelOnly`: the flag among the user's extra engine arguments that makes the engine skip the towers, when
+    the engine release's parser has it (`has_flag`) and no later `--no-` form undoes it; else None. The last one wins,
+    as on the engines' command lines."""
+    on: str | None = None
+    flags = LANGUAGE_ONLY_FLAGS.get(engine, ())
+    for arg in extra_args:
+        name = arg.split("=", 1)[0]
+        if name in flags and has_flag(name):
+            on = name
+        elif name.startswith("--no-") and "--" + name[5:] in flags:
+            on = None
+    return on

@@ -17,13 +17,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from servingtopology.planner.engine_caps import resolve_version
+from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.problem import Problem, SearchSpace
 from servingtopology.planner.role_knobs import DEFAULT_KNOBS
+from servingtopology.planner.towers import LANGUAGE_ONLY_FLAGS, language_only_flag
 from servingtopology.planner.workload import LengthDist, LengthKind, Objective, Slo, Workload
 
 __all__ = [
@@ -575,6 +576,26 @@ def _model(spec: PlanSpec) -> ModelArch:
         raise InvalidSpec("modelConfig", f"{path} holds values no model has ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
+def _towers_loaded(spec: PlanSpec, model: ModelArch, version: str) -> ModelArch:
+    """A multimodal model's towers are counted unless the user's engine.extraArgs start the engine without them
+    (planner.towers.language_only_flag, for this engine release); the decision record says which."""
+    if not model.tower_params:
+        return model
+    engine = spec.engine.name.value
+    caps = load_caps(engine, version)
+    flag = language_only_flag(engine, tuple(spec.engine.extraArgs), caps.has)
+    if flag is not None:
+        note = (f"engine.extraArgs has {flag}: {engine} {version} skips the {model.tower_params / 1e9:.2f} B of vision/audio "
+                "towers, so they are not counted (the model takes text only)")
+        return replace(model, tower_params=0, assumptions=(*model.assumptions, note))
+    named = [a for a in spec.engine.extraArgs if a.split("=", 1)[0] in ("--language-model-only", "--language-only")]
+    if named:
+        why = (f"not a flag of {engine} {version}" if engine in LANGUAGE_ONLY_FLAGS
+               else f"what {engine} skips with it is not settled (planner.towers)")
+        return replace(model, assumptions=(*model.assumptions, f"engine.extraArgs has {named[-1]}, {why}: the towers stay counted"))
+    return model
+
+
 def serving_precision(spec: PlanSpec, model: ModelArch) -> Precision:
     """The spec's precision; when the spec leaves it out, the precision the checkpoint's weights are stored in
     (an FP8 or NVFP4 checkpoint is served as stored: vLLM and SGLang read its quantization_config)."""
@@ -653,7 +674,8 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
     """Convert a validated spec into the planner's Problem (raises InvalidSpec for unknown model or GPU)."""
     hw = spec.hardware
     gpu = resolve_gpu(hw.gpu, nvlink_gbps=hw.nvlinkGBps, nic_gbit=hw.nicGbps, gpus_per_node=hw.gpusPerNode)
-    model = _model(spec)
+    version = resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image)
+    model = _towers_loaded(spec, _model(spec), version)
     precision = serving_precision(spec, model)
     if "precision" in spec.model_fields_set and not gpu.supports(precision):
         raise InvalidSpec("precision", f"{gpu.id} has no {precision.value} tensor cores; allowed here: "
@@ -676,7 +698,7 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         pinned = replace(pinned, precision=precision)  # a layout built before the model was read (the operator's pin)
     return Problem(
         model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
-        engine_version=resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image),
+        engine_version=version,
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
         pinned=pinned, current=current,
     )

@@ -24,9 +24,10 @@ import pytest
 from servingtopology.emulator.engine_args import EngineArgsError, engine_argv, parse_engine_command
 from servingtopology.operator.engine_args import RAY_MULTINODE_SCRIPT
 from servingtopology.operator.manifests import Blueprint, build_workloads
-from servingtopology.planner.engine_caps import available_versions
+from servingtopology.planner.engine_caps import available_versions, load_caps
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
+from servingtopology.planner.towers import LANGUAGE_ONLY_FLAGS
 from tests.operator.cases import BLUEPRINTS, UID
 
 pytestmark = pytest.mark.conformance
@@ -110,6 +111,12 @@ def generated() -> Iterator[Line]:
             }
             for name, (layout, model) in layouts.items():
                 yield from lines_of(_bp(engine, version, layout, model=model), f"{engine.value} {version} {name}")
+            # A multimodal model served text-only: the user's flag the planner honours (planner.towers.LANGUAGE_ONLY_FLAGS)
+            # where the release's parser has it.
+            for flag in LANGUAGE_ONLY_FLAGS.get(engine.value, ()):
+                if load_caps(engine.value, version).has(flag):
+                    yield from lines_of(_bp(engine, version, Layout.replicas(2, Parallelism(tp=2)), model="google/gemma-3-27b-it",
+                                            extra_args=(flag,)), f"{engine.value} {version} text-only VLM {flag}")
 
 
 def goldens() -> Iterator[Line]:

@@ -122,3 +122,33 @@ def test_a_pinned_layout_takes_the_checkpoints_precision_when_the_spec_names_non
     pinned = to_layout(spec)  # built without the model, as the operator builds its pin
     assert pinned.precision is Precision.BF16
     assert to_problem(spec, pinned=pinned).pinned.precision is Precision.FP4
+
+
+GEMMA3 = str(__import__("pathlib").Path(__file__).parent / "data" / "model_configs" / "gemma-3-27b.json")
+
+
+def _vlm(engine, *extra):
+    spec = {k: v for k, v in BASE.items() if k != "model"} | {"modelConfig": GEMMA3}
+    return to_problem(parse_spec(spec | {"engine": {**engine, "extraArgs": list(extra)}}))
+
+
+def test_a_multimodal_models_towers_are_counted_unless_the_engine_is_started_without_them():
+    # vLLM builds Gemma-3's SigLIP tower (423 M weights) unless --language-model-only is among the user's engine flags
+    # (which the operator appends to the command line); the record says which was decided.
+    loaded = _vlm({"name": "vllm"})
+    assert loaded.model.tower_params > 400e6
+    text_only = _vlm({"name": "vllm"}, "--language-model-only")
+    assert text_only.model.tower_params == 0 and text_only.model.total_params == loaded.model.total_params
+    assert any("--language-model-only: vllm 0.33.0 skips the 0.42 B" in a for a in text_only.model.assumptions)
+    # the last flag wins, as on the engine's command line
+    assert _vlm({"name": "vllm"}, "--language-model-only", "--no-language-model-only").model.tower_params == loaded.model.tower_params
+
+
+@pytest.mark.parametrize(("engine", "words"), [
+    ({"name": "vllm", "version": "0.11.0"}, "not a flag of vllm 0.11.0"),  # the release's parser has no such flag
+    ({"name": "sglang"}, "what sglang skips with it is not settled"),       # SGLang's flag: towers kept, the plan errs high
+])
+def test_a_language_only_flag_the_release_does_not_honour_keeps_the_towers_counted_and_says_why(engine, words):
+    p = _vlm(engine, "--language-model-only")
+    assert p.model.tower_params > 400e6
+    assert any(words in a for a in p.model.assumptions)
