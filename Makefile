@@ -28,7 +28,8 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not e2e and not conformance"
 
-# Conformance: every rendered command line against the engines' and routers' own parsers. The environment (the real
+# Conformance: every rendered command line against the engines' and routers' own parsers, and the simulator's vLLM
+# scheduling decisions against vLLM's own V1 scheduler (tools/engine_caps/drive_scheduler.py). The environment (the real
 # vLLM one from e2e/engine/vllm_cpu_env.sh, plus the pyproject `conformance` extra and the other covered vLLM
 # releases' Python files) is cached in ~/.cache/servingtopology; warm, a no-op.
 conformance-env:

@@ -2,9 +2,12 @@
 
 Called by `simulate`. Events are processed in time order (ties by insertion); an instance's segment end
 is an event, re-issued with a new version when an arrival cuts a burst short. Idle time costs nothing:
-the clock jumps to the next event. Under PD, a request prefilled on a prefill instance is handed to a
-decode instance (router), which reserves its KV blocks when its pool has room; the KV then crosses the
-link (FIFO per prefill instance) and the first token is delivered when it lands.
+the clock jumps to the next event. An idle instance woken by an event plans its step once every event of
+that instant is in, so requests arriving together start together (vLLM's engine core drains its whole
+input queue before it schedules a step: `EngineCoreProc._process_input_queue`, vllm/v1/engine/core.py).
+Under PD, a request prefilled on a prefill instance is handed to a decode instance (router), which
+reserves its KV blocks when its pool has room; the KV then crosses the link (FIFO per prefill instance)
+and the first token is delivered when it lands.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class EventLoop:
         self._seq = 0
         self._link_free_s = [0.0] * len(self.front)
         self._prefill_of: dict[int, int] = {}
+        self._wake: list[Instance] = []  # idle instances woken at the current instant, to plan once it is over
         req = ledger.requests
         self._clients: list[deque[int]] = []
         if req.closed_loop:
@@ -55,18 +59,28 @@ class EventLoop:
         heapq.heappush(self._heap, (t, self._seq, kind, a, b))
 
     def _kick(self, inst: Instance, t: float, *, must_see: bool = False) -> None:
-        """Wake an idle instance, or cut its burst so the news is seen at the next step boundary."""
+        """Wake an idle instance (it plans once the instant is over), or cut its burst so the news is seen at the
+        next step boundary."""
         if not inst.busy:
-            end = inst.plan(t, horizon_s=self.max_time_s)
-            self._after_plan(inst, t)
-            if end is not None:
-                inst.version += 1
-                self._push(end, _STEP, self.every.index(inst), inst.version)
+            if inst not in self._wake:
+                self._wake.append(inst)
             return
         new_end = inst.cut(t) if must_see else inst.truncate(t)
         if new_end is not None:
             inst.version += 1
             self._push(new_end, _STEP, self.every.index(inst), inst.version)
+
+    def _plan_woken(self, t: float) -> None:
+        """Every event at `t` is in: the idle instances it woke plan their first step."""
+        woken, self._wake = self._wake, []
+        for inst in woken:
+            if inst.busy:
+                continue
+            end = inst.plan(t, horizon_s=self.max_time_s)
+            self._after_plan(inst, t)
+            if end is not None:
+                inst.version += 1
+                self._push(end, _STEP, self.every.index(inst), inst.version)
 
     def _after_plan(self, inst: Instance, t: float) -> None:
         for rid in inst.transfers:
@@ -116,6 +130,9 @@ class EventLoop:
             t_arr = float(arrivals[ptr]) if ptr < n_open else math.inf
             t_ev = self._heap[0][0] if self._heap else math.inf
             t = min(t_arr, t_ev)
+            if self._wake and t > now:
+                self._plan_woken(now)
+                continue
             if t == math.inf or t > self.max_time_s:
                 break
             now = t
