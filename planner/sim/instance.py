@@ -70,7 +70,7 @@ class Instance:
         self.gpus = role_layout.parallelism.gpus
         page = knobs.block_size_tokens if engine is Engine.VLLM else 1
         self.ranks = [
-            Rank(index=r, capacity=knobs.max_num_seqs, role=role, ledger=ledger,
+            Rank(index=r, capacity=knobs.max_num_seqs, role=role, ledger=ledger, dedup=engine is not Engine.VLLM,
                  pool=KvPool(pool_tokens // page, page_tokens=page, caching=knobs.enable_prefix_caching))
             for r in range(role_layout.parallelism.dp)
         ]

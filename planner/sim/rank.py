@@ -55,8 +55,10 @@ class Rank:
     order (admission counter; vLLM preempts the newest), ready (False while KV is still arriving).
     """
 
-    def __init__(self, *, index: int, capacity: int, pool: KvPool, role: Role, ledger: Ledger) -> None:
+    def __init__(self, *, index: int, capacity: int, pool: KvPool, role: Role, ledger: Ledger, dedup: bool = True) -> None:
         self.index = index
+        self.dedup = dedup  # a computed copy of cached blocks is freed at once (SGLang's radix insert), else kept (vLLM)
+        self._copies_key = -len(ledger.requests) - 1  # keys below every request's own key, one per set of copies freed
         self.capacity = capacity
         self.pool = pool
         self.role = role
@@ -131,9 +133,9 @@ class Rank:
             self.high = slot + 1
         self._counter += 1
         if hk > 0:
-            self.pool.acquire(int(self.key[rid]))
+            self.pool.acquire(int(self.key[rid]), hk)
         if hr > 0:
-            self.pool.acquire(-(rid + 1))
+            self.pool.acquire(-(rid + 1), hr)
         out = int(self.ledger.out_done[rid])
         self.rid[slot], self.out[slot], self.out_total[slot] = rid, out, self.out_total_for(rid)
         self.target[slot] = int(self.prompt[rid]) + out
@@ -166,15 +168,34 @@ class Rank:
         alloc_own = (blk - in_shared) - hr
         moved = 0
         key = int(self.key[rid])
-        if sb > 0:
-            moved += pool.donate(key, upto_blocks=min(sb, full), from_allocated=alloc_shared)
         own_full = max(0, full - sb)
+        if self.dedup:
+            if sb > 0:
+                moved += pool.donate(key, upto_blocks=min(sb, full), from_allocated=alloc_shared)
+            moved += pool.donate(-(rid + 1), upto_blocks=own_full, from_allocated=max(0, alloc_own))
+            pool.free_allocated(alloc_shared + alloc_own - moved)
+            if hk > 0:
+                pool.release(key, hk)
+            if hr > 0:
+                pool.release(-(rid + 1), hr)
+            return
+        # vLLM frees a request's blocks tail first (SingleTypeKVCacheManager.free, vllm/v1/core/
+        # single_type_kv_cache_manager.py): its own blocks reach the free queue before its shared ones, and the
+        # full blocks it computed as copies of the key's (never de-duplicated) queue there as cached blocks
+        # nobody hits (a key of their own); partial blocks go to the front (BlockPool.free_blocks), here `empty`.
         moved += pool.donate(-(rid + 1), upto_blocks=own_full, from_allocated=max(0, alloc_own))
+        if hr > 0:
+            pool.release(-(rid + 1), hr)
+        if sb > 0:
+            grew = pool.donate(key, upto_blocks=min(sb, full), from_allocated=alloc_shared)
+            copies = max(0, min(sb, full) - hk) - grew
+            if copies > 0:
+                self._copies_key -= 1
+                grew += pool.donate(self._copies_key, upto_blocks=copies, from_allocated=copies)
+            moved += grew
         pool.free_allocated(alloc_shared + alloc_own - moved)
         if hk > 0:
-            pool.release(key)
-        if hr > 0:
-            pool.release(-(rid + 1))
+            pool.release(key, hk)
 
     def _vacate(self, slot: int) -> int:
         rid = int(self.rid[slot])
@@ -216,21 +237,28 @@ class Rank:
         self.ledger.preempted_at_s[rid] = now_s
         return rid
 
-    def share_prefix(self, slot: int) -> None:
-        """After its prompt is computed, a sequence's shared-prefix blocks join the cache for others to hit."""
+    def share_prefix(self, slot: int, tokens: int | None = None) -> None:
+        """A sequence's computed shared-prefix blocks join the cache for others to hit: after its prompt is
+        computed, or (vLLM) once `tokens` of it are scheduled, for the full blocks among them."""
         rid = int(self.rid[slot])
         sb = int(self.shared_blocks[rid])
         if sb <= 0 or not self.pool.caching:
             return
-        upto = min(sb, int(self.nkv[slot]) // self.page)
+        upto = min(sb, (int(self.nkv[slot]) if tokens is None else tokens) // self.page)
         hk = int(self.hit_k[slot])
         if upto <= hk:
             return
         key = int(self.key[rid])
+        if not self.dedup and self.pool.extent(key) > hk:
+            # vLLM keeps the copies it computed of blocks the key already holds ("we don't de-duplicate the blocks
+            # in the cache", BlockPool, vllm/v1/core/block_pool.py) until the request frees them: its blocks stay
+            # its own (new content past the key's run joins the cache when it leaves)
+            return
         moved = self.pool.donate(key, upto_blocks=upto, from_allocated=upto - hk)
         self.pool.free_allocated(upto - hk - moved)
-        if hk == 0:
-            self.pool.acquire(key)
+        self.pool.acquire(key, upto)  # the deeper reference first, so the blocks it keeps stay pinned
+        if hk > 0:
+            self.pool.release(key, hk)
         self.hit_k[slot] = upto
         # the blocks it referenced beyond `upto` stay allocated; blk is unchanged (now partly pinned)
 

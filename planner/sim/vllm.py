@@ -4,7 +4,8 @@ Follows vLLM's `Scheduler.schedule` (v1/core/sched/scheduler.py): running reques
 order, each taking min(its remaining tokens, what is left of `max_num_batched_tokens`); when a running
 request cannot get KV blocks the newest running request is preempted (recompute) until it can; only
 in a step without preemption are waiting requests admitted, FCFS, while the budget, `max_num_seqs`
-and the pool allow (the head request blocking the queue). Prefix hits count whole blocks. A waiting
+and the pool allow (the head request blocking the queue). Prefix hits count whole blocks; a prompt chunk's
+full shared-prefix blocks are hittable from the moment it is scheduled (`share_scheduled`). A waiting
 request is admitted only when the blocks of its whole prompt fit in the free pool, not just those of
 its first chunk (`whole_prompt_fits`).
 """
@@ -102,6 +103,19 @@ def admit_remote(rank: Rank, now_s: float) -> list[int]:
     return started
 
 
+def share_scheduled(rank: Rank, slots: I64, new: I64) -> None:
+    """vLLM caches a request's full blocks when it allocates them for the step's tokens, before they are
+    computed (`KVCacheManager.allocate_slots` -> `cache_blocks` up to num_computed + num_new tokens,
+    vllm/v1/core/kv_cache_manager.py): a request scheduled later, in this step or the next, hits them. The
+    prompt chunks scheduled in this step share their full shared-prefix blocks now."""
+    if len(slots) == 0:
+        return
+    nkv = rank.nkv[slots]
+    pre = np.flatnonzero((nkv < rank.target[slots]) & (rank.hit_k[slots] < rank.shared_blocks[rank.rid[slots]]))
+    for j in pre:
+        rank.share_prefix(int(slots[j]), int(nkv[j] + new[j]))
+
+
 def whole_prompt_fits(rank: Rank, rid: int, tokens: int, hk: int, hr: int) -> bool:
     """vLLM's admission gate `--scheduler-reserve-full-isl` (on by default): a waiting or preempted request
     is taken in only if the free pool holds blocks for all its `tokens` (prompt, plus the outputs of a
@@ -111,8 +125,8 @@ def whole_prompt_fits(rank: Rank, rid: int, tokens: int, hk: int, hr: int) -> bo
     replay's resolved scheduler_config and the default in 0.32/0.33's parsers, absent from 0.11's). Hit blocks
     that are cached but unreferenced count against the free pool, as vLLM's `get_num_blocks_to_allocate`
     counts them (acquiring them takes them out of the free queue)."""
-    pinned_now = (rank.pool.evictable_extent(int(rank.key[rid])) if hk else 0) + (
-        rank.pool.evictable_extent(-(rid + 1)) if hr else 0)
+    pinned_now = (rank.pool.evictable_extent(int(rank.key[rid]), hk) if hk else 0) + (
+        rank.pool.evictable_extent(-(rid + 1), hr) if hr else 0)
     return rank.blocks_for(tokens) - (hk + hr) <= rank.pool.free - pinned_now
 
 
@@ -147,6 +161,8 @@ class VllmPolicy:
             rank.blk[slots] += need
         else:
             slots, new, preempted = self._allocate_with_preemption(rank, order, slots, new, need, now_s)
+        if rank.pool.caching:
+            share_scheduled(rank, slots, new)
         used = int(np.add.reduce(new))
         if not preempted:
             s_add, n_add = self._admit_waiting(rank, self.budget - used, now_s)
@@ -217,6 +233,8 @@ class VllmPolicy:
             slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
             ok = rank.grow(slot, n)  # the first chunk's blocks are a part of the whole prompt's
             assert ok
+            if hk < int(rank.shared_blocks[rid]):
+                rank.share_prefix(slot, int(rank.nkv[slot]) + n)  # a request queued behind it may hit them now
             rank.waiting.popleft()
             slots.append(slot)
             news.append(n)

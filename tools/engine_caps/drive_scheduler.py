@@ -6,13 +6,17 @@ Run by tests/conformance/test_scheduler_decisions.py with the python of the vLLM
 not part of the servingtopology package. One scenario per JSON line on stdin, one JSON result per line on stdout:
 
     {"num_blocks": 40, "block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "prefix_caching": true,
-     "requests": [{"arrival_step": 0, "prompt": 300, "output": 20}, ...]}
+     "requests": [{"arrival_step": 0, "prompt": 300, "output": 20, "key": 0, "shared": 64}, ...]}
  -> {"ok": true, "steps": [{"r0": 256}, ...], "requests": [{"first_token_step": 1, "finish_step": 20,
-     "preemptions": 0}, ...]}
+     "preemptions": 0, "hit_tokens": 0}, ...]}
 
-Steps are numbered from 0; a request arriving at step k is added before step k is scheduled. Every request's
-prompt is its own token ids (distinct from every other request's from the first token), so prefix caching can
-only hit a request's own blocks after a preemption.
+`hit_tokens` is what the request found cached when first scheduled (its computed tokens before its first chunk).
+
+Steps are numbered from 0; a request arriving at step k is added before step k is scheduled. A request's prompt
+is its own token ids (distinct from every other request's), except that a request with `"key": K, "shared": S`
+begins with the first S tokens of key K's token run (the same ids for every request with that key), so vLLM's
+block hashes (vllm/v1/core/kv_cache_utils.py, each block's hash chained on its parent's) match on the whole
+blocks two such requests have in common and prefix caching can hit them across requests.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 
 VOCAB = 1_000_000
 MAX_STEPS = 20_000
+KEY_BASE = 900_000  # shared runs use ids from here on (10,000 per key); own tokens stay below
+OUT_BASE = 800_000  # sampled tokens
 
 
 def _tiny_model_dir() -> str:
@@ -88,13 +94,16 @@ class Driver:
         specs = sc["requests"]
         reqs = []
         for i, r in enumerate(specs):
-            prompt = [(i * 50_000 + j) % VOCAB for j in range(int(r["prompt"]))]
+            shared = min(int(r.get("shared", 0)), int(r["prompt"])) if r.get("key") is not None else 0
+            prompt = [KEY_BASE + int(r["key"]) * 10_000 + j for j in range(shared)]
+            prompt += [(i * 50_000 + j) % KEY_BASE for j in range(shared, int(r["prompt"]))]
             reqs.append(self.Request(request_id=f"r{i}", prompt_token_ids=prompt, pooling_params=None, block_hasher=hasher,
                                      sampling_params=self.SamplingParams(max_tokens=int(r["output"]), ignore_eos=True),
                                      arrival_time=float(r["arrival_step"])))
         added = [False] * len(reqs)
         first: list[int | None] = [None] * len(reqs)
         finish: list[int | None] = [None] * len(reqs)
+        hit: list[int | None] = [None] * len(reqs)
         steps: list[dict[str, int]] = []
         for step in range(MAX_STEPS):
             for i, r in enumerate(specs):
@@ -108,9 +117,14 @@ class Driver:
             steps.append(scheduled)
             ids = list(scheduled)
             by_id = {f"r{i}": reqs[i] for i in range(len(reqs))}
+            for rid in ids:  # tokens computed before its first chunk: its prefix-cache hit at admission
+                if hit[int(rid[1:])] is None:
+                    hit[int(rid[1:])] = by_id[rid].num_computed_tokens - scheduled[rid]
             # after schedule() a request's num_computed_tokens counts this step's tokens: it samples when they
             # reach its whole sequence (a partial prefill's sample is discarded by the model runner)
-            sampled = [[7] if by_id[rid].num_computed_tokens >= by_id[rid].num_tokens else [] for rid in ids]
+            # each request samples a token of its own (OUT_BASE + its index): two requests with the same prompt
+            # must not share output blocks, as the simulator's requests share prompt prefixes only
+            sampled = [[OUT_BASE + int(rid[1:])] if by_id[rid].num_computed_tokens >= by_id[rid].num_tokens else [] for rid in ids]
             mro = self.ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
                                          sampled_token_ids=sampled)
             s.update_from_output(out, mro)
@@ -123,8 +137,8 @@ class Driver:
         else:
             raise RuntimeError(f"not finished after {MAX_STEPS} steps")
         return {"ok": True, "steps": steps, "requests": [
-            {"first_token_step": first[i], "finish_step": finish[i], "preemptions": reqs[i].num_preemptions}
-            for i in range(len(reqs))]}
+            {"first_token_step": first[i], "finish_step": finish[i], "preemptions": reqs[i].num_preemptions,
+             "hit_tokens": hit[i]} for i in range(len(reqs))]}
 
 
 def main() -> None:

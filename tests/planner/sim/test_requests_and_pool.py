@@ -72,7 +72,7 @@ def test_recorded_latencies_of_the_reference_run_match_its_summary() -> None:
 def test_pool_blocks_always_add_up_and_never_exceed_the_total(ops: list[tuple[str, int, int]]) -> None:
     pool = KvPool(100, page_tokens=16, caching=True)
     allocated = 0
-    acquired: list[int] = []
+    acquired: list[tuple[int, int]] = []
     for op, key, n in ops:
         if op == "alloc" and pool.allocate(n):
             allocated += n
@@ -84,11 +84,11 @@ def test_pool_blocks_always_add_up_and_never_exceed_the_total(ops: list[tuple[st
             moved = pool.donate(key, upto_blocks=n, from_allocated=allocated)
             allocated -= moved
         elif op == "acquire":
-            pool.acquire(key)
-            acquired.append(key)
-        elif op == "release" and key in acquired:
-            acquired.remove(key)
-            pool.release(key)
+            acquired.append((key, pool.acquire(key, min(n, pool.extent(key)))))
+        elif op == "release" and any(k == key for k, _ in acquired):
+            held = next(h for h in acquired if h[0] == key)
+            acquired.remove(held)
+            pool.release(*held)
         pool.check()
         assert pool.in_use <= pool.total
         assert pool.allocated == allocated
