@@ -277,6 +277,11 @@ class Rank:
                 led.first_token_s[rid] = end_s
                 outcome.first_tokens.append(rid)
         done = slots[out >= self.out_total[slots]]
+        if not self.dedup and len(done) > 1:
+            # vLLM finishes a step's requests in its running queue's order (Scheduler.update_from_output walks the
+            # step's scheduled requests, running ones in admission order: vllm/v1/core/sched/scheduler.py): their
+            # blocks are freed, and their final outputs reach the clients, in that order
+            done = done[np.argsort(self.order[done], kind="stable")]
         for s in done:
             rid = self.finish(int(s))
             if self.role is Role.PREFILL and int(self.output[rid]) > 1:

@@ -21,11 +21,23 @@ multiples. There each never-preempted request's prefix-cache hit at admission (t
 simulator models each key's cached content as a run of leading blocks; with vLLM's behaviour modelled (partial
 references, copies not de-duplicated: planner/sim/rank.py, kvcache.py) no scenario here needs an exclusion.
 
+Multi-turn sessions (SessionScenario; `from_workload(..., sessions=)`'s form: key 1 + session, each turn sharing its
+prompt and outputs with the next): the driver builds each turn's prompt from the previous turn's whole token sequence
+(prompt ids and the ids it sampled as outputs) plus new ids and adds it when its closed-loop client would send it
+(no think time): at the step after the previous turn's last token if the engine is then idle, a step later if it
+has work (vLLM's engine core starts its next step before the client's reply can arrive; the simulator's instance
+plans its next step at the step end, before the turn is issued); turns due together in the order their predecessors
+finished. One session in a roomy pool (each turn hits every full block of the previous turn's KV: its prompt and
+outputs but the last, which is never computed), a conversation ending on a block boundary, two interleaved sessions,
+four under pool pressure (preemptions, a freed conversation evicted) and 50 seeded mixes: all equal, no exclusion.
+They found that the simulator finished a decode burst's requests in slot order; vLLM finishes (frees, answers) them
+in its running queue's order, which decides which next turn is queued first (planner/sim/rank.py emit_tokens).
+
 Not compared: the tokens scheduled per step. The simulator does not expose its per-step batches (a run of pure
 decode steps is one burst, planned without a per-step schedule); where it does schedule a step, hooking
 VllmPolicy.schedule showed the same batches as vLLM's on the scenarios examined, but the test does not reach into it.
 
-The whole file runs in about 25 s (the driver's imports are most of it). Marked `conformance` (`make conformance`).
+The whole file runs in about 30 s (the driver's imports are most of it). Marked `conformance` (`make conformance`).
 """
 
 from __future__ import annotations
@@ -181,7 +193,83 @@ def random_scenarios(seed: int, n: int) -> list[Scenario]:
 RANDOM = random_scenarios(1000, 120)
 
 
-def run_vllm(scenarios: list[Scenario]) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class SessionScenario:
+    """Multi-turn sessions, each a closed-loop client with no think time: turn k + 1 goes out at the step after turn
+    k's last token and re-sends the whole conversation so far (every earlier turn's prompt and outputs) plus `new`
+    tokens. The requests are the turns, session after session, as `from_workload(..., sessions=)` lays them out."""
+
+    name: str
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    sessions: tuple[tuple[tuple[int, int], ...], ...]  # per session its turns' (new input tokens, output tokens)
+    expect: dict[str, Any] = field(default_factory=dict)
+    prefix_caching: bool = True
+
+    def turns(self) -> list[tuple[int, int, int, int | None]]:
+        """(session, prompt tokens, output tokens, index of the previous turn or None) per request."""
+        out: list[tuple[int, int, int, int | None]] = []
+        for s, turns in enumerate(self.sessions):
+            context, prev = 0, None
+            for new, output in turns:
+                out.append((s, context + new, output, prev))
+                context, prev = context + new + output, len(out) - 1
+        return out
+
+    def as_json(self) -> str:
+        return json.dumps({"num_blocks": self.num_blocks, "block_size": BLOCK, "max_num_seqs": self.max_num_seqs,
+                           "max_num_batched_tokens": self.max_num_batched_tokens, "prefix_caching": self.prefix_caching,
+                           "requests": [{"arrival_step": 0, "prompt": p, "output": o, "after": prev}
+                                        for _, p, o, prev in self.turns()]})
+
+    def request_set(self) -> RequestSet:
+        """The simulator's form, as from_workload builds sessions: key 1 + session, the whole turn (prompt and
+        outputs) shared with the session's later turns, the session's closed-loop client."""
+        t = self.turns()
+        prompt = np.array([p for _, p, _, _ in t], dtype=np.int64)
+        output = np.array([o for _, _, o, _ in t], dtype=np.int64)
+        session = np.array([s for s, _, _, _ in t], dtype=np.int64)
+        return RequestSet(np.full(len(t), np.nan), prompt, output, session + 1, prompt + output, session, 0.0)
+
+
+SESSION_SCENARIOS = [
+    # a roomy pool: each turn hits every full block of the conversation so far except (vLLM) its last token's
+    # a roomy pool: each turn hits every full block of the previous turn's KV, which holds its prompt and all its
+    # outputs but the last (a sampled token is computed only when fed back): turn 1 re-sends 100 + 20 tokens, of
+    # which 119 were computed, 7 full blocks; turn 2 re-sends 170 + 30, 199 computed, 12 blocks
+    SessionScenario("session_three_turns", 400, 8, 64, (((100, 20), (50, 30), (40, 10)),), {"hits": {1: 112, 2: 192}}),
+    # a conversation of exactly 4 blocks (48 + 16): its last output has no KV, so turn 1 hits 3 blocks, not 4
+    SessionScenario("session_block_aligned", 400, 8, 64, (((48, 16), (16, 16), (1, 5)),), {"hits": {1: 48, 2: 80}}),
+    # two sessions side by side, their turns interleaved
+    SessionScenario("sessions_two_interleaved", 400, 8, 48, (((70, 12), (30, 40), (20, 5)), ((33, 50), (90, 7), (5, 9)))),
+    # a small pool: four sessions' conversations outgrow it, turns are preempted and freed conversations evicted
+    SessionScenario("sessions_under_pressure", 40, 8, 64,
+                    (((100, 60), (40, 60)), ((80, 90), (30, 50)), ((120, 40), (20, 80)), ((60, 100), (10, 30))),
+                    {"preempted": [5, 7], "hits": {3: 0}}),
+]
+
+
+def random_session_scenarios(seed: int, n: int) -> list[SessionScenario]:
+    """Seeded mixes of 1-4 sessions of 1-4 turns (1-200 new tokens, 1-120 outputs each); pools from just large
+    enough for the longest conversation (3 blocks spare) to 120 blocks, mostly under 40, 1-64 sequences, budgets of 16-2048 tokens."""
+    out = []
+    for k in range(n):
+        rng = random.Random(seed + k)
+        sessions = tuple(tuple((rng.choice([rng.randint(1, 200), BLOCK * rng.randint(1, 6), rng.randint(1, 15)]),
+                                rng.randint(1, 120)) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 4)))
+        longest = max(sum(a + b for a, b in sess) for sess in sessions)
+        blocks = max(longest // BLOCK + 3, rng.choice([rng.randint(12, 40), rng.randint(12, 120)]))
+        seqs = rng.choice([1, 2, 3, 4, 8, 64])
+        budget = max(seqs, rng.choice([16, 17, 32, 48, 64, 128, 256, 512, 2048]))
+        out.append(SessionScenario(f"random_sessions{seed + k}", blocks, seqs, budget, sessions))
+    return out
+
+
+RANDOM_SESSIONS = random_session_scenarios(7000, 50)
+
+
+def run_vllm(scenarios: list[Any]) -> dict[str, dict[str, Any]]:
     if not ENGINE_PY.exists():
         pytest.fail(f"the vLLM environment is missing ({ENGINE_PY}): run `make engine-env` (e2e/engine/vllm_cpu_env.sh)")
     proc = subprocess.run([str(ENGINE_PY), str(DRIVER)], input="".join(s.as_json() + "\n" for s in scenarios),
@@ -204,18 +292,22 @@ class ConstantStep:
         return STEP_S
 
 
-def run_sim(sc: Scenario) -> list[dict[str, int]]:
+def run_sim(sc: Any) -> list[dict[str, int]]:
     """The simulator on a scenario: per request the step of its first token, of its last, and its preemptions.
 
     A request arriving at step k arrives when step k − 1 ends (arrivals are taken before a step end at the same
     instant), so it is queued when step k is scheduled, as the driver adds it, and an idle engine starts step k then;
     a token produced by step k is stamped at its end, (k + 1) steps."""
-    n = len(sc.requests)
-    arr = np.array([r[0] * STEP_S for r in sc.requests], dtype=np.float64)
-    key = np.array([r[3] if len(r) > 3 else -1 for r in sc.requests], dtype=np.int64)
-    shared = np.array([min(r[4], r[1]) if len(r) > 3 else 0 for r in sc.requests], dtype=np.int64)
-    reqs = RequestSet(arr, np.array([r[1] for r in sc.requests], dtype=np.int64), np.array([r[2] for r in sc.requests], dtype=np.int64),
-                      key, shared, np.full(n, -1, dtype=np.int64))
+    if isinstance(sc, SessionScenario):
+        reqs = sc.request_set()
+        n = len(reqs)
+    else:
+        n = len(sc.requests)
+        arr = np.array([r[0] * STEP_S for r in sc.requests], dtype=np.float64)
+        key = np.array([r[3] if len(r) > 3 else -1 for r in sc.requests], dtype=np.int64)
+        shared = np.array([min(r[4], r[1]) if len(r) > 3 else 0 for r in sc.requests], dtype=np.int64)
+        reqs = RequestSet(arr, np.array([r[1] for r in sc.requests], dtype=np.int64),
+                          np.array([r[2] for r in sc.requests], dtype=np.int64), key, shared, np.full(n, -1, dtype=np.int64))
     knobs = EngineKnobs(max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens, block_size_tokens=BLOCK,
                         enable_prefix_caching=sc.prefix_caching)
     r = simulate(Layout.replicas(1, Parallelism(), knobs), model=resolve_model("llama-3.1-8b"), gpu=resolve_gpu("h100_sxm"),
@@ -230,7 +322,7 @@ def run_sim(sc: Scenario) -> list[dict[str, int]]:
              "preemptions": int(r.preemptions[i]), "hit_tokens": int(r.cached_tokens[i])} for i in range(n)]
 
 
-def differences(sc: Scenario, real: list[dict[str, Any]], sim: list[dict[str, int]]) -> list[str]:
+def differences(sc: Any, real: list[dict[str, Any]], sim: list[dict[str, int]]) -> list[str]:
     """Per request: first-token step, finish step and preemptions equal; the prefix-cache hit at admission too
     for a request never preempted (the simulator's count adds the hits of every resume)."""
     out = []
@@ -243,7 +335,7 @@ def differences(sc: Scenario, real: list[dict[str, Any]], sim: list[dict[str, in
 
 @pytest.fixture(scope="module")
 def vllm_runs() -> dict[str, dict[str, Any]]:
-    return run_vllm(SCENARIOS + RANDOM + PREFIX_SCENARIOS + RANDOM_PREFIX)
+    return run_vllm(SCENARIOS + RANDOM + PREFIX_SCENARIOS + RANDOM_PREFIX + SESSION_SCENARIOS + RANDOM_SESSIONS)
 
 
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
@@ -312,3 +404,26 @@ def test_random_prefix_mixes_schedule_as_in_vllm(vllm_runs: dict[str, dict[str, 
     hitting = sum(1 for reqs in runs for r in reqs if r["hit_tokens"])
     preempting = sum(1 for reqs in runs if any(r["preemptions"] for r in reqs))
     assert hitting >= len(RANDOM_PREFIX) and preempting >= len(RANDOM_PREFIX) // 4, (hitting, preempting)
+
+
+@pytest.mark.parametrize("sc", SESSION_SCENARIOS, ids=[s.name for s in SESSION_SCENARIOS])
+def test_sessions_hit_as_in_vllm(sc: SessionScenario, vllm_runs: dict[str, dict[str, Any]]) -> None:
+    real = vllm_runs[sc.name]["requests"]
+    diff = differences(sc, real, run_sim(sc))
+    assert not diff, f"{sc.name}: the simulator's decisions differ from vLLM's\n" + "\n".join(diff)
+    for i, tokens in sc.expect.get("hits", {}).items():
+        assert real[i]["hit_tokens"] == tokens, f"{sc.name}: r{i} was meant to find {tokens} tokens cached"
+    for i in sc.expect.get("preempted", []):
+        assert real[i]["preemptions"] >= 1, f"{sc.name}: r{i} was meant to be preempted"
+
+
+def test_random_sessions_schedule_as_in_vllm(vllm_runs: dict[str, dict[str, Any]]) -> None:
+    diffs = []
+    for sc in RANDOM_SESSIONS:
+        real, sim = vllm_runs[sc.name]["requests"], run_sim(sc)
+        diffs += [f"{sc}\n  {d}" for d in differences(sc, real, sim)]
+    assert not diffs, f"{len(diffs)} requests scheduled differently:\n" + "\n".join(diffs[:20])
+    runs = [vllm_runs[sc.name]["requests"] for sc in RANDOM_SESSIONS]
+    hitting = sum(1 for reqs in runs for r in reqs if r["hit_tokens"])
+    preempting = sum(1 for reqs in runs if any(r["preemptions"] for r in reqs))
+    assert hitting >= len(RANDOM_SESSIONS) and preempting >= len(RANDOM_SESSIONS) // 8, (hitting, preempting)

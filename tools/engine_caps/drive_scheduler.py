@@ -17,6 +17,13 @@ is its own token ids (distinct from every other request's), except that a reques
 begins with the first S tokens of key K's token run (the same ids for every request with that key), so vLLM's
 block hashes (vllm/v1/core/kv_cache_utils.py, each block's hash chained on its parent's) match on the whole
 blocks two such requests have in common and prefix caching can hit them across requests.
+
+Multi-turn sessions: a request with `"after": J` is the next turn of request J's conversation, sent by a closed-loop
+client with no think time once J's last token reaches it: the driver adds it before the step after J's last token if
+the engine then has nothing to do (nothing unfinished, nothing sent to it during that step), else one step later (an
+engine core with work starts its next step before the client's reply can arrive; an idle one schedules it at once);
+next turns due together are added in the order their predecessors finished. It gives the turn J's whole token sequence
+(J's prompt ids and the output ids the driver sampled for J) followed by new ids of its own up to `prompt` tokens.
 """
 
 from __future__ import annotations
@@ -92,22 +99,45 @@ class Driver:
         block = int(sc.get("block_size", 16))
         hasher = self.get_request_block_hasher(block, self.sha256) if sc["prefix_caching"] else None
         specs = sc["requests"]
-        reqs = []
-        for i, r in enumerate(specs):
-            shared = min(int(r.get("shared", 0)), int(r["prompt"])) if r.get("key") is not None else 0
-            prompt = [KEY_BASE + int(r["key"]) * 10_000 + j for j in range(shared)]
-            prompt += [(i * 50_000 + j) % KEY_BASE for j in range(shared, int(r["prompt"]))]
-            reqs.append(self.Request(request_id=f"r{i}", prompt_token_ids=prompt, pooling_params=None, block_hasher=hasher,
-                                     sampling_params=self.SamplingParams(max_tokens=int(r["output"]), ignore_eos=True),
-                                     arrival_time=float(r["arrival_step"])))
-        added = [False] * len(reqs)
-        first: list[int | None] = [None] * len(reqs)
-        finish: list[int | None] = [None] * len(reqs)
-        hit: list[int | None] = [None] * len(reqs)
+        n = len(specs)
+        # sessions: request i with "after": j is the next turn of request j's conversation; it is built (and added)
+        # only once j has finished, its prompt being j's whole token sequence (prompt ids and the ids this driver
+        # sampled as j's outputs) followed by new ids of its own
+        reqs: list[Any] = [None] * n
+
+        def build(i: int, step: int) -> Any:
+            r = specs[i]
+            if r.get("after") is not None:
+                prev = reqs[int(r["after"])]
+                prompt = list(prev.prompt_token_ids) + list(prev.output_token_ids)
+                if len(prompt) > int(r["prompt"]):
+                    raise ValueError(f"r{i}: prompt {r['prompt']} shorter than its conversation ({len(prompt)} tokens)")
+            else:
+                shared = min(int(r.get("shared", 0)), int(r["prompt"])) if r.get("key") is not None else 0
+                prompt = [KEY_BASE + int(r["key"]) * 10_000 + j for j in range(shared)]
+            prompt += [(i * 50_000 + j) % KEY_BASE for j in range(len(prompt), int(r["prompt"]))]
+            return self.Request(request_id=f"r{i}", prompt_token_ids=prompt, pooling_params=None, block_hasher=hasher,
+                                sampling_params=self.SamplingParams(max_tokens=int(r["output"]), ignore_eos=True),
+                                arrival_time=float(step))
+
+        added = [False] * n
+        first: list[int | None] = [None] * n
+        finish: list[int | None] = [None] * n
+        hit: list[int | None] = [None] * n
+        issue: list[int | None] = [None] * n  # the step from which a finished request's next turn is queued
+        done_seq = [0] * n  # the order in which requests finished
         steps: list[dict[str, int]] = []
         for step in range(MAX_STEPS):
-            for i, r in enumerate(specs):
-                if not added[i] and int(r["arrival_step"]) <= step:
+            # next turns due together go out in the order their predecessors' last tokens left the engine (the
+            # order of the step's outputs, the running queue's), ahead of nothing else
+            for i in sorted(range(n), key=lambda i: (-1 if specs[i].get("after") is None else done_seq[int(specs[i]["after"])], i)):
+                r = specs[i]
+                after = r.get("after")
+                # a next turn goes out at the step after its predecessor's last token (closed loop, no think time)
+                ready = int(r.get("arrival_step", 0)) <= step and (after is None or (issue[int(after)] is not None
+                                                                                   and issue[int(after)] <= step))
+                if not added[i] and ready:
+                    reqs[i] = build(i, step)
                     s.add_request(reqs[i])
                     added[i] = True
             if all(added) and all(f is not None for f in finish):
@@ -116,7 +146,7 @@ class Driver:
             scheduled = dict(out.num_scheduled_tokens)
             steps.append(scheduled)
             ids = list(scheduled)
-            by_id = {f"r{i}": reqs[i] for i in range(len(reqs))}
+            by_id = {f"r{i}": reqs[i] for i in range(n) if added[i]}
             for rid in ids:  # tokens computed before its first chunk: its prefix-cache hit at admission
                 if hit[int(rid[1:])] is None:
                     hit[int(rid[1:])] = by_id[rid].num_computed_tokens - scheduled[rid]
@@ -128,17 +158,30 @@ class Driver:
             mro = self.ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
                                          sampled_token_ids=sampled)
             s.update_from_output(out, mro)
+            just_done: list[int] = []
             for rid, tok in zip(ids, sampled, strict=True):
                 i = int(rid[1:])
                 if tok and first[i] is None:
                     first[i] = step
                 if tok and reqs[i].is_finished() and finish[i] is None:
                     finish[i] = step
+                    done_seq[i] = sum(f is not None for f in finish)
+                    just_done.append(i)
+            # the client sees the last token only after the step's outputs leave the engine core; an engine with
+            # work for the next step has started it by then (EngineCoreProc.run_busy_loop, vllm/v1/engine/core.py,
+            # drains its input queue, where requests sent during this step wait, and steps again at once), so the
+            # next turn is scheduled a step later; an idle engine waits for it and schedules it in the next step
+            busy = s.has_unfinished_requests() or any(
+                not added[j] and int(r.get("arrival_step", 0)) <= step + 1
+                and (r.get("after") is None or (issue[int(r["after"])] is not None and issue[int(r["after"])] <= step + 1))
+                for j, r in enumerate(specs))
+            for i in just_done:
+                issue[i] = step + (2 if busy else 1)
         else:
             raise RuntimeError(f"not finished after {MAX_STEPS} steps")
         return {"ok": True, "steps": steps, "requests": [
             {"first_token_step": first[i], "finish_step": finish[i], "preemptions": reqs[i].num_preemptions,
-             "hit_tokens": hit[i]} for i in range(len(reqs))]}
+             "hit_tokens": hit[i], "prompt_ids": len(reqs[i].prompt_token_ids)} for i in range(n)]}
 
 
 def main() -> None:
