@@ -333,6 +333,29 @@ def differences(sc: Any, real: list[dict[str, Any]], sim: list[dict[str, int]]) 
     return out
 
 
+def assert_same_decisions(sc: Any, real: list[dict[str, Any]]) -> None:
+    """The simulator's per-request decisions equal vLLM's, and the hits and preemptions the scenario is built to show
+    happened in vLLM (so a change in either scheduler cannot make it vacuous)."""
+    diff = differences(sc, real, run_sim(sc))
+    assert not diff, f"{sc.name}: the simulator's decisions differ from vLLM's\n" + "\n".join(diff)
+    for i, tokens in sc.expect.get("hits", {}).items():
+        assert real[i]["hit_tokens"] == tokens, f"{sc.name}: r{i} was meant to find {tokens} tokens cached"
+    for i in sc.expect.get("preempted", []):
+        assert real[i]["preemptions"] >= 1, f"{sc.name}: r{i} was meant to be preempted"
+
+
+def random_mix_counts(scenarios: list[Any], vllm_runs: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """Assert every seeded mix schedules as in vLLM; return (requests that hit the cache at admission, mixes that
+    preempt), for the caller to check the mixes exercise what they are for."""
+    diffs = []
+    for sc in scenarios:
+        diffs += [f"{sc}\n  {d}" for d in differences(sc, vllm_runs[sc.name]["requests"], run_sim(sc))]
+    assert not diffs, f"{len(diffs)} requests scheduled differently:\n" + "\n".join(diffs[:20])
+    runs = [vllm_runs[sc.name]["requests"] for sc in scenarios]
+    return (sum(1 for reqs in runs for r in reqs if r["hit_tokens"]),
+            sum(1 for reqs in runs if any(r["preemptions"] for r in reqs)))
+
+
 @pytest.fixture(scope="module")
 def vllm_runs() -> dict[str, dict[str, Any]]:
     return run_vllm(SCENARIOS + RANDOM + PREFIX_SCENARIOS + RANDOM_PREFIX + SESSION_SCENARIOS + RANDOM_SESSIONS)
@@ -341,12 +364,7 @@ def vllm_runs() -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_the_simulator_schedules_as_vllms_own_scheduler(sc: Scenario, vllm_runs: dict[str, dict[str, Any]]) -> None:
     real = vllm_runs[sc.name]["requests"]
-    sim = run_sim(sc)
-    diff = differences(sc, real, sim)
-    assert not diff, f"{sc.name}: the simulator's decisions differ from vLLM's\n" + "\n".join(diff)
-    # the scenario exhibits what it is meant to (so a change in either scheduler cannot make it vacuous)
-    for i in sc.expect.get("preempted", []):
-        assert real[i]["preemptions"] >= 1, f"{sc.name}: r{i} was meant to be preempted"
+    assert_same_decisions(sc, real)
     steps = vllm_runs[sc.name]["steps"]
     for i in sc.expect.get("waits", []):
         arrival = sc.requests[i][0]
@@ -366,24 +384,13 @@ def test_prefix_caching_changes_the_resumed_requests_schedule(vllm_runs: dict[st
 
 
 def test_random_mixes_schedule_as_in_vllm(vllm_runs: dict[str, dict[str, Any]]) -> None:
-    diffs = []
-    for sc in RANDOM:
-        real, sim = vllm_runs[sc.name]["requests"], run_sim(sc)
-        diffs += [f"{sc}\n  {d}" for d in differences(sc, real, sim)]
-    assert not diffs, f"{len(diffs)} requests scheduled differently:\n" + "\n".join(diffs[:20])
-    preempting = sum(1 for sc in RANDOM if any(r["preemptions"] for r in vllm_runs[sc.name]["requests"]))
+    _, preempting = random_mix_counts(RANDOM, vllm_runs)
     assert preempting >= len(RANDOM) // 3, f"only {preempting} of {len(RANDOM)} random mixes preempt"
 
 
 @pytest.mark.parametrize("sc", PREFIX_SCENARIOS, ids=[s.name for s in PREFIX_SCENARIOS])
 def test_shared_prefixes_hit_as_in_vllm(sc: Scenario, vllm_runs: dict[str, dict[str, Any]]) -> None:
-    real = vllm_runs[sc.name]["requests"]
-    diff = differences(sc, real, run_sim(sc))
-    assert not diff, f"{sc.name}: the simulator's decisions differ from vLLM's\n" + "\n".join(diff)
-    for i, tokens in sc.expect.get("hits", {}).items():
-        assert real[i]["hit_tokens"] == tokens, f"{sc.name}: r{i} was meant to find {tokens} tokens cached"
-    for i in sc.expect.get("preempted", []):
-        assert real[i]["preemptions"] >= 1, f"{sc.name}: r{i} was meant to be preempted"
+    assert_same_decisions(sc, vllm_runs[sc.name]["requests"])
 
 
 def test_a_same_step_hit_changes_the_schedule(vllm_runs: dict[str, dict[str, Any]]) -> None:
@@ -393,37 +400,17 @@ def test_a_same_step_hit_changes_the_schedule(vllm_runs: dict[str, dict[str, Any
 
 
 def test_random_prefix_mixes_schedule_as_in_vllm(vllm_runs: dict[str, dict[str, Any]]) -> None:
-    diffs = []
-    for sc in RANDOM_PREFIX:
-        real, sim = vllm_runs[sc.name]["requests"], run_sim(sc)
-        diffs += [f"{sc}\n  {d}" for d in differences(sc, real, sim)]
-    assert not diffs, f"{len(diffs)} requests scheduled differently:\n" + "\n".join(diffs[:20])
+    hitting, preempting = random_mix_counts(RANDOM_PREFIX, vllm_runs)
     # the mixes exercise what they are for: hits across requests (a first admission can only hit another
     # request's blocks) and preemptions
-    runs = [vllm_runs[sc.name]["requests"] for sc in RANDOM_PREFIX]
-    hitting = sum(1 for reqs in runs for r in reqs if r["hit_tokens"])
-    preempting = sum(1 for reqs in runs if any(r["preemptions"] for r in reqs))
     assert hitting >= len(RANDOM_PREFIX) and preempting >= len(RANDOM_PREFIX) // 4, (hitting, preempting)
 
 
 @pytest.mark.parametrize("sc", SESSION_SCENARIOS, ids=[s.name for s in SESSION_SCENARIOS])
 def test_sessions_hit_as_in_vllm(sc: SessionScenario, vllm_runs: dict[str, dict[str, Any]]) -> None:
-    real = vllm_runs[sc.name]["requests"]
-    diff = differences(sc, real, run_sim(sc))
-    assert not diff, f"{sc.name}: the simulator's decisions differ from vLLM's\n" + "\n".join(diff)
-    for i, tokens in sc.expect.get("hits", {}).items():
-        assert real[i]["hit_tokens"] == tokens, f"{sc.name}: r{i} was meant to find {tokens} tokens cached"
-    for i in sc.expect.get("preempted", []):
-        assert real[i]["preemptions"] >= 1, f"{sc.name}: r{i} was meant to be preempted"
+    assert_same_decisions(sc, vllm_runs[sc.name]["requests"])
 
 
 def test_random_sessions_schedule_as_in_vllm(vllm_runs: dict[str, dict[str, Any]]) -> None:
-    diffs = []
-    for sc in RANDOM_SESSIONS:
-        real, sim = vllm_runs[sc.name]["requests"], run_sim(sc)
-        diffs += [f"{sc}\n  {d}" for d in differences(sc, real, sim)]
-    assert not diffs, f"{len(diffs)} requests scheduled differently:\n" + "\n".join(diffs[:20])
-    runs = [vllm_runs[sc.name]["requests"] for sc in RANDOM_SESSIONS]
-    hitting = sum(1 for reqs in runs for r in reqs if r["hit_tokens"])
-    preempting = sum(1 for reqs in runs if any(r["preemptions"] for r in reqs))
+    hitting, preempting = random_mix_counts(RANDOM_SESSIONS, vllm_runs)
     assert hitting >= len(RANDOM_SESSIONS) and preempting >= len(RANDOM_SESSIONS) // 8, (hitting, preempting)
