@@ -20,8 +20,10 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from .manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
+from .tenancy import STRICT, TenancyPolicy, secret_refusal
 
-__all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "KubeCluster", "ref_of", "owned_selector", "build_event"]
+__all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "SecretNotOptedIn", "KubeCluster", "ref_of", "owned_selector",
+           "build_event"]
 
 FIELD_MANAGER = "servingtopology-operator"
 # Every request's (connect, read) timeout: a hung API server fails the pass (ClusterError, retried with back-off)
@@ -65,6 +67,11 @@ class ClusterError(Exception):
     """A transient API failure (the handler retries with a delay)."""
 
 
+class SecretNotOptedIn(ClusterError):
+    """A token Secret without the opt-in label the operator's policy names: it was not read (not transient: the
+    reader reports it as metrics being down, naming the label, until the Secret is labelled)."""
+
+
 class Cluster(Protocol):
     def apply(self, obj: Mapping[str, Any]) -> bool:
         """Server-side apply with the operator's field manager; True when the object was created or changed."""
@@ -88,7 +95,13 @@ class Cluster(Protocol):
 
     def record_event(self, owner: Mapping[str, Any], *, type: str, reason: str, message: str, now: datetime) -> None: ...
 
-    def read_secret(self, namespace: str, name: str, key: str) -> str | None: ...
+    def read_secret(self, namespace: str, name: str, key: str) -> str | None:
+        """A key of a Secret; raises SecretNotOptedIn when the Secret lacks the policy's opt-in label."""
+        ...
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """A namespace's labels (None: the namespace cannot be read), for the pod-template policy's namespace rules."""
+        ...
 
     def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
         """Pods matching a label selector, terminating ones included (they still hold their GPUs)."""
@@ -113,8 +126,10 @@ class KubeCluster:
 
     def __init__(self, api_client: Any, *, reporting_instance: str = "", timeout_s: tuple[float, float] = REQUEST_TIMEOUT_S,
                  discovery_ttl_s: float = DISCOVERY_TTL_S, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, tenancy: TenancyPolicy = STRICT) -> None:
         from kubernetes import dynamic
+
+        self._tenancy = tenancy   # whose token Secrets may be read (the opt-in label)
 
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
@@ -236,9 +251,17 @@ class KubeCluster:
 
     def read_secret(self, namespace: str, name: str, key: str) -> str | None:
         secret = self._call(self._client.get, self._resource("v1", "Secret"), name=name, namespace=namespace)
-        data = (secret.to_dict().get("data") or {}) if secret is not None else {}
-        value = data.get(key)
+        body = secret.to_dict() if secret is not None else {}
+        if secret is not None:
+            refused = secret_refusal((body.get("metadata") or {}).get("labels"), namespace=namespace, name=name, policy=self._tenancy)
+            if refused is not None:
+                raise SecretNotOptedIn(refused)
+        value = (body.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value is not None else None
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        found = self._call(self._client.get, self._resource("v1", "Namespace"), name=namespace)
+        return dict((found.to_dict().get("metadata") or {}).get("labels") or {}) if found is not None else None
 
     def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
         listing = self._call(self._client.get, self._resource("v1", "Pod"), namespace=namespace, label_selector=selector)

@@ -48,6 +48,7 @@ from .plan_worker import PlanPending
 from .reconcile import Outcome, Planner, reconcile
 from .replan import Predictor
 from .telemetry import OperatorMetrics
+from .tenancy import STRICT, TenancyPolicy
 from .url_policy import UrlAllowList
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "retry_delay_s", "QuietRequeues", "QUIET_REQUEUES",
@@ -144,6 +145,7 @@ class Runtime:
     metrics_source: MetricsFactory | None = prometheus_source   # None: no live replanning
     predict: Predictor = predict_layout
     prometheus_urls: UrlAllowList | None = None   # the Prometheus URLs resources may name (None: any)
+    tenancy: TenancyPolicy = STRICT     # what pod templates and metrics selectors may ask for
     workers: int = 8
     stall_s: float = 360.0          # liveness: no pass completed for this long while resources exist
     monotonic: Callable[[], float] = time.monotonic
@@ -236,7 +238,8 @@ class Runtime:
                 now = self.clock()
                 outcome = reconcile(dict(current), cluster=recorder, planner=self.planner, now=now,
                                     gpus_per_node_default=self.gpus_per_node_default, metrics=self.metrics_source,
-                                    predict=self.predict, metrics_allow=self.prometheus_urls)
+                                    predict=self.predict, metrics_allow=self.prometheus_urls,
+                                    tenancy=self.tenancy)
             except PlanPending as pending:
                 self._progressed()
                 self._stage_planning(current, patch, pending)

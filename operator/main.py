@@ -16,7 +16,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_arguments", "main", "run", "memory_needed_mib", "OPERATOR_RESIDENT_MIB", "PLAN_PROCESS_MIB"]
+from .tenancy import TOKEN_SECRET_LABEL, TenancyPolicy, parse_grants, parse_label, parse_namespace_grant
+
+__all__ = ["add_arguments", "tenancy_policy", "main", "run", "memory_needed_mib", "OPERATOR_RESIDENT_MIB", "PLAN_PROCESS_MIB"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG = logging.getLogger(__name__)
@@ -82,6 +84,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan-slots", type=int, default=min(2, os.cpu_count() or 1),
                         help="plans that run at once, each in its own process (default: up to 2, by CPU count)")
     parser.add_argument("--workers", type=int, default=8, help="threads running reconcile passes (a pass never waits on a plan)")
+    parser.add_argument("--allow-pod-template", action="append", default=[], metavar="GRANT",
+                        help="what every namespace's pod templates may ask for (repeatable): Privileged, HostPath, HostNamespaces, "
+                             "Capabilities, ServiceAccount or All; default: none (operator/tenancy.py)")
+    parser.add_argument("--allow-pod-template-in", action="append", default=[], metavar="KEY=VALUE:GRANT,...",
+                        help="grants for the namespaces carrying the label KEY=VALUE (repeatable)")
+    parser.add_argument("--metrics-token-label", default="=".join(TOKEN_SECRET_LABEL), metavar="KEY=VALUE",
+                        help="the label a spec.metrics.bearerTokenSecret must carry to be read; empty: any Secret of the namespace")
+    parser.add_argument("--allow-cross-namespace-metrics", action="store_true",
+                        help="let spec.metrics.selector name another namespace (default: refused, MetricsSelectorRefused)")
+
+
+def tenancy_policy(args: argparse.Namespace) -> TenancyPolicy:
+    """The pod-template, token-Secret and selector policy the flags give; raises ValueError naming a bad flag value."""
+    label = args.metrics_token_label.strip()
+    return TenancyPolicy(pod_grants=frozenset(parse_grants(w for g in args.allow_pod_template for w in g.split(","))),
+                         namespace_grants=tuple(parse_namespace_grant(g) for g in args.allow_pod_template_in),
+                         token_secret_label=parse_label(label) if label else None,
+                         cross_namespace_selector=args.allow_cross_namespace_metrics)
 
 
 def _kube_api_client() -> object:
@@ -127,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(getattr(logging, args.log_level))
     _warn_when_the_limit_is_below_the_budget(max(1, args.plan_slots), args.plan_memory_mib)
     metrics = new_metrics()
-    cluster = KubeCluster(_kube_api_client())
+    tenancy = tenancy_policy(args)
+    cluster = KubeCluster(_kube_api_client(), tenancy=tenancy)
     # Stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does; in child processes.
     planner = PlanWorker(budget=PlanBudget(wall_s=args.plan_timeout_s, memory_mib=args.plan_memory_mib), slots=max(1, args.plan_slots),
                          on_plan_s=metrics.plan_seconds.observe)   # servingtopology_plan_seconds: each plan's time in its child
@@ -137,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     timer_interval_s = args.timer_interval_s
     runtime = Runtime(cluster=cluster, planner=planner, metrics=metrics, gpus_per_node_default=args.gpus_per_node,
                       prometheus_urls=UrlAllowList.of(args.allow_prometheus_url or DEFAULT_PROMETHEUS_URLS),
-                      workers=max(1, args.workers),
+                      workers=max(1, args.workers), tenancy=tenancy,
                       # Liveness: every resource has a pass each timer interval, or after a failure's back-off at most.
                       stall_s=max(4 * timer_interval_s, RETRY_CAP_S + 2 * timer_interval_s))
     registry = kopf.OperatorRegistry()

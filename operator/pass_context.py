@@ -50,7 +50,7 @@ from .url_policy import UrlAllowList
 
 __all__ = [
     "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_or_none",
-    "invalid_outcome", "hold_unreadable", "decide_or_outcome", "slo_percentile", "observe_live",
+    "invalid_outcome", "hold_unreadable", "decide_or_outcome", "slo_percentile", "observe_live", "network_knobs",
 ]
 
 Planner = Callable[[Problem], Decision]
@@ -194,13 +194,14 @@ def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: s
         transfer_backend=spec.engine.transferBackend, set_name=set_name,
         engine_version=resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image),
         pod_template=_template_dict(spec.podTemplate),
-        network=_network(spec),
+        network=network_knobs(spec),
         role_templates={role: _template_dict(t) for role in ("prefill", "decode", "router")
                         if spec.rolePodTemplates is not None and (t := getattr(spec.rolePodTemplates, role)) is not None},
     )
 
 
-def _network(spec: TopologySpec) -> NetworkKnobs:
+def network_knobs(spec: TopologySpec) -> NetworkKnobs:
+    """spec.network as the builders read it (IPC_LOCK on by default with RDMA)."""
     net = spec.network
     if net is None:
         return NetworkKnobs()

@@ -37,6 +37,7 @@ from .api import (
     PlanStatus,
     Predicted,
     ProposalStatus,
+    TopologySpec,
     check_resource_name,
     parse_topology_spec,
 )
@@ -44,6 +45,7 @@ from .capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
 from .cluster import Cluster, ObjectRef, owned_selector, ref_of
 from .live import MetricsFactory
 from .manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
+from .network import network_capabilities
 from .pass_context import (
     Outcome,
     PassContext,
@@ -54,6 +56,7 @@ from .pass_context import (
     engine_args_of,
     hold_unreadable,
     invalid_outcome,
+    network_knobs,
     observe_live,
     problem_or_none,
     slo_percentile,
@@ -74,6 +77,7 @@ from .readout import phase_text, traffic_shares
 from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
 from .rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
 from .sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
+from .tenancy import STRICT, TenancyPolicy, pod_template_refusals, selector_refusal
 from .url_policy import UrlAllowList
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
@@ -84,11 +88,12 @@ CAPACITY_REQUEUE_S = 15.0   # look again for freed GPUs
 
 def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now: datetime, gpus_per_node_default: int = 8,
               metrics: MetricsFactory | None = None, predict: Predictor = predict_layout,
-              metrics_allow: UrlAllowList | None = None) -> Outcome:
+              metrics_allow: UrlAllowList | None = None, tenancy: TenancyPolicy = STRICT) -> Outcome:
     """Bring the cluster and the status in line with one ServingTopology; safe to run any number of times.
 
     `metrics` builds the live metrics source (None: no live replanning, e.g. unit tests of the plan alone);
-    `metrics_allow` the Prometheus URLs it may call (None: any; the operator always passes its allow-list).
+    `metrics_allow` the Prometheus URLs it may call (None: any; the operator always passes its allow-list); `tenancy`
+    what a resource's pod templates and metrics selector may ask for (default: the strict policy, operator/tenancy.py).
     Raises ClusterError (from the Cluster) on transient API failures; everything else becomes status.
     """
     p = PassState(obj, cluster, now)
@@ -100,14 +105,47 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
         spec = parse_topology_spec(obj.get("spec"))
     except SpecError as exc:
         return invalid_outcome(p, "; ".join(f"{f}: {m}" for f, m in exc.errors), plan=p.status.plan, proposal=p.status.proposal)
+    refused = _refused_templates(p, spec, tenancy)
+    if refused is not None:
+        return refused
     if spec.metrics is None:
         p.set(ConditionType.METRICS_AVAILABLE, False, "NoMetricsSource", "spec.metrics is not set; planning from the expected workload")
+    elif (why := selector_refusal(spec.metrics.selector, namespace=p.namespace, policy=tenancy)) is not None:
+        # The rest of the resource is served; its metrics are not read while the selector would leave the namespace.
+        if p.set(ConditionType.METRICS_AVAILABLE, False, "MetricsSelectorRefused", why):
+            p.event("Warning", "MetricsSelectorRefused", why)
+        metrics = None
     current = layout_from_plan(p.status.plan) if p.status.plan is not None else None
     ctx = PassContext(spec=spec, planner=planner, predict=predict, metrics=metrics, policy=policy_from_spec(spec.policy),
                       gpus_per_node=spec.hardware.gpusPerNode or gpus_per_node_default, metrics_allow=metrics_allow)
     if spec.policy.mode is Mode.DRY_RUN:
         return _dry_run(p, ctx, current)
     return _enact(p, ctx, current)
+
+
+def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy) -> Outcome | None:
+    """PodTemplateRefused: the templates ask for what the administrator's policy does not grant in this namespace.
+
+    Nothing is planned or applied (running workloads stay as they were); Ready and Planned name every refused field and
+    what is allowed. The namespace's labels are read only when a namespace rule could grant what is missing."""
+    caps = network_capabilities(network_knobs(spec))
+    roles = spec.rolePodTemplates
+    templates = [("spec.podTemplate", spec.podTemplate, caps),
+                 *((f"spec.rolePodTemplates.{r}", getattr(roles, r) if roles is not None else None, caps if r != "router" else [])
+                   for r in ("prefill", "decode", "router"))]
+    dicts = [(where, t.model_dump(mode="json", exclude_none=True) if t is not None else None, c) for where, t, c in templates]
+    found = pod_template_refusals(dicts, granted=tenancy.pod_grants)
+    if found and tenancy.namespace_grants:
+        found = pod_template_refusals(dicts, granted=tenancy.grants_for(p.cluster.namespace_labels(p.namespace)))
+    if not found:
+        return None
+    message = (f"{'; '.join(str(r) for r in found)}. Creating a ServingTopology creates pods in namespace {p.namespace}; the "
+               f"operator's pod-template policy grants {tenancy.allowed_words()} (chart values operator.podTemplatePolicy.allow "
+               "and .namespaces). Nothing was applied; running workloads are left as they are")
+    if p.set(ConditionType.READY, False, "PodTemplateRefused", message):
+        p.event("Warning", "PodTemplateRefused", message)
+    p.set(ConditionType.PLANNED, False, "PodTemplateRefused", message)
+    return p.outcome(plan=p.status.plan, proposal=p.status.proposal, error="PodTemplateRefused")
 
 
 def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:

@@ -35,6 +35,7 @@ class FakeCluster:
     events: list[RecordedEvent] = field(default_factory=list)
     config_maps: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)   # namespace -> its labels
     unready: set[str] = field(default_factory=set)              # object names whose replicas never become ready
     terminating: list[dict[str, Any]] = field(default_factory=list)  # pods still holding GPUs after their owner shrank
     nodes: list[dict[str, Any]] | None = None                   # None: capacity unknown (not checked)
@@ -127,6 +128,9 @@ class FakeCluster:
 
     def read_secret(self, namespace: str, name: str, key: str) -> str | None:
         return self.secrets.get((namespace, name), {}).get(key)
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        return self.namespaces.get(namespace)
 
     def list_pods(self, namespace: str, selector: str) -> list[Mapping[str, Any]]:
         want = dict(part.split("=", 1) for part in selector.split(",") if part)

@@ -17,10 +17,11 @@ from typing import Any, ClassVar
 import pytest
 from kubernetes import client
 
-from servingtopology.operator.cluster import ClusterError, KubeCluster, ObjectRef
+from servingtopology.operator.cluster import ClusterError, KubeCluster, ObjectRef, SecretNotOptedIn
+from servingtopology.operator.tenancy import TenancyPolicy
 
 CORE = [("pods", "Pod"), ("configmaps", "ConfigMap"), ("events", "Event"), ("nodes", "Node"), ("services", "Service"),
-        ("serviceaccounts", "ServiceAccount"), ("secrets", "Secret")]
+        ("serviceaccounts", "ServiceAccount"), ("secrets", "Secret"), ("namespaces", "Namespace")]
 GROUPS = {"apps/v1": [("deployments", "Deployment")],
           "rbac.authorization.k8s.io/v1": [("roles", "Role"), ("rolebindings", "RoleBinding")],
           "servingtopology.io/v1alpha1": [("servingtopologies", "ServingTopology")]}
@@ -28,7 +29,7 @@ GROUPS = {"apps/v1": [("deployments", "Deployment")],
 
 def _resources(gv: str, kinds: list[tuple[str, str]]) -> dict[str, Any]:
     return {"kind": "APIResourceList", "groupVersion": gv, "resources": [
-        {"name": n, "singularName": n[:-1], "namespaced": k != "Node", "kind": k,
+        {"name": n, "singularName": n[:-1], "namespaced": k not in ("Node", "Namespace"), "kind": k,
          "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]} for n, k in kinds]}
 
 
@@ -72,6 +73,13 @@ class FakeApi(BaseHTTPRequestHandler):
                 {"metadata": {"name": "llama-8b-s1-aggregated", "namespace": "default", "generation": 2,
                               "ownerReferences": [{"kind": "ServingTopology", "name": "llama-8b", "uid": "u-1"}]},
                  "spec": {"replicas": 2}, "status": {"readyReplicas": 2, "observedGeneration": 2}}]})
+        secrets = {"tagged": {"servingtopology.io/metrics-token": "true"}, "plain": {"app": "db"}}
+        if path.startswith("/api/v1/namespaces/default/secrets/") and path.rsplit("/", 1)[1] in secrets:
+            name = path.rsplit("/", 1)[1]
+            return self._send({"kind": "Secret", "apiVersion": "v1", "metadata": {"name": name, "namespace": "default",
+                               "labels": secrets[name]}, "data": {"token": "c2VjcmV0"}})
+        if path == "/api/v1/namespaces/default":
+            return self._send({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "default", "labels": {"team": "a"}}})
         if "/namespaces/default/" in path and path.count("/") == (6 if path.startswith("/apis/") else 5):   # a collection
             return self._send({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
         return self._send({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}, 404)
@@ -178,3 +186,17 @@ def test_the_owned_objects_come_whole_from_one_list_per_kind(api: str) -> None:
     lists = [p for p in FakeApi.paths if "/namespaces/default/" in p]
     plurals = {"services", "serviceaccounts", "deployments", "roles", "rolebindings"}
     assert lists and {p.rsplit("/", 1)[1] for p in lists} <= plurals, lists     # collections only: no GET of one object
+
+
+def test_a_token_secret_without_the_opt_in_label_is_not_read_unless_the_policy_allows_any(api: str) -> None:
+    cluster = kube(api)
+    assert cluster.read_secret("default", "tagged", "token") == "secret"
+    with pytest.raises(SecretNotOptedIn, match=r"servingtopology\.io/metrics-token=true"):
+        cluster.read_secret("default", "plain", "token")
+    assert kube(api, tenancy=TenancyPolicy(token_secret_label=None)).read_secret("default", "plain", "token") == "secret"
+    assert issubclass(SecretNotOptedIn, ClusterError)     # the metrics reader reports it as metrics down, naming the label
+
+
+def test_a_namespace_s_labels_are_read_for_the_pod_template_policy(api: str) -> None:
+    assert kube(api).namespace_labels("default") == {"team": "a"}
+    assert kube(api).namespace_labels("absent") is None
