@@ -225,3 +225,23 @@ def test_notes_say_what_was_installed_how_to_apply_an_example_and_how_to_watch()
     quiet = subprocess.run([str(HELM), "install", "stopo", str(CHART), "--dry-run=client", "--set", "grafanaDashboard.enabled=false",
                             "--set", "podMonitors.enabled=false"], capture_output=True, text=True, timeout=60).stdout.split("NOTES:", 1)[1]
     assert "dashboard" not in quiet and "PodMonitors" not in quiet
+
+
+def test_the_tenancy_policy_renders_from_the_values_and_defaults_to_the_strict_one() -> None:
+    from servingtopology.operator.main import tenancy_policy
+    from servingtopology.operator.tenancy import NamespaceGrant, PodGrant, TenancyPolicy
+
+    args, _ = _operator_args()
+    assert tenancy_policy(args) == TenancyPolicy()
+    args, _ = _operator_args("operator.podTemplatePolicy.allow={HostPath,Capabilities}",
+                             "operator.podTemplatePolicy.namespaces[0].label=team=infra",
+                             "operator.podTemplatePolicy.namespaces[0].allow={All}",
+                             "operator.metricsTokenSecret.label=", "operator.metricsSelector.allowOtherNamespaces=true")
+    assert tenancy_policy(args) == TenancyPolicy(pod_grants=frozenset({PodGrant.HOST_PATH, PodGrant.CAPABILITIES}),
+                                                 namespace_grants=(NamespaceGrant("team", "infra", frozenset(PodGrant)),),
+                                                 token_secret_label=None, cross_namespace_selector=True)
+
+
+def test_an_unknown_pod_template_grant_fails_helm_naming_the_value() -> None:
+    done = _helm_run("template", "operator.podTemplatePolicy.allow={Root}")
+    assert done.returncode != 0 and "podTemplatePolicy" in done.stdout + done.stderr
