@@ -86,6 +86,28 @@ def _recv_interval(case: CalibrationCase) -> float:
     return 1.0
 
 
+def release_tuple(release: str) -> tuple[int, ...] | None:
+    """A release string's leading numbers ("0.5.1.post1" → (0, 5, 1)); None when not recorded or not numeric."""
+    m = re.match(r"^v?(\d+(?:\.\d+)*)", release.strip())
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+# SGLang releases whose fixed-length closed-loop rows run in lockstep (closed_loop._lockstep): every client sent
+# together, prompts prefilled batch after batch, all decoding together. Read off the 78 SGLang 0.5.1.post1 rows of
+# silicon_qwen3_32b.csv (TTFT 2–5× the steady state, TPOT the pure decode step: the issue's "TTFT −72 %, TPOT +44 %,
+# end-to-end +12 %"); the fixed-length rows of 0.5.6.post2 and 0.5.8.post1 from the same sweep do not show it (Llama-3.1-8B at
+# 80–512 clients reaches a first token in 0.4–3 s, not the 2–8 s a lockstep wave takes), so the harness or the
+# scheduler changed between them. Identified on the rows it is scored on: the figures say so (benchmarks/README).
+SGLANG_LOCKSTEP_BEFORE = (0, 5, 2)
+
+
+def lockstep_closed_loop(case: CalibrationCase) -> bool:
+    """Whether the row's clients stay in lockstep: fixed lengths on an SGLang release before SGLANG_LOCKSTEP_BEFORE."""
+    rel = release_tuple(case.engine_release)
+    return (case.backend == "sglang" and case.harness.length_floor >= 1.0 and rel is not None
+            and rel < SGLANG_LOCKSTEP_BEFORE)
+
+
 def without_harness(cases: Sequence[CalibrationCase]) -> list[CalibrationCase]:
     """The cases as if no data source named its harness (fixed lengths, the fitted requests per client, engine
     defaults): the figures the model gives without the benchmark-harness knowledge."""
@@ -147,9 +169,9 @@ class CalibrationCase:
     ttft_ms: float
     tpot_ms: float
     harness: Harness = UNSTATED
-    # The engine release that ran the row, as the schema's `backend_version` records it ("" when not recorded). Not a
-    # prediction input: planner.fidelity ranks topologies within one release too (a sweep that ran one topology on an
-    # older release and another on a newer one measures the releases as much as the topologies).
+    # The engine release that ran the row, as the schema's `backend_version` records it ("" when not recorded).
+    # planner.fidelity ranks topologies within one release (a sweep that ran one topology on an older release and
+    # another on a newer one measures the releases as much as the topologies); `lockstep_closed_loop` reads it.
     engine_release: str = ""
 
     @property
@@ -389,7 +411,8 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
         res = aggregated(_stepper(model, gpu, first, d, topo, p), clients_per_rank=conc / dp, isl=isl, osl=osl,
                          token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx),
                          mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s + d.ttft_s_per_input_token * isl,
-                         requests_per_client=per_client, recv_interval=_arr(cases, _recv_interval), params=p)
+                         requests_per_client=per_client, recv_interval=_arr(cases, _recv_interval),
+                         lockstep=np.array([lockstep_closed_loop(c) for c in cases], dtype=bool), params=p)
     else:
         pre = [c.prefill for c in cases if c.prefill is not None]
         dec = [c.decode for c in cases if c.decode is not None]

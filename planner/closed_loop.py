@@ -60,7 +60,7 @@ def _per_client(requests_per_client: Any, p: PerfParams) -> Any:
 
 def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
                mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: Any = None,
-               recv_interval: Any = 1.0, params: PerfParams | None = None) -> ClosedLoopResult:
+               recv_interval: Any = 1.0, lockstep: Any = False, params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
 
     mixed_batches: prefill chunks ride in decode steps under one token budget (vLLM V1, TRT-LLM);
@@ -77,6 +77,10 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     process of decode steps (t_d) and prefill steps (t_p), E[S²]/(2·E[S]), which a long prefill lengthens
     beyond half a mean step (the inspection paradox); then it queues for budget (M/D/1 in the capacity's
     utilisation, scaled by `queue_factor`).
+
+    `lockstep` (per benchmark): clients that start together with fixed lengths against an engine that runs
+    prefill batches before decoding (SGLang, mixed_batches False) stay in step for the whole benchmark when all
+    of them fit at once; see `_lockstep`.
     """
     p = params or perf_params()
     clients = np.asarray(clients_per_rank, dtype=float)
@@ -129,7 +133,39 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
     wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5 + ttft_overhead_s
     ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / _per_client(requests_per_client, p)
-    return ClosedLoopResult(ttft_s=ttft, tpot_s=tau, throughput_rps=x * ranks, running_per_rank=b, saturated=capped | (queued > 1e-6 * clients))
+    tpot = tau
+    sync = np.asarray(lockstep, dtype=bool) & (not mixed_batches) & (clients <= np.asarray(max_running, dtype=float))
+    if np.any(sync):
+        l_ttft, l_tpot, l_x = _lockstep(step, clients=clients, isl=isl, n_d=n_d, budget=budget, ttft_overhead_s=ttft_overhead_s)
+        ttft, tpot, x = np.where(sync, l_ttft, ttft), np.where(sync, l_tpot, tpot), np.where(sync, l_x, x)
+        b = np.where(sync, clients, b)
+    return ClosedLoopResult(ttft_s=ttft, tpot_s=tpot, throughput_rps=x * ranks, running_per_rank=b,
+                            saturated=capped | (queued > 1e-6 * clients))
+
+
+def _lockstep(step: BatchStepTime, *, clients: Any, isl: Any, n_d: Any, budget: Any, ttft_overhead_s: Any) -> tuple[Any, Any, Any]:
+    """Mean TTFT, TPOT (s) and requests/s of one rank whose N clients move in lockstep.
+
+    Why they stay in step: every request has the same lengths, all N are sent at once, and SGLang's scheduler
+    runs a waiting prefill batch before the next decode step (`get_next_batch_to_run` prefers a new prefill
+    batch; mixed chunks are off by default), so the N prompts are prefilled in k = ⌈N·isl/C⌉ batches of the
+    chunked-prefill size C, then the N requests decode together, finish in the same step and are sent again
+    together. The i-th batch's requests see their first token after i batches (mean over requests: the whole
+    prefill time T·(k + 1)/(2k)), then wait out the k − i batches after theirs before decoding, which the
+    client counts in TPOT: (osl − 1)·t_d + T·(k − 1)/(2k) over osl − 1 tokens on average. vLLM mixes decode
+    tokens into prefill steps, so its requests finish a step apart and drift out of step: not modelled there.
+    """
+    tokens = clients * isl
+    per = np.maximum(np.minimum(tokens, budget), 1.0)
+    k = np.ceil(tokens / per)
+    zero = 0.0 * clients
+    t_batch = step(prefill_tokens=per, prefill_pairs=per * np.minimum(isl, budget) / 2.0, decode_tokens=zero, decode_context_tokens=zero)
+    total = t_batch * tokens / per
+    t_d = step(prefill_tokens=zero, prefill_pairs=zero, decode_tokens=clients, decode_context_tokens=clients * (isl + 0.5 * n_d))
+    ttft = ttft_overhead_s + total * (k + 1.0) / (2.0 * k)
+    tpot = t_d + total * (k - 1.0) / (2.0 * k) / np.maximum(n_d, 1.0)
+    cycle = ttft_overhead_s + total + n_d * t_d
+    return ttft, tpot, clients / np.maximum(cycle, 1e-12)
 
 
 def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, clients: Any, prefill_ranks: Any,

@@ -29,7 +29,7 @@ import numpy as np
 
 from .calibration import CalibrationCase, Prediction, Skip
 
-__all__ = ["ape_stats", "ranking_score", "summarize", "tokens_per_gpu_s"]
+__all__ = ["ape_stats", "decision_quality", "e2e_latency_ms", "ranking_score", "summarize", "tokens_per_gpu_s"]
 
 Result = Prediction | Skip
 _NEAR = 0.05
@@ -49,6 +49,62 @@ def tokens_per_gpu_s(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> f
     """Output tokens per second per GPU of a closed loop: N clients each emitting osl tokens per request."""
     cycle_s = (ttft_ms + max(case.osl - 1, 0) * tpot_ms) / 1e3
     return case.concurrency * case.osl / max(cycle_s, 1e-9) / case.gpus
+
+
+def e2e_latency_ms(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> float:
+    """End-to-end request latency of a row: TTFT + (osl − 1) · TPOT (the issue's definition; robust to where a
+    release counts the first token, which moves time between the two columns but not their sum)."""
+    return ttft_ms + max(case.osl - 1, 0) * tpot_ms
+
+
+# Decision quality (issue #24): within a benchmark group the pick is the topology with the best predicted figure;
+# its regret is how much worse its measured figure is than the best measured one (0 = the best was picked). A
+# trivial rule is scored the same way, its ties (topologies of equal GPU count) averaged.
+OBJECTIVES = ("tokens_per_gpu", "tpot")
+
+
+def _regret(measured: float, best: float, *, lowest: bool) -> float:
+    """How much worse `measured` is than `best`, as a fraction: TPOT pick/best − 1; tokens/s per GPU best/pick − 1."""
+    return measured / best - 1.0 if lowest else best / max(measured, 1e-12) - 1.0
+
+
+def decision_quality(groups: Sequence[dict[str, list[tuple[CalibrationCase, Prediction]]]]) -> dict[str, Any]:
+    """Per objective: the share of groups whose pick measured within 5 % of the best, the trivial rule's share
+    (fewest GPUs for tokens/s per GPU, most GPUs for TPOT; ties averaged), and the median and worst regrets."""
+    out: dict[str, Any] = {"groups": len(groups)}
+    for objective in OBJECTIVES:
+        lowest = objective == "tpot"
+        regrets: list[float] = []
+        rule_regrets: list[float] = []
+        near = rule_near = 0.0
+        for topos in groups:
+            if objective == "tpot":
+                meas = {t: float(np.mean([c.tpot_ms for c, _ in v])) for t, v in topos.items()}
+                pred = {t: float(np.mean([r.tpot_ms for _, r in v])) for t, v in topos.items()}
+            else:
+                meas = {t: float(np.mean([tokens_per_gpu_s(c, c.ttft_ms, c.tpot_ms) for c, _ in v])) for t, v in topos.items()}
+                pred = {t: float(np.mean([tokens_per_gpu_s(c, r.ttft_ms, r.tpot_ms) for c, r in v])) for t, v in topos.items()}
+            best = min(meas.values()) if lowest else max(meas.values())
+            regret = _regret(meas[_best(pred, lowest=lowest)], best, lowest=lowest)
+            regrets.append(regret)
+            near += regret <= _NEAR + 1e-12
+            gpus = {t: v[0][0].gpus for t, v in topos.items()}
+            target = max(gpus.values()) if lowest else min(gpus.values())
+            tied = [t for t in topos if gpus[t] == target]
+            tied_regrets = [_regret(meas[t], best, lowest=lowest) for t in tied]
+            rule_regrets.append(float(np.mean(tied_regrets)))
+            rule_near += float(np.mean([r <= _NEAR + 1e-12 for r in tied_regrets]))
+        n = len(groups)
+        out[objective] = {
+            "within_5pct": round(near / n, 4) if n else None,
+            "rule_within_5pct": round(rule_near / n, 4) if n else None,
+            "margin_over_rule": round((near - rule_near) / n, 4) if n else None,
+            "median_regret_pct": round(float(np.median(regrets)) * 100, 2) if n else None,
+            "worst_regret_pct": round(float(np.max(regrets)) * 100, 2) if n else None,
+            "rule_median_regret_pct": round(float(np.median(rule_regrets)) * 100, 2) if n else None,
+            "rule_worst_regret_pct": round(float(np.max(rule_regrets)) * 100, 2) if n else None,
+        }
+    return out
 
 
 def _best(values: dict[str, float], *, lowest: bool) -> str:
@@ -115,8 +171,10 @@ def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -
     """
     groups = _group_by_benchmark(cases, results, by_release=False)
     crossing = sum(len({c.engine_release for v in topos.values() for c, _ in v}) > 1 for topos in groups)
-    same = _score(_group_by_benchmark(cases, results, by_release=True))
-    return _score(groups) | {"cross_release_groups": crossing, "same_release": same}
+    by_release = _group_by_benchmark(cases, results, by_release=True)
+    same = _score(by_release)
+    return _score(groups) | {"cross_release_groups": crossing, "same_release": same,
+                             "decision_quality": decision_quality(by_release), "decision_quality_mixed_releases": decision_quality(groups)}
 
 
 def _block(cases: Sequence[CalibrationCase], results: Sequence[Result], skipped_at_parse: Counter[str]) -> dict[str, Any]:
@@ -130,6 +188,7 @@ def _block(cases: Sequence[CalibrationCase], results: Sequence[Result], skipped_
         "skipped": {"count": sum(skipped.values()), "share": round(sum(skipped.values()) / max(total, 1), 4), "by_reason": dict(skipped)},
         "ttft": ape_stats([r.ttft_ms for _, r in ok], [c.ttft_ms for c, _ in ok]),
         "tpot": ape_stats([r.tpot_ms for _, r in ok], [c.tpot_ms for c, _ in ok]),
+        "e2e": ape_stats([e2e_latency_ms(c, r.ttft_ms, r.tpot_ms) for c, r in ok], [e2e_latency_ms(c, c.ttft_ms, c.tpot_ms) for c, _ in ok]),
         "ranking": ranking_score([c for c, _ in ok], [r for _, r in ok]),
     }
 
