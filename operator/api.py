@@ -302,7 +302,7 @@ class LocalObjectReference(_Api):
 class PodMetadataTemplate(_Api):
     """Labels and annotations added to the rendered pods."""
 
-    model_config = _cel(("self.labels.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
+    model_config = _cel(("!has(self.labels) || self.labels.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
                          "labels under " + " and ".join(RESERVED_LABEL_PREFIXES) + " are the operator's; pick other keys"),)
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP,
                                                description="labels added to the pods (not servingtopology.io/* or "
@@ -328,7 +328,8 @@ class PodSpecTemplate(_Api):
                                                  description="core/v1 Containers run before the engine "
                                                  "(e.g. a model download into the cache), merged by name", json_schema_extra=_OPEN_ITEMS)
     volumes: list[Volume] = Field(default_factory=list, max_length=MAX_ITEMS,
-                                  description="volumes merged by name: a model-cache PVC or hostPath, Secrets")
+                                  description="volumes merged by name: a model-cache PVC, Secrets; hostPath is refused "
+                                              "unless the operator's podTemplatePolicy grants HostPath")
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP,
                                                      description="node labels the pods require, added to hardware.nodeSelector")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_ITEMS, description="tolerations added to hardware.tolerations")
@@ -336,8 +337,10 @@ class PodSpecTemplate(_Api):
     imagePullSecrets: list[LocalObjectReference] = Field(default_factory=list, max_length=MAX_ITEMS,
                                                          description="Secrets to pull the images with, merged by name")
     serviceAccountName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN,
-                                           description="the pods' ServiceAccount (routers: default is the operator-made one)")
-    automountServiceAccountToken: bool | None = Field(default=None, description="mount the ServiceAccount token; default false on engine pods")
+                                           description="the pods' ServiceAccount (routers: default is the operator-made one); refused "
+                                                       "unless the operator's podTemplatePolicy grants ServiceAccount")
+    automountServiceAccountToken: bool | None = Field(default=None, description="mount the ServiceAccount token; default false on engine pods; true is "
+                                                         "refused unless the operator's podTemplatePolicy grants ServiceAccount")
     securityContext: dict[str, Any] | None = _open("a core/v1 PodSecurityContext (runAsUser, fsGroup, ...), merged over the rendered one")
     priorityClassName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN, description="the pods' PriorityClass")
     runtimeClassName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN,
@@ -345,11 +348,16 @@ class PodSpecTemplate(_Api):
     schedulerName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, description="the scheduler that places the pods")
     terminationGracePeriodSeconds: int | None = Field(default=None, ge=0, le=MAX_GRACE_S,
                                                       description="seconds to drain before the pod is killed")
-    hostIPC: bool | None = Field(default=None, description="share the node's IPC namespace")
+    hostIPC: bool | None = Field(default=None, description="share the node's IPC namespace; refused unless the operator's "
+                                 "podTemplatePolicy grants HostNamespaces")
 
 
 class PodTemplate(_Api):
-    """Merged into rendered pods like a strategic-merge patch: maps merge, containers/env/volumes merge by name."""
+    """Merged into rendered pods like a strategic-merge patch: maps merge, containers/env/volumes merge by name. Creating a
+    ServingTopology creates these pods in its namespace. By default a template may not ask for more than the pods the
+    operator renders: privileged or escalating containers (init containers and sidecars too), hostPath volumes,
+    hostNetwork/hostPID/hostIPC/hostPort, capabilities beyond spec.network's IPC_LOCK, a ServiceAccount or its token are
+    refused (Ready=False, reason PodTemplateRefused, naming the field) unless the operator's podTemplatePolicy grants them."""
 
     metadata: PodMetadataTemplate = Field(default_factory=PodMetadataTemplate, description="labels and annotations of the pods")
     spec: PodSpecTemplate = Field(default_factory=PodSpecTemplate, description="pod spec fields merged into the rendered pods")
@@ -463,9 +471,12 @@ class MetricsSpec(_Api):
 
     prometheusUrl: str = Field(max_length=2048, pattern=r"^https?://", description="base URL of the Prometheus HTTP API, e.g. "
                                "http://prometheus-operated.monitoring:9090")
-    bearerTokenSecret: SecretRef | None = Field(default=None, description="Secret (same namespace) holding a bearer token")
+    bearerTokenSecret: SecretRef | None = Field(default=None, description="Secret (same namespace) holding a bearer token; read "
+                                                "only when it carries the operator's opt-in label (by default "
+                                                "servingtopology.io/metrics-token=true) and sent only to an allowed prometheusUrl")
     selector: dict[Annotated[str, Field(max_length=128, pattern=_PROM_LABEL)], Annotated[str, Field(max_length=1024)]] = Field(
-        default_factory=dict, max_length=MAX_MAP, description="extra PromQL label matchers for the engine series, e.g. {namespace: llm}")
+        default_factory=dict, max_length=MAX_MAP, description="extra PromQL label matchers for the engine series, e.g. {model: llama}; "
+        "a namespace matcher naming another namespace (or a __ label) is refused (MetricsSelectorRefused) unless the operator allows it")
 
 
 def _pinned_gpus_cel() -> str:
@@ -511,7 +522,10 @@ class TopologySpec(PlanSpec):
     metrics: MetricsSpec | None = Field(default=None, description="the Prometheus holding the engines' metrics, for live "
                                         "re-planning; default: plan from spec.workload only")
     podTemplate: PodTemplate | None = Field(default=None, description="merged into every engine pod (aggregated, prefill, decode, "
-                                            "multi-node workers): env, Secrets, volumes, resources, placement, security")
+                                            "multi-node workers): env, Secrets, volumes, resources, placement, security. "
+                                            "Privileged containers, hostPath, host namespaces, extra capabilities and a "
+                                            "ServiceAccount are refused (PodTemplateRefused) unless the operator's "
+                                            "podTemplatePolicy grants them")
     network: NetworkSpec | None = Field(default=None, description="RDMA devices, IPC_LOCK and the NICs for KV transfer and NCCL")
     rolePodTemplates: RolePodTemplates | None = Field(default=None, description="per-role templates for PD: prefill, decode, router")
 

@@ -8,6 +8,7 @@ golden test that fails when the committed YAML drifts from the models. Pure apar
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +19,8 @@ import yaml
 from .api import MAX_RESOURCE_NAME, RESOURCE_NAME_PATTERN, TopologySpec, TopologyStatus
 from .manifests import GROUP, KIND
 
-__all__ = ["VERSION", "PLURAL", "SHORT_NAME", "CRD_PATHS", "structural_schema", "build_crd", "render_crd_yaml", "main"]
+__all__ = ["VERSION", "PLURAL", "SHORT_NAME", "CRD_PATHS", "structural_schema", "unguarded_fields", "build_crd", "render_crd_yaml",
+           "main"]
 
 VERSION = "v1alpha1"
 PLURAL = "servingtopologies"
@@ -51,7 +53,8 @@ def structural_schema(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[
     - numeric `exclusiveMinimum` becomes `minimum` + `exclusiveMinimum: true` (OpenAPI v3.0 spelling);
     - only scalar defaults are kept, so every default is valid against its own node;
     - a map's key constraints (`propertyNames`, `patternProperties`) become a CEL rule on the map;
-    - the models' CEL rules (`x-kubernetes-validations`, from `json_schema_extra`) pass through as they are;
+    - the models' CEL rules (`x-kubernetes-validations`, from `json_schema_extra`) pass through as they are, and a
+      rule that reads an optional field without `has()` is refused (`unguarded_fields`);
     - a description gets what the node enforces appended in words (`_explained`), as `kubectl explain` shows nothing else.
     """
     n = _resolve(node, defs)
@@ -107,8 +110,26 @@ def structural_schema(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[
         out["type"] = "string"
     if rules:
         out["x-kubernetes-validations"] = [*out.get("x-kubernetes-validations", []), *rules]
+    unguarded = unguarded_fields(out)
+    if unguarded:
+        raise ValueError(f"CEL rules read optional fields without has(): {unguarded}; the API server refuses an object without "
+                         "them ('no such key'); guard each with !has(self.<field>) || ...")
     if "description" in out:
         out["description"] = _explained(out)
+    return out
+
+
+def unguarded_fields(node: Mapping[str, Any]) -> list[str]:
+    """`rule: field` for each field a node's CEL rule reads (`self.<field>`) that the object may lack (not required, no
+    schema default) and the rule never tests with `has(self.<field>)`: CEL fails such a rule with "no such key" when
+    the field is absent, so the API server would refuse an object the operator's own model accepts (a
+    podTemplate.metadata with annotations and no labels)."""
+    props, required = node.get("properties") or {}, set(node.get("required") or ())
+    out = []
+    for rule in (r["rule"] for r in node.get("x-kubernetes-validations") or ()):
+        for name in dict.fromkeys(re.findall(r"\bself\.([A-Za-z_][A-Za-z0-9_]*)", rule)):
+            if name in props and name not in required and "default" not in props[name] and f"has(self.{name})" not in rule:
+                out.append(f"{rule!r}: {name}")
     return out
 
 

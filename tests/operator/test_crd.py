@@ -103,3 +103,25 @@ def test_the_api_server_refuses_unbounded_numbers_and_strings() -> None:
     assert pinned["prefill"]["properties"]["count"]["maximum"] == 4096
     assert spec["simulation"]["properties"]["seed"]["minimum"] == 0
     assert spec["model"]["maxLength"] == 256 and spec["hardware"]["properties"]["gpu"]["maxLength"] == 256
+
+
+def test_pod_metadata_with_annotations_and_no_labels_passes_the_crds_rule_as_it_passes_the_model() -> None:
+    from servingtopology.operator.api import parse_topology_spec
+
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    metadata = spec["properties"]["podTemplate"]["properties"]["metadata"]
+    rules = [r["rule"] for r in metadata["x-kubernetes-validations"]]
+    assert rules and all(r.startswith("!has(self.labels) || ") for r in rules if "self.labels" in r)
+    base = yaml.safe_load((ROOT / "examples" / "servingtopology.yaml").read_text())["spec"]
+    parse_topology_spec({**base, "podTemplate": {"metadata": {"annotations": {"a": "b"}}}})
+
+
+def test_the_generator_refuses_a_cel_rule_that_reads_an_optional_field_without_has() -> None:
+    from servingtopology.operator.crd import structural_schema
+
+    node = {"type": "object", "properties": {"labels": {"type": "object"}, "name": {"type": "string"}}, "required": ["name"],
+            "x-kubernetes-validations": [{"rule": "self.labels.all(k, k != 'x') && self.name != ''", "message": "m"}]}
+    with pytest.raises(ValueError, match="labels"):
+        structural_schema(node, {})
+    guarded = {**node, "x-kubernetes-validations": [{"rule": "!has(self.labels) || self.labels.all(k, k != 'x')", "message": "m"}]}
+    assert structural_schema(guarded, {})["x-kubernetes-validations"]
