@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test lint unit conformance conformance-env engine-caps e2e e2e-build e2e-kind engine-env bench env clean
+.PHONY: plan test lint unit conformance conformance-env engine-caps kernel-tables e2e e2e-build e2e-kind engine-env bench env clean
 
 env: $(STAMP)
 
@@ -42,6 +42,15 @@ conformance: $(STAMP) conformance-env
 engine-caps: conformance-env
 	python3 tools/gen_engine_caps.py --python "$$(bash tools/engine_caps/conformance_env.sh | tail -3 | head -1)" \
 		--site "$$(bash tools/engine_caps/conformance_env.sh | tail -2 | head -1)"
+
+# Regenerate planner/data/kernels from the measured *_perf.parquet files of the aiconfigurator-core wheel. Its own venv
+# (pandas, pyarrow) and the wheel live in ~/.cache/servingtopology/kernel-tables; the output is committed, and
+# `make test` never runs this (it needs the network).
+KT_CACHE := $(HOME)/.cache/servingtopology/kernel-tables
+kernel-tables:
+	test -x $(KT_CACHE)/venv/bin/python || $(PY) -m venv $(KT_CACHE)/venv
+	$(KT_CACHE)/venv/bin/pip install --quiet numpy==2.4.6 pandas==3.1.1 pyarrow==26.0.1
+	$(KT_CACHE)/venv/bin/python tools/gen_kernel_tables.py --cache $(KT_CACHE)
 
 # e2e: a real local control plane (etcd, kube-apiserver, controller-manager, scheduler built once from the Go
 # module proxy into ~/.cache/servingtopology), kwok GPU nodes, Debian's Prometheus, the chart-installed operator

@@ -14,7 +14,7 @@ import functools
 import io
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -270,22 +270,47 @@ def gemm_time_s(gpu: str, engine: str, version: str | None, *, dtype: str, m: Ar
     return _lookup(gpu, engine, version, KernelOp.GEMM, [m, n, k], {"dtype": _dtype(dtype)})
 
 
+def _by_halves(lookup: Callable[[FloatArray], KernelTimes], batch: ArrayLike) -> KernelTimes:
+    """Where `batch` sequences lie beyond the measured grid, time them as 2^j runs of batch / 2^j (j ≤ 11)."""
+    b = np.asarray(batch, dtype=np.float64)
+    first = lookup(b)
+    t = first.time_s.copy()
+    for j in range(1, 12):
+        miss = ~np.isfinite(t) & (np.broadcast_to(b, t.shape) >= 2.0**j)
+        if not miss.any():
+            break
+        t = np.where(miss, lookup(b / 2.0**j).time_s * 2.0**j, t)
+    return KernelTimes(t, first.source, first.note)
+
+
 def context_attention_s(gpu: str, engine: str, version: str | None, *, kv_dtype: str, head_dim: ArrayLike, kv_heads: ArrayLike,
-                        heads: ArrayLike, batch: ArrayLike, isl: ArrayLike) -> KernelTimes:
+                        heads: ArrayLike, batch: ArrayLike, isl: ArrayLike, split_batch: bool = False) -> KernelTimes:
     """Time of one layer's prefill attention over `batch` prompts of `isl` tokens each, from an empty cache.
 
     heads, kv_heads: per GPU (after TP). kv_dtype: "bfloat16" ("bf16", "auto") or "fp8". head_dim and kv_heads must
-    be measured values (head_dim 64/128/192/256 and more; kv_heads 1, 2, 4, 8, ... and MHA's equal counts).
+    be measured values (head_dim 64/128/192/256 and more; kv_heads 1, 2, 4, 8, ... and MHA's equal counts). The grid
+    stops near batch × isl = 2^17..2^18 tokens; `split_batch` times a larger batch as 2^j runs of batch / 2^j
+    (sequences are independent; an upper bound, launches and tails counted 2^j times).
     """
-    return _lookup(gpu, engine, version, KernelOp.CONTEXT_ATTENTION, [head_dim, kv_heads, heads, batch, isl],
-                   {"kv_dtype": _dtype(kv_dtype)})
+    def lookup(b: ArrayLike) -> KernelTimes:
+        return _lookup(gpu, engine, version, KernelOp.CONTEXT_ATTENTION, [head_dim, kv_heads, heads, b, isl],
+                       {"kv_dtype": _dtype(kv_dtype)})
+
+    return _by_halves(lookup, batch) if split_batch else lookup(batch)
 
 
 def generation_attention_s(gpu: str, engine: str, version: str | None, *, kv_dtype: str, head_dim: ArrayLike, kv_heads: ArrayLike,
-                           heads: ArrayLike, batch: ArrayLike, kv_len: ArrayLike) -> KernelTimes:
-    """Time of one layer's decode attention: `batch` sequences each reading `kv_len` cached tokens (all equal)."""
-    return _lookup(gpu, engine, version, KernelOp.GENERATION_ATTENTION, [head_dim, kv_heads, heads, batch, kv_len],
-                   {"kv_dtype": _dtype(kv_dtype)})
+                           heads: ArrayLike, batch: ArrayLike, kv_len: ArrayLike, split_batch: bool = False) -> KernelTimes:
+    """Time of one layer's decode attention: `batch` sequences each reading `kv_len` cached tokens (all equal).
+
+    The grid stops near batch × kv_len = 2^21 cached tokens (256 sequences up to 4,096 tokens); `split_batch` as in
+    `context_attention_s` (decode attention streams the cache, so runs of half the batch add up closely).
+    """
+    def lookup(b: ArrayLike) -> KernelTimes:
+        return _lookup(gpu, engine, version, KernelOp.GENERATION_ATTENTION, [head_dim, kv_heads, heads, b, kv_len],
+                       {"kv_dtype": _dtype(kv_dtype)})
+
+    return _by_halves(lookup, batch) if split_batch else lookup(batch)
 
 
 def mla_context_s(gpu: str, engine: str, version: str | None, *, kv_dtype: str, heads: ArrayLike, batch: ArrayLike, isl: ArrayLike,
