@@ -38,7 +38,21 @@ from servingtopology.planner.sim import (
     simulate,
 )
 from servingtopology.planner.workload import Slo
-from servingtopology.spec import MAX_SIM_REQUESTS, MAX_TOKENS, SpecError, read_model_config, to_problem
+from servingtopology.spec import (
+    MAX_BATCHED_TOKENS,
+    MAX_CONFIG_BYTES,
+    MAX_GPUS,
+    MAX_ID,
+    MAX_NUM_SEQS,
+    MAX_PARALLEL,
+    MAX_SIM_REQUESTS,
+    MAX_SIM_STEPS,
+    MAX_SIM_TOKENS,
+    MAX_TOKENS,
+    SpecError,
+    read_model_config,
+    to_problem,
+)
 
 __all__ = ["add_parser", "run", "read_trace", "Replay", "load_replay", "run_replay", "compare", "summary_json"]
 
@@ -134,14 +148,93 @@ class Replay:
         self.requests, self.recorded, self.pool_tokens = requests, recorded, pool_tokens
 
 
-def _gpu_for(folder: Path, meta: Mapping[str, Any], cluster: Mapping[str, Any]) -> Gpu:
+# Bounds of what a recorded run's files may say (the spec's own bounds where it has them): a count past them is an
+# InvalidSpec naming the file and the field, never a crash or a simulation too big to hold (max_num_seqs 1e8 took 4 GB).
+MAX_GPU_BLOCKS = 16_777_216   # kv_cache.num_gpu_blocks: 2^24 blocks (268M tokens at block 16) is past any GPU's pool
+MAX_BLOCK_SIZE = 256          # the spec's engineArgs.blockSize bound
+
+
+class _Read:
+    """Typed reads of one JSON object of a replay folder, each failure an InvalidSpec naming the file and the field."""
+
+    def __init__(self, path: Path, node: Mapping[str, Any], prefix: str = "") -> None:
+        self.path, self.node, self.prefix = path, node, prefix
+
+    def field(self, key: str) -> str:
+        return f"{self.path.name} {self.prefix}{key}"
+
+    def fail(self, key: str, what: str) -> InvalidSpec:
+        return InvalidSpec(self.field(key), f"{what} (in {self.path})")
+
+    def obj(self, key: str) -> _Read:
+        value = self.node.get(key)
+        if value is None:
+            return _Read(self.path, {}, f"{self.prefix}{key}.")
+        if not isinstance(value, Mapping):
+            raise self.fail(key, f"must be a JSON object, got {type(value).__name__}")
+        return _Read(self.path, value, f"{self.prefix}{key}.")
+
+    def text(self, key: str, default: str = "") -> str:
+        value = self.node.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str) or len(value) > MAX_ID:
+            raise self.fail(key, f"must be a string of at most {MAX_ID} characters, got {_shown(value)}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.node.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {_shown(value)}")
+        return value
+
+    def count(self, key: str, *, low: int, high: int) -> int | None:
+        """An integer in [low, high] (an integral JSON number); None when absent or null."""
+        value = self.node.get(key)
+        if value is None:
+            return None
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and float(value).is_integer()
+        if not ok or not low <= value <= high:
+            raise self.fail(key, f"must be a whole number from {low:,} to {high:,}, got {_shown(value)}")
+        return int(value)
+
+    def fraction(self, key: str) -> float | None:
+        value = self.node.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
+            raise self.fail(key, f"must be a number above 0 and at most 1, got {_shown(value)}")
+        return float(value)
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, str | int | float | bool) or value is None else type(value).__name__
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def _gpu_for(folder: Path, meta: _Read, cluster: _Read) -> Gpu:
     names: list[str] = []
-    hw = meta.get("hardware") or {}
-    if hw.get("device_name"):
-        names += [str(hw["device_name"]), str(hw["device_name"]).removeprefix("NVIDIA ").removeprefix("GeForce ")]
-    for node in cluster.get("nodes", []) if isinstance(cluster.get("nodes"), list) else []:
-        names += [str(i["hardware"]) for i in node.get("instances", []) if i.get("hardware")]
-    names.append(folder.name.split("_")[0])
+    device = meta.obj("hardware").text("device_name")
+    if device:
+        names += [device, device.removeprefix("NVIDIA ").removeprefix("GeForce ")]
+    nodes = cluster.node.get("nodes")
+    if nodes is not None and not isinstance(nodes, list):
+        raise cluster.fail("nodes", f"must be a list of node objects, got {_shown(nodes)}")
+    for i, node in enumerate(nodes or ()):
+        if not isinstance(node, Mapping):
+            raise cluster.fail(f"nodes[{i}]", f"must be a node object, got {_shown(node)}")
+        instances = node.get("instances")
+        if instances is not None and not isinstance(instances, list):
+            raise cluster.fail(f"nodes[{i}].instances", f"must be a list of instance objects, got {_shown(instances)}")
+        for j, inst in enumerate(instances or ()):
+            if not isinstance(inst, Mapping):
+                raise cluster.fail(f"nodes[{i}].instances[{j}]", f"must be an instance object, got {_shown(inst)}")
+            hw = _Read(cluster.path, inst, f"nodes[{i}].instances[{j}].").text("hardware")
+            if hw:
+                names.append(hw)
+    names.append(folder.name.split("_")[0][:MAX_ID])
     for name in names:
         try:
             return resolve_gpu(name)
@@ -158,18 +251,17 @@ def _is_hf_config(cfg: Mapping[str, Any]) -> bool:
     return any(k in cfg for k in _HF_CONFIG_KEYS)
 
 
-def _model_for(folder: Path, meta: Mapping[str, Any], config: Mapping[str, Any], model_config: Path | None = None) -> ModelArch:
+def _model_for(folder: Path, name: str, config: Mapping[str, Any], model_config: Path | None = None) -> ModelArch:
     """The run's model: --model-config, else a Hugging Face config.json in the folder, else the catalog by meta's id.
 
     The folder's config.json may be the model's (Hugging Face) or the simulator's cluster file (LLMServingSim);
     the model's config is also looked for as model_config.json, hf_config.json, model/config.json and
     <org>/<name>/config.json under the folder.
     """
-    name = str(meta.get("model") or (meta.get("engine_kwargs") or {}).get("model") or "")
     candidates: list[tuple[Path, Mapping[str, Any] | None]] = [(model_config, None)] if model_config else []
     candidates.append((folder / "config.json", config))
     candidates += [(folder / rel, None) for rel in ("model_config.json", "hf_config.json", "model/config.json")]
-    if name:
+    if name and ".." not in name.split("/"):
         candidates.append((folder / name / "config.json", None))
     for path, parsed in candidates:
         if parsed is None:
@@ -188,44 +280,95 @@ def _model_for(folder: Path, meta: Mapping[str, Any], config: Mapping[str, Any],
                                         f"{name}/config.json); give --model-config PATH") from None
 
 
-def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
-    """Read a recorded run's folder into a Replay (model, GPU, engine knobs, requests, recorded latencies)."""
+def _read_json_object(path: Path, *, required: bool) -> dict[str, Any]:
+    if not required and not path.exists():
+        return {}
     try:
-        meta = json.loads((folder / "meta.json").read_text())
-        rows = read_trace(folder / "requests.jsonl", field="replay requests.jsonl")
-        config_path = folder / "config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise InvalidSpec(path.name, f"{path} is over {MAX_CONFIG_BYTES:,} bytes")
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except OSError as exc:
-        raise InvalidSpec("replay", f"cannot read {exc.filename}: {exc.strerror}") from None
+        raise InvalidSpec("replay", f"cannot read {exc.filename or path}: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise InvalidSpec("replay", f"meta.json or config.json in {folder} is not UTF-8 JSON ({str(exc)[:200]})") from None
-    if not isinstance(meta, dict) or not isinstance(config, dict):
-        raise InvalidSpec("replay", f"meta.json and config.json in {folder} must each be a JSON object")
-    gpu = _gpu_for(folder, meta, config)
-    model = _model_for(folder, meta, config, model_config)
-    kw = meta.get("engine_kwargs") or {}
-    kv = meta.get("kv_cache") or {}
-    engine = Engine.SGLANG if "sglang_version" in meta or "server_args" in meta else Engine.VLLM
+        raise InvalidSpec(path.name, f"{path} is not UTF-8 JSON ({str(exc)[:200] or 'nested too deep'})") from None
+    if not isinstance(value, dict):
+        raise InvalidSpec(path.name, f"{path} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _replay_requests(folder: Path, knobs: EngineKnobs) -> tuple[RequestSet, dict[str, Any]]:
+    """The recorded requests and latencies, held to the spec's simulation bounds (lengths, tokens and engine steps)."""
+    field = "requests.jsonl"
+    rows = read_trace(folder / "requests.jsonl", field=field)
+    if not rows:
+        raise InvalidSpec(field, f"{folder / field} holds no requests")
+    try:
+        requests, recorded = from_rows(rows), recorded_latencies(rows)
+    except (OverflowError, ValueError) as exc:  # round(inf) in from_rows
+        raise InvalidSpec(field, f"a request holds a number out of range ({exc})") from None
+    except InvalidSpec as exc:   # the reader's own words name a row ("trace row 3"); the file is requests.jsonl
+        raise InvalidSpec(f"{field} {exc.field.removeprefix('trace').strip()}".strip(), f"{exc.message} (in {folder / field})") from None
+    n = len(requests)
+    if not np.isfinite(requests.arrival_s).all() or not all(np.isfinite(v).all() for v in recorded.values()):
+        raise InvalidSpec(field, "an arrival or token timestamp is not a finite number")
+    if not all(len(v) for v in recorded.values()):
+        raise InvalidSpec(field, "no request with more than one output token and its timestamps: nothing to compare TPOT against")
+    longest = int(max(requests.prompt_tokens.max(), requests.output_tokens.max()))
+    if longest > MAX_TOKENS:
+        raise InvalidSpec(field, f"a request of {longest:,} tokens; at most {MAX_TOKENS:,} (the longest context window)")
+    tokens = int(requests.prompt_tokens.sum() + requests.output_tokens.sum())
+    steps = float(requests.output_tokens.sum()) / min(knobs.max_num_seqs, n)
+    if tokens > MAX_SIM_TOKENS or steps > MAX_SIM_STEPS:
+        raise InvalidSpec(field, f"{n:,} requests of {tokens:,} tokens in ~{steps:,.0f} engine steps at max_num_seqs "
+                                 f"{knobs.max_num_seqs}; one simulation holds at most {MAX_SIM_TOKENS:,} tokens and {MAX_SIM_STEPS:,} steps")
+    return requests, recorded
+
+
+def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
+    """Read a recorded run's folder into a Replay (model, GPU, engine knobs, requests, recorded latencies).
+
+    Every field read is typed and bounded (the spec's bounds: max_num_seqs, batched tokens, parallelism, block size):
+    a wrong type or a count out of range is an InvalidSpec naming the file and the field."""
+    meta_raw = _read_json_object(folder / "meta.json", required=True)
+    config = _read_json_object(folder / "config.json", required=False)
+    meta, cluster = _Read(folder / "meta.json", meta_raw), _Read(folder / "config.json", config)
+    kw, kv = meta.obj("engine_kwargs"), meta.obj("kv_cache")
+    run_name, kw_name = meta.text("model"), kw.text("model")   # both read, so both are checked
+    name = run_name or kw_name
+    gpu = _gpu_for(folder, meta, cluster)
+    model = _model_for(folder, name, config, model_config)
+    engine = Engine.SGLANG if "sglang_version" in meta_raw or "server_args" in meta_raw else Engine.VLLM
     big = gpu.memory_gib >= 70 and not gpu.id.startswith("a100")  # vLLM's per-device defaults (arg_utils)
-    kv_dtype = KvDtype.FP8 if str(kw.get("kv_cache_dtype", "auto")).startswith("fp8") else KvDtype.AUTO
+    kv_dtype = KvDtype.FP8 if kw.text("kv_cache_dtype", "auto").startswith("fp8") else KvDtype.AUTO
+    block = kv.count("block_size", low=1, high=MAX_BLOCK_SIZE) or kw.count("block_size", low=1, high=MAX_BLOCK_SIZE) or 16
     knobs = EngineKnobs(
-        max_num_seqs=int(kw.get("max_num_seqs") or (1024 if big else 256)),
-        max_num_batched_tokens=int(kw.get("max_num_batched_tokens") or (8192 if big else 2048)),
-        memory_fraction=float(kv.get("gpu_memory_utilization") or kw.get("gpu_memory_utilization") or 0.9),
+        max_num_seqs=kw.count("max_num_seqs", low=1, high=MAX_NUM_SEQS) or (1024 if big else 256),
+        max_num_batched_tokens=kw.count("max_num_batched_tokens", low=1, high=MAX_BATCHED_TOKENS) or (8192 if big else 2048),
+        memory_fraction=kv.fraction("gpu_memory_utilization") or kw.fraction("gpu_memory_utilization") or 0.9,
         kv_dtype=kv_dtype,
-        block_size_tokens=int(kv.get("block_size") or kw.get("block_size") or 16),
-        enable_prefix_caching=bool(kv.get("enable_prefix_caching", kw.get("enable_prefix_caching", True))),
+        block_size_tokens=block,
+        enable_prefix_caching=kv.flag("enable_prefix_caching", kw.flag("enable_prefix_caching", True)),
     )
-    par = Parallelism(tp=int(kw.get("tensor_parallel_size") or 1), pp=int(kw.get("pipeline_parallel_size") or 1),
-                      dp=int(kw.get("data_parallel_size") or 1), ep=bool(kw.get("enable_expert_parallel")))
-    quant = str(kw.get("quantization") or "")
+    par = Parallelism(tp=kw.count("tensor_parallel_size", low=1, high=MAX_PARALLEL) or 1,
+                      pp=kw.count("pipeline_parallel_size", low=1, high=MAX_PARALLEL) or 1,
+                      dp=kw.count("data_parallel_size", low=1, high=MAX_PARALLEL) or 1, ep=kw.flag("enable_expert_parallel", False))
+    if par.gpus > MAX_GPUS:
+        raise kw.fail("tensor_parallel_size", f"tp x pp x dp is {par.gpus:,} GPUs; at most {MAX_GPUS:,}")
+    quant = kw.text("quantization")
     # vLLM's --quantization when the run set it, else what the checkpoint's quantization_config says.
     precision = (Precision.FP8 if "fp8" in quant else Precision.FP4 if "fp4" in quant
                  else Precision.INT4 if quant.startswith(("awq", "gptq")) else model.checkpoint_precision)
     layout = Layout.replicas(1, par, knobs, precision)
-    pool = int(kv["num_gpu_blocks"]) * knobs.block_size_tokens if kv.get("num_gpu_blocks") else None
-    return Replay(layout=layout, model=model, gpu=gpu, engine=engine, requests=from_rows(rows),
-                  recorded=recorded_latencies(rows), pool_tokens=pool)
+    blocks = kv.count("num_gpu_blocks", low=1, high=MAX_GPU_BLOCKS)
+    requests, recorded = _replay_requests(folder, knobs)
+    return Replay(layout=layout, model=model, gpu=gpu, engine=engine, requests=requests, recorded=recorded,
+                  pool_tokens=blocks * block if blocks else None)
 
 
 def run_replay(rep: Replay) -> SimResult:

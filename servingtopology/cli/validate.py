@@ -28,7 +28,7 @@ from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.perf import PerfParams, fit_record
-from servingtopology.spec import MAX_TOKENS, read_model_config
+from servingtopology.spec import MAX_CONCURRENCY, MAX_TOKENS, read_model_config
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
 
@@ -82,6 +82,7 @@ def _resolve_gpu(system: str) -> Gpu | Skip:
 
 # A row's field longer than this is malformed (the longest in the shipped silicon CSV, silicon_data_source, is ~300).
 MAX_FIELD_CHARS = 4096
+_CONCURRENCY_TEXT = re.compile(r"silicon_concurrency=(\d+)")   # as planner/calibration.py reads it
 MALFORMED = "malformed row"
 _SURROGATE = re.compile("[\udc80-\udcff]")  # what surrogateescape decodes a non-UTF-8 byte to
 
@@ -142,6 +143,12 @@ def _malformed(fields: list[str], header: list[str]) -> str | None:
         if _is_size(column) and abs(number) > MAX_TOKENS:
             # a 1e300-token row overflowed the closed-loop model; no benchmark runs more than the longest context
             return f"a length or size over {MAX_TOKENS:,} ({column})"
+    source = dict(zip(header, fields, strict=True)).get("silicon_data_source") or ""
+    for found in _CONCURRENCY_TEXT.finditer(source):
+        # The closed-loop client count (calibration's silicon_concurrency=N): unbounded, 10^50 clients were "predicted"
+        digits = found.group(1).lstrip("0")
+        if not digits or len(digits) > len(str(MAX_CONCURRENCY)) or int(digits) > MAX_CONCURRENCY:
+            return f"silicon_concurrency {found.group(1)[:20]} out of 1 to {MAX_CONCURRENCY:,} (silicon_data_source)"
     return None
 
 
