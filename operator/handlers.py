@@ -40,7 +40,7 @@ from .api import Condition, ConditionType, TopologyStatus
 from .cluster import Cluster, ClusterError, ObjectRef
 from .crd import PLURAL, VERSION
 from .kopf_compat import timer_without_finalizer
-from .live import MetricsFactory, prometheus_source
+from .live import MetricsFactory, pooled_prometheus
 from .manifests import API_VERSION, GROUP, KIND
 from .pass_context import PassState
 from .plan_status import set_condition, timestamp
@@ -142,7 +142,8 @@ class Runtime:
     metrics: OperatorMetrics
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     gpus_per_node_default: int = 8
-    metrics_source: MetricsFactory | None = prometheus_source   # None: no live replanning
+    # None: no live replanning; the operator's reads run in their own bounded pool (operator/metrics_reads.py)
+    metrics_source: MetricsFactory | None = field(default_factory=pooled_prometheus)
     predict: Predictor = predict_layout
     prometheus_urls: UrlAllowList | None = None   # the Prometheus URLs resources may name (None: any)
     tenancy: TenancyPolicy = STRICT     # what pod templates and metrics selectors may ask for

@@ -4,6 +4,12 @@ token Secret, label selector, SLO percentiles, replan interval) and runs one rep
 Called by the reconcile (operator/reconcile.py) once per pass; the decisions are operator/replan.py's, the
 PromQL operator/metrics.py's. The only I/O here is reading the token Secret and the fetch through the source;
 a Secret that cannot be read counts as metrics being down, never as a failed pass.
+
+The URL is read once (operator/url_policy.py): the reading the allow-list checked is the one the client connects
+to. In the operator the source reads in operator/metrics_reads.py's pool, so a pass never waits on a slow server;
+a read still running (MetricsPending) leaves this interval to a later pass. Every failed read ends in
+MetricsAvailable=False with its named reason (PrometheusTimeout, PrometheusAnswerTooLarge, ...); a hostile answer
+is news at once, not held back by the MetricsGrace of a fleet that is still starting.
 """
 
 from __future__ import annotations
@@ -11,18 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
-
-from prometheus_api_client import PrometheusConnect
-from urllib3.util.retry import Retry
 
 from ..planner.decide import predict_layout
 from ..planner.layout import Engine, Layout
 from ..planner.problem import Problem
 from .api import ConditionType, TopologySpec
 from .cluster import Cluster, ClusterError
-from .metrics import MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
+from .metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
+from .metrics_reads import MetricsPending, MetricsReads
 from .plan_status import timestamp
+from .prometheus_http import PrometheusFailure
 from .replan import (
     ConditionNote,
     EventNote,
@@ -32,17 +36,13 @@ from .replan import (
     ReplanOutcome,
     ReplanPolicy,
     Verdict,
-    fetch_sample,
     metrics_grace,
     replan,
 )
-from .url_policy import UrlAllowList
+from .url_policy import URL_REFUSED, PrometheusUrl, UrlAllowList, UrlRefused, UrlVerdict, parse_prometheus_url
 
-__all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "metrics_request", "run_live_replan", "QUERY_TIMEOUT_S"]
-
-# One query may take this long; a sample stops at the first failure, so an unreachable Prometheus costs a
-# pass about this much (the client's own default is no timeout and three retries with back-off).
-QUERY_TIMEOUT_S = 10
+__all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "pooled_prometheus", "metrics_request", "run_live_replan",
+           "QUERY_TIMEOUT_S"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,31 +56,45 @@ class MetricsRequest:
     bearer_token: str | None = None
     ttft_quantile: float = 0.95
     tpot_quantile: float = 0.95
+    owner: str = ""                      # `namespace/name` of the resource: one read at a time per owner
+    target: PrometheusUrl | None = None  # the reading of `url` the allow-list checked (None: read `url` the same way)
 
 
 MetricsFactory = Callable[[MetricsRequest], MetricsSource]
 
 
-def _client(url: str, headers: dict[str, str]) -> Any:
-    retry = Retry(total=1, backoff_factor=0.5, status_forcelist=(502, 503, 504))
-    return PrometheusConnect(url=url, headers=headers or None, retry=retry, timeout=QUERY_TIMEOUT_S)
-
-
 def prometheus_source(request: MetricsRequest) -> MetricsSource:
-    """The production factory: PromQL over prometheus-api-client, with a timeout and a single retry."""
-    return PrometheusMetrics(request.url, engine=request.engine, matchers=request.matchers, window_s=request.window_s,
-                             bearer_token=request.bearer_token, ttft_quantile=request.ttft_quantile,
-                             tpot_quantile=request.tpot_quantile, client_factory=_client)
+    """A source over the bounded client, connecting to the checked reading of the URL, reading in the caller's thread."""
+    return PrometheusMetrics(request.target or request.url, engine=request.engine, matchers=request.matchers,
+                             window_s=request.window_s, bearer_token=request.bearer_token, ttft_quantile=request.ttft_quantile,
+                             tpot_quantile=request.tpot_quantile)
+
+
+def pooled_prometheus() -> MetricsReads:
+    """The operator's factory: prometheus_source, read in a bounded pool (operator/metrics_reads.py)."""
+    return MetricsReads(prometheus_source)
 
 
 def metrics_request(spec: TopologySpec, *, namespace: str, name: str, policy: ReplanPolicy, token: str | None,
-                    problem: Problem) -> MetricsRequest:
+                    problem: Problem, target: PrometheusUrl | None = None) -> MetricsRequest:
     """The request for spec.metrics (the caller checked it is set)."""
     assert spec.metrics is not None
     return MetricsRequest(url=spec.metrics.prometheusUrl, engine=spec.engine.name,
                           matchers=topology_matchers(namespace=namespace, name=name, extra=spec.metrics.selector),
                           window_s=max(1, int(policy.interval_s)), bearer_token=token,
-                          ttft_quantile=problem.slo.ttft_percentile / 100.0, tpot_quantile=problem.slo.tpot_percentile / 100.0)
+                          ttft_quantile=problem.slo.ttft_percentile / 100.0, tpot_quantile=problem.slo.tpot_percentile / 100.0,
+                          owner=f"{namespace}/{name}", target=target)
+
+
+def _checked(url: str, allow: UrlAllowList | None) -> UrlVerdict:
+    """The allow-list's verdict; without one, any URL read one way."""
+    field = "spec.metrics.prometheusUrl"
+    if allow is not None:
+        return allow.check(url, field=field)
+    try:
+        return UrlVerdict(parse_prometheus_url(url))
+    except UrlRefused as why:
+        return UrlVerdict(None, URL_REFUSED, f"{field} {url!r} is refused: {why}; no request was made")
 
 
 def _token(cluster: Cluster, spec: TopologySpec, namespace: str) -> tuple[str | None, str | None]:
@@ -105,28 +119,36 @@ def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | N
     """One replan interval when spec.metrics is set and the interval is due; None otherwise (nothing to write).
 
     `ready_since`: when the Ready condition last turned True (None: not Ready), for the MetricsGrace rule.
-    `allow`: the Prometheus URLs the operator may call (None: any); a URL outside it is MetricsAvailable=False,
-    reason PrometheusUrlNotAllowed, with no Secret read and no request."""
+    `allow`: the Prometheus URLs the operator may call (None: any read one way); a URL outside it is
+    MetricsAvailable=False, reason PrometheusUrlNotAllowed (PrometheusUrlRefused: not read one way), with no Secret read
+    and no request. None as well while the resource's read still runs (MetricsPending): nothing to write yet."""
     if spec.metrics is None:
         return None
     now_s = now.timestamp()
     if not memory.due(now_s, policy.interval_s):
         return None
-    refused = allow.refusal(spec.metrics.prometheusUrl, field="spec.metrics.prometheusUrl") if allow is not None else None
-    if refused is not None:   # before the token Secret is read: no credential goes to a URL the operator may not call
-        events = () if memory.metrics_available is False else (EventNote("Warning", "PrometheusUrlNotAllowed", refused),)
+    verdict = _checked(spec.metrics.prometheusUrl, allow)
+    if verdict.url is None:   # before the token Secret is read: no credential goes to a URL the operator may not call
+        events = () if memory.metrics_available is False else (EventNote("Warning", verdict.reason, verdict.message),)
         return ReplanOutcome(Verdict.KEEP, replace(memory, metrics_available=False, last_fetch_s=now_s),
-                             (ConditionNote(ConditionType.METRICS_AVAILABLE, False, "PrometheusUrlNotAllowed", refused),), events,
-                             message=refused)
+                             (ConditionNote(ConditionType.METRICS_AVAILABLE, False, verdict.reason, verdict.message),), events,
+                             message=verdict.message)
     token, error = _token(cluster, spec, namespace)
-    sample = None
+    sample, reason = None, PrometheusFailure.UNAVAILABLE.value
     if error is None:
+        request = metrics_request(spec, namespace=namespace, name=name, policy=policy, token=token, problem=problem, target=verdict.url)
         try:
-            source = factory(metrics_request(spec, namespace=namespace, name=name, policy=policy, token=token, problem=problem))
-            sample, error = fetch_sample(source, at_s=now_s, interval_s=policy.interval_s)
-        except (MetricsUnavailable, ValueError, OSError) as exc:   # a URL the client refuses, a DNS failure at connect
-            sample, error = None, f"Prometheus at {spec.metrics.prometheusUrl}: {type(exc).__name__}: {exc}"
+            sample = factory(request).fetch_sample(at_s=now_s, interval_s=policy.interval_s)
+        except MetricsPending:
+            return None
+        except MetricsUnavailable as exc:
+            error, reason = str(exc), getattr(exc, "reason", reason)
+        except (ValueError, OSError) as exc:   # a source that raised past its own handling
+            error = f"Prometheus at {verdict.url}: {type(exc).__name__}: {exc}"
     grace = metrics_grace(memory, ready_since_s=ready_since.timestamp() if ready_since is not None else None, now_s=now_s,
                           interval_s=policy.interval_s)
+    if reason != PrometheusFailure.UNAVAILABLE.value:
+        grace = None    # a hostile or broken answer is news at once: no fleet start-up explains it
     return replan(problem=problem, current=current, memory=memory, sample=sample, metrics_error=error, policy=policy,
-                  now_s=now_s, planner=planner, predict=predict, at=timestamp(now), grace=grace, observe_only=observe_only)
+                  now_s=now_s, planner=planner, predict=predict, at=timestamp(now), grace=grace, observe_only=observe_only,
+                  metrics_reason=reason)

@@ -4,8 +4,16 @@
 fallbacks) and SGLang, after shared/reference/engines.md §1.4, §2.3 and §6. TTFT is the client's: under PD
 it comes from the router's own histogram where the router exports one (smg), else it is composed from the
 roles' metrics the way the router chains them (vLLM: prefill latency + decode TTFT; SGLang: decode TTFT); `PrometheusMetrics.fetch_sample`
-runs them through prometheus-api-client and returns one `planner.observe.MetricSample`. The URL, bearer
-token and window come from the caller (the spec and its Secret); transport failures raise MetricsUnavailable.
+runs them through operator/prometheus_http.py (bounded reads of the one checked URL) and returns one
+`planner.observe.MetricSample`. The URL, bearer token and window come from the caller (the spec and its Secret);
+every failure raises MetricsUnavailable with a named `reason` (operator/prometheus_http.py's PrometheusFailure).
+
+Rules it names:
+- NaNIsNoData: Prometheus answers the string "NaN" for 0/0 (no traffic) and "+Inf" for a quantile in the top bucket;
+  such a figure is absent (the next expression is asked), as an empty vector is.
+- FigureRange: a finite figure outside [0, FIGURE_MAX] after its unit conversion (1e308 s is inf ms) is no
+  measurement: the whole read is refused (PrometheusAnswerInvalid) rather than fed to the observation.
+- ReadDeadline: one read (every query of a sample) ends within READ_DEADLINE_S, each query within QUERY_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -13,19 +21,20 @@ from __future__ import annotations
 import enum
 import math
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-
 from ..planner.layout import Engine, Role
 from ..planner.observe import MetricSample
+from .prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
+from .url_policy import PrometheusUrl, UrlRefused, parse_prometheus_url
 
 __all__ = [
     "Figure", "Query", "MetricsSource", "MetricsUnavailable", "PrometheusMetrics", "build_queries", "label_selector",
-    "topology_matchers", "TOPOLOGY_SERIES_LABEL", "ROLE_SERIES_LABEL", "unavailable_reason", "QUERY_TIMEOUT_S",
+    "topology_matchers", "TOPOLOGY_SERIES_LABEL", "ROLE_SERIES_LABEL", "unavailable_reason", "QUERY_TIMEOUT_S", "READ_DEADLINE_S",
+    "FIGURE_MAX",
 ]
 
 # Pod labels as Prometheus sees them after the usual `labelmap` of Kubernetes service discovery
@@ -71,7 +80,12 @@ class Query:
 
 
 class MetricsUnavailable(Exception):
-    """Prometheus could not be reached or refused the query (transient: keep everything, retry later)."""
+    """No sample this interval (keep everything, read again next interval); `reason` names why for the condition:
+    MetricsUnavailable for an unreachable or erroring Prometheus, else a PrometheusFailure such as PrometheusTimeout."""
+
+    def __init__(self, message: str, reason: str = PrometheusFailure.UNAVAILABLE.value) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class MetricsSource(Protocol):
@@ -189,43 +203,81 @@ def build_queries(engine: Engine, *, matchers: Mapping[str, str], window_s: int,
     return build(front, every, w, ttft_quantile, tpot_quantile, matchers if by_role else None)
 
 
-def _value(result: Any) -> float | None:
-    """The first sample of an instant-vector answer, None when empty or not a finite number."""
+QUERY_TIMEOUT_S = 10.0     # one query: connect, send, headers and body together
+READ_DEADLINE_S = 30.0     # every query of one sample together (ReadDeadline)
+FIGURE_MAX = 1e9           # FigureRange: 1e9 ms is 11 days, 1e9 tokens or requests/s beyond any engine
+
+
+def _value(result: Any, query: Query) -> float | None:
+    """The first sample of an instant-vector answer scaled to the figure's unit; None when empty or not a finite
+    number (NaNIsNoData); MetricsUnavailable (PrometheusAnswerInvalid) outside FigureRange."""
     if not isinstance(result, list) or not result:
         return None
     try:
         v = float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    return v if math.isfinite(v) else None
+    if not math.isfinite(v):
+        return None
+    scaled = v * query.scale
+    if not 0.0 <= scaled <= FIGURE_MAX:   # an overflowing product is inf, which fails this too
+        raise MetricsUnavailable(f"Prometheus answered {query.figure.value} = {scaled:.3g}, outside [0, {FIGURE_MAX:g}]",
+                                 PrometheusFailure.INVALID.value)
+    return scaled
 
 
 class _Client(Protocol):
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
 
 
-class PrometheusMetrics:
-    """A MetricsSource over the Prometheus HTTP API (prometheus-api-client)."""
+ClientFactory = Callable[[PrometheusUrl, "str | None"], _Client]
 
-    def __init__(self, url: str, *, engine: Engine, matchers: Mapping[str, str], window_s: int, bearer_token: str | None = None,
-                 ttft_quantile: float = 0.95, tpot_quantile: float = 0.95, by_role: bool = True,
-                 client_factory: Callable[[str, dict[str, str]], _Client] | None = None) -> None:
+
+class PrometheusMetrics:
+    """A MetricsSource over the Prometheus HTTP API (operator/prometheus_http.py); one read per fetch_sample."""
+
+    def __init__(self, url: str | PrometheusUrl, *, engine: Engine, matchers: Mapping[str, str], window_s: int,
+                 bearer_token: str | None = None, ttft_quantile: float = 0.95, tpot_quantile: float = 0.95, by_role: bool = True,
+                 client_factory: ClientFactory | None = None, read_deadline_s: float = READ_DEADLINE_S,
+                 read_limits: ReadLimits | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`url`: the allow-list's reading (a string is read by the same parser, url_policy.parse_prometheus_url);
+        `read_limits`: each query's bounds (default: operator/prometheus_http.py's, with QUERY_TIMEOUT_S)."""
         self.queries = build_queries(engine, matchers=matchers, window_s=window_s, ttft_quantile=ttft_quantile,
                                      tpot_quantile=tpot_quantile, by_role=by_role)
-        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-        self._client = (client_factory or _connect)(url, headers)
+        try:
+            self.url = url if isinstance(url, PrometheusUrl) else parse_prometheus_url(url)
+        except UrlRefused as why:
+            raise MetricsUnavailable(f"the Prometheus URL is refused: {why}", "PrometheusUrlRefused") from None
+        self.read_deadline_s, self.clock = read_deadline_s, clock
+        self.read_limits = read_limits or ReadLimits(query_s=QUERY_TIMEOUT_S)
+        self._token = bearer_token or None
+        self._factory = client_factory or self._bounded
+
+    def _bounded(self, url: PrometheusUrl, token: str | None) -> _Client:
+        return BoundedPrometheus(url, bearer_token=token, limits=self.read_limits,
+                                 deadline_s=self.clock() + self.read_deadline_s, clock=self.clock)
 
     def fetch_sample(self, *, at_s: float, interval_s: float) -> MetricSample:
+        deadline_s = self.clock() + self.read_deadline_s
+        try:
+            client = self._factory(self.url, self._token)
+        except PrometheusAnswerError as exc:
+            raise MetricsUnavailable(f"Prometheus query failed: {exc}", exc.reason.value) from None
         values: dict[str, float | None] = {}
         for q in self.queries:
             values[q.figure.value] = None
             for expr in q.exprs:
+                if self.clock() > deadline_s:
+                    raise MetricsUnavailable(f"Prometheus query failed: the read took over {self.read_deadline_s:g} s",
+                                             PrometheusFailure.TIMEOUT.value)
                 try:
-                    v = _value(self._client.custom_query(expr))
-                except (OSError, ValueError, KeyError, TypeError, PrometheusApiClientException) as exc:
+                    v = _value(client.custom_query(expr), q)
+                except PrometheusAnswerError as exc:
+                    raise MetricsUnavailable(f"Prometheus query failed: {exc}", exc.reason.value) from None
+                except (OSError, ValueError, KeyError, TypeError) as exc:
                     raise MetricsUnavailable(f"Prometheus query failed: {unavailable_reason(exc)}") from exc
                 if v is not None:
-                    values[q.figure.value] = v * q.scale
+                    values[q.figure.value] = v
                     break
         return MetricSample(at_s=at_s, interval_s=interval_s, **values)
 
@@ -235,24 +287,16 @@ def unavailable_reason(exc: BaseException) -> str:
 
     A Prometheus URL comes from the resource's author; its response bodies may be anything (an SSRF target's
     page, a token echoed back), so conditions and Events get the status code or the error's kind only:
-    - a non-200 answer: prometheus-api-client's "HTTP Status Code 503 (b'...')" → "HTTP 503";
+    - a non-200 answer: "HTTP Status Code 503 (b'...')" → "HTTP 503";
     - a 200 whose JSON has no `data.result` (KeyError/TypeError inside the client) or is not JSON (ValueError);
     - a connection error or timeout (requests' errors are OSErrors): its kind and message, which the
       client wrote, not the server.
     """
-    if isinstance(exc, PrometheusApiClientException):
-        code = re.match(r"HTTP Status Code (\d+)", str(exc))
-        return f"HTTP {code.group(1)}" if code else "the server refused the query"
+    code = re.match(r"HTTP Status Code (\d+)", str(exc))
+    if code:
+        return f"HTTP {code.group(1)}"
     if isinstance(exc, (KeyError, TypeError)):
         return "HTTP 200 without a Prometheus result (no data.result)"
     if isinstance(exc, ValueError):
         return "HTTP 200 with a body that is not Prometheus JSON"
     return f"{type(exc).__name__}: {str(exc)[:200]}"
-
-
-QUERY_TIMEOUT_S = 10  # one query; a pass asks a dozen, and a hung Prometheus must not hold a worker
-
-
-def _connect(url: str, headers: dict[str, str]) -> _Client:
-    client: _Client = PrometheusConnect(url=url, headers=headers or None, disable_ssl=False, timeout=QUERY_TIMEOUT_S)
-    return client

@@ -270,11 +270,11 @@ def _awaiting_metrics(memory: ReplanMemory, why: str, grace: str, now_s: float) 
                          message=why)
 
 
-def _metrics_down(memory: ReplanMemory, why: str, now_s: float) -> ReplanOutcome:
+def _metrics_down(memory: ReplanMemory, why: str, now_s: float, reason: str = "MetricsUnavailable") -> ReplanOutcome:
     events = () if memory.metrics_available is False else (
-        EventNote("Warning", "MetricsUnavailable", f"{why}; keeping the current plan, no replans until metrics return"),)
+        EventNote("Warning", reason, f"{why}; keeping the current plan, no replans until metrics return"),)
     mem = replace(memory, metrics_available=False, last_fetch_s=now_s)
-    return ReplanOutcome(Verdict.KEEP, mem, (ConditionNote(ConditionType.METRICS_AVAILABLE, False, "MetricsUnavailable", why),), events,
+    return ReplanOutcome(Verdict.KEEP, mem, (ConditionNote(ConditionType.METRICS_AVAILABLE, False, reason, why),), events,
                          message=why)
 
 
@@ -320,17 +320,18 @@ def _prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, 
 
 def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,
            policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "",
-           grace: str | None = None, observe_only: str | None = None) -> ReplanOutcome:
+           grace: str | None = None, observe_only: str | None = None, metrics_reason: str = "MetricsUnavailable") -> ReplanOutcome:
     """One replan interval. `problem` is the spec's (its workload is what the first plan assumed); `current`
     the running layout; `grace` (from `metrics_grace`) holds back a MetricsUnavailable while metrics cannot exist yet;
     `observe_only` (why: e.g. a spec change waits, TransitionBlocked) reads and records the figures and decides nothing,
-    as under Pinned or during a transition.
+    as under Pinned or during a transition; `metrics_reason` names a failed read in the MetricsAvailable condition and
+    its Event (operator/prometheus_http.py's PrometheusFailure; an empty answer is always MetricsUnavailable).
     Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
     if metrics_error is not None or sample is None or sample.empty:
         why = metrics_error or "Prometheus returned no engine series for this ServingTopology"
         if grace is not None:
             return _awaiting_metrics(memory, why, grace, now_s)
-        return _metrics_down(memory, why, now_s)
+        return _metrics_down(memory, why, now_s, metrics_reason if metrics_error is not None else "MetricsUnavailable")
     conds = [ConditionNote(ConditionType.METRICS_AVAILABLE, True, "MetricsFlowing", "engine metrics are being read")]
     events = [] if memory.metrics_available is not False else [EventNote("Normal", "MetricsAvailable", "engine metrics are back")]
     window = (*memory.samples, sample)[-policy.window_intervals:]

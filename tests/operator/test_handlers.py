@@ -109,9 +109,10 @@ def test_timer_passes_read_live_metrics_through_the_runtimes_source() -> None:
 
 def test_the_production_runtime_reads_prometheus() -> None:
     from servingtopology.operator.live import prometheus_source
+    from servingtopology.operator.metrics_reads import MetricsReads
 
     rt = Runtime(cluster=FakeCluster(), planner=lambda problem: decision(Layout.replicas(1, Parallelism())), metrics=new_metrics())
-    assert rt.metrics_source is prometheus_source
+    assert isinstance(rt.metrics_source, MetricsReads) and rt.metrics_source.inner is prometheus_source
 
 
 def registered(rt: Runtime, handler_id: str, *, timer_interval_s: float = 30) -> Any:

@@ -124,8 +124,8 @@ def source(table, error=None, engine=Engine.VLLM):
     fake = FakeProm(table, error)
     seen = {}
 
-    def factory(url, headers):
-        seen.update(url=url, headers=headers)
+    def factory(url, token):
+        seen.update(url=str(url), token=token)
         return fake
 
     src = PrometheusMetrics("http://prom:9090", engine=engine, matchers=M, window_s=120, bearer_token="s3cret", client_factory=factory)
@@ -137,7 +137,7 @@ def test_the_source_converts_seconds_to_ms_uses_fallbacks_and_leaves_absent_seri
              VLLM[Figure.KV_USAGE][0]: "NaN", VLLM[Figure.KV_USAGE][1]: 0.5}
     src, fake, seen = source(table)
     s = src.fetch_sample(at_s=600.0, interval_s=60.0)
-    assert seen == {"url": "http://prom:9090", "headers": {"Authorization": "Bearer s3cret"}}
+    assert seen == {"url": "http://prom:9090", "token": "s3cret"}
     assert s.request_rate_rps == 4.0 and s.ttft_ms == pytest.approx(250.0) and s.tpot_ms == pytest.approx(30.0)
     assert s.kv_usage == 0.5           # NaN from the new name counts as absent
     assert s.input_tokens_mean is None and s.at_s == 600.0 and s.interval_s == 60.0
