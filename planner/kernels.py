@@ -240,7 +240,8 @@ def _lookup(gpu: str, engine: str, version: str | None, kind: KernelOp, coords: 
     want = {k: v for k, v in variant.items() if v is not None}
     for ref in _ranked(gpu, engine, version, kind):
         for table in _release(ref.gpu, ref.engine, ref.version).tables:
-            if table.kind != kind.value or any(table.variant.get(k) != v for k, v in want.items()):
+            # A variant key the table does not carry does not distinguish its rows (SGLang's MLA core has no GEMMs).
+            if table.kind != kind.value or any(k in table.variant and table.variant[k] != v for k, v in want.items()):
                 continue
             if config is None:
                 return KernelTimes(_interpolate(table, coords), ref, table.note)
@@ -314,19 +315,25 @@ def generation_attention_s(gpu: str, engine: str, version: str | None, *, kv_dty
 
 
 def mla_context_s(gpu: str, engine: str, version: str | None, *, kv_dtype: str, heads: ArrayLike, batch: ArrayLike, isl: ArrayLike,
-                  gemm_dtype: str | None = None) -> KernelTimes:
+                  gemm_dtype: str | None = None, split_batch: bool = False) -> KernelTimes:
     """Time of one layer's MLA prefill (DeepSeek-V3 dimensions), heads per GPU. `note` says the scope: vLLM's tables
     time the whole attention module (its projections included; `gemm_dtype` "bfloat16" or "fp8_block"), SGLang's
-    the attention core only."""
-    return _lookup(gpu, engine, version, KernelOp.MLA_CONTEXT, [heads, batch, isl], {"kv_dtype": _dtype(kv_dtype),
-                   "gemm_dtype": None if gemm_dtype is None else _dtype(gemm_dtype)})
+    the attention core only (any `gemm_dtype` matches). `split_batch` as in `context_attention_s`."""
+    def lookup(b: ArrayLike) -> KernelTimes:
+        return _lookup(gpu, engine, version, KernelOp.MLA_CONTEXT, [heads, b, isl],
+                       {"kv_dtype": _dtype(kv_dtype), "gemm_dtype": None if gemm_dtype is None else _dtype(gemm_dtype)})
+
+    return _by_halves(lookup, batch) if split_batch else lookup(batch)
 
 
 def mla_generation_s(gpu: str, engine: str, version: str | None, *, kv_dtype: str, heads: ArrayLike, batch: ArrayLike, kv_len: ArrayLike,
-                     gemm_dtype: str | None = None) -> KernelTimes:
+                     gemm_dtype: str | None = None, split_batch: bool = False) -> KernelTimes:
     """Time of one layer's MLA decode step for `batch` sequences of `kv_len` cached tokens (scope as `mla_context_s`)."""
-    return _lookup(gpu, engine, version, KernelOp.MLA_GENERATION, [heads, batch, kv_len], {"kv_dtype": _dtype(kv_dtype),
-                   "gemm_dtype": None if gemm_dtype is None else _dtype(gemm_dtype)})
+    def lookup(b: ArrayLike) -> KernelTimes:
+        return _lookup(gpu, engine, version, KernelOp.MLA_GENERATION, [heads, b, kv_len],
+                       {"kv_dtype": _dtype(kv_dtype), "gemm_dtype": None if gemm_dtype is None else _dtype(gemm_dtype)})
+
+    return _by_halves(lookup, batch) if split_batch else lookup(batch)
 
 
 def mla_bmm_s(gpu: str, engine: str, version: str | None, *, op: str, heads: ArrayLike, tokens: ArrayLike) -> KernelTimes:
@@ -336,9 +343,12 @@ def mla_bmm_s(gpu: str, engine: str, version: str | None, *, op: str, heads: Arr
 
 def moe_s(gpu: str, engine: str, version: str | None, *, dtype: str, hidden: int, inter: int, topk: int, experts: int,
           moe_tp: int, moe_ep: int, tokens: ArrayLike) -> KernelTimes:
-    """Time of one MoE layer's routed experts (fused kernel, balanced routing) for `tokens` tokens on one GPU.
+    """Time of one MoE layer's routed experts (fused kernel, balanced routing) on one GPU.
 
-    Covered only for the configurations measured (hidden, moe intermediate size, top-k, experts, MoE TP, MoE EP:
+    `tokens` is the measured `num_tokens`. With moe_ep = 1 it is the tokens the layer sees; with moe_ep > 1 the times
+    match each GPU computing tokens · topk routed pairs (DeepSeek-V3 fp8 on H200, 8,192 tokens: EP1 8.0 ms, EP2 8.0,
+    EP4 6.1, EP8 5.1; TP8 1.9), i.e. `tokens` per attention-DP rank with moe_ep ranks' tokens dispatched to each
+    GPU's E / moe_ep experts. Covered only for the configurations measured (hidden, moe intermediate size, top-k, experts, MoE TP, MoE EP:
     those of DeepSeek-V3, Qwen3, Mixtral, gpt-oss and other public MoE models); dtype "bfloat16", "fp8_block",
     "fp8", "nvfp4", "w4a16_mxfp4", "int4_wo" as measured.
     """

@@ -170,14 +170,15 @@ def build_tables(kind: str, df: Any, w: Writer, *, source: str) -> None:
             seq = "kv_len"
         else:
             seq = "isl"
-        df["gemm_type"] = _col(df, "gemm_type", "none")
+        df["gemm_type"] = _col(df, "gemm_type", "")
         note = ("the whole MLA attention module of " + ", ".join(df["model"].unique()) + " (projections included)") if module \
             else "the attention core; heads are per GPU"
         for (kv_dtype, gemm), part in df.groupby(["kv_cache_dtype", "gemm_type"]):
             part = part.rename(columns={"num_heads": "heads", "batch_size": "batch"})
             axes = [("heads", "log"), ("batch", "log"), (seq, "log")]
             values, sec = grid(part, [a for a, _ in axes])
-            w.add(kind, {"kv_dtype": str(kv_dtype), "gemm_dtype": str(gemm), "scope": "module" if module else "core"}, axes, values, sec,
+            variant = {"kv_dtype": str(kv_dtype), "scope": "module" if module else "core"} | ({"gemm_dtype": str(gemm)} if module else {})
+            w.add(kind, variant, axes, values, sec,
                   source=source, kernels=part["kernel_source"].unique().tolist(), note=note)
     elif kind == "mla_bmm":
         for (op, dtype), part in df.groupby(["op_name", "bmm_dtype"]):

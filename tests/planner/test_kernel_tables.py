@@ -212,6 +212,14 @@ def test_deepseek_v3_moe_is_measured_per_release() -> None:
     assert got.covered.all() and (np.diff(got.time_s) > 0).all()
 
 
+def test_mla_tables_say_whether_they_time_the_module_or_the_core() -> None:
+    b = np.array([1, 16, 64])
+    for engine, scope in (("vllm", "projections included"), ("sglang", "attention core")):
+        got = K.mla_generation_s("h200_sxm", engine, None, kv_dtype="bf16", heads=16, batch=b, kv_len=4096, gemm_dtype="bfloat16")
+        assert got.covered.all() and scope in got.note, engine
+        assert (np.diff(got.time_s) > 0).all(), engine
+
+
 def test_an_unmeasured_release_uses_the_nearest_measured_one_and_says_so() -> None:
     ref = K.resolve_release("h100_sxm", "vllm", "0.11.0", K.KernelOp.GEMM)
     assert ref is not None and ref.version == "0.24.0" and not ref.exact
