@@ -17,7 +17,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from planner import kernels as K
+from servingtopology.planner import kernels as K
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "planner" / "data" / "kernels"
