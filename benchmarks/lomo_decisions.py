@@ -52,12 +52,14 @@ def _merge(parts: list[Measurements]) -> Measurements:
     return Measurements(cases, models, gpus, skipped)
 
 
-def lomo_predictions(m: Measurements, fitted_models: set[str]) -> tuple[list[Prediction | Skip], list[str]]:
+def lomo_predictions(m: Measurements, fitted_models: set[str], overrides: dict[str, float] | None = None) -> tuple[list[Prediction | Skip], list[str]]:
     """Every row predicted by parameters that never saw its family; the fold each row used. `fitted_models`: the
-    models of the shipped fit's data file, each of which must have its own fold."""
+    models of the shipped fit's data file, each of which must have its own fold. `overrides`: parameters set in every
+    fold (the kernel-table switches of the ablation)."""
+    overrides = overrides or {}
     record = fit_record()
     folds = (record.get("leave_one_model_out") or {}).get("folds") or []
-    base = perf_params()
+    base = replace(perf_params(), **overrides)
     results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
     used = ["shipped fit (never saw this family)"] * len(m.cases)
     covered: set[str] = set()
@@ -66,7 +68,7 @@ def lomo_predictions(m: Measurements, fitted_models: set[str]) -> tuple[list[Pre
         if not any(held):
             continue
         covered.update(fold["models"])
-        params = replace(base, **{k: float(v) for k, v in fold["params"].items()})
+        params = replace(base, **{k: float(v) for k, v in fold["params"].items() if k not in overrides})
         idx = [i for i, h in enumerate(held) if h]
         for i, pred in zip(idx, predict_all([m.cases[i] for i in idx], m.models, m.gpus, params=params), strict=True):
             results[i] = pred
@@ -124,13 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-fail", action="store_true", help="print the figures; exit 0 even when a target is missed")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="set a parameter in every fold, e.g. measured_allreduce=0 (the roofline all-reduce)")
     args = ap.parse_args(argv)
     t0 = time.process_time()
     parts = [load_measurements(SHARED / f, model_dir=SHARED / "models", backends=("vllm", "sglang")) for f in FILES]
     fitted_file = fit_record().get("data_file")
     fitted = {c.model_path for f, part in zip(FILES, parts, strict=True) if f == fitted_file for c in part.cases}
     m = _merge(parts)
-    results, _ = lomo_predictions(m, fitted)
+    overrides = {k: float(v) for k, v in (a.split("=", 1) for a in args.set)}
+    results, _ = lomo_predictions(m, fitted, overrides)
     overall = summarize(m.cases, results, skipped_at_parse=m.skipped_at_parse)
     out: dict[str, Any] = {"overall": overall, "breakdowns": {}}
     for name, key in BREAKDOWNS.items():

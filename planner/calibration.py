@@ -385,7 +385,8 @@ def _stepper(model: ModelArch, gpu: Gpu, case: CalibrationCase, d: _EngineDefaul
     tp, pp, dp, ep = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp", "moe_ep"))
 
     coeffs = step_coefficients(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp,
-                               moe_ep=ep, moe_precision=case.moe_precision, overhead_scale=d.overhead_scale, params=p)
+                               moe_ep=ep, moe_precision=case.moe_precision, overhead_scale=d.overhead_scale, params=p,
+                               release=case.engine_release or None)
 
     def step(*, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any) -> Any:
         return evaluate_step_s(coeffs, prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,

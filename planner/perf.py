@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import kernels
 from .hardware import Gpu, Link, Precision
 from .layout import Engine, KvDtype, Parallelism
 from .memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
@@ -28,7 +29,7 @@ from .model import ModelArch
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
-           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "PCIE_BUS_EFF"]
+           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_terms", "KERNEL_ENGINES", "PCIE_BUS_EFF"]
 
 
 class StepTimeModel(Protocol):
@@ -96,6 +97,10 @@ class PerfParams:
     # sat on its floor in the fit on every row and in four of five folds, and in the fifth drifted to 0.2.
     arrival_burst: float = 0.0
     queue_factor: float = 1.0           # scale of the prefill queueing delay
+    # 1: a TP all-reduce inside an NVLink node costs what the engine's custom all-reduce measured (planner/kernels.py,
+    # the aiconfigurator-core tables) wherever a table covers the GPU, engine and group; 0: the fitted roofline line
+    # (allreduce_latency_s, link_eff) everywhere. A switch, not fitted: the ablation in benchmarks/README flips it.
+    measured_allreduce: float = 0.0
     source: str = "defaults (unfitted)"
 
 
@@ -206,6 +211,55 @@ def _exchange_latency_s(gpu: Gpu, group: Any, p: PerfParams) -> Any:
     return 0.5 * _allreduce_latency_s(gpu, np.maximum(group, 2), p)
 
 
+# Message sizes (in tokens of BF16 activations) through which the measured all-reduce line is drawn: one token (the
+# latency a decode step of few sequences sees) and 2,048 (a prefill chunk), so a step's tokens interpolate between them.
+_AR_LINE_TOKENS = (1.0, 2048.0)
+KERNEL_ENGINES = {Engine.VLLM: "vllm", Engine.SGLANG: "sglang"}
+
+
+@cache
+def _measured_allreduce_line(gpu_id: str, engine: str, release: str, n: int, hidden: int) -> tuple[float, float, str]:
+    """(fixed s, s per token, source) of one all-reduce over n GPUs from the measured custom all-reduce table of the
+    engine's nearest measured release; NaN where no table covers it (the caller keeps the roofline)."""
+    if n < 2:
+        return 0.0, 0.0, ""
+    lo, hi = (t * hidden * 2.0 for t in _AR_LINE_TOKENS)
+    got = kernels.allreduce_s(gpu_id, engine, release or None, gpus=np.array([n, n], dtype=float), message_bytes=np.array([lo, hi]))
+    t_lo, t_hi = (float(x) for x in got.time_s)
+    if not (math.isfinite(t_lo) and math.isfinite(t_hi)) or got.source is None:
+        return math.nan, math.nan, ""
+    return t_lo, max(t_hi - t_lo, 0.0) / (_AR_LINE_TOKENS[1] - _AR_LINE_TOKENS[0]), got.source.describe()
+
+
+def measured_allreduce(gpu: Gpu, engine: Engine | None, release: str | None, tp: Any, hidden: int) -> tuple[Any, Any]:
+    """Measured (fixed, per-token) time of one TP all-reduce per element of `tp`; NaN where no table covers it: another
+    engine, a GPU without tables, a group beyond one node or over PCIe."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    arr = np.asarray(tp, dtype=float)
+    fixed, per_tok = np.full(arr.shape, np.nan), np.full(arr.shape, np.nan)
+    if name is None or gpu.scaleup_link is not Link.NVLINK:
+        return fixed, per_tok
+    for n in np.unique(arr):
+        if not (2 <= n <= gpu.gpus_per_node):
+            continue
+        f, t, _ = _measured_allreduce_line(gpu.id, name, release or "", int(n), int(hidden))
+        fixed = np.where(arr == n, f, fixed)
+        per_tok = np.where(arr == n, t, per_tok)
+    return fixed, per_tok
+
+
+def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None) -> dict[str, str]:
+    """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline."""
+    p = params or perf_params()
+    if p.measured_allreduce < 0.5 or tp < 2:
+        return {}
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    if name is None or gpu.scaleup_link is not Link.NVLINK or tp > gpu.gpus_per_node:
+        return {}
+    f, _, source = _measured_allreduce_line(gpu.id, name, release or "", int(tp), int(hidden))
+    return {"tp_allreduce": source} if math.isfinite(f) else {}
+
+
 def allreduce_s(gpu: Gpu, group: Any, nbytes: Any, params: PerfParams | None = None) -> Any:
     """Time of one all-reduce of `nbytes` per GPU over `group` GPUs (ring: 2(n−1)/n of the bytes cross each link),
     exactly as the step model charges it."""
@@ -277,9 +331,13 @@ class StepCoefficients:
 
 def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
                       tp: Any, pp: Any, dp: Any, moe_ep: Any = 1, moe_precision: Precision | None = None,
-                      overhead_scale: float | None = None, params: PerfParams | None = None) -> StepCoefficients:
+                      overhead_scale: float | None = None, params: PerfParams | None = None,
+                      release: str | None = None, kernel_engine: Engine | None = None) -> StepCoefficients:
     """Fold model, GPU and parallelism into the constants `evaluate_step_s` needs (arrays broadcast).
 
+    `kernel_engine` and `release`: whose measured kernel tables price the terms they cover (`measured_terms`);
+    None: the engine's own tables, of its newest measured release. An engine without tables (TRT-LLM in calibration)
+    passes `overhead_scale` and gets the roofline unless `kernel_engine` names one.
     `moe_ep` is the expert-parallel degree of the expert layers (1 = experts tensor-sharded over tp × dp).
     `overhead_scale` overrides the engine's per-step overhead scale (an engine outside `Engine`, e.g. TRT-LLM).
     """
@@ -359,6 +417,11 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     # The link is the one the tp GPUs share (planner.hardware.Link): NVLink, PCIe with or without peer-to-peer, a NIC.
     tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / _link_bps(gpu, tp, p), zero)
     tp_fixed = np.where(tp > 1, reduces * _allreduce_latency_s(gpu, tp, p), zero)
+    if p.measured_allreduce >= 0.5:  # the engine's measured custom all-reduce where a table covers it
+        tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
+        m_fixed, m_tok = measured_allreduce(gpu, tables_for, release, tp, model.hidden_size)
+        tp_fixed = np.where(np.isfinite(m_fixed), reduces * np.nan_to_num(m_fixed), tp_fixed)
+        tp_tok = np.where(np.isfinite(m_tok), reduces * np.nan_to_num(m_tok), tp_tok)
     handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / _link_bps(gpu, tp * dp * pp, p), zero)
     handoff_fixed = np.where(pp > 1, np.where(gpu.scaleup_link is Link.NVLINK, 2.0 * p.allreduce_latency_s,
                                               _exchange_latency_s(gpu, tp * dp * pp, p)), zero)

@@ -1,0 +1,61 @@
+"""The step model's measured terms (issue #24): the TP all-reduce from the engines' measured custom all-reduce tables
+where they cover the GPU, engine and group, the fitted roofline elsewhere; and which terms came from where."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from servingtopology.planner import kernels
+from servingtopology.planner.hardware import Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, KvDtype
+from servingtopology.planner.model import resolve_model
+from servingtopology.planner.perf import PerfParams, measured_allreduce, measured_terms, step_coefficients
+
+LLAMA70 = resolve_model("meta-llama/Llama-3.1-70B")
+ON = replace(PerfParams(), measured_allreduce=1.0)
+OFF = replace(PerfParams(), measured_allreduce=0.0)
+
+
+def _coeffs(gpu: str, params: PerfParams, **kw):
+    base = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=np.array([1.0, 2.0, 4.0, 8.0]), pp=1.0, dp=1.0)
+    return step_coefficients(LLAMA70, resolve_gpu(gpu), params=params, **(base | kw))
+
+
+def test_the_measured_allreduce_prices_each_tp_group_from_the_table():
+    c = _coeffs("h100_sxm", ON, release="0.14.0")
+    reduces = 2.0 * LLAMA70.num_layers
+    for i, n in enumerate((2, 4, 8), start=1):
+        one_token = kernels.allreduce_s("h100_sxm", "vllm", "0.14.0", gpus=np.array([n]), message_bytes=np.array([LLAMA70.hidden_size * 2.0]))
+        assert c.tp_fixed_s[i] == pytest.approx(reduces * float(one_token.time_s[0]), rel=1e-9)
+        assert c.tp_s_per_token[i] > 0
+    assert c.tp_fixed_s[0] == 0.0 and c.tp_s_per_token[0] == 0.0  # TP1 reduces nothing
+    # A larger group costs more per all-reduce, as measured.
+    assert c.tp_fixed_s[1] < c.tp_fixed_s[2] < c.tp_fixed_s[3]
+
+
+def test_without_tables_the_roofline_line_stays():
+    on, off = _coeffs("gb200", ON), _coeffs("gb200", OFF)  # no GB200 tables
+    assert np.array_equal(on.tp_fixed_s, off.tp_fixed_s) and np.array_equal(on.tp_s_per_token, off.tp_s_per_token)
+    # TensorRT-LLM rows (an engine given only by its overhead scale) keep the roofline on a covered GPU too.
+    trt_on, trt_off = _coeffs("h100_sxm", ON, overhead_scale=2.0), _coeffs("h100_sxm", OFF, overhead_scale=2.0)
+    assert np.array_equal(trt_on.tp_fixed_s, trt_off.tp_fixed_s)
+    # The switch off: the fitted line, whatever the tables hold.
+    assert not np.array_equal(_coeffs("h100_sxm", OFF).tp_fixed_s, _coeffs("h100_sxm", ON).tp_fixed_s)
+
+
+def test_groups_beyond_a_node_or_over_pcie_are_not_priced_from_one_node_tables():
+    fixed, per_tok = measured_allreduce(resolve_gpu("h100_sxm"), Engine.VLLM, None, np.array([16.0]), LLAMA70.hidden_size)
+    assert math.isnan(fixed[0]) and math.isnan(per_tok[0])
+    fixed, _ = measured_allreduce(resolve_gpu("l40s"), Engine.VLLM, None, np.array([2.0]), LLAMA70.hidden_size)
+    assert math.isnan(fixed[0])
+
+
+def test_measured_terms_name_their_table_and_the_nearest_release():
+    terms = measured_terms(resolve_gpu("h200_sxm"), Engine.SGLANG, "0.5.1.post1", 4, LLAMA70.hidden_size, params=ON)
+    assert "tp_allreduce" in terms and "sglang" in terms["tp_allreduce"] and "nearest measured release to 0.5.1.post1" in terms["tp_allreduce"]
+    assert measured_terms(resolve_gpu("h200_sxm"), Engine.SGLANG, None, 4, LLAMA70.hidden_size, params=OFF) == {}
+    assert measured_terms(resolve_gpu("gb200"), Engine.VLLM, None, 4, LLAMA70.hidden_size, params=ON) == {}
