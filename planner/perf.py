@@ -29,7 +29,8 @@ from .model import ModelArch
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
-           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_terms", "KERNEL_ENGINES", "PCIE_BUS_EFF"]
+           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_terms",
+           "KERNEL_ENGINES", "PCIE_BUS_EFF"]
 
 
 class StepTimeModel(Protocol):
