@@ -217,6 +217,16 @@ def print_summary(summary: dict[str, Any]) -> None:
               f"tokens/s per GPU, equal GPU counts tied at random: {r['baseline_top1']}; {r['baseline_top1_first_listed']} giving ties "
               f"to the first listed); pairwise ordering "
               f"{r['pairwise_ordering']} over {r['pairs']} pairs")
+        dq = r.get("decision_quality")
+        if dq and dq["groups"]:
+            for obj, rule in (("tokens_per_gpu", "fewest GPUs"), ("tpot", "most GPUs")):
+                d = dq[obj]
+                print(f"decision quality, {obj.replace('_', ' ')} ({dq['groups']} groups of one release): pick within 5 % of the "
+                      f"measured best in {d['within_5pct']:.3f} (rule '{rule}', ties averaged: {d['rule_within_5pct']:.3f}); regret "
+                      f"median {d['median_regret_pct']} %, worst {d['worst_regret_pct']} % (rule {d['rule_worst_regret_pct']} %)")
+    e2e = summary.get("e2e")
+    if e2e and e2e["median_ape"] is not None:
+        print(f"end-to-end latency (TTFT + (osl − 1)·TPOT): median APE {e2e['median_ape']} %, mean {e2e['mape']} %")
     reasons = summary["skipped"]["by_reason"]
     if reasons:
         print("skipped: " + ", ".join(f"{k} ({v})" for k, v in sorted(reasons.items())))
