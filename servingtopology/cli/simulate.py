@@ -273,9 +273,9 @@ def _model_for(folder: Path, name: str, config: Mapping[str, Any], model_config:
     if not name:
         raise InvalidSpec("replay", f"no Hugging Face config.json in {folder} and meta.json names no model")
     try:
-        return resolve_model(name, field="meta.model")
+        return resolve_model(name, field="meta.json model")
     except InvalidSpec:
-        raise InvalidSpec("meta.model", f"{name!r} is not in the catalog and {folder} holds no Hugging Face config.json of it "
+        raise InvalidSpec("meta.json model", f"{name!r} is not in the catalog and {folder} holds no Hugging Face config.json of it "
                                         "(looked for config.json, model_config.json, hf_config.json, model/config.json, "
                                         f"{name}/config.json); give --model-config PATH") from None
 
@@ -290,7 +290,7 @@ def _read_json_object(path: Path, *, required: bool) -> dict[str, Any]:
             raise InvalidSpec(path.name, f"{path} is over {MAX_CONFIG_BYTES:,} bytes")
         value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except OSError as exc:
-        raise InvalidSpec("replay", f"cannot read {exc.filename or path}: {exc.strerror or exc}") from None
+        raise InvalidSpec(path.name, f"cannot read {exc.filename or path}: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise InvalidSpec(path.name, f"{path} is not UTF-8 JSON ({str(exc)[:200] or 'nested too deep'})") from None
     if not isinstance(value, dict):

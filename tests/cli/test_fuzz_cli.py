@@ -1,4 +1,5 @@
-"""A seeded fuzzer of the CLI's inputs (issue #17): `plan` specs, `simulate` specs and traces, `validate` CSVs.
+"""A seeded fuzzer of the CLI's inputs (issues #17, #25): `plan` specs, `simulate` specs and traces, `simulate --replay`
+run folders (meta.json, config.json, requests.jsonl: 520 of them), `validate` CSVs (their counts too).
 
 Each case starts from a valid input and applies one to three mutations drawn from a seeded generator: a
 field set to a hostile value (negative, zero, huge, NaN, inf, wrong type, a 131,072-character string, deep
@@ -18,6 +19,7 @@ import io
 import json
 import math
 import random
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -291,3 +293,128 @@ def test_fuzz_validate(tmp_path: Path) -> None:
 def test_the_generator_is_seeded(i: int) -> None:
     a, b = random.Random(SEED + i), random.Random(SEED + i)
     assert [gen_spec(a) for _ in range(20)] == [gen_spec(b) for _ in range(20)]
+
+
+# ---- simulate --replay DIR: generated run folders (meta.json, config.json, requests.jsonl) ----
+REPLAY_CASES = 520
+REPLAY_FILES = ("meta.json", "config.json", "requests.jsonl")
+# The counts load_replay reads and their bounds: a mutated value outside them must be exit 2.
+REPLAY_COUNTS = {"engine_kwargs.max_num_seqs": (1, 65_536), "engine_kwargs.max_num_batched_tokens": (1, 2_097_152),
+                 "engine_kwargs.tensor_parallel_size": (1, 64), "engine_kwargs.pipeline_parallel_size": (1, 64),
+                 "engine_kwargs.data_parallel_size": (1, 64), "kv_cache.block_size": (1, 256), "kv_cache.num_gpu_blocks": (1, 2**24)}
+REPLAY_EXTRA = {"engine_kwargs.pipeline_parallel_size": 1, "engine_kwargs.data_parallel_size": 1, "engine_kwargs.enable_expert_parallel": False,
+                "engine_kwargs.quantization": "", "engine_kwargs.block_size": 16, "engine_kwargs.gpu_memory_utilization": 0.9}
+
+
+def _replay_case(rng: random.Random, root: Path, i: int) -> tuple[Path, list[str], dict[str, Any]]:
+    """A run folder with one to three mutations, and the touched paths as `<file> <dotted path>`."""
+    from .test_replay_input import CLUSTER, META, request_rows
+
+    meta, cluster, rows = json.loads(json.dumps(META)), json.loads(json.dumps(CLUSTER)), request_rows(rng.randint(1, 10))
+    for path, value in REPLAY_EXTRA.items():
+        if rng.random() < 0.3:
+            _set(meta, path, value)
+    touched: list[str] = []
+    for _ in range(rng.choice((0, 1, 1, 2, 3))):
+        which = rng.choice(REPLAY_FILES)
+        roll = rng.random()
+        if which == "meta.json":
+            path = rng.choice([*_leaves(meta), *REPLAY_COUNTS])
+            _set(meta, path, None, delete=True) if roll < 0.1 else _set(meta, path, rng.choice(HOSTILE))
+        elif which == "config.json":
+            path = rng.choice(["nodes", "nodes.0", "nodes.0.instances", "nodes.0.instances.0", "nodes.0.instances.0.hardware"])
+            value = rng.choice(HOSTILE)
+            node: Any = cluster
+            keys = path.split(".")
+            for k in keys[:-1]:
+                node = node[int(k)] if isinstance(node, list) and k.isdigit() and int(k) < len(node) else None
+                if node is None:
+                    break
+            if isinstance(node, list) and keys[-1].isdigit() and int(keys[-1]) < len(node):
+                node[int(keys[-1])] = value
+            elif isinstance(node, dict):
+                node[keys[-1]] = value
+        else:
+            path = rng.choice(["input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts"])
+            row = rng.randrange(len(rows))
+            rows[row] = {**rows[row], path: rng.choice(HOSTILE)} if roll > 0.1 else {k: v for k, v in rows[row].items() if k != path}
+        touched.append(f"{which} {path}")
+    folder = root / f"run{i}"
+    folder.mkdir()
+    texts = {"meta.json": json.dumps(meta).encode(), "config.json": json.dumps(cluster).encode(),
+             "requests.jsonl": "\n".join(json.dumps(r) for r in rows).encode()}
+    if i % 25 == 3:   # the files themselves: missing, not UTF-8, truncated, nested 5,000 deep, not an object
+        which = REPLAY_FILES[(i // 25) % 3]
+        texts[which] = [b"", b"\xff\xfe{", texts[which][: len(texts[which]) // 2], b"[" * 5000 + b"]" * 5000, b"42"][(i // 75) % 5]
+        touched.append(f"{which} file")
+        if i % 150 == 3:
+            del texts[which]
+    for name, data in texts.items():
+        (folder / name).write_bytes(data)
+    return folder, touched, meta
+
+
+def _out_of_bounds(meta: dict[str, Any], touched: list[str]) -> list[str]:
+    out = []
+    for t in touched:
+        which, _, path = t.partition(" ")
+        if which != "meta.json" or path not in REPLAY_COUNTS:
+            continue
+        v, (low, high) = _get(meta, path), REPLAY_COUNTS[path]
+        if v is _MISSING or v is None:
+            continue
+        whole = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and float(v).is_integer()
+        if not whole or not low <= v <= high:
+            out.append(path)
+    return out
+
+
+def test_fuzz_replay(tmp_path: Path) -> None:
+    rng = random.Random(SEED + 3)
+    codes: Counter[int] = Counter()
+    rejections: Counter[str] = Counter()
+    t0 = time.process_time()
+    for i in range(REPLAY_CASES):
+        folder, touched, meta = _replay_case(rng, tmp_path, i)
+        code, out, err = _cli("simulate", "--replay", str(folder), "--json")
+        codes[code] += 1
+        what = f"replay case {i} {touched}"
+        assert "Traceback" not in out + err and code in (0, 2), f"{what}: exit {code}\n{err[-2000:]}"
+        bad = _out_of_bounds(meta, touched)
+        assert code == 2 or not bad, f"{what}: {bad} admitted"
+        if code == 2:
+            fields = [f["field"] for f in json.loads(out.splitlines()[0])["fields"]]
+            rejections.update(fields)
+            # the file is named: in the field, or (a model or GPU that cannot be told) the folder-wide field
+            assert all(f.startswith((*REPLAY_FILES, "replay")) for f in fields), f"{what}: {fields}"
+            if bad:   # the first error met names one of the mutations (a file read earlier may fail first)
+                assert any(f.startswith(t) or t.startswith(f) for t in touched for f in fields), f"{what}: {touched} not named in {fields}"
+    _figures("replay", REPLAY_CASES, time.process_time() - t0, codes, rejections)
+    assert codes[0] >= 50 and codes[2] >= 150   # both paths exercised
+
+
+def test_fuzz_validate_counts(tmp_path: Path) -> None:
+    """validate's CSVs with the counts it reads mutated (silicon_concurrency, sizes, lengths): exit 0 or 2, never 3,
+    and a count outside its bound is never predicted."""
+    rng = random.Random(SEED + 4)
+    codes: Counter[int] = Counter()
+    counts = ["silicon_concurrency=0", "silicon_concurrency=100001", "silicon_concurrency=" + "9" * 60, "silicon_concurrency=-3",
+              "silicon_concurrency=64", "silicon_concurrency=1e8", "silicon_concurrency=", "x"]
+    for i in range(120):
+        row = dict(VROW, id=f"r{i}")
+        row["silicon_data_source"] = rng.choice(counts)
+        for _ in range(rng.randint(0, 2)):
+            row[rng.choice(["batch_size", "tp_size", "pp_size", "isl", "osl", "attention_dp_size"])] = rng.choice(
+                ["0", "-1", "1e8", "10000001", "3", "abc", ""])
+        path = tmp_path / f"counts{i}.csv"
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, VFIELDS)
+            w.writeheader()
+            w.writerow(row)
+        code, out, err = _cli("validate", "--measurements", str(path), "--json")
+        codes[code] += 1
+        assert "Traceback" not in out + err and code in (0, 2), f"validate counts case {i}: exit {code}\n{err[-2000:]}"
+        m = re.search(r"silicon_concurrency=(\d+)", row["silicon_data_source"])
+        if m and not 1 <= int(m.group(1)) <= 100_000:
+            assert code == 2 and "malformed row" in err, f"validate counts case {i}: {row['silicon_data_source']} admitted"
+    assert codes[0] >= 10 and codes[2] >= 10
