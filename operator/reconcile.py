@@ -46,6 +46,7 @@ from .cluster import Cluster, ObjectRef, owned_selector, ref_of
 from .live import MetricsFactory
 from .manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from .network import network_capabilities
+from .object_size import oversized
 from .pass_context import (
     Outcome,
     PassContext,
@@ -484,7 +485,15 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
         if p.set(ConditionType.READY, False, "LeaderWorkerSetMissing", message):
             p.event("Warning", "LeaderWorkerSetMissing", message)
         return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error="LeaderWorkerSetMissing")
-    objects = _unchanged(p, rendering) if run.hold else _apply(p, rendering)
+    rendered = [] if run.hold else build_topology(rendering.sets, serving=rendering.serving)
+    too_large = [why for obj in rendered for why in oversized(obj)]
+    if too_large:
+        message = (f"{'; '.join(too_large)}. The pod templates' fields (spec.podTemplate, spec.rolePodTemplates: annotations, env, "
+                   "args) are copied into every rendered pod template; shorten them. Nothing was applied")
+        if p.set(ConditionType.READY, False, "ObjectTooLarge", message):
+            p.event("Warning", "ObjectTooLarge", message)
+        return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error="ObjectTooLarge")
+    objects = _unchanged(p, rendering) if run.hold else _apply(p, rendering, rendered)
     if objects is None:
         conflict = condition(p.conditions, ConditionType.CONFLICT)
         if p.status.plan is None or condition(p.conditions, ConditionType.READY) is None:
@@ -627,15 +636,14 @@ def _unchanged(p: PassState, rendering: Rendering) -> list[dict[str, Any]]:
     return build_topology(rendering.sets, serving=rendering.serving)
 
 
-def _apply(p: PassState, rendering: Rendering) -> list[dict[str, Any]] | None:
-    """Apply the rendering and prune what no set needs; None when an object to apply exists and is not this
+def _apply(p: PassState, rendering: Rendering, objects: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Apply the rendering's objects and prune what no set needs; None when an object to apply exists and is not this
     resource's: then nothing of the pass is applied or pruned, and Conflict=True names the objects.
 
     Server-side apply with force would take such an object over (its selector overwritten, an owner reference added,
     and garbage collection deleting it with this resource); the check is before the first apply, so a pass is all
     or nothing. Pruning deletes only objects with this resource's owner reference, whatever their labels say.
     """
-    objects = build_topology(rendering.sets, serving=rendering.serving)
     listed = p.cluster.owned_objects(p.namespace, p.name)
     foreign = _not_owned(p, objects, listed)
     if foreign:
