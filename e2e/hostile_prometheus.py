@@ -1,8 +1,9 @@
 """A scripted HTTP server on loopback that answers like a hostile (or broken) Prometheus, byte for byte.
 
-Used by the metrics-path tests (test_metrics_bounds.py, test_metrics_fuzz.py): each connection gets the answer the
-test set, written as raw pieces with optional pauses (so a test can send malformed HTTP, truncated or chunked
-bodies, a one-byte drip or an endless body). It records every request head it got and counts the bytes it sent.
+Used by the metrics-path tests (tests/operator/test_metrics_bounds.py, test_metrics_fuzz.py) and
+e2e/test_hostile_prometheus.py: each connection gets the answer the test set, written as raw pieces with optional
+pauses (so a test can send malformed HTTP, truncated or chunked bodies, a one-byte drip or an endless body). It
+records every request head it got and counts the bytes it sent.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import tracemalloc
 
 import pytest
 from fake_cluster import FakeCluster
-from hostile_prometheus import HostileServer, drip_answer, endless_answer, json_answer, redirect_answer
 from test_live_reconcile import NS, CountingPlanner, live_topology, run
 from test_reconcile import cond, reasons
 
+from e2e.hostile_prometheus import HostileServer, drip_answer, endless_answer, json_answer, redirect_answer
 from servingtopology.operator.live import MetricsRequest, prometheus_source
 from servingtopology.operator.metrics import MetricsUnavailable, PrometheusMetrics
 from servingtopology.operator.metrics_reads import MetricsPending, MetricsReads

@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import pytest
-from hostile_prometheus import Answer, HostileServer, drip_answer, json_answer, raw_answer, redirect_answer
 from urllib3.util import parse_url
 
+from e2e.hostile_prometheus import Answer, HostileServer, drip_answer, json_answer, raw_answer, redirect_answer
 from servingtopology.operator.metrics import FIGURE_MAX, MetricsUnavailable, PrometheusMetrics
 from servingtopology.operator.prometheus_http import MAX_DEPTH, PrometheusFailure, ReadLimits
 from servingtopology.operator.url_policy import UrlRefused, parse_prometheus_url
