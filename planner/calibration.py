@@ -413,7 +413,8 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
                          token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx),
                          mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s + d.ttft_s_per_input_token * isl,
                          requests_per_client=per_client, recv_interval=_arr(cases, _recv_interval),
-                         lockstep=np.array([lockstep_closed_loop(c) for c in cases], dtype=bool), params=p)
+                         lockstep=np.array([lockstep_closed_loop(c) for c in cases], dtype=bool),
+                         admits_on_prompt=first.backend == "vllm", params=p)
     else:
         pre = [c.prefill for c in cases if c.prefill is not None]
         dec = [c.decode for c in cases if c.decode is not None]

@@ -60,7 +60,8 @@ def _per_client(requests_per_client: Any, p: PerfParams) -> Any:
 
 def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
                mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: Any = None,
-               recv_interval: Any = 1.0, lockstep: Any = False, params: PerfParams | None = None) -> ClosedLoopResult:
+               recv_interval: Any = 1.0, lockstep: Any = False, admits_on_prompt: bool = False,
+               params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
 
     mixed_batches: prefill chunks ride in decode steps under one token budget (vLLM V1, TRT-LLM);
@@ -77,6 +78,15 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     process of decode steps (t_d) and prefill steps (t_p), E[S²]/(2·E[S]), which a long prefill lengthens
     beyond half a mean step (the inspection paradox); then it queues for budget (M/D/1 in the capacity's
     utilisation, scaled by `queue_factor`).
+
+    `admits_on_prompt`: the engine admits a waiting request when its prompt fits in the free KV blocks, not its
+    whole future sequence (vLLM's scheduler: `KVCacheManager.allocate_slots` for the prompt, then preempting the
+    newest running request when a decode finds no free block). Where the pool cannot hold every client's sequence
+    at its mean length (the `max_running` cap binds) the clients over the cap are not all queued before their first
+    token: part of the wait moves into the decode (preempted, then recomputed), in the proportion of the blocks a
+    sequence claims at admission (its prompt) and while decoding (its outputs); the cycle the capped throughput
+    sets is unchanged (Little's law: N / X = TTFT + (osl − 1)·TPOT). Engines that reserve room for the future outputs (SGLang's new-token ratio, TensorRT-LLM's
+    guaranteed-no-evict) keep the clients over the cap queued before their first token.
 
     `lockstep` (per benchmark): clients that start together with fixed lengths against an engine that runs
     prefill batches before decoding (SGLang, mixed_batches False) stay in step for the whole benchmark when all
@@ -128,12 +138,22 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     w = wait(tau, t_p, u, res)
     queued = np.maximum(clients - b - x * w, 0.0)
     ttft = w + queued / np.maximum(x, 1e-12) + n_c * t_p
+    tau_client = tau
+    if admits_on_prompt:
+        # The wait the cap imposes (queued / X) is split as the pool's claims are: a sequence claims its prompt's
+        # blocks to be admitted and its outputs' blocks while it decodes, so a share isl / (isl + osl) of the
+        # shortage is met before the first token (waiting for a prompt's room) and the rest during the decode
+        # (preempted and recomputed).
+        excess = queued / np.maximum(x, 1e-12)
+        at_admission = isl / (isl + np.maximum(n_d, 1.0))
+        ttft = ttft - (1.0 - at_admission) * excess
+        tau_client = tau + (1.0 - at_admission) * excess / np.maximum(n_d, 1.0)
     # Start-up wave: all clients arrive at once and their prompts go through C tokens per step.
     wave_tokens = np.minimum(clients * isl, budget)
     t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
     wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5 + ttft_overhead_s
     ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / _per_client(requests_per_client, p)
-    tpot = tau
+    tpot = tau_client
     sync = np.asarray(lockstep, dtype=bool) & (not mixed_batches) & (clients <= np.asarray(max_running, dtype=float))
     if np.any(sync):
         l_ttft, l_tpot, l_x = _lockstep(step, clients=clients, isl=isl, n_d=n_d, budget=budget, ttft_overhead_s=ttft_overhead_s)

@@ -114,3 +114,23 @@ def test_lockstep_rows_are_predicted_with_a_longer_first_token_and_a_pure_decode
     gpus = {"h200_sxm": resolve_gpu("h200_sxm")}
     p_old, p_new = predict_all([old, new], models, gpus)
     assert p_old.ttft_ms > 1.5 * p_new.ttft_ms and p_old.tpot_ms < p_new.tpot_ms
+
+
+def test_an_engine_that_admits_on_the_prompt_moves_part_of_the_kv_wait_into_the_decode():
+    # 64 clients, room for 16 sequences: the cap binds. The cycle (TTFT + (osl − 1)·TPOT) the capped throughput sets is
+    # the same either way; vLLM meets isl / (isl + osl) of the wait before the first token, the rest while decoding.
+    kw = dict(clients_per_rank=64.0, isl=1000.0, osl=4001.0, token_budget=8192.0, max_running=16.0, mixed_batches=True)
+    queued = aggregated(_linear_step, admits_on_prompt=False, **kw)
+    admitted = aggregated(_linear_step, admits_on_prompt=True, **kw)
+    cycle_q = float(queued.ttft_s) + 4000 * float(queued.tpot_s)
+    cycle_a = float(admitted.ttft_s) + 4000 * float(admitted.tpot_s)
+    assert cycle_a == pytest.approx(cycle_q, rel=1e-9)
+    assert float(admitted.throughput_rps) == pytest.approx(float(queued.throughput_rps))
+    waited = cycle_q - float(aggregated(_linear_step, admits_on_prompt=False, **{**kw, "max_running": 64.0}).ttft_s)
+    assert float(admitted.ttft_s) < float(queued.ttft_s) and float(admitted.tpot_s) > float(queued.tpot_s)
+    moved = float(queued.ttft_s) - float(admitted.ttft_s)
+    assert 0 < moved < waited
+    # Where the cap does not bind nothing moves.
+    free = {**kw, "max_running": 64.0}
+    assert float(aggregated(_linear_step, admits_on_prompt=True, **free).ttft_s) == pytest.approx(
+        float(aggregated(_linear_step, admits_on_prompt=False, **free).ttft_s))
