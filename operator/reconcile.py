@@ -500,7 +500,7 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
             p.set(ConditionType.READY, False, "ObjectNotOwned", conflict.message if conflict else "objects not owned")
         return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error="ObjectNotOwned",
                          requeue_after_s=PROGRESS_REQUEUE_S)
-    ready, summary = _readiness(p, objects)
+    ready, summary, refused = _readiness(p, objects)
     moving = p.memory.transitioning
     failed = state is not None and state.phase is Phase.FAILED
     # Degraded: replicas were lost while nothing changed (a crash, an evicted node), as opposed to a rollout
@@ -520,6 +520,10 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
         # An engine that refused to start: its own message, as the kubelet kept it, is the reason to show.
         if p.set(ConditionType.READY, False, "EngineFailed", f"{plan.layout}: {'; '.join(failures)}"):
             p.event("Warning", "EngineFailed", failures[0])
+    elif refused:
+        # The pods were never created (Pod Security admission, a quota): the controller's own message says why.
+        if p.set(ConditionType.READY, False, "PodsRefused", f"{plan.layout}: {'; '.join(refused)}; {summary}"):
+            p.event("Warning", "PodsRefused", refused[0])
     elif floor is not None and state is not None:
         p.set(ConditionType.READY, False, "BelowServingFloor",
               f"{_serving_label(state)} serves {floor.capacity_rps:.2f} req/s ready, under the floor of {floor.floor_rps:.2f}; {summary}")
@@ -532,6 +536,8 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
               + (f"; engine failures: {'; '.join(failures)}" if failures else ""))
     elif failed and state is not None:
         p.set(ConditionType.PROGRESSING, False, "TransitionFailed", f"{state.source.label} → {state.target.label}: {state.message}")
+    elif refused:
+        p.set(ConditionType.PROGRESSING, False, "PodsRefused", f"{'; '.join(refused)}; {summary}")
     else:
         p.set(ConditionType.PROGRESSING, not ready and not degraded, "RollingOut" if not ready and not degraded else "Settled", summary)
     reason = "TransitionFailed" if failed else ("ReplicasUnavailable" if degraded else "AsPlanned")
@@ -581,9 +587,10 @@ def engine_failures(pods: list[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _readiness(p: PassState, objects: list[dict[str, Any]]) -> tuple[bool, str]:
-    """Whether every engine and router workload reports all replicas ready, and a one-line summary."""
-    parts, ready = [], True
+def _readiness(p: PassState, objects: list[dict[str, Any]]) -> tuple[bool, str, list[str]]:
+    """Whether every engine and router workload reports all replicas ready, a one-line summary, and the pods the
+    cluster refused to create (`refused_pods`)."""
+    parts, ready, refused = [], True, []
     workloads = [o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet")]
     several = len({o["metadata"]["labels"].get(SET_LABEL) for o in workloads}) > 1   # mid-transition: name the sets
     for obj in workloads:
@@ -598,10 +605,25 @@ def _readiness(p: PassState, objects: list[dict[str, Any]]) -> tuple[bool, str]:
         current = seen is None or int((live.get("metadata") or {}).get("generation") or 0) <= int(seen)
         ok = have >= want and updated >= want and current
         ready &= ok
+        if not ok:
+            refused += refused_pods(live)
         labels = obj["metadata"]["labels"]
         role = f"{labels[SET_LABEL]}/{labels[ROLE_LABEL]}" if several else labels[ROLE_LABEL]
         parts.append(f"{role} {min(have, want)}/{want}")
-    return ready, "ready: " + ", ".join(parts)
+    return ready, "ready: " + ", ".join(parts), refused
+
+
+def refused_pods(workload: Mapping[str, Any]) -> list[str]:
+    """`<Kind>/<name>: <message>` when the workload's controller cannot create its pods: a Deployment's
+    ReplicaFailure=True condition (reason FailedCreate, copied from its ReplicaSet), e.g. Pod Security admission or a
+    ResourceQuota refusing them. Otherwise the rollout would read "0/1" for ever with no reason."""
+    out = []
+    meta = workload.get("metadata") or {}
+    for c in (workload.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            message = " ".join(str(c.get("message") or c.get("reason") or "").split())[:FAILURE_MESSAGE_CHARS]
+            out.append(f"{workload.get('kind')}/{meta.get('name')}: {c.get('reason') or 'FailedCreate'}: {message}")
+    return out
 
 
 def owned_by(obj: Mapping[str, Any] | None, uid: str) -> bool:

@@ -37,6 +37,7 @@ class FakeCluster:
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)   # namespace -> its labels
     unready: set[str] = field(default_factory=set)              # object names whose replicas never become ready
+    refused: dict[str, str] = field(default_factory=dict)       # Deployment name -> why its pods cannot be created
     terminating: list[dict[str, Any]] = field(default_factory=list)  # pods still holding GPUs after their owner shrank
     nodes: list[dict[str, Any]] | None = None                   # None: capacity unknown (not checked)
     other_pods: list[dict[str, Any]] = field(default_factory=list)  # other tenants' pods, bound to nodes
@@ -79,6 +80,10 @@ class FakeCluster:
             out["status"] = {"readyReplicas": n, "updatedReplicas": n}
             if out["kind"] == "Deployment":  # LeaderWorkerSet's status has no observedGeneration
                 out["status"]["observedGeneration"] = out["metadata"]["generation"]
+                why = self.refused.get(out["metadata"]["name"])
+                if why is not None:   # the controller's ReplicaFailure condition, as a ReplicaSet's FailedCreate sets it
+                    out["status"] = {"readyReplicas": 0, "updatedReplicas": 0, "observedGeneration": out["metadata"]["generation"],
+                                     "conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": why}]}
         return out
 
     def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:
