@@ -136,7 +136,7 @@ def parse_answer(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]
         if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], str) and len(value[1]) <= 64
                 and isinstance(sample.get("metric", {}), dict)):
             raise _invalid("a sample that is not {metric, value: [time, \"number\"]}")
-    return result  # type: ignore[no-any-return]
+    return result
 
 
 class _Exchange:
