@@ -365,16 +365,45 @@ def _token_budget(backend: str, gpu: Gpu, dp: Any) -> Any:
     return (8192 if gpu.memory_gib >= 70 else 2048) + 0 * dp
 
 
+# SGLang computes --mem-fraction-static when it is not given (sgl-project/sglang PR #10975, "General heuristics for
+# --mem-fraction-static", first in 0.5.3; python/sglang/srt/server_args.py `_handle_gpu_memory_settings`): in MiB,
+# reserved = 512 + 1.5·max(chunked-prefill size, 2048) + 2·cuda_graph_max_bs + 1024·tp·pp/8, plus
+# 3·cuda_graph_max_bs·dp under DP attention (and 1.5·cuda_graph_max_bs·dp more when that batch size is over 300), at
+# least 10 GiB on GPUs over 60 GiB; fraction = round((memory − reserved)/memory, 3). cuda_graph_max_bs is 256 below
+# TP 4 and 512 from it under 160 GiB, 512 above. Releases before it used a table by TP size (0.88, 0.87 from TP 2,
+# 0.85 from 4, 0.81 from 8, 0.79 from 16).
+SGLANG_AUTO_MEM_FRACTION_SINCE = (0, 5, 3)
+
+
+def sglang_default_mem_fraction(gpu: Gpu, release: str, tp: Any, pp: Any, dp: Any) -> Any:
+    """The --mem-fraction-static an SGLang server of `release` chose on `gpu` for attention TP `tp` × DP `dp` (arrays)."""
+    tp, pp, dp = (np.asarray(v, dtype=float) for v in (tp, pp, dp))
+    size = tp * dp  # SGLang's --tp-size counts every GPU of the instance; --dp-size splits attention
+    rel = release_tuple(release)
+    if rel is not None and rel < SGLANG_AUTO_MEM_FRACTION_SINCE:
+        return np.select([size * pp >= 16, size * pp >= 8, size * pp >= 4, size * pp >= 2], [0.79, 0.81, 0.85, 0.87], 0.88)
+    mem = gpu.memory_gib * 1024.0
+    if mem < 60 * 1024:
+        return 0.85 + 0.0 * size
+    chunk = 8192.0 if mem < 160 * 1024 else 16384.0
+    graph_bs = np.where((mem < 160 * 1024) & (size < 4), 256.0, 512.0)
+    reserved = 512.0 + 1.5 * max(chunk, 2048.0) + 2.0 * graph_bs + 1024.0 * size * pp / 8.0
+    reserved = reserved + np.where(dp > 1, graph_bs * dp * 3.0 + np.where(graph_bs > 300, graph_bs * dp * 1.5, 0.0), 0.0)
+    reserved = np.maximum(reserved, 10 * 1024.0)
+    return np.round((mem - reserved) / mem, 3)
+
+
 def _arr(cases: Sequence[CalibrationCase], fn: Any) -> Any:
     return np.array([fn(c) for c in cases], dtype=float)
 
 
 def _rank_cap(model: ModelArch, gpu: Gpu, d: _EngineDefaults, prec: Precision, budget: Any, topo: Sequence[Topology],
-              ctx_tokens: Any) -> Any:
+              ctx_tokens: Any, release: str = "") -> Any:
     """Requests one rank can run: max sequences, or KV pool over the mean context (no cap when the pool is unknown)."""
     tp, pp, dp = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp"))
+    fraction = sglang_default_mem_fraction(gpu, release, tp, pp, dp) if d.engine is Engine.SGLANG and d.overhead_scale is None else d.memory_fraction
     pool = kv_pool_bytes(model, gpu, engine=d.engine, precision=prec, tp=tp, pp=pp, dp=dp, max_num_batched_tokens=budget,
-                         max_num_seqs=d.max_running, memory_fraction=d.memory_fraction)
+                         max_num_seqs=d.max_running, memory_fraction=fraction)
     per_tok = kv_bytes_per_token(model, d.kv_dtype, tp=tp, pp=pp)
     per_seq = per_tok * ctx_tokens + fixed_bytes_per_seq(model, d.kv_dtype, tp=tp, pp=pp, engine=d.engine)  # + window KV and fixed state
     seqs = np.where(pool > 0, pool / np.maximum(per_seq, 1e-9), np.inf)
@@ -395,7 +424,7 @@ def _stepper(model: ModelArch, gpu: Gpu, case: CalibrationCase, d: _EngineDefaul
 
 
 def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, *, params: PerfParams | None = None) -> list[Prediction]:
-    """Predict cases that share model, GPU, precisions, backend and mode (one vectorised pass)."""
+    """Predict cases that share model, GPU, precisions, backend, mode and engine release (one vectorised pass)."""
     if not cases:
         return []
     p = params or perf_params()
@@ -410,7 +439,7 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
         dp = np.array([t.dp for t in topo], dtype=float)
         budget = _token_budget(first.backend, gpu, dp)
         res = aggregated(_stepper(model, gpu, first, d, topo, p), clients_per_rank=conc / dp, isl=isl, osl=osl,
-                         token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx),
+                         token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx, first.engine_release),
                          mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s + d.ttft_s_per_input_token * isl,
                          requests_per_client=per_client, recv_interval=_arr(cases, _recv_interval),
                          lockstep=np.array([lockstep_closed_loop(c) for c in cases], dtype=bool),
@@ -428,7 +457,7 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
                             prefill_ranks=pdp * np.array([t.workers for t in pre], dtype=float),
                             decode_ranks=ddp * np.array([t.workers for t in dec], dtype=float), isl=isl, osl=osl,
                             prefill_budget=_token_budget(first.backend, gpu, pdp),
-                            decode_max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx),
+                            decode_max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx, first.engine_release),
                             transfer_s=transfer,
                             ttft_overhead_s=d.ttft_overhead_s + p.disagg_ttft_overhead_s + d.ttft_s_per_input_token * isl,
                             requests_per_client=per_client, params=p)
@@ -472,7 +501,7 @@ def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch
         if not _fits(model, gpu, c):
             out[i] = Skip("weights do not fit the recorded topology", f"{c.topology_label} on {c.system}")
             continue
-        groups.setdefault((c.model_path, c.system, c.precision, c.moe_precision, c.backend, c.mode), []).append(i)
+        groups.setdefault((c.model_path, c.system, c.precision, c.moe_precision, c.backend, c.mode, c.engine_release), []).append(i)
     for key, idx in groups.items():
         model, gpu = models[key[0]], gpus[key[1]]
         assert isinstance(model, ModelArch) and isinstance(gpu, Gpu)

@@ -134,3 +134,18 @@ def test_an_engine_that_admits_on_the_prompt_moves_part_of_the_kv_wait_into_the_
     free = {**kw, "max_running": 64.0}
     assert float(aggregated(_linear_step, admits_on_prompt=True, **free).ttft_s) == pytest.approx(
         float(aggregated(_linear_step, admits_on_prompt=False, **free).ttft_s))
+
+
+def test_sglang_sizes_its_static_memory_as_its_release_does():
+    from servingtopology.planner.calibration import sglang_default_mem_fraction
+
+    h100, h200, b200 = (resolve_gpu(g) for g in ("h100_sxm", "h200_sxm", "b200_sxm"))
+    # 0.5.3 on: (memory − reserved) / memory in MiB; H100 TP1 reserves 512 + 1.5·8192 + 2·256 + 1024/8 = 13,440 MiB.
+    assert float(sglang_default_mem_fraction(h100, "0.5.8.post1", 1, 1, 1)) == pytest.approx(round(1 - 13440 / (79.2 * 1024), 3))
+    # B200 TP8: a 16k chunk and 512 graph sequences: 512 + 24,576 + 1,024 + 1,024 MiB.
+    assert float(sglang_default_mem_fraction(b200, "0.5.9", 8, 1, 1)) == pytest.approx(round(1 - 27136 / (178.4 * 1024), 3))
+    # DP attention reserves 3 (+1.5 above 300 graph sequences) × graph batch × dp more: DeepSeek TP1·DP8 on B200.
+    assert float(sglang_default_mem_fraction(b200, "0.5.9", 1, 1, 8)) < float(sglang_default_mem_fraction(b200, "0.5.9", 8, 1, 1)) - 0.09
+    # An unrecorded release takes today's rule; releases before 0.5.3 the table by TP size.
+    assert float(sglang_default_mem_fraction(h200, "", 8, 1, 1)) == float(sglang_default_mem_fraction(h200, "0.5.9", 8, 1, 1))
+    assert float(sglang_default_mem_fraction(h100, "0.5.1.post1", 2, 1, 1)) == 0.87
