@@ -230,7 +230,11 @@ def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition object (apiextensions.k8s.io/v1)."""
     root = {
         "type": "object",
-        "description": "Keeps an LLM deployment (vLLM or SGLang) in the best serving topology for its traffic.",
+        "description": "Keeps an LLM deployment (vLLM or SGLang) in the best serving topology for its traffic. Creating one has "
+                       "the operator create engine and router pods, Services, a ServiceAccount and a Role in its namespace; its pod "
+                       "templates may not ask for privileged or host access, extra capabilities or a ServiceAccount token unless "
+                       "the operator's podTemplatePolicy grants them (spec.podTemplate), and its metrics selector and token "
+                       "Secret stay in its namespace (spec.metrics).",
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "servingtopology.io/v1alpha1"},
