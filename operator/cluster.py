@@ -69,7 +69,9 @@ class ClusterError(Exception):
 
 class SecretNotOptedIn(ClusterError):
     """A token Secret without the opt-in label the operator's policy names: it was not read (not transient: the
-    reader reports it as metrics being down, naming the label, until the Secret is labelled)."""
+    metrics reader reports MetricsAvailable=False with `reason` until the Secret is labelled)."""
+
+    reason = "TokenSecretNotOptedIn"
 
 
 class Cluster(Protocol):

@@ -22,7 +22,7 @@ from ..planner.decide import predict_layout
 from ..planner.layout import Engine, Layout
 from ..planner.problem import Problem
 from .api import ConditionType, TopologySpec
-from .cluster import Cluster, ClusterError
+from .cluster import Cluster, ClusterError, SecretNotOptedIn
 from .metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
 from .metrics_reads import MetricsPending, MetricsReads
 from .plan_status import timestamp
@@ -105,6 +105,8 @@ def _token(cluster: Cluster, spec: TopologySpec, namespace: str) -> tuple[str | 
         return None, None
     try:
         token = cluster.read_secret(namespace, ref.name, ref.key)
+    except SecretNotOptedIn:
+        raise
     except ClusterError as exc:
         return None, f"cannot read Secret {namespace}/{ref.name}: {exc}"
     if token is None:
@@ -133,8 +135,11 @@ def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | N
         return ReplanOutcome(Verdict.KEEP, replace(memory, metrics_available=False, last_fetch_s=now_s),
                              (ConditionNote(ConditionType.METRICS_AVAILABLE, False, verdict.reason, verdict.message),), events,
                              message=verdict.message)
-    token, error = _token(cluster, spec, namespace)
     sample, reason = None, PrometheusFailure.UNAVAILABLE.value
+    try:
+        token, error = _token(cluster, spec, namespace)
+    except SecretNotOptedIn as exc:   # the Secret lacks the opt-in label (operator/tenancy.py): named at once, no grace
+        token, error, reason = None, str(exc), SecretNotOptedIn.reason
     if error is None:
         request = metrics_request(spec, namespace=namespace, name=name, policy=policy, token=token, problem=problem, target=verdict.url)
         try:

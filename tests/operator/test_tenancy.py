@@ -15,6 +15,7 @@ import yaml
 from cases import decision
 from fake_cluster import FakeCluster
 
+from servingtopology.operator.cluster import SecretNotOptedIn
 from servingtopology.operator.main import add_arguments, tenancy_policy
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.operator.tenancy import (
@@ -202,3 +203,29 @@ def test_the_chart_flags_build_the_policy_and_bad_grants_name_the_allowed_ones()
     assert policy.namespace_grants == (NamespaceGrant("team", "infra", frozenset(PodGrant)),) and policy.cross_namespace_selector
     with pytest.raises(ValueError, match="HostNamespaces"):
         parse_namespace_grant("team=infra:Root")
+
+
+class OptInCluster(FakeCluster):
+    """A cluster whose Secrets carry these labels, read under the strict policy as KubeCluster reads them."""
+
+    def read_secret(self, namespace: str, name: str, key: str) -> str | None:
+        labels = {"db": {"app": "db"}, "prom": {"servingtopology.io/metrics-token": "true"}}.get(name, {})
+        refused = secret_refusal(labels, namespace=namespace, name=name, policy=TenancyPolicy())
+        if refused is not None:
+            raise SecretNotOptedIn(refused)
+        return "secret-value"
+
+
+@pytest.mark.parametrize(("secret", "reason"), [("db", "TokenSecretNotOptedIn"), ("prom", None)])
+def test_a_token_secret_that_did_not_opt_in_is_a_named_metrics_condition_and_no_query(secret: str, reason: str | None) -> None:
+    factory = RecordingFactory()
+    obj = topology(metrics={"prometheusUrl": "http://prometheus-operated.monitoring.svc:9090", "bearerTokenSecret": {"name": secret}})
+    cluster = OptInCluster()
+    for _ in range(2):
+        run(obj, cluster, metrics=factory)
+    metrics = cond(obj, "MetricsAvailable")
+    if reason is None:
+        assert [r.bearer_token for r in factory.requests] == ["secret-value"]
+    else:
+        assert (metrics["status"], metrics["reason"]) == ("False", reason) and factory.requests == []
+        assert "servingtopology.io/metrics-token=true" in metrics["message"]
