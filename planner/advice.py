@@ -15,73 +15,20 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from .funnel import LOAD_MARGIN, SLO_MARGIN, FunnelResult, Miss, Stage, run_funnel
+from .errors import ClosestLayout, InfeasibleAdvice
+from .funnel import FunnelResult, Miss, Stage, run_funnel
 from .predict import slo_capacity_rps
 from .problem import Problem
+from .slo import LOAD_MARGIN, SLO_MARGIN, load_within
 
 __all__ = ["ClosestLayout", "InfeasibleAdvice", "infeasible_advice", "MAX_BUDGET_FACTOR", "MAX_ADVICE_GPUS"]
 
 MAX_BUDGET_FACTOR = 64    # the GPU search looks up to 64 × the budget ...
 MAX_ADVICE_GPUS = 4096    # ... and never beyond this many GPUs
-
-
-@dataclass(frozen=True, slots=True)
-class ClosestLayout:
-    """The candidate nearest to passing, with its predicted figures at the problem's load (ms, req/s)."""
-
-    label: str
-    gpus: int
-    ttft_ms: float
-    tpot_ms: float
-    capacity_rps: float        # the load at which it saturates (queueing grows without bound beyond)
-
-
-@dataclass(frozen=True, slots=True)
-class InfeasibleAdvice:
-    """What would make the problem feasible; None where that lever alone does not (or was not searched)."""
-
-    load_rps: float
-    slo_ttft_ms: float
-    slo_tpot_ms: float
-    ttft_percentile: float
-    tpot_percentile: float
-    budget_gpus: int
-    gpu: str
-    closest: ClosestLayout | None    # the nearest miss that carries the load, else the nearest (saturated)
-    min_gpus: int | None             # the smallest budget of this GPU with a feasible layout
-    searched_gpus: int               # the largest budget the GPU search tried
-    min_gpus_layout: str | None      # the best layout the funnel admits at min_gpus (its analytical proxy)
-    feasible_load_rps: float | None  # the largest load the nearest layouts carry within the SLOs
-    feasible_load_layout: str | None
-    needed_ttft_ms: float | None     # the SLOs the closest layout meets at this load (with the funnel's margin)
-    needed_tpot_ms: float | None
-
-    def lines(self) -> tuple[str, ...]:
-        """The advice as sentences, most direct first."""
-        out = []
-        if self.min_gpus is not None:
-            out.append(f"needs ≥ {self.min_gpus} GPUs of this kind ({self.gpu}; budget {self.budget_gpus}): "
-                       f"{self.min_gpus_layout} is feasible at {self.min_gpus}")
-        else:
-            out.append(f"more {self.gpu} GPUs alone do not help: no layout up to {self.searched_gpus} GPUs is feasible")
-        c = self.closest
-        if c is not None:
-            if self.needed_ttft_ms is not None and self.needed_tpot_ms is not None:
-                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) meets p{self.ttft_percentile:g} TTFT at {self.needed_ttft_ms:.0f} ms "
-                           f"(SLO {self.slo_ttft_ms:g}) and p{self.tpot_percentile:g} TPOT at {self.needed_tpot_ms:.1f} ms "
-                           f"(SLO {self.slo_tpot_ms:g}) at {self.load_rps:g} req/s")
-            else:
-                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {c.capacity_rps:.1f} req/s, below the load of "
-                           f"{self.load_rps:g} req/s, so no SLO is met at this load")
-        if self.feasible_load_rps is not None and self.feasible_load_rps > 0:
-            out.append(f"feasible at ≤ {self.feasible_load_rps:.3g} req/s ({self.feasible_load_layout} meets both SLOs up to that load)")
-        elif c is not None:
-            out.append("no lighter load helps: the nearest layouts miss the SLOs even when idle")
-        return tuple(out)
 
 
 def _budget_feasible(problem: Problem, gpus: int, ladder: Sequence[tuple[str, Stage]] | None) -> FunnelResult | None:
@@ -119,9 +66,9 @@ def infeasible_advice(problem: Problem, result: FunnelResult, *, ladder: Sequenc
     feasible = feasible_layout = None
     if nearest:
         # The nearest layout that carries the load (its latencies mean something); else the nearest, which saturates.
-        m = next((n for n in nearest if np.isfinite(n.ttft_s) and np.isfinite(n.tpot_s) and rate <= LOAD_MARGIN * n.capacity_rps), nearest[0])
+        m = next((n for n in nearest if np.isfinite(n.ttft_s) and np.isfinite(n.tpot_s) and load_within(rate, n.capacity_rps)), nearest[0])
         closest = ClosestLayout(m.layout.label, m.layout.gpus, m.ttft_s * 1e3, m.tpot_s * 1e3, m.capacity_rps)
-        if rate <= LOAD_MARGIN * m.capacity_rps:
+        if load_within(rate, m.capacity_rps):
             needed_ttft, needed_tpot = m.ttft_s * 1e3 * SLO_MARGIN, m.tpot_s * 1e3 * SLO_MARGIN
         caps = slo_capacity_rps(problem, [n.layout for n in nearest], margin=SLO_MARGIN, load_margin=LOAD_MARGIN)
         j = int(np.argmax(caps))

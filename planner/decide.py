@@ -16,12 +16,13 @@ import numpy as np
 from .advice import infeasible_advice
 from .engine_caps import pd_rule_violation, problem_caps
 from .errors import Infeasible, InvalidSpec
-from .funnel import LOAD_MARGIN, SLO_MARGIN, Clock, Progress, Stage, Survivor, no_clock, run_funnel
+from .funnel import Clock, Progress, Stage, Survivor, no_clock, run_funnel
 from .layout import Layout, LayoutKind, Role
 from .memory import kv_bytes_per_token, weight_bytes_total
-from .pd_ratio import RANK_TOLERANCE, PdRatio, choose_pd_ratio
+from .pd_ratio import RANK_TOLERANCE, choose_pd_ratio
 from .predict import predict_figures, slo_capacity_rps, to_prediction
-from .problem import Candidate, Decision, FunnelStage, Problem
+from .problem import Candidate, Decision, FunnelStage, PdRatio, Problem
+from .slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from .tables import layout_rejection
 from .workload import Objective
 
@@ -145,7 +146,7 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
         ttft, tpot = sim.ttft_s * problem.ttft_correction, sim.tpot_s * problem.tpot_correction
         pred = replace(c.prediction, ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, tokens_per_s_per_user=1.0 / max(sim.tpot_mean_s, 1e-9),
                        source="simulated")
-        meets = pred.ttft_ms <= problem.slo.ttft_ms and pred.tpot_ms <= problem.slo.tpot_ms
+        meets = bool(meets_slo_ms(problem.slo, ttft_ms=pred.ttft_ms, tpot_ms=pred.tpot_ms))
         pred = replace(pred, meets_slo=meets, goodput_rps=pred.goodput_rps if meets else 0.0)
         rejected += not meets
         out.append(Candidate(c.layout, pred, c.score))

@@ -15,13 +15,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import InvalidSpec
 from .layout import Engine, Layout, LayoutKind, Role
-
-if TYPE_CHECKING:
-    from .problem import Problem
 
 __all__ = [
     "Argument",
@@ -35,6 +32,7 @@ __all__ = [
     "pd_rule_violation",
     "pd_shapes_rejected",
     "problem_caps",
+    "PlansForRelease",
 ]
 
 _DIR = "data/engine_caps"
@@ -203,6 +201,16 @@ def pd_shapes_rejected(rule: PdRule, p_tp: Any, p_pp: Any, d_tp: Any, d_pp: Any)
     return d_tp < 0
 
 
-def problem_caps(problem: Problem) -> EngineCaps:
+class PlansForRelease(Protocol):
+    """What names an engine release: a planner.problem.Problem (this module sits below it and never imports it)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def engine_version(self) -> str: ...
+
+
+def problem_caps(problem: PlansForRelease) -> EngineCaps:
     """The capabilities of the release a Problem plans for (its engine_version, else the newest covered)."""
     return load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine))

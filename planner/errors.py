@@ -6,16 +6,14 @@
      └── InsufficientData   observations too thin to act on (retry later)
 
 The CLI maps InvalidSpec to exit code 2; the operator maps it to Ready=False, reason=InvalidSpec.
+Infeasible carries an `InfeasibleAdvice` (its values are here, the lowest module; planner.advice computes them).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from .advice import InfeasibleAdvice
-
-__all__ = ["PlannerError", "InvalidSpec", "Infeasible", "InsufficientData"]
+__all__ = ["PlannerError", "InvalidSpec", "Infeasible", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
 
 
 class PlannerError(Exception):
@@ -48,3 +46,58 @@ class Infeasible(PlannerError):
 
 class InsufficientData(PlannerError):
     """Observations are too few or too noisy to estimate a workload from."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClosestLayout:
+    """The candidate nearest to passing, with its predicted figures at the problem's load (ms, req/s)."""
+
+    label: str
+    gpus: int
+    ttft_ms: float
+    tpot_ms: float
+    capacity_rps: float        # the load at which it saturates (queueing grows without bound beyond)
+
+
+@dataclass(frozen=True, slots=True)
+class InfeasibleAdvice:
+    """What would make the problem feasible; None where that lever alone does not (or was not searched)."""
+
+    load_rps: float
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    ttft_percentile: float
+    tpot_percentile: float
+    budget_gpus: int
+    gpu: str
+    closest: ClosestLayout | None    # the nearest miss that carries the load, else the nearest (saturated)
+    min_gpus: int | None             # the smallest budget of this GPU with a feasible layout
+    searched_gpus: int               # the largest budget the GPU search tried
+    min_gpus_layout: str | None      # the best layout the funnel admits at min_gpus (its analytical proxy)
+    feasible_load_rps: float | None  # the largest load the nearest layouts carry within the SLOs
+    feasible_load_layout: str | None
+    needed_ttft_ms: float | None     # the SLOs the closest layout meets at this load (with the funnel's margin)
+    needed_tpot_ms: float | None
+
+    def lines(self) -> tuple[str, ...]:
+        """The advice as sentences, most direct first."""
+        out = []
+        if self.min_gpus is not None:
+            out.append(f"needs ≥ {self.min_gpus} GPUs of this kind ({self.gpu}; budget {self.budget_gpus}): "
+                       f"{self.min_gpus_layout} is feasible at {self.min_gpus}")
+        else:
+            out.append(f"more {self.gpu} GPUs alone do not help: no layout up to {self.searched_gpus} GPUs is feasible")
+        c = self.closest
+        if c is not None:
+            if self.needed_ttft_ms is not None and self.needed_tpot_ms is not None:
+                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) meets p{self.ttft_percentile:g} TTFT at {self.needed_ttft_ms:.0f} ms "
+                           f"(SLO {self.slo_ttft_ms:g}) and p{self.tpot_percentile:g} TPOT at {self.needed_tpot_ms:.1f} ms "
+                           f"(SLO {self.slo_tpot_ms:g}) at {self.load_rps:g} req/s")
+            else:
+                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {c.capacity_rps:.1f} req/s, below the load of "
+                           f"{self.load_rps:g} req/s, so no SLO is met at this load")
+        if self.feasible_load_rps is not None and self.feasible_load_rps > 0:
+            out.append(f"feasible at ≤ {self.feasible_load_rps:.3g} req/s ({self.feasible_load_layout} meets both SLOs up to that load)")
+        elif c is not None:
+            out.append("no lighter load helps: the nearest layouts miss the SLOs even when idle")
+        return tuple(out)

@@ -22,10 +22,10 @@ import numpy as np
 from .analytic import LoadShape, estimate_aggregated, load_shape
 from .engine_caps import PdRule, pd_shapes_rejected, problem_caps
 from .layout import Layout, LayoutKind
-from .pd_ratio import LOAD_MARGIN, SLO_MARGIN
 from .pd_space import PdSpace, pd_space, pool_tokens
 from .predict import front_end_s
 from .problem import FunnelStage, Problem
+from .slo import LOAD_MARGIN, SLO_MARGIN, load_within, meets_slo_and_load, tpot_within, ttft_within
 from .tables import (
     BoolArray,
     FloatArray,
@@ -264,22 +264,22 @@ def slo_and_load(s: Sieve) -> tuple[Sieve, Tally]:
     """Stage 5: TTFT and TPOT × SLO_MARGIN within the SLOs, the load within LOAD_MARGIN of capacity; then
     pick up to `s.keep` survivors for `decide` (see `_pick`)."""
     p, rate = s.problem, s.rate_rps
-    slo_ttft, slo_tpot = p.slo.ttft_ms / 1e3, p.slo.tpot_ms / 1e3
+    slo_ttft = p.slo.ttft_ms / 1e3
     reasons: dict[str, int] = {}
     stable = ttft_ok = tpot_ok = ok_n = 0
     r = s.replicas
     if r is not None:
         st = r.alive
-        a = st & (r.ttft_s * SLO_MARGIN <= slo_ttft)
-        b = a & (r.tpot_s * SLO_MARGIN <= slo_tpot)
-        c = b & (rate <= LOAD_MARGIN * r.capacity_rps)
+        a = st & ttft_within(p.slo, r.ttft_s)
+        b = a & tpot_within(p.slo, r.tpot_s)
+        c = b & load_within(rate, r.capacity_rps)
         stable, ttft_ok, tpot_ok, ok_n = int(st.sum()), int(a.sum()), int(b.sum()), int(c.sum())
         r = replace(r, alive=c)
     pd = s.pd
     if pd is not None:
-        d_tpot = pd.d_alive & (pd.d_tpot_s * SLO_MARGIN <= slo_tpot)
-        p_load = pd.p_alive & (rate <= LOAD_MARGIN * pd.p_capacity_rps)
-        d_load = d_tpot & (rate <= LOAD_MARGIN * pd.d_capacity_rps)
+        d_tpot = pd.d_alive & tpot_within(p.slo, pd.d_tpot_s)
+        p_load = pd.p_alive & load_within(rate, pd.p_capacity_rps)
+        d_load = d_tpot & load_within(rate, pd.d_capacity_rps)
         joint = dict(front_end_s=pd.front_end_s, slo_s=slo_ttft, margin=SLO_MARGIN, gpus_per_node=p.gpu.gpus_per_node)
         stable += pd.count()
         ttft_ok += pd.count_ttft_ok(pd.p_alive, pd.d_alive, **joint)  # type: ignore[arg-type]
@@ -432,8 +432,8 @@ def _pd_picks(s: Sieve, c: PdCandidates, last: _Picks | None = None) -> _Picks:
     rows that sort before it (the others can never enter the first `keep`: every pick ahead of them stays ahead)."""
     p = s.problem
     rate = s.rate_rps
-    ok = (np.isfinite(c.ttft_s) & np.isfinite(c.tpot_s) & (c.capacity_rps > rate) & (c.ttft_s * SLO_MARGIN <= p.slo.ttft_ms / 1e3)
-          & (c.tpot_s * SLO_MARGIN <= p.slo.tpot_ms / 1e3) & (rate <= LOAD_MARGIN * c.capacity_rps))
+    ok = (np.isfinite(c.ttft_s) & np.isfinite(c.tpot_s) & (c.capacity_rps > rate)
+          & meets_slo_and_load(p.slo, ttft_s=c.ttft_s, tpot_s=c.tpot_s, rate_rps=rate, capacity_rps=c.capacity_rps))
     if last is not None and ok.any():
         per_gpu = _round_sig(c.capacity_rps / np.maximum(c.gpus, 1))
         a, b = (per_gpu, -c.gpus) if p.objective is not Objective.MIN_GPUS else (-c.gpus, per_gpu)

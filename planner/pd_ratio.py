@@ -11,22 +11,21 @@ budget pick the nearest that works. Pure; no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .analytic import estimate_decode, estimate_prefill, load_shape
-from .layout import Layout, LayoutKind, Parallelism, Role, RoleLayout
+from .layout import Layout, LayoutKind, Role, RoleLayout
 from .memory import kv_pool_tokens
 from .predict import predict_figures, slo_capacity_rps
-from .problem import Problem
+from .problem import PdRatio, Problem
+from .slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
 from .workload import Objective
 
 __all__ = ["PdRatio", "balanced_per_gpu", "choose_pd_ratio", "rescale_pd", "COUNT_SPAN", "SLO_MARGIN", "LOAD_MARGIN"]
 
-SLO_MARGIN = 1.10   # the funnel's margins (planner.funnel re-exports them)
-LOAD_MARGIN = 0.90
 COUNT_SPAN = 16     # counts tried above each role's minimum for the load
 RANK_TOLERANCE = 0.03  # capacities per GPU within 3 % of the best tie (decide.RANK_TOLERANCE)
 
@@ -37,31 +36,6 @@ def balanced_per_gpu(prefill_rps: Any, prefill_gpus: Any, decode_rps: Any, decod
     with np.errstate(divide="ignore", invalid="ignore"):
         out = prefill_rps * decode_rps / (decode_rps * prefill_gpus + prefill_rps * decode_gpus)
     return np.nan_to_num(out, nan=0.0, posinf=0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class PdRatio:
-    """A chosen prefill:decode split: counts, the roles' shapes, their per-instance capacities and why."""
-
-    prefill_count: int
-    decode_count: int
-    prefill: Parallelism
-    decode: Parallelism
-    prefill_rps_per_instance: float
-    decode_rps_per_instance: float
-    meets_slo: bool
-    reason: str
-
-    @property
-    def label(self) -> str:
-        """The ratio in lowest terms, `3:1`."""
-        g = math.gcd(self.prefill_count, self.decode_count) or 1
-        return f"{self.prefill_count // g}:{self.decode_count // g}"
-
-    @property
-    def balanced(self) -> float:
-        """Prefill instances per decode instance at which both roles saturate together (μd/μp)."""
-        return self.decode_rps_per_instance / max(self.prefill_rps_per_instance, 1e-12)
 
 
 def _per_instance_rps(problem: Problem, prefill: RoleLayout, decode: RoleLayout) -> tuple[float, float]:
@@ -110,8 +84,8 @@ def choose_pd_ratio(problem: Problem, *, prefill: RoleLayout, decode: RoleLayout
     cps, cds = cps[fits], cds[fits]
     layouts = [Layout.pd(replace(prefill, count=int(x)), replace(decode, count=int(y)), problem.precision) for x, y in zip(cps, cds, strict=True)]
     f = predict_figures(problem, layouts, [rate] * len(layouts))
-    ok = ((np.asarray(f.ttft_s) * SLO_MARGIN <= problem.slo.ttft_ms / 1e3) & (np.asarray(f.tpot_s) * SLO_MARGIN <= problem.slo.tpot_ms / 1e3)
-          & (rate <= LOAD_MARGIN * np.asarray(f.capacity_rps)))
+    ok = meets_slo_and_load(problem.slo, ttft_s=np.asarray(f.ttft_s), tpot_s=np.asarray(f.tpot_s), rate_rps=rate,
+                            capacity_rps=np.asarray(f.capacity_rps))
     gpus = cps * gp + cds * gd
     # Goodput per GPU as `decide` measures it: the highest load each split carries within the SLOs (with margins), per GPU.
     per_gpu = np.asarray(slo_capacity_rps(problem, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN)) / gpus

@@ -20,6 +20,7 @@ from .layout import KvDtype, Layout, LayoutKind, Role
 from .memory import kv_pool_tokens, max_request_tokens
 from .perf import kv_transfer_s, request_overhead_s
 from .problem import Prediction, Problem
+from .slo import meets_slo_and_load, meets_slo_ms
 
 __all__ = ["Figures", "predict_figures", "slo_capacity_rps", "to_prediction", "front_end_s", "BISECTION_STEPS"]
 
@@ -134,8 +135,8 @@ def predict_figures(problem: Problem, layouts: Sequence[Layout], rates_rps: Sequ
 
 
 def _meets(problem: Problem, f: Figures, rates: FloatArray, *, margin: float, load_margin: float) -> Any:
-    return ((f.ttft_s * margin <= problem.slo.ttft_ms / 1e3) & (f.tpot_s * margin <= problem.slo.tpot_ms / 1e3)
-            & (rates <= load_margin * f.capacity_rps))
+    return meets_slo_and_load(problem.slo, ttft_s=f.ttft_s, tpot_s=f.tpot_s, rate_rps=rates, capacity_rps=f.capacity_rps, margin=margin,
+                              load_margin=load_margin)
 
 
 def slo_capacity_rps(problem: Problem, layouts: Sequence[Layout], *, margin: float = 1.0, load_margin: float = 1.0) -> Any:
@@ -160,7 +161,7 @@ def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: fl
                   slo_capacity_rps: float, pool_tokens: int, source: str = "analytical") -> Prediction:
     """Assemble a Prediction at the problem's load from figures."""
     rate = float(problem.workload.arrival_rate_rps or 0.0)
-    meets = ttft_s * 1e3 <= problem.slo.ttft_ms and tpot_s * 1e3 <= problem.slo.tpot_ms and rate < capacity_rps
+    meets = meets_slo_ms(problem.slo, ttft_ms=ttft_s * 1e3, tpot_ms=tpot_s * 1e3) and rate < capacity_rps
     role = layout.roles.get(Role.DECODE) or layout.roles[Role.AGGREGATED]
     longest = max_request_tokens(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision,
                                  parallelism=role.parallelism, knobs=role.knobs)

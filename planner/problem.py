@@ -1,23 +1,20 @@
-"""The planner's input (`Problem`) and output (`Decision`, `Prediction`, `FunnelStage`) values.
+"""The planner's input (`Problem`) and output (`Decision`, `Prediction`, `FunnelStage`, `PdRatio`) values.
 
 Built by the spec conversion (CLI, operator) and returned by `decide`. Frozen dataclasses only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .hardware import Gpu, Precision
-from .layout import Engine, KvDtype, Layout, LayoutKind
+from .layout import Engine, KvDtype, Layout, LayoutKind, Parallelism
 from .model import ModelArch
 from .workload import Objective, Slo, Workload
 
-if TYPE_CHECKING:
-    from .pd_ratio import PdRatio
-
-__all__ = ["SearchSpace", "Problem", "Prediction", "FunnelStage", "Candidate", "Decision"]
+__all__ = ["SearchSpace", "Problem", "Prediction", "FunnelStage", "Candidate", "PdRatio", "Decision"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +87,31 @@ class FunnelStage:
     rejected: int
     seconds: float
     reasons: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PdRatio:
+    """A chosen prefill:decode split: counts, the roles' shapes, their per-instance capacities and why."""
+
+    prefill_count: int
+    decode_count: int
+    prefill: Parallelism
+    decode: Parallelism
+    prefill_rps_per_instance: float
+    decode_rps_per_instance: float
+    meets_slo: bool
+    reason: str
+
+    @property
+    def label(self) -> str:
+        """The ratio in lowest terms, `3:1`."""
+        g = math.gcd(self.prefill_count, self.decode_count) or 1
+        return f"{self.prefill_count // g}:{self.decode_count // g}"
+
+    @property
+    def balanced(self) -> float:
+        """Prefill instances per decode instance at which both roles saturate together (μd/μp)."""
+        return self.decode_rps_per_instance / max(self.prefill_rps_per_instance, 1e-12)
 
 
 @dataclass(frozen=True, slots=True)

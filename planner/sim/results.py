@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from ..slo import meets_slo_ms
 from ..workload import Slo
 
 __all__ = ["Percentiles", "SimSummary", "SimResult", "percentiles"]
@@ -137,7 +138,7 @@ class SimResult:
     def meets(self, slo: Slo) -> npt.NDArray[np.bool_]:
         """Finished requests within both the TTFT and the TPOT target."""
         tpot = np.nan_to_num(self.tpot_ms, nan=0.0)
-        return self.finished & (self.ttft_ms <= slo.ttft_ms) & (tpot <= slo.tpot_ms)
+        return np.asarray(self.finished & meets_slo_ms(slo, ttft_ms=self.ttft_ms, tpot_ms=tpot), dtype=np.bool_)
 
     def goodput_rps(self, slo: Slo, *, warmup_requests: int = 0) -> float:
         """Requests per second that met every SLO, over the measured window."""
