@@ -281,3 +281,57 @@ def test_a_bearer_token_with_a_line_break_is_refused_before_any_request() -> Non
     with HostileServer(json_answer(vector("1"))) as prom, pytest.raises(PrometheusAnswerError):
         BoundedPrometheus(parse_prometheus_url(prom.url), bearer_token="abc\r\nX-Evil: 1")
     assert prom.heads == []
+
+
+class _GatedSource:
+    """An inner factory whose reads wait for `gate` and answer the URL's last digit as the request rate."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.started: list[str] = []
+        self.url = ""
+
+    def __call__(self, request: MetricsRequest) -> _GatedSource:
+        self.started.append(request.url)
+        self.url = request.url
+        return self
+
+    def fetch_sample(self, *, at_s: float, interval_s: float) -> MetricSample:
+        assert self.gate.wait(10.0)
+        return MetricSample(at_s=at_s, interval_s=interval_s, request_rate_rps=float(self.url[-1]))
+
+
+def _answer(reads: MetricsReads, request: MetricsRequest) -> MetricSample:
+    """Passes until the read answers (each pass returns at once or within the short wait)."""
+    for _ in range(1000):
+        try:
+            return reads(request).fetch_sample(at_s=0.0, interval_s=60.0)
+        except MetricsPending:
+            time.sleep(0.01)
+    raise AssertionError("no answer")
+
+
+def test_a_finished_read_answers_only_the_request_it_was_started_for() -> None:
+    inner, now = _GatedSource(), [0.0]
+    reads = MetricsReads(inner, readers=2, wait_s=0.01, keep_s=60.0, clock=lambda: now[0])
+    first = MetricsRequest(url="http://a:1", engine=Engine.VLLM, owner="ns/a")
+    edited = MetricsRequest(url="http://a:2", engine=Engine.VLLM, owner="ns/a")
+    for _ in range(3):     # OneReadPerResource: passes while the read runs start nothing
+        with pytest.raises(MetricsPending):
+            reads(first).fetch_sample(at_s=0.0, interval_s=60.0)
+    assert inner.started == ["http://a:1"]
+    inner.gate.set()
+    while reads.in_flight():
+        time.sleep(0.01)
+    # The spec now names another URL: the finished answer to the first request is dropped, a new read answers.
+    assert _answer(reads, edited).request_rate_rps == 2.0 and inner.started == ["http://a:1", "http://a:2"]
+    # FreshAnswer: an answer nobody took within keep_s is dropped too.
+    with pytest.raises(MetricsPending):
+        inner.gate.clear()
+        reads(first).fetch_sample(at_s=0.0, interval_s=60.0)
+    inner.gate.set()
+    while reads.in_flight():
+        time.sleep(0.01)
+    now[0] = 61.0
+    assert _answer(reads, first).request_rate_rps == 1.0 and inner.started == ["http://a:1", "http://a:2", "http://a:1", "http://a:1"]
+    reads.close()
