@@ -78,7 +78,7 @@ from .readout import phase_text, traffic_shares
 from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
 from .rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
 from .sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
-from .tenancy import STRICT, TenancyPolicy, pod_template_refusals, selector_refusal
+from .tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
 from .url_policy import UrlAllowList
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
@@ -129,12 +129,16 @@ def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy)
 
     Nothing is planned or applied (running workloads stay as they were); Ready and Planned name every refused field and
     what is allowed. The namespace's labels are read only when a namespace rule could grant what is missing."""
-    caps = network_capabilities(network_knobs(spec))
+    caps = tuple(network_capabilities(network_knobs(spec)))
     roles = spec.rolePodTemplates
-    templates = [("spec.podTemplate", spec.podTemplate, caps),
-                 *((f"spec.rolePodTemplates.{r}", getattr(roles, r) if roles is not None else None, caps if r != "router" else [])
-                   for r in ("prefill", "decode", "router"))]
-    dicts = [(where, t.model_dump(mode="json", exclude_none=True) if t is not None else None, c) for where, t, c in templates]
+
+    def given(t: Any) -> dict[str, Any] | None:
+        return t.model_dump(mode="json", exclude_none=True) if t is not None else None
+
+    # Routers get no spec.network, and keep their own ServiceAccount token (they discover the engine pods).
+    dicts = [TemplateInput("spec.podTemplate", given(spec.podTemplate), caps),
+             *(TemplateInput(f"spec.rolePodTemplates.{r}", given(getattr(roles, r) if roles is not None else None),
+                             caps if r != "router" else (), rendered_token=r == "router") for r in ("prefill", "decode", "router"))]
     found = pod_template_refusals(dicts, granted=tenancy.pod_grants)
     if found and tenancy.namespace_grants:
         found = pod_template_refusals(dicts, granted=tenancy.grants_for(p.cluster.namespace_labels(p.namespace)))

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PodGrant", "NamespaceGrant", "TenancyPolicy", "Refusal", "pod_template_refusals", "selector_refusal",
+__all__ = ["PodGrant", "NamespaceGrant", "TenancyPolicy", "Refusal", "TemplateInput", "pod_template_refusals", "selector_refusal",
            "secret_refusal", "parse_namespace_grant", "parse_grants", "parse_label", "TOKEN_SECRET_LABEL", "SAFE_SYSCTLS", "STRICT"]
 
 # The label a token Secret carries to let the operator read it (chart value operator.metricsTokenSecret.label).
@@ -125,10 +125,22 @@ def parse_grants(words: Iterable[str]) -> set[PodGrant]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class TemplateInput:
+    """One template as the reconcile hands it over: its field path, the template as a dict (None: absent), what the
+    rendered pods it is merged into already have (the capabilities spec.network adds; the router's own token)."""
+
+    where: str
+    template: Mapping[str, Any] | None
+    network_capabilities: tuple[str, ...] = ()
+    rendered_token: bool = False
+
+
 @dataclass(slots=True)
 class _Scan:
     where: str
     network_capabilities: frozenset[str]
+    rendered_token: bool = False
     found: list[Refusal] = field(default_factory=list)
 
     def add(self, path: str, what: str, grant: PodGrant) -> None:
@@ -186,7 +198,7 @@ def _pod_spec(scan: _Scan, spec: Mapping[str, Any]) -> None:
         scan.add("spec.serviceAccountName", repr(spec.get("serviceAccountName")), PodGrant.SERVICE_ACCOUNT)
     if spec.get("serviceAccount"):
         scan.add("spec.serviceAccount", repr(spec.get("serviceAccount")), PodGrant.SERVICE_ACCOUNT)
-    if spec.get("automountServiceAccountToken") is True:
+    if spec.get("automountServiceAccountToken") is True and not scan.rendered_token:
         scan.add("spec.automountServiceAccountToken", "true", PodGrant.SERVICE_ACCOUNT)
     psc = _mapping(spec.get("securityContext"))
     _profiles(scan, psc, "spec.securityContext")
@@ -195,18 +207,14 @@ def _pod_spec(scan: _Scan, spec: Mapping[str, Any]) -> None:
         scan.add("spec.securityContext.sysctls", f"{unsafe} (baseline allows {sorted(SAFE_SYSCTLS)})", PodGrant.PRIVILEGED)
 
 
-def pod_template_refusals(templates: Sequence[tuple[str, Mapping[str, Any] | None, Sequence[str]]], *,
-                          granted: frozenset[PodGrant]) -> list[Refusal]:
-    """Every field of the templates that asks for more than `granted`, in template order.
-
-    `templates` are (field path, the template as a dict, the capabilities spec.network adds to those pods), e.g.
-    ("spec.podTemplate", {...}, ["IPC_LOCK"]); an absent template (None) asks for nothing."""
+def pod_template_refusals(templates: Sequence[TemplateInput], *, granted: frozenset[PodGrant]) -> list[Refusal]:
+    """Every field of the templates that asks for more than `granted` and than the rendered pods have, in order."""
     out: list[Refusal] = []
-    for where, template, network_caps in templates:
-        if not template:
+    for t in templates:
+        if not t.template:
             continue
-        scan = _Scan(where, frozenset(c.upper() for c in network_caps))
-        _pod_spec(scan, _mapping(template.get("spec")))
+        scan = _Scan(t.where, frozenset(c.upper() for c in t.network_capabilities), t.rendered_token)
+        _pod_spec(scan, _mapping(t.template.get("spec")))
         out += [r for r in scan.found if r.grant not in granted]
     return out
 

@@ -21,6 +21,7 @@ from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.operator.tenancy import (
     NamespaceGrant,
     PodGrant,
+    TemplateInput,
     TenancyPolicy,
     parse_namespace_grant,
     pod_template_refusals,
@@ -120,8 +121,19 @@ def test_rdma_ipc_lock_is_allowed_because_spec_network_adds_it_and_nothing_more(
     run(obj, cluster)
     assert cluster.objects
     # the router pods get no spec.network: there IPC_LOCK is refused
-    found = pod_template_refusals([("spec.rolePodTemplates.router", caps, [])], granted=frozenset())
+    found = pod_template_refusals([TemplateInput("spec.rolePodTemplates.router", caps)], granted=frozenset())
     assert [r.grant for r in found] == [PodGrant.CAPABILITIES]
+
+
+def test_a_router_template_may_restate_the_token_routers_have_but_not_name_another_service_account() -> None:
+    router = {"router": {"spec": {"automountServiceAccountToken": True}}}
+    obj, cluster = topology(rolePodTemplates=router), FakeCluster()
+    run(obj, cluster)
+    assert cluster.objects
+    router["router"]["spec"]["serviceAccountName"] = "cluster-admin-sa"
+    obj = topology(rolePodTemplates=router)
+    run(obj, FakeCluster())
+    assert "spec.rolePodTemplates.router.spec.serviceAccountName" in cond(obj, "Ready")["message"]
 
 
 def test_a_running_layout_is_left_as_it_is_when_its_template_turns_hostile() -> None:
@@ -140,7 +152,7 @@ def test_harmless_templates_pass_the_default_policy() -> None:
                                "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False}}],
                   volumes=[{"name": "cache", "persistentVolumeClaim": {"claimName": "models"}}], automountServiceAccountToken=False,
                   securityContext={"sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]})
-    assert pod_template_refusals([("spec.podTemplate", ok, [])], granted=frozenset()) == []
+    assert pod_template_refusals([TemplateInput("spec.podTemplate", ok)], granted=frozenset()) == []
 
 
 # ---- the metrics selector ----
