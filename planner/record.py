@@ -13,8 +13,9 @@ from .arch import ModelArch
 from .engine_args import layout_engine_args
 from .engine_caps import load_caps, resolve_version
 from .hardware import GIB
-from .layout import Role
+from .layout import Layout, Role
 from .memory import kv_bytes_per_token, state_bytes_per_seq, transfer_floor_s
+from .perf import measured_terms
 from .problem import Candidate, Decision, Problem
 
 __all__ = ["render_record", "transfer_floors", "fmt_ms", "LINKS_GBIT"]
@@ -73,6 +74,20 @@ def _model_notes(m: ModelArch) -> list[str]:
     return lines
 
 
+def step_terms_line(problem: Problem, layout: Layout) -> str:
+    """Which step-time terms of the layout's instances came from measured kernel tables and which from the roofline."""
+    measured: dict[str, str] = {}
+    for role in layout.roles.values():
+        for term, source in measured_terms(problem.gpu, problem.engine, problem.engine_version, role.parallelism.tp,
+                                           problem.model.hidden_size).items():
+            measured.setdefault(term, source)
+    if not measured:
+        return ("Step time: every term from the roofline with the fitted efficiencies (no measured kernel table covers "
+                "this GPU, engine and group, or the shipped parameters leave them off).")
+    named = "; ".join(f"{term} measured ({source})" for term, source in sorted(measured.items()))
+    return f"Step time: {named}; the other terms from the roofline with the fitted efficiencies."
+
+
 def render_record(problem: Problem, decision: Decision) -> str:
     """The decision record as markdown."""
     m, g, w, slo = problem.model, problem.gpu, problem.workload, problem.slo
@@ -111,6 +126,7 @@ def render_record(problem: Problem, decision: Decision) -> str:
               f"({best.prediction.source} prediction: p{slo.ttft_percentile:g} TTFT {best.prediction.ttft_ms:.0f} ms, "
               f"p{slo.tpot_percentile:g} TPOT {best.prediction.tpot_ms:.1f} ms, KV pool {best.prediction.kv_pool_tokens:,} tokens per rank).", ""]
     lines += [f"- {r}" for r in decision.reasons]
+    lines.append(f"- {step_terms_line(problem, best.layout)}")
     if decision.pd_ratio is not None:
         r = decision.pd_ratio
         lines += ["", f"Prefill:decode ratio {r.label} ({r.prefill_count} prefill × {r.prefill.label}, {r.decode_count} decode × "

@@ -59,3 +59,21 @@ def test_measured_terms_name_their_table_and_the_nearest_release():
     assert "tp_allreduce" in terms and "sglang" in terms["tp_allreduce"] and "nearest measured release to 0.5.1.post1" in terms["tp_allreduce"]
     assert measured_terms(resolve_gpu("h200_sxm"), Engine.SGLANG, None, 4, LLAMA70.hidden_size, params=OFF) == {}
     assert measured_terms(resolve_gpu("gb200"), Engine.VLLM, None, 4, LLAMA70.hidden_size, params=ON) == {}
+
+
+def test_the_decision_record_names_the_measured_terms_of_the_chosen_layout():
+    from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, Role, RoleLayout
+    from servingtopology.planner.perf import pinned_params
+    from servingtopology.planner.problem import Problem
+    from servingtopology.planner.record import step_terms_line
+    from servingtopology.planner.workload import LengthDist, Slo, Workload
+
+    problem = Problem(model=LLAMA70, gpu=resolve_gpu("h100_sxm"), engine=Engine.VLLM, precision=Precision.BF16, max_gpus=8,
+                      engine_version="0.33.0", workload=Workload(input_tokens=LengthDist.fixed(1000), output_tokens=LengthDist.fixed(100),
+                                                                  arrival_rate_rps=1.0), slo=Slo(ttft_ms=2000.0, tpot_ms=100.0))
+    tp4 = Layout(kind=LayoutKind.REPLICAS, roles={Role.AGGREGATED: RoleLayout(count=2, parallelism=Parallelism(tp=4))})
+    with pinned_params(ON):
+        line = step_terms_line(problem, tp4)
+    assert "tp_allreduce measured (vllm 0.24.0 on h100_sxm (nearest measured release to 0.33.0))" in line
+    with pinned_params(OFF):
+        assert "every term from the roofline" in step_terms_line(problem, tp4)
