@@ -11,11 +11,10 @@ requests, as the scheduler does: a pod holds its GPUs from the moment it is boun
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..planner.hardware import Gpu, gpu_catalog, resolve_gpu
+from ..planner.hardware import gpu_for_product  # the one product-label rule (planner.hardware); re-exported
 from ..planner.layout import Layout
 
 __all__ = ["GPU_RESOURCE", "GPU_PRODUCT_LABEL", "NodeGpus", "Capacity", "gpu_for_product", "read_capacity",
@@ -23,27 +22,7 @@ __all__ = ["GPU_RESOURCE", "GPU_PRODUCT_LABEL", "NodeGpus", "Capacity", "gpu_for
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-# GPU feature discovery's suffixes for shared or partitioned GPUs (time-slicing, MPS, MIG): not whole GPUs.
-_SHARED_SUFFIX = re.compile(r"-(SHARED|MIG-.*)$", re.IGNORECASE)
 _TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"[-_ ]+", "_", text.strip().lower())
-
-
-def gpu_for_product(product: str) -> Gpu | None:
-    """The catalog GPU named by a `nvidia.com/gpu.product` label, or None (unknown, or a shared/MIG slice)."""
-    if not product or _SHARED_SUFFIX.search(product):
-        return None
-    wanted = _norm(product)
-    for gpu in gpu_catalog().values():
-        if _norm(gpu.name) == wanted:
-            return gpu
-    try:
-        return resolve_gpu(product)   # the catalog's ids and aliases (h100, H100-SXM, ...)
-    except Exception:  # InvalidSpec: not a name the catalog knows
-        return None
 
 
 def _quantity_int(value: object) -> int:

@@ -7,6 +7,7 @@ package's own data file.
 from __future__ import annotations
 
 import enum
+import re
 import tomllib
 from dataclasses import dataclass, replace
 from functools import cache
@@ -14,7 +15,7 @@ from importlib import resources
 
 from .errors import InvalidSpec
 
-__all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "resolve_gpu", "GIB", "pcie_gbps"]
+__all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "resolve_gpu", "gpu_for_product", "GIB", "pcie_gbps"]
 
 GIB = 1024**3
 
@@ -165,3 +166,29 @@ def resolve_gpu(name: str, *, field: str = "hardware.gpu", nvlink_gbps: float | 
     if gpus_per_node is not None:
         gpu = replace(gpu, gpus_per_node=gpus_per_node)
     return gpu
+
+
+# GPU feature discovery's suffixes for shared or partitioned GPUs (time-slicing, MPS, MIG): not whole GPUs.
+_SHARED_SUFFIX = re.compile(r"-(SHARED|MIG-.*)$", re.IGNORECASE)
+
+
+def gpu_for_product(product: str | None) -> Gpu | None:
+    """The catalog GPU a node's `nvidia.com/gpu.product` label names, or None (no label, unknown, or a shared/MIG slice).
+
+    GPU feature discovery labels a node with the NVML name, spaces as dashes (`NVIDIA H100 80GB HBM3` →
+    `NVIDIA-H100-80GB-HBM3`): matched against the catalog's names, then its ids and aliases (`H100`, `h100-sxm`).
+    A product the catalog does not know is never guessed from a part of its name (an `NVIDIA-A100-SXM4-40GB` is not
+    the 80 GB A100). The one rule for the operator's capacity and the emulator.
+    """
+    if not product or _SHARED_SUFFIX.search(product):
+        return None
+    wanted = _norm_product(product)
+    for gpu in gpu_catalog().values():
+        if _norm_product(gpu.name) == wanted:
+            return gpu
+    gid = _aliases().get(_norm(product))
+    return None if gid is None else gpu_catalog()[gid]
+
+
+def _norm_product(text: str) -> str:
+    return re.sub(r"[-_ ]+", "_", text.strip().lower())

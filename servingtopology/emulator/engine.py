@@ -1,81 +1,29 @@
-"""What an emulated engine computes: the pluggable `EngineSimulator` seam and the built-in stepper behind it.
+"""What an emulated engine computes: the built-in stepper behind the `EngineSimulator` seam (emulator/seam.py),
+and `build_simulator`, which picks it or the project's simulator (emulator/replay.py) for an instance's arguments.
 
-An instance submits requests and advances the simulator to the wall-clock offset it has reached; the
-simulator answers with finished requests, token counts and gauges. `BatchingEngine` is a small continuous-
-batching stepper (token budget, running cap, KV pool admission, chunked prefill) priced by the planner's
-`StepTimeModel`; the project's full simulator (planner/sim) can stand behind the same protocol. No clock here.
+`BatchingEngine` is a small continuous-batching stepper (token budget, running cap, KV pool admission, chunked
+prefill) priced by the planner's `StepTimeModel`. No clock here.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
 
-from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
+from servingtopology.planner.hardware import Gpu, Precision, gpu_for_product, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.memory import kv_pool_tokens
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.perf import InstancePerf, StepTimeModel, request_overhead_s
 
 from .engine_args import EngineArgsError, EngineConfig
+from .replay import ChunkedReplay
+from .seam import Completion, EngineSimulator, Gauges, Progress
 
 __all__ = ["BatchingEngine", "Completion", "EngineSimulator", "Gauges", "Progress", "SimulatorKind", "build_simulator",
            "gpu_for_label"]
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One finished request, with the times the engine's histograms observe (seconds)."""
-
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int
-    queue_s: float
-    ttft_s: float
-    e2e_s: float
-    prefill_s: float
-    decode_s: float
-
-    @property
-    def mean_itl_s(self) -> float:
-        return self.decode_s / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Gauges:
-    running: int
-    waiting: int
-    kv_used_tokens: int
-    kv_capacity_tokens: int
-
-
-@dataclass(slots=True)
-class Progress:
-    """What happened during one `advance` call."""
-
-    completions: list[Completion] = field(default_factory=list)
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    preemptions: int = 0
-    steps: int = 0
-
-
-class EngineSimulator(Protocol):
-    """A simulated engine instance driven by the caller's clock (seconds since the instance started).
-
-    `lookahead_s`: how far ahead of the clock arrivals must be submitted (a chunked replay simulates ahead).
-    """
-
-    lookahead_s: float
-
-    def submit(self, *, arrival_s: float, input_tokens: int, output_tokens: int, cached_tokens: int) -> None: ...
-
-    def advance(self, until_s: float) -> Progress: ...
-
-    def gauges(self) -> Gauges: ...
 
 
 @dataclass(slots=True)
@@ -220,14 +168,9 @@ class BatchingEngine:
 
 
 def gpu_for_label(product: str | None) -> Gpu:
-    """The catalog GPU for a node's `nvidia.com/gpu.product` label (`NVIDIA-H100-80GB-HBM3` → H100); H100 if unknown."""
-    if product:
-        for candidate in (product, *product.replace("_", "-").split("-")):
-            try:
-                return resolve_gpu(candidate)
-            except Exception:  # the catalog raises InvalidSpec for names it does not know
-                continue
-    return resolve_gpu("h100_sxm")
+    """The GPU to emulate on a node with this `nvidia.com/gpu.product` label (planner.hardware.gpu_for_product); an
+    H100 where the label is missing or the catalog does not know it (an emulator always runs something)."""
+    return gpu_for_product(product) or resolve_gpu("h100_sxm")
 
 
 _KV_DTYPES = {"fp8": KvDtype.FP8, "fp8_e4m3": KvDtype.FP8, "fp8_e5m2": KvDtype.FP8, "bf16": KvDtype.BF16, "bfloat16": KvDtype.BF16}
@@ -263,8 +206,6 @@ def build_simulator(config: EngineConfig, *, gpu: Gpu, kind: SimulatorKind = Sim
             f"at memory fraction {knobs.memory_fraction}"
         )
     if kind is SimulatorKind.PROJECT and config.role is Role.AGGREGATED:
-        from .replay import ChunkedReplay
-
         return ChunkedReplay(layout=Layout.replicas(1, parallelism, knobs), model=model, gpu=gpu, engine=config.engine,
                              kv_capacity_tokens=capacity * ranks, seed=seed)
     perf = InstancePerf(model=model, gpu=gpu, precision=Precision.BF16, kv_dtype=knobs.kv_dtype, engine=config.engine,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.layout import Engine, Role
 
-from .engine import Gauges, Progress
 from .engine_args import EngineConfig
+from .seam import Gauges, Progress
 
 __all__ = ["EngineMetrics", "Histogram"]
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from servingtopology.planner.layout import Role
 
-from .engine import EngineSimulator
 from .engine_args import EngineConfig
 from .exposition import EngineMetrics
+from .seam import EngineSimulator
 from .traffic import Phase
 
 __all__ = ["EmulatedInstance", "Share"]

@@ -22,7 +22,7 @@ from servingtopology.planner.model import ModelArch
 from servingtopology.planner.perf import request_overhead_s
 from servingtopology.planner.sim import RequestSet, simulate
 
-from .engine import Completion, Gauges, Progress
+from .seam import Completion, Gauges, Progress
 
 __all__ = ["ChunkedReplay"]
 

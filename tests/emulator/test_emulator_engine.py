@@ -218,3 +218,13 @@ def test_an_sglang_decode_ttft_counts_the_prefill_and_a_vllm_decode_ttft_does_no
         ttft[engine] = sim.advance(30.0).completions[0].ttft_s
     # An 8k-token prefill of an 8B model on an H100 takes hundreds of ms; a decode step a few ms.
     assert ttft["sglang"] > 0.1 > ttft["vllm"]
+
+
+@pytest.mark.parametrize(("product", "gid"), [
+    ("NVIDIA-A100-SXM4-40GB", "a100_40gb"),     # the planner's one product-label rule (planner.hardware.gpu_for_product)
+    ("NVIDIA-H100-PCIe", "h100_pcie"),
+    ("NVIDIA-Tesla-T4", "h100_sxm"),            # unknown: the emulator still runs something, an H100
+    (None, "h100_sxm"),
+])
+def test_the_emulated_gpu_is_the_one_the_planner_maps_the_label_to_else_an_h100(product: str | None, gid: str) -> None:
+    assert gpu_for_label(product).id == gid

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from servingtopology.planner.errors import InvalidSpec
-from servingtopology.planner.hardware import Precision, gpu_catalog, resolve_gpu
+from servingtopology.planner.hardware import Precision, gpu_catalog, gpu_for_product, resolve_gpu
 from servingtopology.planner.model import from_hf_config, model_catalog, resolve_model
 from tests.groundtruth import GROUNDTRUTH
 
@@ -32,6 +32,22 @@ def test_an_unknown_gpu_names_the_field_and_the_allowed_ids():
         resolve_gpu("V100")
     assert err.value.field == "hardware.gpu"
     assert "h100_sxm" in str(err.value)
+
+
+@pytest.mark.parametrize(("product", "gid"), [
+    ("NVIDIA-H100-80GB-HBM3", "h100_sxm"),      # GPU feature discovery's spelling of the NVML name
+    ("NVIDIA-H100-PCIe", "h100_pcie"),          # not the SXM part, though the name holds "H100"
+    ("NVIDIA-A100-SXM4-40GB", "a100_40gb"),     # not the 80 GB part, though the name holds "A100"
+    ("H100", "h100_sxm"),                       # the catalog's ids and aliases
+    ("NVIDIA-H100-80GB-HBM3-SHARED", None),     # time-sliced: not whole GPUs
+    ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", None),  # a MIG slice
+    ("NVIDIA-Tesla-T4", None),                  # not in the catalog: never guessed from a part of the name
+    ("", None),
+    (None, None),
+])
+def test_a_node_product_label_names_a_catalog_gpu_or_none(product, gid):
+    gpu = gpu_for_product(product)
+    assert (gpu.id if gpu else None) == gid
 
 
 def test_link_overrides_replace_catalog_figures():
