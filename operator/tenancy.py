@@ -6,8 +6,9 @@ Pure: the spec's templates and labels in, refusals (field path, what was found, 
 reads the cluster itself. Creating a ServingTopology creates pods in its namespace, so by default a template may
 not ask for more than the pods the operator renders have:
 
-- no privileged container, no privilege escalation, no unconfined seccomp/AppArmor, no unmasked /proc, no
-  unsafe sysctls (grant `Privileged`), in engine, router, sidecar and init containers alike;
+- no privileged container, no privilege escalation, no unconfined seccomp/AppArmor, no SELinux user, role or type
+  beyond the container types, no unmasked /proc, no unsafe sysctls (grant `Privileged`), in engine, router, sidecar
+  and init containers alike;
 - no hostPath volume (grant `HostPath`); no hostNetwork, hostPID, hostIPC or hostPort (grant `HostNamespaces`);
 - no Linux capability beyond the IPC_LOCK spec.network adds for RDMA (grant `Capabilities`);
 - no ServiceAccount and no token automount (grant `ServiceAccount`): the engines get no API credentials;
@@ -155,10 +156,23 @@ def _items(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
+# The SELinux types the Pod Security Standards' baseline allows; it allows no user or role.
+_SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"})
+
+
 def _profiles(scan: _Scan, sc: Mapping[str, Any], path: str) -> None:
+    """What pod and container securityContexts share: seccomp, AppArmor, SELinux, Windows host processes."""
     for key in ("seccompProfile", "appArmorProfile"):
         if _mapping(sc.get(key)).get("type") == "Unconfined":
             scan.add(f"{path}.{key}.type", "Unconfined", PodGrant.PRIVILEGED)
+    selinux = _mapping(sc.get("seLinuxOptions"))
+    if selinux.get("type", "") not in _SELINUX_TYPES:
+        scan.add(f"{path}.seLinuxOptions.type", repr(selinux.get("type")), PodGrant.PRIVILEGED)
+    for key in ("user", "role"):
+        if selinux.get(key):
+            scan.add(f"{path}.seLinuxOptions.{key}", repr(selinux.get(key)), PodGrant.PRIVILEGED)
+    if _mapping(sc.get("windowsOptions")).get("hostProcess") is True:
+        scan.add(f"{path}.windowsOptions.hostProcess", "true", PodGrant.HOST_NAMESPACES)
 
 
 def _container(scan: _Scan, c: Mapping[str, Any], path: str) -> None:
@@ -170,8 +184,6 @@ def _container(scan: _Scan, c: Mapping[str, Any], path: str) -> None:
         scan.add(f"{spath}.allowPrivilegeEscalation", "true", PodGrant.PRIVILEGED)
     if sc.get("procMount") not in (None, "Default"):
         scan.add(f"{spath}.procMount", str(sc.get("procMount")), PodGrant.PRIVILEGED)
-    if _mapping(sc.get("windowsOptions")).get("hostProcess") is True:
-        scan.add(f"{spath}.windowsOptions.hostProcess", "true", PodGrant.HOST_NAMESPACES)
     _profiles(scan, sc, spath)
     added = [str(x) for x in _items(_mapping(sc.get("capabilities")).get("add"))]
     extra = sorted({a.upper().removeprefix("CAP_") for a in added} - scan.network_capabilities)

@@ -79,6 +79,8 @@ HOSTILE = [
      PodGrant.PRIVILEGED),
     (template(securityContext={"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}), "spec.podTemplate.spec.securityContext.sysctls",
      PodGrant.PRIVILEGED),
+    (template(initContainers=[{"name": "i", "image": "busybox", "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]),
+     "spec.podTemplate.spec.initContainers[0].securityContext.seLinuxOptions.type", PodGrant.PRIVILEGED),
 ]
 
 
