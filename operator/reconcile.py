@@ -85,6 +85,7 @@ __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
 
 PROGRESS_REQUEUE_S = 15.0
 CAPACITY_REQUEUE_S = 15.0   # look again for freed GPUs
+REFUSALS_SHOWN = 8          # refused template fields named in a condition (the rest are counted)
 
 
 def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now: datetime, gpus_per_node_default: int = 8,
@@ -144,7 +145,8 @@ def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy)
         found = pod_template_refusals(dicts, granted=tenancy.grants_for(p.cluster.namespace_labels(p.namespace)))
     if not found:
         return None
-    message = (f"{'; '.join(str(r) for r in found)}. Creating a ServingTopology creates pods in namespace {p.namespace}; the "
+    more = f"; and {len(found) - REFUSALS_SHOWN} more" if len(found) > REFUSALS_SHOWN else ""
+    message = (f"{'; '.join(str(r) for r in found[:REFUSALS_SHOWN])}{more}. Creating a ServingTopology creates pods in namespace {p.namespace}; the "
                f"operator's pod-template policy grants {tenancy.allowed_words()} (chart values operator.podTemplatePolicy.allow "
                "and .namespaces). Nothing was applied; running workloads are left as they are")
     if p.set(ConditionType.READY, False, "PodTemplateRefused", message):

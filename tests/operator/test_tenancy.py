@@ -243,3 +243,11 @@ def test_a_token_secret_that_did_not_opt_in_is_a_named_metrics_condition_and_no_
     else:
         assert (metrics["status"], metrics["reason"]) == ("False", reason) and factory.requests == []
         assert "servingtopology.io/metrics-token=true" in metrics["message"]
+
+
+def test_many_refused_fields_are_named_up_to_a_bound_and_the_rest_counted() -> None:
+    volumes = [{"name": f"h{i}", "hostPath": {"path": f"/x{i}"}} for i in range(30)]
+    obj = topology(podTemplate=template(volumes=volumes))
+    run(obj, FakeCluster())
+    message = cond(obj, "Ready")["message"]
+    assert "volumes[0].hostPath" in message and "volumes[29]" not in message and "and 22 more" in message
