@@ -13,6 +13,7 @@ import yaml
 from .cluster import LocalCluster
 from .conftest import Kube
 from .objects import topology
+from .processes import wait_until
 from .stack import Emulator, Operator
 
 INSTANCE = "app.kubernetes.io/instance"
@@ -86,3 +87,32 @@ def test_engines_as_rendered_are_admitted_in_a_baseline_namespace_and_refused_on
     assert "runAsNonRoot" in warnings, warnings
     for rule in ("allowPrivilegeEscalation", "capabilities", "seccompProfile"):
         assert rule not in warnings, warnings
+
+
+def test_pods_refused_by_pod_security_are_named_in_status_not_rolling_out_for_ever(
+        cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
+    _label(cluster, namespace, "restricted")      # the engines' images run as root: the ReplicaSet cannot create them
+    obj = topology("rooted", namespace, prometheus_url=cluster.prometheus_url, mode="Pinned", max_gpus=1)
+    obj["spec"]["pinned"] = {"kind": "replicas", "replicas": 1, "tp": 1}
+    _apply(cluster, obj)
+    ready = lambda: kube.condition(namespace, "rooted", "Ready") or {}  # noqa: E731
+    wait_until(lambda: ready().get("reason") == "PodsRefused", timeout_s=180, what="Ready=False PodsRefused",
+               on_timeout=lambda: json.dumps(ready()) + _refusals(kube, namespace) + operator.log_tail())
+    assert "FailedCreate" in ready()["message"] and "runAsNonRoot" in ready()["message"], ready()
+    assert (kube.condition(namespace, "rooted", "Progressing") or {}).get("reason") == "PodsRefused"
+
+
+def test_a_hostile_pod_template_is_refused_by_the_operator_and_annotations_alone_are_admitted(
+        cluster: LocalCluster, operator: Operator, kube: Kube, namespace: str) -> None:
+    obj = topology("hostile", namespace, prometheus_url=cluster.prometheus_url, mode="Pinned", max_gpus=1)
+    obj["spec"]["pinned"] = {"kind": "replicas", "replicas": 1, "tp": 1}
+    # Annotations without labels: the CRD's label rule once failed with "no such key: labels".
+    obj["spec"]["podTemplate"] = {"metadata": {"annotations": {"example.com/team": "a"}},
+                                  "spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}], "hostIPC": True}}
+    _apply(cluster, obj)
+    cond = kube.wait_condition(namespace, "hostile", "Ready", "False", timeout_s=120, log=operator.log_tail)
+    wait_until(lambda: (kube.condition(namespace, "hostile", "Ready") or {}).get("reason") == "PodTemplateRefused", timeout_s=60,
+               what="Ready=False PodTemplateRefused", on_timeout=lambda: json.dumps(cond) + operator.log_tail())
+    message = (kube.condition(namespace, "hostile", "Ready") or {})["message"]
+    assert "spec.podTemplate.spec.volumes[0].hostPath" in message and "spec.podTemplate.spec.hostIPC" in message, message
+    assert not kube.items("deployments", namespace), "nothing may be applied"
