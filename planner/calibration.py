@@ -27,7 +27,8 @@ from .memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weig
 from .model import ModelArch
 from .perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
 
-__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "Prediction", "predict_cases", "predict_all", "BACKENDS",
+__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "export_quirks", "EXPORT_QUIRK", "Prediction",
+           "predict_cases", "predict_all", "BACKENDS",
            "Harness", "INFERENCEX", "UNSTATED", "harness_of", "without_harness"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -319,6 +320,45 @@ def fill_from_twins(rows: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
             twin = fits[0] if len(topologies) == 1 else None
         out.append({**r, **{f: twin.get(f, "") for f in _ROLE_KEYS}} if twin is not None else dict(r))
     return out
+
+
+EXPORT_QUIRK = "export quirk: layout columns contradicted by its figures"
+_SWEEP_FIELDS = ("model_path", "system", "backend", "backend_version", "precision", "isl", "osl", "gemm_quant_mode", "moe_quant_mode",
+                 "mode")
+
+
+def _gpus_recorded(r: Mapping[str, str]) -> int:
+    """GPUs an aggregated row's layout columns imply (tp × pp × attention DP); 0 for other rows."""
+    if (r.get("mode") or "").strip() != "agg":
+        return 0
+    return _count(r, "tp_size") * _count(r, "pp_size") * _count(r, "attention_dp_size")
+
+
+def export_quirks(rows: Sequence[Mapping[str, str]]) -> set[int]:
+    """Indices of rows whose layout columns claim a GPU count the benchmark did not run (issue #24).
+
+    An export that wrote tp × ep into `tp_size` (DeepSeek-R1 on B200, SGLang 0.5.9: TP8·EP8 also appears as tp_size 64,
+    TP4·EP4 as 16) leaves two rows of one sweep, one concurrency and different layouts with the very same measured TTFT and
+    TPOT: one run, exported twice. Two runs of different layouts never agree to the last digit, so such a pair marks the
+    copy; the row claiming more GPUs, when its tp_size is the other's tp × ep, is the one whose layout did not run. This
+    reads measured figures only to refuse a row, never to fill one.
+    """
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        conc = _CONCURRENCY.search(r.get("silicon_data_source") or "")
+        figures = ((r.get("silicon_ttft_ms") or "").strip(), (r.get("silicon_tpot_ms") or "").strip())
+        if not all(figures) or _gpus_recorded(r) == 0:
+            continue
+        key = (*(str(r.get(f, "")).strip().lower() for f in _SWEEP_FIELDS), conc.group(1) if conc else "", *figures)
+        groups.setdefault(key, []).append(i)
+    quirks: set[int] = set()
+    for idx in groups.values():
+        for i in idx:
+            for j in idx:
+                ri, rj = rows[i], rows[j]
+                if _gpus_recorded(ri) > _gpus_recorded(rj) and _count(ri, "tp_size") == _count(rj, "tp_size") * _count(rj, "moe_ep_size") > 0:
+                    quirks.add(i)
+    return quirks
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servingtopology.planner.calibration import BACKENDS, CalibrationCase, Prediction, Skip, fill_from_twins, parse_row, predict_all, without_harness
+from servingtopology.planner.calibration import (
+    BACKENDS,
+    EXPORT_QUIRK,
+    CalibrationCase,
+    Prediction,
+    Skip,
+    export_quirks,
+    fill_from_twins,
+    parse_row,
+    predict_all,
+    without_harness,
+)
 from servingtopology.planner.errors import PlannerError
 from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.perf import PerfParams, fit_record
-from servingtopology.spec import MAX_CONCURRENCY, MAX_TOKENS, read_model_config
+from servingtopology.spec import MAX_CONCURRENCY, MAX_GPUS, MAX_PARALLEL, MAX_TOKENS, read_model_config
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
 
@@ -126,6 +137,18 @@ def _is_size(column: str) -> bool:
     return column in ("isl", "osl") or column.endswith(("_size", "_workers"))
 
 
+def _count_bound(column: str) -> int | None:
+    """The largest count a column may hold (the spec's bounds): parallel sizes 64, batch sizes (clients per engine)
+    100,000, worker counts 4,096 GPUs; None for lengths and non-counts (lengths are held to MAX_TOKENS)."""
+    if column.endswith(("tp_size", "pp_size", "dp_size", "ep_size")):
+        return MAX_PARALLEL
+    if column.endswith("batch_size"):
+        return MAX_CONCURRENCY
+    if column.endswith("_workers"):
+        return MAX_GPUS
+    return None
+
+
 def _malformed(fields: list[str], header: list[str]) -> str | None:
     if len(fields) != len(header):
         return f"{len(fields)} fields where the header has {len(header)}"
@@ -143,6 +166,9 @@ def _malformed(fields: list[str], header: list[str]) -> str | None:
         if _is_size(column) and abs(number) > MAX_TOKENS:
             # a 1e300-token row overflowed the closed-loop model; no benchmark runs more than the longest context
             return f"a length or size over {MAX_TOKENS:,} ({column})"
+        bound = _count_bound(column)
+        if bound is not None and abs(number) > bound:
+            return f"{column} {f[:20]} over {bound:,}"
     source = dict(zip(header, fields, strict=True)).get("silicon_data_source") or ""
     for found in _CONCURRENCY_TEXT.finditer(source):
         # The closed-loop client count (calibration's silicon_concurrency=N): unbounded, 10^50 clients were "predicted"
@@ -158,9 +184,14 @@ def load_measurements(csv_path: Path, *, model_dir: Path | None = None, backends
     by_backend: dict[str, Counter[str]] = {}
     raw, skipped = read_rows(csv_path)  # malformed rows are counted in `skipped` (their backend cannot be trusted)
     rows = fill_from_twins(raw)
-    for row in rows:
+    quirks = export_quirks(rows)
+    for i, row in enumerate(rows):
         backend = (row.get("backend") or "").strip().lower()
         if backends and backend not in backends:
+            continue
+        if i in quirks:
+            skipped[EXPORT_QUIRK] += 1
+            by_backend.setdefault(backend, Counter())[EXPORT_QUIRK] += 1
             continue
         try:
             cases.append(parse_row(row))
