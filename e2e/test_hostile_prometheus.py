@@ -1,8 +1,8 @@
 """Hostile Prometheus servers beside healthy tenants, on the session's control plane with the chart-installed operator.
 
-Eighteen tenants name a Prometheus that attacks the operator's metrics path (e2e/hostile_prometheus.py, on loopback,
-which the harness's allow-list admits): two endless 400 MB answers (with and without Content-Length), ten servers
-dripping one byte every 2 s (more than the operator's metrics readers and reconcile workers together hold), an
+Sixteen tenants name a Prometheus that attacks the operator's metrics path (e2e/hostile_prometheus.py, on loopback,
+which the harness's allow-list admits): two endless 400 MB answers (with and without Content-Length), eight servers
+dripping one byte every 2 s (twice the operator's metrics readers, as many as its reconcile workers), an
 answer nested 100,000 deep, 1e308, a bare NaN, a redirect to a witness server, and the report's two backslash URLs.
 Two healthy tenants run beside them. While the hostile ones fail, the scenario checks (each bound generous):
 - every hostile tenant ends in MetricsAvailable=False with its named reason, never a traceback;
@@ -32,7 +32,7 @@ from .stack import Operator
 RSS_LIMIT_MB = 300.0
 EDIT_BOUND_S = 60.0        # the issue asks 30 s; the bound leaves room for a loaded machine, the figure is printed
 HUGE_BYTES = 400 << 20
-DRIPS = 10
+DRIPS = 8           # twice the operator's metrics readers, as many as its reconcile workers
 BACKSLASH_URLS = ("http://evil.example\\x-kube-prometheus-prometheus.ns.svc:9090",
                   "http://prometheus-operated.evil.example\\.svc:9090")
 
@@ -119,7 +119,8 @@ def test_a_hostile_prometheus_neither_reaches_another_host_nor_holds_the_operato
             def all_named() -> bool:
                 return all(_reason(kube, namespace, name) == reason for name, reason in expected.items())
 
-            wait_until(all_named, timeout_s=300, what="every hostile tenant's named MetricsAvailable=False",
+            # Generous: GPUs an earlier scenario's deleted namespace still holds are freed by the garbage collector.
+            wait_until(all_named, timeout_s=420, what="every hostile tenant's named MetricsAvailable=False",
                        interval_s=2.0, on_timeout=lambda: json.dumps({n: _reason(kube, namespace, n) for n in expected})
                        + "\n" + operator.log_tail())
             # A healthy tenant's edit while the hostile ones keep failing.
