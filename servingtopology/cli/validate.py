@@ -39,7 +39,7 @@ from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.perf import PerfParams, fit_record
-from servingtopology.spec import MAX_CONCURRENCY, MAX_GPUS, MAX_PARALLEL, MAX_TOKENS, read_model_config
+from servingtopology.spec import MAX_CONCURRENCY, MAX_GPUS, MAX_TOKENS, read_model_config
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
 
@@ -138,14 +138,13 @@ def _is_size(column: str) -> bool:
 
 
 def _count_bound(column: str) -> int | None:
-    """The largest count a column may hold (the spec's bounds): parallel sizes 64, batch sizes (clients per engine)
-    100,000, worker counts 4,096 GPUs; None for lengths and non-counts (lengths are held to MAX_TOKENS)."""
-    if column.endswith(("tp_size", "pp_size", "dp_size", "ep_size")):
-        return MAX_PARALLEL
+    """The largest count a column may hold (the spec's bounds): parallel sizes and worker counts 4,096 (the GPU budget;
+    measured rows reach TP 72 on an NVL72 domain), batch sizes (clients per engine) 100,000; None for lengths and
+    non-counts (lengths are held to MAX_TOKENS)."""
+    if column.endswith(("tp_size", "pp_size", "dp_size", "ep_size", "_workers")):
+        return MAX_GPUS
     if column.endswith("batch_size"):
         return MAX_CONCURRENCY
-    if column.endswith("_workers"):
-        return MAX_GPUS
     return None
 
 
