@@ -135,6 +135,11 @@ def _runtime_metrics(registry: Any, cluster: Any, worker: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
+    try:
+        tenancy = tenancy_policy(args)
+    except ValueError as exc:   # a chart value the policy cannot read: say which, before anything starts
+        print(f"servingtopology-operator: {exc}", file=sys.stderr)
+        return 2
     import kopf
 
     from .cluster import KubeCluster
@@ -147,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(getattr(logging, args.log_level))
     _warn_when_the_limit_is_below_the_budget(max(1, args.plan_slots), args.plan_memory_mib)
     metrics = new_metrics()
-    tenancy = tenancy_policy(args)
     cluster = KubeCluster(_kube_api_client(), tenancy=tenancy)
     # Stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does; in child processes.
     planner = PlanWorker(budget=PlanBudget(wall_s=args.plan_timeout_s, memory_mib=args.plan_memory_mib), slots=max(1, args.plan_slots),

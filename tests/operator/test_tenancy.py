@@ -251,3 +251,10 @@ def test_many_refused_fields_are_named_up_to_a_bound_and_the_rest_counted() -> N
     run(obj, FakeCluster())
     message = cond(obj, "Ready")["message"]
     assert "volumes[0].hostPath" in message and "volumes[29]" not in message and "and 22 more" in message
+
+
+def test_the_operator_refuses_to_start_with_a_grant_it_cannot_read(capsys: pytest.CaptureFixture[str]) -> None:
+    from servingtopology.operator.main import main
+
+    assert main(["--allow-pod-template", "Root"]) == 2
+    assert "'Root' is not a pod-template grant" in capsys.readouterr().err
