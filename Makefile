@@ -19,11 +19,15 @@ $(STAMP): pyproject.toml
 plan: $(STAMP)
 	$(BIN)/servingtopology plan
 
+# mypy --strict and import-linter read the installed package's layout (tools/lint_tree.sh: links in build/lint, since
+# neither follows pyproject's package-dir), from inside that folder so the working tree's servingtopology/ is not seen;
+# import-linter without its cache, which counted fewer imports over the links (0.3 s uncached).
 lint: $(STAMP)
 	$(BIN)/ruff check planner operator servingtopology tests benchmarks e2e
-	$(BIN)/mypy --strict planner
-	mkdir -p build/lint && ln -sfn $(CURDIR)/planner build/lint/planner
-	PYTHONPATH=build/lint $(BIN)/lint-imports
+	bash tools/lint_tree.sh build/lint
+	cd build/lint && $(CURDIR)/$(BIN)/mypy --strict --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache/lint \
+		-p servingtopology.planner -p servingtopology.cli -p servingtopology.emulator -m servingtopology.spec -m servingtopology -m servingtopology.__main__
+	cd build/lint && $(CURDIR)/$(BIN)/lint-imports --no-logo --no-cache $(CURDIR)/pyproject.toml
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not e2e and not conformance"

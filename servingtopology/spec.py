@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.errors import InvalidSpec
@@ -340,6 +341,10 @@ def _smallest_batch(layout: LayoutSpec | None, search: SearchSpec | None) -> int
     return min((search.maxNumSeqs if search is not None and search.maxNumSeqs else None) or PRESETS[preset]["mns"])
 
 
+def _no_schema_default(schema: JsonDict) -> None:
+    schema.pop("default", None)
+
+
 class PlanSpec(_Base):
     """The planning spec (also the core of the ServingTopology resource's spec)."""
 
@@ -347,7 +352,7 @@ class PlanSpec(_Base):
     modelConfig: str | None = Field(default=None, min_length=1, max_length=MAX_PATH, description="path to a Hugging Face config.json")
     # No default in the schema: an unset precision means "as the checkpoint is stored" (serving_precision), which a
     # defaulted `bf16` written by the API server would override.
-    precision: Precision = Field(default=Precision.BF16, json_schema_extra=lambda s: s.pop("default", None),
+    precision: Precision = Field(default=Precision.BF16, json_schema_extra=_no_schema_default,
                                  description="weight precision the engines serve: bf16, fp8, fp4 or int4; default: the "
                                              "checkpoint's own (its quantization_config), bf16 for an unquantized one")
     kvCacheDtype: KvDtype = Field(default=KvDtype.AUTO, description="KV cache dtype: auto (the model's dtype), bf16 or fp8")
@@ -523,7 +528,8 @@ def read_model_config(path: Path, *, field: str = "modelConfig") -> dict[str, An
     cfg = _read_json(path, field, what="a config.json")
     if not isinstance(cfg, dict):
         raise InvalidSpec(field, f"{path} is not a JSON object of model fields")
-    inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    text_config = cfg.get("text_config")
+    inner = text_config if isinstance(text_config, dict) else {}
     sibling = path.parent / "hf_quant_config.json"
     if "quantization_config" not in cfg and "quantization_config" not in inner and sibling.is_file():
         cfg["quantization_config"] = _read_json(sibling, field, what="")

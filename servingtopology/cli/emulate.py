@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -177,12 +178,12 @@ def _report_refusals(api: Any, fleet: Fleet, views: list[Any], raw: dict[str, An
 def _run_cluster(args: argparse.Namespace, profile: _ProfileFile, stop: threading.Event) -> int:
     from kubernetes import client, config
 
-    config.load_kube_config(config_file=args.kubeconfig)
+    config.load_kube_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
     api = client.CoreV1Api()
     fleet = Fleet(profile=profile, group_label=args.group_label, role_label=args.role_label, status_path=args.status,
                   host=args.host, at_pod_address=args.at_pod_address, simulator=SimulatorKind(args.simulator),
                   real_engines=_RealEngineRulesFile(args.real_engines))
-    serialize = client.ApiClient().sanitize_for_serialization
+    serialize: Callable[[object], dict[str, Any]] = client.ApiClient().sanitize_for_serialization
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -192,8 +193,9 @@ def _run_cluster(args: argparse.Namespace, profile: _ProfileFile, stop: threadin
                 else:
                     pods = api.list_pod_for_all_namespaces(label_selector=args.selector)
                 nodes = api.list_node()
-                products = {n.metadata.name: (n.metadata.labels or {}).get("nvidia.com/gpu.product", "") for n in nodes.items}
-                raw = {f"{p.metadata.namespace}/{p.metadata.name}/{p.metadata.uid}": serialize(p) for p in pods.items}
+                products = {n.metadata.name: (n.metadata.labels or {}).get("nvidia.com/gpu.product", "") for n in nodes.items
+                            if n.metadata is not None and n.metadata.name is not None}   # the API server always sets both
+                raw = {f"{p.metadata.namespace}/{p.metadata.name}/{p.metadata.uid}": serialize(p) for p in pods.items if p.metadata is not None}
                 views = [v for v in (pod_view(r) for r in raw.values()) if v is not None]
                 fleet.sync(views, products)
                 _report_refusals(api, fleet, views, raw)

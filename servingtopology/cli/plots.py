@@ -102,7 +102,8 @@ def plan_points(decision: Decision, problem: Problem) -> tuple[list[Point], list
     def point(c: Any) -> Point:
         p = c.prediction
         return Point(p.tokens_per_s_per_user, p.capacity_rps * out_tok / max(c.layout.gpus, 1), p.ttft_ms, c.layout.label)
-    meeting, missing = [], []
+    meeting: list[Point] = []
+    missing: list[Point] = []
     for c in decision.evaluated:
         pt = point(c)
         if pt.per_gpu_tok_s > 0 and pt.per_user_tok_s > 0:

@@ -194,8 +194,9 @@ def _add(parser: argparse.ArgumentParser, a: Argument) -> None:
                 choices.append(conv(c) if conv and conv in (int, float) else c)
             except ValueError:
                 choices.append(c)
+    typed: dict[str, Any] = {} if conv is None else {"type": conv}   # argparse's own default: no conversion
     if a.positional:
-        parser.add_argument(a.dest, nargs=a.nargs, type=conv, choices=choices)
+        parser.add_argument(a.dest, nargs=a.nargs, choices=choices, **typed)
         return
     kw: dict[str, Any] = {"dest": a.dest, "required": a.required}
     if a.action == "BooleanOptionalAction":
@@ -212,7 +213,7 @@ def _add(parser: argparse.ArgumentParser, a: Argument) -> None:
         parser.add_argument(*a.options, action="store_true", **kw)
     else:
         action = "append" if a.action == "_AppendAction" else "store"
-        parser.add_argument(*a.options, action=action, nargs=a.nargs, type=conv, choices=choices, **kw)
+        parser.add_argument(*a.options, action=action, nargs=a.nargs, choices=choices, **typed, **kw)
 
 
 def engine_parser(caps: EngineCaps) -> argparse.ArgumentParser:

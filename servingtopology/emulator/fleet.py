@@ -159,8 +159,7 @@ class Fleet:
         """Starts instances for new Ready pods, stops those of pods gone or not Ready, and rewrites the files."""
         wanted = {f"{p.namespace}/{p.name}/{p.uid}": p for p in pods if p.ready}
         for key, (_, inst) in list(self.instances.items()):
-            code = inst.exit_code() if isinstance(inst, RealEngineInstance) else None
-            if code is not None:
+            if isinstance(inst, RealEngineInstance) and (code := inst.exit_code()) is not None:
                 self.instances.pop(key)
                 inst.stop()
                 self.errors[key] = f"the engine exited with status {code}:\n{inst.log_tail()}"
@@ -170,8 +169,8 @@ class Fleet:
             self.errors.pop(key, None)
         self._retry.clear()
         for key in [k for k in self.instances if k not in wanted]:
-            _, instance = self.instances.pop(key)
-            instance.stop()
+            _, gone = self.instances.pop(key)
+            gone.stop()
             log.info("stopped %s", key)
         for key in [k for k in self.errors if k not in wanted]:
             del self.errors[key]

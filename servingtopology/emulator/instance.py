@@ -86,7 +86,7 @@ class EmulatedInstance:
     @property
     def address(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def start(self) -> EmulatedInstance:
         for thread in self._threads:
