@@ -26,6 +26,7 @@ from .layout import Engine, KvDtype
 from .memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
 from .model import ModelArch
 from .perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
+from .sim.sglang import MIN_NEW_TOKEN_RATIO
 
 __all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "export_quirks", "EXPORT_QUIRK", "Prediction",
            "predict_cases", "predict_all", "BACKENDS",
@@ -433,6 +434,19 @@ def sglang_default_mem_fraction(gpu: Gpu, release: str, tp: Any, pp: Any, dp: An
     return np.round((mem - reserved) / mem, 3)
 
 
+def _output_reserve(backend: str) -> float | None:
+    """Share of its future outputs a request's admission reserves in the KV pool (closed_loop.aggregated
+    `output_reserve`): vLLM none (the prompt's blocks only); SGLang the new-token ratio its scheduler settles at between
+    retractions (planner/sim/sglang.py, decayed to MIN_NEW_TOKEN_RATIO over 600 steps); TensorRT-LLM's default
+    guaranteed-no-evict capacity scheduler the whole sequence (None: the clients over the cap queue before their first
+    token)."""
+    if backend == "vllm":
+        return 0.0
+    if backend == "sglang":
+        return MIN_NEW_TOKEN_RATIO
+    return None
+
+
 def _arr(cases: Sequence[CalibrationCase], fn: Any) -> Any:
     return np.array([fn(c) for c in cases], dtype=float)
 
@@ -483,7 +497,7 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
                          mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s + d.ttft_s_per_input_token * isl,
                          requests_per_client=per_client, recv_interval=_arr(cases, _recv_interval),
                          lockstep=np.array([lockstep_closed_loop(c) for c in cases], dtype=bool),
-                         admits_on_prompt=first.backend == "vllm", params=p)
+                         output_reserve=_output_reserve(first.backend), params=p)
     else:
         pre = [c.prefill for c in cases if c.prefill is not None]
         dec = [c.decode for c in cases if c.decode is not None]

@@ -60,7 +60,7 @@ def _per_client(requests_per_client: Any, p: PerfParams) -> Any:
 
 def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
                mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: Any = None,
-               recv_interval: Any = 1.0, lockstep: Any = False, admits_on_prompt: bool = False,
+               recv_interval: Any = 1.0, lockstep: Any = False, output_reserve: float | None = None,
                params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
 
@@ -79,14 +79,13 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     beyond half a mean step (the inspection paradox); then it queues for budget (M/D/1 in the capacity's
     utilisation, scaled by `queue_factor`).
 
-    `admits_on_prompt`: the engine admits a waiting request when its prompt fits in the free KV blocks, not its
-    whole future sequence (vLLM's scheduler: `KVCacheManager.allocate_slots` for the prompt, then preempting the
-    newest running request when a decode finds no free block). Where the pool cannot hold every client's sequence
-    at its mean length (the `max_running` cap binds) the clients over the cap are not all queued before their first
-    token: part of the wait moves into the decode (preempted, then recomputed), in the proportion of the blocks a
-    sequence claims at admission (its prompt) and while decoding (its outputs); the cycle the capped throughput
-    sets is unchanged (Little's law: N / X = TTFT + (osl − 1)·TPOT). Engines that reserve room for the future outputs (SGLang's new-token ratio, TensorRT-LLM's
-    guaranteed-no-evict) keep the clients over the cap queued before their first token.
+    `output_reserve`: None where the engine admits a request only when the pool holds its whole sequence (the clients
+    over the `max_running` cap queue before their first token); else the share r of its future outputs that admission
+    reserves beside the prompt (vLLM 0: `KVCacheManager.allocate_slots` for the prompt, then preempting the newest
+    running request when a decode finds no free block; SGLang its new-token ratio). Where the KV cap binds, the wait
+    is then split as a sequence claims its blocks: (isl + r·osl) / (isl + osl) of it before the first token, the rest
+    during the decode (preempted or retracted, then recomputed); the cycle the capped throughput sets is unchanged
+    (Little's law: N / X = TTFT + (osl − 1)·TPOT).
 
     `lockstep` (per benchmark): clients that start together with fixed lengths against an engine that runs
     prefill batches before decoding (SGLang, mixed_batches False) stay in step for the whole benchmark when all
@@ -139,13 +138,13 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     queued = np.maximum(clients - b - x * w, 0.0)
     ttft = w + queued / np.maximum(x, 1e-12) + n_c * t_p
     tau_client = tau
-    if admits_on_prompt:
+    if output_reserve is not None:
         # The wait the cap imposes (queued / X) is split as the pool's claims are: a sequence claims its prompt's
         # blocks to be admitted and its outputs' blocks while it decodes, so a share isl / (isl + osl) of the
         # shortage is met before the first token (waiting for a prompt's room) and the rest during the decode
         # (preempted and recomputed).
         excess = queued / np.maximum(x, 1e-12)
-        at_admission = isl / (isl + np.maximum(n_d, 1.0))
+        at_admission = (isl + output_reserve * n_d) / (isl + np.maximum(n_d, 1.0))
         ttft = ttft - (1.0 - at_admission) * excess
         tau_client = tau + (1.0 - at_admission) * excess / np.maximum(n_d, 1.0)
     # Start-up wave: all clients arrive at once and their prompts go through C tokens per step.

@@ -120,20 +120,20 @@ def test_an_engine_that_admits_on_the_prompt_moves_part_of_the_kv_wait_into_the_
     # 64 clients, room for 16 sequences: the cap binds. The cycle (TTFT + (osl − 1)·TPOT) the capped throughput sets is
     # the same either way; vLLM meets isl / (isl + osl) of the wait before the first token, the rest while decoding.
     kw = dict(clients_per_rank=64.0, isl=1000.0, osl=4001.0, token_budget=8192.0, max_running=16.0, mixed_batches=True)
-    queued = aggregated(_linear_step, admits_on_prompt=False, **kw)
-    admitted = aggregated(_linear_step, admits_on_prompt=True, **kw)
+    queued = aggregated(_linear_step, output_reserve=None, **kw)
+    admitted = aggregated(_linear_step, output_reserve=0.0, **kw)
     cycle_q = float(queued.ttft_s) + 4000 * float(queued.tpot_s)
     cycle_a = float(admitted.ttft_s) + 4000 * float(admitted.tpot_s)
     assert cycle_a == pytest.approx(cycle_q, rel=1e-9)
     assert float(admitted.throughput_rps) == pytest.approx(float(queued.throughput_rps))
-    waited = cycle_q - float(aggregated(_linear_step, admits_on_prompt=False, **{**kw, "max_running": 64.0}).ttft_s)
+    waited = cycle_q - float(aggregated(_linear_step, output_reserve=None, **{**kw, "max_running": 64.0}).ttft_s)
     assert float(admitted.ttft_s) < float(queued.ttft_s) and float(admitted.tpot_s) > float(queued.tpot_s)
     moved = float(queued.ttft_s) - float(admitted.ttft_s)
     assert 0 < moved < waited
     # Where the cap does not bind nothing moves.
     free = {**kw, "max_running": 64.0}
-    assert float(aggregated(_linear_step, admits_on_prompt=True, **free).ttft_s) == pytest.approx(
-        float(aggregated(_linear_step, admits_on_prompt=False, **free).ttft_s))
+    assert float(aggregated(_linear_step, output_reserve=0.0, **free).ttft_s) == pytest.approx(
+        float(aggregated(_linear_step, output_reserve=None, **free).ttft_s))
 
 
 def test_sglang_sizes_its_static_memory_as_its_release_does():
