@@ -8,6 +8,7 @@ other than the funnel's own stage timings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -26,7 +27,7 @@ from .slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from .tables import layout_rejection
 from .workload import Objective
 
-__all__ = ["SimFigures", "Simulate", "decide", "predict_layout"]
+__all__ = ["SimFigures", "Simulate", "context_rejection", "decide", "predict_layout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +155,33 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
     return out + [c for i, c in enumerate(ranked) if i not in chosen], FunnelStage("6 simulation of the top K", k - rejected, rejected, clock() - t0, reasons)
 
 
+def context_rejection(problem: Problem) -> None:
+    """Raise InvalidSpec when the workload's longest request is longer than the model's context.
+
+    The longest request is the one the funnel's memory stage holds: the p99 prompt plus the p99 output
+    (analytic.load_shape). The context is the model's (`ModelArch.max_context_tokens`, read from the config's
+    max_position_embeddings as planner.hf_config reads it), which is what vLLM's --max-model-len and SGLang's
+    --context-length default to: both refuse a prompt plus max_tokens beyond it, so no layout of any size serves it.
+    """
+    w, m = problem.workload, problem.model
+    prompt, output = w.input_tokens.p99_tokens, w.output_tokens.p99_tokens
+    longest = math.ceil(prompt + output)
+    if longest <= m.max_context_tokens:
+        return
+    field = "workload.inputTokens" if prompt > m.max_context_tokens or prompt >= output else "workload.outputTokens"
+    raise InvalidSpec(field, f"the longest request needs {longest:,} tokens (p99 prompt {math.ceil(prompt):,} + p99 output "
+                             f"{math.ceil(output):,}); the model's context is {m.max_context_tokens:,} tokens ({m.name}, "
+                             "max_position_embeddings): shorten workload.inputTokens or workload.outputTokens to at most "
+                             f"{m.max_context_tokens:,} together, or choose a model with a longer context")
+
+
 def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None, clock: Clock = no_clock,
            ladder: Sequence[tuple[str, Stage]] | None = None) -> Decision:
     """Plan a layout for the problem; raise Infeasible (with the funnel) when nothing meets it. `ladder`: the
     funnel's stages (default: the engine release's, funnel.engine_ladder)."""
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
+    context_rejection(problem)
     rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None
     if rejected is not None:   # a pin is held to the search's own shape and budget rules
         raise InvalidSpec(*rejected)

@@ -49,12 +49,19 @@ def shape_rejection(problem: Problem, tp: int, pp: int, dp: int) -> str | None:
         return "PP exceeds the layers"
     if dp > 1 and not (m.is_moe or m.is_mla):
         return "attention DP needs an MoE or MLA model"
-    group = tp * dp
-    if group > gpu.gpus_per_node and not s.allow_cross_node_tp:
-        return "TP×DP group spans nodes"
-    if group * pp > gpu.gpus_per_node and gpu.gpus_per_node % group:
+    group, per_node = tp * dp, gpu.gpus_per_node
+    if group > per_node:
+        # A TP×DP group over several nodes (DeepSeek-V3 as TP16 on two 8-GPU nodes, or TP2·DP8·EP over 16 GPUs): only
+        # when the spec allows it, and only over whole nodes (one pod per node, each a whole share of the group).
+        # The step model prices the group's collectives over the NIC past one node (perf._link_bps).
+        if not s.allow_cross_node_tp:
+            return "TP×DP group spans nodes"
+        if group % per_node:
+            return "a TP×DP group over several nodes does not fill whole nodes"
+        return None
+    if group * pp > per_node and per_node % group:
         return "pipeline stages do not tile whole nodes"
-    nodes = -(-group * pp // gpu.gpus_per_node)
+    nodes = -(-group * pp // per_node)
     if nodes > 1 and (group * pp % nodes or group * pp // nodes % group):
         # One pod per node (a LeaderWorkerSet group): each must hold the same whole number of TP×DP groups.
         return "the instance does not split into equal pods of whole TP×DP groups over its nodes"

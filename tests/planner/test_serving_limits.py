@@ -1,0 +1,99 @@
+"""What a plan renders runs as planned: the model's context against the longest request, TP×DP groups over whole
+nodes, and the engines' start-up rules no argument parser checks, for searched and pinned layouts alike."""
+
+import pytest
+
+from servingtopology.planner.decide import decide
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.tables import shape_rejection
+from servingtopology.spec import parse_spec, to_problem
+
+
+def _spec(**over):
+    spec = {"model": "llama-3.1-8b", "engine": "vllm", "hardware": {"gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": 8},
+            "workload": {"arrivalRate": 1, "inputTokens": 1000, "outputTokens": 200},
+            "slo": {"ttftMs": {"p95": 60000}, "tpotMs": {"p95": 200}}}
+    spec.update(over)
+    return spec
+
+
+def _problem(**over):
+    return to_problem(parse_spec(_spec(**over)))
+
+
+# ---------------------------------------------------------------- the model's context
+@pytest.mark.parametrize(("model", "prompt", "output", "field", "needs", "context"), [
+    # Llama-3.1-8B holds 131,072 tokens: 200,000 + 100 was planned as 5×TP1
+    ("llama-3.1-8b", 200_000, 100, "workload.inputTokens", "200,100", "131,072"),
+    # Llama-2-7B holds 4,096: 600,000-token prompts got "483515% short"
+    ("meta-llama/Llama-2-7b-hf", 600_000, 100, "workload.inputTokens", "600,100", "4,096"),
+    # the output alone takes the request past the context: the output is named
+    ("meta-llama/Llama-2-7b-hf", 1_000, 3_500, "workload.outputTokens", "4,500", "4,096"),
+])
+def test_a_request_longer_than_the_models_context_is_refused_naming_the_field_and_the_limit(model, prompt, output, field, needs,
+                                                                                               context):
+    with pytest.raises(InvalidSpec) as err:
+        decide(_problem(model=model, workload={"arrivalRate": 0.1, "inputTokens": prompt, "outputTokens": output}))
+    assert err.value.field == field
+    assert f"needs {needs} tokens" in err.value.message and f"the model's context is {context} tokens" in err.value.message
+    assert "% short" not in err.value.message
+
+
+def test_the_longest_request_is_the_distributions_tail_not_its_mean():
+    # mean 60,000 but a lognormal p99 far beyond 131,072: refused, as the funnel's memory stage would hold that tail.
+    with pytest.raises(InvalidSpec, match="the model's context is 131,072"):
+        decide(_problem(workload={"arrivalRate": 0.1, "inputTokens": {"distribution": "lognormal", "mean": 60_000, "sigma": 0.6},
+                                  "outputTokens": 100}))
+
+
+def test_a_pinned_layout_is_held_to_the_context_too():
+    with pytest.raises(InvalidSpec, match="context"):
+        decide(_problem(workload={"arrivalRate": 0.1, "inputTokens": 140_000, "outputTokens": 100},
+                        layout={"kind": "replicas", "replicas": 1, "tp": 8}))
+
+
+def test_a_plan_within_the_context_holds_its_longest_request():
+    d = decide(_problem(workload={"arrivalRate": 0.1, "inputTokens": 120_000, "outputTokens": 1_000}))
+    assert d.best.prediction.max_request_tokens >= 121_000
+    assert d.best.prediction.max_request_tokens <= 131_072
+
+
+# ---------------------------------------------------------------- groups over whole nodes
+_DSV3 = {"model": "deepseek-ai/DeepSeek-V3", "precision": "fp8", "engine": "sglang",
+         "hardware": {"gpu": "h200_sxm", "gpusPerNode": 8, "maxGPUs": 16, "allowCrossNodeTP": True},
+         "workload": {"arrivalRate": 1, "inputTokens": 2000, "outputTokens": 300},
+         "slo": {"ttftMs": {"p95": 5000}, "tpotMs": {"p95": 200}}}
+
+
+@pytest.mark.parametrize(("tp", "dp", "label"), [
+    (16, 1, "1×TP16"),           # DeepSeek-V3 FP8 as TP16 on two 8-GPU H200 nodes
+    (2, 8, "1×TP2·DP8·EP"),      # TP2 × attention DP8 with expert parallelism over the same 16 GPUs
+])
+def test_deepseek_v3_over_two_h200_nodes_plans_when_cross_node_groups_are_allowed(tp, dp, label):
+    spec = {**_DSV3, "layout": {"kind": "replicas", "replicas": 1, "tp": tp, "dp": dp, "ep": dp > 1}}
+    d = decide(to_problem(parse_spec(spec)))
+    assert d.best.layout.label == label and d.best.layout.gpus == 16
+
+
+@pytest.mark.parametrize(("tp", "pp", "dp", "why"), [
+    (16, 1, 1, None),                                   # a TP16 group over two whole nodes
+    (2, 1, 8, None),                                    # TP2·DP8 over two whole nodes
+    (16, 2, 1, None),                                   # two stages of a two-node group: four whole nodes
+    (4, 1, 3, "does not fill whole nodes"),             # 12 GPUs over 8-GPU nodes: one and a half nodes
+])
+def test_a_group_larger_than_a_node_must_tile_whole_nodes(tp, pp, dp, why):
+    p = to_problem(parse_spec({**_DSV3, "hardware": {**_DSV3["hardware"], "maxGPUs": 64}}))
+    got = shape_rejection(p, tp, pp, dp)
+    assert got is None if why is None else why in (got or "")
+
+
+def test_a_group_larger_than_a_node_without_cross_node_groups_allowed_is_still_refused():
+    p = to_problem(parse_spec({**_DSV3, "hardware": {**_DSV3["hardware"], "allowCrossNodeTP": False}}))
+    assert shape_rejection(p, 16, 1, 1) == "TP×DP group spans nodes"
+    assert shape_rejection(p, 2, 1, 8) == "TP×DP group spans nodes"
+
+
+def test_the_search_offers_tp16_over_two_nodes_when_allowed():
+    spec = {**_DSV3, "search": {"tp": [16], "pp": [1], "dp": [1], "layouts": ["replicas"]}}
+    d = decide(to_problem(parse_spec(spec)))
+    assert d.best.layout.label == "1×TP16"
