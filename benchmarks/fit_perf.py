@@ -121,6 +121,20 @@ def _pins(specs: list[str]) -> dict[str, float]:
     return pins
 
 
+SWITCHES = ("measured_allreduce", "measured_moe")
+
+
+def _switches(specs: list[str]) -> dict[str, float]:
+    """`NAME=VALUE` settings of the step model's switches (not fitted; recorded with the parameters)."""
+    out = {}
+    for spec in specs:
+        name, _, value = spec.partition("=")
+        if name not in SWITCHES:
+            raise SystemExit(f"--set: unknown switch {name!r}; allowed: {', '.join(SWITCHES)}")
+        out[name] = float(value)
+    return out
+
+
 def _pairs(m: Measurements) -> tuple[np.ndarray, np.ndarray]:
     """Index pairs of rows that a ranking compares: same model, precisions, system, backend, lengths and
     concurrency, different topology (the groups of planner.fidelity.ranking_score)."""
@@ -422,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", choices=("nelder-mead", "pattern"), default="pattern", help="search method")
     ap.add_argument("--from-defaults", action="store_true", help="start from PerfParams() instead of the current fit")
     ap.add_argument("--dry-run", action="store_true", help="print the fit, do not write the data file")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="set a switch of the step model that is not fitted (measured_allreduce=1, measured_moe=1: the measured "
+                         "kernel tables) in the fit and every fold")
     ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
                     help="hold a parameter at VALUE instead of fitting it (repeatable)")
     ap.add_argument("--out", type=Path, default=OUT, help="where to write the fitted parameters")
@@ -448,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
 
     m = load_measurements(args.csv, model_dir=args.model_dir)
     pins = _pins(args.fix)
+    switches = _switches(args.set)
     start = load_params(json.loads(args.start.read_text())) if args.start else perf_params()
-    base = replace(PerfParams() if args.from_defaults else start, **DECLARED, **pins)
+    base = replace(PerfParams() if args.from_defaults else start, **DECLARED, **pins, **switches)
     names = [n for n in BOUNDS if n not in pins]
     x = _from_params(base, names)
     if args.perturb is not None:

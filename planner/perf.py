@@ -102,6 +102,10 @@ class PerfParams:
     # the aiconfigurator-core tables) wherever a table covers the GPU, engine and group; 0: the fitted roofline line
     # (allreduce_latency_s, link_eff) everywhere. A switch, not fitted: the ablation in benchmarks/README flips it.
     measured_allreduce: float = 0.0
+    # 1: a MoE layer's routed experts cost what the engine's fused-MoE kernel measured at the layer's configuration
+    # (hidden, expert width, top-k, experts, MoE TP, MoE EP) and weight format, interpolated in the tokens each GPU
+    # computes, where a table covers them (kernels.moe_s); 0: the fitted roofline (moe_eff_scale, mem_eff).
+    measured_moe: float = 0.0
     source: str = "defaults (unfitted)"
 
 
@@ -249,16 +253,26 @@ def measured_allreduce(gpu: Gpu, engine: Engine | None, release: str | None, tp:
     return fixed, per_tok
 
 
-def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None) -> dict[str, str]:
-    """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline."""
+def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None, *,
+                   model: ModelArch | None = None, moe_precision: Precision | None = None, dp: int = 1, moe_ep: int = 1) -> dict[str, str]:
+    """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline.
+    `model` (with its experts' precision and the instance's dp and EP degree) adds the MoE term."""
     p = params or perf_params()
-    if p.measured_allreduce < 0.5 or tp < 2:
-        return {}
+    out: dict[str, str] = {}
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
-    if name is None or gpu.scaleup_link is not Link.NVLINK or tp > gpu.gpus_per_node:
-        return {}
-    f, _, source = _measured_allreduce_line(gpu.id, name, release or "", int(tp), int(hidden))
-    return {"tp_allreduce": source} if math.isfinite(f) else {}
+    if name is None:
+        return out
+    if p.measured_allreduce >= 0.5 and tp >= 2 and gpu.scaleup_link is Link.NVLINK and tp <= gpu.gpus_per_node:
+        f, _, source = _measured_allreduce_line(gpu.id, name, release or "", int(tp), int(hidden))
+        if math.isfinite(f):
+            out["tp_allreduce"] = source
+    if p.measured_moe >= 0.5 and model is not None and model.is_moe:
+        group = tp * dp
+        ep = min(moe_ep, group)
+        _, source = measured_moe_curve(model, gpu, engine, release, moe_precision or Precision.BF16, group // max(ep, 1), ep)
+        if source:
+            out["moe"] = source
+    return out
 
 
 def allreduce_s(gpu: Gpu, group: Any, nbytes: Any, params: PerfParams | None = None) -> Any:
@@ -328,6 +342,75 @@ class StepCoefficients:
     per_seq_s: float
     gemm_half_tokens: float
     sharp: float
+    # ln(seconds) of all MoE layers' routed experts at 2^i tokens (i = 0 … MOE_GRID − 1) per candidate, measured
+    # (kernels.moe_s); NaN where no table covers the candidate or the token count. None: the roofline everywhere.
+    moe_log_curve: Any = None
+
+
+# Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
+MOE_GRID = 16
+_MOE_DTYPES = {Precision.BF16: ("bfloat16",), Precision.FP8: ("fp8_block", "fp8"), Precision.INT4: ("int4_wo",)}
+
+
+def _moe_dtypes(model: ModelArch, mp: Precision) -> tuple[str, ...]:
+    """The measured kernel variants a checkpoint's routed experts run as, most specific first."""
+    if mp is Precision.FP4:
+        ck = model.checkpoint
+        return ("w4a16_mxfp4",) if ck is not None and ck.method == "mxfp4" else ("nvfp4",)
+    return _MOE_DTYPES.get(mp, ())
+
+
+@cache
+def _moe_curve_scalar(gpu_id: str, engine: str, release: str, dtypes: tuple[str, ...], config: tuple[int, ...]) -> tuple[tuple[float, ...], str]:
+    """ln(seconds) of one MoE layer at 2^i tokens from the first measured variant of `dtypes` that covers `config`."""
+    tokens = np.exp2(np.arange(MOE_GRID, dtype=float))
+    for dtype in dtypes:
+        got = kernels.moe_s(gpu_id, engine, release or None, dtype=dtype, hidden=config[0], inter=config[1], topk=config[2],
+                            experts=config[3], moe_tp=config[4], moe_ep=config[5], tokens=tokens)
+        if got.source is not None and np.isfinite(got.time_s[0]):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return tuple(float(v) for v in np.log(got.time_s)), f"{got.source.describe()}, {dtype}"
+    return tuple([math.nan] * MOE_GRID), ""
+
+
+def measured_moe_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, mp: Precision, moe_tp: Any,
+                       moe_ep: Any) -> tuple[Any, str]:
+    """ln(seconds) of all of a stage's MoE layers at 2^i tokens per candidate (rows of NaN where not covered), and the
+    source of the first covered row ("" when none)."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    tp_arr, ep_arr = np.broadcast_arrays(np.asarray(moe_tp, dtype=float), np.asarray(moe_ep, dtype=float))
+    curve = np.full((*tp_arr.shape, MOE_GRID), np.nan)
+    dtypes = _moe_dtypes(model, mp)
+    source = ""
+    if name is None or not model.is_moe or not dtypes:
+        return curve, source
+    layers = float(model.num_moe_layers)
+    for mt, me in {(float(a), float(b)) for a, b in zip(tp_arr.ravel(), ep_arr.ravel(), strict=True)}:
+        config = (model.hidden_size, model.moe_intermediate_size, model.experts_per_token, model.num_experts, int(mt), int(me))
+        values, where = _moe_curve_scalar(gpu.id, name, release or "", dtypes, config)
+        if where:
+            source = source or where
+            curve[(tp_arr == mt) & (ep_arr == me)] = np.asarray(values) + math.log(layers)
+    return curve, source
+
+
+def _moe_table_s(curve: Any, tokens: Any) -> Any:
+    """exp of the curve interpolated linearly in log2(tokens) (NaN outside the measured grid or the table)."""
+    pos = np.log2(np.maximum(np.asarray(tokens, dtype=float), 1.0))
+    inside = pos <= MOE_GRID - 1
+    pos = np.minimum(pos, MOE_GRID - 1 - 1e-9)
+    i = np.floor(pos).astype(np.int64)
+    frac = pos - i
+    c = np.asarray(curve, dtype=float)
+    if c.ndim == 1:
+        lo, hi = c[i], c[i + 1]
+    else:
+        i_b = np.broadcast_to(i, c.shape[:-1])
+        lo = np.take_along_axis(c, i_b[..., None], axis=-1)[..., 0]
+        hi = np.take_along_axis(c, i_b[..., None] + 1, axis=-1)[..., 0]
+        frac = np.broadcast_to(frac, c.shape[:-1])
+        inside = np.broadcast_to(inside, c.shape[:-1])
+    return np.where(inside, np.exp(lo * (1.0 - frac) + hi * frac), np.nan)
 
 
 def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
@@ -426,6 +509,13 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / _link_bps(gpu, tp * dp * pp, p), zero)
     handoff_fixed = np.where(pp > 1, np.where(gpu.scaleup_link is Link.NVLINK, 2.0 * p.allreduce_latency_s,
                                               _exchange_latency_s(gpu, tp * dp * pp, p)), zero)
+    moe_curve = None
+    if p.measured_moe >= 0.5 and model.is_moe:
+        tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
+        curve, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
+        if np.isfinite(curve).any():
+            # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
+            moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
     scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)
     return StepCoefficients(
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
@@ -436,7 +526,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
-        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness,
+        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve,
     )
 
 
@@ -487,6 +577,12 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
     t_moe_c = c.moe_flop_s * (routed * busiest + c.gemm_half_tokens)
     t_moe_m = c.moe_mem_s * active
     t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
+    if c.moe_log_curve is not None:
+        # Measured where a table covers it. The tables' token count is per EP rank with every rank's tokens dispatched
+        # (each GPU computes its share of tokens × top-k pairs): the tokens all DP ranks route, over the EP degree, as
+        # the busiest rank sees them.
+        measured = _moe_table_s(c.moe_log_curve, routed * c.local_experts / c.experts * busiest)
+        t_moe = np.where(np.isfinite(measured), measured, t_moe)
     t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
     mixed = (prefill_tokens > 0) * 1.0  # 1 when the step carries a prefill chunk
     t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp

@@ -78,8 +78,10 @@ def step_terms_line(problem: Problem, layout: Layout) -> str:
     """Which step-time terms of the layout's instances came from measured kernel tables and which from the roofline."""
     measured: dict[str, str] = {}
     for role in layout.roles.values():
-        for term, source in measured_terms(problem.gpu, problem.engine, problem.engine_version, role.parallelism.tp,
-                                           problem.model.hidden_size).items():
+        par = role.parallelism
+        ep = par.tp * par.dp if par.ep else 1
+        for term, source in measured_terms(problem.gpu, problem.engine, problem.engine_version, par.tp, problem.model.hidden_size,
+                                           model=problem.model, moe_precision=problem.precision, dp=par.dp, moe_ep=ep).items():
             measured.setdefault(term, source)
     if not measured:
         return ("Step time: every term from the roofline with the fitted efficiencies (no measured kernel table covers "

@@ -77,3 +77,38 @@ def test_the_decision_record_names_the_measured_terms_of_the_chosen_layout():
     assert "tp_allreduce measured (vllm 0.24.0 on h100_sxm (nearest measured release to 0.33.0))" in line
     with pinned_params(OFF):
         assert "every term from the roofline" in step_terms_line(problem, tp4)
+
+
+def _deepseek():
+    from servingtopology.cli.validate import _resolve_model
+    from tests.groundtruth import GROUNDTRUTH
+
+    return _resolve_model("deepseek-ai/DeepSeek-V3", GROUNDTRUTH / "models")
+
+
+def test_the_measured_moe_term_reads_the_fused_moe_table_at_the_tokens_each_gpu_computes():
+    from servingtopology.planner.perf import _moe_table_s
+
+    ds = _deepseek()
+    on = replace(PerfParams(), measured_moe=1.0)
+    c = step_coefficients(ds, resolve_gpu("h200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
+                          tp=np.array([8.0, 1.0]), pp=1.0, dp=np.array([1.0, 8.0]), moe_ep=np.array([1.0, 8.0]), params=on, release="0.5.9")
+    assert c.moe_log_curve is not None and np.isfinite(c.moe_log_curve[:, :12]).all()  # 1 … 2,048 tokens measured
+    # TP8 experts at 64 tokens: the table's TP8 row at 64 tokens, times the MoE layers.
+    one_layer = kernels.moe_s("h200_sxm", "sglang", "0.5.9", dtype="fp8_block", hidden=ds.hidden_size, inter=ds.moe_intermediate_size,
+                              topk=ds.experts_per_token, experts=ds.num_experts, moe_tp=8, moe_ep=1, tokens=np.array([64.0]))
+    got = _moe_table_s(c.moe_log_curve, np.array([64.0, 64.0]))
+    assert got[0] == pytest.approx(ds.num_moe_layers * float(one_layer.time_s[0]), rel=1e-6)
+    # Past the measured grid the roofline stays (NaN from the table).
+    assert np.isnan(_moe_table_s(c.moe_log_curve, np.array([1e6, 1e6]))).all()
+
+
+def test_moe_tables_stay_off_without_the_switch_and_for_dense_models_and_uncovered_gpus():
+    ds = _deepseek()
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=8.0, pp=1.0, dp=1.0)
+    assert step_coefficients(ds, resolve_gpu("h200_sxm"), params=OFF, **kw).moe_log_curve is None
+    assert step_coefficients(LLAMA70, resolve_gpu("h200_sxm"), params=replace(OFF, measured_moe=1.0), **kw).moe_log_curve is None
+    assert step_coefficients(ds, resolve_gpu("gb200"), params=replace(OFF, measured_moe=1.0), **kw).moe_log_curve is None
+    terms = measured_terms(resolve_gpu("h200_sxm"), Engine.VLLM, None, 8, ds.hidden_size, params=replace(OFF, measured_moe=1.0),
+                           model=ds, moe_precision=Precision.FP8)
+    assert "moe" in terms and "fp8_block" in terms["moe"]
