@@ -102,7 +102,6 @@ class HostileServer:
             def handle(self) -> None:
                 owner._serve(self.request)
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
         server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Handler, bind_and_activate=False)
         server.daemon_threads = True
         server.allow_reuse_address = True
