@@ -283,14 +283,14 @@ class PrometheusMetrics:
 
 
 def unavailable_reason(exc: BaseException) -> str:
-    """Say why a query failed without repeating what the server sent back.
+    """Say why a query of a client other than operator/prometheus_http.py failed, without repeating the server.
 
-    A Prometheus URL comes from the resource's author; its response bodies may be anything (an SSRF target's
-    page, a token echoed back), so conditions and Events get the status code or the error's kind only:
+    (The bounded client's own errors are PrometheusAnswerError, already worded without the body.) A Prometheus URL
+    comes from the resource's author; its response bodies may be anything (an SSRF target's page, a token echoed
+    back), so conditions and Events get the status code or the error's kind only:
     - a non-200 answer: "HTTP Status Code 503 (b'...')" → "HTTP 503";
     - a 200 whose JSON has no `data.result` (KeyError/TypeError inside the client) or is not JSON (ValueError);
-    - a connection error or timeout (requests' errors are OSErrors): its kind and message, which the
-      client wrote, not the server.
+    - a connection error or timeout (an OSError): its kind and message, which the client wrote, not the server.
     """
     code = re.match(r"HTTP Status Code (\d+)", str(exc))
     if code:
