@@ -511,11 +511,6 @@ class TopologySpec(PlanSpec):
     hardware: ClusterHardwareSpec = Field(description="the GPU type, the GPU budget, the node shape and where engine pods may run")
     modelConfigMap: ConfigMapRef | None = Field(default=None, description="a ConfigMap holding a Hugging Face config.json, for "
                                                 "a model outside the catalog; exactly one of model or modelConfigMap")
-    modelSource: str | None = Field(default=None, min_length=1, max_length=MAX_PATH,
-                                    description="what the engine loads (Hugging Face id or a path in the image); "
-                                    "default: model; required with modelConfigMap")
-    servedModelName: str | None = Field(default=None, min_length=1, max_length=MAX_ID,
-                                        description="the model name clients send; default: model")
     policy: PolicySpec = Field(default_factory=PolicySpec, description="how the operator acts on plans: mode (DryRun by "
                                "default), re-plan interval, cooldown")
     pinned: LayoutSpec | None = Field(default=None, description="the layout to run as is (policy.mode Pinned)")

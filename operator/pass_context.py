@@ -25,7 +25,7 @@ from ..planner.layout import Layout, Role, RoleLayout
 from ..planner.model import model_catalog
 from ..planner.problem import Decision, Problem
 from ..planner.tables import layout_rejection
-from ..spec import SpecError, to_layout, to_problem
+from ..spec import SpecError, model_identity, to_layout, to_problem
 from .api import (
     ConditionType,
     HistoryEntry,
@@ -183,11 +183,11 @@ def hold_unreadable(p: PassState) -> Outcome | None:
 def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: str, uid: str, gpus_per_node: int,
                   set_name: str = "") -> Blueprint:
     """The builders' input for one plan (or one set of a transition) of one ServingTopology."""
-    source = spec.modelSource or spec.model or ""
+    identity = model_identity(spec)   # the CLI's rule: spec.py model_identity
     hw = spec.hardware
     return Blueprint(
-        name=name, namespace=namespace, uid=uid, engine=spec.engine.name, image=spec.engine.image, model=source,
-        served_model_name=spec.servedModelName or spec.model or source, layout=layout, gpus_per_node=gpus_per_node,
+        name=name, namespace=namespace, uid=uid, engine=spec.engine.name, image=spec.engine.image, model=identity.source,
+        served_model_name=identity.served_name, layout=layout, gpus_per_node=gpus_per_node,
         router_image=spec.engine.routerImage or "", extra_args=tuple(spec.engine.extraArgs),
         node_selector=dict(hw.nodeSelector),
         tolerations=tuple(t.model_dump(exclude_none=True) for t in hw.tolerations),

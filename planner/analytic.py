@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .engine_caps import chunk_tokens_per_rank
 from .hardware import Gpu, Precision
 from .layout import Engine, KvDtype
 from .model import ModelArch
@@ -121,6 +122,7 @@ def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, eng
                         max_num_batched_tokens: Any, pool_tokens: Any) -> RoleEstimate:
     """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank."""
     c = _Ctx(model, gpu, precision, engine)
+    max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip, o, ctx_mean = shape.computed_input_tokens, shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
     b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
@@ -157,6 +159,7 @@ def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine
                      rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any) -> RoleEstimate:
     """Prefill-only instances of a PD layout: TTFT here excludes the KV transfer and the first decode step."""
     c = _Ctx(model, gpu, precision, engine)
+    max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip = shape.computed_input_tokens
     lam = rate_rps / (count * dp)
     batch = np.minimum(max_num_batched_tokens, np.maximum(ip, max_num_batched_tokens // max(ip, 1.0) * ip))

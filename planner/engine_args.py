@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from .engine_caps import EngineCaps, load_caps, resolve_version
+from .engine_caps import EngineCaps, load_caps, resolve_version, running_requests_flag
 from .hardware import Precision
 from .layout import Engine, KvDtype, Layout, LayoutKind, Role, RoleLayout
 
@@ -68,7 +68,10 @@ def engine_args(engine: Engine, role: Role, layout_role: RoleLayout, *, precisio
         args += ["--ep-size", str(par.tp * par.dp)]
     if par.pp > 1:
         args += ["--pp-size", str(par.pp)]
-    args += ["--max-running-requests", str(k.max_num_seqs * par.dp), "--chunked-prefill-size", str(k.max_num_batched_tokens),
+    # Both are server-wide: SGLang divides them by --attn-dp-size per rank. --max-running-requests gives each rank the
+    # planned max_num_seqs; the chunk is the planned token budget, of which each rank takes its share (the simulator
+    # and the analytic model use the same per-rank chunk, engine_caps.chunk_tokens_per_rank).
+    args += ["--max-running-requests", str(running_requests_flag(par, k.max_num_seqs)), "--chunked-prefill-size", str(k.max_num_batched_tokens),
              "--mem-fraction-static", f"{k.memory_fraction:g}", "--kv-cache-dtype", _SGLANG_KV[k.kv_dtype]]
     if not k.enable_prefix_caching:
         args += ["--disable-radix-cache"]

@@ -2,7 +2,8 @@
 the PD rules argparse cannot see, how an instance spanning nodes starts, and the metrics it exports.
 
 The data is generated from the released packages by tools/gen_engine_caps.py into data/engine_caps/ and is
-never written by hand. Read by the funnel (PD rules), the engine-argument builders (spellings per version),
+never written by hand; the few start-up rules of the knobs (`STARTUP_RULES`) are read from the releases' source,
+file and line per release, until the generator extracts them. Read by the funnel (PD rules), the engine-argument builders (spellings per version),
 the operator (version from the spec or image tag) and the emulator (a parser as strict as the engine's).
 Pure: it reads package data only.
 """
@@ -17,8 +18,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Protocol
 
+import numpy as np
+
 from .errors import InvalidSpec
-from .layout import Engine, Layout, LayoutKind, Role
+from .layout import Engine, EngineKnobs, Layout, LayoutKind, Parallelism, Role
 
 __all__ = [
     "Argument",
@@ -33,6 +36,12 @@ __all__ = [
     "pd_shapes_rejected",
     "problem_caps",
     "PlansForRelease",
+    "StartupRule",
+    "STARTUP_RULES",
+    "startup_rule_source",
+    "knob_rejection",
+    "chunk_tokens_per_rank",
+    "running_requests_flag",
 ]
 
 _DIR = "data/engine_caps"
@@ -214,3 +223,75 @@ class PlansForRelease(Protocol):
 def problem_caps(problem: PlansForRelease) -> EngineCaps:
     """The capabilities of the release a Problem plans for (its engine_version, else the newest covered)."""
     return load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine))
+
+
+@dataclass(frozen=True, slots=True)
+class StartupRule:
+    """A rule an engine applies to its knobs at start-up (no argument parser sees it), with the source line per release."""
+
+    id: str
+    kind: str                          # vllm | sglang
+    what: str
+    sources: Mapping[str, str]         # release -> "path/in/wheel.py:line"
+
+
+STARTUP_RULES: tuple[StartupRule, ...] = (
+    # SchedulerConfig.verify: "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs (512)".
+    StartupRule("batched_tokens_below_seqs", "vllm", "max_num_batched_tokens must be >= max_num_seqs",
+                {"0.11.0": "vllm/config/scheduler.py:245", "0.32.0": "vllm/config/scheduler.py:328",
+                 "0.33.0": "vllm/config/scheduler.py:331"}),
+    # The CUDA attention backends' KV block: FlashAttention's get_kv_cache_shape ("Block size must be a multiple of
+    # 16.") in 0.11, its supported kernel block sizes [MultipleOf(16)] later (Triton and FlashInfer alike).
+    StartupRule("block_size_multiple_of_16", "vllm", "the KV block size must be a multiple of 16 on CUDA",
+                {"0.11.0": "vllm/v1/attention/backends/flash_attn.py:85", "0.32.0": "vllm/v1/attention/backends/flash_attn.py:365",
+                 "0.33.0": "vllm/v1/attention/backends/flash_attn.py:367"}),
+    # _handle_data_parallelism: under attention DP, chunked_prefill_size becomes chunked_prefill_size // attn_dp_size.
+    StartupRule("chunk_per_attention_dp_rank", "sglang", "--chunked-prefill-size is divided by --attn-dp-size per rank",
+                {"0.5.23": "sglang/srt/arg_groups/parallel_hook.py:331"}),
+    # Each attention-DP worker's request slots: max(1, max_running_requests // attn_dp_size).
+    StartupRule("running_requests_per_attention_dp_rank", "sglang", "--max-running-requests is divided by --attn-dp-size per rank",
+                {"0.5.23": "sglang/srt/model_executor/pool_configurator.py:1142"}),
+)
+
+
+def startup_rule_source(rule_id: str, kind: str, version: str) -> str:
+    """Where release `version` of `kind` applies the rule: its own line, else the nearest covered release's."""
+    rule = next(r for r in STARTUP_RULES if r.id == rule_id and r.kind == kind)
+    if version in rule.sources:
+        return rule.sources[version]
+    nearest = min(rule.sources, key=lambda v: abs(_key(v)[0] * 1000 + _key(v)[1] - _key(version)[0] * 1000 - _key(version)[1]))
+    return f"{rule.sources[nearest]} in {nearest}"
+
+
+def knob_rejection(caps: EngineCaps, knobs: EngineKnobs) -> tuple[str, str] | None:
+    """Why the release would refuse to start with these knobs: (the spec's engineArgs field, the reason), or None.
+
+    vLLM: max_num_batched_tokens below max_num_seqs, a block size that is not a multiple of 16. SGLang takes no
+    --block-size (its page is --page-size, which the plan leaves at SGLang's default) and has no such rule."""
+    if caps.kind != "vllm":
+        return None
+    if knobs.max_num_batched_tokens < knobs.max_num_seqs:
+        src = startup_rule_source("batched_tokens_below_seqs", caps.kind, caps.version)
+        return "maxNumBatchedTokens", (f"maxNumBatchedTokens {knobs.max_num_batched_tokens} is below maxNumSeqs {knobs.max_num_seqs}: "
+                                       f"{caps.label} refuses to start (\"max_num_batched_tokens ({knobs.max_num_batched_tokens}) must be "
+                                       f"greater than or equal to max_num_seqs ({knobs.max_num_seqs})\", {src}); set maxNumBatchedTokens "
+                                       f">= {knobs.max_num_seqs} or maxNumSeqs <= {knobs.max_num_batched_tokens}")
+    if knobs.block_size_tokens % 16:
+        src = startup_rule_source("block_size_multiple_of_16", caps.kind, caps.version)
+        return "blockSize", (f"blockSize {knobs.block_size_tokens} is not a multiple of 16: {caps.label}'s CUDA attention backends "
+                             f"refuse it ({src}); allowed: 16, 32, 64, 128, 256")
+    return None
+
+
+def chunk_tokens_per_rank(engine: Engine, max_num_batched_tokens: Any, dp: Any) -> Any:
+    """Prefill tokens one attention-DP rank takes per step: vLLM gives each DP rank the whole --max-num-batched-tokens;
+    SGLang divides --chunked-prefill-size by --attn-dp-size (STARTUP_RULES chunk_per_attention_dp_rank). Arrays broadcast."""
+    if engine is Engine.SGLANG:
+        return np.maximum(np.floor_divide(max_num_batched_tokens, np.maximum(dp, 1)), 1)
+    return max_num_batched_tokens
+
+
+def running_requests_flag(par: Parallelism, max_num_seqs: int) -> int:
+    """SGLang's --max-running-requests for `max_num_seqs` sequences per attention-DP rank: the server-wide cap, which
+    SGLang divides by --attn-dp-size (STARTUP_RULES running_requests_per_attention_dp_rank)."""
+    return max_num_seqs * max(par.dp, 1)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .engine_caps import knob_rejection, problem_caps
 from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from .problem import Problem
 from .role_knobs import decode_knobs, prefill_knobs
@@ -72,8 +73,10 @@ def layout_rejection(problem: Problem, layout: Layout) -> tuple[str, str] | None
     """Why a given layout (a pin, not a search row) is impossible: (its field, the reason), or None.
 
     The search's own rules, so a pin and a searched candidate are held to the same: each role's instance
-    shape (`shape_rejection`, stage 1) and the GPU budget (stage 2, named `hardware.maxGPUs` in the reason).
-    Fields are the spec's: `layout`, `layout.prefill`, `layout.decode`.
+    shape (`shape_rejection`, stage 1), the GPU budget (stage 2, named `hardware.maxGPUs` in the reason) and the
+    engine release's start-up rules of the knobs (engine_caps.knob_rejection: vLLM's max_num_batched_tokens >=
+    max_num_seqs and block sizes, which the search never offers otherwise). Fields are the spec's: `layout`,
+    `layout.prefill`, `layout.decode`, `layout[.role].engineArgs.<knob>`.
     """
     for role, rl in layout.roles.items():
         par = rl.parallelism
@@ -85,6 +88,12 @@ def layout_rejection(problem: Problem, layout: Layout) -> tuple[str, str] | None
                            f"and {m.num_kv_heads} KV heads, {m.num_layers} layers; {gpus_per_node} GPUs per node)")
     if layout.gpus > problem.max_gpus:
         return "layout", f"{layout.label} needs {layout.gpus} GPUs, over the budget of {problem.max_gpus} (hardware.maxGPUs)"
+    caps = problem_caps(problem)
+    for role, rl in layout.roles.items():
+        knob = knob_rejection(caps, rl.knobs)
+        if knob is not None:
+            where = "layout" if layout.kind is LayoutKind.REPLICAS else f"layout.{role.value}"
+            return f"{where}.engineArgs.{knob[0]}", knob[1]
     return None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,7 +22,7 @@ from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
-from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
+from servingtopology.planner.model import ModelArch, catalog_hf_id, from_hf_config, resolve_model
 from servingtopology.planner.problem import Problem, SearchSpace
 from servingtopology.planner.role_knobs import DEFAULT_KNOBS
 from servingtopology.planner.towers import LANGUAGE_ONLY_FLAGS, language_only_flag
@@ -41,6 +41,9 @@ __all__ = [
     "to_problem",
     "serving_precision",
     "read_model_config",
+    "ModelIdentity",
+    "model_identity",
+    "read_model_identity",
 ]
 
 
@@ -128,8 +131,9 @@ class HardwareSpec(_Base):
                                      "in GB/s; default: the catalog GPU's")
     nicGbps: float | None = Field(default=None, gt=0, le=100_000, description="override: network (NIC) bandwidth per GPU, in "
                                   "Gb/s; default: the catalog GPU's")
-    allowCrossNodeTP: bool = Field(default=False, description="let a tensor-parallel group span nodes (slow without NVLink "
-                                   "across nodes); pipeline stages may always span nodes")
+    allowCrossNodeTP: bool = Field(default=False, description="let a tensor-parallel or attention-DP group (TP x DP) span "
+                                   "whole nodes, e.g. TP16 or TP2 x DP8 on two 8-GPU nodes; its collectives are priced over the "
+                                   "network (slow without NVLink across nodes); pipeline stages may always span nodes")
 
 
 class DistributionSpec(_Base):
@@ -228,11 +232,14 @@ class SearchSpec(_Base):
         default=None, max_length=MAX_LIST, description=f"data-parallel sizes per engine to try (1 to {MAX_PARALLEL}); default: "
                                                       "the preset's for MoE and MLA models, else [1]")
     maxNumSeqs: list[Annotated[int, Field(ge=1, le=MAX_NUM_SEQS)]] | None = Field(
-        default=None, max_length=MAX_LIST, description=f"engine batch sizes (--max-num-seqs) to try (1 to {MAX_NUM_SEQS:,}); "
-                                                      "default: the preset's")
+        default=None, max_length=MAX_LIST, description="batch sizes per attention-DP rank to try (vLLM --max-num-seqs; SGLang "
+                                                      "--max-running-requests, rendered as the value x dp, which SGLang divides by "
+                                                      f"--attn-dp-size), 1 to {MAX_NUM_SEQS:,}; vLLM candidates above their token "
+                                                      "budget are never picked (vLLM refuses them); default: the preset's")
     maxNumBatchedTokens: list[Annotated[int, Field(ge=16, le=MAX_BATCHED_TOKENS)]] | None = Field(
-        default=None, max_length=MAX_LIST, description="tokens per engine step (--max-num-batched-tokens) to try "
-                                                      f"(16 to {MAX_BATCHED_TOKENS:,}); default: the preset's")
+        default=None, max_length=MAX_LIST, description="tokens per engine step to try (vLLM --max-num-batched-tokens per DP "
+                                                      "rank; SGLang --chunked-prefill-size, divided by --attn-dp-size per rank), "
+                                                      f"16 to {MAX_BATCHED_TOKENS:,}; default: the preset's")
     memoryFraction: list[Annotated[float, Field(gt=0.1, le=0.99)]] | None = Field(
         default=None, max_length=MAX_LIST, description="fractions of GPU memory the engine may use (--gpu-memory-utilization) to "
                                                       "try, in (0.1, 0.99]; default: the preset's")
@@ -245,15 +252,22 @@ class SearchSpec(_Base):
 class EngineArgsSpec(_Base):
     """Engine knobs of a pinned layout (or one role of it)."""
 
-    maxNumSeqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS, description="sequences one engine batches "
-                                   "(vLLM --max-num-seqs, SGLang --max-running-requests); default: the layout's, else 256")
-    maxNumBatchedTokens: int | None = Field(default=None, ge=16, le=MAX_BATCHED_TOKENS, description="tokens per engine step "
-                                            "(vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size); default: the "
-                                            "layout's, else 8192")
+    maxNumSeqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS, description="sequences one attention-DP rank of an "
+                                   "engine batches (the whole engine without dp). vLLM: --max-num-seqs, which applies per DP rank. "
+                                   "SGLang: --max-running-requests is the server's cap, which SGLang divides by --attn-dp-size, "
+                                   "so it is rendered as maxNumSeqs x dp (maxNumSeqs 4 at dp 4: --max-running-requests 16). vLLM "
+                                   "refuses to start with maxNumSeqs above maxNumBatchedTokens; default: the layout's, else 256")
+    maxNumBatchedTokens: int | None = Field(default=None, ge=16, le=MAX_BATCHED_TOKENS, description="tokens per engine step. "
+                                            "vLLM: --max-num-batched-tokens, per DP rank; at least maxNumSeqs (vLLM refuses "
+                                            "less at start-up). SGLang: --chunked-prefill-size as given, which SGLang divides by "
+                                            "--attn-dp-size, so each attention-DP rank prefills this / dp tokens per step (as "
+                                            "planned and simulated); default: the layout's, else 8192")
     memoryFraction: float | None = Field(default=None, gt=0.1, le=0.99, description="fraction of GPU memory the engine may use "
                                          "(vLLM --gpu-memory-utilization, SGLang --mem-fraction-static); default: the "
                                          "layout's, else 0.9")
-    blockSize: int = Field(default=16, ge=1, le=256, description="KV cache block size in tokens (--block-size / --page-size)")
+    blockSize: int = Field(default=16, ge=1, le=256, description="vLLM's KV cache block size in tokens (--block-size); a "
+                           "multiple of 16 (vLLM's CUDA attention backends refuse others). SGLang does not receive it: its "
+                           "equivalent, --page-size, stays at SGLang's default (set it in engine.extraArgs)")
     enablePrefixCaching: bool = Field(default=True, description="reuse the KV cache of shared prompt prefixes")
 
 
@@ -350,6 +364,14 @@ class PlanSpec(_Base):
 
     model: str | None = Field(default=None, min_length=1, max_length=MAX_ID, description="catalog id or Hugging Face id")
     modelConfig: str | None = Field(default=None, min_length=1, max_length=MAX_PATH, description="path to a Hugging Face config.json")
+    modelSource: str | None = Field(default=None, min_length=1, max_length=MAX_PATH,
+                                    description="what the engines load (vLLM's model argument, SGLang --model-path): a Hugging Face "
+                                    "id or a path the engine can read; default: the model's Hugging Face id, or with a config.json "
+                                    "alone the folder holding it (a file named config.json in a named folder), else its "
+                                    "_name_or_path when that is a Hugging Face id; required with modelConfigMap")
+    servedModelName: str | None = Field(default=None, min_length=1, max_length=MAX_ID,
+                                        description="the model name clients send (vLLM and SGLang --served-model-name); default: "
+                                        "what the engines load (modelSource, else the model's Hugging Face id)")
     # No default in the schema: an unset precision means "as the checkpoint is stored" (serving_precision), which a
     # defaulted `bf16` written by the API server would override.
     precision: Precision = Field(default=Precision.BF16, json_schema_extra=_no_schema_default,
@@ -567,19 +589,68 @@ def _read_json(path: Path, field: str, *, what: str) -> Any:
         raise InvalidSpec(field, f"cannot read {where}: {str(exc)[:200]}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    """What the engines load (`source`) and the name clients send (`served_name`): one rule for the CLI's printed
+    commands and record and the operator's pods."""
+
+    source: str
+    served_name: str
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def model_identity(spec: PlanSpec, config: dict[str, Any] | None = None) -> ModelIdentity:
+    """The model the engines load and the name they serve it under.
+
+    `model`: modelSource, else its Hugging Face id (a catalog id becomes the catalog's). A config.json alone
+    (`modelConfig`): modelSource, else the folder holding it when the file is named config.json inside a named folder
+    (a checkpoint folder, as engines load one), else the config's `_name_or_path` when that is a Hugging Face id
+    (`config`, the parsed file); otherwise InvalidSpec on `modelSource`: a config.json gives the architecture only, and
+    `--model-path .` finds no weights and serves a name no client can call. The served name is servedModelName, else
+    the source."""
+    if spec.model is not None:
+        source = spec.modelSource or (spec.model if "/" in spec.model else catalog_hf_id(spec.model) or spec.model)
+        return ModelIdentity(source, spec.servedModelName or source)
+    if spec.modelSource:
+        return ModelIdentity(spec.modelSource, spec.servedModelName or spec.modelSource)
+    path = Path(spec.modelConfig or "")
+    folder = str(path.parent)
+    if path.name == "config.json" and folder not in ("", ".") and path.parent.name not in ("", ".", ".."):
+        return ModelIdentity(folder, spec.servedModelName or folder)
+    hub = (config or {}).get("_name_or_path")
+    if isinstance(hub, str) and _HUB_ID.match(hub) and not Path(hub).exists():
+        return ModelIdentity(hub, spec.servedModelName or hub)
+    raise InvalidSpec("modelSource", f"modelConfig {spec.modelConfig} gives the architecture only: set modelSource to what the engines "
+                                     "load (a Hugging Face id, or the folder holding the weights) and, if clients call it by "
+                                     "another name, servedModelName; or put config.json in the checkpoint's folder")
+
+
 def _model(spec: PlanSpec) -> ModelArch:
     if spec.model is not None:
         return resolve_model(spec.model)
     path = Path(spec.modelConfig or "")
     cfg = read_model_config(path)
     try:
-        return from_hf_config(cfg, name=path.parent.name or "custom")
+        name = model_identity(spec, cfg).served_name
+    except InvalidSpec:
+        name = path.parent.name or "custom"   # plan refuses it (cli/plan.py); simulate and validate need no served name
+    try:
+        return from_hf_config(cfg, name=name)
     except InvalidSpec:
         raise
     except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
         # A config.json of the right shape with values no model has (a 10^30-layer model, a list for a size):
         # the user's input, named as such, not an internal error.
         raise InvalidSpec("modelConfig", f"{path} holds values no model has ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def read_model_identity(spec: PlanSpec) -> ModelIdentity:
+    """`model_identity`, reading the config.json when the spec gives one (for its _name_or_path)."""
+    if spec.model is not None or spec.modelSource:
+        return model_identity(spec)
+    return model_identity(spec, read_model_config(Path(spec.modelConfig or "")))
 
 
 def _towers_loaded(spec: PlanSpec, model: ModelArch, version: str) -> ModelArch:

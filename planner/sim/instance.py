@@ -75,7 +75,7 @@ class Instance:
             for r in range(role_layout.parallelism.dp)
         ]
         self.policies: list[VllmPolicy | SglangPolicy] = [
-            VllmPolicy(knobs) if engine is Engine.VLLM else SglangPolicy(knobs) for _ in self.ranks
+            VllmPolicy(knobs) if engine is Engine.VLLM else SglangPolicy(knobs, attn_dp=role_layout.parallelism.dp) for _ in self.ranks
         ]
         self.busy = False
         self.end_s = 0.0

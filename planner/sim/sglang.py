@@ -2,7 +2,7 @@
 
 Follows SGLang's scheduler loop (`get_next_batch_to_run`, `PrefillAdder`, `retract_decode`): a prefill
 batch runs whenever the queue yields one (decodes wait for it); it is filled FCFS up to
-`chunked_prefill_size` new tokens (the last request chunked) while `max_running_requests` allows and
+`chunked_prefill_size` new tokens (per attention-DP rank: the server's value // attn_dp_size; the last request chunked) while `max_running_requests` allows and
 the pool, less a reserve of `new_token_ratio` × the remaining outputs of running requests, holds the
 request and its own reserve. Otherwise every running request decodes; when the pool cannot hold one
 more token each, requests with the fewest outputs (longest input on ties) are retracted to recompute.
@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ..layout import EngineKnobs
+from ..engine_caps import chunk_tokens_per_rank
+from ..layout import Engine, EngineKnobs
 from .rank import Rank
 from .vllm import Planned, batch_of
 
@@ -33,8 +34,10 @@ MAX_BURST_STEPS = 8192
 class SglangPolicy:
     """SGLang scheduler state of one rank: the new-token ratio that sizes the decode reserve."""
 
-    def __init__(self, knobs: EngineKnobs) -> None:
-        self.chunk = int(knobs.max_num_batched_tokens)
+    def __init__(self, knobs: EngineKnobs, *, attn_dp: int = 1) -> None:
+        # Under attention DP each rank's chunk is the server's --chunked-prefill-size // --attn-dp-size
+        # (engine_caps.chunk_tokens_per_rank, from SGLang's parallel_hook).
+        self.chunk = int(chunk_tokens_per_rank(Engine.SGLANG, int(knobs.max_num_batched_tokens), attn_dp))
         self.max_prefill = max(MAX_PREFILL_TOKENS, self.chunk)
         self.ratio = INIT_NEW_TOKEN_RATIO
         self.decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / DECAY_STEPS

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from servingtopology.operator.engine_args import engine_command
 from servingtopology.planner.layout import Layout, LayoutKind, Role
-from servingtopology.planner.model import catalog_hf_id
 from servingtopology.planner.problem import Problem
-from servingtopology.spec import PlanSpec
+from servingtopology.spec import PlanSpec, read_model_identity
 
 __all__ = ["RoleCommand", "engine_model", "role_commands", "MULTINODE_NOTE"]
 
@@ -39,25 +38,22 @@ class RoleCommand:
 
 
 def engine_model(spec: PlanSpec, problem: Problem) -> str:
-    """What the engine loads: a Hugging Face id as given; a catalog id or alias without an organisation (llama-2-7b)
-    becomes the catalog's Hugging Face id; a modelConfig path, the folder holding it."""
-    if spec.model is None:
-        folder = (spec.modelConfig or "").rpartition("/")[0]
-        return folder or "."
-    if "/" in spec.model:
-        return spec.model
-    return catalog_hf_id(spec.model) or spec.model
+    """What the engine loads (servingtopology.spec.model_identity, the operator's rule): modelSource, a Hugging Face id
+    as given, a catalog id's Hugging Face id, or for a config.json alone the checkpoint folder holding it; InvalidSpec
+    on modelSource when none of these names the weights."""
+    return read_model_identity(spec).source
 
 
 def role_commands(spec: PlanSpec, problem: Problem, layout: Layout) -> list[RoleCommand]:
     """One command line per role of `layout` (aggregated, or prefill and decode), as the engine pods run it."""
-    model = engine_model(spec, problem)
+    identity = read_model_identity(spec)
+    model, served = identity.source, identity.served_name
     roles = (Role.AGGREGATED,) if layout.kind is LayoutKind.REPLICAS else (Role.PREFILL, Role.DECODE)
     out = []
     for role in roles:
         rl = layout.roles[role]
         nodes = max(1, math.ceil(rl.parallelism.gpus / problem.gpu.gpus_per_node))
-        cmd = engine_command(engine=problem.engine, model=model, served_name=model, role=role, par=rl.parallelism, knobs=rl.knobs,
+        cmd = engine_command(engine=problem.engine, model=model, served_name=served, role=role, par=rl.parallelism, knobs=rl.knobs,
                              precision=layout.precision, extra_args=tuple(spec.engine.extraArgs), nodes=nodes,
                              version=problem.engine_version)
         workers = tuple(_on_node(shlex.join([*cmd.command, *cmd.worker_args]), index=i, nodes=nodes)

@@ -23,7 +23,7 @@ from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.record import render_record
-from servingtopology.spec import PlanSpec, SpecError, to_problem
+from servingtopology.spec import PlanSpec, SpecError, read_model_identity, to_problem
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]
 
@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = read_spec(args.spec)
         problem = to_problem(spec)
+        read_model_identity(spec)   # the plan renders engine commands: what they load and serve is named before planning
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(exc, as_json=args.json)
     bar = None

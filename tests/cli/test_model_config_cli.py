@@ -99,7 +99,8 @@ def test_plan_of_a_hybrid_model_from_its_config_json_records_what_was_assumed(tm
     from servingtopology.cli.main import main
 
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"modelConfig: {CONFIGS / 'qwen3-next-80b-a3b.json'}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
+    spec.write_text(f"modelConfig: {CONFIGS / 'qwen3-next-80b-a3b.json'}\nmodelSource: Qwen/Qwen3-Next-80B-A3B-Instruct\n"
+                    "hardware: {gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}\n"
                     "workload: {arrivalRate: 4, inputTokens: 2000, outputTokens: 200}\nslo: {ttftMs: {p95: 2000}, tpotMs: {p95: 60}}\n"
                     "search: {preset: narrow}\n")
     assert main(["plan", str(spec), "--json"]) == 0

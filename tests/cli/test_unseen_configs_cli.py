@@ -65,7 +65,7 @@ def _csv_and_models(tmp_path: Path) -> tuple[Path, Path]:
 def _spec(tmp_path: Path, cfg: str) -> Path:
     """A plan spec for one stored config: 8 H200s, 2 req/s of 2000/200-token requests, the narrow search."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"modelConfig: {CONFIGS / (cfg + '.json')}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
+    spec.write_text(f"modelConfig: {CONFIGS / (cfg + '.json')}\nmodelSource: /models/{cfg}\nhardware: {{gpu: h200_sxm, gpusPerNode: 8, maxGPUs: 8}}\n"
                     "workload: {arrivalRate: 2, inputTokens: 2000, outputTokens: 200}\nslo: {ttftMs: {p95: 3000}, tpotMs: {p95: 100}}\n"
                     "search: {preset: narrow, topK: 1}\n")
     return spec

@@ -25,14 +25,17 @@ BUDGETS = st.sampled_from([2, 4, 8, 16])
 @st.composite
 def problems(draw, *, max_gpus=BUDGETS):
     model = draw(models)
+    prompt = draw(st.sampled_from([128, 1000, 4000]))
+    # Requests within the model's context (a longer one is InvalidSpec: decide.context_rejection): Llama-2's 4,096 tokens
+    # hold a 4,000-token prompt with 64 output tokens, not 300.
+    output = draw(st.sampled_from([o for o in (64, 300) if prompt + o <= model.max_context_tokens]))
     return Problem(
         model=model,
         gpu=draw(gpus),
         engine=draw(st.sampled_from(list(Engine))),
         precision=Precision.BF16,
         max_gpus=draw(max_gpus),
-        workload=Workload(input_tokens=LengthDist.fixed(draw(st.sampled_from([128, 1000, 4000]))),
-                          output_tokens=LengthDist.fixed(draw(st.sampled_from([64, 300]))),
+        workload=Workload(input_tokens=LengthDist.fixed(prompt), output_tokens=LengthDist.fixed(output),
                           arrival_rate_rps=draw(st.sampled_from([0.5, 2.0, 8.0, 20.0]))),
         slo=Slo(ttft_ms=draw(st.sampled_from([300.0, 1000.0, 3000.0])), tpot_ms=draw(st.sampled_from([30.0, 60.0, 120.0]))),
         search=SearchSpace(layouts=(LayoutKind.REPLICAS, LayoutKind.PD), tp=(1, 2, 4, 8), pp=(1, 2), dp=(1,),

@@ -1,6 +1,8 @@
 """What a plan renders runs as planned: the model's context against the longest request, TP×DP groups over whole
 nodes, and the engines' start-up rules no argument parser checks, for searched and pinned layouts alike."""
 
+import itertools
+
 import pytest
 
 from servingtopology.planner.decide import decide
@@ -97,3 +99,90 @@ def test_the_search_offers_tp16_over_two_nodes_when_allowed():
     spec = {**_DSV3, "search": {"tp": [16], "pp": [1], "dp": [1], "layouts": ["replicas"]}}
     d = decide(to_problem(parse_spec(spec)))
     assert d.best.layout.label == "1×TP16"
+
+
+# ---------------------------------------------------------------- the engines' start-up rules
+def test_the_analytic_prefill_of_sglang_under_attention_dp_takes_the_per_rank_chunk():
+    # A 2,000-token prompt: one chunk under a 2,048 or 8,192 budget per rank, but SGLang at attention DP 4 gives a rank
+    # 512 (four chunks) or 2,048 (one chunk) of them; vLLM gives every DP rank the whole budget.
+    from servingtopology.planner.analytic import estimate_prefill, load_shape
+    from servingtopology.planner.hardware import Precision, resolve_gpu
+    from servingtopology.planner.layout import Engine, KvDtype
+    from servingtopology.planner.model import resolve_model
+    from servingtopology.planner.workload import LengthDist, Workload
+
+    shape = load_shape(Workload(LengthDist.fixed(2000), LengthDist.fixed(100), arrival_rate_rps=0.001), ttft_percentile=95, tpot_percentile=95)
+
+    def ttft(engine, budget):
+        e = estimate_prefill(resolve_model("qwen3-30b-a3b"), resolve_gpu("h100_sxm"), precision=Precision.BF16, engine=engine, kv=KvDtype.AUTO,
+                             shape=shape, rate_rps=0.001, tp=1, pp=1, dp=4, count=1, max_num_batched_tokens=budget)
+        return float(e.ttft_s)
+
+    assert ttft(Engine.SGLANG, 2048) > 1.5 * ttft(Engine.SGLANG, 8192)
+    assert ttft(Engine.VLLM, 2048) == pytest.approx(ttft(Engine.VLLM, 8192))
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.32.0", "0.33.0"])
+def test_a_pinned_vllm_layout_with_more_seqs_than_batched_tokens_is_refused_naming_both_fields(version):
+    spec = _spec(engine={"name": "vllm", "version": version},
+                 layout={"kind": "replicas", "replicas": 1, "tp": 1, "engineArgs": {"maxNumSeqs": 512, "maxNumBatchedTokens": 256}})
+    with pytest.raises(InvalidSpec) as err:
+        decide(to_problem(parse_spec(spec)))
+    assert err.value.field == "layout.engineArgs.maxNumBatchedTokens"
+    assert "maxNumSeqs 512" in err.value.message and "maxNumBatchedTokens 256" in err.value.message
+    assert "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs (512)" in err.value.message
+    assert "vllm/config/scheduler.py:" in err.value.message
+
+
+def test_a_pd_role_breaking_the_rule_is_named_by_its_role():
+    spec = _spec(layout={"kind": "pd", "prefill": {"count": 1, "tp": 1}, "decode": {"count": 1, "tp": 1,
+                                                                                   "engineArgs": {"maxNumSeqs": 1024, "maxNumBatchedTokens": 512}}})
+    with pytest.raises(InvalidSpec) as err:
+        decide(to_problem(parse_spec(spec)))
+    assert err.value.field == "layout.decode.engineArgs.maxNumBatchedTokens"
+
+
+def test_sglang_has_no_such_rule_and_plans_the_same_knobs():
+    spec = _spec(engine="sglang", layout={"kind": "replicas", "replicas": 1, "tp": 1,
+                                          "engineArgs": {"maxNumSeqs": 512, "maxNumBatchedTokens": 256}})
+    assert decide(to_problem(parse_spec(spec))).best.layout.label == "1×TP1"
+
+
+@pytest.mark.parametrize(("block", "refused"), [(8, True), (24, True), (16, False), (32, False), (128, False)])
+def test_vllm_block_sizes_must_be_multiples_of_16(block, refused):
+    spec = _spec(layout={"kind": "replicas", "replicas": 1, "tp": 1, "engineArgs": {"blockSize": block}})
+    if not refused:
+        assert decide(to_problem(parse_spec(spec))).best.layout.roles
+        return
+    with pytest.raises(InvalidSpec) as err:
+        decide(to_problem(parse_spec(spec)))
+    assert err.value.field == "layout.engineArgs.blockSize" and "multiple of 16" in err.value.message
+
+
+def test_the_search_never_picks_vllm_knobs_the_engine_refuses():
+    from servingtopology.planner.engine_caps import knob_rejection, problem_caps
+
+    p = _problem(search={"maxNumSeqs": [512, 1024], "maxNumBatchedTokens": [256, 2048], "layouts": ["replicas", "pd"]},
+                 workload={"arrivalRate": 2, "inputTokens": 200, "outputTokens": 50})
+    d = decide(p)
+    for c in (d.best, *d.evaluated):
+        for rl in c.layout.roles.values():
+            assert knob_rejection(problem_caps(p), rl.knobs) is None, c.layout.label
+
+
+def test_sglang_gets_no_block_size_and_each_attention_dp_rank_its_planned_running_requests():
+    from servingtopology.planner.engine_args import engine_args
+    from servingtopology.planner.hardware import Precision
+    from servingtopology.planner.layout import Engine, EngineKnobs, Parallelism, Role, RoleLayout
+    from servingtopology.spec import EngineArgsSpec
+
+    rl = RoleLayout(1, Parallelism(tp=1, dp=4, ep=True), EngineKnobs(max_num_seqs=4, max_num_batched_tokens=2048, block_size_tokens=32))
+    args = engine_args(Engine.SGLANG, Role.AGGREGATED, rl, precision=Precision.BF16, moe=True)
+    flags = dict(itertools.pairwise(args))
+    assert "--block-size" not in args and "--page-size" not in args
+    # SGLang divides both by --attn-dp-size: 16 // 4 = the planned 4 sequences per rank, 2048 // 4 = 512 tokens per rank
+    assert flags["--max-running-requests"] == "16" and flags["--chunked-prefill-size"] == "2048" and flags["--attn-dp-size"] == "4"
+    fields = EngineArgsSpec.model_fields
+    assert "maxNumSeqs x dp" in (fields["maxNumSeqs"].description or "")
+    assert "divides by --attn-dp-size" in (fields["maxNumBatchedTokens"].description or "")
+    assert "SGLang does not receive it" in (fields["blockSize"].description or "")
