@@ -637,6 +637,9 @@ def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any,
 
 
 def _scalar(x: Any) -> Any:
+    """A one-instance coefficient as a float (the measured MoE curve stays a 1-D array; None stays None)."""
+    if x is None:
+        return None
     return float(x) if np.ndim(x) == 0 else x
 
 

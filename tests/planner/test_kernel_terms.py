@@ -112,3 +112,20 @@ def test_moe_tables_stay_off_without_the_switch_and_for_dense_models_and_uncover
     terms = measured_terms(resolve_gpu("h200_sxm"), Engine.VLLM, None, 8, ds.hidden_size, params=replace(OFF, measured_moe=1.0),
                            model=ds, moe_precision=Precision.FP8)
     assert "moe" in terms and "fp8_block" in terms["moe"]
+
+
+@pytest.mark.parametrize("params", [OFF, replace(OFF, measured_moe=1.0, measured_allreduce=1.0)])
+def test_one_instance_steps_with_and_without_the_measured_terms(params):
+    from servingtopology.planner.layout import Parallelism
+    from servingtopology.planner.perf import InstancePerf, pinned_params
+
+    ds = _deepseek()
+    with pinned_params(params):
+        inst = InstancePerf(ds, resolve_gpu("h200_sxm"), Precision.FP8, KvDtype.AUTO, Engine.SGLANG, Parallelism(tp=8))
+        t = inst.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=32.0, decode_context_tokens=32 * 2000.0)
+        arr = step_coefficients(ds, resolve_gpu("h200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
+                                tp=np.array([8.0]), pp=1.0, dp=1.0, params=params)
+    from servingtopology.planner.perf import evaluate_step_s
+    vec = evaluate_step_s(arr, prefill_tokens=np.array([0.0]), prefill_pairs=np.array([0.0]), decode_tokens=np.array([32.0]),
+                          decode_context_tokens=np.array([64000.0]))
+    assert math.isfinite(t) and t == pytest.approx(float(vec[0]), rel=1e-9)
