@@ -126,7 +126,9 @@ def engine_command(*, engine: Engine, model: str, served_name: str, role: Role, 
     if nodes <= 1:
         return EngineCommand(command, (*base, *extra_args))
     if engine is Engine.VLLM and load_caps(engine.value, version).multinode_style == "ray":
-        return _ray_command(base, extra_args)
+        # Data-parallel ranks over Ray's nodes need Ray's DP backend too (the executor flag places TP and PP only).
+        dp_backend = ["--data-parallel-backend", "ray"] if par.dp > 1 else []
+        return _ray_command([*base, *dp_backend], extra_args)
     leader = (*base, *_multinode(engine, nodes=nodes, leader=True), *extra_args)
     worker = (*base, *_multinode(engine, nodes=nodes, leader=False), *extra_args)
     return EngineCommand(command, leader, worker)

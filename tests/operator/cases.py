@@ -59,8 +59,38 @@ BLUEPRINTS: dict[str, Blueprint] = {
     # SGLang PD with different parallelism per role and the SGLang router
     "sglang-pd-1p2d-mixed": blueprint(Engine.SGLANG, Layout.pd(RoleLayout(1, Parallelism(tp=4)),
                                                                RoleLayout(2, Parallelism(tp=2), knobs(max_num_seqs=512)))),
-    # SGLang multi-node TP16 on 8-GPU nodes
-    "sglang-multinode-tp16": blueprint(Engine.SGLANG, Layout.replicas(1, Parallelism(tp=16)), model="deepseek-ai/DeepSeek-V3"),
+}
+
+
+def planned(spec: dict[str, object]) -> Layout:
+    """The layout the planner decides for a spec (its pin checked by the planner's own rules, predicted analytically):
+    a golden built through the planner cannot hold a shape the planner refuses."""
+    from servingtopology.planner.decide import decide
+    from servingtopology.spec import parse_spec, to_problem
+
+    return decide(to_problem(parse_spec(spec))).best.layout
+
+
+def _deepseek_v3_on_two_h200_nodes(engine: Engine, *, tp: int, dp: int) -> dict[str, object]:
+    """DeepSeek-V3 FP8 on two 8-GPU H200 nodes, one instance of TP `tp` × attention DP `dp` (cross-node groups allowed)."""
+    return {"model": "deepseek-ai/DeepSeek-V3", "engine": engine.value,
+            "hardware": {"gpu": "h200_sxm", "gpusPerNode": 8, "maxGPUs": 16, "allowCrossNodeTP": True},
+            "workload": {"arrivalRate": 1, "inputTokens": 2000, "outputTokens": 300}, "slo": {"ttftMs": {"p95": 5000}, "tpotMs": {"p95": 200}},
+            "search": {"layouts": ["replicas"], "tp": [tp], "pp": [1], "dp": [dp]},
+            "layout": {"kind": "replicas", "replicas": 1, "tp": tp, "dp": dp, "ep": dp > 1}}
+
+
+# Multi-node instances come from the planner (its shape rules admit TP×DP groups over whole nodes), not by hand.
+BLUEPRINTS |= {
+    # SGLang TP16 over two 8-GPU nodes
+    "sglang-multinode-tp16": blueprint(Engine.SGLANG, planned(_deepseek_v3_on_two_h200_nodes(Engine.SGLANG, tp=16, dp=1)),
+                                       model="deepseek-ai/DeepSeek-V3"),
+    # SGLang TP2 × attention DP8 with expert parallelism over the same two nodes
+    "sglang-multinode-tp2dp8-ep": blueprint(Engine.SGLANG, planned(_deepseek_v3_on_two_h200_nodes(Engine.SGLANG, tp=2, dp=8)),
+                                            model="deepseek-ai/DeepSeek-V3"),
+    # vLLM 0.33: DP8 × TP2 with expert parallelism over two nodes, started with --nnodes (vLLM infers the local DP ranks)
+    "vllm-0.33-multinode-tp2dp8-ep": blueprint(Engine.VLLM, planned(_deepseek_v3_on_two_h200_nodes(Engine.VLLM, tp=2, dp=8)),
+                                               model="deepseek-ai/DeepSeek-V3", image="vllm/vllm-openai:v0.33.0"),
 }
 
 

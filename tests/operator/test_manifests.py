@@ -214,3 +214,25 @@ def test_two_sets_with_one_name_are_refused() -> None:
     bp = BLUEPRINTS["vllm-replicas-4xtp2"]
     with pytest.raises(ValueError, match="distinct sets"):
         build_topology([bp, bp], serving=(bp.set,))
+
+
+def test_a_data_parallel_instance_over_two_nodes_comes_from_the_planner_and_starts_on_both():
+    # DeepSeek-V3 FP8 as TP2 × DP8 × EP on two 8-GPU H200 nodes: one LeaderWorkerSet group of two pods, 8 GPUs each.
+    for name in ("sglang-multinode-tp2dp8-ep", "vllm-0.33-multinode-tp2dp8-ep"):
+        bp = BLUEPRINTS[name]
+        assert bp.layout.label == "1×TP2·DP8·EP" and multinode_roles(bp) == (Role.AGGREGATED,)
+        lws = build_leader_worker_set(bp, Role.AGGREGATED)["spec"]
+        assert lws["leaderWorkerTemplate"]["size"] == 2
+        args = lws["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"]
+        flags = dict(itertools.pairwise(args))
+        if bp.engine is Engine.SGLANG:
+            assert flags["--tp-size"] == "16" and flags["--attn-dp-size"] == "8" and flags["--nnodes"] == "2"
+        else:
+            assert flags["--tensor-parallel-size"] == "2" and flags["--data-parallel-size"] == "8" and flags["--nnodes"] == "2"
+
+
+def test_vllm_0_11_starts_data_parallel_ranks_over_nodes_with_rays_dp_backend():
+    bp = blueprint(Engine.VLLM, Layout.replicas(1, Parallelism(tp=2, dp=8, ep=True)), model="deepseek-ai/DeepSeek-V3")
+    lwt = build_leader_worker_set(bp, Role.AGGREGATED)["spec"]["leaderWorkerTemplate"]
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]["args"][0]
+    assert "--distributed-executor-backend ray" in leader and "--data-parallel-backend ray" in leader
