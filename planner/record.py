@@ -7,6 +7,8 @@ alternatives and why not, the funnel, and what must be measured before approval.
 
 from __future__ import annotations
 
+import math
+
 import shlex
 
 from .arch import ModelArch
@@ -110,7 +112,9 @@ def render_record(problem: Problem, decision: Decision) -> str:
         f"a {prompt:.0f}-token prompt holds {prompt_bytes / 2**20:.0f} MiB.",
         f"- Hardware: up to {problem.max_gpus} × {g.name} ({g.memory_gib:g} GiB, {g.hbm_gbps:g} GB/s), {g.gpus_per_node} per node.",
         f"- Workload: {w.arrival_rate_rps:g} req/s, prompts of {prompt:.0f} tokens on average, outputs of "
-        f"{w.output_tokens.expected_tokens:.0f}, prefix share {w.prefix_share:.0%}.",
+        f"{w.output_tokens.expected_tokens:.0f}, prefix share {w.prefix_share:.0%}; the longest request planned for is "
+        f"{math.ceil(w.input_tokens.p99_tokens + w.output_tokens.p99_tokens):,} tokens (p99 prompt + p99 output) of the model's "
+        f"{m.max_context_tokens:,}-token context; the chosen layout holds {best.prediction.max_request_tokens:,} per request.",
         f"- SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; "
         f"objective {problem.objective.value}.",
         *_model_notes(m),

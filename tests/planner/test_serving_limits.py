@@ -186,3 +186,11 @@ def test_sglang_gets_no_block_size_and_each_attention_dp_rank_its_planned_runnin
     assert "maxNumSeqs x dp" in (fields["maxNumSeqs"].description or "")
     assert "divides by --attn-dp-size" in (fields["maxNumBatchedTokens"].description or "")
     assert "SGLang does not receive it" in (fields["blockSize"].description or "")
+
+
+def test_the_record_states_the_longest_request_planned_against_the_context():
+    from servingtopology.planner.record import render_record
+
+    p = _problem(workload={"arrivalRate": 0.1, "inputTokens": 120_000, "outputTokens": 1_000})
+    record = render_record(p, decide(p))
+    assert "the longest request planned for is 121,000 tokens (p99 prompt + p99 output) of the model's 131,072-token context" in record
