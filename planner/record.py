@@ -8,7 +8,6 @@ alternatives and why not, the funnel, and what must be measured before approval.
 from __future__ import annotations
 
 import math
-
 import shlex
 
 from .arch import ModelArch
