@@ -38,6 +38,9 @@ def _pinned(pinned: dict[str, Any], **hardware: Any) -> dict[str, Any]:
     ({"kind": "replicas", "replicas": 1, "pp": 5}, {"gpusPerNode": 3}, ["spec.pinned", "equal pods"]),
     # 64 stages of a 32-layer model
     ({"kind": "replicas", "replicas": 1, "pp": 64}, {"maxGPUs": 64}, ["spec.pinned", "PP exceeds the layers"]),
+    # vLLM refuses max_num_batched_tokens below max_num_seqs at start-up: the pods would crash-loop behind Planned=True
+    ({"kind": "replicas", "replicas": 1, "tp": 1, "engineArgs": {"maxNumSeqs": 512, "maxNumBatchedTokens": 256}}, {},
+     ["spec.pinned.engineArgs.maxNumBatchedTokens", "maxNumSeqs 512", "must be greater than or equal to max_num_seqs (512)"]),
     # a PD pin names its role
     ({"kind": "pd", "prefill": {"count": 1, "tp": 2}, "decode": {"count": 1, "tp": 3}}, {}, ["spec.pinned.decode", "attention heads"]),
 ])
