@@ -158,10 +158,13 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
 def context_rejection(problem: Problem) -> None:
     """Raise InvalidSpec when the workload's longest request is longer than the model's context.
 
-    The longest request is the one the funnel's memory stage holds: the p99 prompt plus the p99 output
-    (analytic.load_shape). The context is the model's (`ModelArch.max_context_tokens`, read from the config's
-    max_position_embeddings as planner.hf_config reads it), which is what vLLM's --max-model-len and SGLang's
-    --context-length default to: both refuse a prompt plus max_tokens beyond it, so no layout of any size serves it.
+    Called by the spec conversion (servingtopology.spec.to_problem), so `plan`, `simulate` and the operator refuse such
+    a spec before anything is planned; not by `decide`, whose workload may be observed live: the engines refuse longer
+    requests, so a fitted distribution's tail past the context is the fit's, not traffic to refuse. The longest request
+    is the one the funnel's memory stage holds: the p99 prompt plus the p99 output (analytic.load_shape). The context is
+    the model's (`ModelArch.max_context_tokens`, read from the config's max_position_embeddings as planner.hf_config
+    reads it), which is what vLLM's --max-model-len and SGLang's --context-length default to: both refuse a prompt plus
+    max_tokens beyond it, so no layout of any size serves it.
     """
     w, m = problem.workload, problem.model
     prompt, output = w.input_tokens.p99_tokens, w.output_tokens.p99_tokens
@@ -181,7 +184,6 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
     funnel's stages (default: the engine release's, funnel.engine_ladder)."""
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
-    context_rejection(problem)
     rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None
     if rejected is not None:   # a pin is held to the search's own shape and budget rules
         raise InvalidSpec(*rejected)

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
+from servingtopology.planner.decide import context_rejection
 from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Precision, resolve_gpu
@@ -773,9 +774,11 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         pinned = to_layout(spec, precision=precision)
     elif pinned is not None and "precision" not in spec.model_fields_set:
         pinned = replace(pinned, precision=precision)  # a layout built before the model was read (the operator's pin)
-    return Problem(
+    problem = Problem(
         model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
         engine_version=version,
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
         pinned=pinned, current=current,
     )
+    context_rejection(problem)   # a request longer than the model's context: no layout serves it
+    return problem

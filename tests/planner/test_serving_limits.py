@@ -194,3 +194,19 @@ def test_the_record_states_the_longest_request_planned_against_the_context():
     p = _problem(workload={"arrivalRate": 0.1, "inputTokens": 120_000, "outputTokens": 1_000})
     record = render_record(p, decide(p))
     assert "the longest request planned for is 121,000 tokens (p99 prompt + p99 output) of the model's 131,072-token context" in record
+
+
+def test_a_workload_observed_live_past_the_context_is_planned_not_refused_as_a_spec():
+    # The engines refuse longer requests, so a fitted lognormal's tail past the context is the fit's: decide plans (or finds
+    # nothing feasible) but never calls the operator's replan an invalid spec.
+    import contextlib
+    import dataclasses
+
+    from servingtopology.planner.errors import Infeasible
+    from servingtopology.planner.workload import LengthDist, LengthKind
+
+    p = _problem()
+    tail = LengthDist(LengthKind.LOGNORMAL, mean=60_000, sigma=0.6)
+    observed = dataclasses.replace(p, workload=dataclasses.replace(p.workload, input_tokens=tail))
+    with contextlib.suppress(Infeasible):
+        decide(observed)
