@@ -88,6 +88,9 @@ BLUEPRINTS |= {
     # SGLang TP2 × attention DP8 with expert parallelism over the same two nodes
     "sglang-multinode-tp2dp8-ep": blueprint(Engine.SGLANG, planned(_deepseek_v3_on_two_h200_nodes(Engine.SGLANG, tp=2, dp=8)),
                                             model="deepseek-ai/DeepSeek-V3"),
+    # vLLM 0.11 (no --nnodes): the same over Ray, with Ray's data-parallel backend
+    "vllm-multinode-tp2dp8-ep": blueprint(Engine.VLLM, planned(_deepseek_v3_on_two_h200_nodes(Engine.VLLM, tp=2, dp=8)),
+                                          model="deepseek-ai/DeepSeek-V3"),
     # vLLM 0.33: DP8 × TP2 with expert parallelism over two nodes, started with --nnodes (vLLM infers the local DP ranks)
     "vllm-0.33-multinode-tp2dp8-ep": blueprint(Engine.VLLM, planned(_deepseek_v3_on_two_h200_nodes(Engine.VLLM, tp=2, dp=8)),
                                                model="deepseek-ai/DeepSeek-V3", image="vllm/vllm-openai:v0.33.0"),
