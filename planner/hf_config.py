@@ -393,6 +393,29 @@ def _state(r: _Reader, hidden: int, heads: int, head_dim: int) -> tuple[StateKin
     return StateKind.LINEAR_ATTENTION, params, 0, heads * head_dim * head_dim, heads
 
 
+# RoPE scalings whose max_position_embeddings already counts the scaling (vLLM config/model.py `_get_and_verify_max_len`:
+# "su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"; line 2613 in 0.33.0).
+_ROPE_ALREADY_SCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+
+
+def _rope_scaled_context(cfg: Mapping[str, Any], model_type: str, max_ctx: int, assumptions: list[str]) -> int:
+    """The context both engines derive when RoPE scaling stretches max_position_embeddings (linear, dynamic, ...): times
+    `factor`, as vLLM's `_get_and_verify_max_len` (not for Gemma 3, whose max_position_embeddings is already scaled, nor
+    for the types it lists as scaled) and SGLang's `get_context_length` (not when the scaling names its
+    original_max_position_embeddings) both do; where they differ, the smaller context."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, Mapping) or "gemma3" in model_type or "original_max_position_embeddings" in rope:
+        return max_ctx
+    kind = str(rope.get("rope_type") or rope.get("type") or "default")
+    factor = rope.get("factor")
+    if kind in _ROPE_ALREADY_SCALED or isinstance(factor, bool) or not isinstance(factor, int | float) or not 1 < factor <= 1024:
+        return max_ctx
+    scaled = int(max_ctx * factor)
+    assumptions.append(f"context {scaled:,} tokens: max_position_embeddings {max_ctx:,} × the {kind} RoPE scaling factor {factor:g}, "
+                       "as vLLM and SGLang derive it")
+    return scaled
+
+
 def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "modelConfig") -> ModelArch:
     """Build a ModelArch from a parsed config.json of any decoder-only LLM.
 
@@ -440,6 +463,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
     if max_ctx <= 0:
         max_ctx = 4096
         assumptions.append("no max_position_embeddings: a 4096-token context assumed")
+    else:
+        max_ctx = _rope_scaled_context(inner, model_type, max_ctx, assumptions)
     vocab = r.num("vocab_size", "padded_vocab_size")
     if vocab <= 0:
         vocab = 32000

@@ -210,3 +210,19 @@ def test_a_workload_observed_live_past_the_context_is_planned_not_refused_as_a_s
     observed = dataclasses.replace(p, workload=dataclasses.replace(p.workload, input_tokens=tail))
     with contextlib.suppress(Infeasible):
         decide(observed)
+
+
+@pytest.mark.parametrize(("rope", "model_type", "context"), [
+    ({"rope_type": "linear", "factor": 4.0}, "llama", 16_384),                                    # stretched: both engines multiply
+    ({"type": "dynamic", "factor": 2.0}, "llama", 8_192),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}, "qwen2", 4_096),  # already counted
+    ({"rope_type": "llama3", "factor": 8.0}, "llama", 4_096),
+    ({"rope_type": "linear", "factor": 8.0}, "gemma3_text", 4_096),                               # vLLM: Gemma 3's is scaled
+    ({"rope_type": "dynamic", "factor": 1.0}, "llama", 4_096),
+])
+def test_the_context_counts_rope_scaling_as_the_engines_derive_it(rope, model_type, context):
+    from servingtopology.planner.model import from_hf_config
+
+    cfg = {"model_type": model_type, "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8,
+           "intermediate_size": 1024, "vocab_size": 32000, "max_position_embeddings": 4096, "rope_scaling": rope}
+    assert from_hf_config(cfg).max_context_tokens == context
