@@ -162,8 +162,8 @@ def context_rejection(problem: Problem) -> None:
     a spec before anything is planned; not by `decide`, whose workload may be observed live: the engines refuse longer
     requests, so a fitted distribution's tail past the context is the fit's, not traffic to refuse. The longest request
     is the one the funnel's memory stage holds: the p99 prompt plus the p99 output (analytic.load_shape). The context is
-    the model's (`ModelArch.max_context_tokens`, read from the config's max_position_embeddings as planner.hf_config
-    reads it), which is what vLLM's --max-model-len and SGLang's --context-length default to: both refuse a prompt plus
+    the model's (`ModelArch.max_context_tokens`: the config's max_position_embeddings with its RoPE scaling, as
+    planner.hf_config reads them), which is what vLLM's --max-model-len and SGLang's --context-length default to: both refuse a prompt plus
     max_tokens beyond it, so no layout of any size serves it.
     """
     w, m = problem.workload, problem.model
@@ -173,8 +173,8 @@ def context_rejection(problem: Problem) -> None:
         return
     field = "workload.inputTokens" if prompt > m.max_context_tokens or prompt >= output else "workload.outputTokens"
     raise InvalidSpec(field, f"the longest request needs {longest:,} tokens (p99 prompt {math.ceil(prompt):,} + p99 output "
-                             f"{math.ceil(output):,}); the model's context is {m.max_context_tokens:,} tokens ({m.name}, "
-                             "max_position_embeddings): shorten workload.inputTokens or workload.outputTokens to at most "
+                             f"{math.ceil(output):,}); the model's context is {m.max_context_tokens:,} tokens ({m.name}: its "
+                             "max_position_embeddings with any RoPE scaling): shorten workload.inputTokens or workload.outputTokens to at most "
                              f"{m.max_context_tokens:,} together, or choose a model with a longer context")
 
 
