@@ -110,15 +110,20 @@ def _from_params(p: PerfParams, names: list[str]) -> np.ndarray:
     return np.array([math.log(max(getattr(p, name) or _START.get(name, 0.0), _FLOOR.get(name, 1e-12))) for name in names])
 
 
-def _pins(specs: list[str]) -> dict[str, float]:
-    """`NAME=VALUE` pairs held fixed during the search (a physical choice, e.g. the roofline's form)."""
-    pins = {}
+def _name_values(specs: list[str], allowed: Sequence[str], flag: str) -> dict[str, float]:
+    """`NAME=VALUE` pairs of `flag`, each NAME one of `allowed`."""
+    out = {}
     for spec in specs:
         name, _, value = spec.partition("=")
-        if name not in BOUNDS:
-            raise SystemExit(f"--fix: unknown parameter {name!r}")
-        pins[name] = float(value)
-    return pins
+        if name not in allowed:
+            raise SystemExit(f"{flag}: unknown name {name!r}; allowed: {', '.join(allowed)}")
+        out[name] = float(value)
+    return out
+
+
+def _pins(specs: list[str]) -> dict[str, float]:
+    """`NAME=VALUE` pairs held fixed during the search (a physical choice, e.g. the roofline's form)."""
+    return _name_values(specs, list(BOUNDS), "--fix")
 
 
 SWITCHES = ("measured_allreduce", "measured_moe")
@@ -126,13 +131,7 @@ SWITCHES = ("measured_allreduce", "measured_moe")
 
 def _switches(specs: list[str]) -> dict[str, float]:
     """`NAME=VALUE` settings of the step model's switches (not fitted; recorded with the parameters)."""
-    out = {}
-    for spec in specs:
-        name, _, value = spec.partition("=")
-        if name not in SWITCHES:
-            raise SystemExit(f"--set: unknown switch {name!r}; allowed: {', '.join(SWITCHES)}")
-        out[name] = float(value)
-    return out
+    return _name_values(specs, SWITCHES, "--set")
 
 
 def _pairs(m: Measurements) -> tuple[np.ndarray, np.ndarray]:
