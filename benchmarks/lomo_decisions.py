@@ -52,13 +52,18 @@ def _merge(parts: list[Measurements]) -> Measurements:
     return Measurements(cases, models, gpus, skipped)
 
 
-def lomo_predictions(m: Measurements, fitted_models: set[str], overrides: dict[str, float] | None = None) -> tuple[list[Prediction | Skip], list[str]]:
+def lomo_predictions(m: Measurements, fitted_models: set[str], overrides: dict[str, float] | None = None,
+                     records: list[dict[str, Any]] | None = None) -> tuple[list[Prediction | Skip], list[str]]:
     """Every row predicted by parameters that never saw its family; the fold each row used. `fitted_models`: the
     models of the shipped fit's data file, each of which must have its own fold. `overrides`: parameters set in every
     fold (the kernel-table switches of the ablation)."""
     overrides = overrides or {}
     record = fit_record()
     folds = (record.get("leave_one_model_out") or {}).get("folds") or []
+    if records:  # folds of other fit_perf.py runs take the place of the shipped ones for the families they hold
+        given = [f for r in records for f in (r.get("leave_one_model_out") or {}).get("folds") or []]
+        held = {m_ for f in given for m_ in f["models"]}
+        folds = given + [f for f in folds if not held & set(f["models"])]
     base = replace(perf_params(), **overrides)
     results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
     used = ["shipped fit (never saw this family)"] * len(m.cases)
@@ -126,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-fail", action="store_true", help="print the figures; exit 0 even when a target is missed")
+    ap.add_argument("--folds", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="fit_perf.py --lomo outputs whose folds replace the shipped ones for the families they hold")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="set a parameter in every fold, e.g. measured_allreduce=0 (the roofline all-reduce)")
     args = ap.parse_args(argv)
@@ -135,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     fitted = {c.model_path for f, part in zip(FILES, parts, strict=True) if f == fitted_file for c in part.cases}
     m = _merge(parts)
     overrides = {k: float(v) for k, v in (a.split("=", 1) for a in args.set)}
-    results, _ = lomo_predictions(m, fitted, overrides)
+    records = [json.loads(f.read_text()) for f in args.folds] if args.folds else None
+    results, _ = lomo_predictions(m, fitted, overrides, records)
     overall = summarize(m.cases, results, skipped_at_parse=m.skipped_at_parse)
     out: dict[str, Any] = {"overall": overall, "breakdowns": {}}
     for name, key in BREAKDOWNS.items():
