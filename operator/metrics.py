@@ -45,8 +45,10 @@ ROLE_SERIES_LABEL = "servingtopology_io_role"
 # (a PD prefill engine sees every request too, with max_tokens=1; counting it would double the rate).
 FRONT_ROLES = (Role.AGGREGATED, Role.DECODE)
 ROUTER_COMPONENT = "router"
-# The PD routers' own client-side TTFT histogram, where the router exports one (planner/data/engine_caps: smg 1.13.0
-# has it; vllm-router 0.1.17 exports request durations only).
+# The PD routers' own client-side TTFT histograms, where the router exports one (planner/data/engine_caps: smg 1.13.0;
+# vllm-router 0.1.17 exports request durations only). The operator routes smg over HTTP, whose PD histogram is
+# smg_pd_ttft_seconds; smg_router_ttft_seconds is its gRPC router's ("help: gRPC only"), read second.
+SMG_PD_TTFT = "smg_pd_ttft_seconds"
 SMG_TTFT = "smg_router_ttft_seconds"
 
 
@@ -152,7 +154,10 @@ def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matchers
         Query(Figure.PREFIX_HIT_RATE, (_ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", every, w),
                                        _ratio("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", every, w))),
         Query(Figure.TTFT, (*pd_ttft, _q(ttft_q, "vllm:time_to_first_token_seconds", front, w)), 1e3),
-        Query(Figure.TPOT, (_q(tpot_q, "vllm:inter_token_latency_seconds", front, w),
+        # The SLO is per request: the per-request TPOT histogram first; the inter-token latency (0.11 named it
+        # time_per_output_token_seconds) where a release exports no per-request one.
+        Query(Figure.TPOT, (_q(tpot_q, "vllm:request_time_per_output_token_seconds", front, w),
+                            _q(tpot_q, "vllm:inter_token_latency_seconds", front, w),
                             _q(tpot_q, "vllm:time_per_output_token_seconds", front, w)), 1e3),
         Query(Figure.E2E, (_q(ttft_q, "vllm:e2e_request_latency_seconds", front, w),), 1e3),
         Query(Figure.RUNNING, (f"sum(vllm:num_requests_running{every})",)),
@@ -163,7 +168,8 @@ def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matchers
 
 
 def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matchers: Mapping[str, str] | None) -> tuple[Query, ...]:
-    router_ttft = (_q(ttft_q, SMG_TTFT, _router(matchers), w),) if matchers is not None else ()
+    router_ttft = ((_q(ttft_q, SMG_PD_TTFT, _router(matchers), w), _q(ttft_q, SMG_TTFT, _router(matchers), w))
+                   if matchers is not None else ())
     return (
         Query(Figure.REQUEST_RATE, (_rate("sglang:num_requests_total", front, w), _rate("sglang:e2e_request_latency_seconds_count", front, w))),
         Query(Figure.PROMPT_TOKENS_RATE, (_rate("sglang:prompt_tokens_total", front, w),)),
@@ -179,8 +185,9 @@ def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matche
         # PD behind smg: the router's own TTFT; otherwise the decode engine's, which counts from the request's arrival
         # (the router sends it to prefill and decode at once), or the aggregated engine's.
         Query(Figure.TTFT, (*router_ttft, _q(ttft_q, "sglang:time_to_first_token_seconds", front, w)), 1e3),
-        Query(Figure.TPOT, (_q(tpot_q, "sglang:inter_token_latency_seconds", front, w),
-                            _q(tpot_q, "sglang:time_per_output_token_seconds", front, w)), 1e3),
+        # Per request first (the SLO's unit), then the inter-token latency.
+        Query(Figure.TPOT, (_q(tpot_q, "sglang:request_time_per_output_token_seconds", front, w),
+                            _q(tpot_q, "sglang:inter_token_latency_seconds", front, w)), 1e3),
         Query(Figure.E2E, (_q(ttft_q, "sglang:e2e_request_latency_seconds", front, w),), 1e3),
         Query(Figure.RUNNING, (f"sum(sglang:num_running_reqs{every})",)),
         Query(Figure.WAITING, (f"sum(sglang:num_queue_reqs{every})",)),

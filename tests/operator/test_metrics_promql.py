@@ -44,7 +44,9 @@ VLLM = {
     Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{PREFILL}[120s]))) + "
                   f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{DECODE}[120s])))",
                   f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{FRONT}[120s])))"),
-    Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{FRONT}[120s])))",
+    # The SLO is per request: the per-request TPOT first, then the inter-token latency (0.11's old name last).
+    Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:request_time_per_output_token_seconds_bucket{FRONT}[120s])))",
+                  f"histogram_quantile(0.95, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{FRONT}[120s])))",
                   f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{FRONT}[120s])))"),
     Figure.E2E: (f"histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{FRONT}[120s])))",),
     Figure.RUNNING: (f"sum(vllm:num_requests_running{EVERY})",),
@@ -66,11 +68,14 @@ SGLANG = {
     Figure.OUTPUT_TOKENS_P99: (f"histogram_quantile(0.99, sum by (le) (rate(sglang:generation_tokens_histogram_bucket{FRONT}[120s])))",),
     Figure.PREFIX_HIT_RATE: (f"sum(rate(sglang:cached_tokens_total{FRONT}[120s])) / sum(rate(sglang:prompt_tokens_total{FRONT}[120s]))",
                              f"avg(sglang:cache_hit_rate{EVERY})"),
-    # PD behind smg: the router's own client-side TTFT; else the decode (or aggregated) engine's, from arrival.
-    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(smg_router_ttft_seconds_bucket{ROUTER}[120s])))",
+    # PD behind smg over HTTP: the router's PD TTFT (its gRPC router's histogram second); else the decode (or
+    # aggregated) engine's, from arrival.
+    Figure.TTFT: (f"histogram_quantile(0.95, sum by (le) (rate(smg_pd_ttft_seconds_bucket{ROUTER}[120s])))",
+                  f"histogram_quantile(0.95, sum by (le) (rate(smg_router_ttft_seconds_bucket{ROUTER}[120s])))",
                   f"histogram_quantile(0.95, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{FRONT}[120s])))"),
-    Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:inter_token_latency_seconds_bucket{FRONT}[120s])))",
-                  f"histogram_quantile(0.95, sum by (le) (rate(sglang:time_per_output_token_seconds_bucket{FRONT}[120s])))"),
+    # Per request first; sglang:time_per_output_token_seconds does not exist (0.5.23's metrics): not asked.
+    Figure.TPOT: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:request_time_per_output_token_seconds_bucket{FRONT}[120s])))",
+                  f"histogram_quantile(0.95, sum by (le) (rate(sglang:inter_token_latency_seconds_bucket{FRONT}[120s])))"),
     Figure.E2E: (f"histogram_quantile(0.95, sum by (le) (rate(sglang:e2e_request_latency_seconds_bucket{FRONT}[120s])))",),
     Figure.RUNNING: (f"sum(sglang:num_running_reqs{EVERY})",),
     Figure.WAITING: (f"sum(sglang:num_queue_reqs{EVERY})",),
@@ -133,7 +138,7 @@ def source(table, error=None, engine=Engine.VLLM):
 
 
 def test_the_source_converts_seconds_to_ms_uses_fallbacks_and_leaves_absent_series_as_none():
-    table = {VLLM[Figure.REQUEST_RATE][0]: 4.0, VLLM[Figure.TTFT][1]: 0.25, VLLM[Figure.TPOT][1]: 0.03,  # an old vLLM: TPOT by its old name
+    table = {VLLM[Figure.REQUEST_RATE][0]: 4.0, VLLM[Figure.TTFT][1]: 0.25, VLLM[Figure.TPOT][2]: 0.03,  # an old vLLM: TPOT by its old name
              VLLM[Figure.KV_USAGE][0]: "NaN", VLLM[Figure.KV_USAGE][1]: 0.5}
     src, fake, seen = source(table)
     s = src.fetch_sample(at_s=600.0, interval_s=60.0)
@@ -153,11 +158,11 @@ def test_an_empty_prometheus_gives_an_empty_sample_and_a_dead_one_raises():
 
 
 def test_the_router_ttft_metric_is_the_one_the_covered_smg_release_exports() -> None:
-    from servingtopology.operator.metrics import SMG_TTFT
+    from servingtopology.operator.metrics import SMG_PD_TTFT, SMG_TTFT
     from servingtopology.planner.engine_caps import available_versions, load_caps
 
     names = {m.name for m in load_caps("smg", available_versions("smg")[-1]).metrics}
-    assert SMG_TTFT in names
+    assert SMG_PD_TTFT in names and SMG_TTFT in names
     # vllm-router exports request durations, no TTFT: vLLM's PD TTFT is composed from the roles' metrics.
     assert not [n for n in (m.name for m in load_caps("vllm-router", "0.1.17").metrics) if "ttft" in n or "first_token" in n]
     assert {m.name for m in load_caps("vllm-router", "0.1.17").metrics} >= {"vllm_router_pd_request_duration_seconds"}
@@ -208,3 +213,35 @@ def test_a_prometheus_that_answers_garbage_is_unavailable_and_its_body_is_never_
     message = str(caught.value)
     assert why in message
     assert "secret-token" not in message and "login" not in message
+
+
+def _names(expr: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"((?:vllm|sglang|smg)[:_][a-zA-Z0-9_:]+?)(?=[{\[)])", expr))
+
+
+def _exported(name: str, caps_names: set[str]) -> bool:
+    """A series name as Prometheus scrapes it is a declared metric, or a histogram's or counter's series of one."""
+    return name in caps_names or any(name.endswith(suf) and name[: -len(suf)] in caps_names for suf in ("_bucket", "_sum", "_count", "_total"))
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
+def test_every_metric_the_operator_queries_is_one_a_covered_release_exports(engine):
+    """The PromQL's names against the capability data generated from the released packages (planner/data/engine_caps):
+    each name some covered release of the engine (or of its PD routers) exports, and the first expression of every
+    figure one the newest covered release exports."""
+    from servingtopology.planner.engine_caps import available_versions, load_caps
+
+    kinds = {"vllm": ("vllm", "vllm-router"), "sglang": ("sglang", "smg", "sglang-router")}[engine.value]
+    by_release = {(k, v): {m.name for m in load_caps(k, v).metrics} for k in kinds for v in available_versions(k)}
+    every = set().union(*by_release.values())
+    newest = by_release[(engine.value, available_versions(engine.value)[-1])]
+    routers = set().union(*(n for (k, _), n in by_release.items() if k != engine.value))
+    for q in build_queries(engine, matchers=M, window_s=120):
+        names = {n for e in q.exprs for n in _names(e)}
+        assert names, q
+        missing = sorted(n for n in names if not _exported(n, every))
+        assert not missing, (q.figure, missing)
+        first = _names(q.exprs[0])
+        assert all(_exported(n, newest | routers) for n in first), (q.figure, first)
