@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from servingtopology.cli.validate import Measurements, load_measurements
-from servingtopology.planner.calibration import CalibrationCase, Prediction, Skip, predict_all
+from servingtopology.planner.calibration import CalibrationCase, Prediction, Skip, predict_held_out
 from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.perf import fit_record, perf_params
 
@@ -54,37 +54,22 @@ def _merge(parts: list[Measurements]) -> Measurements:
 
 def lomo_predictions(m: Measurements, fitted_models: set[str], overrides: dict[str, float] | None = None,
                      records: list[dict[str, Any]] | None = None) -> tuple[list[Prediction | Skip], list[str]]:
-    """Every row predicted by parameters that never saw its family; the fold each row used. `fitted_models`: the
-    models of the shipped fit's data file, each of which must have its own fold. `overrides`: parameters set in every
-    fold (the kernel-table switches of the ablation)."""
+    """Every row predicted by parameters that never saw its family (calibration.predict_held_out); the fold each row
+    used. `fitted_models`: the models of the shipped fit's data file, each of which must have its own fold.
+    `overrides`: parameters set in every fold (the kernel-table switches of the ablation); `records`: fit_perf.py
+    outputs whose folds replace the shipped ones for the families they hold."""
     overrides = overrides or {}
-    record = fit_record()
-    folds = (record.get("leave_one_model_out") or {}).get("folds") or []
-    if records:  # folds of other fit_perf.py runs take the place of the shipped ones for the families they hold
+    folds = (fit_record().get("leave_one_model_out") or {}).get("folds") or []
+    if records:
         given = [f for r in records for f in (r.get("leave_one_model_out") or {}).get("folds") or []]
         held = {m_ for f in given for m_ in f["models"]}
         folds = given + [f for f in folds if not held & set(f["models"])]
-    base = replace(perf_params(), **overrides)
-    results: list[Prediction | Skip] = [Skip("not predicted", "no fold")] * len(m.cases)
-    used = ["shipped fit (never saw this family)"] * len(m.cases)
-    covered: set[str] = set()
-    for fold in folds:
-        held = [c.model_path in fold["models"] for c in m.cases]
-        if not any(held):
-            continue
-        covered.update(fold["models"])
-        params = replace(base, **{k: float(v) for k, v in fold["params"].items() if k not in overrides})
-        idx = [i for i, h in enumerate(held) if h]
-        for i, pred in zip(idx, predict_all([m.cases[i] for i in idx], m.models, m.gpus, params=params), strict=True):
-            results[i] = pred
-            used[i] = "fold without " + "/".join(sorted(fold["models"]))[:60]
-    rest = [i for i, c in enumerate(m.cases) if c.model_path not in covered]
-    leaked = [m.cases[i].model_path for i in rest if m.cases[i].model_path in fitted_models]
+    folds = [dict(f, params={k: v for k, v in f["params"].items() if k not in overrides}) for f in folds]
+    covered = {m_ for f in folds for m_ in f["models"]}
+    leaked = sorted({c.model_path for c in m.cases if c.model_path in fitted_models and c.model_path not in covered})
     if leaked:
-        raise SystemExit(f"rows of {sorted(set(leaked))[:3]} have no fold and the shipped fit saw them")
-    for i, pred in zip(rest, predict_all([m.cases[i] for i in rest], m.models, m.gpus, params=base), strict=True):
-        results[i] = pred
-    return results, used
+        raise SystemExit(f"rows of {leaked[:3]} have no fold and the shipped fit saw them")
+    return predict_held_out(m.cases, m.models, m.gpus, folds, replace(perf_params(), **overrides))
 
 
 def layout_kind(c: CalibrationCase) -> str:

@@ -29,7 +29,7 @@ from .perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_
 from .sim.sglang import MIN_NEW_TOKEN_RATIO
 
 __all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "export_quirks", "EXPORT_QUIRK", "Prediction",
-           "predict_cases", "predict_all", "BACKENDS",
+           "predict_cases", "predict_all", "predict_held_out", "BACKENDS",
            "Harness", "INFERENCEX", "UNSTATED", "harness_of", "without_harness"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -563,3 +563,32 @@ def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch
             ok = math.isfinite(pred.ttft_ms) and math.isfinite(pred.tpot_ms) and pred.ttft_ms > 0 and pred.tpot_ms > 0
             out[i] = pred if ok else Skip("no steady state", "the estimator found no finite figures")
     return out
+
+
+def predict_held_out(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip],
+                     folds: Sequence[Mapping[str, Any]], base: PerfParams) -> tuple[list[Prediction | Skip], list[str]]:
+    """Every row predicted by parameters that never saw its model family, and which parameters those were.
+
+    `folds`: the leave-one-model-out folds benchmarks/fit_perf.py recorded ({"models": [...], "params": {...}}), each
+    fitted without the families' rows it lists; a row of such a model is predicted with that fold's parameters over
+    `base`. A fit records a fold for every family it saw, so a row whose model is in no fold was never fitted on and
+    `base` (the shipped fit) is already held out for it.
+    """
+    results: list[Prediction | Skip] = [Skip("internal", "not predicted")] * len(cases)
+    used = ["shipped parameters (the fit never saw this model)"] * len(cases)
+    covered: set[str] = set()
+    for fold in folds:
+        names = set(fold["models"])
+        idx = [i for i, c in enumerate(cases) if c.model_path in names]
+        if not idx:
+            continue
+        covered |= names
+        values: dict[str, Any] = {str(k): float(v) for k, v in fold["params"].items()}
+        params = dataclasses.replace(base, **values)
+        for i, pred in zip(idx, predict_all([cases[i] for i in idx], models, gpus, params=params), strict=True):
+            results[i] = pred
+            used[i] = "fold without " + ", ".join(sorted(names))
+    rest = [i for i, c in enumerate(cases) if c.model_path not in covered]
+    for i, pred in zip(rest, predict_all([cases[i] for i in rest], models, gpus, params=base), strict=True):
+        results[i] = pred
+    return results, used

@@ -32,13 +32,14 @@ from servingtopology.planner.calibration import (
     fill_from_twins,
     parse_row,
     predict_all,
+    predict_held_out,
     without_harness,
 )
 from servingtopology.planner.errors import PlannerError
 from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
-from servingtopology.planner.perf import PerfParams, fit_record
+from servingtopology.planner.perf import PerfParams, fit_record, perf_params
 from servingtopology.spec import MAX_CONCURRENCY, MAX_GPUS, MAX_TOKENS, read_model_config
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
@@ -272,6 +273,19 @@ def _recorded_lomo(csv_path: Path) -> dict[str, Any] | None:
     return {"recorded_by": record.get("command"), "commit": record.get("commit"), **lomo}
 
 
+def held_out(m: Measurements) -> dict[str, Any] | None:
+    """The rows scored leave-one-model-out, now: each family's rows predicted by the recorded fold that was fitted without
+    it (a model in no fold by the shipped parameters, which never saw it): TTFT, TPOT and end-to-end errors and the
+    decision quality against the trivial rules. None when the parameter file records no folds."""
+    folds = (fit_record().get("leave_one_model_out") or {}).get("folds") or []
+    if not folds:
+        return None
+    results, used = predict_held_out(m.cases, m.models, m.gpus, folds, perf_params())
+    out = summarize(m.cases, results, skipped_at_parse=m.skipped_at_parse)
+    return {k: out[k] for k in ("rows", "predicted", "skipped", "ttft", "tpot", "e2e", "ranking")} | {
+        "parameters": {u: used.count(u) for u in sorted(set(used))}}
+
+
 def run(args: argparse.Namespace) -> int:
     backends = [b.strip().lower() for b in args.backend.split(",") if b.strip()]
     unknown = [b for b in backends if b not in BACKENDS]
@@ -310,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
             _, bare = evaluate(Measurements(without_harness(m.cases), m.models, m.gpus, m.skipped_at_parse))
             summary["without_harness"] = {k: bare[k] for k in ("ttft", "tpot", "ranking")}
         summary["leave_one_model_out"] = _recorded_lomo(args.measurements)
+        summary["held_out"] = held_out(m)
         if args.rows:
             summary["row_figures"] = [
                 {"id": c.row_id, "measured_ttft_ms": c.ttft_ms, "measured_tpot_ms": c.tpot_ms,

@@ -74,3 +74,18 @@ def test_validate_json_carries_the_recorded_leave_one_model_out_figures_for_the_
     lomo = json.loads(capsys.readouterr().out)["leave_one_model_out"]
     assert lomo["recorded_by"].startswith("benchmarks/fit_perf.py") and "--lomo" in lomo["recorded_by"]
     assert {"ttft", "tpot", "ranking"} <= set(lomo["vllm_sglang"]) and len(lomo["folds"]) >= 2
+
+
+def test_validate_json_scores_the_rows_held_out_now_with_each_familys_own_fold(tmp_path, capsys):
+    from servingtopology.planner.perf import fit_record
+
+    fold = next(f for f in fit_record()["leave_one_model_out"]["folds"] if "meta-llama/Llama-3.1-70B" in f["models"])
+    other = {**AGG, "id": "q", "model_path": "Qwen/Qwen3-32B-not-fitted", "tp_size": "2", "moe_tp_size": "2"}
+    _write(tmp_path / "m.csv", [AGG, {**AGG, "id": "b", "tp_size": "8", "moe_tp_size": "8", "silicon_tpot_ms": "9"}, other])
+    assert main(["validate", "--measurements", str(tmp_path / "m.csv"), "--json"]) == 0
+    h = json.loads(capsys.readouterr().out)["held_out"]
+    assert {"ttft", "tpot", "e2e", "ranking"} <= set(h) and "decision_quality" in h["ranking"]
+    # The two Llama-3.1-70B rows by the fold fitted without Llama-3.1-70B; the unknown model is skipped, never fitted.
+    assert h["parameters"] == {"fold without " + ", ".join(sorted(fold["models"])): 2,
+                               "shipped parameters (the fit never saw this model)": 1}
+    assert h["predicted"] == 2
