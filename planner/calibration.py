@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .closed_loop import aggregated, disaggregated
+from .engine_caps import release_key
 from .hardware import Gpu, Precision
 from .layout import Engine, KvDtype
 from .memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
@@ -88,12 +89,6 @@ def _recv_interval(case: CalibrationCase) -> float:
     return 1.0
 
 
-def release_tuple(release: str) -> tuple[int, ...] | None:
-    """A release string's leading numbers ("0.5.1.post1" → (0, 5, 1)); None when not recorded or not numeric."""
-    m = re.match(r"^v?(\d+(?:\.\d+)*)", release.strip())
-    return tuple(int(x) for x in m.group(1).split(".")) if m else None
-
-
 # SGLang releases whose fixed-length closed-loop rows run in lockstep (closed_loop._lockstep): every client sent
 # together, prompts prefilled batch after batch, all decoding together. Read off the 78 SGLang 0.5.1.post1 rows of
 # silicon_qwen3_32b.csv (TTFT 2–5× the steady state, TPOT the pure decode step: the issue's "TTFT −72 %, TPOT +44 %,
@@ -105,9 +100,8 @@ SGLANG_LOCKSTEP_BEFORE = (0, 5, 2)
 
 def lockstep_closed_loop(case: CalibrationCase) -> bool:
     """Whether the row's clients stay in lockstep: fixed lengths on an SGLang release before SGLANG_LOCKSTEP_BEFORE."""
-    rel = release_tuple(case.engine_release)
-    return (case.backend == "sglang" and case.harness.length_floor >= 1.0 and rel is not None
-            and rel < SGLANG_LOCKSTEP_BEFORE)
+    rel = release_key(case.engine_release)
+    return case.backend == "sglang" and case.harness.length_floor >= 1.0 and bool(rel) and rel < SGLANG_LOCKSTEP_BEFORE
 
 
 def without_harness(cases: Sequence[CalibrationCase]) -> list[CalibrationCase]:
@@ -420,8 +414,8 @@ def sglang_default_mem_fraction(gpu: Gpu, release: str, tp: Any, pp: Any, dp: An
     """The --mem-fraction-static an SGLang server of `release` chose on `gpu` for attention TP `tp` × DP `dp` (arrays)."""
     tp, pp, dp = (np.asarray(v, dtype=float) for v in (tp, pp, dp))
     size = tp * dp  # SGLang's --tp-size counts every GPU of the instance; --dp-size splits attention
-    rel = release_tuple(release)
-    if rel is not None and rel < SGLANG_AUTO_MEM_FRACTION_SINCE:
+    rel = release_key(release)
+    if rel and rel < SGLANG_AUTO_MEM_FRACTION_SINCE:
         return np.select([size * pp >= 16, size * pp >= 8, size * pp >= 4, size * pp >= 2], [0.79, 0.81, 0.85, 0.87], 0.88)
     mem = gpu.memory_gib * 1024.0
     if mem < 60 * 1024:

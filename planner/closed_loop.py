@@ -139,10 +139,9 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     ttft = w + queued / np.maximum(x, 1e-12) + n_c * t_p
     tau_client = tau
     if output_reserve is not None:
-        # The wait the cap imposes (queued / X) is split as the pool's claims are: a sequence claims its prompt's
-        # blocks to be admitted and its outputs' blocks while it decodes, so a share isl / (isl + osl) of the
-        # shortage is met before the first token (waiting for a prompt's room) and the rest during the decode
-        # (preempted and recomputed).
+        # The wait the cap imposes (queued / X) is split as the pool's claims are: admission claims the prompt's blocks
+        # and the reserved share of the outputs', decoding the rest, so (isl + r·osl) / (isl + osl) of the shortage is
+        # met before the first token and the rest during the decode (preempted or retracted, then recomputed).
         excess = queued / np.maximum(x, 1e-12)
         at_admission = (isl + output_reserve * n_d) / (isl + np.maximum(n_d, 1.0))
         ttft = ttft - (1.0 - at_admission) * excess

@@ -124,7 +124,8 @@ class EngineCaps:
         return next((m for m in self.metrics if m.name == name), None)
 
 
-def _key(version: str) -> tuple[int, ...]:
+def release_key(version: str) -> tuple[int, ...]:
+    """A release's numbers in order ("0.5.1.post1" → (0, 5, 1, 1)); () when it has none (not recorded)."""
     return tuple(int(x) for x in re.findall(r"\d+", version))
 
 
@@ -133,7 +134,7 @@ def available_versions(kind: str) -> tuple[str, ...]:
     """Covered releases of one kind, oldest first."""
     names = [p.name for p in resources.files(__package__).joinpath(_DIR).iterdir() if p.name.endswith(".json")]
     found = [n[len(kind) + 1:-5] for n in names if n.startswith(kind + "-") and _VERSION.fullmatch(n[len(kind) + 1:-5])]
-    return tuple(sorted(found, key=_key))
+    return tuple(sorted(found, key=release_key))
 
 
 @functools.cache
@@ -183,8 +184,8 @@ def resolve_version(engine: Engine, *, version: str | None = None, image: str | 
     wanted = wanted.lstrip("v")
     if wanted in covered:
         return wanted
-    same_minor = [v for v in covered if _key(v)[:2] == _key(wanted)[:2]]
-    if same_minor and len(_key(wanted)) == 2:
+    same_minor = [v for v in covered if release_key(v)[:2] == release_key(wanted)[:2]]
+    if same_minor and len(release_key(wanted)) == 2:
         return same_minor[-1]
     raise InvalidSpec(field_name, f"{ENGINE_LABELS[kind]} {wanted} is not covered by the engine capability data; "
                       f"covered: {', '.join(covered)} (tools/gen_engine_caps.py adds releases)")
@@ -259,7 +260,7 @@ def startup_rule_source(rule_id: str, kind: str, version: str) -> str:
     rule = next(r for r in STARTUP_RULES if r.id == rule_id and r.kind == kind)
     if version in rule.sources:
         return rule.sources[version]
-    nearest = min(rule.sources, key=lambda v: abs(_key(v)[0] * 1000 + _key(v)[1] - _key(version)[0] * 1000 - _key(version)[1]))
+    nearest = min(rule.sources, key=lambda v: abs(release_key(v)[0] * 1000 + release_key(v)[1] - release_key(version)[0] * 1000 - release_key(version)[1]))
     return f"{rule.sources[nearest]} in {nearest}"
 
 

@@ -47,7 +47,7 @@ def ape_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[str
 
 def tokens_per_gpu_s(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> float:
     """Output tokens per second per GPU of a closed loop: N clients each emitting osl tokens per request."""
-    cycle_s = (ttft_ms + max(case.osl - 1, 0) * tpot_ms) / 1e3
+    cycle_s = e2e_latency_ms(case, ttft_ms, tpot_ms) / 1e3
     return case.concurrency * case.osl / max(cycle_s, 1e-9) / case.gpus
 
 
@@ -61,6 +61,16 @@ def e2e_latency_ms(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> flo
 # its regret is how much worse its measured figure is than the best measured one (0 = the best was picked). A
 # trivial rule is scored the same way, its ties (topologies of equal GPU count) averaged.
 OBJECTIVES = ("tokens_per_gpu", "tpot")
+
+
+def _group_figures(topos: dict[str, list[tuple[CalibrationCase, Prediction]]]) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Per objective, the measured and the predicted figure of each topology of a group (duplicates averaged)."""
+    return {
+        "tpot": ({t: float(np.mean([c.tpot_ms for c, _ in v])) for t, v in topos.items()},
+                 {t: float(np.mean([r.tpot_ms for _, r in v])) for t, v in topos.items()}),
+        "tokens_per_gpu": ({t: float(np.mean([tokens_per_gpu_s(c, c.ttft_ms, c.tpot_ms) for c, _ in v])) for t, v in topos.items()},
+                           {t: float(np.mean([tokens_per_gpu_s(c, r.ttft_ms, r.tpot_ms) for c, r in v])) for t, v in topos.items()}),
+    }
 
 
 def _regret(measured: float, best: float, *, lowest: bool) -> float:
@@ -78,12 +88,7 @@ def decision_quality(groups: Sequence[dict[str, list[tuple[CalibrationCase, Pred
         rule_regrets: list[float] = []
         near = rule_near = 0.0
         for topos in groups:
-            if objective == "tpot":
-                meas = {t: float(np.mean([c.tpot_ms for c, _ in v])) for t, v in topos.items()}
-                pred = {t: float(np.mean([r.tpot_ms for _, r in v])) for t, v in topos.items()}
-            else:
-                meas = {t: float(np.mean([tokens_per_gpu_s(c, c.ttft_ms, c.tpot_ms) for c, _ in v])) for t, v in topos.items()}
-                pred = {t: float(np.mean([tokens_per_gpu_s(c, r.ttft_ms, r.tpot_ms) for c, r in v])) for t, v in topos.items()}
+            meas, pred = _group_figures(topos)[objective]
             best = min(meas.values()) if lowest else max(meas.values())
             regret = _regret(meas[_best(pred, lowest=lowest)], best, lowest=lowest)
             regrets.append(regret)
@@ -129,10 +134,8 @@ def _score(groups: Sequence[dict[str, list[tuple[CalibrationCase, Prediction]]]]
     base = base_expected = 0.0
     pairs_right = pairs = 0
     for topos in groups:
-        meas_tpot = {t: float(np.mean([c.tpot_ms for c, _ in v])) for t, v in topos.items()}
-        pred_tpot = {t: float(np.mean([r.tpot_ms for _, r in v])) for t, v in topos.items()}
-        meas_tput = {t: float(np.mean([tokens_per_gpu_s(c, c.ttft_ms, c.tpot_ms) for c, _ in v])) for t, v in topos.items()}
-        pred_tput = {t: float(np.mean([tokens_per_gpu_s(c, r.ttft_ms, r.tpot_ms) for c, r in v])) for t, v in topos.items()}
+        figures = _group_figures(topos)
+        (meas_tpot, pred_tpot), (meas_tput, pred_tput) = figures["tpot"], figures["tokens_per_gpu"]
         best_tpot, best_tput = _best(meas_tpot, lowest=True), _best(meas_tput, lowest=False)
         pick_tpot, pick_tput = _best(pred_tpot, lowest=True), _best(pred_tput, lowest=False)
         hits_tpot += pick_tpot == best_tpot

@@ -13,7 +13,6 @@ import enum
 import functools
 import io
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -21,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .engine_caps import release_key
 
 __all__ = [
     "KernelOp",
@@ -121,10 +122,6 @@ class _Release:
     tables: tuple[_Table, ...]
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version))
-
-
 @functools.cache
 def _index() -> tuple[Mapping[str, Any], ...]:
     raw = json.loads(resources.files(__package__).joinpath(f"{_DIR}/index.json").read_text())
@@ -164,11 +161,11 @@ def _ranked(gpu: str, engine: str, version: str | None, op: KernelOp | str) -> l
     """Measured releases of the engine with `op` on `gpu`, the one a lookup prefers first (see resolve_release)."""
     have = [f["version"] for f in _index() if f["gpu"] == gpu and f["engine"] == engine and str(op) in f["kinds"]]
     if version is None:
-        return [TableRef(gpu, engine, v, "") for v in sorted(have, key=_version_key, reverse=True)]
-    want = _version_key(version)
+        return [TableRef(gpu, engine, v, "") for v in sorted(have, key=release_key, reverse=True)]
+    want = release_key(version)
 
     def distance(v: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        key = _version_key(v)
+        key = release_key(v)
         width = max(len(key), len(want))
         a, b = key + (0,) * (width - len(key)), want + (0,) * (width - len(want))
         return tuple(abs(x - y) for x, y in zip(a, b, strict=True)), tuple(-x for x in a)

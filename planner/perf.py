@@ -501,8 +501,9 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     # The link is the one the tp GPUs share (planner.hardware.Link): NVLink, PCIe with or without peer-to-peer, a NIC.
     tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / _link_bps(gpu, tp, p), zero)
     tp_fixed = np.where(tp > 1, reduces * _allreduce_latency_s(gpu, tp, p), zero)
+    # Whose measured kernel tables price the terms they cover: an engine given only by its overhead scale has none.
+    tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
     if p.measured_allreduce >= 0.5:  # the engine's measured custom all-reduce where a table covers it
-        tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
         m_fixed, m_tok = measured_allreduce(gpu, tables_for, release, tp, model.hidden_size)
         tp_fixed = np.where(np.isfinite(m_fixed), reduces * np.nan_to_num(m_fixed), tp_fixed)
         tp_tok = np.where(np.isfinite(m_tok), reduces * np.nan_to_num(m_tok), tp_tok)
@@ -511,7 +512,6 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
                                               _exchange_latency_s(gpu, tp * dp * pp, p)), zero)
     moe_curve = None
     if p.measured_moe >= 0.5 and model.is_moe:
-        tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
         curve, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
         if np.isfinite(curve).any():
             # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servingtopology.planner.calibration import Prediction, lockstep_closed_loop, parse_row, predict_all, release_tuple
+from servingtopology.planner.calibration import Prediction, lockstep_closed_loop, parse_row, predict_all
 from servingtopology.planner.closed_loop import aggregated
+from servingtopology.planner.engine_caps import release_key
 from servingtopology.planner.fidelity import decision_quality, e2e_latency_ms, ranking_score
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.model import resolve_model
@@ -71,9 +72,9 @@ def test_end_to_end_latency_is_ttft_plus_the_remaining_tokens():
 
 
 def test_release_strings_compare_by_their_numbers():
-    assert release_tuple("0.5.1.post1") == (0, 5, 1)
-    assert release_tuple("v0.5.10.post1") == (0, 5, 10) > (0, 5, 9)
-    assert release_tuple("") is None and release_tuple("nightly") is None
+    assert (0, 5, 1) < release_key("0.5.1.post1") < (0, 5, 2)
+    assert release_key("v0.5.10.post1") > release_key("0.5.9")
+    assert release_key("") == () and release_key("nightly") == ()
 
 
 def test_only_fixed_length_sglang_rows_of_the_lockstep_releases_run_in_lockstep():
