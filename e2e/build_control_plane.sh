@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, once, the binaries of a real local Kubernetes control plane and caches them outside the repo:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (from the Go module proxy), kwok, and a Prometheus
-# with Kubernetes service discovery (Debian's build leaves it out).
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (from the Go module proxy), kwok, a Prometheus
+# with Kubernetes service discovery (Debian's build leaves it out), and the Prometheus Operator (which turns the
+# chart's PodMonitors into that Prometheus' configuration).
 # Called by e2e/harness.py (and `make e2e`); prints the cache folder on its last line. Must not download
 # from anywhere but the Go module proxy, and must never write binaries into the repository.
 set -euo pipefail
@@ -11,6 +12,8 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 # Prometheus' Go module versions are v0.<3 minor>.<patch> for Prometheus v3 (v0.316.0 is Prometheus 3.16.0).
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+# The newest release whose nested modules (pkg/apis/monitoring, pkg/client) the module proxy also serves.
+PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.93.1}"
 CACHE_ROOT="${SERVINGTOPOLOGY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servingtopology}"
 OUT="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
 WORK="$CACHE_ROOT/work"
@@ -93,6 +96,25 @@ build_prometheus() {
   mv "$OUT/.prometheus-bin/prometheus" "$OUT/prometheus" && rmdir "$OUT/.prometheus-bin"
 }
 
+build_prometheus_operator() {
+  [ -x "$OUT/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ] && return
+  log "prometheus-operator $PROMETHEUS_OPERATOR_VERSION"
+  local module="github.com/prometheus-operator/prometheus-operator" src dir="$WORK/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
+  src="$(cd "$WORK" && go mod download -json "$module@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  [ -d "$src" ] || { log "cannot find $module@$PROMETHEUS_OPERATOR_VERSION"; exit 1; }
+  rm -rf "$dir" && cp -r "$src" "$dir" && chmod -R u+w "$dir"
+  # Its go.mod replaces its two nested modules by folders that the published module zip leaves out (a module zip
+  # never holds a nested module): require their published releases of the same version instead.
+  (
+    cd "$dir"
+    go mod edit -dropreplace="$module/pkg/apis/monitoring" -dropreplace="$module/pkg/client" \
+      -require="$module/pkg/apis/monitoring@$PROMETHEUS_OPERATOR_VERSION" -require="$module/pkg/client@$PROMETHEUS_OPERATOR_VERSION"
+    go build -mod=mod -trimpath -ldflags "-s -w" -o "$OUT/prometheus-operator.tmp" ./cmd/operator
+  )
+  mv "$OUT/prometheus-operator.tmp" "$OUT/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
+  rm -rf "$dir"
+}
+
 start_s=$(date +%s)
 # Several checkouts (worktrees, parallel runs) share the cache: one build at a time, the others wait and reuse it.
 exec 9>"$CACHE_ROOT/.build.lock"
@@ -101,5 +123,6 @@ build_etcd
 build_kwok
 build_kubernetes
 build_prometheus
+build_prometheus_operator
 log "done in $(( $(date +%s) - start_s )) s"
 echo "$OUT"

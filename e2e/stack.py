@@ -51,8 +51,9 @@ class Operator:
         subprocess.run(
             [helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
              f"--kubeconfig={self.cluster.kubeconfig}", "--set", "replicaCount=0",
-             # No Prometheus Operator here: the cluster's Prometheus gets the chart's PodMonitors as scrape configs.
-             "--set", "podMonitors.enabled=false",
+             # The cluster's Prometheus Operator serves monitoring.coreos.com/v1 PodMonitor, so the chart renders its
+             # PodMonitors; the harness scrapes every 2 s (the scenarios' seconds, not a cluster's 15 s).
+             "--set", "podMonitors.interval=2s",
              # The cluster's Prometheus (and the fault scenarios' stand-ins for it) listen on loopback, outside the chart's
              # default allow-list of in-cluster Services: allow any loopback port.
              "--set-json", 'operator.prometheusUrlAllowList=["http://127.0.0.1:*"]',
@@ -60,6 +61,8 @@ class Operator:
              "--create-namespace"],
             check=True, capture_output=True, text=True, timeout=180,
         )
+        if self.cluster.with_prometheus:   # the Prometheus Operator turns the chart's two PodMonitors into jobs
+            self.cluster.sync_prometheus_config(pod_monitors=2)
         deployment = json.loads(self.cluster.kubectl("get", "deployments", "-n", OPERATOR_NAMESPACE, "-l",
                                                      f"app.kubernetes.io/instance={RELEASE}", "-o", "json").stdout)["items"][0]
         pod_spec = deployment["spec"]["template"]["spec"]

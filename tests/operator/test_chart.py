@@ -209,22 +209,50 @@ def test_every_value_in_values_yaml_has_a_typed_and_described_schema_entry() -> 
     assert schema["additionalProperties"] is False
 
 
-def test_notes_say_what_was_installed_how_to_apply_an_example_and_how_to_watch() -> None:
+def _notes(*args: str) -> str:
+    done = subprocess.run([str(HELM), "install", "stopo", str(CHART), "--dry-run=client", "--namespace", "stopo-system", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_say_what_was_installed_how_to_apply_a_resource_and_how_to_watch_without_repository_paths() -> None:
     import re
 
-    done = subprocess.run([str(HELM), "install", "stopo", str(CHART), "--dry-run=client", "--namespace", "stopo-system",
-                           "--set", "rbac.readSecrets=true"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    notes = done.stdout.split("NOTES:", 1)[1]
+    notes = _notes("--set", "rbac.readSecrets=true", "--set", "podMonitors.assumeCRD=true")
     for wanted in ("servingtopologies.servingtopology.io", "deployment/stopo-servingtopology", "stopo-servingtopology-dashboard",
-                   "grafana_dashboard=1", "kubectl apply --server-side -f charts/servingtopology/crds/", "kubectl get stopo",
-                   "kubectl describe stopo", "kubectl get events", "--sort-by=.lastTimestamp", "with Secret reads"):
+                   "grafana_dashboard=1", "helm show crds", "kubectl apply --server-side --force-conflicts", "kubectl get stopo",
+                   "kubectl describe stopo", "kubectl get events", "--sort-by=.lastTimestamp", "with Secret reads",
+                   "PodMonitors stopo-servingtopology-engines"):
         assert wanted in notes, (wanted, notes)
-    for path in re.findall(r"\b((?:examples|docs|charts)/[\w./-]+)", notes):   # every file the notes name exists
-        assert (ROOT / path.rstrip("/.")).exists(), path
-    quiet = subprocess.run([str(HELM), "install", "stopo", str(CHART), "--dry-run=client", "--set", "grafanaDashboard.enabled=false",
-                            "--set", "podMonitors.enabled=false"], capture_output=True, text=True, timeout=60).stdout.split("NOTES:", 1)[1]
+    # A user who installed from a chart repository has no checkout: no file of the repository is named.
+    assert not re.findall(r"\b(?:examples|docs|charts|crds)/", notes), notes
+    assert "Not installed" not in notes
+    # The resource the notes show (e2e/test_manifests.py has the API server accept it with --dry-run=server).
+    example = yaml.safe_load(re.search(r"<<'YAML'\n(.*?)\n\s*YAML", notes, re.S).group(1))  # type: ignore[union-attr]
+    assert example["kind"] == "ServingTopology" and example["spec"]["policy"]["mode"] == "DryRun"
+    quiet = _notes("--set", "grafanaDashboard.enabled=false", "--set", "podMonitors.enabled=false")
     assert "dashboard" not in quiet and "PodMonitors" not in quiet
+
+
+def test_pod_monitors_are_rendered_only_where_their_crd_is_served_and_the_notes_say_when_they_were_left_out() -> None:
+    def monitors(*args: str) -> list[str]:
+        cmd = [str(HELM), "template", "stopo", str(CHART), "--namespace", "stopo-system", *args]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
+        return sorted(d["metadata"]["name"] for d in yaml.safe_load_all(out) if d and d["kind"] in ("PodMonitor", "ServiceMonitor"))
+
+    assert monitors() == []                                   # no monitoring.coreos.com/v1 PodMonitor served
+    assert monitors("--api-versions", "monitoring.coreos.com/v1/PodMonitor") == ["stopo-servingtopology-engines",
+                                                                                   "stopo-servingtopology-routers"]
+    assert monitors("--set", "podMonitors.assumeCRD=true") == ["stopo-servingtopology-engines", "stopo-servingtopology-routers"]
+    assert monitors("--set", "podMonitors.enabled=false", "--api-versions", "monitoring.coreos.com/v1/PodMonitor") == []
+    assert monitors("--set", "metrics.serviceMonitor.enabled=true") == []
+    assert monitors("--set", "metrics.serviceMonitor.enabled=true", "--set", "podMonitors.enabled=false",
+                    "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor") == ["stopo-servingtopology"]
+    missing = _notes()
+    assert "Not installed: the PodMonitors" in missing and "monitoring.coreos.com/v1" in missing
+    assert "PodMonitors stopo-servingtopology-engines" not in missing
+    assert "Not installed: the operator's ServiceMonitor" in _notes("--set", "metrics.serviceMonitor.enabled=true")
 
 
 def test_the_tenancy_policy_renders_from_the_values_and_defaults_to_the_strict_one() -> None:

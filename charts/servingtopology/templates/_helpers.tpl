@@ -57,3 +57,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $plan := .Values.operator.plan -}}
 {{- add (mul (int $plan.slots) (add (int $plan.memoryMiB) 64)) 64 192 -}}
 {{- end -}}
+
+{{/* "true" when the PodMonitors are rendered: podMonitors.enabled, and the cluster serves monitoring.coreos.com/v1
+     PodMonitor (the Prometheus Operator's CRD) or podMonitors.assumeCRD says it will (helm template without
+     --api-versions cannot see the cluster). Empty otherwise: NOTES then says why none were installed. */}}
+{{- define "servingtopology.podMonitors" -}}
+{{- if and .Values.podMonitors.enabled (or (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PodMonitor") .Values.podMonitors.assumeCRD) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the operator's ServiceMonitor is rendered (metrics.serviceMonitor.enabled and the CRD served or assumed). */}}
+{{- define "servingtopology.serviceMonitor" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.serviceMonitor.enabled (or (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") .Values.metrics.serviceMonitor.assumeCRD) -}}
+true
+{{- end -}}
+{{- end -}}

@@ -1,25 +1,35 @@
-"""The chart's PodMonitors give engine series the labels the operator's PromQL filters on.
+"""The chart's PodMonitors, as the real Prometheus Operator turns them into scrape jobs, give engine series the labels
+the operator's PromQL filters on, and scrape neither routers as engines nor anyone else's pods.
 
-A pod the operator renders (operator/manifests.py) is described the way Prometheus' Kubernetes discovery
-describes it (`__meta_kubernetes_pod_*`), run through the scrape config the Prometheus Operator makes of each
-PodMonitor (e2e/podmonitor.py, the same translation the e2e Prometheus runs on), and the resulting target labels
-must carry every matcher of `build_queries`. The e2e Prometheus starts from the same scrape configs (with
-Kubernetes discovery against the local API server), which checks that Prometheus accepts them.
+A pod the operator renders (operator/manifests.py) is described the way Prometheus' Kubernetes discovery describes it
+(`__meta_kubernetes_pod_*`) and run through the relabel rules of the jobs the Prometheus Operator generated from the
+installed chart's PodMonitors (read from its configuration Secret; e2e/podmonitor.py only evaluates them); the resulting
+target labels must carry every matcher of `build_queries`. The e2e Prometheus runs that same generated configuration,
+and test_lifecycle.py checks its real targets.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from e2e.podmonitor import chart_pod_monitors, relabel, sanitize, scrape_configs
+import yaml
+
 from servingtopology.operator.manifests import build_workloads
 from servingtopology.operator.metrics import ROLE_SERIES_LABEL, label_selector, topology_matchers
 from servingtopology.planner.layout import Engine, Layout, Parallelism, RoleLayout
+from tests.operator.cases import blueprint
 
-from .operator.cases import blueprint
+from .cluster import LocalCluster
+from .podmonitor import chart_pod_monitors, relabel, sanitize
+from .stack import Operator
 
-SD = {"api_server": "https://127.0.0.1:6443", "tls_config": {"ca_file": "/ca.crt"},
-      "authorization": {"type": "Bearer", "credentials_file": "/token"}}
+
+def _generated_jobs(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """The PodMonitor jobs of the Prometheus Operator's configuration, as the local Prometheus runs them."""
+    config = yaml.safe_load((cluster.prometheus_dir / "prometheus.yml").read_text())
+    jobs = [j for j in config["scrape_configs"] if j["job_name"].startswith("podMonitor/")]
+    assert len(jobs) == 2, [j["job_name"] for j in jobs]
+    return jobs
 
 
 def _targets(pod_template: dict[str, Any], *, namespace: str, pod: str, ip: str) -> list[dict[str, str]]:
@@ -32,7 +42,8 @@ def _targets(pod_template: dict[str, Any], *, namespace: str, pod: str, ip: str)
                       "__meta_kubernetes_pod_name": pod, "__meta_kubernetes_pod_node_name": "gpu-node-0",
                       "__meta_kubernetes_pod_container_name": container["name"],
                       "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
-                      "__meta_kubernetes_pod_container_port_number": str(port["containerPort"])}
+                      "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                      "__meta_kubernetes_pod_phase": "Running", "__meta_kubernetes_pod_ready": "true"}
             for key, value in labels.items():
                 target[f"__meta_kubernetes_pod_label_{sanitize(key)}"] = value
                 target[f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"] = "true"
@@ -66,8 +77,8 @@ def test_helm_renders_an_engine_and_a_router_pod_monitor_that_can_be_turned_off(
     assert all(m["metadata"]["labels"]["release"] == "kps" for m in scoped)
 
 
-def test_engine_targets_carry_every_label_the_promql_filters_on() -> None:
-    jobs = scrape_configs(chart_pod_monitors(), sd_config=SD)
+def test_engine_targets_carry_every_label_the_promql_filters_on(cluster: LocalCluster, operator: Operator) -> None:
+    jobs = _generated_jobs(cluster)
     engines = next(j["job_name"] for j in jobs if "engines" in j["job_name"])
     for deployment in _pd_workloads():
         template = deployment["spec"]["template"]
@@ -89,8 +100,8 @@ def test_engine_targets_carry_every_label_the_promql_filters_on() -> None:
         assert all(f'{k}="' in selector for k in ("namespace", "servingtopology_io_topology"))
 
 
-def test_pods_of_other_owners_are_not_scraped() -> None:
-    jobs = scrape_configs(chart_pod_monitors(), sd_config=SD)
+def test_pods_of_other_owners_are_not_scraped(cluster: LocalCluster, operator: Operator) -> None:
+    jobs = _generated_jobs(cluster)
     stranger = {"metadata": {"labels": {"app": "web", "servingtopology.io/role": "router"}},
                 "spec": {"containers": [{"name": "web", "ports": [{"name": "http", "containerPort": 80}]}]}}
     assert _scraped(jobs, _targets(stranger, namespace="serving", pod="web-0", ip="10.1.2.4")) == {}
