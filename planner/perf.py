@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from statistics import NormalDist
@@ -154,6 +154,46 @@ def pinned_params(params: PerfParams) -> Iterator[PerfParams]:
 def perf_params() -> PerfParams:
     """The parameters in use: the innermost `pinned_params`, else data/perf_params.json, else the defaults."""
     return _PINNED[-1] if _PINNED else _fitted_params()
+
+
+# A deployment's measured correction of the step model (planner.deployment_fit): a time factor per group of terms of
+# `StepCoefficients`, applied to every coefficient `step_coefficients` folds while `scaled_terms` is in effect.
+STEP_TERMS: dict[str, tuple[str, ...]] = {
+    "gemm": ("lin_flop_s", "moe_flop_s"),
+    "weights": ("lin_mem_s", "moe_mem_s"),
+    "attention": ("attn_pair_s", "attn_ctx_s", "attn_mixed_ctx_s", "attn_capped_pair_s", "attn_capped_ctx_s", "attn_seq_s"),
+    "communication": ("a2a_s_per_token", "a2a_fixed_s", "tp_s_per_token", "tp_fixed_s", "handoff_s_per_token", "handoff_fixed_s"),
+    "overhead": ("layer_fixed_s", "step_fixed_s", "per_seq_s"),
+}
+_TERM_SCALES: list[Mapping[str, float]] = []
+
+
+@contextmanager
+def scaled_terms(scales: Mapping[str, float]) -> Iterator[Mapping[str, float]]:
+    """Multiply the step model's term groups (`STEP_TERMS`) by `scales` inside the block (1 = as modelled).
+
+    The measured MoE curve (`measured_moe`) is scaled with "gemm". Not thread-safe, like `pinned_params`.
+    """
+    unknown = set(scales) - set(STEP_TERMS)
+    if unknown:
+        raise ValueError(f"unknown step terms {sorted(unknown)}; known: {sorted(STEP_TERMS)}")
+    _TERM_SCALES.append(dict(scales))
+    try:
+        yield scales
+    finally:
+        _TERM_SCALES.pop()
+
+
+def _apply_term_scales(c: StepCoefficients) -> StepCoefficients:
+    scales = _TERM_SCALES[-1]
+    changed: dict[str, Any] = {}
+    for term, f in scales.items():
+        if f != 1.0:
+            for name in STEP_TERMS[term]:
+                changed[name] = getattr(c, name) * f
+    if "gemm" in scales and scales["gemm"] != 1.0 and c.moe_log_curve is not None:
+        changed["moe_log_curve"] = c.moe_log_curve + math.log(scales["gemm"])
+    return replace(c, **changed) if changed else c
 
 
 # Collectives over PCIe (planner.hardware.Link), set from published measurements rather than fitted: the
@@ -517,7 +557,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
             # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
             moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
     scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)
-    return StepCoefficients(
+    coeffs = StepCoefficients(
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
         experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), a2a_s_per_token=a2a_tok,
         a2a_fixed_s=a2a_fixed, ep_z=ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, attn_mixed_ctx_s=attn_mixed_ctx_s,
@@ -528,6 +568,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve,
     )
+    return _apply_term_scales(coeffs) if _TERM_SCALES else coeffs
 
 
 def _fmax(a: float, b: float) -> float:

@@ -1,0 +1,122 @@
+"""Error bars: the interval every prediction carries, from the model's measured error on its class (issue #27).
+
+The class of a prediction is (engine, layout kind, load bucket). Its nominal 80 % interval is symmetric in log terms:
+[value / e^h, value · e^h], where h is the 80th percentile of |log(measured / predicted)| over the leave-one-model-out
+rows of its class (benchmarks/interval_coverage.py writes the table into data/prediction_intervals.json with its
+provenance), widened to at least the engine's own h (a class of few rows, or of one family, under-states the error of
+a model it never saw). A class with fewer than MIN_ROWS rows uses the next coarser one; an engine with no rows uses
+every row. Once a deployment is calibrated (planner.deployment_fit), h is narrowed towards that deployment's own
+residual, as if the class were K_PRIOR points and the deployment its n points: h² = (K·h_class² + n·h_own²) / (K + n),
+then multiplied by the deployment's widening for repeated misses. Pure (reads package data only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from .deployment_fit import DeploymentCalibration
+from .layout import Layout, LayoutKind
+
+__all__ = ["LEVEL", "MIN_ROWS", "K_PRIOR", "Interval", "interval", "half_width", "layout_kind", "client_bucket", "table",
+           "combined_uncertainty"]
+
+LEVEL = 0.8
+MIN_ROWS = 30
+K_PRIOR = 4.0
+_CLIENT_BUCKETS = ((16, "1-16"), (64, "17-64"), (256, "65-256"))
+
+
+def client_bucket(clients: float) -> str:
+    """The load bucket of a prediction or a benchmark row: concurrent requests (clients), as lomo_decisions.py buckets them."""
+    for hi, name in _CLIENT_BUCKETS:
+        if clients <= hi:
+            return name
+    return ">256"
+
+
+def layout_kind(layout: Layout) -> str:
+    """The layout kind of the residual table: pd, dp-attention, tp+ep, tp (tp·pp > 1) or single-gpu (of the decode or
+    aggregated role)."""
+    if layout.kind is LayoutKind.PD:
+        return "pd"
+    par = next(iter(layout.roles.values())).parallelism
+    if par.dp > 1:
+        return "dp-attention"
+    if par.ep:
+        return "tp+ep"
+    return "tp" if par.tp * par.pp > 1 else "single-gpu"
+
+
+@cache
+def table() -> dict[str, Any]:
+    """data/prediction_intervals.json (empty when absent: every interval is then unknown)."""
+    path = resources.files(__package__).joinpath("data/prediction_intervals.json")
+    if not path.is_file():
+        return {}
+    raw: dict[str, Any] = json.loads(path.read_text())
+    return raw
+
+
+def half_width(metric: str, *, engine: str, kind: str, clients: float, data: dict[str, Any] | None = None) -> tuple[float, str, int]:
+    """(h, the class used, its rows) for `metric` ("ttft" or "tpot"); h = nan when the table has nothing."""
+    classes = (data if data is not None else table()).get("classes", {})
+    eng = classes.get(engine)
+    if eng is None or eng["rows"] < MIN_ROWS:
+        top = classes.get("all")
+        return (float(top[metric]), "all", int(top["rows"])) if top else (math.nan, "none", 0)
+    h, key, rows = float(eng[metric]), engine, int(eng["rows"])
+    for k in (f"{engine}/{kind}/{client_bucket(clients)}", f"{engine}/{kind}"):
+        c = classes.get(k)
+        if c is not None and c["rows"] >= MIN_ROWS:
+            if float(c[metric]) > h:
+                h = float(c[metric])
+            key, rows = k, int(c["rows"])
+            break
+    return h, key, rows
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A prediction and its nominal LEVEL interval (ms), the class it came from and whether a deployment's own points
+    narrowed it."""
+
+    value: float
+    low: float
+    high: float
+    half_width_log: float
+    class_key: str
+    rows: int
+    calibrated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": round(self.value, 3), "low": round(self.low, 3), "high": round(self.high, 3), "level": LEVEL,
+                "class": self.class_key, "rows": self.rows, "calibrated": self.calibrated}
+
+    def text(self) -> str:
+        return f"{self.value:.1f} [{self.low:.1f}–{self.high:.1f}]"
+
+
+def interval(metric: str, value: float, *, engine: str, kind: str, clients: float,
+             calibration: DeploymentCalibration | None = None, data: dict[str, Any] | None = None) -> Interval:
+    """The nominal 80 % interval of a predicted `metric` ("ttft" or "tpot") of `value` ms."""
+    h, key, rows = half_width(metric, engine=engine, kind=kind, clients=clients, data=data)
+    calibrated = False
+    if calibration is not None and math.isfinite(h):
+        n = calibration.points_used
+        own = float(calibration.own_half_width.get(metric, h))
+        h = math.sqrt((K_PRIOR * h * h + n * own * own) / (K_PRIOR + n)) * calibration.widening
+        calibrated = True
+    if not math.isfinite(h) or not math.isfinite(value):
+        return Interval(value, math.nan, math.nan, math.nan, key, rows, calibrated)
+    return Interval(value, value * math.exp(-h), value * math.exp(h), h, key, rows, calibrated)
+
+
+def combined_uncertainty(before_half_log: float, after_half_log: float) -> float:
+    """The relative gain an after-prediction must show over a before-prediction to lie outside both intervals'
+    combined error (independent errors: the log half-widths add in quadrature), as a fraction (0.2 = 20 %)."""
+    return math.expm1(math.hypot(before_half_log, after_half_log))
