@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from servingtopology.operator.api import parse_topology_spec
+from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.replan import ReplanMemory, capacity_of
 from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.transition import Phase
@@ -199,11 +199,11 @@ class TopologyWatch:
         gpus = 0
         serving: dict[tuple[str, str], int] = {}
         # The sets taking traffic: the one the entry Service pins, or every set when it selects across sets
-        # (operator/manifests.py build_entry_service); none while the Service does not exist.
+        # (operator/render/manifests.py build_entry_service); none while the Service does not exist.
         pinned_set = None if selector is None else selector.get(SET_LABEL)
         for pod in pods:
             if (pod.status.phase or "") in ("Succeeded", "Failed"):
-                continue   # a finished pod no longer holds its GPUs (as the operator counts, operator/sets.py)
+                continue   # a finished pod no longer holds its GPUs (as the operator counts, operator/render/sets.py)
             for container in pod.spec.containers:
                 limits = (container.resources.limits or {}) if container.resources else {}
                 gpus += int(limits.get(GPU, 0))

@@ -1,7 +1,7 @@
 """The chart's PodMonitors, as the real Prometheus Operator turns them into scrape jobs, give engine series the labels
 the operator's PromQL filters on, and scrape neither routers as engines nor anyone else's pods.
 
-A pod the operator renders (operator/manifests.py) is described the way Prometheus' Kubernetes discovery describes it
+A pod the operator renders (operator/render/manifests.py) is described the way Prometheus' Kubernetes discovery describes it
 (`__meta_kubernetes_pod_*`) and run through the relabel rules of the jobs the Prometheus Operator generated from the
 installed chart's PodMonitors (read from its configuration Secret; e2e/podmonitor.py only evaluates them); the resulting
 target labels must carry every matcher of `build_queries`. The e2e Prometheus runs that same generated configuration,
@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from servingtopology.operator.manifests import build_workloads
-from servingtopology.operator.metrics import ROLE_SERIES_LABEL, label_selector, topology_matchers
+from servingtopology.operator.live.metrics import ROLE_SERIES_LABEL, label_selector, topology_matchers
+from servingtopology.operator.render.manifests import build_workloads
 from servingtopology.planner.layout import Engine, Layout, Parallelism, RoleLayout
 from tests.operator.cases import blueprint
 

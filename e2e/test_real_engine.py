@@ -5,7 +5,7 @@ downloaded) is applied with the model given through `modelConfigMap` + `modelSou
 real-engine rule makes the pod run `vllm serve` from the container's own command and arguments (vLLM's CPU build
 from PyPI; the executable, the model folder and the pod's host/port mapped onto this machine, see
 servingtopology/emulator/real_engine.py). Prometheus scrapes it like any engine; the test sends real requests
-and checks that every vLLM query of the operator's PromQL (operator/metrics.py) finds the real series, then that
+and checks that every vLLM query of the operator's PromQL (operator/live/metrics.py) finds the real series, then that
 the operator, reading them, reports measured figures in status.observed. Predictions for a CPU engine mean
 nothing; this proves the contract: flags, start-up, metric names and labels, PromQL.
 
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from servingtopology.operator.metrics import build_queries, topology_matchers
+from servingtopology.operator.live.metrics import build_queries, topology_matchers
 from servingtopology.planner.layout import Engine
 
 from .cluster import LocalCluster

@@ -20,13 +20,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..planner.engine_caps import resolve_version
+from ..planner.engine_command import engine_command
 from ..planner.errors import Infeasible, InsufficientData, InvalidSpec
 from ..planner.layout import Layout, Role, RoleLayout
 from ..planner.model import model_catalog
 from ..planner.problem import Decision, Problem
 from ..planner.tables import layout_rejection
 from ..spec import SpecError, model_identity, to_layout, to_problem
-from .api import (
+from .api.resource import (
     ConditionType,
     HistoryEntry,
     Mode,
@@ -37,16 +38,15 @@ from .api import (
     TopologySpec,
     TopologyStatus,
 )
-from .cluster import Cluster, ObjectRef
-from .engine_args import engine_command
-from .live import MetricsFactory, run_live_replan
-from .manifests import Blueprint, engine_extra_args, role_nodes
-from .network import NetworkKnobs
+from .live.readout import summary_status
+from .live.url_policy import UrlAllowList
+from .live_replan import MetricsFactory, run_live_replan
 from .plan_status import condition, set_condition
-from .plan_worker import PlanBudgetExceeded, blocking
-from .readout import summary_status
+from .render.manifests import Blueprint, engine_extra_args, role_nodes
+from .render.network import NetworkKnobs
 from .replan import Predictor, ReplanOutcome, ReplanPolicy, read_replan_status
-from .url_policy import UrlAllowList
+from .runtime.cluster import Cluster, ObjectRef
+from .runtime.plan_worker import PlanBudgetExceeded, blocking
 
 __all__ = [
     "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_or_none",
@@ -288,7 +288,7 @@ def decide_or_outcome(p: PassState, spec: TopologySpec, planner: Planner, curren
         return invalid_outcome(p, str(exc), plan=plan, proposal=proposal)
     except (Infeasible, PlanBudgetExceeded) as exc:
         # Infeasible: no layout meets the spec. PlanBudgetExceeded: the worker stopped the plan; it is tried again
-        # after a back-off (operator/plan_worker.py), not every pass. Either way the running workloads stay.
+        # after a back-off (operator/runtime/plan_worker.py), not every pass. Either way the running workloads stay.
         reason, event, nothing = (("Infeasible", "PlanInfeasible", "no feasible layout") if isinstance(exc, Infeasible)
                                   else ("PlanBudgetExceeded", "PlanBudgetExceeded", "no plan within the planning budget"))
         message = f"{exc}; running workloads are left as they are"

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from ..planner.hardware import Precision
 from ..planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
 from ..planner.problem import Candidate, Prediction
-from .api import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
-from .readout import ms_text, pd_ratio
+from .api.resource import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
+from .live.readout import ms_text, pd_ratio
 
 if TYPE_CHECKING:
     from .replan import ReplanOutcome

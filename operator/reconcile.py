@@ -1,6 +1,6 @@
 """The reconcile: one idempotent, level-based pass over a ServingTopology (create, update, resume, timer).
 
-Called by the kopf handlers (operator/handlers.py) and by the tests with an in-memory Cluster. It reads
+Called by the kopf handlers (operator/runtime/handlers.py) and by the tests with an in-memory Cluster. It reads
 the CR, plans (or reuses the plan of this generation), replans from live metrics when due, drives a transition
 one step, renders and applies the workloads or proposes, and returns the new status; the pass state and the
 shared planning steps are operator/pass_context.py's. It never relies on a diff and never reads the clock:
@@ -11,6 +11,28 @@ shared planning steps are operator/pass_context.py's. It never relies on a diff 
 - Pinned: the same with `spec.pinned` as the layout; live metrics are only observed and calibrated.
 - DryRun: plan, write `status.proposal` and a `PlanProposed` Event; workloads are never touched.
 - Invalid spec, no feasible layout, metrics down: conditions and Events; running workloads stay as they are.
+
+The steps of one pass, in order (`reconcile`, then `_dry_run` or `_enact`, then `_render`):
+
+1. Read: the resource's status and the replan memory in it (`pass_context.hold_unreadable`: what of it cannot be
+   read is reported, and holds the workloads where it must).
+2. Admit: the resource name and the spec (`api/resource.py` models: `InvalidSpec` names the field), the pod
+   templates and the metrics selector against the tenancy policy (`render/tenancy.py`).
+3. Set up the pass: the running layout from status.plan, the replan policy (`replan.policy_from_spec`), the metrics
+   source (`live_replan.py`).
+4. DryRun: plan once per generation into status.proposal, observe the running layout, propose a replan. Stop here.
+5. Auto/Pinned, a transition running: advance it one step (`replan.transition_step` over the cluster view
+   `render/sets.py` reads); finish it (the plan it ends on, `rollout.finished_plan`) or roll back.
+6. A new generation: plan it (`_decide_within_capacity`: the cluster's free GPUs, `runtime/capacity.py`), then
+   apply the first plan at once or start a transition to the new one (`rollout.start_for_change`), or wait while a
+   blocked one cannot start; the pass that starts a transition only declares it in status.
+7. Otherwise, steady: read the live metrics when the interval is due (`live_replan.run_live_replan`, deciding in
+   `replan.replan`); drift that is worth a move starts a transition (declared, as in 6).
+8. Render and apply: the sets the plan or the transition wants (`render/sets.py`, `render/manifests.py`), each
+   object's size checked (`render/object_size.py`), applied server-side with ownership checked and the rest pruned
+   (`runtime/cluster.py`).
+9. Report: readiness, Degraded, refused or failing pods, traffic shares, the summary; the new status and the requeue
+   are the Outcome the kopf handler writes (`runtime/handlers.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +51,7 @@ from ..planner.problem import Decision, Problem
 from ..planner.transition import Phase, TransitionState
 from ..planner.transition import set_name as layout_set_name
 from ..spec import SpecError
-from .api import (
+from .api.resource import (
     HISTORY_LIMIT,
     ConditionType,
     HistoryEntry,
@@ -41,12 +63,9 @@ from .api import (
     check_resource_name,
     parse_topology_spec,
 )
-from .capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
-from .cluster import Cluster, ObjectRef, owned_selector, ref_of
-from .live import MetricsFactory
-from .manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
-from .network import network_capabilities
-from .object_size import oversized
+from .live.readout import phase_text, traffic_shares
+from .live.url_policy import UrlAllowList
+from .live_replan import MetricsFactory
 from .pass_context import (
     Outcome,
     PassContext,
@@ -73,13 +92,16 @@ from .plan_status import (
     proposal_status,
     timestamp,
 )
-from .plan_worker import PlanBudgetExceeded
-from .readout import phase_text, traffic_shares
+from .render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
+from .render.network import network_capabilities
+from .render.object_size import oversized
+from .render.sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
+from .render.tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
 from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
 from .rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
-from .sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
-from .tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
-from .url_policy import UrlAllowList
+from .runtime.capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
+from .runtime.cluster import Cluster, ObjectRef, owned_selector, ref_of
+from .runtime.plan_worker import PlanBudgetExceeded
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
 
@@ -95,7 +117,7 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
 
     `metrics` builds the live metrics source (None: no live replanning, e.g. unit tests of the plan alone);
     `metrics_allow` the Prometheus URLs it may call (None: any; the operator always passes its allow-list); `tenancy`
-    what a resource's pod templates and metrics selector may ask for (default: the strict policy, operator/tenancy.py).
+    what a resource's pod templates and metrics selector may ask for (default: the strict policy, operator/render/tenancy.py).
     Raises ClusterError (from the Cluster) on transient API failures; everything else becomes status.
     """
     p = PassState(obj, cluster, now)

@@ -40,10 +40,10 @@ from ..planner.transition import (
     start_transition,
 )
 from ..planner.workload import LengthDist, LengthKind, Workload
-from .api import ConditionType, Mode, ObservedStatus, PolicySpec, duration_s
-from .metrics import MetricsSource, MetricsUnavailable
+from .api.resource import ConditionType, Mode, ObservedStatus, PolicySpec, duration_s
+from .live.metrics import MetricsSource, MetricsUnavailable
+from .live.readout import ms_text
 from .plan_status import predicted
-from .readout import ms_text
 from .replan_status import Unreadable, validate_replan_status
 
 __all__ = [
@@ -325,7 +325,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     the running layout; `grace` (from `metrics_grace`) holds back a MetricsUnavailable while metrics cannot exist yet;
     `observe_only` (why: e.g. a spec change waits, TransitionBlocked) reads and records the figures and decides nothing,
     as under Pinned or during a transition; `metrics_reason` names a failed read in the MetricsAvailable condition and
-    its Event (operator/prometheus_http.py's PrometheusFailure; an empty answer is always MetricsUnavailable).
+    its Event (operator/live/prometheus_http.py's PrometheusFailure; an empty answer is always MetricsUnavailable).
     Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
     if metrics_error is not None or sample is None or sample.empty:
         why = metrics_error or "Prometheus returned no engine series for this ServingTopology"

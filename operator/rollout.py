@@ -17,7 +17,7 @@ from ..planner.observe import observe
 from ..planner.problem import Problem
 from ..planner.transition import Budget, StartVerdict, start_requested
 from ..planner.transition import set_name as layout_set_name
-from .api import PlanStatus, ProposalStatus
+from .api.resource import PlanStatus, ProposalStatus
 from .plan_status import ArgsOf, layout_from_plan, plan_status
 from .replan import Predictor, ReplanMemory, ReplanPolicy, capacity_of
 

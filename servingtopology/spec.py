@@ -94,7 +94,7 @@ MAX_CONFIG_BYTES = 16_777_216  # a model's config.json: 16 MiB (the largest in t
 
 
 def _cel(*rules: tuple[str, str]) -> ConfigDict:
-    """Model config carrying CEL rules (`x-kubernetes-validations`) into the CRD (operator/crd.py); each rule mirrors a
+    """Model config carrying CEL rules (`x-kubernetes-validations`) into the CRD (operator/api/crd.py); each rule mirrors a
     validator of the model, so the API server refuses what the operator would refuse."""
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]})
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servingtopology.operator.api import Mode
+from servingtopology.operator.api.resource import Mode
 from servingtopology.operator.replan import ReplanMemory, ReplanPolicy, Verdict, replan, transition_step
 from servingtopology.planner.decide import decide
 from servingtopology.planner.drift import DriftPolicy

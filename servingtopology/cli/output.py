@@ -25,7 +25,7 @@ def read_spec(path: str | None) -> PlanSpec:
         return load_spec(None)
     data = read_spec_data(path)  # bounded: size, UTF-8, depth (raises SpecError naming `spec`)
     if isinstance(data, dict) and data.get("kind") == "ServingTopology":
-        from servingtopology.operator.api import parse_topology_spec
+        from servingtopology.operator.api.resource import parse_topology_spec
 
         return parse_topology_spec(data.get("spec"))
     return parse_spec(data)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from servingtopology.cli.main import main
-from servingtopology.operator.api import parse_topology_spec
+from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.pass_context import blueprint_for
 from servingtopology.planner.layout import Layout, Parallelism
 from servingtopology.spec import model_identity, parse_spec

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from servingtopology.emulator.engine_args import EngineArgsError, engine_argv, parse_engine_command
-from servingtopology.operator.engine_args import RAY_MULTINODE_SCRIPT
-from servingtopology.operator.manifests import Blueprint, build_workloads
+from servingtopology.operator.render.manifests import Blueprint, build_workloads
 from servingtopology.planner.engine_caps import available_versions, load_caps
+from servingtopology.planner.engine_command import RAY_MULTINODE_SCRIPT
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
 from servingtopology.planner.towers import LANGUAGE_ONLY_FLAGS

@@ -6,7 +6,7 @@ spelled once. Decisions are built by hand here so the operator can be tested wit
 
 from __future__ import annotations
 
-from servingtopology.operator.manifests import Blueprint
+from servingtopology.operator.render.manifests import Blueprint
 from servingtopology.planner.engine_caps import resolve_version
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from servingtopology.operator.crd import CRD_PATHS, build_crd, render_crd_yaml
+from servingtopology.operator.api.crd import CRD_PATHS, build_crd, render_crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_committed_crd_matches_the_api_models(rel: str) -> None:
     path = ROOT / rel
     assert path.read_text() == render_crd_yaml(), (
-        f"{rel} drifted from operator/api.py; regenerate with `python -m servingtopology.operator.crd --write`")
+        f"{rel} drifted from operator/api/resource.py; regenerate with `python -m servingtopology.operator.api.crd --write`")
 
 
 def _walk(node: dict[str, Any], path: str = "") -> list[str]:
@@ -106,7 +106,7 @@ def test_the_api_server_refuses_unbounded_numbers_and_strings() -> None:
 
 
 def test_pod_metadata_with_annotations_and_no_labels_passes_the_crds_rule_as_it_passes_the_model() -> None:
-    from servingtopology.operator.api import parse_topology_spec
+    from servingtopology.operator.api.resource import parse_topology_spec
 
     spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     metadata = spec["properties"]["podTemplate"]["properties"]["metadata"]
@@ -117,7 +117,7 @@ def test_pod_metadata_with_annotations_and_no_labels_passes_the_crds_rule_as_it_
 
 
 def test_the_generator_refuses_a_cel_rule_that_reads_an_optional_field_without_has() -> None:
-    from servingtopology.operator.crd import structural_schema
+    from servingtopology.operator.api.crd import structural_schema
 
     node = {"type": "object", "properties": {"labels": {"type": "object"}, "name": {"type": "string"}}, "required": ["name"],
             "x-kubernetes-validations": [{"rule": "self.labels.all(k, k != 'x') && self.name != ''", "message": "m"}]}

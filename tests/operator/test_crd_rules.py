@@ -18,9 +18,9 @@ from fake_cluster import FakeCluster
 from test_reconcile import PD, ScriptedPlanner, cond, run, topology
 
 from e2e.admission_cases import REFUSED, Case, mutated, valid_topology
-from servingtopology.operator.api import check_resource_name, parse_topology_spec
-from servingtopology.operator.crd import build_crd
-from servingtopology.operator.manifests import MAX_LWS_NAME, build_workloads, derived_name, object_name, router_account
+from servingtopology.operator.api.crd import build_crd
+from servingtopology.operator.api.resource import check_resource_name, parse_topology_spec
+from servingtopology.operator.render.manifests import MAX_LWS_NAME, build_workloads, derived_name, object_name, router_account
 from servingtopology.planner.layout import Engine, Layout, Parallelism, RoleLayout
 from servingtopology.spec import MAX_NUM_SEQS, SpecError
 

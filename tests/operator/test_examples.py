@@ -17,10 +17,10 @@ import pytest
 import yaml
 from fake_cluster import FakeCluster
 
-from servingtopology.operator.api import parse_topology_spec
-from servingtopology.operator.manifests import build_workloads
+from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.pass_context import blueprint_for
 from servingtopology.operator.reconcile import reconcile
+from servingtopology.operator.render.manifests import build_workloads
 from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Layout, Parallelism
 

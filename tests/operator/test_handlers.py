@@ -16,10 +16,10 @@ from fake_cluster import FakeCluster
 from prometheus_client import generate_latest
 from test_reconcile import topology
 
-from servingtopology.operator.cluster import ClusterError
-from servingtopology.operator.handlers import MIN_REQUEUE_S, QUIET_REQUEUES, Requeue, Runtime, register, requeue_delay_s
 from servingtopology.operator.reconcile import PROGRESS_REQUEUE_S, Outcome
-from servingtopology.operator.telemetry import new_metrics
+from servingtopology.operator.runtime.cluster import ClusterError
+from servingtopology.operator.runtime.handlers import MIN_REQUEUE_S, QUIET_REQUEUES, Requeue, Runtime, register, requeue_delay_s
+from servingtopology.operator.runtime.telemetry import new_metrics
 from servingtopology.planner.layout import Layout, Parallelism
 
 LOG = logging.getLogger("test")
@@ -108,8 +108,8 @@ def test_timer_passes_read_live_metrics_through_the_runtimes_source() -> None:
 
 
 def test_the_production_runtime_reads_prometheus() -> None:
-    from servingtopology.operator.live import prometheus_source
-    from servingtopology.operator.metrics_reads import MetricsReads
+    from servingtopology.operator.live.metrics_reads import MetricsReads
+    from servingtopology.operator.live_replan import prometheus_source
 
     rt = Runtime(cluster=FakeCluster(), planner=lambda problem: decision(Layout.replicas(1, Parallelism())), metrics=new_metrics())
     assert isinstance(rt.metrics_source, MetricsReads) and rt.metrics_source.inner is prometheus_source

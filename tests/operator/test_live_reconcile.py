@@ -18,13 +18,13 @@ import pytest
 from fake_cluster import FakeCluster
 from test_reconcile import cond, reasons, topology
 
-from servingtopology.operator.api import parse_topology_spec
-from servingtopology.operator.live import MetricsRequest
-from servingtopology.operator.manifests import SET_LABEL
-from servingtopology.operator.metrics import MetricsUnavailable
+from servingtopology.operator.api.resource import parse_topology_spec
+from servingtopology.operator.live.metrics import MetricsUnavailable
+from servingtopology.operator.live.url_policy import UrlAllowList
+from servingtopology.operator.live_replan import MetricsRequest
 from servingtopology.operator.reconcile import Outcome, reconcile
+from servingtopology.operator.render.manifests import SET_LABEL
 from servingtopology.operator.replan import ReplanMemory, capacity_of
-from servingtopology.operator.url_policy import UrlAllowList
 from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Role
 from servingtopology.planner.observe import MetricSample

@@ -12,7 +12,7 @@ from cases import BLUEPRINTS, blueprint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servingtopology.operator.manifests import (
+from servingtopology.operator.render.manifests import (
     ENTRY_LABEL,
     SERVING_LABEL,
     SET_LABEL,

@@ -15,11 +15,11 @@ from test_live_reconcile import NS, CountingPlanner, live_topology, run
 from test_reconcile import cond, reasons
 
 from e2e.hostile_prometheus import HostileServer, drip_answer, endless_answer, json_answer, redirect_answer
-from servingtopology.operator.live import MetricsRequest, prometheus_source
-from servingtopology.operator.metrics import MetricsUnavailable, PrometheusMetrics
-from servingtopology.operator.metrics_reads import MetricsPending, MetricsReads
-from servingtopology.operator.prometheus_http import BoundedPrometheus, PrometheusAnswerError, ReadLimits, nesting_exceeds, parse_answer
-from servingtopology.operator.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList, parse_prometheus_url
+from servingtopology.operator.live.metrics import MetricsUnavailable, PrometheusMetrics
+from servingtopology.operator.live.metrics_reads import MetricsPending, MetricsReads
+from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, ReadLimits, nesting_exceeds, parse_answer
+from servingtopology.operator.live.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList, parse_prometheus_url
+from servingtopology.operator.live_replan import MetricsRequest, prometheus_source
 from servingtopology.planner.layout import Engine
 from servingtopology.planner.observe import MetricSample
 

@@ -1,6 +1,6 @@
 """Fuzz of the metrics path: 1,200 generated Prometheus answers (sizes, depths, numbers, encodings, malformed HTTP,
 truncated, chunked, slow bodies, redirects, error statuses) served byte for byte by a real server on loopback and
-read by the real client (PrometheusMetrics over operator/prometheus_http.py). No read may raise anything but
+read by the real client (PrometheusMetrics over operator/live/prometheus_http.py). No read may raise anything but
 MetricsUnavailable with a named reason, each case's reason is the one its kind calls for, and a sample that is
 returned holds finite figures in range. Then 2,000 generated URLs: each is refused or read exactly as urllib.parse
 and urllib3 read it. Deterministic under SEED; slow cases use 0.15 s deadlines, no assertion is on speed."""
@@ -21,9 +21,9 @@ import pytest
 from urllib3.util import parse_url
 
 from e2e.hostile_prometheus import Answer, HostileServer, drip_answer, json_answer, raw_answer, redirect_answer
-from servingtopology.operator.metrics import FIGURE_MAX, MetricsUnavailable, PrometheusMetrics
-from servingtopology.operator.prometheus_http import MAX_DEPTH, PrometheusFailure, ReadLimits
-from servingtopology.operator.url_policy import UrlRefused, parse_prometheus_url
+from servingtopology.operator.live.metrics import FIGURE_MAX, MetricsUnavailable, PrometheusMetrics
+from servingtopology.operator.live.prometheus_http import MAX_DEPTH, PrometheusFailure, ReadLimits
+from servingtopology.operator.live.url_policy import UrlRefused, parse_prometheus_url
 from servingtopology.planner.layout import Engine
 
 SEED = 25

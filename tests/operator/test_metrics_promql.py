@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from servingtopology.operator.metrics import (
+from servingtopology.operator.live.metrics import (
     Figure,
     MetricsUnavailable,
     PrometheusMetrics,
@@ -158,7 +158,7 @@ def test_an_empty_prometheus_gives_an_empty_sample_and_a_dead_one_raises():
 
 
 def test_the_router_ttft_metric_is_the_one_the_covered_smg_release_exports() -> None:
-    from servingtopology.operator.metrics import SMG_PD_TTFT, SMG_TTFT
+    from servingtopology.operator.live.metrics import SMG_PD_TTFT, SMG_TTFT
     from servingtopology.planner.engine_caps import available_versions, load_caps
 
     names = {m.name for m in load_caps("smg", available_versions("smg")[-1]).metrics}

@@ -10,10 +10,10 @@ import pytest
 from cases import blueprint
 from test_pod_template import _spec
 
-from servingtopology.operator.api import parse_topology_spec
-from servingtopology.operator.manifests import build_workloads
-from servingtopology.operator.network import NetworkKnobs
+from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.pass_context import blueprint_for
+from servingtopology.operator.render.manifests import build_workloads
+from servingtopology.operator.render.network import NetworkKnobs
 from servingtopology.planner.layout import Engine, Layout, Parallelism, RoleLayout
 from servingtopology.spec import SpecError
 

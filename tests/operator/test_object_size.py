@@ -8,7 +8,7 @@ from typing import Any
 from fake_cluster import FakeCluster
 from test_tenancy import cond, run, topology
 
-from servingtopology.operator.object_size import MAX_OBJECT_BYTES, TOTAL_ANNOTATION_BYTES, annotation_bytes, oversized
+from servingtopology.operator.render.object_size import MAX_OBJECT_BYTES, TOTAL_ANNOTATION_BYTES, annotation_bytes, oversized
 
 
 def annotations(count: int, size: int) -> dict[str, str]:

@@ -14,8 +14,8 @@ from cases import BLUEPRINTS
 from test_live_reconcile import run as live_run
 from test_live_reconcile import running
 
-from servingtopology.operator.crd import build_crd
-from servingtopology.operator.manifests import LWS_API_VERSION, build_topology, build_workloads
+from servingtopology.operator.api.crd import build_crd
+from servingtopology.operator.render.manifests import LWS_API_VERSION, build_topology, build_workloads
 
 K8S_VERSION = "1.37.0"  # the newest schema set kubernetes-validate 1.37 ships
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import plan_fakes
 import pytest
 from test_reconcile import topology
 
-from servingtopology.operator.api import parse_topology_spec
-from servingtopology.operator.plan_worker import (
+from servingtopology.operator.api.resource import parse_topology_spec
+from servingtopology.operator.runtime.plan_worker import (
     FAILURE_BACKOFF_S,
     ChildFailed,
     PlanBudget,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from cases import BLUEPRINTS, blueprint
 
-from servingtopology.operator.manifests import build_workloads
-from servingtopology.operator.network import NetworkKnobs
+from servingtopology.operator.render.manifests import build_workloads
+from servingtopology.operator.render.network import NetworkKnobs
 from servingtopology.planner.layout import Engine, Layout, Parallelism
 
 BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",

@@ -8,9 +8,9 @@ import kubernetes_validate
 import pytest
 from cases import blueprint
 
-from servingtopology.operator.api import parse_topology_spec
-from servingtopology.operator.manifests import build_workloads, engine_host_resources
-from servingtopology.operator.pod_template import merge_pod_template
+from servingtopology.operator.api.resource import parse_topology_spec
+from servingtopology.operator.render.manifests import build_workloads, engine_host_resources
+from servingtopology.operator.render.pod_template import merge_pod_template
 from servingtopology.planner.layout import Engine, Layout, Parallelism, RoleLayout
 from servingtopology.spec import SpecError
 

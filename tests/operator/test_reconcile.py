@@ -13,7 +13,7 @@ import yaml
 from cases import decision, prediction
 from fake_cluster import FakeCluster
 
-from servingtopology.operator.api import parse_topology_spec
+from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, RoleLayout

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from servingtopology.operator.api import ConditionType, Mode, PolicySpec
+from servingtopology.operator.api.resource import ConditionType, Mode, PolicySpec
 from servingtopology.operator.replan import (
     ReplanMemory,
     ReplanPolicy,

@@ -19,8 +19,9 @@ from fake_cluster import FakeCluster
 from test_handlers import LOG, Patch, registered, runtime
 from test_reconcile import topology
 
-from servingtopology.operator.cluster import ClusterError, ObjectRef
-from servingtopology.operator.handlers import (
+from servingtopology.operator.render.manifests import API_VERSION, KIND
+from servingtopology.operator.runtime.cluster import ClusterError, ObjectRef
+from servingtopology.operator.runtime.handlers import (
     DECISIONS_LOGGER,
     QUIET_REQUEUES,
     RETRY_CAP_S,
@@ -28,9 +29,8 @@ from servingtopology.operator.handlers import (
     register,
     retry_delay_s,
 )
-from servingtopology.operator.manifests import API_VERSION, KIND
-from servingtopology.operator.plan_worker import PlanBudget, PlanPending, PlanWorker
-from servingtopology.operator.telemetry import new_metrics
+from servingtopology.operator.runtime.plan_worker import PlanBudget, PlanPending, PlanWorker
+from servingtopology.operator.runtime.telemetry import new_metrics
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -70,7 +70,7 @@ def test_a_pass_does_not_wait_for_its_plan_and_the_plan_is_proposed_once_when_do
 
 
 def rt_problem(rt: Runtime, obj: dict[str, Any]) -> Any:
-    from servingtopology.operator.api import parse_topology_spec
+    from servingtopology.operator.api.resource import parse_topology_spec
     from servingtopology.operator.pass_context import PassState, build_problem
 
     return build_problem(PassState(obj, rt.cluster, T0), parse_topology_spec(obj["spec"]), None)
@@ -193,7 +193,7 @@ def test_kopf_stops_the_timer_of_a_deleted_resource_through_its_public_filter() 
 
 
 def test_the_kopf_adapter_fails_at_start_up_naming_the_version_when_kopf_changes() -> None:
-    from servingtopology.operator.kopf_compat import KOPF_CHECKED, KopfInternalsChanged, timer_without_finalizer
+    from servingtopology.operator.runtime.kopf_compat import KOPF_CHECKED, KopfInternalsChanged, timer_without_finalizer
 
     class Moved:
         _spawning = object()      # a registry whose spawning handlers are no longer a `_handlers` list
@@ -296,7 +296,7 @@ def test_a_pass_that_runs_before_kopf_wrote_the_previous_status_does_not_plan_ag
 
 
 def test_a_retried_api_request_at_start_up_is_a_warning_and_an_escalation_stays_an_error() -> None:
-    from servingtopology.operator.handlers import KOPF_API_LOGGER, QUIET_RETRIES
+    from servingtopology.operator.runtime.handlers import KOPF_API_LOGGER, QUIET_RETRIES
 
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord(KOPF_API_LOGGER, logging.ERROR, __file__, 1, message, None, None)

@@ -21,9 +21,9 @@ from fake_cluster import FakeCluster
 from test_live_reconcile import NS, T0, CountingPlanner, ScriptedMetrics, live_topology, run, running
 from test_reconcile import cond, reasons
 
-from servingtopology.operator.api import PlanStatus
+from servingtopology.operator.api.resource import PlanStatus
+from servingtopology.operator.live.readout import ms_text, pair_text, phase_text, summary_status, traffic_shares
 from servingtopology.operator.plan_status import change_message, predicted
-from servingtopology.operator.readout import ms_text, pair_text, phase_text, summary_status, traffic_shares
 from servingtopology.operator.reconcile import reconcile
 from servingtopology.operator.replan import METRICS_GRACE_MIN_S, ReplanMemory, _change
 from servingtopology.planner.layout import Layout, Parallelism, Role

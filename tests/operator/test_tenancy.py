@@ -1,4 +1,4 @@
-"""What a ServingTopology's author may make the operator do (operator/tenancy.py): pod templates that ask for more than
+"""What a ServingTopology's author may make the operator do (operator/render/tenancy.py): pod templates that ask for more than
 the rendered pods have are refused by default, naming the field and the grant; an administrator grants them cluster-wide
 or per namespace label; a metrics selector stays in its namespace; a token Secret is read only when it opts in."""
 
@@ -15,10 +15,8 @@ import yaml
 from cases import decision
 from fake_cluster import FakeCluster
 
-from servingtopology.operator.cluster import SecretNotOptedIn
-from servingtopology.operator.main import add_arguments, tenancy_policy
 from servingtopology.operator.reconcile import Outcome, reconcile
-from servingtopology.operator.tenancy import (
+from servingtopology.operator.render.tenancy import (
     NamespaceGrant,
     PodGrant,
     TemplateInput,
@@ -27,6 +25,8 @@ from servingtopology.operator.tenancy import (
     pod_template_refusals,
     secret_refusal,
 )
+from servingtopology.operator.runtime.cluster import SecretNotOptedIn
+from servingtopology.operator.runtime.main import add_arguments, tenancy_policy
 from servingtopology.planner.layout import Layout, Parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,7 +254,7 @@ def test_many_refused_fields_are_named_up_to_a_bound_and_the_rest_counted() -> N
 
 
 def test_the_operator_refuses_to_start_with_a_grant_it_cannot_read(capsys: pytest.CaptureFixture[str]) -> None:
-    from servingtopology.operator.main import main
+    from servingtopology.operator.runtime.main import main
 
     assert main(["--allow-pod-template", "Root"]) == 2
     assert "'Root' is not a pod-template grant" in capsys.readouterr().err

@@ -10,8 +10,8 @@ from fake_cluster import FakeCluster
 from test_live_reconcile import NS, CountingPlanner, ScriptedMetrics, live_topology, run
 from test_reconcile import ROOT, cond, reasons
 
-from servingtopology.operator.api import parse_topology_spec
-from servingtopology.operator.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
+from servingtopology.operator.api.resource import parse_topology_spec
+from servingtopology.operator.live.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
 from servingtopology.spec import SpecError
 
 DEFAULT = UrlAllowList.of(DEFAULT_PROMETHEUS_URLS)

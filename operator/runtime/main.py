@@ -1,7 +1,7 @@
 """`servingtopology-operator` / `servingtopology operator`: parses flags, loads Kubernetes credentials,
 builds the runtime (cluster seam, planner, metrics) and runs kopf with peering and a liveness endpoint.
 
-The entry point the Helm chart's Deployment runs. Does no reconciling itself (operator/handlers.py and
+The entry point the Helm chart's Deployment runs. Does no reconciling itself (operator/runtime/handlers.py and
 operator/reconcile.py do); reads the environment only for kopf's and the client's own configuration.
 """
 
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .tenancy import TOKEN_SECRET_LABEL, TenancyPolicy, parse_grants, parse_label, parse_namespace_grant
+from ..render.tenancy import TOKEN_SECRET_LABEL, TenancyPolicy, parse_grants, parse_label, parse_namespace_grant
 
 __all__ = ["add_arguments", "tenancy_policy", "main", "run", "memory_needed_mib", "OPERATOR_RESIDENT_MIB", "PLAN_PROCESS_MIB"]
 
@@ -25,7 +25,7 @@ LOG = logging.getLogger(__name__)
 # What the operator's container holds besides the plans' own budgets (measured on CPython 3.11, kopf 1.45, the
 # kubernetes client 31): the operator process's resident size was 101 MiB after passes over examples/ (imports 92 MiB),
 # at most 137 MiB in four full e2e suites (50 resources at once included), 283 MiB with its plan processes; the
-# forkserver 48 MiB (after operator/plan_preload.py's warm-up) and multiprocessing's resource tracker 13 MiB; a plan
+# forkserver 48 MiB (after operator/runtime/plan_preload.py's warm-up) and multiprocessing's resource tracker 13 MiB; a plan
 # process starts as a copy-on-write fork of the forkserver and may copy up to its 48 MiB besides its budget (the
 # examples' plans grew 7-14 MiB of address space, 13-19 MiB resident).
 OPERATOR_RESIDENT_MIB = 192   # 101-137 measured, allowed for the watch caches and many resources
@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=8, help="threads running reconcile passes (a pass never waits on a plan)")
     parser.add_argument("--allow-pod-template", action="append", default=[], metavar="GRANT",
                         help="what every namespace's pod templates may ask for (repeatable): Privileged, HostPath, HostNamespaces, "
-                             "Capabilities, ServiceAccount or All; default: none (operator/tenancy.py)")
+                             "Capabilities, ServiceAccount or All; default: none (operator/render/tenancy.py)")
     parser.add_argument("--allow-pod-template-in", action="append", default=[], metavar="KEY=VALUE:GRANT,...",
                         help="grants for the namespaces carrying the label KEY=VALUE (repeatable)")
     parser.add_argument("--metrics-token-label", default="=".join(TOKEN_SECRET_LABEL), metavar="KEY=VALUE",
@@ -142,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
+    from ..live.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
     from .cluster import KubeCluster
     from .handlers import RETRY_CAP_S, Runtime, register
     from .plan_worker import PlanBudget, PlanWorker
     from .telemetry import new_metrics, serve_metrics
-    from .url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
 
     kopf.configure(debug=args.log_level == "DEBUG", quiet=args.log_level in ("WARNING", "ERROR"))
     logging.getLogger().setLevel(getattr(logging, args.log_level))

@@ -1,7 +1,7 @@
 """Which Prometheus URLs a ServingTopology may name, read by one parser: the allow-list the chart gives the operator.
 
-Called by operator/live.py before the operator reads a token Secret or sends a query; the `PrometheusUrl` the check
-returns is what operator/prometheus_http.py connects to, so the host and port that were checked are the ones called.
+Called by operator/live_replan.py before the operator reads a token Secret or sends a query; the `PrometheusUrl` the check
+returns is what operator/live/prometheus_http.py connects to, so the host and port that were checked are the ones called.
 Pure: strings in, a verdict out. A resource author must not have the operator (and its bearer token) call any URL
 of their choosing.
 

@@ -1,6 +1,6 @@
 """The user's pod template merged into the pods the operator renders, with strategic-merge semantics.
 
-Called by operator/manifests.py for every engine and router pod template. Pure: dicts in, a new dict out;
+Called by operator/render/manifests.py for every engine and router pod template. Pure: dicts in, a new dict out;
 never mutates its inputs. The rules are Kubernetes' strategic merge patch for core/v1 PodSpec (the
 `patchMergeKey`s of k8s.io/api/core/v1/types.go), so a template reads as it would in `kubectl patch`:
 

@@ -1,7 +1,7 @@
 """Engine command lines: the full `vllm serve` / `sglang.launch_server` command of one role's pods,
 multi-node rendezvous under LeaderWorkerSet, and the PD router's command, for one engine release.
 
-Called by the manifest builders (operator/manifests.py). The plan's own flags come from the planner's
+Called by the operator's manifest builders (operator/render/manifests.py) and the CLI (cli/commands.py). The plan's own flags come from
 engine_args (one truth for the CLI and the cluster); this module adds what only a pod needs. Pure.
 Flag spellings follow shared/reference/engines.md sections 1.1, 1.2, 1.3, 2.1 and 2.2; how an instance
 spans nodes follows the release's capability data (planner/engine_caps.py): vLLM releases with
@@ -15,10 +15,10 @@ import enum
 import shlex
 from dataclasses import dataclass
 
-from ..planner.engine_args import engine_args
-from ..planner.engine_caps import load_caps, resolve_version
-from ..planner.hardware import Precision
-from ..planner.layout import Engine, EngineKnobs, Parallelism, Role, RoleLayout
+from .engine_args import engine_args
+from .engine_caps import load_caps, resolve_version
+from .hardware import Precision
+from .layout import Engine, EngineKnobs, Parallelism, Role, RoleLayout
 
 __all__ = [
     "ENGINE_PORT",

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..planner.layout import Layout, Role
-from ..planner.transition import ClusterView, Phase, TransitionState
-from .cluster import Cluster, ObjectRef
+from ...planner.layout import Layout, Role
+from ...planner.transition import ClusterView, Phase, TransitionState
+from ..runtime.cluster import Cluster, ObjectRef
 from .manifests import LWS_API_VERSION, MAX_LWS_NAME, ROLE_LABEL, SET_LABEL, Blueprint, object_name, role_nodes
 
 __all__ = ["Rendering", "BlueprintFor", "steady_rendering", "transition_rendering", "layout_at", "read_cluster_view"]

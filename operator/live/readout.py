@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..planner.layout import Layout, LayoutKind, Role
-from ..planner.transition import ClusterView, Mode, Phase, TransitionState
-from .api import ObservedStatus, PlanStatus, ProposalStatus, SummaryStatus
+from ...planner.layout import Layout, LayoutKind, Role
+from ...planner.transition import ClusterView, Mode, Phase, TransitionState
+from ..api.resource import ObservedStatus, PlanStatus, ProposalStatus, SummaryStatus
 
 __all__ = ["NONE", "ms_text", "pd_ratio", "pair_text", "error_text", "traffic_shares", "phase_text", "summary_status"]
 

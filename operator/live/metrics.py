@@ -4,9 +4,9 @@
 fallbacks) and SGLang, after shared/reference/engines.md §1.4, §2.3 and §6. TTFT is the client's: under PD
 it comes from the router's own histogram where the router exports one (smg), else it is composed from the
 roles' metrics the way the router chains them (vLLM: prefill latency + decode TTFT; SGLang: decode TTFT); `PrometheusMetrics.fetch_sample`
-runs them through operator/prometheus_http.py (bounded reads of the one checked URL) and returns one
+runs them through operator/live/prometheus_http.py (bounded reads of the one checked URL) and returns one
 `planner.observe.MetricSample`. The URL, bearer token and window come from the caller (the spec and its Secret);
-every failure raises MetricsUnavailable with a named `reason` (operator/prometheus_http.py's PrometheusFailure).
+every failure raises MetricsUnavailable with a named `reason` (operator/live/prometheus_http.py's PrometheusFailure).
 
 Rules it names:
 - NaNIsNoData: Prometheus answers the string "NaN" for 0/0 (no traffic) and "+Inf" for a quantile in the top bucket;
@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..planner.layout import Engine, Role
-from ..planner.observe import MetricSample
+from ...planner.layout import Engine, Role
+from ...planner.observe import MetricSample
 from .prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
 from .url_policy import PrometheusUrl, UrlRefused, parse_prometheus_url
 
@@ -241,14 +241,14 @@ ClientFactory = Callable[[PrometheusUrl, "str | None"], _Client]
 
 
 class PrometheusMetrics:
-    """A MetricsSource over the Prometheus HTTP API (operator/prometheus_http.py); one read per fetch_sample."""
+    """A MetricsSource over the Prometheus HTTP API (operator/live/prometheus_http.py); one read per fetch_sample."""
 
     def __init__(self, url: str | PrometheusUrl, *, engine: Engine, matchers: Mapping[str, str], window_s: int,
                  bearer_token: str | None = None, ttft_quantile: float = 0.95, tpot_quantile: float = 0.95, by_role: bool = True,
                  client_factory: ClientFactory | None = None, read_deadline_s: float = READ_DEADLINE_S,
                  read_limits: ReadLimits | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         """`url`: the allow-list's reading (a string is read by the same parser, url_policy.parse_prometheus_url);
-        `read_limits`: each query's bounds (default: operator/prometheus_http.py's, with QUERY_TIMEOUT_S)."""
+        `read_limits`: each query's bounds (default: operator/live/prometheus_http.py's, with QUERY_TIMEOUT_S)."""
         self.queries = build_queries(engine, matchers=matchers, window_s=window_s, ttft_quantile=ttft_quantile,
                                      tpot_quantile=tpot_quantile, by_role=by_role)
         try:
@@ -290,7 +290,7 @@ class PrometheusMetrics:
 
 
 def unavailable_reason(exc: BaseException) -> str:
-    """Say why a query of a client other than operator/prometheus_http.py failed, without repeating the server.
+    """Say why a query of a client other than operator/live/prometheus_http.py failed, without repeating the server.
 
     (The bounded client's own errors are PrometheusAnswerError, already worded without the body.) A Prometheus URL
     comes from the resource's author; its response bodies may be anything (an SSRF target's page, a token echoed

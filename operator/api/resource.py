@@ -1,6 +1,6 @@
 """The ServingTopology API (servingtopology.io/v1alpha1): pydantic models of the resource's spec and status.
 
-The single source of crds/servingtopology.yaml (operator/crd.py generates it) and the trust boundary
+The single source of crds/servingtopology.yaml (operator/api/crd.py generates it) and the trust boundary
 of the reconcile: `parse_topology_spec` validates a CR's spec. The spec composes the planning spec of
 servingtopology/spec.py (it does not restate it) and adds the cluster-only parts: node placement,
 policy, a pinned layout and the metrics source. Must not import kopf or kubernetes.
@@ -24,9 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from ..planner.layout import LayoutKind
-from ..planner.transition import CapacityDrop
-from ..spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
+from ...planner.layout import LayoutKind
+from ...planner.transition import CapacityDrop
+from ...spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
 
 __all__ = [
     "Mode",
@@ -73,7 +73,7 @@ COOLDOWN_S = (0, 7 * 86_400)      # none to a week
 # ---- bounds of the cluster-only fields (Kubernetes' own limits where it has them; apimachinery validation) ----
 # A ServingTopology's name is the client Service's name, so it is a DNS-1035 label (Service names are: a letter first,
 # no dots, at most 63); it is also the value of the app.kubernetes.io/instance label (at most 63). Derived object names
-# (`<name>-<set>-<role>`, `<name>-router`) are shortened with a hash when longer (operator/manifests.py derived_name).
+# (`<name>-<set>-<role>`, `<name>-router`) are shortened with a hash when longer (operator/render/manifests.py derived_name).
 MAX_RESOURCE_NAME = 63
 RESOURCE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_OBJECT_NAME = 253  # a DNS-1123 subdomain: ConfigMap, Secret, ServiceAccount, PriorityClass names
@@ -189,7 +189,7 @@ class ClusterHardwareSpec(HardwareSpec):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_ITEMS, description="tolerations of every engine pod")
 
 
-# ---- the pod template (merged into the rendered pods by operator/pod_template.py) ----
+# ---- the pod template (merged into the rendered pods by operator/render/pod_template.py) ----
 
 _OPEN = {"x-kubernetes-preserve-unknown-fields": True}
 _OPEN_ITEMS = {"items": {"type": "object", **_OPEN}}

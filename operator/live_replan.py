@@ -2,11 +2,11 @@
 token Secret, label selector, SLO percentiles, replan interval) and runs one replan interval when it is due.
 
 Called by the reconcile (operator/reconcile.py) once per pass; the decisions are operator/replan.py's, the
-PromQL operator/metrics.py's. The only I/O here is reading the token Secret and the fetch through the source;
+PromQL operator/live/metrics.py's. The only I/O here is reading the token Secret and the fetch through the source;
 a Secret that cannot be read counts as metrics being down, never as a failed pass.
 
-The URL is read once (operator/url_policy.py): the reading the allow-list checked is the one the client connects
-to. In the operator the source reads in operator/metrics_reads.py's pool, so a pass never waits on a slow server;
+The URL is read once (operator/live/url_policy.py): the reading the allow-list checked is the one the client connects
+to. In the operator the source reads in operator/live/metrics_reads.py's pool, so a pass never waits on a slow server;
 a read still running (MetricsPending) leaves this interval to a later pass. Every failed read ends in
 MetricsAvailable=False with its named reason (PrometheusTimeout, PrometheusAnswerTooLarge, ...); a hostile answer
 is news at once, not held back by the MetricsGrace of a fleet that is still starting.
@@ -21,12 +21,12 @@ from datetime import datetime
 from ..planner.decide import predict_layout
 from ..planner.layout import Engine, Layout
 from ..planner.problem import Problem
-from .api import ConditionType, TopologySpec
-from .cluster import Cluster, ClusterError, SecretNotOptedIn
-from .metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
-from .metrics_reads import MetricsPending, MetricsReads
+from .api.resource import ConditionType, TopologySpec
+from .live.metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
+from .live.metrics_reads import MetricsPending, MetricsReads
+from .live.prometheus_http import PrometheusFailure
+from .live.url_policy import URL_REFUSED, PrometheusUrl, UrlAllowList, UrlRefused, UrlVerdict, parse_prometheus_url
 from .plan_status import timestamp
-from .prometheus_http import PrometheusFailure
 from .replan import (
     ConditionNote,
     EventNote,
@@ -39,7 +39,7 @@ from .replan import (
     metrics_grace,
     replan,
 )
-from .url_policy import URL_REFUSED, PrometheusUrl, UrlAllowList, UrlRefused, UrlVerdict, parse_prometheus_url
+from .runtime.cluster import Cluster, ClusterError, SecretNotOptedIn
 
 __all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "pooled_prometheus", "metrics_request", "run_live_replan",
            "QUERY_TIMEOUT_S"]
@@ -71,7 +71,7 @@ def prometheus_source(request: MetricsRequest) -> MetricsSource:
 
 
 def pooled_prometheus() -> MetricsReads:
-    """The operator's factory: prometheus_source, read in a bounded pool (operator/metrics_reads.py)."""
+    """The operator's factory: prometheus_source, read in a bounded pool (operator/live/metrics_reads.py)."""
     return MetricsReads(prometheus_source)
 
 
@@ -138,7 +138,7 @@ def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | N
     sample, reason = None, PrometheusFailure.UNAVAILABLE.value
     try:
         token, error = _token(cluster, spec, namespace)
-    except SecretNotOptedIn as exc:   # the Secret lacks the opt-in label (operator/tenancy.py): named at once, no grace
+    except SecretNotOptedIn as exc:   # the Secret lacks the opt-in label (operator/render/tenancy.py): named at once, no grace
         token, error, reason = None, str(exc), SecretNotOptedIn.reason
     if error is None:
         request = metrics_request(spec, namespace=namespace, name=name, policy=policy, token=token, problem=problem, target=verdict.url)

@@ -1,13 +1,13 @@
 """Metrics reads off the reconcile threads: a bounded pool of readers, at most one read in flight per resource.
 
-Called by operator/live.py (the production metrics factory) and built once per Runtime by operator/handlers.py.
+Called by operator/live_replan.py (the production metrics factory) and built once per Runtime by operator/runtime/handlers.py.
 A Prometheus URL is a resource author's: its server may be slow on purpose. A pass therefore never waits on a read
 longer than `wait_s`; a read still running raises `MetricsPending`, the pass goes on without a sample (nothing is
 written about metrics), and a later pass of the same resource takes the finished read. Must not decide anything.
 
 Rules it names:
 - OneReadPerResource: a resource's second pass while its read runs starts no other read; its readers slot is
-  freed only when the read ends (each read is bounded by its own deadline, operator/metrics.py READ_DEADLINE_S), so
+  freed only when the read ends (each read is bounded by its own deadline, operator/live/metrics.py READ_DEADLINE_S), so
   ten slow tenants hold at most `readers` threads and no reconcile thread at all.
 - FreshAnswer: a finished read answers only the request it was started for (same URL, token, queries) and only for
   `keep_s`; otherwise it is dropped and a new read starts.
@@ -23,7 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..planner.observe import MetricSample
+from ...planner.observe import MetricSample
 from .metrics import MetricsSource
 
 __all__ = ["MetricsPending", "MetricsReads", "READERS", "READ_WAIT_S", "KEEP_S"]

@@ -1,7 +1,7 @@
 """The `Cluster` seam: the few API verbs the reconcile uses, and their implementation over the
 Kubernetes dynamic client (server-side apply with one field manager, owned-object listing, Events).
 
-Called by the kopf handlers (operator/handlers.py), which pass a `KubeCluster` to the reconcile; tests
+Called by the kopf handlers (operator/runtime/handlers.py), which pass a `KubeCluster` to the reconcile; tests
 pass an in-memory fake with the same protocol. The only module that calls the Kubernetes client for
 workloads; it decides nothing.
 """
@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
-from .tenancy import STRICT, TenancyPolicy, secret_refusal
+from ..render.manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
+from ..render.tenancy import STRICT, TenancyPolicy, secret_refusal
 
 __all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "SecretNotOptedIn", "KubeCluster", "ref_of", "owned_selector",
            "build_event"]

@@ -2,18 +2,18 @@
 peering and probes; each outcome becomes a status patch, metrics, log lines for its decisions, and a requeue when
 the pass asks for one.
 
-Called by operator/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only broad
+Called by operator/runtime/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only broad
 `except` of the operator is here. The timer is the heartbeat of live replanning (metrics are fetched once
 spec.policy.replanInterval has passed, a transition advances one step a pass): keep it under the shortest interval.
 
 What this layer guarantees, whatever a resource holds:
-- a pass never waits on a plan: plans run in operator/plan_worker.py's children; a pass whose plan is not done is
+- a pass never waits on a plan: plans run in operator/runtime/plan_worker.py's children; a pass whose plan is not done is
   requeued (status `Planned=Unknown, Planning`), so other resources' passes go on;
 - each pass reads the object again under its lock, so a queued pass with a stale copy does not plan twice;
 - every failure ends in a condition (`Reconciled=False` with the reason) and a retry with capped exponential back-off,
   logged once at WARNING/ERROR and then at DEBUG; kopf's routine success lines are DEBUG, decisions INFO;
 - no finalizer: kopf's timer would put one on every object (kopf issue #833); deletion does not wait on the operator
-  (owner references garbage-collect the workloads). The timer is re-registered without it by operator/kopf_compat.py
+  (owner references garbage-collect the workloads). The timer is re-registered without it by operator/runtime/kopf_compat.py
   (kopf has no public switch; the adapter fails at start-up if kopf changes), and the timer of a deleted object is
   stopped by kopf itself through the timer's public `when=` filter, False once the DELETED event was seen;
 - liveness fails when no pass completed for `stall_s` while resources exist.
@@ -35,21 +35,21 @@ from typing import Any
 
 import kopf
 
-from ..planner.decide import predict_layout
-from .api import Condition, ConditionType, TopologyStatus
+from ...planner.decide import predict_layout
+from ..api.crd import PLURAL, VERSION
+from ..api.resource import Condition, ConditionType, TopologyStatus
+from ..live.url_policy import UrlAllowList
+from ..live_replan import MetricsFactory, pooled_prometheus
+from ..pass_context import PassState
+from ..plan_status import set_condition, timestamp
+from ..reconcile import Outcome, Planner, reconcile
+from ..render.manifests import API_VERSION, GROUP, KIND
+from ..render.tenancy import STRICT, TenancyPolicy
+from ..replan import Predictor
 from .cluster import Cluster, ClusterError, ObjectRef
-from .crd import PLURAL, VERSION
 from .kopf_compat import timer_without_finalizer
-from .live import MetricsFactory, pooled_prometheus
-from .manifests import API_VERSION, GROUP, KIND
-from .pass_context import PassState
-from .plan_status import set_condition, timestamp
 from .plan_worker import PlanPending
-from .reconcile import Outcome, Planner, reconcile
-from .replan import Predictor
 from .telemetry import OperatorMetrics
-from .tenancy import STRICT, TenancyPolicy
-from .url_policy import UrlAllowList
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "retry_delay_s", "QuietRequeues", "QUIET_REQUEUES",
            "RETRY_DELAY_S", "RETRY_CAP_S", "DECISIONS_LOGGER", "QUIET_RETRIES", "KOPF_API_LOGGER"]
@@ -142,7 +142,7 @@ class Runtime:
     metrics: OperatorMetrics
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     gpus_per_node_default: int = 8
-    # None: no live replanning; the operator's reads run in their own bounded pool (operator/metrics_reads.py)
+    # None: no live replanning; the operator's reads run in their own bounded pool (operator/live/metrics_reads.py)
     metrics_source: MetricsFactory | None = field(default_factory=pooled_prometheus)
     predict: Predictor = predict_layout
     prometheus_urls: UrlAllowList | None = None   # the Prometheus URLs resources may name (None: any)

@@ -16,10 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..planner.hardware import Precision
-from ..planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
-from ..planner.transition import set_name as layout_set_name
-from .engine_args import (
+from ...planner.engine_command import (
     DEFAULT_ROUTER_IMAGES,
     ENGINE_PORT,
     NIXL_SIDE_CHANNEL_PORT,
@@ -31,6 +28,9 @@ from .engine_args import (
     router_command,
     router_kind,
 )
+from ...planner.hardware import Precision
+from ...planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
+from ...planner.transition import set_name as layout_set_name
 from .network import NetworkKnobs, network_args, network_capabilities, network_env, network_resources
 from .pod_template import (
     engine_container_security,
@@ -261,7 +261,7 @@ def _engine_ports(bp: Blueprint, role: Role) -> list[dict[str, Any]]:
 def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...], command: tuple[str, ...],
                               gpus_per_pod: int, serving: bool = True) -> dict[str, Any]:
     """One engine pod: GPUs, CPU and memory sized from them, /dev/shm, probes (only on pods that serve HTTP),
-    no ServiceAccount token; then spec.podTemplate and the role's template merged in (operator/pod_template.py).
+    no ServiceAccount token; then spec.podTemplate and the role's template merged in (operator/render/pod_template.py).
 
     Raises ValueError when a template sets the engine container's command or args."""
     entry = serving and role is Role.AGGREGATED

@@ -1,7 +1,7 @@
 """The KV-transfer and collective network of engine pods: RDMA devices, IPC_LOCK, and the NICs NIXL (UCX),
 Mooncake and NCCL use, turned into the pod's resources, capabilities, environment and engine flags.
 
-Called by operator/manifests.py for every engine pod; pure. Sources (shared/reference/engines.md §1.3, §2.1):
+Called by operator/render/manifests.py for every engine pod; pure. Sources (shared/reference/engines.md §1.3, §2.1):
 GPUDirect RDMA in pods needs the IPC_LOCK capability, /dev/shm in memory and NCCL_IB_HCA; vLLM's NixlConnector
 and SGLang's nixl backend take their NICs from UCX_NET_DEVICES (NCCL_* do not apply to them); SGLang's mooncake
 backend from `--disaggregation-ib-device`. NCCL_IB_HCA's leading `=` asks for exact names (mlx5_1 must not also
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..planner.layout import Engine, Role
+from ...planner.layout import Engine, Role
 
 __all__ = ["NetworkKnobs", "network_env", "network_args", "network_resources", "network_capabilities"]
 

@@ -1,7 +1,7 @@
 """Planning off the operator's threads: every plan runs in a child process of its own, with a wall-time and a
 memory budget, so one resource's plan can fail (or be killed) without taking the operator or another resource down.
 
-Called by operator/handlers.py (the Runtime's planner) and operator/main.py (which builds the worker). The reconcile
+Called by operator/runtime/handlers.py (the Runtime's planner) and operator/runtime/main.py (which builds the worker). The reconcile
 sees a plain `Planner` (Problem -> Decision) and three outcomes besides a Decision:
 
 - `PlanPending`: the plan runs (or waits for a slot) in the worker; the pass stops and is requeued, so the handler
@@ -37,7 +37,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..planner.problem import Decision, Problem
+from ...planner.problem import Decision, Problem
 
 __all__ = ["PlanBudget", "PlanBudgetExceeded", "PlanPending", "PlanWorker", "plan_with_simulator", "blocking", "FAILURE_BACKOFF_S",
            "FAILURE_BACKOFF_CAP_S"]
@@ -50,8 +50,8 @@ RESULT_TTL_S = 1800.0             # a finished plan is reused for 30 min (a pure
 MAX_RESULTS = 256
 # What the forkserver imports once, so that every child starts with the planner loaded (fork, not a fresh import);
 # plan_preload, last, runs a small plan (what plans load lazily) and freezes the collector's view of it all.
-PRELOAD = ("servingtopology.planner.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.plan_worker",
-           "servingtopology.operator.plan_preload")
+PRELOAD = ("servingtopology.planner.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.runtime.plan_worker",
+           "servingtopology.operator.runtime.plan_preload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +84,8 @@ class PlanPending(Exception):
 
 def plan_with_simulator(problem: Problem) -> Decision:
     """The operator's planner: stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does."""
-    from ..planner.decide import decide
-    from ..planner.sim.stage import stage6_figures
+    from ...planner.decide import decide
+    from ...planner.sim.stage import stage6_figures
 
     return decide(problem, simulate=stage6_figures)
 

@@ -1,4 +1,4 @@
-"""What the plan worker's forkserver does once, before it forks any plan (operator/plan_worker.py PRELOAD).
+"""What the plan worker's forkserver does once, before it forks any plan (operator/runtime/plan_worker.py PRELOAD).
 
 Every plan runs in a child forked from the forkserver, so whatever a plan loads lazily is loaded again in each child
 unless the forkserver has it already: numpy's random and masked-array modules (imported on first use), the engine
@@ -22,13 +22,13 @@ LOG = logging.getLogger(__name__)
 def warm() -> None:
     """Plan a small Problem of each engine once (never raises: a failed warm-up only costs the children time)."""
     try:
-        from ..planner.decide import decide
-        from ..planner.hardware import Precision, resolve_gpu
-        from ..planner.layout import Engine
-        from ..planner.model import resolve_model
-        from ..planner.problem import Problem, SearchSpace
-        from ..planner.sim.stage import stage6_figures
-        from ..planner.workload import LengthDist, Slo, Workload
+        from ...planner.decide import decide
+        from ...planner.hardware import Precision, resolve_gpu
+        from ...planner.layout import Engine
+        from ...planner.model import resolve_model
+        from ...planner.problem import Problem, SearchSpace
+        from ...planner.sim.stage import stage6_figures
+        from ...planner.workload import LengthDist, Slo, Workload
 
         for engine in Engine:
             problem = Problem(model=resolve_model("llama-3.1-8b"), gpu=resolve_gpu("h100_sxm"), engine=engine, precision=Precision.BF16,

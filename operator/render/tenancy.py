@@ -1,7 +1,7 @@
 """What a ServingTopology's author may make the operator do in their namespace: the administrator's policy.
 
 Called by operator/reconcile.py at the start of every pass (pod templates, metrics selector) and by
-operator/cluster.py when it reads a token Secret; operator/main.py builds the policy from the chart's flags.
+operator/runtime/cluster.py when it reads a token Secret; operator/runtime/main.py builds the policy from the chart's flags.
 Pure: the spec's templates and labels in, refusals (field path, what was found, what is allowed) out; it never
 reads the cluster itself. Creating a ServingTopology creates pods in its namespace, so by default a template may
 not ask for more than the pods the operator renders have:

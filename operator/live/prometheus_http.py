@@ -1,6 +1,6 @@
 """The Prometheus HTTP client: one instant query to the host and port the allow-list checked, read within bounds.
 
-Called by operator/metrics.py (`PrometheusMetrics`), one client per metrics read. Owns the socket, the HTTP/1.1
+Called by operator/live/metrics.py (`PrometheusMetrics`), one client per metrics read. Owns the socket, the HTTP/1.1
 exchange and the JSON answer; must not decide anything about the figures. The server is untrusted (its URL is a
 resource author's), so every read is bounded and every failure is a `PrometheusAnswerError` with a named reason:
 
