@@ -1,0 +1,103 @@
+"""The pool planner against a brute-force search on small pools, its named decisions and its bad-input errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.hardware import resolve_gpu
+from servingtopology.planner.pool import (
+    MAX_PARTS,
+    GpuKind,
+    MemberOption,
+    PoolMember,
+    PoolObjective,
+    PoolProblem,
+    objective_values,
+    plan_pool,
+)
+
+KINDS = ("fast", "cheap")
+
+
+def _kinds(counts: tuple[int, int], prices: tuple[float, float]) -> tuple[GpuKind, ...]:
+    return (GpuKind("fast", resolve_gpu("h100_sxm"), counts[0], prices[0], 400.0),
+            GpuKind("cheap", resolve_gpu("a100_sxm"), counts[1], prices[1], 200.0))
+
+
+def brute_force(problem: PoolProblem) -> tuple[float, float, float] | None:
+    """The best lexicographic value over every selection (≤ 1 option per group, ≤ MAX_PARTS per member)."""
+    price = {k.name: k.price_per_hour for k in problem.kinds}
+    per_member = []
+    for m in problem.members:
+        groups: dict[str, list[MemberOption]] = {}
+        for o in m.options:
+            groups.setdefault(o.group, []).append(o)
+        sets = []
+        for choice in itertools.product(*[[None, *opts] for opts in groups.values()]):
+            parts = [o for o in choice if o is not None]
+            if len(parts) > MAX_PARTS:
+                continue
+            cap = sum(o.capacity_rps for o in parts)
+            if cap < m.min_rps - 1e-9:
+                continue
+            gpus = {k: sum(o.gpus.get(k, 0) for o in parts) for k in price}
+            sets.append((cap, sum(gpus[k] * price[k] for k in price), gpus))
+        per_member.append(sets)
+    best = None
+    for combo in itertools.product(*per_member):
+        if any(sum(s[2][k.name] for s in combo) > k.count for k in problem.kinds):
+            continue
+        cost = sum(s[1] for s in combo)
+        if problem.objective is PoolObjective.MAX_GOODPUT and cost > (problem.budget_per_hour or 0) + 1e-9:
+            continue
+        v = objective_values(problem, np.array([s[0] for s in combo]), cost)
+        if best is None or v > best:
+            best = v
+    return best
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> PoolProblem:
+    counts = (draw(st.integers(0, 8)), draw(st.integers(0, 8)))
+    prices = (draw(st.sampled_from([2.0, 3.0, 4.0])), draw(st.sampled_from([1.0, 1.5, 2.0])))
+    members = []
+    for i in range(draw(st.integers(1, 3))):
+        opts = []
+        for group in draw(st.lists(st.sampled_from(["fast", "cheap", "fast→cheap"]), min_size=1, max_size=3, unique=True)):
+            for _ in range(draw(st.integers(1, 3))):
+                if group == "fast→cheap":
+                    gpus = {"fast": draw(st.integers(1, 3)), "cheap": draw(st.integers(1, 3))}
+                else:
+                    gpus = {group: draw(st.integers(1, 4))}
+                cap = draw(st.integers(1, 16)) * 0.5
+                opts.append(MemberOption(group, f"{group}-{len(opts)}", gpus, cap))
+        load = draw(st.integers(1, 20)) * 0.5
+        members.append(PoolMember(f"m{i}", load, tuple(opts), priority=draw(st.integers(0, 2)),
+                                  min_rps=draw(st.sampled_from([0.0, 0.0, 0.5]))))
+    objective = draw(st.sampled_from(list(PoolObjective)))
+    budget = float(draw(st.integers(2, 40))) if objective is PoolObjective.MAX_GOODPUT else None
+    return PoolProblem(_kinds(counts, prices), tuple(members), objective, budget)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools())
+def test_the_pool_planner_objective_equals_a_brute_force_search(problem: PoolProblem) -> None:
+    best = brute_force(problem)
+    if best is None:
+        with pytest.raises(InvalidSpec) as err:
+            plan_pool(problem)
+        assert err.value.field == "inventory"
+        return
+    d = plan_pool(problem)
+    caps = np.array([a.capacity_rps for a in d.members])
+    got = objective_values(problem, caps, d.cost_per_hour)
+    assert got == pytest.approx(best, abs=1e-6)
+    assert d.solver.method == "milp"
+    for k in problem.kinds:   # never over the inventory, idle is what is left
+        assert d.used[k.name] + d.idle[k.name] == k.count and d.idle[k.name] >= 0
