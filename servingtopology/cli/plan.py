@@ -32,6 +32,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a layout for a spec (default: the embedded scenario)",
                        description="Search candidate layouts and print the funnel, the best plans and a decision record.")
     p.add_argument("spec", nargs="?", help="planning spec (YAML); omit for the embedded default scenario")
+    p.add_argument("--pool", metavar="POOL.yaml", help="plan every member of a GPU pool together (cli/pool.py): the fleet table, "
+                   "--record the fleet record, --plot allocation by GPU kind and $/hour against SLO attainment")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--record", metavar="FILE.md", help="write the decision record to this file")
     p.add_argument("--plot", metavar="FILE.png", help="draw the candidates, the Pareto frontier, the chosen layout and the SLOs (output "
@@ -141,6 +143,10 @@ def _plot(d: Decision, problem: Problem, path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "pool", None):
+        from servingtopology.cli.pool import run_pool
+
+        return run_pool(args)
     try:
         spec = read_spec(args.spec)
         problem = to_problem(spec)
