@@ -50,7 +50,7 @@ def solve_milp(cost: FloatArray, rows: FloatArray, row_lower: FloatArray, row_up
     ±inf. Rows are dense (n_rows × n_cols); the pool planner's models have a few thousand columns and rows.
     """
     n_rows, n_cols = rows.shape
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
     for key, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("mip_rel_gap", 0.0), ("mip_abs_gap", 1e-9),
                        ("mip_max_nodes", int(node_limit))):
         h.setOptionValue(key, value)

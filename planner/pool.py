@@ -437,7 +437,7 @@ def _greedy(problem: PoolProblem, f: _Flat) -> FloatArray | None:
 
 # ---------------------------------------------------------------- decisions
 def _selection_value(problem: PoolProblem, f: _Flat, x: FloatArray) -> tuple[float, float, float]:
-    caps = np.bincount(f.member, weights=f.cap * x, minlength=len(f.load))
+    caps = np.asarray(np.bincount(f.member, weights=f.cap * x, minlength=len(f.load)), dtype=np.float64)
     return objective_values(problem, caps, float(np.dot(f.cost, x)))
 
 
@@ -452,7 +452,8 @@ def _floors_error(problem: PoolProblem, f: _Flat) -> InvalidSpec:
             parts.append(f"{m.name} needs {m.min_rps:g} req/s, more than any option within the inventory carries")
         else:
             g = sets[3][j]
-            parts.append(f"{m.name} needs {m.min_rps:g} req/s: at least " + " + ".join(f"{int(v)} {k.name}" for v, k in zip(g, problem.kinds, strict=True) if v))
+            least = " + ".join(f"{int(v)} {k.name}" for v, k in zip(g, problem.kinds, strict=True) if v)
+            parts.append(f"{m.name} needs {m.min_rps:g} req/s: at least {least}")
     have = ", ".join(f"{k.count} {k.name}" for k in problem.kinds)
     return InvalidSpec("inventory", f"the inventory ({have}) cannot hold the members' minimums together: {'; '.join(parts)}")
 

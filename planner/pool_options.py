@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .errors import InvalidSpec
 from .funnel import run_funnel
 from .layout import EngineKnobs, Layout, LayoutKind, Parallelism, Role, RoleLayout
 from .memory import kv_pool_tokens
 from .mixed_pd import MixedRefusal, mixed_figures, mixed_refusal, mixed_slo_capacity_rps, with_nic
-from .errors import InvalidSpec
 from .pool import GpuKind, MemberOption, PoolMember, PoolObjective, PoolProblem
 from .predict import slo_capacity_rps
 from .problem import Problem
@@ -117,7 +117,7 @@ def _kind_options(problem: Problem, kind: GpuKind, budget: int) -> tuple[list[Me
     for (unit, g), c1 in zip(units, caps1, strict=True):
         top = budget // g
         if c1 > 0:
-            top = min(top, int(math.ceil(load / float(c1) * 1.25)) + 1)
+            top = min(top, math.ceil(load / float(c1) * 1.25) + 1)
         layouts += [_scaled(unit, n) for n in range(1, max(top, 0) + 1)]
     caps = slo_capacity_rps(p, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN) if layouts else np.zeros(0)
     points = _pareto([(lay.gpus, float(c), lay) for lay, c in zip(layouts, caps, strict=True)], load)
@@ -162,7 +162,7 @@ def _mixed_options(problem: Problem, a: GpuKind, b: GpuKind, budget: int) -> tup
             mu_d = float(single.decode_rps[0])
             if not (mu_p > 0 and mu_d > 0):
                 continue
-            nd_top = min(b.count // dr.parallelism.gpus, int(math.ceil(load * 1.3 / mu_d)) + 1)
+            nd_top = min(b.count // dr.parallelism.gpus, math.ceil(load * 1.3 / mu_d) + 1)
             for nd in range(1, nd_top + 1):
                 ratio = nd * mu_d / mu_p   # prefill instances that keep up with nd decode instances
                 for npf in sorted({max(1, math.floor(ratio)), max(1, math.ceil(ratio))}):

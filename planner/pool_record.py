@@ -44,7 +44,8 @@ def render_pool_record(problem: PoolProblem, d: PoolDecision, *, notes: Mapping[
     out.append(f"- $/hour: **{d.cost_per_hour:.2f}**; goodput **{d.goodput_rps:.2f} req/s**; "
                f"{good_per_dollar:,.0f} requests within the SLOs per $")
     out += [f"- {r}" for r in d.reasons]
-    out += ["", "## Members", "", "| member | priority | parts (routing weight) | GPUs | $/hour | SLO capacity req/s | load req/s | goodput req/s | SLO attainment |",
+    out += ["", "## Members", "",
+            "| member | priority | parts (routing weight) | GPUs | $/hour | SLO capacity req/s | load req/s | goodput req/s | SLO attainment |",
             "|---|---|---|---|---|---|---|---|---|"]
     for a in d.members:
         parts = "; ".join(f"{p.option.label} ({p.routing_weight:.0%})" for p in a.parts) or "none"
@@ -72,8 +73,8 @@ def render_pool_record(problem: PoolProblem, d: PoolDecision, *, notes: Mapping[
             out += [f"- {member} {group}: {r.rule}: {r.reason}" for group, r in rows]
     if notes and any(notes.values()):
         out += ["", "## Options not offered", ""]
-        for member, rows in notes.items():
-            out += [f"- {member}: {n}" for n in rows]
+        for member, lines in notes.items():
+            out += [f"- {member}: {n}" for n in lines]
     out += ["", "## Solver", "", f"- {d.solver.method} over {d.solver.options} options; gap {d.solver.gap:.2%}"]
     out += [f"- {line}" for line in d.solver.levels]
     return "\n".join(out) + "\n"

@@ -116,7 +116,7 @@ def _errors(exc: ValidationError) -> SpecError:
     for e in exc.errors():
         field = ".".join(str(p) for p in e["loc"]) or "pool"
         msg = str(e["msg"]).removeprefix("Value error, ")
-        if ": " in msg and field == "pool" or (": " in msg and msg.split(": ", 1)[0] in ("inventory", "members", "budgetPerHour", "spec")):
+        if ": " in msg and (field == "pool" or msg.split(": ", 1)[0] in ("inventory", "members", "budgetPerHour", "spec")):
             head, msg = msg.split(": ", 1)
             field = head if field == "pool" else f"{field}.{head}"
         if e["type"] == "extra_forbidden":

@@ -101,3 +101,70 @@ def test_the_pool_planner_objective_equals_a_brute_force_search(problem: PoolPro
     assert d.solver.method == "milp"
     for k in problem.kinds:   # never over the inventory, idle is what is left
         assert d.used[k.name] + d.idle[k.name] == k.count and d.idle[k.name] >= 0
+
+
+def _option(group: str, gpus: dict[str, int], cap: float) -> MemberOption:
+    return MemberOption(group, f"{group}:{gpus}", gpus, cap)
+
+
+def test_a_missing_price_is_a_named_error() -> None:
+    kinds = _kinds((4, 4), (3.0, 0.0))
+    problem = PoolProblem(kinds, (PoolMember("a", 1.0, (_option("fast", {"fast": 1}, 2.0),)),))
+    with pytest.raises(InvalidSpec) as err:
+        plan_pool(problem)
+    assert err.value.field == "inventory[1].pricePerHour"
+
+
+def test_an_inventory_below_the_members_minimums_names_each_member() -> None:
+    opts = (_option("fast", {"fast": 2}, 4.0), _option("cheap", {"cheap": 4}, 4.0))
+    members = (PoolMember("alpha", 4.0, opts, min_rps=4.0), PoolMember("beta", 4.0, opts, min_rps=4.0),
+               PoolMember("gamma", 4.0, opts, min_rps=4.0))
+    with pytest.raises(InvalidSpec) as err:
+        plan_pool(PoolProblem(_kinds((2, 4), (3.0, 1.0)), members))
+    assert err.value.field == "inventory"
+    assert all(name in err.value.message for name in ("alpha", "beta", "gamma"))
+
+
+def test_a_short_pool_meets_the_higher_priority_first_and_names_who_is_short() -> None:
+    opts = (_option("fast", {"fast": 2}, 4.0), _option("cheap", {"cheap": 4}, 2.0))
+    members = (PoolMember("low", 4.0, opts, priority=1), PoolMember("high", 4.0, opts, priority=5))
+    d = plan_pool(PoolProblem(_kinds((2, 4), (3.0, 1.0)), members))
+    by = {a.name: a for a in d.members}
+    assert by["high"].met and not by["low"].met
+    assert by["low"].capacity_rps == pytest.approx(2.0)   # the rest serves it partly
+    (short,) = d.shortages
+    assert short.member == "low" and short.short_rps == pytest.approx(2.0) and short.needs == {"fast": 2}
+    assert any(m.member == "low" and m.kind == "fast" for m in d.marginals) is False   # one GPU is not a 2-GPU option
+    assert d.idle == {"fast": 0, "cheap": 0}
+
+
+def test_one_more_gpu_is_valued_where_it_completes_an_option() -> None:
+    opts = (_option("fast", {"fast": 1}, 2.0), _option("fast", {"fast": 2}, 4.0))
+    d = plan_pool(PoolProblem(_kinds((1, 0), (3.0, 1.0)), (PoolMember("m", 4.0, opts),)))
+    (marginal,) = [m for m in d.marginals if m.kind == "fast"]
+    assert marginal.goodput_rps == pytest.approx(2.0) and marginal.cost_per_hour == pytest.approx(3.0)
+
+
+def test_a_member_spans_two_kinds_with_routing_weights_by_capacity() -> None:
+    opts = (_option("fast", {"fast": 1}, 3.0), _option("cheap", {"cheap": 1}, 1.0))
+    d = plan_pool(PoolProblem(_kinds((1, 1), (3.0, 1.0)), (PoolMember("m", 4.0, opts),)))
+    (a,) = d.members
+    assert a.met and sorted(p.routing_weight for p in a.parts) == pytest.approx([0.25, 0.75])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools())
+def test_the_greedy_stays_within_the_inventory_and_its_stated_bound(problem: PoolProblem) -> None:
+    if brute_force(problem) is None:
+        return
+    exact = plan_pool(problem)
+    greedy = plan_pool(PoolProblem(problem.kinds, problem.members, problem.objective, problem.budget_per_hour, exact_max_options=0))
+    assert greedy.solver.method == "greedy"
+    for k in problem.kinds:
+        assert greedy.used[k.name] <= k.count
+    if problem.objective is PoolObjective.MAX_GOODPUT:
+        assert greedy.cost_per_hour <= (problem.budget_per_hour or 0) + 1e-9
+    first = objective_values(problem, np.array([a.capacity_rps for a in exact.members]), exact.cost_per_hour)[0]
+    got = objective_values(problem, np.array([a.capacity_rps for a in greedy.members]), greedy.cost_per_hour)[0]
+    assert got <= first + 1e-6
+    assert first - got <= greedy.solver.gap * max(1.0, first) + 1e-6   # the LP bound covers the greedy's loss

@@ -1,0 +1,65 @@
+"""`servingtopology plan --pool`: the fleet table, record and plot of a small pool, and bad pools refused naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servingtopology.cli.main import main
+
+MEMBER = {"model": "meta-llama/Llama-3.1-8B-Instruct", "workload": {"arrivalRate": 6, "inputTokens": 1024, "outputTokens": 128},
+          "slo": {"ttftMs": {"p95": 800}, "tpotMs": {"p95": 50}}}
+
+
+def _pool(tmp_path: Path, **over: object) -> Path:
+    data: dict[str, object] = {"objective": "min-cost",
+                               "inventory": [{"kind": "h100", "gpu": "h100_sxm", "count": 4, "pricePerHour": 3.0},
+                                             {"kind": "a100", "gpu": "a100_sxm", "count": 4, "pricePerHour": 1.6}],
+                               "members": [{"name": "chat", "priority": 2, "spec": MEMBER},
+                                           {"name": "batch", "specFile": "batch.yaml"}]}
+    data.update(over)
+    (tmp_path / "batch.yaml").write_text(yaml.safe_dump({**MEMBER, "hardware": {"gpu": "a100_sxm", "maxGPUs": 2}}))
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_pool_prints_the_fleet_and_writes_record_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _pool(tmp_path)
+    assert main(["plan", "--pool", str(path), "--record", str(tmp_path / "r.md"), "--plot", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    assert "chat" in out and "batch" in out and "idle" in out
+    record = (tmp_path / "r.md").read_text()
+    assert "## Members" in record and "## Marginal value of one more GPU" in record
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_plan_pool_json_keeps_the_member_cap_and_the_inventory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--pool", str(_pool(tmp_path)), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    by = {m["name"]: m for m in d["members"]}
+    assert sum(by["batch"]["gpus"].values()) <= 2          # its spec file's maxGPUs is its cap in the pool
+    assert all(m["met"] for m in d["members"])
+    assert d["used"]["h100"] + d["idle"]["h100"] == 4 and d["used"]["a100"] + d["idle"]["a100"] == 4
+
+
+@pytest.mark.parametrize(("over", "field"), [
+    # a kind without its price
+    ({"inventory": [{"kind": "h100", "gpu": "h100_sxm", "count": 4}]}, "inventory.0.pricePerHour"),
+    # a GPU the catalog does not know
+    ({"inventory": [{"kind": "x", "gpu": "no-such-gpu", "count": 4, "pricePerHour": 1.0}]}, "inventory[0].gpu"),
+    # max-goodput without a budget
+    ({"objective": "max-goodput"}, "budgetPerHour"),
+    # a member without a spec
+    ({"members": [{"name": "chat"}]}, "members.0.spec"),
+    # a member whose spec names an unknown field
+    ({"members": [{"name": "chat", "spec": {**MEMBER, "bogus": 1}}]}, "members[0].spec.bogus"),
+    # a count beyond the bound
+    ({"inventory": [{"kind": "h100", "gpu": "h100_sxm", "count": 10_000, "pricePerHour": 3.0}]}, "inventory.0.count"),
+])
+def test_a_bad_pool_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str], over: dict[str, object], field: str) -> None:
+    assert main(["plan", "--pool", str(_pool(tmp_path, **over))]) == 2
+    assert field in capsys.readouterr().err
