@@ -7,7 +7,7 @@ a cross-node hand-off, FIFO per prefill instance as the simulator runs it). Pure
 
 Refusals, each named (`MixedRefusal.rule`): `no-nic` (a kind without a NIC cannot hand KV to another kind),
 `transfer-floor` (moving the TTFT-percentile prompt's KV at the link's line rate alone takes the TTFT budget the
-prefill leaves), `memory` (a role's pool holds no longest prompt / request), and the engine release's PD rules
+prefill leaves, or the line rate carries fewer requests' KV per second than one prefill instance produces), `memory` (a role's pool holds no longest prompt / request), and the engine release's PD rules
 (planner.engine_caps).
 """
 
@@ -99,6 +99,14 @@ def mixed_refusal(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode_
                             f"over {link_gbit:g} Gb/s takes at least {floor_s * 1e3:.0f} ms at line rate, more than the "
                             f"{max(left_s, 0.0) * 1e3:.0f} ms of the TTFT SLO ({problem.slo.ttft_ms:g} ms with its margin) the idle "
                             f"prefill on {prefill_gpu.id} leaves")
+    # The link's line rate must keep up with what one prefill instance produces, or its GPUs wait on the NIC.
+    mean_bytes = kv_bytes_per_request(problem, shape.input_tokens)
+    link_rps = link_gbit * 1e9 / 8.0 / mean_bytes / p.count
+    prefill_rps = float(idle.capacity_rps) / p.count
+    if link_rps < prefill_rps:
+        return MixedRefusal("transfer-floor", f"{link_gbit:g} Gb/s carries the KV of {link_rps:.1f} req/s ({mean_bytes / 1e6:.0f} MB each) at line "
+                            f"rate, below the {prefill_rps:.1f} req/s one prefill instance on {prefill_gpu.id} "
+                            f"({p.parallelism.label}) produces: its GPUs would wait on the NIC")
     return None
 
 
