@@ -7,8 +7,8 @@ a cross-node hand-off, FIFO per prefill instance as the simulator runs it). Pure
 
 Refusals, each named (`MixedRefusal.rule`): `no-nic` (a kind without a NIC cannot hand KV to another kind),
 `transfer-floor` (moving the TTFT-percentile prompt's KV at the link's line rate alone takes the TTFT budget the
-prefill leaves, or the line rate carries fewer requests' KV per second than one prefill instance produces), `memory` (a role's pool holds no longest prompt / request), and the engine release's PD rules
-(planner.engine_caps).
+prefill leaves, or the line rate carries fewer requests' KV per second than one prefill instance produces),
+`memory` (a role's pool holds no longest prompt / request), and the engine release's PD rules (planner.engine_caps).
 """
 
 from __future__ import annotations
