@@ -170,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     kopf.on.login(registry=registry)(kopf.login_via_client)
     clusterwide = not args.namespace
     register(registry, runtime, timer_interval_s=timer_interval_s, peering_name=args.peering_name, clusterwide=clusterwide)
+    from .pool_handlers import register_pool
+
+    register_pool(registry, runtime, timer_interval_s=timer_interval_s)   # ServingPools (DryRun proposals)
     asyncio.run(kopf.operator(
         registry=registry,
         clusterwide=clusterwide,
