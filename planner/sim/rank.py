@@ -69,6 +69,7 @@ class Rank:
         self.output = req.output_tokens
         self.key = req.prefix_key
         self.shared_blocks = np.where(req.prefix_key >= 0, req.shared_tokens // pool.page_tokens, 0).astype(np.int64)
+        self.shares = bool((self.shared_blocks > 0).any())  # False: no request has a shared prefix block (share_prefix does nothing)
         cols = np.zeros((9, capacity), dtype=np.int64)
         self.rid, self.nkv, self.target, self.out, self.out_total = cols[0], cols[1], cols[2], cols[3], cols[4]
         self.blk, self.hit_k, self.hit_r, self.order = cols[5], cols[6], cols[7], cols[8]
