@@ -114,6 +114,8 @@ class Instance:
     # ---- segments ------------------------------------------------------------------------------------
     def plan(self, now_s: float, *, horizon_s: float = float("inf")) -> float | None:
         """Start the next segment at now_s; return its end, or None when there is nothing to run."""
+        if len(self.ranks) == 1:
+            return self._plan_one(now_s, horizon_s)
         if not any(rank.running or rank.waiting or rank.remote for rank in self.ranks):
             # Nothing admitted, queued or arriving: the schedulers below would plan an empty step and change nothing
             # (a PD prefill instance woken by a finished KV transfer, a decode instance between requests).
@@ -123,23 +125,15 @@ class Instance:
             for rid in admit_remote(rank, now_s) if rank.remote else []:
                 self._loading[rid] = (r, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
                 self.transfers.append(rid)
-        if len(self.ranks) == 1:  # the common case without the per-rank lists
-            rank = self.ranks[0]
-            slots, decoding, context0 = rank.decode_state()
-            steps, open_to_arrivals = self.policies[0].burst_limit(rank, slots, decoding)
-            if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
-                times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
-                return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
-        else:
-            states = [rank.decode_state() for rank in self.ranks]
-            limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
-            active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
-            if active and all(limits[i][0] >= 2 for i in active):
-                steps = min(limits[i][0] for i in active)
-                each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
-                times = each[0] if len(each) == 1 else np.max(each, axis=0)
-                return self._start_burst(now_s, horizon_s, active, [states[i][0] for i in active], [states[i][1] for i in active],
-                                         times, steps, any(limits[i][1] for i in active))
+        states = [rank.decode_state() for rank in self.ranks]
+        limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
+        active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
+        if active and all(limits[i][0] >= 2 for i in active):
+            steps = min(limits[i][0] for i in active)
+            each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
+            times = each[0] if len(each) == 1 else np.max(each, axis=0)
+            return self._start_burst(now_s, horizon_s, active, [states[i][0] for i in active], [states[i][1] for i in active],
+                                     times, steps, any(limits[i][1] for i in active))
         planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
         for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
             if any(not p.batch.empty for p in planned) or not any(r.running or r.waiting for r in self.ranks):
@@ -154,6 +148,38 @@ class Instance:
         duration = max(durations)
         end = now_s + duration
         self._finish_single(planned, end, duration)
+        self.busy, self.end_s = True, end
+        return end
+
+    def _plan_one(self, now_s: float, horizon_s: float) -> float | None:
+        """`plan` of an instance with one rank (the common case), without the per-rank lists."""
+        rank, pol = self.ranks[0], self.policies[0]
+        if rank.remote:
+            for rid in admit_remote(rank, now_s):
+                self._loading[rid] = (0, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
+                self.transfers.append(rid)
+        elif not rank.waiting and len(rank.free_slots) == rank.capacity:
+            self.busy = False  # nothing admitted, queued or arriving (see plan)
+            return None
+        slots, decoding, context0 = rank.decode_state()
+        steps, open_to_arrivals = pol.burst_limit(rank, slots, decoding)
+        if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
+            times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
+            return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
+        p = pol.schedule(rank, now_s)
+        for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
+            b = p.batch
+            if b.prefill_tokens != 0 or b.decode_tokens != 0 or not (rank.running or rank.waiting):
+                break
+            p = pol.schedule(rank, now_s)
+        b = p.batch
+        if b.prefill_tokens == 0 and b.decode_tokens == 0:
+            self.busy = False
+            return None
+        duration = self.model.step_time_s(prefill_tokens=b.prefill_tokens, prefill_pairs=b.prefill_pairs,
+                                          decode_tokens=b.decode_tokens, decode_context_tokens=b.decode_context_tokens)
+        end = now_s + duration
+        self._finish_single([p], end, duration)
         self.busy, self.end_s = True, end
         return end
 
