@@ -278,13 +278,19 @@ class Rank:
                 led.first_token_s[rid] = end_s
                 outcome.first_tokens.append(rid)
         done = slots[out >= self.out_total[slots]]
+        if len(done):
+            self._done(done, end_s, outcome)
+
+    def _done(self, done: I64, end_s: float, outcome: StepOutcome) -> None:
+        """The slots `done` produced their last token at end_s."""
         if not self.dedup and len(done) > 1:
             # vLLM finishes a step's requests in its running queue's order (Scheduler.update_from_output walks the
             # step's scheduled requests, running ones in admission order: vllm/v1/core/sched/scheduler.py): their
             # blocks are freed, and their final outputs reach the clients, in that order
             done = done[np.argsort(self.order[done], kind="stable")]
-        for s in done:
-            rid = self.finish(int(s))
+        led = self.ledger
+        for s in done.tolist():
+            rid = self.finish(s)
             if self.role is Role.PREFILL and int(self.output[rid]) > 1:
                 led.prefill_done_s[rid] = end_s
                 outcome.prefilled.append(rid)
@@ -296,7 +302,7 @@ class Rank:
         """Decoding slots, their count and the sum of their cached tokens."""
         h = self.high
         live = self.active[:h] & self.ready[:h]
-        slots = np.nonzero(live & (self.nkv[:h] >= self.target[:h]))[0]
+        slots = (live & (self.nkv[:h] >= self.target[:h])).nonzero()[0]
         self.live_at_decode_state = int(np.count_nonzero(live))
         return slots, len(slots), int(np.add.reduce(self.nkv[slots]))
 
@@ -313,10 +319,18 @@ class Rank:
             return
         nkv = self.nkv[slots] + steps
         blk = self.blk[slots]
-        grown = np.maximum(blk, -(-nkv // self.page))  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
-        ok = self.pool.allocate(int(np.add.reduce(grown - blk)))
+        grown = np.maximum(blk, (nkv + (self.page - 1)) // self.page)  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
+        ok = self.pool.allocate(int(np.add.reduce(grown)) - int(np.add.reduce(blk)))
         assert ok, "decode burst over the pool"
         self.blk[slots] = grown
         self.nkv[slots] = nkv
         self.target[slots] = nkv
-        self.emit_tokens(slots, end_s, outcome, steps=steps)
+        if steps == 1:
+            self.emit_tokens(slots, end_s, outcome)
+            return
+        # emit_tokens after a burst of 2+ steps: no first token among them
+        out = self.out[slots] + steps
+        self.out[slots] = out
+        done = slots[out >= self.out_total[slots]]
+        if len(done):
+            self._done(done, end_s, outcome)

@@ -12,6 +12,7 @@ its first chunk (`whole_prompt_fits`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,14 +102,16 @@ def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome
     reached = nkv >= target  # share_prefix and the gaps below change neither nkv nor target
     done_pre = slots[(nkv0 < target) & reached]
     if len(done_pre):
-        for s in done_pre:
-            rank.share_prefix(int(s))
+        if rank.shares:
+            for s in done_pre.tolist():
+                rank.share_prefix(s)
         led = rank.ledger
-        rids = rank.rid[done_pre]
-        back = rids[~np.isnan(led.preempted_at_s[rids])]
-        for r in back:
-            led.gap(end_s - float(led.preempted_at_s[r]))
-            led.preempted_at_s[r] = np.nan
+        at = led.preempted_at_s
+        for r in rank.rid[done_pre].tolist():  # a request back from a preemption: the gap its client saw
+            t0 = float(at[r])
+            if not math.isnan(t0):
+                led.gap(end_s - t0)
+                at[r] = np.nan
     emit = slots[reached]
     rank.target[emit] = nkv[reached]
     rank.emit_tokens(emit, end_s, outcome)
@@ -332,7 +335,7 @@ def _block_limited_steps(rank: Rank, slots: I64) -> int:
     nkv, blk = rank.nkv[slots], rank.blk[slots]
     room = blk * page - nkv
     n = len(room)
-    if int(np.minimum.reduce(room)) >= 0 and int(np.maximum.reduce(room)) < page:
+    if int(np.maximum.reduce(room.view(np.uint64))) < page:  # every room in [0, page) (a negative one reads as ≥ 2**63)
         rounds, rest = divmod(free, n)
         if rounds * page >= k_max:
             return k_max
