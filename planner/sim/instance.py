@@ -8,6 +8,7 @@ that an arrival could join is cut at the step in flight when that arrival lands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,24 +38,29 @@ class _Burst:
     open_to_arrivals: bool
 
 
+_STEP_INDEX = np.arange(8193)  # 0, 1, ... for the burst's linear step times (bursts are at most 8,192 steps)
+_STEP_INDEX.flags.writeable = False
+
+
 def _burst_times(model: StepTimeModel, *, decoding: int, context0: int, steps: int) -> F64:
     """Step times of `steps` decode steps of `decoding` sequences whose summed context starts at context0."""
-    probe = getattr(model, "decode_s", None)   # RememberedSteps: the same floats, remembered, without the keyword call
+    probe: Callable[[float, float], float] | None = getattr(model, "decode_s", None)   # the same floats without the keyword call
+    if probe is None:
+        def probe(d: float, context: float) -> float:
+            return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=d, decode_context_tokens=context)
     d = float(decoding)
-
-    def t(j: int) -> float:
-        if probe is not None:
-            return float(probe(d, float(context0 + decoding * j)))
-        return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=d,
-                                 decode_context_tokens=float(context0 + decoding * j))
     if steps <= 2:
-        return np.array([t(j) for j in range(1, steps + 1)])
-    first, last, mid_j = t(1), t(steps), (steps + 1) // 2
-    mid = t(mid_j)
+        return np.array([float(probe(d, float(context0 + decoding * j))) for j in range(1, steps + 1)])
+    mid_j = (steps + 1) // 2
+    first = float(probe(d, float(context0 + decoding)))
+    last = float(probe(d, float(context0 + decoding * steps)))
+    mid = float(probe(d, float(context0 + decoding * mid_j)))
     expect = first + (last - first) * (mid_j - 1) / (steps - 1)
     if abs(mid - expect) <= 1e-9 * max(abs(mid), 1e-12):
-        return np.asarray(first + (last - first) * np.arange(steps) / (steps - 1), dtype=np.float64)
-    return np.array([t(j) for j in range(1, steps + 1)])
+        index = _STEP_INDEX[:steps] if steps <= len(_STEP_INDEX) else np.arange(steps)
+        times: F64 = first + (last - first) * index / (steps - 1)
+        return times
+    return np.array([float(probe(d, float(context0 + decoding * j))) for j in range(1, steps + 1)])
 
 
 class Instance:
