@@ -150,7 +150,8 @@ class EventLoop:
                 out = inst.commit()
                 self._outcome(inst, out, t)
                 end = inst.plan(t, horizon_s=self.max_time_s)
-                self._after_plan(inst, t)
+                if inst.transfers:
+                    self._after_plan(inst, t)
                 if end is not None:
                     inst.version += 1
                     self._push(end, _STEP, a, inst.version)

@@ -167,11 +167,12 @@ class Instance:
         elif not rank.waiting and len(rank.free_slots) == rank.capacity:
             self.busy = False  # nothing admitted, queued or arriving (see plan)
             return None
-        slots, decoding, context0 = rank.decode_state()
-        steps, open_to_arrivals = pol.burst_limit(rank, slots, decoding)
-        if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
-            times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
-            return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
+        if not (isinstance(pol, VllmPolicy) and pol.admits_head(rank)):  # else no burst: the step admits
+            slots, decoding, context0 = rank.decode_state()
+            steps, open_to_arrivals = pol.burst_limit(rank, slots, decoding)
+            if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
+                times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
+                return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
         p = pol.schedule(rank, now_s)
         for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
             b = p.batch

@@ -86,7 +86,7 @@ def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome
     if len(slots) == 0:
         return
     live = rank.active[slots]
-    if not live.all():
+    if np.count_nonzero(live) != len(live):
         slots, new = slots[live], new[live]
     elif planned.batch.prefill_tokens == 0.0:
         # a pure decode step (batch_of found no prompt tokens among these slots, and nothing changed since):
@@ -300,6 +300,16 @@ class VllmPolicy:
         hk, hr = rank.hits(rid)
         tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
         return whole_prompt_fits(rank, rid, tokens, hk, hr)
+
+    def admits_head(self, rank: Rank) -> bool:
+        """The next step admits the head of the queue whatever runs now (pool and budget as they are): `burst_limit` would
+        give no steps, so the instance may schedule at once. With fewer running requests than the budget, every decoding
+        count gives head_admissible's answer, and a queue head that fits ends any burst (burst_limit)."""
+        if rank.remote or not rank.waiting or rank.running >= rank.capacity or rank.running >= self.budget:
+            return False
+        rid = rank.waiting[0]
+        hk, hr = rank.hits(rid)
+        return whole_prompt_fits(rank, rid, int(rank.prompt[rid] + rank.ledger.out_done[rid]), hk, hr)
 
     def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:
         """Steps of pure decode this rank can run unchanged, and whether an arrival could end them early.
