@@ -233,7 +233,14 @@ class Instance:
     def commit(self) -> StepOutcome:
         """Apply the segment that ends now and hand back what became visible."""
         b = self._burst
-        if b is not None:
+        if b is not None and len(self.ranks) == 1:
+            rank = self.ranks[0]
+            rank.apply_decode(b.slots[0], b.steps, self.end_s, self._pending)
+            self.policies[0].after_decode_steps(rank, b.steps)
+            self.ledger.gaps(b.durations_s[:b.steps], b.counts[0])
+            self.steps += b.steps
+            self._burst = None
+        elif b is not None:
             for i, slots, count in zip(self._burst_ranks, b.slots, b.counts, strict=True):
                 rank = self.ranks[i]
                 rank.apply_decode(slots, b.steps, self.end_s, self._pending)

@@ -85,6 +85,13 @@ class Rank:
         # Slots are taken lowest first and reused last-freed first, so every running sequence lies below the
         # highest slot ever taken: the per-step scans look at [:high], not at all `capacity` slots.
         self.high = 0
+        self._prefix(0)
+
+    def _prefix(self, high: int) -> None:
+        """Views of the per-slot arrays over [:high] (the per-step scans), kept while `high` holds."""
+        self.high = high
+        self.active_h, self.ready_h = self.active[:high], self.ready[:high]
+        self.nkv_h, self.target_h = self.nkv[:high], self.target[:high]
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -117,13 +124,13 @@ class Rank:
     # ---- admission -------------------------------------------------------------------------------------
     def hits(self, rid: int) -> tuple[int, int]:
         """Blocks of `rid` already in the pool: (through its shared key, through its own key)."""
-        if not self.pool.caching:
+        pool = self.pool
+        if not pool.caching:
             return 0, 0
-        tokens = int(self.prompt[rid] + self.ledger.out_done[rid])
-        cap = (tokens - 1) // self.page  # at least one token is always computed
-        sb = int(self.shared_blocks[rid])
-        hk = min(self.pool.extent(int(self.key[rid])), sb) if sb > 0 else 0
-        hr = self.pool.extent(-(rid + 1)) if hk == sb else 0
+        cap = (int(self.prompt[rid]) + int(self.ledger.out_done[rid]) - 1) // self.page  # at least one token is always computed
+        sb = int(self.shared_blocks[rid]) if self.shares else 0
+        hk = min(pool.extent(int(self.key[rid])), sb) if sb > 0 else 0
+        hr = pool.extent(-(rid + 1)) if hk == sb else 0
         hr = max(0, min(hr, cap - hk))
         return min(hk, cap), hr
 
@@ -131,7 +138,7 @@ class Rank:
         """Put `rid` in a slot, referencing its cached blocks; the caller allocates the rest."""
         slot = self.free_slots.pop()
         if slot >= self.high:
-            self.high = slot + 1
+            self._prefix(slot + 1)
         self._counter += 1
         if hk > 0:
             self.pool.acquire(int(self.key[rid]), hk)
@@ -300,9 +307,8 @@ class Rank:
 
     def decode_state(self) -> tuple[I64, int, int]:
         """Decoding slots, their count and the sum of their cached tokens."""
-        h = self.high
-        live = self.active[:h] & self.ready[:h]
-        slots = (live & (self.nkv[:h] >= self.target[:h])).nonzero()[0]
+        live = self.active_h & self.ready_h
+        slots = (live & (self.nkv_h >= self.target_h)).nonzero()[0]
         self.live_at_decode_state = int(np.count_nonzero(live))
         return slots, len(slots), int(np.add.reduce(self.nkv[slots]))
 

@@ -169,8 +169,7 @@ class VllmPolicy:
 
     def schedule(self, rank: Rank, now_s: float) -> Planned:
         """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
-        h = rank.high  # every running sequence's slot is below it
-        act = (rank.active[:h] & rank.ready[:h]).nonzero()[0]
+        act = (rank.active_h & rank.ready_h).nonzero()[0]  # every running sequence's slot is below rank.high
         order = act[rank.order[act].argsort(kind="stable")] if len(act) > 1 else act
         nkv = rank.nkv[order]
         left = rank.target[order] - nkv  # prompt tokens still to compute (0 for a decoding sequence)
