@@ -186,7 +186,10 @@ class Instance:
         duration = self.model.step_time_s(prefill_tokens=b.prefill_tokens, prefill_pairs=b.prefill_pairs,
                                           decode_tokens=b.decode_tokens, decode_context_tokens=b.decode_context_tokens)
         end = now_s + duration
-        self._finish_single([p], end, duration)
+        finish_step(rank, p, end, self._pending)  # _finish_single of one rank
+        if b.decode_tokens:
+            self.ledger.gaps(np.array([duration]), int(b.decode_tokens))
+        self.steps += 1
         self.busy, self.end_s = True, end
         return end
 
