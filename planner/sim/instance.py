@@ -8,6 +8,7 @@ that an arrival could join is cut at the step in flight when that arrival lands.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -197,7 +198,7 @@ class Instance:
                      steps: int, open_to_arrivals: bool) -> float:
         """Begin a burst of `steps` decode steps on the `active` ranks (cut at the horizon)."""
         ends = now_s + times.cumsum()
-        if ends[-1] > horizon_s:
+        if horizon_s != math.inf and ends[-1] > horizon_s:
             steps = max(1, int(np.searchsorted(ends, horizon_s, side="left")) + 1)
             steps = min(steps, len(ends))
             times, ends = times[:steps], ends[:steps]

@@ -64,6 +64,7 @@ class Rank:
         self.role = role
         self.ledger = ledger
         self.page = pool.page_tokens
+        self.page_0d, self.page_less_1_0d = np.array(self.page), np.array(self.page - 1)  # 0-d: no scalar conversion per op
         req = ledger.requests
         self.prompt = req.prompt_tokens
         self.output = req.output_tokens
@@ -325,7 +326,7 @@ class Rank:
             return
         nkv = self.nkv[slots] + steps
         blk = self.blk[slots]
-        grown = np.maximum(blk, (nkv + (self.page - 1)) // self.page)  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
+        grown = np.maximum(blk, (nkv + self.page_less_1_0d) // self.page_0d)  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
         ok = self.pool.allocate(int(np.add.reduce(grown)) - int(np.add.reduce(blk)))
         assert ok, "decode burst over the pool"
         self.blk[slots] = grown

@@ -184,9 +184,8 @@ class VllmPolicy:
             new[1:] -= took[:-1]
             keep = int(np.count_nonzero(new))  # the budget runs out at one point: a prefix keeps tokens
             slots, new, nkv, left = order[:keep], new[:keep], nkv[:keep], left[:keep]
-        page = rank.page
         blk = rank.blk[slots]
-        need = (nkv + new + (page - 1)) // page - blk  # blocks short of ⌈(nkv + new)/page⌉
+        need = (nkv + new + rank.page_less_1_0d) // rank.page_0d - blk  # blocks short of ⌈(nkv + new)/page⌉
         np.maximum(need, 0, out=need)
         total = int(np.add.reduce(need))
         preempted = False
@@ -342,7 +341,7 @@ def _block_limited_steps(rank: Rank, slots: I64) -> int:
     free = rank.pool.free
     page = rank.page
     nkv, blk = rank.nkv[slots], rank.blk[slots]
-    room = blk * page - nkv
+    room = blk * rank.page_0d - nkv
     n = len(room)
     if int(np.maximum.reduce(room.view(np.uint64))) < page:  # every room in [0, page) (a negative one reads as ≥ 2**63)
         rounds, rest = divmod(free, n)
