@@ -24,6 +24,7 @@ COMMANDS = {
     "plan": "plan",
     "simulate": "simulate",
     "sweep": "sweep",
+    "compare": "compare",
     "validate": "validate",
     "operator": "operator_cmd",
     "emulate": "emulate",
