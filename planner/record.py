@@ -123,6 +123,9 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
                                     if f.single_gpu_rps is not None else "no one-GPU replica meets the SLOs (predicted); ")
         + f"measured: {_b(f.baseline.load_rps if f.baseline.ttft_ms is not None else None, 'g')} req/s (baseline date: {f.baseline.at or BLANK}).",
         f"- **SLOs (client-observed):** {tt} ≤ {slo.ttft_ms:g} ms, {tp} ≤ {slo.tpot_ms:g} ms; objective {problem.objective.value}.",
+        f"- **Physical floors:** TPOT {f.floors.tpot_floor_ms:,.2f} ms ({f.floors.tpot_reason()}); TTFT {f.floors.ttft_floor_ms:,.1f} ms "
+        f"at the p{slo.ttft_percentile:g} prompt ({f.floors.ttft_reason()}). Necessary, not sufficient: queueing, overheads and "
+        "interference come on top.",
     ]
     b = f.binding
     if b is not None:

@@ -18,6 +18,7 @@ from typing import Any
 from .errors import PlannerError
 from .funnel import run_funnel
 from .layout import Layout, LayoutKind, Role
+from .limits import SloFloors, slo_floors
 from .memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
 from .pd_ratio import RANK_TOLERANCE
 from .predict import predict_figures
@@ -127,6 +128,7 @@ class RecordFacts:
     longest_request_tokens: int
     transfer_floors: tuple[Floor, ...]
     binding: Binding | None
+    floors: SloFloors
     single_gpu_layout: str | None
     single_gpu_rps: float | None
     kv_pool_tokens: Mapping[str, int]
@@ -250,6 +252,9 @@ def _families(problem: Problem, decision: Decision, *, pinned: bool) -> tuple[Fa
         elif fam is Family.PD or not any(family_of(c.layout) is not Family.PD for c in decision.evaluated):
             kind = LayoutKind.PD if fam is Family.PD else LayoutKind.REPLICAS
             why = _kind_miss(problem, kind)
+        elif fam is Family.REPLICAS and not decision.weight_bytes < problem.gpu.memory_bytes:
+            why = (f"one copy of the weights ({decision.weight_bytes / 1e9:,.1f} GB) does not fit one {problem.gpu.id} "
+                   f"({problem.gpu.memory_gib:g} GiB)")
         else:
             why = "no candidate of it passed the funnel's stages 1–5 (budget, memory or the SLOs at the load)"
         rows.append(FamilyRow(fam, searched, len(members), top.layout.label if top else None, top.layout.gpus if top else 0,
@@ -316,7 +321,7 @@ def record_facts(problem: Problem, decision: Decision, *, engine_release: str, p
         kv_formula=_kv_formula(problem, kv_tok), longest_prompt_tokens=longest_prompt, mean_prompt_tokens=float(w.input_tokens.expected_tokens),
         longest_prompt_kv_bytes=longest_kv,
         longest_request_tokens=math.ceil(w.input_tokens.p99_tokens + w.output_tokens.p99_tokens),
-        transfer_floors=_floors(problem, longest_kv), binding=_binding(problem, best, pinned=pinned),
+        transfer_floors=_floors(problem, longest_kv), binding=_binding(problem, best, pinned=pinned), floors=slo_floors(problem),
         single_gpu_layout=single_layout, single_gpu_rps=single_rps, kv_pool_tokens=pools,
         families=_families(problem, decision, pinned=pinned), candidates_evaluated=len(decision.evaluated),
         candidates_total=decision.candidates_total, simulated=sum(c.prediction.source == "simulated" for c in decision.evaluated),
@@ -344,6 +349,8 @@ def facts_json(facts: RecordFacts) -> dict[str, Any]:
         "binding_slo": None if b is None else {
             "slo": b.slo, "at_rps": r(b.at_rps), "ttft_ms": r(b.ttft_ms), "tpot_ms": r(b.tpot_ms), "load_share": r(b.load_share),
             "planned_ttft_share": r(b.planned_ttft_share), "planned_tpot_share": r(b.planned_tpot_share)},
+        "slo_floors": {"tpot_ms": r(facts.floors.tpot_floor_ms, 4), "ttft_ms": r(facts.floors.ttft_floor_ms, 4), "gpus": facts.floors.gpus,
+                       "prompt_tokens": r(facts.floors.prompt_tokens, 1)},
         "single_gpu": {"layout": facts.single_gpu_layout, "rps": r(facts.single_gpu_rps)},
         "kv_pool_tokens": dict(facts.kv_pool_tokens),
         "families": [{"family": f.family.value, "searched": f.searched, "evaluated": f.evaluated, "best": f.best, "best_gpus": f.best_gpus,

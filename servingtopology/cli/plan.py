@@ -106,7 +106,7 @@ def advice_json(advice: InfeasibleAdvice | None) -> dict[str, Any] | None:
         "needed_ttft_ms": r(advice.needed_ttft_ms), "needed_tpot_ms": r(advice.needed_tpot_ms),
         "slo_ttft_ms": advice.slo_ttft_ms, "slo_tpot_ms": advice.slo_tpot_ms,
         "feasible_load_rps": r(advice.feasible_load_rps), "feasible_load_layout": advice.feasible_load_layout,
-        "load_rps": advice.load_rps, "lines": list(advice.lines()),
+        "load_rps": advice.load_rps, "floors": list(advice.floors), "lines": list(advice.lines()),
     }
 
 

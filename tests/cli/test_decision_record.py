@@ -173,3 +173,15 @@ def test_record_refuses_a_spec_path_that_it_would_overwrite(tmp_path, capsys):
     spec.write_text(PINNED)
     assert main(["plan", "--record", str(spec)]) == 2
     assert "--record" in capsys.readouterr().err and spec.read_text() == PINNED
+
+
+def test_a_pd_only_plan_numbers_its_measurements_without_a_gap(tmp_path, capsys):
+    # Only PD searched, so no alternative of another kind: the list once went 1, 2, 3, 5.
+    spec = tmp_path / "pd.yaml"
+    spec.write_text(PINNED.split("layout:")[0] + "search: {layouts: [pd]}\n")
+    d = _plan(capsys, str(spec), "--no-simulate")
+    numbered = re.findall(r"^(\d+)\. ", _section(d["record"], "Must measure before approval"), re.M)
+    assert [int(n) for n in numbered] == list(range(1, len(numbered) + 1)) and len(numbered) >= 5
+    assert any("KV transfer bandwidth" in m for m in d["decision_record"]["measurements"])
+    f = _fields(d["record"])
+    assert f["KV pool per rank"].startswith("prefill ") and ", decode " in f["KV pool per rank"]
