@@ -129,8 +129,9 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
     ]
     b = f.binding
     if b is not None:
-        limit = {"TTFT": f"{tt} reaches {b.ttft_ms:,.0f} ms against the {slo.ttft_ms:g} ms SLO",
-                 "TPOT": f"{tp} reaches {b.tpot_ms:,.1f} ms against the {slo.tpot_ms:g} ms SLO",
+        with_margin = "" if b.margin == 1.0 else f" (× {b.margin:g} planning margin)"
+        limit = {"TTFT": f"{tt} reaches {b.ttft_ms:,.0f} ms{with_margin} against the {slo.ttft_ms:g} ms SLO",
+                 "TPOT": f"{tp} reaches {b.tpot_ms:,.1f} ms{with_margin} against the {slo.tpot_ms:g} ms SLO",
                  "load": f"the load reaches {b.load_share:.0%} of what the layout can serve at all"}[b.slo]
         nearer = "TTFT" if b.planned_ttft_share >= b.planned_tpot_share else "TPOT"
         lines.append(f"- **Binding SLO (predicted):** {b.slo}: just past the SLO capacity of {b.at_rps:.1f} req/s, {limit}; at the "
@@ -168,7 +169,10 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
         mark = "x" if row.evaluated or row.best else " "
         plural = "s" if row.best_gpus != 1 else ""
         head = (f"best {row.best} on {row.best_gpus} GPU{plural} ({row.best_goodput_per_gpu:.2f} req/s per GPU)" if row.best
-                else "none meets the SLOs")
+                else "none meets the SLOs" if row.searched else "not searched")
+        if not row.searched:
+            lines.append(f"- [ ] {_cap(row.family.value)}: {row.why}.")
+            continue
         lines.append(f"- [{mark}] {_cap(row.family.value)} ({row.evaluated:,} evaluated): {head}: {row.why}.")
     lines += ["", "## Decision", "",
               f"- **Decision:** {'pinned by the spec: ' if f.pinned else ''}**{f.decision}** on {f.decision_gpus} GPUs "

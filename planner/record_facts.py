@@ -36,7 +36,7 @@ BLANK = "______"
 class Family(enum.StrEnum):
     """The layout families of the decision record's 'candidates evaluated' list."""
 
-    REPLICAS = "replicas (one GPU each)"
+    REPLICAS = "replicas of one GPU"
     TP = "tensor-parallel replicas"
     DP = "data-parallel-attention replicas"
     TP_PP = "TP+PP replicas"
@@ -76,6 +76,7 @@ class Binding:
     load_share: float
     planned_ttft_share: float     # the chosen layout's predicted figure / its SLO, at the planned load
     planned_tpot_share: float
+    margin: float = 1.0           # the SLO margin its capacity was found with (the funnel's 1.1 for a planned layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +194,7 @@ def _binding(problem: Problem, best: Candidate, *, pinned: bool) -> Binding | No
     name = max(ratios, key=lambda k: ratios[k] if math.isfinite(ratios[k]) else math.inf)
     p = best.prediction
     return Binding(name, cap, ttft_s * 1e3, tpot_s * 1e3, rate / sat if sat > 0 else math.inf,
-                   p.ttft_ms / slo.ttft_ms, p.tpot_ms / slo.tpot_ms)
+                   p.ttft_ms / slo.ttft_ms, p.tpot_ms / slo.tpot_ms, margin)
 
 
 def _pools(problem: Problem, layout: Layout) -> dict[str, int]:
@@ -348,7 +349,7 @@ def facts_json(facts: RecordFacts) -> dict[str, Any]:
         "transfer_floors": [{"link": f.link, "gbit": f.gbit, "floor_ms": r(f.floor_ms, 4)} for f in facts.transfer_floors],
         "binding_slo": None if b is None else {
             "slo": b.slo, "at_rps": r(b.at_rps), "ttft_ms": r(b.ttft_ms), "tpot_ms": r(b.tpot_ms), "load_share": r(b.load_share),
-            "planned_ttft_share": r(b.planned_ttft_share), "planned_tpot_share": r(b.planned_tpot_share)},
+            "planned_ttft_share": r(b.planned_ttft_share), "planned_tpot_share": r(b.planned_tpot_share), "margin": b.margin},
         "slo_floors": {"tpot_ms": r(facts.floors.tpot_floor_ms, 4), "ttft_ms": r(facts.floors.ttft_floor_ms, 4), "gpus": facts.floors.gpus,
                        "prompt_tokens": r(facts.floors.prompt_tokens, 1)},
         "single_gpu": {"layout": facts.single_gpu_layout, "rps": r(facts.single_gpu_rps)},

@@ -141,7 +141,8 @@ def _verdicts(rows: list[Compared]) -> dict[str, str]:
         elif p.goodput_per_gpu >= best * (1.0 - RANK_TOLERANCE):
             out[r.name] = f"within {RANK_TOLERANCE:.0%} of {top.name} ({p.goodput_per_gpu:.2f} against {best:.2f} req/s per GPU): a tie"
         else:
-            out[r.name] = f"{p.goodput_per_gpu:.2f} req/s per GPU against {top.name}'s {best:.2f} ({best / max(p.goodput_per_gpu, 1e-12):.2f}× less)"
+            out[r.name] = (f"{p.goodput_per_gpu:.2f} req/s per GPU against {top.name}'s {best:.2f} "
+                           f"({top.name} carries {best / max(p.goodput_per_gpu, 1e-12):.2f}× as much per GPU)")
     return out
 
 

@@ -76,7 +76,7 @@ def test_the_record_of_002s_scenario_has_every_field_with_the_jsons_figures(defa
     evaluated = _section(record, "Candidates evaluated")
     assert f"{d['candidates_total']:,} candidates enumerated; {facts['candidates_evaluated']:,} passed" in evaluated
     rows = {fam["family"]: fam for fam in facts["families"]}
-    for name in ("replicas (one GPU each)", "tensor-parallel replicas", "prefill/decode disaggregation"):
+    for name in ("replicas of one GPU", "tensor-parallel replicas", "prefill/decode disaggregation"):
         fam = rows[name]
         assert fam["evaluated"] > 0 and fam["best"]
         line = next(x for x in evaluated.splitlines() if x.startswith(f"- [x] {name[:1].upper() + name[1:]} "))
