@@ -51,7 +51,7 @@ def test_a_pool_proposes_gpus_for_its_members_moves_them_with_traffic_and_frees_
         cluster: LocalCluster, operator: Operator, kube: Kube, namespace: str) -> None:
     cluster.create_gpu_nodes(A100_NODES)
     try:
-        for obj in (_member("chat", namespace, rate=20.0, priority=5), _member("rag", namespace, rate=2.0, priority=1),
+        for obj in (_member("chat", namespace, rate=60.0, priority=5), _member("rag", namespace, rate=3.0, priority=1),
                     _member("batch", namespace, rate=4.0, priority=0), _pool(namespace)):
             cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(obj))
 
@@ -71,7 +71,7 @@ def test_a_pool_proposes_gpus_for_its_members_moves_them_with_traffic_and_frees_
         assert "PoolPlanned" in columns and "3/3" in columns, columns
 
         # traffic moves from chat to rag: the proposal moves GPUs from chat to rag
-        for name, rate, prio in (("chat", 4.0, 5), ("rag", 20.0, 1)):
+        for name, rate, prio in (("chat", 6.0, 5), ("rag", 60.0, 1)):
             cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(_member(name, namespace, rate=rate, priority=prio)))
         before = _gpus(first)
         wait_until(lambda: _gpus(_status(cluster, namespace)).get("rag", 0) > before["rag"]
