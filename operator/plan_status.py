@@ -7,10 +7,8 @@ Must not talk to the API server.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from ..planner.hardware import Precision
 from ..planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
@@ -18,16 +16,12 @@ from ..planner.problem import Candidate, Prediction
 from .api.resource import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
 from .live.readout import ms_text, pd_ratio
 
-if TYPE_CHECKING:
-    from .replan import ReplanOutcome
-
 __all__ = [
     "timestamp",
     "pd_ratio",
     "predicted",
     "plan_status",
     "proposal_status",
-    "proposal_from_replan",
     "layout_from_plan",
     "change_message",
     "set_condition",
@@ -86,20 +80,6 @@ def proposal_status(candidate: Candidate, *, current: PlanStatus | None, before:
     return ProposalStatus(**plan.model_dump(), fromLayout=current.layout if current else None,
                           fromGPUs=current.gpus if current else None, before=before_p,
                           loadRps=None if load_rps is None else round(load_rps, 3), reason=reason, message=message)
-
-
-def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args_of: ArgsOf, now: datetime, generation: int,
-                         percentile: str, set_name: str | None = None) -> ProposalStatus:
-    """`status.proposal` for the layout a live replan chose (DryRun: to show it; Auto: the transition's target)."""
-    assert out.after is not None
-    # replan words it "…, because <why> (<drift>)[; <Mode> transition]"; the proposal keeps "<why> (<drift>)".
-    why = re.sub(r"; \w+ transition$", "", out.message.split(", because ", 1)[1]) if ", because " in out.message else ""
-    reasons = ([why] if why else []) + list(out.decision.reasons if out.decision is not None else ())
-    # SameLoadFigures: out.before is the running layout at the load out.after was chosen for (out.load_rps).
-    proposal = proposal_status(out.after, current=current, before=out.before.prediction if out.before is not None else None,
-                               args_of=args_of, reasons=reasons, now=now, generation=generation, percentile=percentile,
-                               load_rps=out.load_rps)
-    return proposal.model_copy(update={"set": set_name}) if set_name else proposal
 
 
 def change_message(*, current_layout: str | None, current_gpus: int | None, before: Predicted | None, after: PlanStatus,

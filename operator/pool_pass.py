@@ -104,8 +104,8 @@ def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nod
         return PoolPass({**base, "members": [], "summary": {"members": "0/0", "costPerHour": "0", "idle": ""},
                          "conditions": [_condition("False", "NoMembers", msg, now, generation)]}, [])
     try:
-        problem, _ = build_pool(kinds, requests, objective=spec.objective, budget_per_hour=spec.budgetPerHour, mixed=spec.mixedKinds)
-        d = plan_pool(problem)
+        pool_problem, _ = build_pool(kinds, requests, objective=spec.objective, budget_per_hour=spec.budgetPerHour, mixed=spec.mixedKinds)
+        d = plan_pool(pool_problem)
     except InvalidSpec as exc:
         field = exc.field
         if field.startswith("members["):

@@ -22,7 +22,7 @@ The steps of one pass, in order (`reconcile`, then `_dry_run` or `_enact`, then 
    source (`live_replan.py`).
 4. DryRun: plan once per generation into status.proposal, observe the running layout, propose a replan. Stop here.
 5. Auto/Pinned, a transition running: advance it one step (`replan.transition_step` over the cluster view
-   `render/sets.py` reads); finish it (the plan it ends on, `rollout.finished_plan`) or roll back.
+   `runtime/cluster_view.py` reads); finish it (the plan it ends on, `rollout.finished_plan`) or roll back.
 6. A new generation: plan it (`_decide_within_capacity`: the cluster's free GPUs, `runtime/capacity.py`), then
    apply the first plan at once or start a transition to the new one (`rollout.start_for_change`), or wait while a
    blocked one cannot start; the pass that starts a transition only declares it in status.
@@ -88,19 +88,19 @@ from .plan_status import (
     layout_from_plan,
     plan_status,
     predicted,
-    proposal_from_replan,
     proposal_status,
     timestamp,
 )
 from .render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from .render.network import network_capabilities
 from .render.object_size import oversized
-from .render.sets import Rendering, read_cluster_view, steady_rendering, transition_rendering
+from .render.sets import Rendering, steady_rendering, transition_rendering
 from .render.tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
-from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, serving_floor, transition_step
+from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, proposal_from_replan, serving_floor, transition_step
 from .rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
 from .runtime.capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
 from .runtime.cluster import Cluster, ObjectRef, owned_selector, ref_of
+from .runtime.cluster_view import read_cluster_view
 from .runtime.plan_worker import PlanBudgetExceeded
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from datetime import datetime
+from typing import Any, TypedDict
 
 from ..planner.decide import predict_layout
 from ..planner.drift import Calibration, DriftPolicy, DriftState, assess_drift, calibrate, rebaseline, workload_shift, worth_switching
@@ -40,16 +42,16 @@ from ..planner.transition import (
     start_transition,
 )
 from ..planner.workload import LengthDist, LengthKind, Workload
-from .api.resource import ConditionType, Mode, ObservedStatus, PolicySpec, duration_s
+from .api.resource import ConditionType, Mode, ObservedStatus, PlanStatus, PolicySpec, ProposalStatus, duration_s
 from .live.metrics import MetricsSource, MetricsUnavailable
 from .live.readout import ms_text
-from .plan_status import predicted
+from .plan_status import ArgsOf, predicted, proposal_status
 from .replan_status import Unreadable, validate_replan_status
 
 __all__ = [
     "ReplanPolicy", "ReplanMemory", "ReplanStatusError", "read_replan_status", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",
     "policy_from_spec", "fetch_sample", "replan", "transition_step", "capacity_of", "observed_status",
-    "METRICS_GRACE_MIN_S", "metrics_grace", "FloorCheck", "serving_floor", "after_transition",
+    "METRICS_GRACE_MIN_S", "metrics_grace", "FloorCheck", "serving_floor", "after_transition", "proposal_from_replan",
 ]
 
 Planner = Callable[[Problem], Decision]
@@ -198,6 +200,15 @@ class ReplanOutcome:
     after: Candidate | None = None           # the proposed or target layout at the observed workload
     message: str = ""
     load_rps: float | None = None            # the arrival rate `after` (and the decision's current) were predicted at
+
+
+class _Figures(TypedDict, total=False):
+    """What every ReplanOutcome past the observation carries: the figures read and the running layout's prediction."""
+
+    observation: Observation
+    observed: ObservedStatus
+    before: Candidate | None
+    load_rps: float
 
 
 def fetch_sample(source: MetricsSource, *, at_s: float, interval_s: float) -> tuple[MetricSample | None, str | None]:
@@ -355,11 +366,11 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     status = observed_status(obs, at=at, raw=raw, ttft_percentile=problem.slo.ttft_percentile,
                              tpot_percentile=problem.slo.tpot_percentile)
     before = predict(observed, current) if current is not None else None
-    base = dict(observation=obs, observed=status, before=before)
-    if policy.mode is Mode.PINNED or mem.transitioning or observe_only:
-        why = ("policy.mode is Pinned" if policy.mode is Mode.PINNED else "a transition is in progress" if mem.transitioning
-               else observe_only)
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=f"observed only: {why}", **base)
+    base = _Figures(observation=obs, observed=status, before=before)
+    held = ("policy.mode is Pinned" if policy.mode is Mode.PINNED else "a transition is in progress" if mem.transitioning
+            else observe_only)
+    if held:
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=f"observed only: {held}", **base)
     assumed = mem.assumed or problem.workload
     verdict = assess_drift(mem.drift, shift=workload_shift(assumed, obs.workload.workload), observed_slo=obs.slo, slo=problem.slo,
                            observed_rate_rps=obs.workload.workload.arrival_rate_rps or 0.0,
@@ -382,7 +393,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     # SameLoadFigures: the running layout at the load the planner chose `after` for, never at another load.
     current_c = decision.current or (predict(observed, current) if current is not None else None)
     load_rps = observed.workload.arrival_rate_rps or 0.0
-    base = {**base, "before": current_c, "load_rps": load_rps}
+    base = _Figures(observation=obs, observed=status, before=current_c, load_rps=load_rps)
     after = _prefer_in_place(observed, current, decision.best, predict)
     switch, why = worth_switching(current_c, after, objective=problem.objective, min_improvement=policy.drift.min_improvement)
     pct = problem.slo.ttft_percentile
@@ -467,6 +478,20 @@ def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem
     if step.action in (Action.SCALE, Action.ROUTE, Action.DELETE, Action.ROLLBACK):
         kind = "Warning" if step.action is Action.ROLLBACK else "Normal"
         events = (EventNote(kind, f"Transition{step.action.value}", step.message),)
-    if step.state.phase is Phase.FAILED and state.phase is not Phase.FAILED:
+    if step.state.phase is Phase.FAILED:   # `state` is not FAILED here (returned above): this step failed it
         events = (*events, EventNote("Warning", "TransitionFailed", step.state.message))
     return replace(memory, transition=step.state), step, events
+
+
+def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args_of: ArgsOf, now: datetime, generation: int,
+                         percentile: str, set_name: str | None = None) -> ProposalStatus:
+    """`status.proposal` for the layout a live replan chose (DryRun: to show it; Auto: the transition's target)."""
+    assert out.after is not None
+    # replan words it "…, because <why> (<drift>)[; <Mode> transition]"; the proposal keeps "<why> (<drift>)".
+    why = re.sub(r"; \w+ transition$", "", out.message.split(", because ", 1)[1]) if ", because " in out.message else ""
+    reasons = ([why] if why else []) + list(out.decision.reasons if out.decision is not None else ())
+    # SameLoadFigures: out.before is the running layout at the load out.after was chosen for (out.load_rps).
+    proposal = proposal_status(out.after, current=current, before=out.before.prediction if out.before is not None else None,
+                               args_of=args_of, reasons=reasons, now=now, generation=generation, percentile=percentile,
+                               load_rps=out.load_rps)
+    return proposal.model_copy(update={"set": set_name}) if set_name else proposal

@@ -16,13 +16,11 @@ from typing import Any
 
 import yaml
 
-from ..render.manifests import GROUP, KIND
-from .resource import MAX_RESOURCE_NAME, RESOURCE_NAME_PATTERN, TopologySpec, TopologyStatus
+from .resource import GROUP, KIND, MAX_RESOURCE_NAME, RESOURCE_NAME_PATTERN, VERSION, TopologySpec, TopologyStatus
 
 __all__ = ["VERSION", "PLURAL", "SHORT_NAME", "CRD_PATHS", "structural_schema", "unguarded_fields", "build_crd", "render_crd_yaml",
            "main"]
 
-VERSION = "v1alpha1"
 PLURAL = "servingtopologies"
 SHORT_NAME = "stopo"
 # Relative to the repository root: the canonical file and the Helm chart's copy (Helm installs crds/ first).

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ...planner.pool import PoolObjective
 from ...spec import MAX_GPUS, SpecError
-from ..render.manifests import GROUP
 from .crd import VERSION, structural_schema
+from .resource import GROUP
 
 __all__ = ["POOL_KIND", "POOL_PLURAL", "POOL_SHORT_NAME", "POOL_LABEL", "PRIORITY_ANNOTATION", "POOL_CRD_PATHS", "PoolMode",
            "PoolKindSpec", "ServingPoolSpec", "parse_pool_spec", "build_pool_crd", "render_pool_crd_yaml", "main"]

@@ -23,12 +23,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from ...planner.layout import LayoutKind
 from ...planner.transition import CapacityDrop
 from ...spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
 
 __all__ = [
+    "GROUP", "VERSION", "API_VERSION", "KIND",
     "Mode",
     "ConditionType",
     "Toleration",
@@ -74,6 +76,12 @@ COOLDOWN_S = (0, 7 * 86_400)      # none to a week
 # A ServingTopology's name is the client Service's name, so it is a DNS-1035 label (Service names are: a letter first,
 # no dots, at most 63); it is also the value of the app.kubernetes.io/instance label (at most 63). Derived object names
 # (`<name>-<set>-<role>`, `<name>-router`) are shortened with a hash when longer (operator/render/manifests.py derived_name).
+# The resource's identity: its API group, version and kind (the CRD, the owner references, the labels' prefix).
+GROUP = "servingtopology.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ServingTopology"
+
 MAX_RESOURCE_NAME = 63
 RESOURCE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_OBJECT_NAME = 253  # a DNS-1123 subdomain: ConfigMap, Secret, ServiceAccount, PriorityClass names
@@ -191,8 +199,8 @@ class ClusterHardwareSpec(HardwareSpec):
 
 # ---- the pod template (merged into the rendered pods by operator/render/pod_template.py) ----
 
-_OPEN = {"x-kubernetes-preserve-unknown-fields": True}
-_OPEN_ITEMS = {"items": {"type": "object", **_OPEN}}
+_OPEN: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+_OPEN_ITEMS: JsonDict = {"items": {"type": "object", **_OPEN}}
 # Label keys the operator's selectors and Services depend on; a template may not set them.
 RESERVED_LABEL_PREFIXES = ("servingtopology.io/", "app.kubernetes.io/")
 

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...planner.layout import Engine, Role
+from ...planner.metric_names import RouterMetric as R
+from ...planner.metric_names import SglangMetric as S
+from ...planner.metric_names import VllmMetric as V
 from ...planner.observe import MetricSample
 from .prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
 from .url_policy import PrometheusUrl, UrlRefused, parse_prometheus_url
@@ -48,8 +51,8 @@ ROUTER_COMPONENT = "router"
 # The PD routers' own client-side TTFT histograms, where the router exports one (planner/data/engine_caps: smg 1.13.0;
 # vllm-router 0.1.17 exports request durations only). The operator routes smg over HTTP, whose PD histogram is
 # smg_pd_ttft_seconds; smg_router_ttft_seconds is its gRPC router's ("help: gRPC only"), read second.
-SMG_PD_TTFT = "smg_pd_ttft_seconds"
-SMG_TTFT = "smg_router_ttft_seconds"
+SMG_PD_TTFT = R.SMG_PD_TTFT
+SMG_TTFT = R.SMG_TTFT
 
 
 class Figure(enum.StrEnum):
@@ -133,7 +136,7 @@ def _vllm_pd_ttft(matchers: Mapping[str, str], w: str, q: float) -> str:
     engines, as in a replicas layout."""
     prefill = label_selector(matchers, roles=(Role.PREFILL,))
     decode = label_selector(matchers, roles=(Role.DECODE,))
-    return f"{_q(q, 'vllm:e2e_request_latency_seconds', prefill, w)} + {_q(q, 'vllm:time_to_first_token_seconds', decode, w)}"
+    return f"{_q(q, V.E2E_LATENCY, prefill, w)} + {_q(q, V.TTFT, decode, w)}"
 
 
 def _router(matchers: Mapping[str, str]) -> str:
@@ -143,27 +146,27 @@ def _router(matchers: Mapping[str, str]) -> str:
 def _vllm(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matchers: Mapping[str, str] | None) -> tuple[Query, ...]:
     pd_ttft = (_vllm_pd_ttft(matchers, w, ttft_q),) if matchers is not None else ()
     return (
-        Query(Figure.REQUEST_RATE, (_rate("vllm:request_success_total", front, w), _rate("vllm:e2e_request_latency_seconds_count", front, w))),
-        Query(Figure.PROMPT_TOKENS_RATE, (_rate("vllm:prompt_tokens_total", front, w),)),
-        Query(Figure.GENERATION_TOKENS_RATE, (_rate("vllm:generation_tokens_total", front, w),)),
-        Query(Figure.INPUT_TOKENS_MEAN, (_ratio("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count", front, w),)),
-        Query(Figure.OUTPUT_TOKENS_MEAN, (_ratio("vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count", front, w),)),
-        Query(Figure.INPUT_TOKENS_P99, (_q(0.99, "vllm:request_prompt_tokens", front, w),)),
-        Query(Figure.OUTPUT_TOKENS_P99, (_q(0.99, "vllm:request_generation_tokens", front, w),)),
+        Query(Figure.REQUEST_RATE, (_rate(V.REQUEST_SUCCESS, front, w), _rate(f"{V.E2E_LATENCY}_count", front, w))),
+        Query(Figure.PROMPT_TOKENS_RATE, (_rate(V.PROMPT_TOKENS, front, w),)),
+        Query(Figure.GENERATION_TOKENS_RATE, (_rate(V.GENERATION_TOKENS, front, w),)),
+        Query(Figure.INPUT_TOKENS_MEAN, (_ratio(f"{V.PROMPT_LENGTH}_sum", f"{V.PROMPT_LENGTH}_count", front, w),)),
+        Query(Figure.OUTPUT_TOKENS_MEAN, (_ratio(f"{V.GENERATION_LENGTH}_sum", f"{V.GENERATION_LENGTH}_count", front, w),)),
+        Query(Figure.INPUT_TOKENS_P99, (_q(0.99, V.PROMPT_LENGTH, front, w),)),
+        Query(Figure.OUTPUT_TOKENS_P99, (_q(0.99, V.GENERATION_LENGTH, front, w),)),
         # Token-based since 0.9.2; the older gpu_ names (removed in 0.12) counted blocks, still a fair ratio.
-        Query(Figure.PREFIX_HIT_RATE, (_ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", every, w),
-                                       _ratio("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", every, w))),
-        Query(Figure.TTFT, (*pd_ttft, _q(ttft_q, "vllm:time_to_first_token_seconds", front, w)), 1e3),
+        Query(Figure.PREFIX_HIT_RATE, (_ratio(V.PREFIX_CACHE_HITS, V.PREFIX_CACHE_QUERIES, every, w),
+                                       _ratio(V.GPU_PREFIX_CACHE_HITS, V.GPU_PREFIX_CACHE_QUERIES, every, w))),
+        Query(Figure.TTFT, (*pd_ttft, _q(ttft_q, V.TTFT, front, w)), 1e3),
         # The SLO is per request: the per-request TPOT histogram first; the inter-token latency (0.11 named it
         # time_per_output_token_seconds) where a release exports no per-request one.
-        Query(Figure.TPOT, (_q(tpot_q, "vllm:request_time_per_output_token_seconds", front, w),
-                            _q(tpot_q, "vllm:inter_token_latency_seconds", front, w),
-                            _q(tpot_q, "vllm:time_per_output_token_seconds", front, w)), 1e3),
-        Query(Figure.E2E, (_q(ttft_q, "vllm:e2e_request_latency_seconds", front, w),), 1e3),
-        Query(Figure.RUNNING, (f"sum(vllm:num_requests_running{every})",)),
-        Query(Figure.WAITING, (f"sum(vllm:num_requests_waiting{every})",)),
-        Query(Figure.KV_USAGE, (f"max(vllm:kv_cache_usage_perc{every})", f"max(vllm:gpu_cache_usage_perc{every})")),
-        Query(Figure.PREEMPTIONS, (_rate("vllm:num_preemptions_total", every, w),)),
+        Query(Figure.TPOT, (_q(tpot_q, V.REQUEST_TPOT, front, w),
+                            _q(tpot_q, V.INTER_TOKEN_LATENCY, front, w),
+                            _q(tpot_q, V.TIME_PER_OUTPUT_TOKEN, front, w)), 1e3),
+        Query(Figure.E2E, (_q(ttft_q, V.E2E_LATENCY, front, w),), 1e3),
+        Query(Figure.RUNNING, (f"sum({V.REQUESTS_RUNNING}{every})",)),
+        Query(Figure.WAITING, (f"sum({V.REQUESTS_WAITING}{every})",)),
+        Query(Figure.KV_USAGE, (f"max({V.KV_CACHE_USAGE}{every})", f"max({V.GPU_CACHE_USAGE}{every})")),
+        Query(Figure.PREEMPTIONS, (_rate(V.PREEMPTIONS, every, w),)),
     )
 
 
@@ -171,28 +174,28 @@ def _sglang(front: str, every: str, w: str, ttft_q: float, tpot_q: float, matche
     router_ttft = ((_q(ttft_q, SMG_PD_TTFT, _router(matchers), w), _q(ttft_q, SMG_TTFT, _router(matchers), w))
                    if matchers is not None else ())
     return (
-        Query(Figure.REQUEST_RATE, (_rate("sglang:num_requests_total", front, w), _rate("sglang:e2e_request_latency_seconds_count", front, w))),
-        Query(Figure.PROMPT_TOKENS_RATE, (_rate("sglang:prompt_tokens_total", front, w),)),
-        Query(Figure.GENERATION_TOKENS_RATE, (_rate("sglang:generation_tokens_total", front, w),)),
+        Query(Figure.REQUEST_RATE, (_rate(S.REQUESTS, front, w), _rate(f"{S.E2E_LATENCY}_count", front, w))),
+        Query(Figure.PROMPT_TOKENS_RATE, (_rate(S.PROMPT_TOKENS, front, w),)),
+        Query(Figure.GENERATION_TOKENS_RATE, (_rate(S.GENERATION_TOKENS, front, w),)),
         # The length histograms exist only with --collect-tokens-histogram; the estimator then falls back
         # to the token rates over the request rate.
-        Query(Figure.INPUT_TOKENS_MEAN, (_ratio("sglang:prompt_tokens_histogram_sum", "sglang:prompt_tokens_histogram_count", front, w),)),
-        Query(Figure.OUTPUT_TOKENS_MEAN, (_ratio("sglang:generation_tokens_histogram_sum", "sglang:generation_tokens_histogram_count", front, w),)),
-        Query(Figure.INPUT_TOKENS_P99, (_q(0.99, "sglang:prompt_tokens_histogram", front, w),)),
-        Query(Figure.OUTPUT_TOKENS_P99, (_q(0.99, "sglang:generation_tokens_histogram", front, w),)),
-        Query(Figure.PREFIX_HIT_RATE, (_ratio("sglang:cached_tokens_total", "sglang:prompt_tokens_total", front, w),
-                                       f"avg(sglang:cache_hit_rate{every})")),
+        Query(Figure.INPUT_TOKENS_MEAN, (_ratio(f"{S.PROMPT_LENGTH}_sum", f"{S.PROMPT_LENGTH}_count", front, w),)),
+        Query(Figure.OUTPUT_TOKENS_MEAN, (_ratio(f"{S.GENERATION_LENGTH}_sum", f"{S.GENERATION_LENGTH}_count", front, w),)),
+        Query(Figure.INPUT_TOKENS_P99, (_q(0.99, S.PROMPT_LENGTH, front, w),)),
+        Query(Figure.OUTPUT_TOKENS_P99, (_q(0.99, S.GENERATION_LENGTH, front, w),)),
+        Query(Figure.PREFIX_HIT_RATE, (_ratio(S.CACHED_TOKENS, S.PROMPT_TOKENS, front, w),
+                                       f"avg({S.CACHE_HIT_RATE}{every})")),
         # PD behind smg: the router's own TTFT; otherwise the decode engine's, which counts from the request's arrival
         # (the router sends it to prefill and decode at once), or the aggregated engine's.
-        Query(Figure.TTFT, (*router_ttft, _q(ttft_q, "sglang:time_to_first_token_seconds", front, w)), 1e3),
+        Query(Figure.TTFT, (*router_ttft, _q(ttft_q, S.TTFT, front, w)), 1e3),
         # Per request first (the SLO's unit), then the inter-token latency.
-        Query(Figure.TPOT, (_q(tpot_q, "sglang:request_time_per_output_token_seconds", front, w),
-                            _q(tpot_q, "sglang:inter_token_latency_seconds", front, w)), 1e3),
-        Query(Figure.E2E, (_q(ttft_q, "sglang:e2e_request_latency_seconds", front, w),), 1e3),
-        Query(Figure.RUNNING, (f"sum(sglang:num_running_reqs{every})",)),
-        Query(Figure.WAITING, (f"sum(sglang:num_queue_reqs{every})",)),
-        Query(Figure.KV_USAGE, (f"max(sglang:token_usage{every})",)),
-        Query(Figure.PREEMPTIONS, (f"sum(sglang:num_retracted_reqs{every})",)),
+        Query(Figure.TPOT, (_q(tpot_q, S.REQUEST_TPOT, front, w),
+                            _q(tpot_q, S.INTER_TOKEN_LATENCY, front, w)), 1e3),
+        Query(Figure.E2E, (_q(ttft_q, S.E2E_LATENCY, front, w),), 1e3),
+        Query(Figure.RUNNING, (f"sum({S.RUNNING_REQS}{every})",)),
+        Query(Figure.WAITING, (f"sum({S.QUEUE_REQS}{every})",)),
+        Query(Figure.KV_USAGE, (f"max({S.TOKEN_USAGE}{every})",)),
+        Query(Figure.PREEMPTIONS, (f"sum({S.RETRACTED_REQS}{every})",)),
     )
 
 

@@ -31,6 +31,7 @@ from ...planner.engine_command import (
 from ...planner.hardware import Precision
 from ...planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
 from ...planner.transition import set_name as layout_set_name
+from ..api.resource import API_VERSION, GROUP, KIND
 from .network import NetworkKnobs, network_args, network_capabilities, network_env, network_resources
 from .pod_template import (
     engine_container_security,
@@ -75,9 +76,6 @@ __all__ = [
     "build_topology",
 ]
 
-GROUP = "servingtopology.io"
-API_VERSION = f"{GROUP}/v1alpha1"
-KIND = "ServingTopology"
 ROLE_LABEL = f"{GROUP}/role"
 TOPOLOGY_LABEL = f"{GROUP}/topology"
 SERVING_LABEL = f"{GROUP}/serving"        # only pods that answer HTTP (not LWS workers) carry "true"

@@ -143,7 +143,7 @@ class KubeCluster:
         _count_requests(api_client, self._count, timeout_s)
         # Discovery starts on the first request, in a pass (a failure there is the pass's ClusterError, retried),
         # not while the operator starts.
-        self._new_client = lambda: dynamic.DynamicClient(api_client)
+        self._new_client = lambda: dynamic.DynamicClient(api_client)  # type: ignore[no-untyped-call]  # the client is not annotated
         self._dynamic: Any = None
         self._instance = reporting_instance or f"{FIELD_MANAGER}-{uuid.uuid4().hex[:8]}"
         self._ttl, self._clock, self._monotonic = discovery_ttl_s, clock, monotonic

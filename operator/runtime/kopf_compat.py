@@ -46,7 +46,7 @@ def timer_without_finalizer(registry: kopf.OperatorRegistry, handler_id: str) ->
     if len(found) != 1:
         raise KopfInternalsChanged(f"{len(found)} spawning handlers have the id {handler_id!r} (expected the one timer)")
     handler = found[0]
-    if not dataclasses.is_dataclass(handler) or "requires_finalizer" not in {f.name for f in dataclasses.fields(handler)}:
+    if not dataclasses.is_dataclass(handler) or isinstance(handler, type) or "requires_finalizer" not in {f.name for f in dataclasses.fields(handler)}:
         raise KopfInternalsChanged(f"the timer handler {type(handler).__name__} has no dataclass field `requires_finalizer`")
     spawning._handlers = [dataclasses.replace(h, requires_finalizer=False) if h is handler else h for h in handlers]
     check = [h for h in registry._spawning.get_all_handlers() if h.id == handler_id]

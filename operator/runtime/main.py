@@ -108,9 +108,9 @@ def _kube_api_client() -> object:
     from kubernetes import client, config
 
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]  # the kubernetes client is not annotated
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]
     return client.ApiClient()
 
 

@@ -217,7 +217,7 @@ class PlanWorker:
         """A failed job is tried again once its back-off has passed; a finished plan is reused."""
         if job.finished_s is None or not job.future.done() or not isinstance(job.future.exception(), PlanBudgetExceeded | ChildFailed):
             return False
-        backoff = min(FAILURE_BACKOFF_S * 2 ** max(0, job.failures - 1), FAILURE_BACKOFF_CAP_S)
+        backoff: float = min(FAILURE_BACKOFF_S * 2 ** max(0, job.failures - 1), FAILURE_BACKOFF_CAP_S)
         return now - job.finished_s >= backoff
 
     def _expire(self, now: float) -> None:

@@ -17,8 +17,8 @@ import kopf
 
 from ..api.crd import PLURAL, VERSION
 from ..api.pool import POOL_LABEL, POOL_PLURAL
+from ..api.resource import GROUP
 from ..pool_pass import pool_pass
-from ..render.manifests import GROUP
 from .handlers import Runtime
 from .kopf_compat import timer_without_finalizer
 

@@ -124,12 +124,10 @@ class EventLoop:
         else:
             order = np.argsort(req.arrival_s, kind="stable")
             arrivals = req.arrival_s[order]
-        arrival_list: list[float] = arrivals.tolist()  # the same floats, read without numpy scalars
-        order_list: list[int] = order.tolist()
-        ptr, n_open = 0, len(arrival_list)
+        ptr, n_open = 0, len(arrivals)
         now = 0.0
         while True:
-            t_arr = arrival_list[ptr] if ptr < n_open else math.inf
+            t_arr = float(arrivals[ptr]) if ptr < n_open else math.inf
             t_ev = self._heap[0][0] if self._heap else math.inf
             t = min(t_arr, t_ev)
             if self._wake and t > now:
@@ -139,7 +137,7 @@ class EventLoop:
                 break
             now = t
             if t_arr <= t_ev:
-                self._issue(order_list[ptr], t)
+                self._issue(int(order[ptr]), t)
                 ptr += 1
                 continue
             _, _, kind, a, b = heapq.heappop(self._heap)
@@ -152,8 +150,7 @@ class EventLoop:
                 out = inst.commit()
                 self._outcome(inst, out, t)
                 end = inst.plan(t, horizon_s=self.max_time_s)
-                if inst.transfers:
-                    self._after_plan(inst, t)
+                self._after_plan(inst, t)
                 if end is not None:
                     inst.version += 1
                     self._push(end, _STEP, a, inst.version)

@@ -20,7 +20,11 @@ class Ledger:
     __slots__ = (
         "_itl_s",
         "_itl_w",
-        "_tl",
+        "_tl_instance",
+        "_tl_kv",
+        "_tl_run",
+        "_tl_t",
+        "_tl_wait",
         "arrival_s",
         "cached_tokens",
         "finish_s",
@@ -50,7 +54,11 @@ class Ledger:
         self.preempted_at_s = np.full(n, np.nan)
         self._itl_s: list[npt.NDArray[np.float64]] = []
         self._itl_w: list[float] = []
-        self._tl: list[tuple[float, float, int, int, int]] = []  # (t_s, kv_used_frac, running, waiting, instance)
+        self._tl_t: list[float] = []
+        self._tl_kv: list[float] = []
+        self._tl_run: list[int] = []
+        self._tl_wait: list[int] = []
+        self._tl_instance: list[int] = []
         self.preemptions_total = 0
         self.preemption_times_s: list[float] = []
         self.now_s = 0.0
@@ -69,9 +77,12 @@ class Ledger:
         """Append one timeline point (after a step or a burst of steps)."""
         if t_s < self.now_s - 1e-9:
             raise AssertionError(f"simulated time went back: {t_s} < {self.now_s}")
-        if t_s > self.now_s:
-            self.now_s = t_s
-        self._tl.append((t_s, kv_used_frac, running, waiting, instance))
+        self.now_s = max(self.now_s, t_s)
+        self._tl_t.append(t_s)
+        self._tl_kv.append(kv_used_frac)
+        self._tl_run.append(running)
+        self._tl_wait.append(waiting)
+        self._tl_instance.append(instance)
 
     def itl(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         if not self._itl_s:
@@ -80,6 +91,10 @@ class Ledger:
         return np.concatenate(self._itl_s), np.repeat(np.asarray(self._itl_w, dtype=np.float64), counts)
 
     def timeline(self) -> dict[str, npt.NDArray[np.float64]]:
-        columns = list(zip(*self._tl, strict=True)) if self._tl else [(), (), (), (), ()]
-        return {name: np.asarray(column, dtype=np.float64)
-                for name, column in zip(("t_s", "kv_used_frac", "running", "waiting", "instance"), columns, strict=True)}
+        return {
+            "t_s": np.asarray(self._tl_t, dtype=np.float64),
+            "kv_used_frac": np.asarray(self._tl_kv, dtype=np.float64),
+            "running": np.asarray(self._tl_run, dtype=np.float64),
+            "waiting": np.asarray(self._tl_wait, dtype=np.float64),
+            "instance": np.asarray(self._tl_instance, dtype=np.float64),
+        }

@@ -24,7 +24,6 @@ COMMANDS = {
     "plan": "plan",
     "simulate": "simulate",
     "sweep": "sweep",
-    "compare": "compare",
     "validate": "validate",
     "operator": "operator_cmd",
     "emulate": "emulate",

@@ -91,8 +91,8 @@ def read_trace(path: Path, *, field: str = "trace") -> list[dict[str, object]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise InvalidSpec(f"{field} line {line}", "not UTF-8 text") from None
+        bad_line = raw[:exc.start].count(b"\n") + 1
+        raise InvalidSpec(f"{field} line {bad_line}", "not UTF-8 text") from None
     rows: list[dict[str, object]] = []
     if path.suffix.lower() == ".csv":
         reader = csv.DictReader(text.splitlines())

@@ -18,7 +18,7 @@ from servingtopology.planner.memory import kv_pool_tokens
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.perf import InstancePerf, StepTimeModel, request_overhead_s
 
-from .engine_args import EngineArgsError, EngineConfig
+from .command_parser import EngineArgsError, EngineConfig
 from .replay import ChunkedReplay
 from .seam import Completion, EngineSimulator, Gauges, Progress
 

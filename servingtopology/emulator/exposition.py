@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.layout import Engine, Role
+from servingtopology.planner.metric_names import SglangMetric as S
+from servingtopology.planner.metric_names import VllmMetric as V
 
-from .engine_args import EngineConfig
+from .command_parser import EngineConfig
 from .seam import Gauges, Progress
 
 __all__ = ["EngineMetrics", "Histogram"]
@@ -151,24 +153,24 @@ class EngineMetrics:
                         "gpu_memory_utilization": str(c.memory_fraction or 0.9),
                         "num_gpu_blocks": str(g.kv_capacity_tokens // block_size), "engine": "0"})
         lines = [
-            *_family("vllm:num_requests_running", "gauge", [f"vllm:num_requests_running{{{base}}} {g.running}"]),
-            *_family("vllm:num_requests_waiting", "gauge", [f"vllm:num_requests_waiting{{{base}}} {g.waiting}"]),
-            *_family("vllm:kv_cache_usage_perc", "gauge", [f"vllm:kv_cache_usage_perc{{{base}}} {_fmt(usage)}"]),
-            *_family("vllm:cache_config_info", "gauge", [f"vllm:cache_config_info{{{info}}} 1.0"]),
-            *_counter("vllm:prompt_tokens_total", self._labels_for("vllm:prompt_tokens_total", by), self._prompt_tokens),
-            *_counter("vllm:generation_tokens_total", base, self._generation_tokens),
-            *_counter("vllm:prefix_cache_queries_total", base, self._queried_tokens),
-            *_counter("vllm:prefix_cache_hits_total", base, self._cached_tokens),
-            *_counter("vllm:num_preemptions_total", base, self._preemptions),
-            *_family("vllm:request_success_total", "counter",
-                     [f'vllm:request_success_total{{{base},finished_reason="length"}} {self._finished}']),
-            *_family("vllm:time_to_first_token_seconds", "histogram", self._ttft.lines("vllm:time_to_first_token_seconds", base)),
-            *_family("vllm:inter_token_latency_seconds", "histogram", self._itl.lines("vllm:inter_token_latency_seconds", base)),
-            *_family("vllm:e2e_request_latency_seconds", "histogram", self._e2e.lines("vllm:e2e_request_latency_seconds", base)),
-            *_family("vllm:request_queue_time_seconds", "histogram", self._queue.lines("vllm:request_queue_time_seconds", base)),
-            *_family("vllm:request_prompt_tokens", "histogram", self._prompt_len.lines("vllm:request_prompt_tokens", base)),
-            *_family("vllm:request_generation_tokens", "histogram",
-                     self._output_len.lines("vllm:request_generation_tokens", base)),
+            *_family(V.REQUESTS_RUNNING, "gauge", [f"{V.REQUESTS_RUNNING}{{{base}}} {g.running}"]),
+            *_family(V.REQUESTS_WAITING, "gauge", [f"{V.REQUESTS_WAITING}{{{base}}} {g.waiting}"]),
+            *_family(V.KV_CACHE_USAGE, "gauge", [f"{V.KV_CACHE_USAGE}{{{base}}} {_fmt(usage)}"]),
+            *_family(V.CACHE_CONFIG_INFO, "gauge", [f"{V.CACHE_CONFIG_INFO}{{{info}}} 1.0"]),
+            *_counter(V.PROMPT_TOKENS, self._labels_for(V.PROMPT_TOKENS, by), self._prompt_tokens),
+            *_counter(V.GENERATION_TOKENS, base, self._generation_tokens),
+            *_counter(V.PREFIX_CACHE_QUERIES, base, self._queried_tokens),
+            *_counter(V.PREFIX_CACHE_HITS, base, self._cached_tokens),
+            *_counter(V.PREEMPTIONS, base, self._preemptions),
+            *_family(V.REQUEST_SUCCESS, "counter",
+                     [f'{V.REQUEST_SUCCESS}{{{base},finished_reason="length"}} {self._finished}']),
+            *_family(V.TTFT, "histogram", self._ttft.lines(V.TTFT, base)),
+            *_family(V.INTER_TOKEN_LATENCY, "histogram", self._itl.lines(V.INTER_TOKEN_LATENCY, base)),
+            *_family(V.E2E_LATENCY, "histogram", self._e2e.lines(V.E2E_LATENCY, base)),
+            *_family(V.QUEUE_TIME, "histogram", self._queue.lines(V.QUEUE_TIME, base)),
+            *_family(V.PROMPT_LENGTH, "histogram", self._prompt_len.lines(V.PROMPT_LENGTH, base)),
+            *_family(V.GENERATION_LENGTH, "histogram",
+                     self._output_len.lines(V.GENERATION_LENGTH, base)),
         ]
         return "\n".join(lines) + "\n"
 
@@ -197,24 +199,24 @@ class EngineMetrics:
         usage = g.kv_used_tokens / g.kv_capacity_tokens if g.kv_capacity_tokens else 0.0
         hit_rate = self._cached_tokens / self._queried_tokens if self._queried_tokens else 0.0
         lines = [
-            *gauge("sglang:num_running_reqs", g.running),
-            *gauge("sglang:num_queue_reqs", g.waiting),
-            *gauge("sglang:num_used_tokens", g.kv_used_tokens),
-            *gauge("sglang:token_usage", usage, share=False, fmt=True),
-            *gauge("sglang:cache_hit_rate", hit_rate, share=False, fmt=True),
-            *gauge("sglang:gen_throughput", self._recent_tokens_s, fmt=True),
-            *gauge("sglang:num_retracted_reqs", 0),
-            *_counter("sglang:prompt_tokens_total", tok("sglang:prompt_tokens_total"), self._prompt_tokens),
-            *_counter("sglang:generation_tokens_total", tok("sglang:generation_tokens_total"), self._generation_tokens),
-            *_counter("sglang:cached_tokens_total", tok("sglang:cached_tokens_total"), self._cached_tokens),
-            *_counter("sglang:num_requests_total", tok("sglang:num_requests_total"), self._finished),
-            *_family("sglang:time_to_first_token_seconds", "histogram",
-                     self._ttft.lines("sglang:time_to_first_token_seconds", tok("sglang:time_to_first_token_seconds"))),
-            *_family("sglang:inter_token_latency_seconds", "histogram",
-                     self._itl.lines("sglang:inter_token_latency_seconds", tok("sglang:inter_token_latency_seconds"))),
-            *_family("sglang:e2e_request_latency_seconds", "histogram",
-                     self._e2e.lines("sglang:e2e_request_latency_seconds", tok("sglang:e2e_request_latency_seconds"))),
-            *_family("sglang:queue_time_seconds", "histogram", self._queue.lines("sglang:queue_time_seconds", sched)),
+            *gauge(S.RUNNING_REQS, g.running),
+            *gauge(S.QUEUE_REQS, g.waiting),
+            *gauge(S.USED_TOKENS, g.kv_used_tokens),
+            *gauge(S.TOKEN_USAGE, usage, share=False, fmt=True),
+            *gauge(S.CACHE_HIT_RATE, hit_rate, share=False, fmt=True),
+            *gauge(S.GEN_THROUGHPUT, self._recent_tokens_s, fmt=True),
+            *gauge(S.RETRACTED_REQS, 0),
+            *_counter(S.PROMPT_TOKENS, tok(S.PROMPT_TOKENS), self._prompt_tokens),
+            *_counter(S.GENERATION_TOKENS, tok(S.GENERATION_TOKENS), self._generation_tokens),
+            *_counter(S.CACHED_TOKENS, tok(S.CACHED_TOKENS), self._cached_tokens),
+            *_counter(S.REQUESTS, tok(S.REQUESTS), self._finished),
+            *_family(S.TTFT, "histogram",
+                     self._ttft.lines(S.TTFT, tok(S.TTFT))),
+            *_family(S.INTER_TOKEN_LATENCY, "histogram",
+                     self._itl.lines(S.INTER_TOKEN_LATENCY, tok(S.INTER_TOKEN_LATENCY))),
+            *_family(S.E2E_LATENCY, "histogram",
+                     self._e2e.lines(S.E2E_LATENCY, tok(S.E2E_LATENCY))),
+            *_family(S.QUEUE_TIME, "histogram", self._queue.lines(S.QUEUE_TIME, sched)),
         ]
         return "\n".join(lines) + "\n"
 

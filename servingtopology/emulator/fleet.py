@@ -29,8 +29,8 @@ from typing import Any
 from servingtopology.planner.engine_caps import load_caps
 from servingtopology.planner.layout import Role
 
+from .command_parser import EngineArgsError, EngineConfig, is_engine_command, parse_engine_command
 from .engine import SimulatorKind, build_simulator, gpu_for_label
-from .engine_args import EngineArgsError, EngineConfig, is_engine_command, parse_engine_command
 from .instance import EmulatedInstance, Share
 from .real_engine import RealEngineInstance, RealEngineRules, RealEngineRulesError
 from .traffic import TrafficProfile

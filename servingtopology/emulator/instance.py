@@ -17,7 +17,7 @@ import numpy as np
 
 from servingtopology.planner.layout import Role
 
-from .engine_args import EngineConfig
+from .command_parser import EngineConfig
 from .exposition import EngineMetrics
 from .seam import EngineSimulator
 from .traffic import Phase

@@ -27,7 +27,7 @@ from typing import Any
 
 from servingtopology.planner.layout import Role
 
-from .engine_args import EngineConfig
+from .command_parser import EngineConfig
 
 __all__ = ["RealEngineRule", "RealEngineRules", "RealEngineInstance", "RealEngineRulesError", "local_argv", "parse_rules"]
 

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from servingtopology.cli.main import main
-from servingtopology.emulator.engine_args import parse_engine_command
+from servingtopology.emulator.command_parser import parse_engine_command
 from servingtopology.planner.layout import Role
 
 BASE = ("hardware: {{gpu: h100_sxm, gpusPerNode: {per_node}, maxGPUs: 16}}\n"

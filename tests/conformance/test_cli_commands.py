@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from servingtopology.cli.commands import role_commands
-from servingtopology.emulator.engine_args import engine_argv
+from servingtopology.emulator.command_parser import engine_argv
 from servingtopology.planner.decide import predict_layout
 from servingtopology.planner.engine_caps import available_versions
 from servingtopology.spec import parse_spec, to_layout, to_problem

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from servingtopology.emulator.engine_args import EngineArgsError, engine_argv, parse_engine_command
+from servingtopology.emulator.command_parser import EngineArgsError, engine_argv, parse_engine_command
 from servingtopology.operator.render.manifests import Blueprint, build_workloads
 from servingtopology.planner.engine_caps import available_versions, load_caps
 from servingtopology.planner.engine_command import RAY_MULTINODE_SCRIPT

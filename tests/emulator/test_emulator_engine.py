@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
+from servingtopology.emulator.command_parser import parse_engine_command
 from servingtopology.emulator.engine import BatchingEngine, SimulatorKind, build_simulator, gpu_for_label
-from servingtopology.emulator.engine_args import parse_engine_command
 from servingtopology.emulator.exposition import EngineMetrics, Histogram
 from servingtopology.emulator.instance import EmulatedInstance, Share
 from servingtopology.emulator.traffic import Phase, TrafficProfile, TrafficProfileError
@@ -228,3 +228,19 @@ def test_an_sglang_decode_ttft_counts_the_prefill_and_a_vllm_decode_ttft_does_no
 ])
 def test_the_emulated_gpu_is_the_one_the_planner_maps_the_label_to_else_an_h100(product: str | None, gid: str) -> None:
     assert gpu_for_label(product).id == gid
+
+
+@pytest.mark.parametrize("argv", [
+    ["vllm", "serve", "llama-3.1-8b", "--tensor-parallel-size", "1"],
+    ["python3", "-m", "sglang.launch_server", "--model-path", "qwen3-30b-a3b", "--tp-size", "8", "--attn-dp-size", "4"],
+])
+def test_emulated_metrics_are_current_names_of_the_shared_vocabulary(argv: list[str]) -> None:
+    """The exposition spells no metric name of its own: every family it renders is a current (not LEGACY) name of
+    planner/metric_names.py, the vocabulary the operator's PromQL reads."""
+    from servingtopology.planner.metric_names import LEGACY, vocabulary
+
+    config = parse_engine_command(argv)
+    names = set(vocabulary(config.engine)) - LEGACY
+    families = _families(EngineMetrics(config).render())
+    assert families
+    assert set(families) <= names, sorted(set(families) - names)

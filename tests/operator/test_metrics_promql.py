@@ -245,3 +245,18 @@ def test_every_metric_the_operator_queries_is_one_a_covered_release_exports(engi
         assert not missing, (q.figure, missing)
         first = _names(q.exprs[0])
         assert all(_exported(n, newest | routers) for n in first), (q.figure, first)
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
+def test_every_metric_the_operator_queries_is_a_name_of_the_shared_vocabulary(engine):
+    """The PromQL spells no metric name of its own: each series it reads is one of planner/metric_names.py's (a
+    histogram's `_bucket`, `_sum` or `_count` series of one), the vocabulary the emulator's exposition reads too and
+    tests/planner/test_metric_names.py holds to every covered release."""
+    from servingtopology.planner.metric_names import HISTOGRAM_SUFFIXES, vocabulary
+
+    names = set(vocabulary(engine))
+    for by_role in (True, False):
+        for q in build_queries(engine, matchers=M, window_s=120, by_role=by_role):
+            for series in {n for e in q.exprs for n in _names(e)}:
+                base = next((series.removesuffix(s) for s in HISTOGRAM_SUFFIXES if series.endswith(s)), series)
+                assert series in names or base in names, (q.figure, series)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servingtopology.emulator.engine_args import EngineArgsError, parse_engine_command
+from servingtopology.emulator.command_parser import EngineArgsError, parse_engine_command
 from servingtopology.emulator.fleet import pod_view
 from servingtopology.planner.layout import Engine, Role
 
