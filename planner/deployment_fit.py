@@ -9,10 +9,11 @@ Names, so that the three corrections of this code base are not confused:
     gemm, weights, attention, communication, overhead) and per first-token term (`FIRST_TOKEN_TERMS`: the request's
     fixed overhead, its per-prompt-token overhead, queueing) fitted so that the model reproduces those points.
 
-The fit: least squares of log(predicted / measured) of the mean TTFT and mean TPOT of every point, each point weighted
-by its age (halved every `half_life_s`), plus a weak prior pulling every log factor to 0 (so a term the points do not
-inform stays as fitted on the public data); Levenberg–Marquardt over the log factors with finite differences, every
-factor held within [1 / MAX_FACTOR, MAX_FACTOR]. A factor at its bound is reported (`at_bound`): the deployment is
+The fit: least squares of log(predicted / measured) of the mean TTFT and mean TPOT of every point, each metric in units
+of the model's typical error of it (METRIC_SCALE), each point weighted by its age (halved every `half_life_s`), plus a
+weak prior pulling every log factor to 0 (so a term the points do not inform stays as fitted on the public data);
+Levenberg–Marquardt over the log factors with finite differences, every factor held within [1 / MAX_FACTOR, MAX_FACTOR].
+A factor at its bound is reported (`at_bound`): the deployment is
 further from the model than a correction should carry.
 
 Refusals are `CalibrationRefused` errors (an InvalidSpec: the CLI exits 2, the operator sets a condition) whose
@@ -52,6 +53,10 @@ FD_STEP = 0.05              # finite-difference step in log factor
 MAX_ITERATIONS = 8
 REFUSALS = ("OtherModel", "OtherGpu", "OtherEngine", "OtherRelease", "OtherLayout", "TooFewPoints", "NonFinite")
 METRICS = ("ttft", "tpot")
+# Each metric's log error is counted in units of the model's typical error of it, so that TPOT, which the model predicts
+# about twice as closely as TTFT, is not traded away to fit TTFT: vLLM's nominal 80 % half-widths of the
+# leave-one-model-out residuals (data/prediction_intervals.json: TTFT 0.44, TPOT 0.19), rounded.
+METRIC_SCALE = {"ttft": 0.4, "tpot": 0.2}
 
 
 class CalibrationRefused(InvalidSpec):
@@ -92,12 +97,14 @@ def _norm(field_name: str, value: str) -> str:
     return v
 
 
-def refuse_other(expected: Deployment, given: Deployment, *, field: str) -> None:
+def refuse_other(expected: Deployment, given: Deployment, *, field: str, model_aliases: Sequence[str] = ()) -> None:
     """Raise CalibrationRefused when `given` (a result file's or a calibration's deployment) is another deployment than
-    `expected`: model (compared by its last path part), GPU, engine, engine release, layout; an empty side matches."""
+    `expected`: model (compared by its last path part; `model_aliases` are other names the deployment's model goes by,
+    e.g. the name it is served as), GPU, engine, engine release, layout; an empty side matches."""
     for name, reason in _CHECKED:
         a, b = getattr(expected, name), getattr(given, name)
-        if a and b and _norm(name, a) != _norm(name, b):
+        names = [a, *model_aliases] if name == "model" else [a]
+        if a and b and all(_norm(name, x) != _norm(name, b) for x in names if x):
             raise CalibrationRefused(reason, field, f"{name} {b!r}, but the deployment runs {a!r}")
 
 
@@ -334,7 +341,7 @@ def fit(deployment: Deployment, points: Sequence[Point], predict: Predictor, *, 
     meas = np.array([[p.ttft_ms, p.tpot_ms] for p in points], dtype=float)
     w = age_weights(points, half_life_s)
     w = w / w.sum()
-    sw = np.sqrt(w)[:, None]
+    sw = np.sqrt(w)[:, None] / np.array([METRIC_SCALE[m] for m in METRICS])[None, :]
     names = list(terms)
     bound = math.log(MAX_FACTOR)
 

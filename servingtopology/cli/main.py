@@ -25,6 +25,7 @@ COMMANDS = {
     "simulate": "simulate",
     "sweep": "sweep",
     "validate": "validate",
+    "calibrate": "calibrate",
     "operator": "operator_cmd",
     "emulate": "emulate",
     "completion": "completion",

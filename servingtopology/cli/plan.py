@@ -14,6 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servingtopology.cli.calibration_io import (
+    add_calibration_arg,
+    calibration_summary,
+    interval_text,
+    prediction_intervals,
+    read_calibration,
+)
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
 from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
 from servingtopology.planner.advice import InfeasibleAdvice
@@ -40,6 +47,7 @@ def add_parser(sub: Any) -> None:
                    "tokens/s per GPU against tokens/s per user, and TTFT: the axes of sweep --plot)")
     p.add_argument("--no-simulate", action="store_true", help="skip stage 6 (step-level simulation of the top K)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_calibration_arg(p)
 
 
 def funnel_json(stages: tuple[FunnelStage, ...] | list[FunnelStage]) -> list[dict[str, Any]]:
@@ -136,6 +144,29 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
     print()
 
 
+def _print_intervals(problem: Problem, d: Decision, uncalibrated: Decision | None, calibration: Any, with_intervals: Any) -> None:
+    """Nominal 80 % intervals of the best layouts; with a calibration, calibrated beside uncalibrated."""
+    slo = problem.slo
+    head = f"p{slo.ttft_percentile:g} TTFT ms [80 %]", f"p{slo.tpot_percentile:g} TPOT ms [80 %]"
+    if calibration is None or uncalibrated is None:
+        print("80 % intervals (from the model's leave-one-model-out error on the layout's class; servingtopology calibrate narrows them):")
+        print(f"  {'layout':<28} {head[0]:>26} {head[1]:>24}")
+        for c in (d.best, *d.alternatives):
+            iv = with_intervals(c, None)["prediction"]["intervals"]
+            print(f"  {c.layout.label:<28} {interval_text(iv['ttft_ms']):>26} {interval_text(iv['tpot_ms']):>24}  class {iv['ttft_ms']['class']}")
+        print()
+        return
+    dep = calibration.deployment
+    print(f"Calibration {dep.model} on {dep.gpu}, {dep.engine} {dep.release}: {calibration.points_used} points; factors "
+          + ", ".join(f"{k} {v:.2f}" for k, v in calibration.factors.items() if abs(v - 1.0) > 0.005))
+    print(f"  {'':14}{'layout':<28} {head[0]:>26} {head[1]:>24}")
+    for name, dec, cal in (("uncalibrated", uncalibrated, None), ("calibrated", d, calibration)):
+        for i, c in enumerate((dec.best, *dec.alternatives)):
+            iv = with_intervals(c, cal)["prediction"]["intervals"]
+            print(f"  {name if i == 0 else '':14}{c.layout.label:<28} {interval_text(iv['ttft_ms']):>26} {interval_text(iv['tpot_ms']):>24}")
+    print()
+
+
 def _plot(d: Decision, problem: Problem, path: str) -> None:
     from servingtopology.cli.plots import plan_figure, save
 
@@ -151,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         spec = read_spec(args.spec)
         problem = to_problem(spec)
         read_model_identity(spec)   # the plan renders engine commands: what they load and serve is named before planning
+        calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(exc, as_json=args.json)
     bar = None
@@ -165,8 +197,14 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(stage)
             bar.n = round(fraction * 5)
             bar.refresh()
+    uncalibrated: Decision | None = None
     try:
         decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress, clock=time.perf_counter)
+        if calibration is not None:
+            # The same search with the deployment's correction applied; the uncalibrated decision is shown beside it.
+            uncalibrated = decision
+            with calibration.applied():
+                decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), clock=time.perf_counter)
     except Infeasible as exc:
         if bar:
             bar.close()
@@ -191,13 +229,23 @@ def run(args: argparse.Namespace) -> int:
         Path(args.record).write_text(record)
     if args.plot:
         _plot(decision, problem, args.plot)
+    def with_intervals(c: Candidate, cal: Any) -> dict[str, Any]:
+        out = candidate_json(problem, c, spec)
+        out["prediction"]["intervals"] = prediction_intervals(problem, c.layout, c.prediction.ttft_ms, c.prediction.tpot_ms, cal)
+        return out
+    extra: dict[str, Any] = {}
+    if calibration is not None and uncalibrated is not None:
+        extra = {"calibration": calibration_summary(calibration, args.calibration),
+                 "uncalibrated": {"best": with_intervals(uncalibrated.best, None),
+                                  "alternatives": [with_intervals(c, None) for c in uncalibrated.alternatives]}}
     if args.json:
         print(json.dumps({
             **({"plot": args.plot} if args.plot else {}),
             "funnel": funnel_json(decision.funnel),
             "candidates_total": decision.candidates_total,
-            "best": candidate_json(problem, decision.best, spec),
-            "alternatives": [candidate_json(problem, c, spec) for c in decision.alternatives],
+            "best": with_intervals(decision.best, calibration),
+            "alternatives": [with_intervals(c, calibration) for c in decision.alternatives],
+            **extra,
             "kv_bytes_per_token": decision.kv_bytes_per_token,
             "weight_bytes": decision.weight_bytes,
             "reasons": list(decision.reasons),
@@ -206,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_funnel(decision.funnel, decision.candidates_total)
     _print_best(spec, problem, decision)
+    _print_intervals(problem, decision, uncalibrated, calibration, with_intervals)
     print(record)
     if args.record:
         print(f"decision record written to {args.record}")

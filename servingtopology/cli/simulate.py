@@ -21,6 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from servingtopology.cli.calibration_io import (
+    add_calibration_arg,
+    calibration_summary,
+    interval_text,
+    prediction_intervals,
+    read_calibration,
+)
 from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
@@ -70,6 +77,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model-config", metavar="PATH", help="with --replay: the model's Hugging Face config.json when the run's "
                                                             "folder has none and its model id is not in the catalog")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_calibration_arg(p)
 
 
 # A trace is held to the spec's simulation bounds: at most MAX_SIM_REQUESTS rows, each request's lengths within
@@ -452,21 +460,41 @@ def _run_spec(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
     problem = to_problem(spec)
     layout = layout_for(spec, problem)
-    t0 = time.perf_counter()
     if args.trace:
         requests = _trace_requests(Path(args.trace))
     else:
         requests = from_workload(problem.workload, num_requests=spec.simulation.requests, seed=spec.simulation.seed)
-    result = simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
-                      precision=problem.precision, seed=spec.simulation.seed)
+    calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
     warmup = 0 if args.trace else min(spec.simulation.warmupRequests, len(requests) // 2)  # a trace is measured whole
-    out = summary_json(result.summary(problem.slo, warmup_requests=warmup), layout=layout, wall_s=time.perf_counter() - t0)
-    out["offered_rps"] = _num(result.offered_rps(warmup_requests=warmup))
-    out["slo_attainment"] = _num(result.slo_attainment(problem.slo, warmup_requests=warmup))
+
+    def one(cal: Any) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        result = simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
+                          precision=problem.precision, seed=spec.simulation.seed)
+        out = summary_json(result.summary(problem.slo, warmup_requests=warmup), layout=layout, wall_s=time.perf_counter() - t0)
+        out["offered_rps"] = _num(result.offered_rps(warmup_requests=warmup))
+        out["slo_attainment"] = _num(result.slo_attainment(problem.slo, warmup_requests=warmup))
+        out["intervals"] = {f"{m}_mean": iv for m, iv in zip(("ttft_ms", "tpot_ms"), prediction_intervals(
+            problem, layout, out["ttft_ms"]["mean"] or math.nan, out["tpot_ms"]["mean"] or math.nan, cal).values(), strict=True)}
+        return out
+    out = one(None)
+    if calibration is not None:
+        with calibration.applied():
+            out["calibrated"] = one(calibration)
+        out["calibration"] = calibration_summary(calibration, args.calibration)
     if args.json:
         print(json.dumps(out))
     else:
         _print_summary(out, problem.slo, None if args.trace else problem.workload.arrival_rate_rps)
+        iv = out["intervals"]
+        print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % intervals "
+              f"(class {iv['ttft_ms_mean']['class']})")
+        if calibration is not None:
+            print(f"\ncalibrated ({args.calibration}: {calibration.points_used} points):")
+            _print_summary(out["calibrated"], problem.slo, None if args.trace else problem.workload.arrival_rate_rps)
+            iv = out["calibrated"]["intervals"]
+            print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % "
+                  "intervals, with the deployment's own residual")
     return 0
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from servingtopology.cli.calibration_io import add_calibration_arg, calibration_summary, prediction_intervals, read_calibration
 from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import Layout
@@ -38,6 +39,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw output tokens/s per GPU against tokens/s per user, and TTFT, with the SLOs "
                    "(the axes of plan --plot)")
+    add_calibration_arg(p)
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -97,6 +99,27 @@ def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, se
     return points
 
 
+def _add_intervals(problem: Problem, layout: Layout, points: list[dict[str, Any]], calibration: Any) -> None:
+    """Each point's nominal 80 % intervals of its p50 TTFT and mean TPOT (planner.error_bars; the load bucket is its clients)."""
+    for p in points:
+        clients = replace(problem, workload=replace(problem.workload, arrival_rate_rps=None, concurrency=p["concurrency"]))
+        ttft, tpot = p["ttft_ms"]["p50"], p["tpot_ms"]["mean"]
+        iv = prediction_intervals(clients, layout, ttft if ttft is not None else math.nan, tpot if tpot is not None else math.nan, calibration)
+        p["intervals"] = {"ttft_ms_p50": iv["ttft_ms"], "tpot_ms_mean": iv["tpot_ms"]}
+
+
+def _print_intervals(points: list[dict[str, Any]], calibrated: list[dict[str, Any]] | None) -> None:
+    from servingtopology.cli.calibration_io import interval_text
+
+    print("nominal 80 % intervals, TTFT p50 and TPOT mean (ms)" + (": uncalibrated | calibrated" if calibrated else ""))
+    for i, p in enumerate(points):
+        line = f"{p['concurrency']:>7}  {interval_text(p['intervals']['ttft_ms_p50']):>24} {interval_text(p['intervals']['tpot_ms_mean']):>22}"
+        if calibrated:
+            c = calibrated[i]["intervals"]
+            line += f"  | {interval_text(c['ttft_ms_p50']):>24} {interval_text(c['tpot_ms_mean']):>22}"
+        print(line)
+
+
 def _plot(path: str, layout: Layout, points: list[dict[str, Any]], slo: Slo) -> None:
     from servingtopology.cli.plots import save, sweep_figure
 
@@ -124,7 +147,14 @@ def run(args: argparse.Namespace) -> int:
         spec = read_spec(args.spec)
         problem = to_problem(spec)
         layout = layout_for(spec, problem)
+        calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
         points = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=max(1, args.requests_per_client))
+        _add_intervals(problem, layout, points, None)
+        calibrated = None
+        if calibration is not None:
+            with calibration.applied():
+                calibrated = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=max(1, args.requests_per_client))
+            _add_intervals(problem, layout, calibrated, calibration)
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(exc, as_json=args.json)
     except Infeasible as exc:
@@ -135,10 +165,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.plot:
         _plot(args.plot, layout, points, problem.slo)
+    extra: dict[str, Any] = {}
+    if calibration is not None and calibrated is not None:
+        extra = {"calibrated_points": calibrated, "calibration": calibration_summary(calibration, args.calibration)}
     if args.json:
-        print(json.dumps({"layout": layout.label, "gpus": layout.gpus, "points": points, **({"plot": args.plot} if args.plot else {})}))
+        print(json.dumps({"layout": layout.label, "gpus": layout.gpus, "points": points, **extra, **({"plot": args.plot} if args.plot else {})}))
     else:
         _print(layout, points)
+        if calibrated is not None:
+            print(f"\ncalibrated ({args.calibration}):")
+            _print(layout, calibrated)
+        _print_intervals(points, calibrated)
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

@@ -1,0 +1,89 @@
+"""Reading a deployment calibration (CAL.yaml, `servingtopology calibrate`) and showing predictions with their intervals.
+
+Shared by plan, simulate and sweep (`--calibration CAL.yaml`) and by calibrate itself; bounded reads, every failure an
+InvalidSpec naming the file and the field (exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servingtopology.planner import error_bars
+from servingtopology.planner.deployment_fit import Deployment, DeploymentCalibration, refuse_other
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.problem import Problem
+
+__all__ = ["MAX_CALIBRATION_BYTES", "read_bytes", "read_calibration", "deployment_of", "prediction_intervals", "add_calibration_arg",
+           "calibration_summary", "interval_text"]
+
+MAX_CALIBRATION_BYTES = 4 * 1024 * 1024   # CAL.yaml
+
+
+def read_bytes(path: Path, cap: int, field: str) -> bytes:
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(cap + 1)
+    except OSError as exc:
+        raise InvalidSpec(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > cap:
+        raise InvalidSpec(field, f"{path} is over {cap:,} bytes")
+    return raw
+
+
+def deployment_of(problem: Problem, layout: Layout | None) -> Deployment:
+    return Deployment(problem.model.name, problem.gpu.id, problem.engine.value, problem.engine_version or "",
+                      problem.gpu.scaleup_link.value, layout.label if layout is not None else "")
+
+
+def read_calibration(path: str, problem: Problem, *, field: str = "--calibration") -> DeploymentCalibration:
+    """A CAL.yaml, bounded, checked against the problem's deployment (model, GPU, engine, release)."""
+    raw = read_bytes(Path(path), MAX_CALIBRATION_BYTES, field)
+    try:
+        doc = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        raise InvalidSpec(field, f"{path} is not UTF-8 YAML ({str(exc)[:200]})") from None
+    cal = DeploymentCalibration.from_dict(doc, field=f"{field} {Path(path).name}")
+    mine = deployment_of(problem, None)
+    refuse_other(mine, Deployment(cal.deployment.model, cal.deployment.gpu, cal.deployment.engine, cal.deployment.release),
+                 field=f"{field} {Path(path).name} deployment")
+    return cal
+
+
+def prediction_intervals(problem: Problem, layout: Layout, ttft_ms: float, tpot_ms: float,
+                         calibration: DeploymentCalibration | None) -> dict[str, Any]:
+    """The nominal 80 % intervals of a TTFT and a TPOT prediction (planner.error_bars), JSON-ready."""
+    out_tokens = problem.workload.output_tokens.expected_tokens
+    rate = problem.workload.arrival_rate_rps
+    clients = problem.workload.concurrency if rate is None and problem.workload.concurrency else \
+        (rate or 1.0) * (ttft_ms + out_tokens * tpot_ms) / 1e3
+    kind = error_bars.layout_kind(layout)
+    return {m: error_bars.interval(m.removesuffix("_ms"), v, engine=problem.engine.value, kind=kind, clients=float(clients or 1.0),
+                                   calibration=calibration).to_dict()
+            for m, v in (("ttft_ms", ttft_ms), ("tpot_ms", tpot_ms))}
+
+
+def add_calibration_arg(p: Any) -> None:
+    """The `--calibration CAL.yaml` option of plan, simulate and sweep."""
+    p.add_argument("--calibration", metavar="CAL.yaml", help="a deployment's calibration (servingtopology calibrate): predictions are shown "
+                   "calibrated beside uncalibrated, each with its nominal 80 %% interval")
+
+
+def calibration_summary(cal: DeploymentCalibration, path: str) -> dict[str, Any]:
+    """What a command's JSON says of the calibration it applied."""
+    return {"file": path, "deployment": cal.deployment.to_dict(), "factors": {k: round(v, 4) for k, v in cal.factors.items()},
+            "points_used": cal.points_used, "at_bound": list(cal.at_bound), "misses": cal.misses,
+            "residual_before": {k: round(v, 4) for k, v in cal.residual_before.items()},
+            "residual_after": {k: round(v, 4) for k, v in cal.residual_after.items()}}
+
+
+def interval_text(iv: Mapping[str, Any]) -> str:
+    lo, hi = iv.get("low"), iv.get("high")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{iv['value']:.1f} [no interval]"
+    return f"{iv['value']:.1f} [{lo:.1f}–{hi:.1f}]"
