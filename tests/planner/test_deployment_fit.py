@@ -158,3 +158,24 @@ def test_the_shipped_interval_table_has_both_engines_and_its_provenance() -> Non
     assert {"vllm", "sglang", "all"} <= set(t["classes"])
     assert t["provenance"]["rows"] > 1000 and t["level"] == 0.8
     assert set(t["coverage_out_of_fold"]["by_engine"]) == {"vllm", "sglang"}
+
+
+def test_a_gain_within_the_combined_error_moves_nothing_and_misses_raise_the_bar() -> None:
+    from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, MOVE_MISS, gate_move, judge_move
+
+    data = {"classes": {"vllm": {"rows": 400, "ttft": 0.4, "tpot": 0.2}}}
+    before = error_bars.interval("tpot", 20.0, engine="vllm", kind="tp", clients=8, data=data)
+    after = error_bars.interval("tpot", 16.0, engine="vllm", kind="tp", clients=8, data=data)
+    needed = math.expm1(math.hypot(0.2, 0.2))   # 32.7 %
+    small = gate_move(0.25, before, after, what="goodput per GPU")
+    assert not small.move and small.reason == GAIN_WITHIN_ERROR and small.needed == pytest.approx(needed)
+    assert "16.0 [" in small.message and "20.0 [" in small.message and "nothing changes" in small.message
+    big = gate_move(0.40, before, after)
+    assert big.move and big.reason == "GainExceedsError"
+    # Two misses widen both intervals by 1.5² = 2.25: the same 40 % no longer clears the bar.
+    raised = gate_move(0.40, before, after, misses=2)
+    assert not raised.move and raised.needed == pytest.approx(math.expm1(math.hypot(0.45, 0.45)))
+    hit = judge_move("p95 TPOT", 17.0, after)
+    miss = judge_move("p95 TPOT", 30.0, after)
+    assert hit.hit and not miss.hit and miss.reason == MOVE_MISS and miss.error == pytest.approx(30 / 16 - 1)
+    assert "outside the interval" in miss.message
