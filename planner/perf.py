@@ -603,7 +603,17 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
     times of a micro-batch (coefficients are per stage) plus pp − 1 activation hand-offs.
     Linear time is the p-norm of compute and weight-streaming time (a smooth roofline).
     """
-    tokens = prefill_tokens + decode_tokens
+    base, handoff = token_terms(c, prefill_tokens + decode_tokens, maximum=maximum, minimum=minimum)
+    return step_from_token_terms(c, base, handoff, prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs,
+                                 decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens,
+                                 maximum=maximum, minimum=minimum)
+
+
+def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any], Any] = np.maximum,
+                minimum: Callable[[Any, Any], Any] = np.minimum) -> tuple[Any, Any]:
+    """The part of `evaluate_step_s` that depends on the step's token count only: the stage's linear, expert and
+    communication time (their sum, in that order) and the pipeline hand-offs. A scalar step model remembers it per
+    token count (`InstancePerf`); `step_from_token_terms` adds the rest, so the sum is `evaluate_step_s`'s own."""
     micro = maximum(tokens / c.pp, 1.0)
     k = c.sharp
     t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
@@ -625,13 +635,20 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
         measured = _moe_table_s(c.moe_log_curve, routed * c.local_experts / c.experts * busiest)
         t_moe = np.where(np.isfinite(measured), measured, t_moe)
     t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
+    handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
+    return t_linear + t_moe + t_comm, handoff
+
+
+def step_from_token_terms(c: StepCoefficients, base: Any, handoff: Any, prefill_tokens: Any, prefill_pairs: Any,
+                          decode_tokens: Any, decode_context_tokens: Any, maximum: Callable[[Any, Any], Any] = np.maximum,
+                          minimum: Callable[[Any, Any], Any] = np.minimum) -> Any:
+    """`evaluate_step_s` given `token_terms` of the step's tokens: attention, fixed costs and the scheduler's CPU."""
     mixed = (prefill_tokens > 0) * 1.0  # 1 when the step carries a prefill chunk
     t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
     t_attn = t_attn + (c.attn_capped_pair_s * minimum(prefill_pairs, c.attn_cap_tokens * prefill_tokens)
                        + c.attn_capped_ctx_s * minimum(decode_context_tokens, c.attn_cap_tokens * decode_tokens)
                        + c.attn_seq_s * decode_tokens) / c.pp
-    stage = t_linear + t_moe + t_comm + t_attn + c.layer_fixed_s
-    handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
+    stage = base + t_attn + c.layer_fixed_s
     seqs = decode_tokens + mixed  # a prefill finishing this step samples one more token
     # The scheduler's per-sequence CPU work (batch bookkeeping, detokenizing, streaming) runs while the GPU
     # computes (vLLM's async scheduling, SGLang's overlap scheduler): the step is the longer of the two.
@@ -684,6 +701,9 @@ def _scalar(x: Any) -> Any:
     return float(x) if np.ndim(x) == 0 else x
 
 
+TOKEN_TERMS_ENTRIES = 1 << 14  # token counts whose `token_terms` one InstancePerf remembers
+
+
 @dataclass(frozen=True, slots=True)
 class InstancePerf:
     """`StepTimeModel` for one engine instance; folds the coefficients once so each step costs a few µs."""
@@ -697,6 +717,8 @@ class InstancePerf:
     params: PerfParams | None = None
     moe_ep: int | None = None
     _coeffs: StepCoefficients | None = field(default=None, init=False, repr=False, compare=False)
+    # token count -> `token_terms` (the pow-heavy part of a step, the same floats for every batch of that many tokens)
+    _terms: dict[float, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         par = self.parallelism
@@ -708,9 +730,22 @@ class InstancePerf:
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
                     decode_context_tokens: float) -> float:
-        assert self._coeffs is not None
-        t = evaluate_step_s(self._coeffs, prefill_tokens=float(prefill_tokens), prefill_pairs=float(prefill_pairs),
-                            decode_tokens=float(decode_tokens), decode_context_tokens=float(decode_context_tokens),
-                            maximum=_fmax, minimum=_fmin)
-        value = float(t)
+        return self._step_s(float(prefill_tokens), float(prefill_pairs), float(decode_tokens), float(decode_context_tokens))
+
+    def decode_s(self, decoding_tokens: float, context_tokens: float) -> float:
+        """`step_time_s` of a pure decode step (the simulator's decode-burst probes), without the keyword call."""
+        return self._step_s(0.0, 0.0, float(decoding_tokens), float(context_tokens))
+
+    def _step_s(self, prefill_tokens: float, prefill_pairs: float, decode_tokens: float, decode_context_tokens: float) -> float:
+        """`evaluate_step_s` on floats, its token-count part remembered (the same arithmetic, so the same float)."""
+        c = self._coeffs
+        assert c is not None
+        tokens = prefill_tokens + decode_tokens
+        terms = self._terms.get(tokens)
+        if terms is None:
+            if len(self._terms) >= TOKEN_TERMS_ENTRIES:
+                self._terms.clear()
+            terms = self._terms[tokens] = token_terms(c, tokens, maximum=_fmax, minimum=_fmin)
+        value = float(step_from_token_terms(c, terms[0], terms[1], prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens,
+                                            _fmax, _fmin))
         return value if math.isfinite(value) else float("inf")

@@ -45,11 +45,12 @@ class RememberedSteps:
     (fixed lengths, one or two running sequences, the three probes of every decode burst), and the answer is the
     model's own float, so a replay's figures are unchanged. Only for models known to be pure (`InstancePerf`)."""
 
-    __slots__ = ("_seen", "model")
+    __slots__ = ("_decode", "_seen", "model")
 
     def __init__(self, model: StepTimeModel) -> None:
         self.model = model
         self._seen: dict[tuple[float, float, float, float], float] = {}
+        self._decode: Callable[[float, float], float] | None = getattr(model, "decode_s", None)  # InstancePerf's, same floats
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
                     decode_context_tokens: float) -> float:
@@ -62,12 +63,27 @@ class RememberedSteps:
                                                          decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
         return t
 
+    def batch_s(self, batch: tuple[float, float, float, float]) -> float:
+        """`step_time_s` of a `StepBatch` (prefill tokens, prefill pairs, decode tokens, decode context), which is its own key."""
+        t = self._seen.get(batch)
+        if t is None:
+            if len(self._seen) >= MEMO_ENTRIES:
+                self._seen.clear()
+            t = self._seen[batch] = self.model.step_time_s(prefill_tokens=batch[0], prefill_pairs=batch[1], decode_tokens=batch[2],
+                                                           decode_context_tokens=batch[3])
+        return t
+
     def decode_s(self, decoding_tokens: float, context_tokens: float) -> float:
         """`step_time_s` of a pure decode step (the decode bursts' probes), without the keyword call."""
         key = (0.0, 0.0, decoding_tokens, context_tokens)
         t = self._seen.get(key)
         if t is None:
-            t = self.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=decoding_tokens, decode_context_tokens=context_tokens)
+            if self._decode is None:
+                return self.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=decoding_tokens,
+                                        decode_context_tokens=context_tokens)
+            if len(self._seen) >= MEMO_ENTRIES:
+                self._seen.clear()
+            t = self._seen[key] = self._decode(decoding_tokens, context_tokens)
         return t
 
 

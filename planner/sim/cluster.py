@@ -124,10 +124,12 @@ class EventLoop:
         else:
             order = np.argsort(req.arrival_s, kind="stable")
             arrivals = req.arrival_s[order]
-        ptr, n_open = 0, len(arrivals)
+        arrival_list: list[float] = arrivals.tolist()  # the same floats, read without numpy scalars
+        order_list: list[int] = order.tolist()
+        ptr, n_open = 0, len(arrival_list)
         now = 0.0
         while True:
-            t_arr = float(arrivals[ptr]) if ptr < n_open else math.inf
+            t_arr = arrival_list[ptr] if ptr < n_open else math.inf
             t_ev = self._heap[0][0] if self._heap else math.inf
             t = min(t_arr, t_ev)
             if self._wake and t > now:
@@ -137,7 +139,7 @@ class EventLoop:
                 break
             now = t
             if t_arr <= t_ev:
-                self._issue(int(order[ptr]), t)
+                self._issue(order_list[ptr], t)
                 ptr += 1
                 continue
             _, _, kind, a, b = heapq.heappop(self._heap)
@@ -148,9 +150,11 @@ class EventLoop:
                 if b != inst.version or not inst.busy:
                     continue
                 out = inst.commit()
-                self._outcome(inst, out, t)
+                if out.prefilled or (self._clients and out.finished):  # else _outcome has nothing to hand on
+                    self._outcome(inst, out, t)
                 end = inst.plan(t, horizon_s=self.max_time_s)
-                self._after_plan(inst, t)
+                if inst.transfers:
+                    self._after_plan(inst, t)
                 if end is not None:
                     inst.version += 1
                     self._push(end, _STEP, a, inst.version)

@@ -8,6 +8,8 @@ that an arrival could join is cut at the step in flight when that arrival lands.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +19,7 @@ from ..layout import Engine, Role, RoleLayout
 from ..perf import StepTimeModel
 from .kvcache import KvPool
 from .ledger import Ledger
-from .rank import Rank, StepOutcome
+from .rank import Rank, StepBatch, StepOutcome
 from .sglang import SglangPolicy
 from .vllm import Planned, VllmPolicy, admit_remote, finish_step
 
@@ -37,24 +39,29 @@ class _Burst:
     open_to_arrivals: bool
 
 
+_STEP_INDEX = np.arange(8193)  # 0, 1, ... for the burst's linear step times (bursts are at most 8,192 steps)
+_STEP_INDEX.flags.writeable = False
+
+
 def _burst_times(model: StepTimeModel, *, decoding: int, context0: int, steps: int) -> F64:
     """Step times of `steps` decode steps of `decoding` sequences whose summed context starts at context0."""
-    probe = getattr(model, "decode_s", None)   # RememberedSteps: the same floats, remembered, without the keyword call
+    probe: Callable[[float, float], float] | None = getattr(model, "decode_s", None)   # the same floats without the keyword call
+    if probe is None:
+        def probe(d: float, context: float) -> float:
+            return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=d, decode_context_tokens=context)
     d = float(decoding)
-
-    def t(j: int) -> float:
-        if probe is not None:
-            return float(probe(d, float(context0 + decoding * j)))
-        return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=d,
-                                 decode_context_tokens=float(context0 + decoding * j))
     if steps <= 2:
-        return np.array([t(j) for j in range(1, steps + 1)])
-    first, last, mid_j = t(1), t(steps), (steps + 1) // 2
-    mid = t(mid_j)
+        return np.array([float(probe(d, float(context0 + decoding * j))) for j in range(1, steps + 1)])
+    mid_j = (steps + 1) // 2
+    first = float(probe(d, float(context0 + decoding)))
+    last = float(probe(d, float(context0 + decoding * steps)))
+    mid = float(probe(d, float(context0 + decoding * mid_j)))
     expect = first + (last - first) * (mid_j - 1) / (steps - 1)
     if abs(mid - expect) <= 1e-9 * max(abs(mid), 1e-12):
-        return np.asarray(first + (last - first) * np.arange(steps) / (steps - 1), dtype=np.float64)
-    return np.array([t(j) for j in range(1, steps + 1)])
+        index = _STEP_INDEX[:steps] if steps <= len(_STEP_INDEX) else np.arange(steps)
+        times: F64 = first + (last - first) * index / (steps - 1)
+        return times
+    return np.array([float(probe(d, float(context0 + decoding * j))) for j in range(1, steps + 1)])
 
 
 class Instance:
@@ -66,6 +73,7 @@ class Instance:
         self.index = index
         self.role = role
         self.model = model
+        self._batch_s: Callable[[StepBatch], float] | None = getattr(model, "batch_s", None)  # RememberedSteps': the same floats
         self.ledger = ledger
         self.gpus = role_layout.parallelism.gpus
         page = knobs.block_size_tokens if engine is Engine.VLLM else 1
@@ -114,6 +122,8 @@ class Instance:
     # ---- segments ------------------------------------------------------------------------------------
     def plan(self, now_s: float, *, horizon_s: float = float("inf")) -> float | None:
         """Start the next segment at now_s; return its end, or None when there is nothing to run."""
+        if len(self.ranks) == 1:
+            return self._plan_one(now_s, horizon_s)
         if not any(rank.running or rank.waiting or rank.remote for rank in self.ranks):
             # Nothing admitted, queued or arriving: the schedulers below would plan an empty step and change nothing
             # (a PD prefill instance woken by a finished KV transfer, a decode instance between requests).
@@ -123,23 +133,15 @@ class Instance:
             for rid in admit_remote(rank, now_s) if rank.remote else []:
                 self._loading[rid] = (r, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
                 self.transfers.append(rid)
-        if len(self.ranks) == 1:  # the common case without the per-rank lists
-            rank = self.ranks[0]
-            slots, decoding, context0 = rank.decode_state()
-            steps, open_to_arrivals = self.policies[0].burst_limit(rank, slots, decoding)
-            if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
-                times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
-                return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
-        else:
-            states = [rank.decode_state() for rank in self.ranks]
-            limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
-            active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
-            if active and all(limits[i][0] >= 2 for i in active):
-                steps = min(limits[i][0] for i in active)
-                each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
-                times = each[0] if len(each) == 1 else np.max(each, axis=0)
-                return self._start_burst(now_s, horizon_s, active, [states[i][0] for i in active], [states[i][1] for i in active],
-                                         times, steps, any(limits[i][1] for i in active))
+        states = [rank.decode_state() for rank in self.ranks]
+        limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
+        active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
+        if active and all(limits[i][0] >= 2 for i in active):
+            steps = min(limits[i][0] for i in active)
+            each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
+            times = each[0] if len(each) == 1 else np.max(each, axis=0)
+            return self._start_burst(now_s, horizon_s, active, [states[i][0] for i in active], [states[i][1] for i in active],
+                                     times, steps, any(limits[i][1] for i in active))
         planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
         for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
             if any(not p.batch.empty for p in planned) or not any(r.running or r.waiting for r in self.ranks):
@@ -157,11 +159,50 @@ class Instance:
         self.busy, self.end_s = True, end
         return end
 
+    def _plan_one(self, now_s: float, horizon_s: float) -> float | None:
+        """`plan` of an instance with one rank (the common case), without the per-rank lists."""
+        rank, pol = self.ranks[0], self.policies[0]
+        if rank.remote:
+            for rid in admit_remote(rank, now_s):
+                self._loading[rid] = (0, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
+                self.transfers.append(rid)
+        elif not rank.waiting and len(rank.free_slots) == rank.capacity:
+            self.busy = False  # nothing admitted, queued or arriving (see plan)
+            return None
+        fits = pol.head_fits(rank) if isinstance(pol, VllmPolicy) else None
+        if not (fits and isinstance(pol, VllmPolicy) and pol.admits_head(rank, fits)):  # else no burst: the step admits
+            slots, decoding, context0 = rank.decode_state()
+            steps, open_to_arrivals = pol.burst_limit(rank, slots, decoding, head_fits=fits) if isinstance(pol, VllmPolicy) \
+                else pol.burst_limit(rank, slots, decoding)
+            if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
+                times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
+                return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
+        p = pol.schedule(rank, now_s)
+        for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
+            b = p.batch
+            if b.prefill_tokens != 0 or b.decode_tokens != 0 or not (rank.running or rank.waiting):
+                break
+            p = pol.schedule(rank, now_s)
+        b = p.batch
+        if b.prefill_tokens == 0 and b.decode_tokens == 0:
+            self.busy = False
+            return None
+        duration = self._batch_s(b) if self._batch_s is not None else \
+            self.model.step_time_s(prefill_tokens=b.prefill_tokens, prefill_pairs=b.prefill_pairs, decode_tokens=b.decode_tokens,
+                                   decode_context_tokens=b.decode_context_tokens)
+        end = now_s + duration
+        finish_step(rank, p, end, self._pending)  # _finish_single of one rank
+        if b.decode_tokens:
+            self.ledger.gaps(np.array([duration]), int(b.decode_tokens))
+        self.steps += 1
+        self.busy, self.end_s = True, end
+        return end
+
     def _start_burst(self, now_s: float, horizon_s: float, active: list[int], slots: list[I64], counts: list[int], times: F64,
                      steps: int, open_to_arrivals: bool) -> float:
         """Begin a burst of `steps` decode steps on the `active` ranks (cut at the horizon)."""
         ends = now_s + times.cumsum()
-        if ends[-1] > horizon_s:
+        if horizon_s != math.inf and ends[-1] > horizon_s:
             steps = max(1, int(np.searchsorted(ends, horizon_s, side="left")) + 1)
             steps = min(steps, len(ends))
             times, ends = times[:steps], ends[:steps]
@@ -200,7 +241,14 @@ class Instance:
     def commit(self) -> StepOutcome:
         """Apply the segment that ends now and hand back what became visible."""
         b = self._burst
-        if b is not None:
+        if b is not None and len(self.ranks) == 1:
+            rank = self.ranks[0]
+            rank.apply_decode(b.slots[0], b.steps, self.end_s, self._pending)
+            self.policies[0].after_decode_steps(rank, b.steps)
+            self.ledger.gaps(b.durations_s[:b.steps], b.counts[0])
+            self.steps += b.steps
+            self._burst = None
+        elif b is not None:
             for i, slots, count in zip(self._burst_ranks, b.slots, b.counts, strict=True):
                 rank = self.ranks[i]
                 rank.apply_decode(slots, b.steps, self.end_s, self._pending)

@@ -20,11 +20,7 @@ class Ledger:
     __slots__ = (
         "_itl_s",
         "_itl_w",
-        "_tl_instance",
-        "_tl_kv",
-        "_tl_run",
-        "_tl_t",
-        "_tl_wait",
+        "_tl",
         "arrival_s",
         "cached_tokens",
         "finish_s",
@@ -54,11 +50,7 @@ class Ledger:
         self.preempted_at_s = np.full(n, np.nan)
         self._itl_s: list[npt.NDArray[np.float64]] = []
         self._itl_w: list[float] = []
-        self._tl_t: list[float] = []
-        self._tl_kv: list[float] = []
-        self._tl_run: list[int] = []
-        self._tl_wait: list[int] = []
-        self._tl_instance: list[int] = []
+        self._tl: list[tuple[float, float, int, int, int]] = []  # (t_s, kv_used_frac, running, waiting, instance)
         self.preemptions_total = 0
         self.preemption_times_s: list[float] = []
         self.now_s = 0.0
@@ -77,12 +69,9 @@ class Ledger:
         """Append one timeline point (after a step or a burst of steps)."""
         if t_s < self.now_s - 1e-9:
             raise AssertionError(f"simulated time went back: {t_s} < {self.now_s}")
-        self.now_s = max(self.now_s, t_s)
-        self._tl_t.append(t_s)
-        self._tl_kv.append(kv_used_frac)
-        self._tl_run.append(running)
-        self._tl_wait.append(waiting)
-        self._tl_instance.append(instance)
+        if t_s > self.now_s:
+            self.now_s = t_s
+        self._tl.append((t_s, kv_used_frac, running, waiting, instance))
 
     def itl(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         if not self._itl_s:
@@ -91,10 +80,5 @@ class Ledger:
         return np.concatenate(self._itl_s), np.repeat(np.asarray(self._itl_w, dtype=np.float64), counts)
 
     def timeline(self) -> dict[str, npt.NDArray[np.float64]]:
-        return {
-            "t_s": np.asarray(self._tl_t, dtype=np.float64),
-            "kv_used_frac": np.asarray(self._tl_kv, dtype=np.float64),
-            "running": np.asarray(self._tl_run, dtype=np.float64),
-            "waiting": np.asarray(self._tl_wait, dtype=np.float64),
-            "instance": np.asarray(self._tl_instance, dtype=np.float64),
-        }
+        columns = np.array(self._tl, dtype=np.float64).reshape(-1, 5).T.copy()  # one row per field, contiguous
+        return dict(zip(("t_s", "kv_used_frac", "running", "waiting", "instance"), columns, strict=True))

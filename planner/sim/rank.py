@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -23,9 +24,8 @@ __all__ = ["Rank", "StepBatch", "StepOutcome"]
 I64 = npt.NDArray[np.int64]
 
 
-@dataclass(frozen=True, slots=True)
-class StepBatch:
-    """What one rank computes in one step (the `StepTimeModel` arguments)."""
+class StepBatch(NamedTuple):
+    """What one rank computes in one step (the `StepTimeModel` arguments); a named tuple, made once a step."""
 
     prefill_tokens: float = 0.0
     prefill_pairs: float = 0.0
@@ -64,11 +64,13 @@ class Rank:
         self.role = role
         self.ledger = ledger
         self.page = pool.page_tokens
+        self.page_0d, self.page_less_1_0d = np.array(self.page), np.array(self.page - 1)  # 0-d: no scalar conversion per op
         req = ledger.requests
         self.prompt = req.prompt_tokens
         self.output = req.output_tokens
         self.key = req.prefix_key
         self.shared_blocks = np.where(req.prefix_key >= 0, req.shared_tokens // pool.page_tokens, 0).astype(np.int64)
+        self.shares = bool((self.shared_blocks > 0).any())  # False: no request has a shared prefix block (share_prefix does nothing)
         cols = np.zeros((9, capacity), dtype=np.int64)
         self.rid, self.nkv, self.target, self.out, self.out_total = cols[0], cols[1], cols[2], cols[3], cols[4]
         self.blk, self.hit_k, self.hit_r, self.order = cols[5], cols[6], cols[7], cols[8]
@@ -84,6 +86,13 @@ class Rank:
         # Slots are taken lowest first and reused last-freed first, so every running sequence lies below the
         # highest slot ever taken: the per-step scans look at [:high], not at all `capacity` slots.
         self.high = 0
+        self._prefix(0)
+
+    def _prefix(self, high: int) -> None:
+        """Views of the per-slot arrays over [:high] (the per-step scans), kept while `high` holds."""
+        self.high = high
+        self.active_h, self.ready_h = self.active[:high], self.ready[:high]
+        self.nkv_h, self.target_h = self.nkv[:high], self.target[:high]
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -116,13 +125,13 @@ class Rank:
     # ---- admission -------------------------------------------------------------------------------------
     def hits(self, rid: int) -> tuple[int, int]:
         """Blocks of `rid` already in the pool: (through its shared key, through its own key)."""
-        if not self.pool.caching:
+        pool = self.pool
+        if not pool.caching:
             return 0, 0
-        tokens = int(self.prompt[rid] + self.ledger.out_done[rid])
-        cap = (tokens - 1) // self.page  # at least one token is always computed
-        sb = int(self.shared_blocks[rid])
-        hk = min(self.pool.extent(int(self.key[rid])), sb) if sb > 0 else 0
-        hr = self.pool.extent(-(rid + 1)) if hk == sb else 0
+        cap = (int(self.prompt[rid]) + int(self.ledger.out_done[rid]) - 1) // self.page  # at least one token is always computed
+        sb = int(self.shared_blocks[rid]) if self.shares else 0
+        hk = min(pool.extent(int(self.key[rid])), sb) if sb > 0 else 0
+        hr = pool.extent(-(rid + 1)) if hk == sb else 0
         hr = max(0, min(hr, cap - hk))
         return min(hk, cap), hr
 
@@ -130,7 +139,7 @@ class Rank:
         """Put `rid` in a slot, referencing its cached blocks; the caller allocates the rest."""
         slot = self.free_slots.pop()
         if slot >= self.high:
-            self.high = slot + 1
+            self._prefix(slot + 1)
         self._counter += 1
         if hk > 0:
             self.pool.acquire(int(self.key[rid]), hk)
@@ -277,13 +286,19 @@ class Rank:
                 led.first_token_s[rid] = end_s
                 outcome.first_tokens.append(rid)
         done = slots[out >= self.out_total[slots]]
+        if len(done):
+            self._done(done, end_s, outcome)
+
+    def _done(self, done: I64, end_s: float, outcome: StepOutcome) -> None:
+        """The slots `done` produced their last token at end_s."""
         if not self.dedup and len(done) > 1:
             # vLLM finishes a step's requests in its running queue's order (Scheduler.update_from_output walks the
             # step's scheduled requests, running ones in admission order: vllm/v1/core/sched/scheduler.py): their
             # blocks are freed, and their final outputs reach the clients, in that order
             done = done[np.argsort(self.order[done], kind="stable")]
-        for s in done:
-            rid = self.finish(int(s))
+        led = self.ledger
+        for s in done.tolist():
+            rid = self.finish(s)
             if self.role is Role.PREFILL and int(self.output[rid]) > 1:
                 led.prefill_done_s[rid] = end_s
                 outcome.prefilled.append(rid)
@@ -293,9 +308,8 @@ class Rank:
 
     def decode_state(self) -> tuple[I64, int, int]:
         """Decoding slots, their count and the sum of their cached tokens."""
-        h = self.high
-        live = self.active[:h] & self.ready[:h]
-        slots = np.nonzero(live & (self.nkv[:h] >= self.target[:h]))[0]
+        live = self.active_h & self.ready_h
+        slots = (live & (self.nkv_h >= self.target_h)).nonzero()[0]
         self.live_at_decode_state = int(np.count_nonzero(live))
         return slots, len(slots), int(np.add.reduce(self.nkv[slots]))
 
@@ -312,10 +326,18 @@ class Rank:
             return
         nkv = self.nkv[slots] + steps
         blk = self.blk[slots]
-        grown = np.maximum(blk, -(-nkv // self.page))  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
-        ok = self.pool.allocate(int(np.add.reduce(grown - blk)))
+        grown = np.maximum(blk, (nkv + self.page_less_1_0d) // self.page_0d)  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
+        ok = self.pool.allocate(int(np.add.reduce(grown)) - int(np.add.reduce(blk)))
         assert ok, "decode burst over the pool"
         self.blk[slots] = grown
         self.nkv[slots] = nkv
         self.target[slots] = nkv
-        self.emit_tokens(slots, end_s, outcome, steps=steps)
+        if steps == 1:
+            self.emit_tokens(slots, end_s, outcome)
+            return
+        # emit_tokens after a burst of 2+ steps: no first token among them
+        out = self.out[slots] + steps
+        self.out[slots] = out
+        done = slots[out >= self.out_total[slots]]
+        if len(done):
+            self._done(done, end_s, outcome)

@@ -12,6 +12,7 @@ its first chunk (`whole_prompt_fits`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,13 +52,41 @@ def batch_of(rank: Rank, slots: I64, new: I64) -> StepBatch:
     return StepBatch(pre_tokens, pairs, float(np.count_nonzero(dec)), float(np.add.reduce(nkv[dec] + 1.0)))
 
 
+EXACT = float(1 << 51)  # integer (and half-integer) sums below this are exact in float64, whatever the order
+
+
+def _batch(slots: I64, new: I64, nkv: I64, left: I64, n_add: list[int], k_add: list[int]) -> StepBatch | None:
+    """`batch_of` of the running slots (nkv, and left = target − nkv, as scheduled) plus the requests just admitted (all
+    prefilling: first chunks n_add over k_add cached tokens), from what `schedule` holds. The model arguments are sums
+    of whole tokens (and of token pairs, halves included), exact in float64 below 2**51 in any order, so these are the
+    same floats as batch_of's; None past that (the caller asks batch_of)."""
+    n = len(slots)
+    if n == 0 and not n_add:
+        return StepBatch()
+    ctx = int(np.add.reduce(nkv)) if n else 0
+    pre = (left > 0).nonzero()[0]
+    decoders = n - len(pre)
+    if decoders == n and not n_add:  # a pure decode step
+        return StepBatch(0.0, 0.0, float(n), float(ctx + n)) if ctx + n < EXACT else None
+    n_pre, k_pre = (new[pre].tolist(), nkv[pre].tolist()) if len(pre) else ([], [])
+    ctx += decoders - sum(k_pre)  # Σ (nkv + 1) over the decoding slots
+    tokens = 0
+    pairs2 = 0  # twice Σ n·(nkv + n/2) over the prompt chunks
+    for c, k in zip(n_pre + n_add, k_pre + k_add, strict=True):
+        tokens += c
+        pairs2 += c * (2 * k + c)
+    if pairs2 >= EXACT or ctx >= EXACT:
+        return None
+    return StepBatch(float(tokens), pairs2 / 2.0, float(decoders), float(ctx))
+
+
 def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome) -> None:
     """Apply a planned step at its end: tokens computed, prompts completed, tokens emitted."""
     slots, new = planned.slots, planned.new
     if len(slots) == 0:
         return
     live = rank.active[slots]
-    if not live.all():
+    if np.count_nonzero(live) != len(live):
         slots, new = slots[live], new[live]
     elif planned.batch.prefill_tokens == 0.0:
         # a pure decode step (batch_of found no prompt tokens among these slots, and nothing changed since):
@@ -73,14 +102,16 @@ def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome
     reached = nkv >= target  # share_prefix and the gaps below change neither nkv nor target
     done_pre = slots[(nkv0 < target) & reached]
     if len(done_pre):
-        for s in done_pre:
-            rank.share_prefix(int(s))
+        if rank.shares:
+            for s in done_pre.tolist():
+                rank.share_prefix(s)
         led = rank.ledger
-        rids = rank.rid[done_pre]
-        back = rids[~np.isnan(led.preempted_at_s[rids])]
-        for r in back:
-            led.gap(end_s - float(led.preempted_at_s[r]))
-            led.preempted_at_s[r] = np.nan
+        at = led.preempted_at_s
+        for r in rank.rid[done_pre].tolist():  # a request back from a preemption: the gap its client saw
+            t0 = float(at[r])
+            if not math.isnan(t0):
+                led.gap(end_s - t0)
+                at[r] = np.nan
     emit = slots[reached]
     rank.target[emit] = nkv[reached]
     rank.emit_tokens(emit, end_s, outcome)
@@ -138,38 +169,46 @@ class VllmPolicy:
 
     def schedule(self, rank: Rank, now_s: float) -> Planned:
         """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
-        h = rank.high  # every running sequence's slot is below it
-        act = np.nonzero(rank.active[:h] & rank.ready[:h])[0]
+        act = (rank.active_h & rank.ready_h).nonzero()[0]  # every running sequence's slot is below rank.high
         order = act[rank.order[act].argsort(kind="stable")] if len(act) > 1 else act
         nkv = rank.nkv[order]
-        want = np.maximum(rank.target[order] - nkv, 1)
+        left = rank.target[order] - nkv  # prompt tokens still to compute (0 for a decoding sequence)
+        want = np.maximum(left, 1)
         took = want.cumsum()
-        if len(took) and int(took[-1]) <= self.budget:  # every running request gets all it wants
+        wanted = int(took[-1]) if len(took) else 0
+        if wanted <= self.budget:  # every running request gets all it wants
             slots, new = order, want
         else:
             np.minimum(took, self.budget, out=took)
             new = took.copy()
             new[1:] -= took[:-1]
             keep = int(np.count_nonzero(new))  # the budget runs out at one point: a prefix keeps tokens
-            slots, new, nkv = order[:keep], new[:keep], nkv[:keep]
-        need = -(-(nkv + new) // rank.page) - rank.blk[slots]
+            slots, new, nkv, left = order[:keep], new[:keep], nkv[:keep], left[:keep]
+        blk = rank.blk[slots]
+        need = (nkv + new + rank.page_less_1_0d) // rank.page_0d - blk  # blocks short of ⌈(nkv + new)/page⌉
         np.maximum(need, 0, out=need)
         total = int(np.add.reduce(need))
         preempted = False
         if total <= rank.pool.free:
             rank.pool.allocate(total)
-            rank.blk[slots] += need
+            rank.blk[slots] = blk + need
         else:
             slots, new, preempted = self._allocate_with_preemption(rank, order, slots, new, need, now_s)
-        if rank.pool.caching:
+            nkv, left = nkv[:len(slots)], left[:len(slots)]  # the running requests kept are a prefix
+        if rank.shares and rank.pool.caching:
             share_scheduled(rank, slots, new)
-        used = int(np.add.reduce(new))
-        if not preempted:
-            s_add, n_add = self._admit_waiting(rank, self.budget - used, now_s)
-            if s_add:
-                slots = np.concatenate([slots, np.asarray(s_add, dtype=np.int64)])
-                new = np.concatenate([new, np.asarray(n_add, dtype=np.int64)])
-        return Planned(batch_of(rank, slots, new), slots, new)
+        s_add: list[int] = []
+        n_add: list[int] = []
+        k_add: list[int] = []
+        if not preempted:  # then no request was dropped: the budget used is what the running ones took
+            s_add, n_add, k_add = self._admit_queue(rank, self.budget - min(wanted, self.budget), now_s)
+        batch = _batch(slots, new, nkv, left, n_add, k_add)
+        if s_add:
+            slots = np.concatenate([slots, s_add])
+            new = np.concatenate([new, n_add])
+        if batch is None:  # sums past exact float range: the float arithmetic of batch_of itself
+            batch = batch_of(rank, slots, new)
+        return Planned(batch, slots, new)
 
     def _allocate_with_preemption(self, rank: Rank, live: I64, slots: I64, new: I64, need: I64,
                                   now_s: float) -> tuple[I64, I64, bool]:
@@ -217,12 +256,18 @@ class VllmPolicy:
         return slots[:kept], new[:kept], preempted
 
     def _admit_waiting(self, rank: Rank, budget_left: int, now_s: float) -> tuple[list[int], list[int]]:
+        slots, news, _ = self._admit_queue(rank, budget_left, now_s)
+        return slots, news
+
+    def _admit_queue(self, rank: Rank, budget_left: int, now_s: float) -> tuple[list[int], list[int], list[int]]:
+        """Admit from the queue head while budget, seqs and pool allow: slots, their first chunks, their cached tokens."""
         slots: list[int] = []
         news: list[int] = []
-        while rank.waiting and budget_left > 0 and rank.running < rank.capacity:
+        cached: list[int] = []
+        while rank.waiting and budget_left > 0 and rank.free_slots:  # a free slot: running < capacity
             rid = rank.waiting[0]
             hk, hr = rank.hits(rid)
-            tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
+            tokens = int(rank.prompt[rid]) + int(rank.ledger.out_done[rid])
             n = min(tokens - (hk + hr) * rank.page, budget_left)
             if not whole_prompt_fits(rank, rid, tokens, hk, hr):
                 if rank.running == 0 and rank.blocks_for(tokens) > rank.pool.total:
@@ -238,8 +283,9 @@ class VllmPolicy:
             rank.waiting.popleft()
             slots.append(slot)
             news.append(n)
+            cached.append((hk + hr) * rank.page)  # the slot's nkv as admit set it
             budget_left -= n
-        return slots, news
+        return slots, news, cached
 
     def head_admissible(self, rank: Rank, decoding: int) -> bool:
         """Whether the next step would admit the head of the queue (pool and budget as they are now)."""
@@ -253,14 +299,36 @@ class VllmPolicy:
         tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
         return whole_prompt_fits(rank, rid, tokens, hk, hr)
 
-    def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:
+    def head_fits(self, rank: Rank) -> bool:
+        """Whether the queue head's whole prompt fits the pool as it is (`whole_prompt_fits`); False when nothing waits
+        locally (or a PD hand-off does) or no sequence slot is free, where neither `admits_head` nor `head_admissible` asks it."""
+        if rank.remote or not rank.waiting or not rank.free_slots:  # no free slot: running == capacity
+            return False
+        rid = rank.waiting[0]
+        hk, hr = rank.hits(rid)
+        return whole_prompt_fits(rank, rid, int(rank.prompt[rid] + rank.ledger.out_done[rid]), hk, hr)
+
+    def admits_head(self, rank: Rank, head_fits: bool) -> bool:
+        """The next step admits the head of the queue whatever runs now (pool and budget as they are; head_fits is
+        `head_fits(rank)`): `burst_limit` would give no steps, so the instance may schedule at once. With fewer running
+        requests than the budget, every decoding count gives head_admissible's answer, and a queue head that fits ends
+        any burst (burst_limit)."""
+        return head_fits and rank.running < self.budget
+
+    def burst_limit(self, rank: Rank, slots: I64, decoding: int, *, head_fits: bool | None = None) -> tuple[int, bool]:
         """Steps of pure decode this rank can run unchanged, and whether an arrival could end them early.
 
         Zero when the next step is not a plain decode step (a prefill in flight, an admissible queue
-        head, decodes over the budget, no block for the very next token).
+        head, decodes over the budget, no block for the very next token). head_fits: `head_fits(rank)` when the caller
+        has it (the pool unchanged since), so the queue head is not weighed twice.
         """
         # called right after rank.decode_state(): a ready sequence that is not decoding is prefilling
-        if decoding == 0 or decoding > self.budget or rank.live_at_decode_state > decoding or self.head_admissible(rank, decoding):
+        if decoding == 0 or decoding > self.budget or rank.live_at_decode_state > decoding:
+            return 0, False
+        if head_fits is None or rank.remote:
+            if self.head_admissible(rank, decoding):
+                return 0, False
+        elif head_fits and self.budget - decoding > 0:  # head_admissible's answer (head_fits is False without a free slot)
             return 0, False
         open_to_arrivals = not rank.waiting and not rank.remote and rank.running < rank.capacity
         return _block_limited_steps(rank, slots), open_to_arrivals
@@ -285,9 +353,9 @@ def _block_limited_steps(rank: Rank, slots: I64) -> int:
     free = rank.pool.free
     page = rank.page
     nkv, blk = rank.nkv[slots], rank.blk[slots]
-    room = blk * page - nkv
+    room = blk * rank.page_0d - nkv
     n = len(room)
-    if int(np.minimum.reduce(room)) >= 0 and int(np.maximum.reduce(room)) < page:
+    if int(np.maximum.reduce(room.view(np.uint64))) < page:  # every room in [0, page) (a negative one reads as ≥ 2**63)
         rounds, rest = divmod(free, n)
         if rounds * page >= k_max:
             return k_max
