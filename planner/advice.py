@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import ClosestLayout, InfeasibleAdvice
 from .funnel import FunnelResult, Miss, Stage, run_funnel
+from .limits import floor_lines
 from .predict import slo_capacity_rps
 from .problem import Problem
 from .slo import LOAD_MARGIN, SLO_MARGIN, load_within
@@ -77,5 +78,5 @@ def infeasible_advice(problem: Problem, result: FunnelResult, *, ladder: Sequenc
         load_rps=rate, slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms, ttft_percentile=slo.ttft_percentile,
         tpot_percentile=slo.tpot_percentile, budget_gpus=problem.max_gpus, gpu=problem.gpu.id, closest=closest, min_gpus=min_gpus,
         searched_gpus=searched, min_gpus_layout=min_layout, feasible_load_rps=feasible, feasible_load_layout=feasible_layout,
-        needed_ttft_ms=needed_ttft, needed_tpot_ms=needed_tpot,
+        needed_ttft_ms=needed_ttft, needed_tpot_ms=needed_tpot, floors=floor_lines(problem),
     )

@@ -56,6 +56,10 @@ def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidat
 
 def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
     a, b = alt.prediction, best.prediction
+    if problem.pinned is not None and best.layout == problem.pinned and a.goodput_per_gpu > b.goodput_per_gpu * (1.0 + RANK_TOLERANCE):
+        # Better than the pin by more than the tie band: say so, never "within 3 %" of a worse layout.
+        return (f"{a.goodput_per_gpu:.2f} req/s per GPU within the SLOs, {a.goodput_per_gpu / max(b.goodput_per_gpu, 1e-12):.1f}× "
+                f"the pinned layout's {b.goodput_per_gpu:.2f}; not chosen: the spec pins the layout")
     if problem.objective is Objective.MIN_GPUS and alt.layout.gpus > best.layout.gpus:
         return f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
     if a.goodput_per_gpu < b.goodput_per_gpu * (1.0 - RANK_TOLERANCE):

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .slo import SLO_MARGIN as SLO_MARGIN_ADVICE  # slo imports only the workload values: no cycle
+
 __all__ = ["PlannerError", "InvalidSpec", "Infeasible", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
+
+
+def _ms(value: float) -> str:
+    """A latency as the closest miss prints it (planner.limits.miss_text): whole ms from 100 up, else one decimal."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
 class PlannerError(Exception):
@@ -78,10 +85,11 @@ class InfeasibleAdvice:
     feasible_load_layout: str | None
     needed_ttft_ms: float | None     # the SLOs the closest layout meets at this load (with the funnel's margin)
     needed_tpot_ms: float | None
+    floors: tuple[str, ...] = ()     # each SLO under its physical floor on this GPU kind (planner.limits.floor_lines)
 
     def lines(self) -> tuple[str, ...]:
-        """The advice as sentences, most direct first."""
-        out = []
+        """The advice as sentences, most direct first: an SLO under its physical floor before anything else."""
+        out = [f"no layout of {self.gpu} can meet it: {line}" for line in self.floors]
         if self.min_gpus is not None:
             out.append(f"needs ≥ {self.min_gpus} GPUs of this kind ({self.gpu}; budget {self.budget_gpus}): "
                        f"{self.min_gpus_layout} is feasible at {self.min_gpus}")
@@ -90,9 +98,16 @@ class InfeasibleAdvice:
         c = self.closest
         if c is not None:
             if self.needed_ttft_ms is not None and self.needed_tpot_ms is not None:
-                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) meets p{self.ttft_percentile:g} TTFT at {self.needed_ttft_ms:.0f} ms "
-                           f"(SLO {self.slo_ttft_ms:g}) and p{self.tpot_percentile:g} TPOT at {self.needed_tpot_ms:.1f} ms "
-                           f"(SLO {self.slo_tpot_ms:g}) at {self.load_rps:g} req/s")
+                # The SLOs to set, each from the closest layout's own predicted figure (the one the closest miss states)
+                # times the planning margin, and only for the SLOs it misses.
+                loosen = [f"p{pct:g} {name} ≤ {_ms(need)} ms (its {_ms(need / SLO_MARGIN_ADVICE)} ms with the "
+                          f"{SLO_MARGIN_ADVICE - 1:.0%} planning margin; now {slo:g})"
+                          for name, pct, need, slo in (("TTFT", self.ttft_percentile, self.needed_ttft_ms, self.slo_ttft_ms),
+                                                       ("TPOT", self.tpot_percentile, self.needed_tpot_ms, self.slo_tpot_ms))
+                          if need > slo]
+                if loosen:
+                    out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) passes at {self.load_rps:g} req/s with "
+                               + " and ".join(loosen))
             else:
                 out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {c.capacity_rps:.1f} req/s, below the load of "
                            f"{self.load_rps:g} req/s, so no SLO is met at this load")

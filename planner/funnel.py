@@ -22,6 +22,7 @@ import numpy as np
 from .analytic import LoadShape, estimate_aggregated, load_shape
 from .engine_caps import PdRule, pd_shapes_rejected, problem_caps
 from .layout import Layout, LayoutKind
+from .limits import miss_text
 from .pd_space import PdSpace, pd_space, pool_tokens
 from .predict import front_end_s
 from .problem import FunnelStage, Problem
@@ -632,9 +633,7 @@ def _closest_miss(s: Sieve, stage: str) -> tuple[str, tuple[Miss, ...]]:
             consider(miss_of(c.ttft_s, c.tpot_s, c.capacity_rps), 1, tb, make)
     if best is not None and best_layout is not None:
         layout, ttft, tpot, cap = best_layout
-        return (f"{layout.label} on {layout.gpus} GPUs: p{p.slo.ttft_percentile:g} TTFT {ttft * 1e3:.0f} ms "
-                f"(SLO {p.slo.ttft_ms:g}), p{p.slo.tpot_percentile:g} TPOT {tpot * 1e3:.1f} ms (SLO {p.slo.tpot_ms:g}), "
-                f"capacity {cap:.1f} req/s for a load of {rate:g} req/s; {100 * (best[0] - 1):.0f}% short"), _one_per_structure(near)
+        return miss_text(p, label=layout.label, gpus=layout.gpus, ttft_s=ttft, tpot_s=tpot, capacity_rps=cap), _one_per_structure(near)
     m, g = p.model, p.gpu
     if stage.startswith("1") or stage.startswith("2"):
         return f"the smallest valid instance needs more than the {p.max_gpus}-GPU budget or does not fit a {g.gpus_per_node}-GPU node", ()

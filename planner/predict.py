@@ -165,6 +165,10 @@ def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: fl
     role = layout.roles.get(Role.DECODE) or layout.roles[Role.AGGREGATED]
     longest = max_request_tokens(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision,
                                  parallelism=role.parallelism, knobs=role.knobs)
+    # The pool as the engine reports it (vLLM in whole blocks), the figure the record and a start-up log show; the
+    # vectorised `pool_tokens` of the funnel is the same pool before the block rounding.
+    pool = kv_pool_tokens(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision,
+                          parallelism=role.parallelism, knobs=role.knobs) if pool_tokens > 0 else 0
     served = min(rate, capacity_rps)
     return Prediction(
         ttft_ms=ttft_s * 1e3,
@@ -174,7 +178,7 @@ def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: fl
         goodput_rps=rate if meets else 0.0,
         goodput_per_gpu=slo_capacity_rps / max(layout.gpus, 1),
         tokens_per_s_per_user=1.0 / tpot_mean_s if tpot_mean_s > 0 else 0.0,
-        kv_pool_tokens=int(pool_tokens),
+        kv_pool_tokens=int(pool),
         max_request_tokens=longest,
         meets_slo=bool(meets),
         source=source,

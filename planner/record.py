@@ -1,13 +1,14 @@
 """The topology decision record: a markdown page a person can review and file.
 
-Called by the CLI (`plan --record`, and inside `plan --json`) and the operator (linked from status).
-Holds the model and memory facts, the KV transfer floors per link, the chosen layout and why, the
-alternatives and why not, the funnel, and what must be measured before approval. Pure text.
+Called by the CLI (`plan --record`, and inside `plan --json`) and the operator (linked from status). Field by
+field the one-page topology decision record: model and footprint, KV bytes per token, the longest prompt and its
+KV, transfer floors per link, SLOs and which binds, the measured replica baseline (blanks until measured),
+candidates evaluated by family, decision and rationale, measurements before approval, release, version, date and
+sign-off. Its figures come from planner/record_facts.py, which `plan --json` prints too. Pure text.
 """
 
 from __future__ import annotations
 
-import math
 import shlex
 
 from .arch import ModelArch
@@ -15,14 +16,12 @@ from .engine_args import layout_engine_args
 from .engine_caps import load_caps, resolve_version
 from .hardware import GIB
 from .layout import Layout, Role
-from .memory import kv_bytes_per_token, state_bytes_per_seq, transfer_floor_s
+from .memory import state_bytes_per_seq
 from .perf import measured_terms
 from .problem import Candidate, Decision, Problem
+from .record_facts import BLANK, LINKS_GBIT, MeasuredBaseline, RecordFacts, measured_binding, record_facts
 
-__all__ = ["render_record", "transfer_floors", "fmt_ms", "LINKS_GBIT"]
-
-# Links a KV transfer may cross, in Gb/s: common Ethernet speeds, then the GPU's own NIC and scale-up link.
-LINKS_GBIT = (10.0, 25.0, 100.0, 200.0, 400.0)
+__all__ = ["render_record", "fmt_ms", "engine_label", "LINKS_GBIT"]
 
 
 def fmt_ms(seconds: float) -> str:
@@ -35,26 +34,16 @@ def fmt_ms(seconds: float) -> str:
     return f"{ms:.2f} ms"
 
 
-def transfer_floors(problem: Problem, prompt_tokens: float) -> list[tuple[str, float, float]]:
-    """(link, Gb/s, ideal seconds) to move one prompt's KV at TP 1 over each link."""
-    nbytes = prompt_tokens * float(kv_bytes_per_token(problem.model, problem.search.kv_dtypes[0], tp=1, pp=1))
-    gpu = problem.gpu
-    rows = [(f"{g:g} Gb/s Ethernet", g, transfer_floor_s(nbytes, link_gbit=g)) for g in LINKS_GBIT]
-    rows.append((f"{gpu.id} NIC ({gpu.nic_gbit:g} Gb/s per GPU)", gpu.nic_gbit, transfer_floor_s(nbytes, link_gbit=gpu.nic_gbit)))
-    link = "NVLink" if gpu.nvlink_gbps > 0 else "PCIe"
-    rows.append((f"{link} inside a node ({gpu.scaleup_gbps:g} GB/s)", gpu.scaleup_gbps * 8, transfer_floor_s(nbytes, link_gbit=gpu.scaleup_gbps * 8)))
-    return rows
-
-
 def engine_label(problem: Problem) -> str:
     """The engine release the plan is for: `vLLM 0.11.0`."""
     return load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine)).label
 
 
-def _cand_row(c: Candidate) -> str:
+def _cand_row(c: Candidate, head: str) -> str:
     p = c.prediction
+    why = f"{head}: {c.why}" if head and c.why and c.why != "pinned by the spec" else (head or c.why)
     return (f"| {c.layout.label} | {c.layout.gpus} | {p.ttft_ms:.0f} | {p.tpot_ms:.1f} | {p.capacity_rps:.1f} | "
-            f"{p.goodput_per_gpu:.2f} | {p.source} | {c.why or 'chosen'} |")
+            f"{p.goodput_per_gpu:.2f} | {p.source} | {why} |")
 
 
 def _model_notes(m: ModelArch) -> list[str]:
@@ -91,79 +80,137 @@ def step_terms_line(problem: Problem, layout: Layout) -> str:
     return f"Step time: {named}; the other terms from the roofline with the fitted efficiencies."
 
 
-def render_record(problem: Problem, decision: Decision) -> str:
-    """The decision record as markdown."""
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _b(x: float | None, fmt: str) -> str:
+    return BLANK if x is None else format(x, fmt)
+
+
+def render_record(problem: Problem, decision: Decision, *, planner_version: str = "", date: str = "",
+                  baseline: MeasuredBaseline | None = None, facts: RecordFacts | None = None) -> str:
+    """The decision record as markdown, field by field as the one-page topology decision record asks; `facts` when
+    the caller computed them already (record_facts with the same arguments), so that its JSON and this page agree."""
+    f = facts or record_facts(problem, decision, engine_release=engine_label(problem), planner_version=planner_version, date=date,
+                              baseline=baseline)
     m, g, w, slo = problem.model, problem.gpu, problem.workload, problem.slo
     best = decision.best
-    prompt = w.input_tokens.expected_tokens
-    kv_tok = decision.kv_bytes_per_token
-    prompt_bytes = kv_tok * prompt
+    tt, tp = f"p{slo.ttft_percentile:g} TTFT", f"p{slo.tpot_percentile:g} TPOT"
+    chosen_word = "Pinned" if f.pinned else "Chosen"
+    shape = "MLA" if m.is_mla else f"{f.attention}, {f.layers} layers, H_kv={f.kv_heads}, d_head={f.head_dim}"
+    formula = f" [{f.kv_formula}]" if f.kv_formula else " (the model reader's sum over its cached layers)"
     lines = [
-        f"# Topology decision record: {m.name} on {g.id} ({engine_label(problem)})",
+        f"# Topology decision record: {m.name} on {g.id} ({f.engine_release})",
         "",
         "## Inputs",
-        f"- Model: {m.name}: {m.total_params / 1e9:.2f} B parameters ({m.active_params_per_token / 1e9:.2f} B active per token)"
-        f"{f' plus {m.tower_params / 1e9:.2f} B of vision/audio towers, loaded beside it' if m.tower_params else ''}, "
-        f"{m.num_layers} layers, {'MLA' if m.is_mla else f'{m.num_heads} heads / {m.num_kv_heads} KV heads'}"
+        "",
+        f"- **Model:** {m.name} {f.precision.upper()} ({shape}): {f.params / 1e9:.2f} B parameters ({f.active_params / 1e9:.2f} B active "
+        f"per token){f' plus {m.tower_params / 1e9:.2f} B of vision/audio towers, loaded beside it' if m.tower_params else ''}"
         f"{f', MoE {m.num_experts} experts top-{m.experts_per_token}' if m.is_moe else ''}.",
-        f"- Weights at {problem.precision.value}: {decision.weight_bytes / GIB:.1f} GiB ({decision.weight_bytes / 1e9:.1f} GB) for one copy.",
-        f"- KV cache ({problem.search.kv_dtypes[0].value}): {kv_tok:,} bytes per token at TP 1 ({kv_tok / 1024:.1f} KiB); "
-        f"a {prompt:.0f}-token prompt holds {prompt_bytes / 2**20:.0f} MiB.",
-        f"- Hardware: up to {problem.max_gpus} × {g.name} ({g.memory_gib:g} GiB, {g.hbm_gbps:g} GB/s), {g.gpus_per_node} per node.",
-        f"- Workload: {w.arrival_rate_rps:g} req/s, prompts of {prompt:.0f} tokens on average, outputs of "
-        f"{w.output_tokens.expected_tokens:.0f}, prefix share {w.prefix_share:.0%}; the longest request planned for is "
-        f"{math.ceil(w.input_tokens.p99_tokens + w.output_tokens.p99_tokens):,} tokens (p99 prompt + p99 output) of the model's "
-        f"{m.max_context_tokens:,}-token context; the chosen layout holds {best.prediction.max_request_tokens:,} per request.",
-        f"- SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; "
-        f"objective {problem.objective.value}.",
+        f"- **Weight footprint:** {f.weight_bytes / 1e9:.1f} GB ({f.weight_bytes / GIB:.1f} GiB) for one copy; fits one {g.id} "
+        f"({g.memory_gib:g} GiB): {'YES' if f.fits_one_gpu else 'NO'}.",
+        f"- **KV bytes/token:** {f.kv_bytes_per_token:,} bytes ({f.kv_bytes_per_token / 1024:.1f} KiB){formula}, KV cache "
+        f"{f.kv_dtype}, TP 1.",
+        f"- **Max prompt P:** {f.longest_prompt_tokens:,} tokens (the workload's p99 prompt; mean {f.mean_prompt_tokens:,.0f}) → "
+        f"{f.longest_prompt_kv_bytes / 2**20:,.0f} MiB KV.",
+        f"- **Longest request:** {f.longest_request_tokens:,} tokens (p99 prompt + p99 output) of the model's {m.max_context_tokens:,}-token "
+        f"context; the {chosen_word.lower()} layout holds {best.prediction.max_request_tokens:,} per request.",
+        f"- **Workload:** {w.arrival_rate_rps:g} req/s, prompts of {f.mean_prompt_tokens:,.0f} tokens on average, outputs of "
+        f"{w.output_tokens.expected_tokens:,.0f}, prefix share {w.prefix_share:.0%}.",
+        f"- **Hardware:** up to {problem.max_gpus} × {g.name} ({g.memory_gib:g} GiB, {g.hbm_gbps:g} GB/s), {g.gpus_per_node} per node.",
+        "- **Single-GPU rate:** " + (f"{f.single_gpu_rps:.2f} req/s within the SLOs (predicted for {f.single_gpu_layout}, per GPU); "
+                                    if f.single_gpu_rps is not None else "no one-GPU replica meets the SLOs (predicted); ")
+        + f"measured: {_b(f.baseline.load_rps if f.baseline.ttft_ms is not None else None, 'g')} req/s (baseline date: {f.baseline.at or BLANK}).",
+        f"- **SLOs (client-observed):** {tt} ≤ {slo.ttft_ms:g} ms, {tp} ≤ {slo.tpot_ms:g} ms; objective {problem.objective.value}.",
+        f"- **Physical floors:** TPOT {f.floors.tpot_floor_ms:,.2f} ms ({f.floors.tpot_reason()}); TTFT {f.floors.ttft_floor_ms:,.1f} ms "
+        f"at the p{slo.ttft_percentile:g} prompt ({f.floors.ttft_reason()}). Necessary, not sufficient: queueing, overheads and "
+        "interference come on top.",
+    ]
+    b = f.binding
+    if b is not None:
+        with_margin = "" if b.margin == 1.0 else f" (× {b.margin:g} planning margin)"
+        limit = {"TTFT": f"{tt} reaches {b.ttft_ms:,.0f} ms{with_margin} against the {slo.ttft_ms:g} ms SLO",
+                 "TPOT": f"{tp} reaches {b.tpot_ms:,.1f} ms{with_margin} against the {slo.tpot_ms:g} ms SLO",
+                 "load": f"the load reaches {b.load_share:.0%} of what the layout can serve at all"}[b.slo]
+        nearer = "TTFT" if b.planned_ttft_share >= b.planned_tpot_share else "TPOT"
+        lines.append(f"- **Binding SLO (predicted):** {b.slo}: just past the SLO capacity of {b.at_rps:.1f} req/s, {limit}; at the "
+                     f"planned {w.arrival_rate_rps:g} req/s {nearer} is the nearer ({tt} at {b.planned_ttft_share:.0%} of its SLO, "
+                     f"{tp} at {b.planned_tpot_share:.0%}).")
+    lines += [
+        f"- **Interconnect:** {'NVLink' if g.nvlink_gbps > 0 else 'PCIe'} {g.scaleup_gbps:g} GB/s per GPU inside a node; NIC "
+        f"{g.nic_gbit:g} Gb/s per GPU.",
+        f"- **KV transfer floor @ P={f.longest_prompt_tokens:,}:** "
+        + "; ".join(f"{fl.link}: {fmt_ms(fl.floor_ms / 1e3)}" for fl in f.transfer_floors) + ".",
         *_model_notes(m),
         "",
-        "## KV transfer floors for one prompt (prefill → decode)",
-        "",
-        "Ideal time to move the prompt's KV, before latency and protocol overhead:",
+        "Ideal time to move the longest prompt's KV (prefill → decode), before latency and protocol overhead:",
         "",
         "| link | Gb/s | floor |",
         "|---|---|---|",
     ]
-    for name, gbit, secs in transfer_floors(problem, prompt):
-        lines.append(f"| {name} | {gbit:g} | {fmt_ms(secs)} |")
-    lines += ["", "## Chosen layout", "", f"**{best.layout.label}** on {best.layout.gpus} GPUs "
-              f"({best.prediction.source} prediction: p{slo.ttft_percentile:g} TTFT {best.prediction.ttft_ms:.0f} ms, "
-              f"p{slo.tpot_percentile:g} TPOT {best.prediction.tpot_ms:.1f} ms, KV pool {best.prediction.kv_pool_tokens:,} tokens per rank).", ""]
-    lines += [f"- {r}" for r in decision.reasons]
-    lines.append(f"- {step_terms_line(problem, best.layout)}")
+    for fl in f.transfer_floors:
+        lines.append(f"| {fl.link} | {fl.gbit:g} | {fmt_ms(fl.floor_ms / 1e3)} |")
+    base = f.baseline
+    measured = measured_binding(slo.ttft_ms, slo.tpot_ms, base)
+    lines += [
+        "", "## Measured replica baseline", "",
+        f"- **{tt}:** {_b(base.ttft_ms, ',.0f')} ms",
+        f"- **{tp}:** {_b(base.tpot_ms, ',.1f')} ms",
+        f"- **Goodput:** {_b(base.goodput_pct, '.0f')} %",
+        f"- **Load:** {_b(base.load_rps, 'g')} req/s on {base.layout or BLANK}, measured {base.at or BLANK}",
+        f"- **Binding SLO (measured):** {measured or 'TTFT / TPOT / neither'}",
+        "", "## Candidates evaluated", "",
+        f"{f.candidates_total:,} candidates enumerated; {f.candidates_evaluated:,} passed the funnel and were evaluated at the load, "
+        f"{f.simulated} of them step by step.",
+        "",
+    ]
+    for row in f.families:
+        mark = "x" if row.evaluated or row.best else " "
+        plural = "s" if row.best_gpus != 1 else ""
+        head = (f"best {row.best} on {row.best_gpus} GPU{plural} ({row.best_goodput_per_gpu:.2f} req/s per GPU)" if row.best
+                else "none meets the SLOs" if row.searched else "not searched")
+        if not row.searched:
+            lines.append(f"- [ ] {_cap(row.family.value)}: {row.why}.")
+            continue
+        lines.append(f"- [{mark}] {_cap(row.family.value)} ({row.evaluated:,} evaluated): {head}: {row.why}.")
+    lines += ["", "## Decision", "",
+              f"- **Decision:** {'pinned by the spec: ' if f.pinned else ''}**{f.decision}** on {f.decision_gpus} GPUs "
+              f"({best.prediction.source} prediction: {tt} {best.prediction.ttft_ms:.0f} ms, {tp} {best.prediction.tpot_ms:.1f} ms, "
+              f"{best.prediction.capacity_rps:.1f} req/s within the SLOs, {best.prediction.goodput_per_gpu:.2f} per GPU).",
+              "- **KV pool per rank:** " + ", ".join(f"{role} {tokens:,} tokens" for role, tokens in f.kv_pool_tokens.items()) + ".",
+              "- **Rationale:**"]
+    lines += [f"  - {r}" for r in decision.reasons]
+    lines += [f"  - {_cap(row.family.value)}: {row.why}." for row in f.families if row.best != f.decision]
+    lines.append(f"  - {step_terms_line(problem, best.layout)}")
     if decision.pd_ratio is not None:
         r = decision.pd_ratio
         lines += ["", f"Prefill:decode ratio {r.label} ({r.prefill_count} prefill × {r.prefill.label}, {r.decode_count} decode × "
                   f"{r.decode.label}; {r.prefill_rps_per_instance:.2f} and {r.decode_rps_per_instance:.2f} req/s per instance, "
-                  f"balanced at {r.balanced:.2f} prefill per decode). The chosen layout runs "
+                  f"balanced at {r.balanced:.2f} prefill per decode). The {chosen_word.lower()} layout runs "
                   f"{best.layout.roles[Role.PREFILL].count}:{best.layout.roles[Role.DECODE].count}."]
     lines += ["", "Engine arguments:", ""]
     for role, args in layout_engine_args(problem.engine, best.layout, moe=m.is_moe, version=problem.engine_version).items():
         lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{shlex.join(args)}`")
     if decision.current is not None:
         c = decision.current
-        lines += ["", f"Current layout {c.layout.label}: p{slo.ttft_percentile:g} TTFT {c.prediction.ttft_ms:.0f} ms, "
-                  f"p{slo.tpot_percentile:g} TPOT {c.prediction.tpot_ms:.1f} ms, {c.layout.gpus} GPUs."]
+        lines += ["", f"Current layout {c.layout.label}: {tt} {c.prediction.ttft_ms:.0f} ms, {tp} {c.prediction.tpot_ms:.1f} ms, "
+                  f"{c.layout.gpus} GPUs."]
     lines += ["", "## Alternatives", "", "| layout | GPUs | TTFT ms | TPOT ms | SLO capacity req/s | req/s per GPU | source | why not |",
-              "|---|---|---|---|---|---|---|---|", _cand_row(best)]
-    lines += [_cand_row(a) for a in decision.alternatives]
+              "|---|---|---|---|---|---|---|---|", _cand_row(best, "pinned" if f.pinned else "chosen")]
+    lines += [_cand_row(a, "") for a in decision.alternatives]
     lines += ["", "## Funnel", "", f"{decision.candidates_total:,} candidates.", "", "| stage | admitted | rejected | seconds | main reasons |",
               "|---|---|---|---|---|"]
     for st in decision.funnel:
         top = ", ".join(f"{k} ({v:,})" for k, v in sorted(st.reasons.items(), key=lambda kv: -kv[1])[:3])
         lines.append(f"| {st.stage} | {st.admitted:,} | {st.rejected:,} | {st.seconds:.3f} | {top} |")
-    kv_predicted = best.prediction.kv_pool_tokens
+    lines += ["", "## Must measure before approval", ""]
+    lines += [f"{i}. {text}" for i, text in enumerate(f.measurements, start=1)]
     lines += [
-        "", "## Measure before approval", "",
-        f"1. The KV pool the engine reports at start-up (vLLM `GPU KV cache size` or `vllm:cache_config_info` num_gpu_blocks × block size; "
-        f"SGLang `max_total_num_tokens`) against the predicted {kv_predicted:,} tokens per rank.",
-        f"2. p{slo.ttft_percentile:g} TTFT and p{slo.tpot_percentile:g} TPOT of {best.layout.label} under an open-loop benchmark at "
-        f"{w.arrival_rate_rps:g} req/s with the production prompt and output lengths (prediction error above 20% invalidates the ranking).",
-        f"3. The load at which the SLOs break, against the predicted {best.prediction.capacity_rps:.1f} req/s.",
+        "", "## Sign-off", "",
+        f"- **Engine release:** {f.engine_release}",
+        f"- **Planner version:** servingtopology {f.planner_version or BLANK}",
+        f"- **Date:** {f.date or BLANK}",
+        f"- **Approval sign-off:** {BLANK * 3}  **Date:** {BLANK * 2}",
     ]
-    if any(a.layout.kind != best.layout.kind for a in decision.alternatives):
-        lines.append("4. The best alternative of the other layout kind at the same load, since the choice between kinds rests on the model.")
-    if best.layout.kind.value == "pd":
-        lines.append("5. The achieved KV transfer bandwidth between prefill and decode pods against the floors above.")
     return "\n".join(lines) + "\n"

@@ -38,6 +38,8 @@ __all__ = [
     "load_spec",
     "parse_spec",
     "read_spec_data",
+    "load_yaml",
+    "DuplicateKey",
     "to_layout",
     "to_problem",
     "serving_precision",
@@ -504,6 +506,43 @@ def _check_shape(data: Any, *, max_depth: int = MAX_SPEC_DEPTH, max_nodes: int =
             stack.extend((v, (*path, str(i))) for i, v in enumerate(node))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names one key twice (PyYAML keeps the last silently, so a second
+    `slo:` would replace the first without a word)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)   # merge keys (<<) first: a merged key may be overridden, which is not a duplicate
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:          # an unhashable key: construct_mapping below raises PyYAML's own error for it
+            continue
+        if first is not None:
+            raise DuplicateKey(str(key), line=key_node.start_mark.line + 1, first_line=first)
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A YAML mapping names `key` twice (1-based lines)."""
+
+    def __init__(self, key: str, *, line: int, first_line: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first_line})")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML (or JSON) text safely, refusing duplicate keys (DuplicateKey, a yaml.YAMLError); every YAML the CLI
+    reads goes through here."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+
+
 def read_spec_data(path: str | Path) -> Any:
     """A spec file's parsed YAML (or JSON), bounded: at most 1 MiB, UTF-8, nested at most 32 deep. Every way a
     file can be unreadable is a SpecError on `spec` (issue #17: non-UTF-8 and deep nesting raised tracebacks)."""
@@ -519,7 +558,9 @@ def read_spec_data(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise SpecError([("spec", f"{path} is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})")]) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except DuplicateKey as exc:
+        raise SpecError([("spec", f"{exc} in {path}: give each key once")]) from None
     except yaml.YAMLError as exc:
         raise SpecError([("spec", f"not valid YAML: {str(exc)[:500]}")]) from None
     except RecursionError:

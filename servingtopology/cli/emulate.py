@@ -30,6 +30,7 @@ from servingtopology.emulator.fleet import Fleet, pod_view, refused_status
 from servingtopology.emulator.instance import EmulatedInstance, Share
 from servingtopology.emulator.real_engine import RealEngineRules, RealEngineRulesError, parse_rules
 from servingtopology.emulator.traffic import TrafficProfile, TrafficProfileError
+from servingtopology.spec import load_yaml
 
 __all__ = ["add_parser", "run"]
 
@@ -115,7 +116,7 @@ class _RealEngineRulesFile:
         if (st.st_mtime_ns, st.st_size) != self.stamp:
             self.stamp = (st.st_mtime_ns, st.st_size)
             try:
-                self.rules = parse_rules(yaml.safe_load(self.path.read_text()))
+                self.rules = parse_rules(load_yaml(self.path.read_text()))
                 log.info("real-engine rules reloaded: %d rule(s)", len(self.rules.rules))
             except (OSError, RealEngineRulesError, yaml.YAMLError) as exc:
                 log.error("real-engine rules %s unusable, keeping the previous ones: %s", self.path, exc)
@@ -123,7 +124,7 @@ class _RealEngineRulesFile:
 
 
 def _load_profile(path: Path) -> TrafficProfile:
-    raw = yaml.safe_load(path.read_text())
+    raw = load_yaml(path.read_text())
     if not isinstance(raw, dict):
         raise TrafficProfileError(f"{path}: expected a mapping with 'phases'")
     return TrafficProfile.from_mapping(raw)

@@ -24,6 +24,7 @@ COMMANDS = {
     "plan": "plan",
     "simulate": "simulate",
     "sweep": "sweep",
+    "compare": "compare",
     "validate": "validate",
     "calibrate": "calibrate",
     "operator": "operator_cmd",

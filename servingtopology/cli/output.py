@@ -8,27 +8,36 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Mapping
+from typing import Any
 
+from servingtopology.cli.whatif import apply_overrides, flag_errors
 from servingtopology.planner.decide import Simulate
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim.stage import stage6_figures
-from servingtopology.spec import PlanSpec, SpecError, load_spec, parse_spec, read_spec_data, to_layout
+from servingtopology.spec import DEFAULT_SPEC, PlanSpec, SpecError, parse_spec, read_spec_data, to_layout
 
 __all__ = ["emit_spec_error", "read_spec", "layout_for", "simulator_for"]
 
 
-def read_spec(path: str | None) -> PlanSpec:
-    """A planning spec from a file; a ServingTopology resource (kind: ServingTopology) is read from its `spec`."""
-    if path is None:
-        return load_spec(None)
-    data = read_spec_data(path)  # bounded: size, UTF-8, depth (raises SpecError naming `spec`)
-    if isinstance(data, dict) and data.get("kind") == "ServingTopology":
-        from servingtopology.operator.api.resource import parse_topology_spec
+def read_spec(path: str | None, overrides: Mapping[str, Any] | None = None) -> PlanSpec:
+    """A planning spec from a file (None: the embedded default scenario); a ServingTopology resource (kind:
+    ServingTopology) is read from its `spec`. `overrides` (cli/whatif.py: dotted field → value) are set before the
+    spec is validated, and an error in a field a flag set names the flag."""
+    ov = dict(overrides or {})
+    data = json.loads(json.dumps(DEFAULT_SPEC)) if path is None else read_spec_data(path)  # bounded: size, UTF-8, depth
+    try:
+        if isinstance(data, dict) and data.get("kind") == "ServingTopology":
+            from servingtopology.operator.api.resource import parse_topology_spec
 
-        return parse_topology_spec(data.get("spec"))
-    return parse_spec(data)
+            return parse_topology_spec(apply_overrides(data.get("spec"), ov))
+        return parse_spec(apply_overrides(data, ov))
+    except SpecError as exc:
+        if not ov:
+            raise
+        raise SpecError(flag_errors(list(exc.errors), ov)) from None
 
 
 def layout_for(spec: PlanSpec, problem: Problem) -> Layout:

@@ -8,12 +8,14 @@ writes the record; `--plot FILE.png` draws the Pareto frontier. Exit 0 planned, 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from servingtopology import __version__
 from servingtopology.cli.calibration_io import (
     add_calibration_arg,
     calibration_summary,
@@ -23,14 +25,16 @@ from servingtopology.cli.calibration_io import (
 )
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
 from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
+from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.advice import InfeasibleAdvice
 from servingtopology.planner.decide import decide
 from servingtopology.planner.engine_args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
-from servingtopology.planner.record import render_record
-from servingtopology.spec import PlanSpec, SpecError, read_model_identity, to_problem
+from servingtopology.planner.record import engine_label, render_record
+from servingtopology.planner.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
+from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data, to_problem
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]
 
@@ -42,12 +46,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--pool", metavar="POOL.yaml", help="plan every member of a GPU pool together (cli/pool.py): the fleet table, "
                    "--record the fleet record, --plot allocation by GPU kind and $/hour against SLO attainment")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--record", metavar="FILE.md", help="write the decision record to this file")
+    p.add_argument("--record", metavar="FILE.md", nargs="?", const="-",
+                   help="the full decision record: alone, on stdout after the summary; with FILE.md, written there")
+    p.add_argument("--baseline", metavar="FILE", help="measured replica baseline for the record: a JSON or YAML mapping with ttftMs, "
+                   "tpotMs, arrivalRateRps, at (a ServingTopology's status.observed, or the whole resource)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the candidates, the Pareto frontier, the chosen layout and the SLOs (output "
                    "tokens/s per GPU against tokens/s per user, and TTFT: the axes of sweep --plot)")
     p.add_argument("--no-simulate", action="store_true", help="skip stage 6 (step-level simulation of the top K)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_calibration_arg(p)
+    add_whatif_flags(p)
 
 
 def funnel_json(stages: tuple[FunnelStage, ...] | list[FunnelStage]) -> list[dict[str, Any]]:
@@ -106,7 +114,7 @@ def advice_json(advice: InfeasibleAdvice | None) -> dict[str, Any] | None:
         "needed_ttft_ms": r(advice.needed_ttft_ms), "needed_tpot_ms": r(advice.needed_tpot_ms),
         "slo_ttft_ms": advice.slo_ttft_ms, "slo_tpot_ms": advice.slo_tpot_ms,
         "feasible_load_rps": r(advice.feasible_load_rps), "feasible_load_layout": advice.feasible_load_layout,
-        "load_rps": advice.load_rps, "lines": list(advice.lines()),
+        "load_rps": advice.load_rps, "floors": list(advice.floors), "lines": list(advice.lines()),
     }
 
 
@@ -179,12 +187,14 @@ def run(args: argparse.Namespace) -> int:
 
         return run_pool(args)
     try:
-        spec = read_spec(args.spec)
+        check_record_path(args.record)
+        spec = read_spec(args.spec, whatif_overrides(args))
         problem = to_problem(spec)
         read_model_identity(spec)   # the plan renders engine commands: what they load and serve is named before planning
         calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
+        baseline = read_baseline(args.baseline)
     except (SpecError, InvalidSpec) as exc:
-        return emit_spec_error(exc, as_json=args.json)
+        return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
     bar = None
     progress = None
     if not args.json and not args.no_progress and sys.stderr.isatty():
@@ -224,8 +234,10 @@ def run(args: argparse.Namespace) -> int:
         return emit_spec_error(exc, as_json=args.json)
     if bar:
         bar.close()
-    record = render_record(problem, decision)
-    if args.record:
+    facts = record_facts(problem, decision, engine_release=engine_label(problem), planner_version=__version__,
+                         date=datetime.datetime.now(datetime.UTC).date().isoformat(), baseline=baseline)
+    record = render_record(problem, decision, facts=facts)
+    if args.record and args.record != "-":
         Path(args.record).write_text(record)
     if args.plot:
         _plot(decision, problem, args.plot)
@@ -249,15 +261,57 @@ def run(args: argparse.Namespace) -> int:
             "kv_bytes_per_token": decision.kv_bytes_per_token,
             "weight_bytes": decision.weight_bytes,
             "reasons": list(decision.reasons),
+            "decision_record": facts_json(facts),
             "record": record,
         }, indent=1))
         return 0
     _print_funnel(decision.funnel, decision.candidates_total)
     _print_best(spec, problem, decision)
     _print_intervals(problem, decision, uncalibrated, calibration, with_intervals)
-    print(record)
-    if args.record:
+    _print_summary(problem, decision, facts)
+    if args.record == "-":
+        print()
+        print(record)
+    elif args.record:
         print(f"decision record written to {args.record}")
+    else:
+        print("the full decision record (the one-page form to file): --record, or --record FILE.md")
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
+
+
+def check_record_path(path: str | None) -> None:
+    """`--record` takes `-` (stdout) or a markdown file: a spec given after `--record` would otherwise be overwritten."""
+    if path and path != "-" and not path.lower().endswith((".md", ".markdown", ".txt")):
+        raise InvalidSpec("--record", f"expected a markdown file (FILE.md) or nothing, got {path!r}; to plan a spec and print the "
+                                      "record, give the spec first: plan SPEC.yaml --record")
+
+
+def read_baseline(path: str | None) -> MeasuredBaseline | None:
+    """The measured replica baseline from a JSON or YAML file: status.observed's fields, or a resource holding them."""
+    if path is None:
+        return None
+    data = read_spec_data(path)   # bounded, UTF-8, duplicate keys refused
+    if isinstance(data, dict) and isinstance(data.get("status"), dict):
+        data = data["status"].get("observed") or {}
+    if not isinstance(data, dict):
+        raise InvalidSpec("--baseline", f"{path}: expected a mapping with ttftMs, tpotMs, arrivalRateRps, at (a status.observed)")
+    layout = (data.get("layout") if isinstance(data.get("layout"), str) else None)
+    return baseline_from_observed(data, layout=layout)
+
+
+def _print_summary(problem: Problem, d: Decision, facts: RecordFacts) -> None:
+    """The decision in a few lines: the layout, which SLO binds, why the other kinds lost, what to measure first."""
+    slo, best = problem.slo, d.best
+    p = best.prediction
+    word = "Pinned" if facts.pinned else "Decision"
+    print(f"{word}: {best.layout.label} on {best.layout.gpus} GPUs: p{slo.ttft_percentile:g} TTFT {p.ttft_ms:,.0f} ms of "
+          f"{slo.ttft_ms:g}, p{slo.tpot_percentile:g} TPOT {p.tpot_ms:,.1f} ms of {slo.tpot_ms:g} at {problem.workload.arrival_rate_rps:g} req/s; "
+          f"{p.capacity_rps:.1f} req/s within the SLOs ({p.goodput_per_gpu:.2f} per GPU)")
+    b = facts.binding
+    if b is not None:
+        print(f"Binding SLO: {b.slo} (what stops it just past {b.at_rps:.1f} req/s)")
+    for row in facts.families:
+        if row.best != facts.decision and row.searched:
+            print(f"  {row.family.value}: {row.why}")

@@ -2,7 +2,7 @@
 
 Dispatched from `plan` (cli/plan.py) when --pool is given. `--record FILE.md` writes the fleet decision record,
 `--plot FILE.png` draws the allocation per member by GPU kind and $/hour against SLO attainment, `--json` prints one
-object. Exit 0 planned, 2 invalid pool or member (the message names the field).
+object; `--record` alone prints the record after the table. Exit 0 planned, 2 invalid pool or member (the message names the field).
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ def run_pool(args: argparse.Namespace) -> int:
     as_json = bool(getattr(args, "json", False))
     t0 = time.process_time()
     try:
+        if args.record and args.record != "-" and not str(args.record).endswith(".md"):
+            raise InvalidSpec("--record", f"expected a markdown file (FILE.md) or nothing (the record on stdout), got {args.record!r}")
         pool = load_pool(args.pool)
         inputs = to_pool_inputs(pool, base=Path(args.pool).parent)
         requests = [MemberRequest(m.name, m.problem, m.cap_gpus, m.priority, m.min_rps) for m in inputs.members]
@@ -87,7 +89,7 @@ def run_pool(args: argparse.Namespace) -> int:
     cpu_s = time.process_time() - t0
     record = render_pool_record(problem, decision, notes={k: v.notes for k, v in found.items()},
                                 refusals={k: v.refusals for k, v in found.items()})
-    if args.record:
+    if args.record and args.record != "-":
         Path(args.record).write_text(record)
     if args.plot:
         fig = pool_figure(problem, decision)
@@ -100,7 +102,10 @@ def run_pool(args: argparse.Namespace) -> int:
     for line in decision.reasons:
         print(line)
     print(f"solver: {decision.solver.method} over {decision.solver.options} options, gap {decision.solver.gap:.2%}; {cpu_s:.1f} CPU s")
-    if args.record:
+    if args.record == "-":
+        print()
+        print(record)
+    elif args.record:
         print(f"pool decision record written to {args.record}")
     if args.plot:
         print(f"plot written to {args.plot}")

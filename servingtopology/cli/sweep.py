@@ -18,6 +18,7 @@ from typing import Any
 
 from servingtopology.cli.calibration_io import add_calibration_arg, calibration_summary, prediction_intervals, read_calibration
 from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
+from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
@@ -33,13 +34,18 @@ DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sweep", help="serving envelope of a layout over client concurrency",
                        description="Closed-loop simulations at each concurrency: throughput per GPU against tokens/s per user.")
-    p.add_argument("spec", help="planning spec (YAML); its layout, or the planner's best")
+    p.add_argument("spec", nargs="?", help="planning spec (YAML); its layout, or the planner's best (omit for the embedded default "
+                   "scenario)")
+    p.add_argument("--layout", action="append", default=[], metavar="[NAME=]LAYOUT",
+                   help="sweep this layout instead (compare's syntax: A=8xTP1, B=4xTP2, C=2P6D); repeat to overlay several "
+                        "layouts' envelopes on one table and plot")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
     p.add_argument("--requests-per-client", type=int, default=8, help="requests each client sends (default 8; at least 200 in all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw output tokens/s per GPU against tokens/s per user, and TTFT, with the SLOs "
                    "(the axes of plan --plot)")
     add_calibration_arg(p)
+    add_whatif_flags(p)
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -127,9 +133,13 @@ def _plot(path: str, layout: Layout, points: list[dict[str, Any]], slo: Slo) -> 
 
 
 def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
+    print(f"serving envelope of {layout.label} on {layout.gpus} GPUs (closed loop: each client sends its next request when the last ends)")
+    _print_points(points)
+
+
+def _print_points(points: list[dict[str, Any]]) -> None:
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.1f}"
-    print(f"serving envelope of {layout.label} on {layout.gpus} GPUs (closed loop: each client sends its next request when the last ends)")
     print(f"{'clients':>7}{'out tok/s/GPU':>15}{'tok/s/user':>12}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'ITL p50 ms':>12}"
           f"{'ITL p99 ms':>12}{'goodput req/s':>15}{'preemptions':>13}")
     for p in points:
@@ -140,29 +150,81 @@ def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
           "per second of the run")
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        concurrency = parse_concurrency(args.concurrency)
-        check_requests(concurrency, max(1, args.requests_per_client))
-        spec = read_spec(args.spec)
+def _series(args: argparse.Namespace, concurrency: list[int], per_client: int) -> tuple[Slo, list[dict[str, Any]]]:
+    """One sweep per --layout, each on the spec's work with that layout (compare's parsing and validation)."""
+    from servingtopology.cli.compare import MAX_LAYOUTS, parse_layout
+    from servingtopology.planner.record_facts import family_of
+
+    if len(args.layout) > MAX_LAYOUTS:
+        raise InvalidSpec("--layout", f"at most {MAX_LAYOUTS} layouts")
+    out: list[dict[str, Any]] = []
+    slo: Slo | None = None
+    for i, text in enumerate(args.layout):
+        field = f"--layout[{i}]"
+        name, mapping = parse_layout(text, field=field)
+        try:
+            spec = read_spec(args.spec, {**whatif_overrides(args), "layout": mapping})
+        except SpecError as exc:
+            raise SpecError([(f"{field} ({f})" if f.startswith("layout") else f, m) for f, m in exc.errors]) from None
         problem = to_problem(spec)
         layout = layout_for(spec, problem)
-        calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
-        points = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=max(1, args.requests_per_client))
-        _add_intervals(problem, layout, points, None)
-        calibrated = None
-        if calibration is not None:
-            with calibration.applied():
-                calibrated = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=max(1, args.requests_per_client))
-            _add_intervals(problem, layout, calibrated, calibration)
+        slo = problem.slo
+        out.append({"name": name or layout.label, "layout": layout.label, "gpus": layout.gpus, "kind": layout.kind.value,
+                    "family": family_of(layout).name,
+                    "points": sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client)})
+    assert slo is not None
+    return slo, out
+
+
+def _print_series(series: list[dict[str, Any]]) -> None:
+    for s in series:
+        print(f"[{s['name']}]")
+        _print_points(s["points"])
+        print()
+    print("every GPU of each layout is in its per-GPU figures (prefill and decode alike)")
+
+
+def run(args: argparse.Namespace) -> int:
+    per_client = max(1, args.requests_per_client)
+    try:
+        concurrency = parse_concurrency(args.concurrency)
+        check_requests(concurrency, per_client)
+        calibration = calibrated = None
+        if args.layout:
+            slo, series = _series(args, concurrency, per_client)
+        else:
+            spec = read_spec(args.spec, whatif_overrides(args))
+            problem = to_problem(spec)
+            layout = layout_for(spec, problem)
+            calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
+            points = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client)
+            _add_intervals(problem, layout, points, None)
+            if calibration is not None:
+                with calibration.applied():
+                    calibrated = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client)
+                _add_intervals(problem, layout, calibrated, calibration)
     except (SpecError, InvalidSpec) as exc:
-        return emit_spec_error(exc, as_json=args.json)
+        return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
     except Infeasible as exc:
         if args.json:
             print(json.dumps({"error": "infeasible", "message": str(exc)}))
         else:
             print(f"infeasible: {exc}")
         return 1
+    if args.layout:
+        if args.plot:
+            from servingtopology.cli.plots import Series, save, sweep_figure
+            from servingtopology.planner.record_facts import Family
+
+            many = [Series(s["name"], s["layout"], s["gpus"], Family[s["family"]], s["points"]) for s in series]
+            save(sweep_figure(series[0]["layout"], series[0]["gpus"], series[0]["points"], slo, series=many), args.plot)
+        if args.json:
+            print(json.dumps({"series": series, **({"plot": args.plot} if args.plot else {})}))
+        else:
+            _print_series(series)
+            if args.plot:
+                print(f"plot written to {args.plot}")
+        return 0
     if args.plot:
         _plot(args.plot, layout, points, problem.slo)
     extra: dict[str, Any] = {}

@@ -63,3 +63,9 @@ def test_plan_pool_json_keeps_the_member_cap_and_the_inventory(tmp_path: Path, c
 def test_a_bad_pool_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str], over: dict[str, object], field: str) -> None:
     assert main(["plan", "--pool", str(_pool(tmp_path, **over))]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_plan_pool_record_alone_prints_the_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--pool", str(_pool(tmp_path)), "--record"]) == 0
+    out = capsys.readouterr().out
+    assert "# Pool decision record" in out and "## Short" in out

@@ -178,5 +178,5 @@ def test_an_impossible_slo_at_scale_names_the_same_closest_miss_as_listing_every
     problem = dataclasses.replace(problem, slo=dataclasses.replace(problem.slo, ttft_ms=1.0))
     result = run_funnel(problem)
     assert result.last_stage == "5 SLO and load feasibility" and not result.survivors
-    assert result.closest_miss == ("4×TP8·PP8 on 256 GPUs: p95 TTFT 61 ms (SLO 1), p95 TPOT 15.0 ms (SLO 50), "
-                                   "capacity 290.1 req/s for a load of 40 req/s; 6659% short")
+    assert result.closest_miss == ("4×TP8·PP8 on 256 GPUs: p95 TTFT 61.4 ms against the 1 ms SLO; p95 TPOT 15.0 ms within 50 ms; "
+                                   "capacity 290.1 req/s carries the load of 40 req/s")

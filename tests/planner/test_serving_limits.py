@@ -193,7 +193,7 @@ def test_the_record_states_the_longest_request_planned_against_the_context():
 
     p = _problem(workload={"arrivalRate": 0.1, "inputTokens": 120_000, "outputTokens": 1_000})
     record = render_record(p, decide(p))
-    assert "the longest request planned for is 121,000 tokens (p99 prompt + p99 output) of the model's 131,072-token context" in record
+    assert "- **Longest request:** 121,000 tokens (p99 prompt + p99 output) of the model's 131,072-token context" in record
 
 
 def test_a_workload_observed_live_past_the_context_is_planned_not_refused_as_a_spec():

@@ -1,0 +1,204 @@
+"""`servingtopology compare [SPEC] --layout A=8xTP1 --layout B=4xTP2 --layout C=2P6D`: named layouts side by side.
+
+Each layout is held to the spec's own validation (it is set as the spec's `layout:` and parsed, so the GPU budget and
+shape rules are the ones `plan` applies to a pin) and predicted exactly as `plan` predicts a pinned layout on the
+same work: the spec's load, request lengths and simulation seed, the step-level simulator where the layout carries
+the load (planner.decide.predict_layout with the stage-6 simulator). One table (or `--json`) and, with `--plot`, one
+figure: each layout at its SLO capacity on the serving-envelope axes, coloured by layout kind. Exit 0 done, 2 invalid
+input (naming `--layout[i]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
+from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
+from servingtopology.planner.decide import predict_layout
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.memory import kv_pool_tokens
+from servingtopology.planner.pd_ratio import RANK_TOLERANCE
+from servingtopology.planner.problem import Candidate, Problem
+from servingtopology.planner.tables import layout_rejection
+from servingtopology.spec import SpecError, load_yaml, to_problem
+
+__all__ = ["add_parser", "run", "parse_layout", "Compared", "compare_layouts", "MAX_LAYOUTS"]
+
+MAX_LAYOUTS = 16
+_PAR = r"TP(\d+)(?:[·.*]PP(\d+))?(?:[·.*]DP(\d+))?"
+_REPLICAS = re.compile(rf"^(?:(\d+)\s*[x×*]\s*)?{_PAR}$", re.I)
+_PD_SHAPED = re.compile(rf"^(\d+)P\({_PAR}\)\s*[·.*,]?\s*(\d+)D\({_PAR}\)$", re.I)
+_PD_SAME = re.compile(r"^(\d+)P\s*[·.*,]?\s*(\d+)D(?:@TP(\d+))?$", re.I)
+_NAME = re.compile(r"^([A-Za-z0-9_.-]{1,32})=(.+)$")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="named layouts side by side on the same work: one table, one plot",
+                       description="Predict each --layout as plan predicts a pinned layout (same load, lengths and simulation "
+                                   "seed), side by side.")
+    p.add_argument("spec", nargs="?", help="planning spec (YAML); omit for the embedded default scenario")
+    p.add_argument("--layout", action="append", default=[], metavar="[NAME=]LAYOUT",
+                   help="a layout: 8xTP1, 4xTP2, 2xTP2·PP2, 2P6D (TP1 roles), 2P6D@TP2, 1P(TP2)·3D(TP1), or a spec layout "
+                        "mapping such as '{kind: pd, prefill: {count: 2}, decode: {count: 6}}'; NAME= names it (A=8xTP1). Repeat.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the layouts at their SLO capacity (the axes of plan --plot)")
+    add_whatif_flags(p)
+
+
+def _role(count: str, tp: str | None, pp: str | None, dp: str | None) -> dict[str, int]:
+    return {"count": int(count), "tp": int(tp or 1), "pp": int(pp or 1), "dp": int(dp or 1)}
+
+
+def parse_layout(text: str, *, field: str) -> tuple[str | None, dict[str, Any]]:
+    """(its name or None, the spec's `layout:` mapping) from one --layout value; InvalidSpec naming `field` otherwise."""
+    name = None
+    m = _NAME.match(text.strip())
+    if m and not text.strip().startswith("{"):
+        name, text = m.group(1), m.group(2)
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            data = load_yaml(text)
+        except Exception as exc:  # yaml.YAMLError and DuplicateKey: the value, not the program, is wrong
+            raise InvalidSpec(field, f"not a YAML mapping: {str(exc)[:200]}") from None
+        if not isinstance(data, dict):
+            raise InvalidSpec(field, "expected a layout mapping such as {kind: replicas, replicas: 4, tp: 2}")
+        return name, data
+    if r := _REPLICAS.match(text):
+        count, tp, pp, dp = r.groups()
+        return name, {"kind": "replicas", "replicas": int(count or 1), "tp": int(tp), "pp": int(pp or 1), "dp": int(dp or 1)}
+    if r := _PD_SHAPED.match(text):
+        g = r.groups()
+        return name, {"kind": "pd", "prefill": _role(g[0], g[1], g[2], g[3]), "decode": _role(g[4], g[5], g[6], g[7])}
+    if r := _PD_SAME.match(text):
+        p, d, tp = r.groups()
+        return name, {"kind": "pd", "prefill": _role(p, tp, None, None), "decode": _role(d, tp, None, None)}
+    raise InvalidSpec(field, f"{text[:80]!r} is not a layout; allowed: NxTPt[·PPp][·DPd] (8xTP1, 4xTP2), mPnD[@TPt] (2P6D), "
+                             "mP(TPa)·nD(TPb), or a spec layout mapping in braces")
+
+
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """One compared layout: its name, its prediction as `plan` makes it for a pin, and its KV pool per role."""
+
+    name: str
+    candidate: Candidate
+    pools: dict[str, int]
+
+
+def compare_layouts(spec_path: str | None, layouts: list[str], overrides: dict[str, Any]) -> tuple[Problem, list[Compared]]:
+    """Parse, validate and predict every layout on the spec's work (InvalidSpec / SpecError naming `--layout[i]`)."""
+    if not layouts:
+        raise InvalidSpec("--layout", "give at least one layout, e.g. --layout A=8xTP1 --layout B=4xTP2 --layout C=2P6D")
+    if len(layouts) > MAX_LAYOUTS:
+        raise InvalidSpec("--layout", f"at most {MAX_LAYOUTS} layouts")
+    out: list[Compared] = []
+    problem: Problem | None = None
+    names: set[str] = set()
+    for i, text in enumerate(layouts):
+        field = f"--layout[{i}]"
+        name, mapping = parse_layout(text, field=field)
+        try:
+            spec = read_spec(spec_path, {**overrides, "layout": mapping})
+        except SpecError as exc:
+            raise SpecError([(f"{field} ({f})" if f.startswith("layout") else f, m) for f, m in exc.errors]) from None
+        problem = to_problem(spec)
+        assert problem.pinned is not None
+        rejected = layout_rejection(problem, problem.pinned)
+        if rejected is not None:
+            raise InvalidSpec(f"{field} ({rejected[0]})", rejected[1])
+        label = name or problem.pinned.label
+        if label in names:
+            raise InvalidSpec(field, f"the name {label!r} is given twice; name each layout once (NAME=LAYOUT)")
+        names.add(label)
+        cand = predict_layout(problem, problem.pinned, simulate=simulator_for(spec))
+        pools = {role.value: kv_pool_tokens(problem.model, problem.gpu, engine=problem.engine, precision=problem.precision,
+                                            parallelism=r.parallelism, knobs=r.knobs) for role, r in problem.pinned.roles.items()}
+        out.append(Compared(label, cand, pools))
+    assert problem is not None
+    return problem, out
+
+
+def _verdicts(rows: list[Compared]) -> dict[str, str]:
+    """Per layout, how it stands against the best of the others on goodput per GPU within the SLOs (the plan's objective
+    and its 3 % tie band)."""
+    meeting = [r for r in rows if r.candidate.prediction.meets_slo]
+    if not meeting:
+        return {r.name: "misses an SLO at the load" for r in rows}
+    top = max(meeting, key=lambda r: r.candidate.prediction.goodput_per_gpu)
+    best = top.candidate.prediction.goodput_per_gpu
+    out = {}
+    for r in rows:
+        p = r.candidate.prediction
+        if not p.meets_slo:
+            out[r.name] = "misses an SLO at the load"
+        elif r is top:
+            out[r.name] = "most req/s per GPU within the SLOs"
+        elif p.goodput_per_gpu >= best * (1.0 - RANK_TOLERANCE):
+            out[r.name] = f"within {RANK_TOLERANCE:.0%} of {top.name} ({p.goodput_per_gpu:.2f} against {best:.2f} req/s per GPU): a tie"
+        else:
+            out[r.name] = (f"{p.goodput_per_gpu:.2f} req/s per GPU against {top.name}'s {best:.2f} "
+                           f"({top.name} carries {best / max(p.goodput_per_gpu, 1e-12):.2f}× as much per GPU)")
+    return out
+
+
+def _tok_s_per_gpu(problem: Problem, c: Candidate) -> float:
+    return round(c.prediction.capacity_rps * problem.workload.output_tokens.expected_tokens / max(c.layout.gpus, 1), 1)
+
+
+def rows_json(problem: Problem, rows: list[Compared]) -> list[dict[str, Any]]:
+    verdicts = _verdicts(rows)
+    out = []
+    for r in rows:
+        c, p = r.candidate, r.candidate.prediction
+        out.append({
+            "name": r.name, "label": c.layout.label, "kind": c.layout.kind.value, "gpus": c.layout.gpus,
+            "ttft_ms": round(p.ttft_ms, 3), "tpot_ms": round(p.tpot_ms, 3), "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
+            "slo_capacity_rps": round(p.capacity_rps, 3), "goodput_per_gpu": round(p.goodput_per_gpu, 4),
+            "slo_capacity_tok_s_per_gpu": _tok_s_per_gpu(problem, c), "throughput_tok_s": round(p.throughput_tok_s, 1),
+            "meets_slo": p.meets_slo, "source": p.source, "kv_pool_tokens": r.pools,
+            "max_request_tokens": p.max_request_tokens, "verdict": verdicts[r.name],
+        })
+    return out
+
+
+def _print(problem: Problem, rows: list[dict[str, Any]]) -> None:
+    slo, w = problem.slo, problem.workload
+    print(f"{problem.model.name} on {problem.gpu.id} ({problem.engine.value}) at {w.arrival_rate_rps:g} req/s, prompts of "
+          f"{w.input_tokens.expected_tokens:,.0f} and outputs of {w.output_tokens.expected_tokens:,.0f} tokens: the same work for each layout")
+    print(f"{'name':<10} {'layout':<24} {'GPUs':>4} {f'p{slo.ttft_percentile:g} TTFT ms':>13} {f'p{slo.tpot_percentile:g} TPOT ms':>13} "
+          f"{'tok/s/user':>10} {'SLO cap. req/s':>14} {'req/s/GPU':>9} {'tok/s/GPU':>9} {'SLOs':>5} {'source':>10}")
+    for r in rows:
+        print(f"{r['name']:<10} {r['label']:<24} {r['gpus']:>4} {r['ttft_ms']:>13,.0f} {r['tpot_ms']:>13.1f} {r['tokens_per_s_per_user']:>10.1f} "
+              f"{r['slo_capacity_rps']:>14.1f} {r['goodput_per_gpu']:>9.2f} {r['slo_capacity_tok_s_per_gpu']:>9.0f} "
+              f"{'met' if r['meets_slo'] else 'MISS':>5} {r['source']:>10}")
+    print(f"   SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; SLO cap. = the "
+          "highest load within both SLOs; per GPU counts every GPU of the layout (prefill and decode alike)")
+    for r in rows:
+        pools = ", ".join(f"{role} {n:,}" for role, n in r["kv_pool_tokens"].items())
+        print(f"{r['name']}: {r['verdict']}; KV pool per rank: {pools} tokens")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        problem, compared = compare_layouts(args.spec, list(args.layout), whatif_overrides(args))
+    except (SpecError, InvalidSpec) as exc:
+        return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
+    rows = rows_json(problem, compared)
+    if args.plot:
+        from servingtopology.cli.plots import compare_figure, save
+
+        save(compare_figure(problem, [(r.name, r.candidate) for r in compared]), args.plot)
+    if args.json:
+        print(json.dumps({"load_rps": problem.workload.arrival_rate_rps, "layouts": rows, **({"plot": args.plot} if args.plot else {})},
+                         indent=1))
+        return 0
+    _print(problem, rows)
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
