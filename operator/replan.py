@@ -18,8 +18,21 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypedDict
 
+from ..planner import error_bars
 from ..planner.decide import predict_layout
-from ..planner.drift import Calibration, DriftPolicy, DriftState, assess_drift, calibrate, rebaseline, workload_shift, worth_switching
+from ..planner.drift import (
+    Calibration,
+    DriftPolicy,
+    DriftState,
+    assess_drift,
+    calibrate,
+    improvement,
+    rebaseline,
+    workload_shift,
+    worth_switching,
+)
+from ..planner.error_bars import Interval
+from ..planner.error_gate import GAIN_WITHIN_ERROR, GateVerdict, gate_move
 from ..planner.errors import Infeasible, InsufficientData
 from ..planner.layout import Layout, LayoutKind
 from ..planner.observe import MetricSample, Observation, observe
@@ -68,6 +81,8 @@ class ReplanPolicy:
     window_intervals: int = 6        # samples kept for the estimate (the last N intervals)
     ready_timeout_s: float = 900.0
     drain_s: float = 60.0
+    error_gate: bool = False         # spec.policy.gainWithinError: a gain within the combined uncertainty changes nothing
+    error_misses: int = 0            # moves that missed their predicted interval (widen the intervals 1.5× each)
 
 
 def policy_from_spec(policy: PolicySpec, *, persist_intervals: int = 3) -> ReplanPolicy:
@@ -75,7 +90,8 @@ def policy_from_spec(policy: PolicySpec, *, persist_intervals: int = 3) -> Repla
     drift = DriftPolicy(persist_intervals=persist_intervals, cooldown_s=float(duration_s(policy.cooldown)),
                         min_improvement=policy.minImprovement)
     return ReplanPolicy(mode=policy.mode, interval_s=float(duration_s(policy.replanInterval)), drift=drift,
-                        max_surge_gpus=policy.maxSurgeGPUs, capacity_drop=policy.capacityDrop)
+                        max_surge_gpus=policy.maxSurgeGPUs, capacity_drop=policy.capacityDrop,
+                        error_gate=policy.gainWithinError)
 
 
 def _workload_dict(w: Workload) -> dict[str, Any]:
@@ -397,6 +413,16 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     after = _prefer_in_place(observed, current, decision.best, predict)
     switch, why = worth_switching(current_c, after, objective=problem.objective, min_improvement=policy.drift.min_improvement)
     pct = problem.slo.ttft_percentile
+    gate = _error_gate(observed, current_c, after, policy) if switch else None
+    if gate is not None and not gate.move:
+        # GainWithinError: the gain is smaller than what the two predictions' intervals can tell apart; nothing changes.
+        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
+        assert current_c is not None
+        message = f"kept {current_c.layout.label} over {after.layout.label}: {gate.message}"
+        events.append(EventNote("Normal", GAIN_WITHIN_ERROR, message))
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
+    if gate is not None:
+        why = f"{why}; {gate.message}"
     if not switch:
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
         events.append(EventNote("Normal", "PlanKept", f"{verdict.message}; kept {current.label if current else '-'}: {why}"))
@@ -423,6 +449,24 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     events.append(EventNote("Normal", "TransitionStarted", message))
     conds.append(ConditionNote(ConditionType.PROGRESSING, True, "Transition", message))
     return ReplanOutcome(Verdict.TRANSITION, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
+
+
+def _error_gate(problem: Problem, before: Candidate | None, after: Candidate, policy: ReplanPolicy) -> GateVerdict | None:
+    """With spec.policy.gainWithinError, whether a move made for its gain clears the combined uncertainty of the before
+    and after predictions (planner.error_gate; TPOT intervals of planner.error_bars: the step time that sets both the
+    capacity and the latency of a layout). None: no gate (off, nothing runs, or the running layout misses the SLO and
+    the move is needed whatever its gain)."""
+    if not policy.error_gate or before is None or not before.prediction.meets_slo:
+        return None
+    gain = improvement(before, after, objective=problem.objective)
+    rate = problem.workload.arrival_rate_rps or 0.0
+    out_tokens = problem.workload.output_tokens.expected_tokens
+
+    def iv(c: Candidate) -> Interval:
+        clients = rate * (c.prediction.ttft_ms + out_tokens * c.prediction.tpot_ms) / 1e3
+        return error_bars.interval("tpot", c.prediction.tpot_ms, engine=problem.engine.value, kind=error_bars.layout_kind(c.layout),
+                                   clients=max(clients, 1.0))
+    return gate_move(gain, iv(before), iv(after), misses=policy.error_misses, what=problem.objective.value)
 
 
 def _transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:

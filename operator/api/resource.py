@@ -451,6 +451,10 @@ class PolicySpec(_Api):
                                       f"{_human_s(COOLDOWN_S[0])} to {_human_s(COOLDOWN_S[1])}")
     minImprovement: float = Field(default=0.1, ge=0.0, le=10.0, description="relative gain a new plan needs to replace the current "
                                   "one (0.1: 10 % more goodput per GPU, or 10 % fewer GPUs)")
+    gainWithinError: bool = Field(default=False, description="change a running layout for its predicted gain only when that gain "
+                                  "exceeds the combined uncertainty of the before and after predictions (their nominal 80 % "
+                                  "intervals from the model's measured error); otherwise nothing changes and one Event "
+                                  "GainWithinError names both intervals")
     allowedLayouts: list[LayoutKind] | None = Field(default=None, max_length=MAX_LIST, description="layout kinds the operator may "
                                                     "choose (replicas, pd); default: spec.search.layouts")
     maxSurgeGPUs: int = Field(default=0, ge=0, le=MAX_GPUS, description="GPUs a transition may use above hardware.maxGPUs while "

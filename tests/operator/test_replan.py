@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -220,3 +221,72 @@ def test_other_engine_knobs_with_the_same_shapes_are_scaled_in_place_when_that_m
     out = next(o for o in feed(samples, planner=knob_planner) if o.verdict is Verdict.PROPOSE)
     assert out.after is not None
     assert out.after.layout.roles[Role.AGGREGATED].knobs == EngineKnobs() and out.after.layout.label == "2×TP1"
+
+
+def _gainful_planner(gain: float):  # type: ignore[no-untyped-def]
+    """A planner whose best is 2×TP1 with `gain` more goodput per GPU than the running 1×TP1, which meets the SLO: the
+    move would be made for its gain alone."""
+    def planner(problem: Problem) -> Decision:
+        current = fake_predict(problem, problem.current or ONE)
+        layout = Layout.replicas(2, Parallelism())
+        c = fake_predict(problem, layout)
+        better = Candidate(layout, replace(c.prediction, goodput_per_gpu=current.prediction.goodput_per_gpu * (1 + gain),
+                                           tpot_ms=c.prediction.tpot_ms / (1 + gain)), c.score * (1 + gain))
+        return Decision(best=better, alternatives=(), funnel=(), candidates_total=1, kv_bytes_per_token=1, weight_bytes=1.0, current=current)
+    return planner
+
+
+def _predict_knobs(planner):  # type: ignore[no-untyped-def]
+    def predict(problem: Problem, layout: Layout) -> Candidate:
+        if layout.roles[Role.AGGREGATED].count == 2:
+            return planner(problem).best
+        return fake_predict(problem, layout)
+    return predict
+
+
+def _gated(gain: float, misses: int = 0):  # type: ignore[no-untyped-def]
+    pol = replace(policy(Mode.AUTO, enter_shift=0.1), error_gate=True, error_misses=misses)
+    planner = _gainful_planner(gain)
+    memory, outs = ReplanMemory(), []
+    for i in range(1, 8):
+        out = replan(problem=PROBLEM, current=ONE, memory=memory, sample=sample(60.0 * i, rate=4.6), metrics_error=None, policy=pol,
+                     now_s=60.0 * i, planner=planner, predict=_predict_knobs(planner), at="2026-12-03T12:00:00Z")
+        memory = out.memory
+        outs.append(out)
+    return outs
+
+
+def _bar(misses: int = 0) -> float:
+    """The combined uncertainty the gate asks of 1×TP1 → 2×TP1 here (their TPOT classes in the shipped interval table)."""
+    from servingtopology.planner import error_bars
+
+    def h(kind: str, tpot: float) -> float:
+        return error_bars.half_width("tpot", engine="vllm", kind=kind, clients=4.6 * (0.1 + 200 * tpot / 1e3))[0]
+    return math.expm1(math.hypot(h("single-gpu", 20.0), h("single-gpu", 20.0 / 1.2)) * 1.5**misses)
+
+
+def test_a_gain_within_the_combined_error_changes_nothing_and_posts_one_gain_within_error_event():
+    outs = _gated(0.2)
+    events = [e for o in outs for e in o.events if e.reason == "GainWithinError"]
+    assert len(events) == 1
+    assert all(o.verdict is Verdict.KEEP and o.memory.transition is None for o in outs)
+    msg = events[0].message
+    assert f"20% better on goodput-per-gpu is within the combined uncertainty {_bar():.0%}" in msg
+    assert msg.count("[") == 2 and "before 20.0 [" in msg and "after 16.7 [" in msg and "nothing changes" in msg
+
+
+def test_a_gain_beyond_the_error_moves_and_missed_moves_raise_the_bar():
+    gain = 2 * _bar()
+    moved = _gated(gain)
+    started = [o for o in moved if o.verdict is Verdict.TRANSITION]
+    assert len(started) == 1 and "beyond the combined uncertainty" in started[0].message
+    assert not any(e.reason == "GainWithinError" for o in moved for e in o.events)
+    held = _gated(gain, misses=3)   # three misses widen each interval 3.4×: the same gain no longer clears the bar
+    assert _bar(3) > gain
+    assert not any(o.verdict is Verdict.TRANSITION for o in held)
+    assert any(e.reason == "GainWithinError" for o in held for e in o.events)
+
+
+def test_the_gate_is_the_spec_policy_s():
+    assert policy_from_spec(PolicySpec(gainWithinError=True)).error_gate
+    assert not policy_from_spec(PolicySpec()).error_gate
