@@ -32,7 +32,7 @@ from ..planner.drift import (
     worth_switching,
 )
 from ..planner.error_bars import Interval
-from ..planner.error_gate import GAIN_WITHIN_ERROR, GateVerdict, gate_move
+from ..planner.error_gate import GAIN_WITHIN_ERROR, GateVerdict, gate_move, judge_move
 from ..planner.errors import Infeasible, InsufficientData
 from ..planner.layout import Layout, LayoutKind
 from ..planner.observe import MetricSample, Observation, observe
@@ -122,6 +122,8 @@ class ReplanMemory:
     transition: TransitionState | None = None
     transition_floor_rps: float = 0.0        # min(load, running capacity) when the transition started
     transition_keeps_serving: bool = True    # serving capacity stays above zero (False: started under capacityDrop Any)
+    move: dict[str, Any] | None = None       # the last gain-motivated move and its predicted TPOT interval (MoveStatus)
+    misses: int = 0                          # moves whose measured TPOT missed the interval: each widens the next bar
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ class ReplanMemory:
             "assumed": _workload_dict(self.assumed) if self.assumed else None, "metricsAvailable": self.metrics_available,
             "lastFetchS": self.last_fetch_s, "transition": self.transition.to_dict() if self.transition else None,
             "transitionFloorRps": self.transition_floor_rps, "transitionKeepsServing": self.transition_keeps_serving,
+            **({"move": self.move} if self.move is not None else {}), **({"misses": self.misses} if self.misses else {}),
         }
 
     @staticmethod
@@ -176,6 +179,7 @@ def read_replan_status(d: Mapping[str, Any] | None) -> tuple[ReplanMemory, Unrea
             # Status written before the flag existed: a floor of zero let serving stop, any other floor did not.
             transition_keeps_serving=(model.transitionKeepsServing if model.transitionKeepsServing is not None
                                       else float(model.transitionFloorRps or 0.0) > 0),
+            move={k: v for k, v in raw["move"].items() if v is not None} if raw.get("move") else None, misses=model.misses,
         )
     except (ArithmeticError, KeyError, TypeError, ValueError) as exc:   # values the schema admits but the planner's types refuse
         return ReplanMemory(), Unreadable(tuple(sorted(d)), (f"status.replan: {type(exc).__name__}: {exc}",))
@@ -378,6 +382,10 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         cal = calibrate(cal, observed=obs.slo, predicted_ttft_ms=raw.prediction.ttft_ms, predicted_tpot_ms=raw.prediction.tpot_ms,
                         policy=policy.drift)
     mem = replace(mem, calibration=cal)
+    if steady and mem.move is not None and mem.move.get("hit") is None and current is not None and mem.move.get("layout") == current.label \
+            and obs.slo.tpot_ms is not None:
+        mem, note = _judge_move(mem, obs.slo.tpot_ms)
+        events.append(note)
     observed = replace(observed, ttft_correction=cal.ttft_correction, tpot_correction=cal.tpot_correction)
     status = observed_status(obs, at=at, raw=raw, ttft_percentile=problem.slo.ttft_percentile,
                              tpot_percentile=problem.slo.tpot_percentile)
@@ -413,7 +421,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     after = _prefer_in_place(observed, current, decision.best, predict)
     switch, why = worth_switching(current_c, after, objective=problem.objective, min_improvement=policy.drift.min_improvement)
     pct = problem.slo.ttft_percentile
-    gate = _error_gate(observed, current_c, after, policy) if switch else None
+    gate = _error_gate(observed, current_c, after, policy, mem.misses) if switch else None
     if gate is not None and not gate.move:
         # GainWithinError: the gain is smaller than what the two predictions' intervals can tell apart; nothing changes.
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
@@ -444,14 +452,16 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         events.append(EventNote("Warning", "TransitionBlocked", f"would change {change}, but {exc.closest_miss}"))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=exc.closest_miss, **base)
     mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload, transition=state,
-                  transition_floor_rps=budget.floor_rps, transition_keeps_serving=True)
+                  transition_floor_rps=budget.floor_rps, transition_keeps_serving=True,
+                  move=({"layout": after.layout.label, "tpotMs": {"value": gate.after.value, "low": gate.after.low, "high": gate.after.high}}
+                        if gate is not None else mem.move))
     message = f"changing {change}, because {why} ({verdict.message}); {state.mode.value} transition"
     events.append(EventNote("Normal", "TransitionStarted", message))
     conds.append(ConditionNote(ConditionType.PROGRESSING, True, "Transition", message))
     return ReplanOutcome(Verdict.TRANSITION, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
 
 
-def _error_gate(problem: Problem, before: Candidate | None, after: Candidate, policy: ReplanPolicy) -> GateVerdict | None:
+def _error_gate(problem: Problem, before: Candidate | None, after: Candidate, policy: ReplanPolicy, misses: int = 0) -> GateVerdict | None:
     """With spec.policy.gainWithinError, whether a move made for its gain clears the combined uncertainty of the before
     and after predictions (planner.error_gate; TPOT intervals of planner.error_bars: the step time that sets both the
     capacity and the latency of a layout). None: no gate (off, nothing runs, or the running layout misses the SLO and
@@ -466,7 +476,19 @@ def _error_gate(problem: Problem, before: Candidate | None, after: Candidate, po
         clients = rate * (c.prediction.ttft_ms + out_tokens * c.prediction.tpot_ms) / 1e3
         return error_bars.interval("tpot", c.prediction.tpot_ms, engine=problem.engine.value, kind=error_bars.layout_kind(c.layout),
                                    clients=max(clients, 1.0))
-    return gate_move(gain, iv(before), iv(after), misses=policy.error_misses, what=problem.objective.value)
+    return gate_move(gain, iv(before), iv(after), misses=policy.error_misses + misses, what=problem.objective.value)
+
+
+def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemory, EventNote]:
+    """The first steady interval after a gated move: its measured TPOT against the interval predicted for it (hit or miss,
+    by how much; planner.error_gate.judge_move). A miss is counted: it widens the intervals of the next move's bar."""
+    assert mem.move is not None
+    t = mem.move["tpotMs"]
+    j = judge_move("TPOT", measured_tpot_ms, Interval(t["value"], t["low"], t["high"], 0.0, "move", 0))
+    move = {**mem.move, "measuredTpotMs": round(measured_tpot_ms, 3), "hit": j.hit}
+    misses = mem.misses + (0 if j.hit else 1)
+    text = f"after the move to {mem.move['layout']}: {j.message}" + ("" if j.hit else f"; {misses} missed moves widen the next move's bar")
+    return replace(mem, move=move, misses=misses), EventNote("Normal" if j.hit else "Warning", j.reason, text)
 
 
 def _transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:

@@ -73,6 +73,22 @@ class CalibrationStatus(_Strict):
     samples: int = Field(default=0, ge=0)
 
 
+class IntervalStatus(_Strict):
+    value: float = Field(gt=0)
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+
+
+class MoveStatus(_Strict):
+    """The last move made for its gain (issue #27): the layout it moved to, the TPOT interval predicted for it, and once
+    judged on the first steady interval after it, what was measured and whether it hit."""
+
+    layout: str = Field(max_length=256)
+    tpotMs: IntervalStatus
+    measuredTpotMs: float | None = Field(default=None, ge=0)
+    hit: bool | None = None
+
+
 class LengthStatus(_Strict):
     kind: LengthKind
     mean: float = Field(ge=0)
@@ -154,6 +170,8 @@ class ReplanStatus(_Strict):
     transition: TransitionStatus | None = None
     transitionFloorRps: float | None = Field(default=None, ge=0)
     transitionKeepsServing: bool | None = None   # absent in status written before it existed: read from the floor
+    move: MoveStatus | None = None
+    misses: int = Field(default=0, ge=0, le=1000)   # moves whose measured TPOT missed the predicted interval
 
     @model_validator(mode="after")
     def _a_transition_keeps_its_floor(self) -> ReplanStatus:

@@ -290,3 +290,36 @@ def test_a_gain_beyond_the_error_moves_and_missed_moves_raise_the_bar():
 def test_the_gate_is_the_spec_policy_s():
     assert policy_from_spec(PolicySpec(gainWithinError=True)).error_gate
     assert not policy_from_spec(PolicySpec()).error_gate
+
+
+def test_after_a_move_the_measured_result_is_judged_in_status_and_a_miss_raises_the_next_bar():
+    from servingtopology.operator.replan import after_transition
+
+    gain = 2 * _bar()
+    planner = _gainful_planner(gain)
+    started = next(o for o in _gated(gain) if o.verdict is Verdict.TRANSITION)
+    move = started.memory.move
+    assert move is not None and move["layout"] == "2×TP1" and move["tpotMs"]["low"] < move["tpotMs"]["value"] < move["tpotMs"]["high"]
+    mem = after_transition(started.memory, now_s=1000.0)
+    pol = replace(policy(Mode.AUTO, enter_shift=0.1), error_gate=True)
+    two = Layout.replicas(2, Parallelism())
+    outs = []
+    for i in range(1, 6):   # the new layout runs at twice the TPOT predicted for it
+        out = replan(problem=PROBLEM, current=two, memory=mem, sample=sample(1000.0 + 60.0 * i, rate=4.6, tpot_ms=2.5 * move["tpotMs"]["value"]),
+                     metrics_error=None, policy=pol, now_s=1000.0 + 60.0 * i, planner=planner, predict=_predict_knobs(planner),
+                     at="2026-12-03T12:00:00Z")
+        mem = out.memory
+        outs.append(out)
+    judged = [e for o in outs for e in o.events if e.reason in ("PredictionHit", "PredictionMissed")]
+    assert [e.reason for e in judged] == ["PredictionMissed"]
+    assert "outside the interval" in judged[0].message and "+150%" in judged[0].message
+    assert mem.misses == 1 and mem.move is not None and mem.move["hit"] is False
+    back = ReplanMemory.from_dict(json.loads(json.dumps(mem.to_dict())))
+    assert back.misses == 1 and back.move == mem.move
+    # The recorded miss widens the intervals of the next decision: a gain that cleared the bar before no longer does.
+    from servingtopology.operator.replan import _error_gate
+
+    c1 = fake_predict(PROBLEM, ONE)
+    c2 = planner(replace(PROBLEM, current=ONE)).best
+    assert _error_gate(PROBLEM, c1, c2, pol, misses=0).move
+    assert not _error_gate(PROBLEM, c1, c2, pol, misses=back.misses + 1).move
