@@ -177,7 +177,8 @@ def _print(problem: Problem, rows: list[dict[str, Any]]) -> None:
               f"{r['slo_capacity_rps']:>14.1f} {r['goodput_per_gpu']:>9.2f} {r['slo_capacity_tok_s_per_gpu']:>9.0f} "
               f"{'met' if r['meets_slo'] else 'MISS':>5} {r['source']:>10}")
     print(f"   SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; SLO cap. = the "
-          "highest load within both SLOs; per GPU counts every GPU of the layout (prefill and decode alike)")
+          "highest load within both SLOs, as plan states it for a pinned layout (without the search's 10 % planning margin);\n"
+          "   per GPU counts every GPU of the layout (prefill and decode alike)")
     for r in rows:
         pools = ", ".join(f"{role} {n:,}" for role, n in r["kv_pool_tokens"].items())
         print(f"{r['name']}: {r['verdict']}; KV pool per rank: {pools} tokens")

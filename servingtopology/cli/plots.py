@@ -82,10 +82,23 @@ def _spread_labels(points: Sequence[Point], *, among: Sequence[Point], limit: in
             continue
         if any(abs(p.per_user_tok_s - k.per_user_tok_s) / dx < min_gap and abs(p.per_gpu_tok_s - k.per_gpu_tok_s) / dy < min_gap for k in kept):
             continue
+        if any(_texts_overlap(p, k, x_span=max(xs) * HEADROOM, y_span=max(ys) * HEADROOM) for k in kept):
+            continue
         kept.append(p)
         if len(kept) - len(taken) >= limit:
             break
     return kept[len(taken):]
+
+
+CHAR_WIDTH = 0.011    # one character of a 7-point label, as a share of an axis' width on the 13 × 6.5 in figure
+TEXT_HEIGHT = 0.035   # one line of it, as a share of the height
+
+
+def _texts_overlap(a: Point, b: Point, *, x_span: float, y_span: float) -> bool:
+    """Whether two labels, each written rightwards from its point, would cover each other on axes from 0."""
+    left, right = (a, b) if a.per_user_tok_s <= b.per_user_tok_s else (b, a)
+    wide = (right.per_user_tok_s - left.per_user_tok_s) < len(left.label) * CHAR_WIDTH * (x_span or 1.0)
+    return wide and abs(a.per_gpu_tok_s - b.per_gpu_tok_s) < TEXT_HEIGHT * (y_span or 1.0)
 
 
 def _frontier(points: Sequence[Point]) -> list[Point]:
@@ -154,7 +167,7 @@ def off_frontier_note(decision: Decision, problem: Problem, chosen: Point, front
     if any(p.label == chosen.label and p.per_gpu_tok_s == chosen.per_gpu_tok_s for p in frontier):
         return None
     if problem.pinned is not None and decision.best.layout == problem.pinned:
-        return "pinned by the spec: drawn where it is, not chosen by the objective"
+        return "set by the spec, not chosen by the objective: drawn where its predicted figures put it"
     over = [p for p in frontier if p.per_gpu_tok_s >= chosen.per_gpu_tok_s and p.per_user_tok_s >= chosen.per_user_tok_s]
     if not over:
         return None
