@@ -17,6 +17,7 @@ from .api.resource import Condition, ConditionType, HistoryEntry, PlanStatus, Pr
 from .live.readout import ms_text, pd_ratio
 
 __all__ = [
+    "queueing_note",
     "timestamp",
     "pd_ratio",
     "predicted",
@@ -82,6 +83,19 @@ def proposal_status(candidate: Candidate, *, current: PlanStatus | None, before:
                           loadRps=None if load_rps is None else round(load_rps, 3), reason=reason, message=message)
 
 
+QUEUEING_TTFT_MS = 1000.0
+
+
+def queueing_note(p: Predicted | None, *, load_rps: float | None, layout: str) -> str | None:
+    """QueueingTtft: a layout offered more than it carries within the SLO queues requests, and its predicted TTFT is
+    mostly that wait (a "328s" TTFT is a queue, not a slow prefill). The sentence that says so, or None: only for a
+    TTFT of a second or more (QUEUEING_TTFT_MS), where the wait is what a reader sees."""
+    if p is None or load_rps is None or load_rps <= p.capacityRps or p.ttftMs < QUEUEING_TTFT_MS:
+        return None
+    return (f"{layout}'s TTFT of {ms_text(p.ttftMs)} is time spent queueing: it carries {p.capacityRps:.3g} req/s within the "
+            f"SLO, under the {load_rps:.3g} req/s offered")
+
+
 def change_message(*, current_layout: str | None, current_gpus: int | None, before: Predicted | None, after: PlanStatus,
                    reason: str, percentile: str, verb: str, load_rps: float | None = None) -> str:
     """`would change 4×TP2 → 2P3D@TP4 at 30 req/s: p95 TTFT 2.1s→180ms, TPOT 30ms→28ms, GPUs 8→10, because …`.
@@ -106,6 +120,9 @@ def change_message(*, current_layout: str | None, current_gpus: int | None, befo
             else:
                 figures += [f"{percentile} TTFT {ms_text(a.ttftMs)}", f"TPOT {ms_text(a.tpotMs)}"]
         figures.append(f"GPUs {current_gpus}→{after.gpus}")
+        note = queueing_note(before, load_rps=load_rps, layout=current_layout)
+        if note is not None:
+            return f"{head}: {', '.join(figures)}; {note}, because {reason}"
     return f"{head}: {', '.join(figures)}, because {reason}"
 
 

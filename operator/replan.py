@@ -58,7 +58,7 @@ from ..planner.workload import LengthDist, LengthKind, Workload
 from .api.resource import ConditionType, Mode, ObservedStatus, PlanStatus, PolicySpec, ProposalStatus, duration_s
 from .live.metrics import MetricsSource, MetricsUnavailable
 from .live.readout import ms_text
-from .plan_status import ArgsOf, predicted, proposal_status
+from .plan_status import ArgsOf, predicted, proposal_status, queueing_note
 from .replan_status import Unreadable, validate_replan_status
 
 __all__ = [
@@ -320,8 +320,9 @@ def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: fl
         return (f"{after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(a.ttftMs)}, TPOT {ms_text(a.tpotMs)}, "
                 f"GPUs {after.layout.gpus}")
     b = predicted(before.prediction)
+    note = queueing_note(b, load_rps=load_rps, layout=before.layout.label)
     return (f"{before.layout.label} → {after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(b.ttftMs)}→{ms_text(a.ttftMs)}, "
-            f"TPOT {ms_text(b.tpotMs)}→{ms_text(a.tpotMs)}, GPUs {before.layout.gpus}→{after.layout.gpus}")
+            f"TPOT {ms_text(b.tpotMs)}→{ms_text(a.tpotMs)}, GPUs {before.layout.gpus}→{after.layout.gpus}" + (f"; {note}" if note else ""))
 
 
 def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observation) -> Workload:
@@ -403,7 +404,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     mem = replace(mem, drift=verdict.state)
     st = verdict.state
     conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, st.detected, st.trigger.value if st.trigger else "NoDrift", verdict.message))
-    if st.detected and not memory.drift.detected:
+    if verdict.new_episode:   # one Warning per drift episode (planner/drift.py): never again while a fix's queue drains
         events.append(EventNote("Warning", "DriftDetected", verdict.message))
     if not verdict.replan:
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=verdict.message, **base)

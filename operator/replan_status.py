@@ -65,6 +65,7 @@ class DriftStatus(_Strict):
     detected: bool = False
     lastChangeS: float | None = None
     trigger: Trigger | None = None
+    episode: bool = False      # a DriftDetected Warning was posted and the signals have not been calm since
 
 
 class CalibrationStatus(_Strict):

@@ -197,6 +197,12 @@ def set_name(layout: Layout) -> str:
     return "s" + hashlib.sha1(repr((layout.kind.value, layout.precision.value, shapes)).encode()).hexdigest()[:6]
 
 
+def _labels(s: TransitionState, sets: tuple[str, ...]) -> list[str]:
+    """The layouts that sets run, as messages name them (a set's name is an internal hash, never shown to people)."""
+    names = {s.from_set: s.source.label, s.to_set: s.target.label}
+    return [names.get(n, "the other workloads") for n in sets]
+
+
 def in_place(current: Layout, target: Layout) -> bool:
     """Whether only replica counts differ (same kind, precision, per-role parallelism and knobs)."""
     return (current.kind is target.kind and current.precision is target.precision and current.roles.keys() == target.roles.keys()
@@ -325,12 +331,12 @@ def next_step(state: TransitionState, view: ClusterView, *, budget: Budget, capa
     if s.phase is Phase.DRAINING:
         left = budget.drain_s - (now_s - (now_s if s.drain_since_s is None else s.drain_since_s))
         if left > 0:
-            return Step(Action.WAIT, s, requeue_after_s=left, message=f"draining {s.from_set} for another {left:.0f} s")
+            return Step(Action.WAIT, s, requeue_after_s=left, message=f"draining {s.source.label} for another {left:.0f} s")
         desired = {k: v for k, v in s.desired.items() if k != s.from_set}
         done = replace(s, desired=desired, phase=Phase.DONE, since_s=now_s, message=f"now running {s.target.label}")
-        return Step(Action.DELETE, done, set_name=s.from_set, message=f"deleted {s.from_set} ({s.source.label}) after draining")
+        return Step(Action.DELETE, done, set_name=s.from_set, message=f"deleted the {s.source.label} workloads after draining")
     if view.failed:
-        return _rollback(p, f"set {s.to_set} failed")
+        return _rollback(p, f"the new {s.target.label} workloads failed")
     late = now_s - s.since_s > budget.ready_timeout_s
     goal = _counts(s.target)
     ready_to = p.ready(s.to_set)
@@ -339,25 +345,25 @@ def next_step(state: TransitionState, view: ClusterView, *, budget: Budget, capa
         view.present.get(n, {}).get(r, 0) > c for n, counts in s.desired.items() for r, c in counts.items())
     if pending:
         if late:
-            return _rollback(p, f"{s.to_set} not ready within {budget.ready_timeout_s:.0f} s")
-        return Step(Action.WAIT, s, requeue_after_s=poll_s, message=f"waiting for {s.to_set} to become ready")
+            return _rollback(p, f"{s.target.label} not ready within {budget.ready_timeout_s:.0f} s")
+        return Step(Action.WAIT, s, requeue_after_s=poll_s, message=f"waiting for {s.target.label} to become ready")
     at_goal = dict(s.desired.get(s.to_set, {})) == goal
     if at_goal and s.mode is Mode.IN_PLACE:
         done = replace(s, phase=Phase.DONE, message=f"now running {s.target.label}")
         return Step(Action.DONE, done, message=done.message)
     if at_goal and budget.holds(p.serving_capacity(serving=(s.to_set,))):
         return _mutate(p, Action.ROUTE, serving=(s.to_set,), phase=Phase.DRAINING,
-                       message=f"traffic to {s.to_set} ({s.target.label}) only; draining {s.from_set}")
+                       message=f"traffic to {s.target.label} only; draining {s.source.label}")
     grown = _grow(p) if not at_goal else None
     if grown is not None:
         return _mutate(p, Action.SCALE, desired=p.with_counts(s.to_set, grown), set_name=s.to_set,
-                       message=f"scale {s.to_set} to {_at(s.target, grown).label}")
+                       message=f"scale the new {s.target.label} workloads to {_at(s.target, grown).label}")
     if s.mode is Mode.SURGE and s.to_set not in s.serving and p.serving_capacity(serving=(s.to_set,)) > 0:
-        return _mutate(p, Action.ROUTE, serving=(*s.serving, s.to_set), message=f"traffic to {', '.join((*s.serving, s.to_set))}")
+        return _mutate(p, Action.ROUTE, serving=(*s.serving, s.to_set), message=f"traffic to {' and '.join(_labels(s, (*s.serving, s.to_set)))}")
     shrunk = _shrink(p)
     if shrunk is not None:
         return _mutate(p, Action.SCALE, desired=p.with_counts(s.from_set, shrunk), set_name=s.from_set,
-                       message=f"scale {s.from_set} to {_at(p.shapes[s.from_set], shrunk).label}")
+                       message=f"scale the old {s.source.label} workloads to {_at(p.shapes[s.from_set], shrunk).label}")
     if late:
         return _rollback(p, f"blocked for {budget.ready_timeout_s:.0f} s by the GPU budget and the capacity floor")
     return Step(Action.WAIT, s, requeue_after_s=poll_s, message="blocked: no step keeps both the GPU budget and the capacity floor")

@@ -270,7 +270,8 @@ class Runtime:
                 status["conditions"] = _set_reconciled(status.get("conditions") or [], generation=generation, now=written, failed=None)
             _stage_status(patch, status)
             self._remember(uid, current, patch)
-            self.metrics.record(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), status=status)
+            self.metrics.record(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), status=status,
+                                spec=current.get("spec") or {})
         return outcome
 
     def _with_staged(self, uid: str, fresh: Mapping[str, Any]) -> Mapping[str, Any]:

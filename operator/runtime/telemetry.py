@@ -58,6 +58,8 @@ class OperatorMetrics:
     observed_tpot_seconds: Gauge
     observed_request_rate: Gauge
     prediction_error: Gauge
+    slo_ttft_seconds: Gauge
+    slo_tpot_seconds: Gauge
     transition_phase: Gauge
     transitions: Counter
     condition: Gauge
@@ -94,13 +96,20 @@ class OperatorMetrics:
                 self.plan_seconds.observe(time.monotonic() - started)
         return timed_planner
 
-    def record(self, *, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Set one ServingTopology's gauges from the status a pass staged (camelCase, as written to the API).
+    def record(self, *, namespace: str, name: str, status: Mapping[str, Any], spec: Mapping[str, Any] | None = None) -> None:
+        """Set one ServingTopology's gauges from the status a pass staged (camelCase, as written to the API) and its
+        spec's SLO (the dashboard's SLO lines).
 
         A figure the status does not hold (no plan yet, no measurement) has no series rather than a stale one.
         """
         key = (namespace, name)
         rows: list[tuple[Gauge, tuple[str, ...], float]] = []
+        slo = (spec or {}).get("slo") or {}
+        for figure, gauge in (("ttft", self.slo_ttft_seconds), ("tpot", self.slo_tpot_seconds)):
+            bounds = slo.get(f"{figure}Ms") or {}
+            for percentile, bound_ms in (bounds.items() if isinstance(bounds, Mapping) else ()):
+                if isinstance(bound_ms, int | float) and str(percentile).startswith("p"):
+                    rows.append((gauge, (*key, str(percentile)[1:]), float(bound_ms) / 1000.0))
         plan = status.get("plan") or {}
         observed = status.get("observed") or {}
         if plan:
@@ -190,6 +199,10 @@ def new_metrics() -> OperatorMetrics:
                                     "measured (status.observed)", t, registry=r),
         prediction_error=Gauge("servingtopology_prediction_error_ratio", "Measured / predicted - 1 at the running plan "
                                "and the measured load (status.observed.ttftError, tpotError)", [*t, "figure"], registry=r),
+        slo_ttft_seconds=Gauge("servingtopology_slo_ttft_seconds", "The ServingTopology's TTFT bound (spec.slo.ttftMs) at "
+                               "its percentile", [*t, "percentile"], registry=r),
+        slo_tpot_seconds=Gauge("servingtopology_slo_tpot_seconds", "The ServingTopology's TPOT bound (spec.slo.tpotMs) at "
+                               "its percentile", [*t, "percentile"], registry=r),
         transition_phase=Gauge("servingtopology_transition_phase", "1 for the phase of the latest transition "
                                "(Progressing, Draining, Done, Failed), 0 for the others", [*t, "phase"], registry=r),
         transitions=Counter("servingtopology_transitions", "Transitions this operator process saw start", t, registry=r),

@@ -47,8 +47,10 @@ def panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def expressions(dash: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, PromQL with Grafana's variables substituted) for every target of every panel."""
-    return [(p["title"], substitute(t["expr"])) for p in panels(dash) for t in p.get("targets", []) if t.get("expr")]
+    """(panel or annotation title, PromQL with Grafana's variables substituted) for every target of every panel and
+    every Prometheus annotation."""
+    out = [(p["title"], substitute(t["expr"])) for p in panels(dash) for t in p.get("targets", []) if t.get("expr")]
+    return out + [(a["name"], substitute(a["expr"])) for a in dash["annotations"]["list"] if a.get("expr")]
 
 
 def substitute(expr: str) -> str:
@@ -148,8 +150,15 @@ def test_the_dashboard_has_the_panels_the_issue_asks_for_and_each_has_a_unit_and
     graphs = [p for p in panels(dash) if p["type"] != "row"]
     titles = " | ".join(p["title"] for p in graphs)
     for wanted in ("TTFT", "TPOT", "Prediction error", "Layout", "P:D", "Transition phase", "Transitions started",
-                   "Pass and plan duration", "Failures"):
+                   "Pass and plan duration", "Failures", "Prefix-cache hit rate", "KV-cache usage"):
         assert wanted in titles, (wanted, titles)
+    # The resource's own SLO as a line on the latency panels, read from the operator's series of spec.slo.
+    for title, metric in (("TTFT", "servingtopology_slo_ttft_seconds"), ("TPOT", "servingtopology_slo_tpot_seconds")):
+        (panel,) = [p for p in graphs if p["title"].startswith(title)]
+        assert any(metric in t["expr"] for t in panel["targets"]), panel["title"]
+    # Replans as annotations on every panel: when a transition to a new layout started.
+    (replans,) = [a for a in dash["annotations"]["list"] if a["name"] == "Replans"]
+    assert "servingtopology_transitions_total" in replans["expr"] and "$topology" in replans["expr"] and replans["enable"]
     ids = [p["id"] for p in panels(dash)]
     assert len(ids) == len(set(ids))
     for p in graphs:

@@ -145,7 +145,9 @@ def test_a_spec_change_replans_and_moves_to_the_new_layout_through_a_transition(
     # Before and after at the same load (SameLoadFigures), in the Event that starts the change and the one that ends it.
     assert started.message.startswith("Surge transition: changing 4×TP2 → 1P3D@TP2 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms")
     applied = next(e for e in reversed(cluster.events) if e.reason == "PlanApplied")
-    assert applied.message.startswith("changed 4×TP2 → 1P3D@TP2 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms, GPUs 8→8, because")
+    assert applied.message.startswith("changed 4×TP2 → 1P3D@TP2 at 30 req/s: p95 TTFT 2.5s→180ms, TPOT 45ms→28ms, GPUs 8→8; 4×TP2's "
+                                      "TTFT of 2.5s is time spent queueing: it carries 20 req/s within the SLO, under the 30 req/s "
+                                      "offered, because")
     assert obj["status"]["history"][-1]["layout"] == "1P3D@TP2"
     assert [h["layout"] for h in obj["status"]["history"]] == ["4×TP2", "1P3D@TP2"]
     assert obj["status"]["plan"]["pd"] == "1:3" and obj["status"]["plan"]["set"] == new

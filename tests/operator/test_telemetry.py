@@ -55,6 +55,12 @@ def test_a_pass_publishes_the_plan_of_the_resource_under_its_namespace_and_name(
     assert value(m, "servingtopology_predicted_tpot_seconds", **T) == patch.status["plan"]["predicted"]["tpotMs"] / 1000
     assert value(m, "servingtopology_condition", **T, type="Ready", reason=next(
         c["reason"] for c in patch.status["conditions"] if c["type"] == "Ready")) in (0.0, 1.0)
+    # The resource's own SLO, for the dashboard's SLO lines, at the percentile the spec names.
+    slo = topology()["spec"]["slo"]
+    (pct, bound), = slo["ttftMs"].items()
+    assert value(m, "servingtopology_slo_ttft_seconds", **T, percentile=pct[1:]) == bound / 1000
+    (pct, bound), = slo["tpotMs"].items()
+    assert value(m, "servingtopology_slo_tpot_seconds", **T, percentile=pct[1:]) == bound / 1000
     # nothing measured yet: no series rather than a zero
     assert value(m, "servingtopology_observed_ttft_seconds", **T) is None
     assert b'servingtopology_plan_info{' in generate_latest(m.registry)

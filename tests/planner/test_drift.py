@@ -176,3 +176,51 @@ def test_shift_reports_its_dominant_part():
     s = workload_shift(ASSUMED, wl(inp=16.0))
     assert s.input_tokens == pytest.approx(15.0) and "prompt" in s.dominant
     assert math.isinf(workload_shift(Workload(LengthDist.fixed(10), LengthDist.fixed(10), arrival_rate_rps=0.0), ASSUMED).rate)
+
+
+def test_a_fixed_prompt_read_through_1_2_5_histogram_buckets_is_not_a_tail_shift():
+    from servingtopology.planner.observe import length_dist
+
+    assumed = Workload(LengthDist.fixed(2048), LengthDist.fixed(256), arrival_rate_rps=4.0)
+    # Every request 2,048 tokens: histogram_quantile(0.99) over the (2000, 5000] bucket reads 2000 + 0.99 x 3000.
+    steady = Workload(length_dist(2048.0, 4970.0), length_dist(256.0, 495.0), arrival_rate_rps=4.0)
+    shift = workload_shift(assumed, steady)
+    assert shift.input_tail == 0.0 and shift.magnitude < POLICY.enter_shift, shift
+    # A real rise of the tail (some prompts at 8k: p99 in the (5000, 10000] bucket) is still seen.
+    longer = Workload(length_dist(2400.0, 9950.0), length_dist(256.0, 495.0), arrival_rate_rps=4.0)
+    assert workload_shift(assumed, longer).input_tail > 2.0
+
+
+def test_one_episode_gives_one_warning_even_while_queued_requests_drain_after_the_change():
+    verdicts = run([(wl(3.0), 2.0)] * 3)
+    assert [v.new_episode for v in verdicts] == [False, False, True]
+    state = rebaseline(verdicts[-1].state, now_s=180.0, changed=True)
+    # After the change the backlog drains: latency still over the SLO for a while, then calm.
+    draining = run([(wl(1.0), 1.5)] * 4 + [(wl(1.0), 0.5)] * 3, state=state, t0=240.0)
+    assert any(v.state.detected for v in draining[:4])
+    assert not any(v.new_episode for v in draining)
+    assert not draining[-1].state.episode
+    # A later, separate drift is a new episode with its own Warning.
+    again = run([(wl(3.0), 2.0)] * 3, state=draining[-1].state, t0=2000.0)
+    assert [v.new_episode for v in again] == [False, False, True]
+    assert DriftState.from_dict(again[-1].state.to_dict()) == again[-1].state
+
+
+def test_figures_are_phrased_for_people_never_as_a_negative_better():
+    ok, why = worth_switching(cand(2, 1.0), cand(1, 0.97, tp=2), objective=Objective.GOODPUT_PER_GPU, min_improvement=0.1)
+    assert not ok and "3 % worse" in why and "-" not in why.replace("goodput-per-gpu", ""), why
+    ok, why = worth_switching(cand(2, 1.0), cand(1, 1.05, tp=2), objective=Objective.GOODPUT_PER_GPU, min_improvement=0.1)
+    assert not ok and "only 5 % better" in why, why
+    assert workload_shift(ASSUMED, wl(rate=7.5)).dominant == "arrival rate 650 % higher"
+    (v,) = run([(wl(1.0), 1.2)])
+    assert "20 % over its SLO" in v.message, v.message
+
+
+def test_a_long_predicted_ttft_is_said_to_be_queueing_in_the_change_message():
+    from servingtopology.operator.api.resource import Predicted
+    from servingtopology.operator.plan_status import queueing_note
+
+    overloaded = Predicted(ttftMs=328_000.0, tpotMs=30.0, throughputTokS=1.0, capacityRps=12.0, goodputRps=1.0, meetsSlo=False)
+    note = queueing_note(overloaded, load_rps=30.0, layout="1×TP1")
+    assert note is not None and "1×TP1's TTFT of 328s is time spent queueing" in note and "12 req/s" in note and "30 req/s" in note
+    assert queueing_note(overloaded, load_rps=10.0, layout="1×TP1") is None

@@ -350,3 +350,16 @@ def test_a_dip_under_a_hundredth_of_a_request_per_second_is_not_printed_as_zero(
     assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 0.004 req/s")
     lowered = start_requested(current, target, budget=budget, capacity=tiny, now_s=0.0, allow=CapacityDrop.ABOVE_ZERO)
     assert lowered.verdict is V.FLOOR_LOWERED and "serving capacity may dip to 0.004 req/s" in lowered.message
+
+
+def test_step_messages_name_layouts_never_the_internal_set_names():
+    """Step messages become Events: people read layouts there, not the sets' hashes (s + 6 hex digits)."""
+    import re
+
+    budget = Budget(max_gpus=4, surge_gpus=4, floor_rps=3.0, drain_s=60.0, ready_timeout_s=120.0)
+    state = start_transition(replicas(2, tp=2), pd(2, 1, 1, 2), budget=budget, capacity=capacity, now_s=0.0)
+    messages = [s.message for s in run_ideal(state, budget=budget, capacity=capacity, now_s=0.0)]
+    cluster = FakeCluster(state.from_set, replicas(2, tp=2), never_ready=state.to_set)
+    messages += [s.message for s in drive(state, cluster, budget)]   # a rollback too
+    assert any("2×TP2" in m for m in messages), messages
+    assert not [m for m in messages if re.search(r"\bs[0-9a-f]{6}\b", m) or state.to_set in m or state.from_set in m], messages
