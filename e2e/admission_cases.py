@@ -73,6 +73,8 @@ REFUSED: tuple[Case, ...] = (
     Case("replan-interval-1s", (("spec.policy.replanInterval", "1s"),), "spec.policy.replanInterval"),
     Case("cooldown-a-month", (("spec.policy.cooldown", "720h"),), "spec.policy.cooldown"),
     Case("max-gpus-5000", (("spec.hardware.maxGPUs", 5000),), "spec.hardware.maxGPUs"),
+    # issue 29: a GPU kind the planner's catalog does not know (CEL generated from planner/data/gpus.toml)
+    Case("unknown-gpu-kind", (("spec.hardware.gpu", "h100_pcie_96gb_typo"),), "spec.hardware.gpu"),
     Case("arrival-rate-1e9", (("spec.workload.arrivalRate", 1e9),), "spec.workload.arrivalRate"),
     Case("simulation-requests-1e7", (("spec.simulation", {"requests": 10_000_000}),), "spec.simulation.requests"),
     Case("model-id-of-300-characters", (("spec.model", "m" * 300),), "spec.model"),

@@ -118,7 +118,8 @@ def test_dry_run_proposes_with_an_event_and_touches_no_workloads(
     assert not kube.items("deployments", namespace), "DryRun must not create workloads"
     _, rows = table(cluster.kubectl("get", "stopo", "dry", "-n", namespace, "-o", "wide").stdout)
     row = rows[0]
-    assert (row["READY"], row["REASON"], row["MODE"], row["PROPOSAL"]) == ("False", "DryRun", "DryRun", status["proposal"]["layout"]), row
+    assert (row["READY"], row["REASON"], row["MODE"], row["PROPOSAL"]) == (
+        "False", "AwaitingApproval", "DryRun", f"{status['proposal']['id']}: {status['proposal']['layout']}"), row
 
 
 def test_an_invalid_topology_is_rejected_by_the_api_server_with_a_readable_message(

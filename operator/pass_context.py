@@ -28,6 +28,7 @@ from ..planner.problem import Decision, Problem
 from ..planner.tables import layout_rejection
 from ..spec import SpecError, model_identity, to_layout, to_problem
 from .api.resource import (
+    ApprovalStatus,
     ConditionType,
     HistoryEntry,
     Mode,
@@ -35,6 +36,7 @@ from .api.resource import (
     PlanStatus,
     PodTemplate,
     PolicySpec,
+    ProposalStatus,
     TopologySpec,
     TopologyStatus,
 )
@@ -49,7 +51,7 @@ from .runtime.cluster import Cluster, ObjectRef
 from .runtime.plan_worker import PlanBudgetExceeded, blocking
 
 __all__ = [
-    "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_or_none",
+    "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_from_spec", "problem_or_none",
     "invalid_outcome", "hold_unreadable", "decide_or_outcome", "slo_percentile", "observe_live", "network_knobs",
 ]
 
@@ -95,6 +97,16 @@ class PassState:
             "status.plan" in self.unreadable_sections and self.memory.transition is not None)
         self._raw_status = dict(known)
         self.traffic: dict[str, float] | None = None   # a running transition's traffic split, when read this pass
+        self.annotations: Mapping[str, str] = meta.get("annotations") or {}
+        self.approval: ApprovalStatus | None = self.status.approval
+        self.proposals = self.status.proposals or 0     # the number in the latest proposal's id
+
+    def numbered(self, proposal: ProposalStatus) -> ProposalStatus:
+        """ProposalIds: a new proposal gets the next id (p1, p2, ...; never reused), a carried-over one keeps its own."""
+        if proposal.id is not None:
+            return proposal
+        self.proposals += 1
+        return proposal.model_copy(update={"id": f"p{self.proposals}"})
 
     @property
     def mode(self) -> str:
@@ -130,6 +142,7 @@ class PassState:
         summary = summary_status(mode=self.mode, plan=plan, proposal=proposal, observed=self.observed,
                                  transition=self.memory.transition, shares=self.traffic)
         status = self.status.model_copy(update={
+            "approval": self.approval, "proposals": self.proposals or None,
             "conditions": self.conditions, "observedGeneration": self.generation, "plan": plan, "proposal": proposal,
             "history": history if history is not None else self.status.history, "observed": self.observed,
             "replan": self.memory.to_dict(), "summary": summary,
@@ -245,19 +258,29 @@ def _planning_spec(p: PassState, spec: TopologySpec) -> Iterator[TopologySpec]:
         yield spec.model_copy(update={"modelConfig": str(path)})
 
 
-def build_problem(p: PassState, spec: TopologySpec, current: Layout | None) -> Problem:
-    pinned = to_layout(spec, spec.pinned) if spec.policy.mode is Mode.PINNED and spec.pinned is not None else None
+def build_problem(p: PassState, spec: TopologySpec, current: Layout | None, *, approved: Layout | None = None) -> Problem:
     with _planning_spec(p, spec) as planning:
-        try:
-            problem = to_problem(planning, pinned=pinned, current=current)
-        except InvalidSpec as exc:
-            if exc.field != "model":
-                raise
-            # The planner's message names the CLI's `modelConfig`; a resource gives a config.json another way.
-            catalog = ", ".join(sorted(model_catalog()))
-            raise InvalidSpec("spec.model", f"unknown model {spec.model!r}: use a catalog id ({catalog}), or give "
-                              "spec.modelConfigMap (a ConfigMap holding its config.json) with spec.modelSource "
-                              "(what the engine loads)") from None
+        return problem_from_spec(spec, current, planning=planning, approved=approved)
+
+
+def problem_from_spec(spec: TopologySpec, current: Layout | None, *, planning: TopologySpec | None = None,
+                      approved: Layout | None = None) -> Problem:
+    """The planner's Problem for a resource's spec, as every pass builds it: the pin (policy.mode Pinned, or the
+    `approved` proposal's layout on the pass that applies it), the planning
+    spec's model (`planning`: the spec with a ConfigMap's config.json written to a file; default `spec`), and
+    policy.allowedLayouts narrowing spec.search. Also `servingtopology plan --manifests` (operator/offline.py).
+    Raises InvalidSpec naming the resource's field."""
+    pinned = approved or (to_layout(spec, spec.pinned) if spec.policy.mode is Mode.PINNED and spec.pinned is not None else None)
+    try:
+        problem = to_problem(planning or spec, pinned=pinned, current=current)
+    except InvalidSpec as exc:
+        if exc.field != "model":
+            raise
+        # The planner's message names the CLI's `modelConfig`; a resource gives a config.json another way.
+        catalog = ", ".join(sorted(model_catalog()))
+        raise InvalidSpec("spec.model", f"unknown model {spec.model!r}: use a catalog id ({catalog}), or give "
+                          "spec.modelConfigMap (a ConfigMap holding its config.json) with spec.modelSource "
+                          "(what the engine loads)") from None
     rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None
     if rejected is not None:   # the planner's own rules for a pin, in the resource's field names
         where, why = rejected
@@ -314,6 +337,7 @@ class PassContext:
     policy: ReplanPolicy
     gpus_per_node: int
     metrics_allow: UrlAllowList | None = None    # the Prometheus URLs the operator may call (None: any)
+    approved: Layout | None = None               # the approved proposal's layout, on the pass that applies it
 
     def bp_for(self, p: PassState, layout: Layout, set_name: str = "") -> Blueprint:
         return blueprint_for(self.spec, layout, name=p.name, namespace=p.namespace, uid=p.uid, gpus_per_node=self.gpus_per_node,
@@ -321,7 +345,7 @@ class PassContext:
 
 def problem_or_none(p: PassState, ctx: PassContext, current: Layout | None) -> Problem | None:
     try:
-        return build_problem(p, ctx.spec, current)
+        return build_problem(p, ctx.spec, current, approved=ctx.approved)
     except (InvalidSpec, SpecError):
         return None   # the planning path reports it
 

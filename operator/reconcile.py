@@ -52,7 +52,10 @@ from ..planner.transition import Phase, TransitionState
 from ..planner.transition import set_name as layout_set_name
 from ..spec import SpecError
 from .api.resource import (
+    APPROVE_ANNOTATION,
     HISTORY_LIMIT,
+    Approval,
+    ApprovalStatus,
     ConditionType,
     HistoryEntry,
     Mode,
@@ -142,9 +145,48 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
     current = layout_from_plan(p.status.plan) if p.status.plan is not None else None
     ctx = PassContext(spec=spec, planner=planner, predict=predict, metrics=metrics, policy=policy_from_spec(spec.policy),
                       gpus_per_node=spec.hardware.gpusPerNode or gpus_per_node_default, metrics_allow=metrics_allow)
-    if spec.policy.mode is Mode.DRY_RUN:
-        return _dry_run(p, ctx, current)
+    if spec.policy.mode is Mode.DRY_RUN or (spec.policy.mode is Mode.AUTO and spec.policy.approval is Approval.REQUIRED):
+        return _gated(p, ctx, current)
     return _enact(p, ctx, current)
+
+
+def _gated(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
+    """ApprovedProposal: DryRun, and Auto with policy.approval Required, apply nothing of their own; a proposal runs
+    once the approve annotation names its id, while it is still the current proposal of this generation.
+
+    - the annotation names the current proposal (not yet applied): this pass plans this generation again pinned to the
+      proposal's layout and applies it as Auto would (at once, or through a transition within the surge budget);
+      Approved=True, a ProposalApproved Event, status.approval records it;
+    - the annotation names anything else (an older proposal, one of a past generation, a typo): nothing is applied;
+      Approved=False, reason ProposalStale, one Warning naming the current proposal's id;
+    - after an approval, while its plan is the running one for this generation (or its transition runs), each pass
+      keeps it reconciled as Auto would and reads live metrics, but drift only proposes (policy as DryRun);
+    - otherwise: the DryRun pass (plan once per generation into status.proposal, nothing applied).
+    """
+    gated = dataclasses.replace(ctx, policy=dataclasses.replace(ctx.policy, mode=Mode.DRY_RUN))
+    asked = str(p.annotations.get(APPROVE_ANNOTATION, "")).strip()
+    proposal, approval = p.status.proposal, p.approval
+    if asked and (approval is None or asked != approval.id):
+        if proposal is not None and asked == proposal.id and proposal.generation == p.generation:
+            p.approval = ApprovalStatus(id=asked, layout=proposal.layout, gpus=proposal.gpus, at=timestamp(p.now), generation=p.generation)
+            message = f"applying proposal {asked}: {proposal.layout} on {_gpus(proposal.gpus)} ({proposal.message})"
+            p.set(ConditionType.APPROVED, True, "ProposalApproved", message)
+            applied = _enact(p, dataclasses.replace(gated, approved=layout_from_plan(proposal)), current, replan_now=True)
+            # Posted once the pass got through (a plan still running in the worker raises PlanPending above and the
+            # next pass approves again): one Event per approval.
+            p.event("Normal", "ProposalApproved", message)
+            return applied
+        now = (f"the current proposal is {proposal.id} ({proposal.layout}, {_gpus(proposal.gpus)})" if proposal is not None and proposal.id
+               else "there is no current proposal")
+        message = (f"{APPROVE_ANNOTATION}={asked} names no current proposal: {now}; nothing was applied. Approve the current "
+                   f"one with kubectl annotate stopo {p.name} -n {p.namespace} --overwrite {APPROVE_ANNOTATION}=<id>")
+        if p.set(ConditionType.APPROVED, False, "ProposalStale", message):
+            p.event("Warning", "ProposalStale", message)
+    approval = p.approval
+    plan = p.status.plan
+    if approval is not None and (p.memory.transitioning or (plan is not None and plan.generation == p.generation == approval.generation)):
+        return _enact(p, gated, current)
+    return _dry_run(p, ctx, current)
 
 
 def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy) -> Outcome | None:
@@ -187,23 +229,37 @@ def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
         proposal = proposal_status(best, current=p.status.plan, before=decision.current.prediction if decision.current else None,
                                    args_of=engine_args_of(ctx.bp_for(p, best.layout)), reasons=decision.reasons, now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec))
-        p.event("Normal", "PlanProposed", proposal.message)
+        proposal = p.numbered(proposal)
+        p.event("Normal", "PlanProposed", f"proposal {proposal.id}: {proposal.message}")
         p.set(ConditionType.PLANNED, True, "PlanProposed", proposal.message)
         if p.status.plan is None:
-            p.set(ConditionType.READY, False, "DryRun", "policy.mode is DryRun: nothing is deployed; see status.proposal")
+            p.set(ConditionType.READY, False, "AwaitingApproval", _awaiting(p, proposal))
         history = append_history(history, HistoryEntry(at=timestamp(p.now), action="Proposed", layout=proposal.layout,
                                                        gpus=proposal.gpus, reason=proposal.reason[:256]), HISTORY_LIMIT)
     problem = problem_or_none(p, ctx, current) if current is not None else None
     # Live replanning needs something running to observe; DryRun never starts anything itself.
     out = observe_live(p, ctx, problem, current) if problem is not None else None
     if out is not None and out.verdict is Verdict.PROPOSE and out.after is not None:
-        proposal = proposal_from_replan(out, current=p.status.plan, args_of=engine_args_of(ctx.bp_for(p, out.after.layout)), now=p.now,
-                                        generation=p.generation, percentile=slo_percentile(ctx.spec))
+        proposal = p.numbered(proposal_from_replan(out, current=p.status.plan, args_of=engine_args_of(ctx.bp_for(p, out.after.layout)),
+                                                   now=p.now, generation=p.generation, percentile=slo_percentile(ctx.spec)))
         p.set(ConditionType.PLANNED, True, "PlanProposed", proposal.message)
         history = append_history(history, HistoryEntry(at=timestamp(p.now), action="Proposed", layout=proposal.layout,
                                                        gpus=proposal.gpus, reason=proposal.reason[:256]), HISTORY_LIMIT)
         decided = True
     return p.outcome(plan=p.status.plan, proposal=proposal, history=history, decided=decided)
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'' if n == 1 else 's'}"
+
+
+def _awaiting(p: PassState, proposal: ProposalStatus) -> str:
+    """AwaitingApproval: what Ready says while nothing runs and a proposal waits, with the proposal's predicted figures."""
+    figures = proposal.predicted
+    predicted_text = (f"; predicted TTFT {figures.ttftMs:.0f} ms, TPOT {figures.tpotMs:.1f} ms, {figures.capacityRps:.3g} req/s "
+                      "within the SLO" if figures is not None else "")
+    return (f"nothing is deployed: proposal {proposal.id} ({proposal.layout}, {_gpus(proposal.gpus)}{predicted_text}) waits for "
+            f"approval: kubectl annotate stopo {p.name} -n {p.namespace} {APPROVE_ANNOTATION}={proposal.id}")
 
 
 @dataclass
@@ -361,6 +417,8 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
     reason = decision.reasons[0] if decision.reasons else (best.why or "best ranked layout under the SLOs")
     if ctx.spec.policy.mode is Mode.PINNED:
         reason = "policy.mode is Pinned"
+    if ctx.approved is not None and p.approval is not None:
+        reason = f"proposal {p.approval.id} was approved ({APPROVE_ANNOTATION})"
     # SameLoadFigures: the running layout at the load this plan was made for, not its figures at its own planned load.
     same_load = decision.current if decision.current is not None else (
         ctx.predict(problem, current) if problem is not None and current is not None and plan is not None else None)
@@ -404,7 +462,9 @@ def _begin(p: PassState, ctx: PassContext, run: _Run, proposal: ProposalStatus, 
     p.memory = started.memory
     state = p.memory.transition
     assert state is not None
-    run.proposal = proposal.model_copy(update={"set": state.to_set})
+    # An approved proposal's transition keeps the approved id: status.proposal is then its target, not a new proposal.
+    approved_id = p.approval.id if ctx.approved is not None and p.approval is not None else None
+    run.proposal = proposal.model_copy(update={"set": state.to_set, "id": approved_id})
     message = f"{state.mode.value} transition: {proposal.message.replace('would change', 'changing', 1)}"
     p.event("Normal", "TransitionStarted", message)
     p.set(ConditionType.PLANNED, True, "Pinned" if ctx.spec.policy.mode is Mode.PINNED else "Planned", message)
@@ -449,10 +509,13 @@ def _look_again(p: PassState, ctx: PassContext, problem: Problem, current: Layou
         _blocked(p, run, proposal, started, fresh=False)
 
 
-def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
-    run = _Run(plan=p.status.plan, proposal=p.status.proposal if p.memory.transitioning else None, history=list(p.status.history))
+def _enact(p: PassState, ctx: PassContext, current: Layout | None, *, replan_now: bool = False) -> Outcome:
+    """Auto and Pinned (and an approved proposal: `replan_now` plans this generation again, pinned to it)."""
+    proposing = ctx.policy.mode is Mode.DRY_RUN    # an approved plan running under DryRun or approval Required
+    keep = p.memory.transitioning or (proposing and not replan_now)
+    run = _Run(plan=p.status.plan, proposal=p.status.proposal if keep else None, history=list(p.status.history))
     state = p.memory.transition
-    new_generation = run.plan is None or run.plan.generation != p.generation
+    new_generation = run.plan is None or run.plan.generation != p.generation or replan_now
     if state is not None and (state.phase is Phase.DONE or (state.phase is Phase.FAILED and new_generation) or run.plan is None):
         p.memory = dataclasses.replace(p.memory, transition=None)   # a finished one, or a failed one the user has moved past
     problem = problem_or_none(p, ctx, current)
@@ -483,6 +546,13 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
                                                 set_name=state.to_set if state is not None else None)
             run.decided = True
             _declared(p, ctx, problem, run)
+        elif out is not None and out.verdict is Verdict.PROPOSE and out.after is not None and proposing:
+            run.proposal = p.numbered(proposal_from_replan(out, current=run.plan, args_of=engine_args_of(ctx.bp_for(p, out.after.layout)),
+                                                           now=p.now, generation=p.generation, percentile=slo_percentile(ctx.spec)))
+            p.set(ConditionType.PLANNED, True, "PlanProposed", run.proposal.message)
+            run.history = append_history(run.history, HistoryEntry(at=timestamp(p.now), action="Proposed", layout=run.proposal.layout,
+                                                                   gpus=run.proposal.gpus, reason=run.proposal.reason[:256]), HISTORY_LIMIT)
+            run.decided = True
     return _render(p, ctx, run)
 
 

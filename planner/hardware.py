@@ -15,7 +15,7 @@ from importlib import resources
 
 from .errors import InvalidSpec
 
-__all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "resolve_gpu", "gpu_for_product", "GIB", "pcie_gbps"]
+__all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "gpu_names", "resolve_gpu", "gpu_for_product", "GIB", "pcie_gbps"]
 
 GIB = 1024**3
 
@@ -149,6 +149,12 @@ def _aliases() -> dict[str, str]:
         for alias in e.get("aliases", []):
             table[_norm(alias)] = gid
     return table
+
+
+def gpu_names() -> tuple[str, ...]:
+    """Every name `resolve_gpu` accepts (catalog ids and aliases), normalised as it compares them: stripped, lower
+    case, '-' and ' ' as '_'. The CRD's admission rule for spec.hardware.gpu is generated from this list."""
+    return tuple(sorted(_aliases()))
 
 
 def resolve_gpu(name: str, *, field: str = "hardware.gpu", nvlink_gbps: float | None = None,

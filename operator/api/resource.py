@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from ...planner.errors import InvalidSpec
+from ...planner.hardware import gpu_catalog, gpu_names, resolve_gpu
 from ...planner.layout import LayoutKind
 from ...planner.transition import CapacityDrop
 from ...spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
@@ -32,6 +34,9 @@ from ...spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MA
 __all__ = [
     "GROUP", "VERSION", "API_VERSION", "KIND",
     "Mode",
+    "Approval",
+    "APPROVE_ANNOTATION",
+    "ApprovalStatus",
     "ConditionType",
     "Toleration",
     "ClusterEngineSpec",
@@ -122,6 +127,14 @@ class Mode(enum.StrEnum):
     PINNED = "Pinned"    # apply spec.pinned as is; still report its predicted figures
 
 
+class Approval(enum.StrEnum):
+    NOT_REQUIRED = "NotRequired"   # Auto applies its plans itself
+    REQUIRED = "Required"          # Auto proposes, as DryRun does; a proposal runs once approved by its id
+
+
+APPROVE_ANNOTATION = "servingtopology.io/approve"   # its value: the id of the proposal to apply (status.proposal.id)
+
+
 class ConditionType(enum.StrEnum):
     READY = "Ready"
     PLANNED = "Planned"
@@ -132,6 +145,7 @@ class ConditionType(enum.StrEnum):
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"  # True: the plan's GPUs are not free in the cluster
     CONFLICT = "Conflict"                          # True: an object to apply exists and is not this resource's
     RECONCILED = "Reconciled"   # False: the last pass failed (reason ApiError / InternalError) and is retried with back-off
+    APPROVED = "Approved"       # True: the proposal the approve annotation names was applied; False: ProposalStale
 
 
 class _Api(BaseModel):
@@ -188,8 +202,32 @@ class ClusterEngineSpec(EngineSpec):
     transferBackend: Literal["nixl", "mooncake"] = Field(default="nixl", description="SGLang PD KV transfer backend: nixl or mooncake")
 
 
+def _gpu_rule() -> dict[str, Any]:
+    """GpuKnownAtAdmission: spec.hardware.gpu must name a catalog GPU (an id or an alias, compared as resolve_gpu
+    compares them), so `kubectl apply` refuses an unknown kind at once instead of a later pass. Generated from the
+    planner's GPU catalog (planner/data/gpus.toml)."""
+    names = ", ".join(f"'{n}'" for n in gpu_names())
+    ids = ", ".join(sorted(gpu_catalog()))
+    return {"x-kubernetes-validations": [{
+        "rule": f"self.trim().lowerAscii().replace('-', '_').replace(' ', '_') in [{names}]",
+        "message": f"spec.hardware.gpu: unknown GPU; allowed: {ids} (or an alias such as H100, h100-sxm)"}]}
+
+
 class ClusterHardwareSpec(HardwareSpec):
     """The planning spec's hardware plus where the engine pods may run."""
+
+    gpu: str = Field(min_length=1, max_length=MAX_ID, json_schema_extra=_gpu_rule(),
+                     description="GPU id from the catalog (h100_sxm, h200_sxm, b200_sxm, a100_sxm, ...) or an alias (H100); "
+                                 "an unknown GPU is refused at admission")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        try:
+            resolve_gpu(v)
+        except InvalidSpec as exc:
+            raise ValueError(exc.message) from None
+        return v
 
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP,
                                                      description="node labels every engine pod requires, e.g. "
@@ -465,6 +503,9 @@ class PolicySpec(_Api):
                                        "capacity): Never (the change waits, Planned=False TransitionBlocked, "
                                        "naming the GPUs it needs), AboveZero (dip, but something always serves) or Any (serving "
                                        "may stop during the move). Changes the operator starts on drift always keep the full floor")
+    approval: Approval = Field(default=Approval.NOT_REQUIRED, description="NotRequired (Auto applies its plans) or Required "
+                               "(Auto proposes as DryRun does; a proposal is applied once approved: kubectl annotate stopo NAME "
+                               f"{APPROVE_ANNOTATION}=<status.proposal.id>, which DryRun proposals accept too)")
 
     @field_validator("replanInterval", "cooldown")
     @classmethod
@@ -638,6 +679,8 @@ class PlanStatus(_Api):
 class ProposalStatus(PlanStatus):
     """A plan the operator would apply (DryRun) or has not applied yet, and what it replaces."""
 
+    id: str | None = Field(default=None, max_length=16, description=f"this proposal's id (p1, p2, ...): approve it with kubectl "
+                           f"annotate stopo NAME {APPROVE_ANNOTATION}=<id> while it is the current proposal")
     fromLayout: str | None = Field(default=None, description="the running layout it would replace")
     fromGPUs: int | None = Field(default=None, description="GPUs of the running layout")
     before: Predicted | None = Field(default=None, description="the running layout's figures at the same load")
@@ -710,6 +753,16 @@ class HistoryEntry(_Api):
     reason: str = Field(default="", description="why, in a few words")
 
 
+class ApprovalStatus(_Api):
+    """The last proposal applied because the approve annotation named it."""
+
+    id: str = Field(max_length=16, description="the approved proposal's id")
+    layout: str = Field(description="its layout")
+    gpus: int = Field(ge=0, description="its GPUs")
+    at: str = Field(json_schema_extra={"format": "date-time"}, description="when the operator applied it")
+    generation: int = Field(ge=0, description="metadata.generation it was proposed for")
+
+
 class TopologyStatus(_Api):
     """What the operator planned, runs and measured (written by the operator only)."""
 
@@ -719,6 +772,8 @@ class TopologyStatus(_Api):
     proposal: ProposalStatus | None = Field(default=None, description="a better layout found and not applied yet (DryRun, or "
                                             "waiting for its turn)")
     observed: ObservedStatus | None = Field(default=None, description="the last live metrics and the prediction error")
+    approval: ApprovalStatus | None = Field(default=None, description="the last approved proposal (servingtopology.io/approve)")
+    proposals: int | None = Field(default=None, ge=0, description="proposals made so far: the number in the latest proposal's id")
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT,
                                         description=f"the last {HISTORY_LIMIT} decisions, oldest first")
     summary: SummaryStatus | None = Field(default=None, description="the printer columns' texts (kubectl get stopo)")

@@ -104,7 +104,9 @@ def summary_status(*, mode: str, plan: PlanStatus | None, proposal: ProposalStat
     During a transition LAYOUT and GPUS read `from → to` (never the old layout alone, as if nothing moved).
     """
     moving = transition is not None and transition.phase is not Phase.DONE
-    if plan is None:
+    if plan is None and proposal is not None:   # DryRun or awaiting approval: what the proposal would run, marked proposed
+        layout, gpus, pd = f"{proposal.layout} (proposed)", f"{proposal.gpus} (proposed)", proposal.pd
+    elif plan is None:
         layout, gpus, pd = NONE, NONE, NONE
     elif moving and transition is not None:
         layout, gpus = f"{transition.source.label} → {transition.target.label}", f"{transition.source.gpus} → {transition.target.gpus}"
@@ -114,11 +116,12 @@ def summary_status(*, mode: str, plan: PlanStatus | None, proposal: ProposalStat
         layout, gpus, pd = plan.layout, str(plan.gpus), plan.pd
     measured_ttft = observed.ttftMs if observed is not None else None
     measured_tpot = observed.tpotMs if observed is not None else None
-    predicted = plan.predicted if plan is not None else None
+    predicted = plan.predicted if plan is not None else (proposal.predicted if proposal is not None else None)
     predicted_ttft = observed.predictedTtftMs if observed is not None and observed.predictedTtftMs is not None else (
         predicted.ttftMs if predicted is not None else None)
     predicted_tpot = observed.predictedTpotMs if observed is not None and observed.predictedTpotMs is not None else (
         predicted.tpotMs if predicted is not None else None)
     return SummaryStatus(mode=mode, layout=layout, pd=pd, gpus=gpus, ttft=pair_text(measured_ttft, predicted_ttft),
                          tpot=pair_text(measured_tpot, predicted_tpot), phase=phase_text(transition if moving else None, shares),
-                         proposal=proposal.layout if proposal is not None else NONE, error=error_text(observed))
+                         proposal=(f"{proposal.id}: {proposal.layout}" if proposal is not None and proposal.id else
+                                   proposal.layout if proposal is not None else NONE), error=error_text(observed))

@@ -52,6 +52,9 @@ def add_parser(sub: Any) -> None:
                    "tpotMs, arrivalRateRps, at (a ServingTopology's status.observed, or the whole resource)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the candidates, the Pareto frontier, the chosen layout and the SLOs (output "
                    "tokens/s per GPU against tokens/s per user, and TTFT: the axes of sweep --plot)")
+    p.add_argument("--manifests", metavar="DIR", help="write the objects the operator would apply for this ServingTopology (or "
+                   "spec), one YAML file each, planned and built by the operator's own code; check them with "
+                   "kubectl apply --dry-run=server -f DIR")
     p.add_argument("--no-simulate", action="store_true", help="skip stage 6 (step-level simulation of the top K)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_calibration_arg(p)
@@ -186,6 +189,12 @@ def run(args: argparse.Namespace) -> int:
         from servingtopology.cli.pool import run_pool
 
         return run_pool(args)
+    if getattr(args, "manifests", None):
+        from servingtopology.cli.manifests import write_manifests
+
+        written = write_manifests(args.spec, args.manifests)
+        if written:
+            return written
     try:
         check_record_path(args.record)
         spec = read_spec(args.spec, whatif_overrides(args))

@@ -246,9 +246,75 @@ def test_dry_run_proposes_with_an_event_and_touches_no_workload() -> None:
     run(obj, cluster, ScriptedPlanner(decision(PD)))
     assert cluster.objects == {} and cluster.applies == 0
     assert reasons(cluster) == ["PlanProposed"]
-    assert cluster.events[0].message.startswith("would create 2P3D@TP4: p95 TTFT 180ms")
+    assert cluster.events[0].message.startswith("proposal p1: would create 2P3D@TP4: p95 TTFT 180ms")
     assert obj["status"]["proposal"]["layout"] == "2P3D@TP4" and "plan" not in obj["status"]
-    assert cond(obj, "Ready")["reason"] == "DryRun"
+    assert cond(obj, "Ready")["reason"] == "AwaitingApproval"
+
+
+# ---- approval (issue 29) -----------------------------------------------------------------------------------------------
+
+APPROVE = "servingtopology.io/approve"
+
+
+def approve(obj: dict[str, Any], proposal_id: str) -> None:
+    obj["metadata"].setdefault("annotations", {})[APPROVE] = proposal_id
+
+
+def test_dry_run_shows_the_proposal_id_and_its_predicted_figures_in_ready_and_the_columns() -> None:
+    obj, cluster = topology("DryRun"), FakeCluster()
+    run(obj, cluster, ScriptedPlanner(decision(PD, ttft_ms=180, tpot_ms=25)))
+    proposal, ready, summary = obj["status"]["proposal"], cond(obj, "Ready"), obj["status"]["summary"]
+    assert proposal["id"] == "p1" and cluster.events[0].message.startswith("proposal p1: would create 2P3D@TP4")
+    assert (ready["status"], ready["reason"]) == ("False", "AwaitingApproval")
+    assert "proposal p1 (2P3D@TP4, 20 GPUs; predicted TTFT 180 ms, TPOT 25.0 ms" in ready["message"]
+    assert f"kubectl annotate stopo llama-8b -n default {APPROVE}=p1" in ready["message"]
+    assert (summary["layout"], summary["gpus"], summary["ttft"], summary["tpot"], summary["proposal"]) == (
+        "2P3D@TP4 (proposed)", "20 (proposed)", "- / 180ms", "- / 25ms", "p1: 2P3D@TP4")
+
+
+def test_approving_the_current_proposal_applies_exactly_it_and_keeps_it_reconciled() -> None:
+    obj, cluster = topology("DryRun"), FakeCluster()
+    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=180, tpot_ms=25))
+    run(obj, cluster, planner)
+    assert cluster.objects == {}
+    approve(obj, "p1")
+    run(obj, cluster, planner, minutes=1)
+    assert planner.problems[-1].pinned == REPLICAS       # planned pinned to the proposal, not searched again
+    assert obj["status"]["plan"]["layout"] == "4×TP2" and f"Deployment/llama-8b-{R}-aggregated" in cluster.kinds()
+    assert obj["status"]["approval"]["id"] == "p1" and cond(obj, "Approved")["reason"] == "ProposalApproved"
+    assert reasons(cluster)[0] == "PlanProposed" and reasons(cluster).count("ProposalApproved") == 1
+    assert "proposal p1 was approved" in next(e.message for e in cluster.events if e.reason == "PlanApplied")
+    run(obj, cluster, planner, minutes=2)           # the annotation stays: nothing is approved twice, the plan is kept
+    assert reasons(cluster).count("ProposalApproved") == 1 and reasons(cluster).count("PlanApplied") == 1
+    assert obj["status"]["plan"]["layout"] == "4×TP2" and cond(obj, "Ready")["reason"] != "AwaitingApproval"
+
+
+def test_a_stale_id_is_refused_with_a_named_condition_and_one_warning() -> None:
+    obj, cluster = topology("DryRun"), FakeCluster()
+    planner = ScriptedPlanner(decision(PD), decision(REPLICAS))
+    run(obj, cluster, planner)
+    bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 5})   # a new generation: p1 is replaced by p2
+    run(obj, cluster, planner, minutes=1)
+    assert obj["status"]["proposal"]["id"] == "p2"
+    approve(obj, "p1")
+    run(obj, cluster, planner, minutes=2)
+    run(obj, cluster, planner, minutes=3)
+    approved = cond(obj, "Approved")
+    assert (approved["status"], approved["reason"]) == ("False", "ProposalStale")
+    assert "servingtopology.io/approve=p1 names no current proposal: the current proposal is p2 (4×TP2, 8 GPUs)" in approved["message"]
+    assert reasons(cluster).count("ProposalStale") == 1 and cluster.objects == {} and "plan" not in obj["status"]
+    assert next(e for e in cluster.events if e.reason == "ProposalStale").type == "Warning"
+
+
+def test_auto_with_approval_required_proposes_and_applies_only_what_is_approved() -> None:
+    obj = topology("Auto")
+    obj["spec"]["policy"]["approval"] = "Required"
+    cluster, planner = FakeCluster(), ScriptedPlanner(decision(REPLICAS))
+    run(obj, cluster, planner)
+    assert cluster.objects == {} and obj["status"]["proposal"]["id"] == "p1" and cond(obj, "Ready")["reason"] == "AwaitingApproval"
+    approve(obj, "p1")
+    run(obj, cluster, planner, minutes=1)
+    assert obj["status"]["plan"]["layout"] == "4×TP2" and f"Deployment/llama-8b-{R}-aggregated" in cluster.kinds()
 
 
 def test_dry_run_over_a_running_plan_words_the_change_and_leaves_the_workloads_alone() -> None:
@@ -264,7 +330,7 @@ def test_dry_run_over_a_running_plan_words_the_change_and_leaves_the_workloads_a
     assert cluster.objects == running and cluster.applies == applies
     proposed = cluster.events[-1]
     assert proposed.reason == "PlanProposed"
-    assert proposed.message == ("would change 4×TP2 → 1P(TP4)·3D(TP2): p95 TTFT 310ms→180ms, TPOT 30ms→25ms, GPUs 8→10, "
+    assert proposed.message == ("proposal p1: would change 4×TP2 → 1P(TP4)·3D(TP2): p95 TTFT 310ms→180ms, TPOT 30ms→25ms, GPUs 8→10, "
                                 "because long prompts stall decode")
     assert obj["status"]["plan"]["layout"] == "4×TP2" and obj["status"]["proposal"]["fromLayout"] == "4×TP2"
 

@@ -122,8 +122,9 @@ def test_ready_reason_tells_dry_run_invalid_and_infeasible_apart() -> None:
     run(tight, FakeCluster(), CountingPlanner(), ScriptedMetrics(), 0)
     got = {name: (cond(o, "Ready")["status"], cond(o, "Ready")["reason"], summary(o)["mode"])
            for name, o in (("dry", dry), ("bad", bad), ("tight", tight))}
-    assert got == {"dry": ("False", "DryRun", "DryRun"), "bad": ("False", "InvalidSpec", "Auto"), "tight": ("False", "Infeasible", "Auto")}
-    assert summary(dry)["proposal"] == dry["status"]["proposal"]["layout"] and summary(dry)["layout"] == "-"
+    assert got == {"dry": ("False", "AwaitingApproval", "DryRun"), "bad": ("False", "InvalidSpec", "Auto"), "tight": ("False", "Infeasible", "Auto")}
+    proposal = dry["status"]["proposal"]
+    assert summary(dry)["proposal"] == f"{proposal['id']}: {proposal['layout']}" and summary(dry)["layout"] == f"{proposal['layout']} (proposed)"
 
 
 # ---- a surge transition ----

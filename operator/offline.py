@@ -1,0 +1,56 @@
+"""What the operator would apply for a ServingTopology, computed without a cluster: `servingtopology plan --manifests`.
+
+Called by the CLI. Runs the reconcile's own steps for a resource seen for the first time: the problem as a pass builds
+it (pass_context.problem_from_spec: the pin, policy.allowedLayouts), the operator's planner (runtime/plan_worker:
+stage 6 as the operator runs it), the blueprint (pass_context.blueprint_for) and the builders
+(render/manifests.build_workloads). Never talks to a cluster; the only difference from the applied objects is the
+owner reference, which names the resource's uid, unknown until the resource exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..planner.layout import Layout
+from ..planner.problem import Decision, Problem
+from .api.resource import Mode, TopologySpec
+from .pass_context import blueprint_for, problem_from_spec
+from .render.manifests import build_workloads
+from .runtime.plan_worker import plan_with_simulator
+
+__all__ = ["OfflinePlan", "plan_offline", "file_name"]
+
+
+@dataclass(frozen=True, slots=True)
+class OfflinePlan:
+    problem: Problem
+    decision: Decision
+    layout: Layout              # what the operator would run: the pin under Pinned, else the decision's best
+    objects: tuple[dict[str, Any], ...]
+
+
+def plan_offline(spec: TopologySpec, *, name: str, namespace: str, gpus_per_node_default: int = 8,
+                 planner: Callable[[Problem], Decision] = plan_with_simulator) -> OfflinePlan:
+    """Plan `spec` as the operator's first pass would and build the objects it would apply, in apply order, without
+    ownerReferences. Raises InvalidSpec (naming the resource's field) and Infeasible as the operator's pass would meet them;
+    a spec.modelConfigMap (read from the cluster by the operator) is an InvalidSpec here."""
+    if spec.modelConfigMap is not None:
+        from ..planner.errors import InvalidSpec
+
+        raise InvalidSpec("spec.modelConfigMap", "names a ConfigMap in the cluster; offline, give spec.modelConfig (a path to "
+                          "the config.json) instead")
+    problem = problem_from_spec(spec, None)
+    decision = planner(problem)
+    layout = problem.pinned if spec.policy.mode is Mode.PINNED and problem.pinned is not None else decision.best.layout
+    bp = blueprint_for(spec, layout, name=name, namespace=namespace, uid="", gpus_per_node=spec.hardware.gpusPerNode or gpus_per_node_default)
+    objects = build_workloads(bp)
+    for obj in objects:
+        obj["metadata"].pop("ownerReferences", None)
+    return OfflinePlan(problem=problem, decision=decision, layout=layout, objects=tuple(objects))
+
+
+def file_name(index: int, obj: dict[str, Any]) -> str:
+    """`03-deployment-llama-s1a2b3c-aggregated.yaml`: apply order first, so `kubectl apply -f DIR` keeps it."""
+    return f"{index:02d}-{str(obj['kind']).lower()}-{obj['metadata']['name']}.yaml"

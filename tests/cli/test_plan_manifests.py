@@ -1,0 +1,54 @@
+"""`servingtopology plan SPEC --manifests DIR`: the operator's objects for a ServingTopology, one file each, whose engine
+commands are the ones `plan --json` prints for the same resource; a bad spec writes nothing and exits 2 naming the field.
+(e2e/test_manifests.py has the real API server accept them and compares them with what the operator applies.)"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servingtopology.cli.main import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_manifests_of_a_pinned_resource_are_its_pin_one_file_per_object_in_apply_order(tmp_path: Path,
+                                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from servingtopology.cli.commands import role_commands
+    from servingtopology.operator.api.resource import parse_topology_spec
+    from servingtopology.spec import to_layout, to_problem
+
+    resource = yaml.safe_load((EXAMPLES / "vllm-pinned-pd.yaml").read_text())
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "vllm-pinned-pd.yaml"), "--manifests", str(out), "--no-simulate", "--no-progress"]) == 0
+    assert f"to {out}/" in capsys.readouterr().err
+    files = sorted(out.glob("*.yaml"))
+    objects = [yaml.safe_load(f.read_text()) for f in files]
+    assert [f.name[:3] for f in files] == [f"{i:02d}-" for i in range(1, len(files) + 1)]
+    assert all(o["metadata"]["namespace"] == resource["metadata"]["namespace"] and "ownerReferences" not in o["metadata"]
+               for o in objects)
+    engines = {o["metadata"]["labels"]["servingtopology.io/role"]: o for o in objects
+               if o["kind"] == "Deployment" and o["metadata"]["labels"]["servingtopology.io/role"] in ("prefill", "decode")}
+    assert set(engines) == {"prefill", "decode"} and any(o["kind"] == "Service" for o in objects)
+    # The pin, with the engine commands the CLI prints for that layout (the one renderer both use).
+    spec = parse_topology_spec(resource["spec"])
+    pinned = to_layout(spec, spec.pinned)
+    for rc in role_commands(spec, to_problem(spec, pinned=pinned), pinned):
+        deployment = engines[rc.role.value]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert deployment["spec"]["replicas"] == rc.count == resource["spec"]["pinned"][rc.role.value]["count"]
+        assert shlex.join([*container["command"], *container["args"]]) == rc.leader, rc.role   # the shell line the CLI prints
+    assert pinned.label in files[0].read_text()   # the header names the layout, unescaped
+
+
+def test_a_bad_spec_writes_nothing_and_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    obj = yaml.safe_load((EXAMPLES / "vllm-replicas.yaml").read_text())
+    obj["spec"]["hardware"]["gpu"] = "h100_typo"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(obj))
+    assert main(["plan", str(bad), "--manifests", str(tmp_path / "out")]) == 2
+    assert "spec.hardware.gpu" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
