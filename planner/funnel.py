@@ -23,8 +23,9 @@ from .analytic import LoadShape, estimate_aggregated, load_shape
 from .engine_caps import PdRule, pd_shapes_rejected, problem_caps
 from .layout import Layout, LayoutKind
 from .limits import miss_text
+from .pd_ratio import RANK_TOLERANCE
 from .pd_space import PdSpace, pd_space, pool_tokens
-from .predict import front_end_s
+from .predict import front_end_s, slo_capacity_rps
 from .problem import FunnelStage, Problem
 from .slo import LOAD_MARGIN, SLO_MARGIN, load_within, meets_slo_and_load, tpot_within, ttft_within
 from .tables import (
@@ -47,6 +48,7 @@ __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "CLOSEST_KEPT", "Surviv
            "run_funnel", "shape_rejection", "reject_pd_shapes", "Progress", "Clock", "no_clock"]
 
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
+TIE_SLACK = 1e-6    # relative slack on the tie bound of the second pick (bisection and 9-digit rounding are far below)
 
 Progress = Callable[[str, float], None]
 # The caller's clock (seconds) for stage timings; the planner never reads the wall clock itself.
@@ -416,32 +418,36 @@ def _knob_ids(kn: KnobAxes, b: IntArray, q: IntArray, f: IntArray, k: IntArray) 
     return ((bu[b] * len(kn.max_num_seqs) + qu[q]) * len(kn.memory_fraction) + fu[f]) * len(kn.kv_dtypes) + k
 
 
-def _replica_picks(s: Sieve) -> _Picks:
+def _replica_picks(s: Sieve, *, min_per_gpu: float = 0.0) -> _Picks:
     r = s.replicas
     if r is None or not r.alive.any():
         return _empty_picks()
     i = np.flatnonzero(r.alive)
+    per_gpu = _round_sig(r.capacity_rps[i] / np.maximum(r.gpus[i], 1))
+    if min_per_gpu > 0:
+        i, per_gpu = i[per_gpu >= min_per_gpu], per_gpu[per_gpu >= min_per_gpu]
     ident = np.zeros((len(i), 6), dtype=np.int64)
     ident[:, 0] = i
     figs = np.stack([r.ttft_s[i], r.tpot_s[i], r.tpot_mean_s[i], r.capacity_rps[i], r.pool_tokens[i]], axis=1)
-    return _Picks(np.zeros(len(i), dtype=np.int64), ident, _round_sig(r.capacity_rps[i] / np.maximum(r.gpus[i], 1)), r.gpus[i], i,
+    return _Picks(np.zeros(len(i), dtype=np.int64), ident, per_gpu, r.gpus[i], i,
                   -1 - s.units.shape[r.unit[i]], _knob_ids(s.knobs, r.b[i], r.q[i], r.f[i], r.k[i]), figs)
 
 
-def _pd_picks(s: Sieve, c: PdCandidates, last: _Picks | None = None) -> _Picks:
-    """The rows of a PD chunk that pass stage 5, as picks; with `last` (the worst of `keep` picks so far), only
-    rows that sort before it (the others can never enter the first `keep`: every pick ahead of them stays ahead)."""
+def _pd_picks(s: Sieve, c: PdCandidates, last: _Picks | None = None, *, min_per_gpu: float = 0.0) -> _Picks:
+    """The rows of a PD chunk that pass stage 5 with a capacity per GPU of at least `min_per_gpu`, as picks; with
+    `last` (the worst of `keep` picks so far, in the fewest-GPUs order), only rows that sort before it (the others
+    can never enter the first `keep`: every pick ahead of them stays ahead)."""
     p = s.problem
     rate = s.rate_rps
     ok = (np.isfinite(c.ttft_s) & np.isfinite(c.tpot_s) & (c.capacity_rps > rate)
           & meets_slo_and_load(p.slo, ttft_s=c.ttft_s, tpot_s=c.tpot_s, rate_rps=rate, capacity_rps=c.capacity_rps))
+    per_gpu = _round_sig(c.capacity_rps / np.maximum(c.gpus, 1))
+    if min_per_gpu > 0:
+        ok &= per_gpu >= min_per_gpu
     if last is not None and ok.any():
-        per_gpu = _round_sig(c.capacity_rps / np.maximum(c.gpus, 1))
-        a, b = (per_gpu, -c.gpus) if p.objective is not Objective.MIN_GPUS else (-c.gpus, per_gpu)
-        la, lb = (last.per_gpu[0], -last.gpus[0]) if p.objective is not Objective.MIN_GPUS else (-last.gpus[0], last.per_gpu[0])
         # PD rows follow replica rows on a tie of both keys, and among PD rows the enumeration order decides:
         # keep ties on both keys (the exact order is settled by _select).
-        ok &= (a > la) | ((a == la) & (b >= lb))
+        ok &= (c.gpus < last.gpus[0]) | ((c.gpus == last.gpus[0]) & (per_gpu >= last.per_gpu[0]))
     if not ok.any():
         return _empty_picks()
     i = np.flatnonzero(ok)
@@ -456,8 +462,8 @@ def _pd_picks(s: Sieve, c: PdCandidates, last: _Picks | None = None) -> _Picks:
     structure = ((u.shape[up] * n_shapes + u.shape[ud]) * span + a[i]) * span + b[i]
     ident = np.stack([up, ud, c.b[i], c.q[i], c.f[i], c.k[i]], axis=1)
     figs = np.stack([c.ttft_s[i], c.tpot_s[i], c.tpot_mean_s[i], c.capacity_rps[i], c.pool_tokens[i]], axis=1)
-    return _Picks(np.ones(len(i), dtype=np.int64), ident, _round_sig(c.capacity_rps[i] / np.maximum(c.gpus[i], 1)), c.gpus[i], tiebreak,
-                  structure, _knob_ids(kn, c.b[i], c.q[i], c.f[i], c.k[i]), figs)
+    return _Picks(np.ones(len(i), dtype=np.int64), ident, per_gpu[i], c.gpus[i], tiebreak, structure,
+                  _knob_ids(kn, c.b[i], c.q[i], c.f[i], c.k[i]), figs)
 
 
 def _empty_picks() -> _Picks:
@@ -465,16 +471,13 @@ def _empty_picks() -> _Picks:
     return _Picks(z, np.zeros((0, 6), dtype=np.int64), np.zeros(0), z, z, z, z, np.zeros((0, 5)))
 
 
-def _select(picks: _Picks, *, objective: Objective, keep: int, knob_span: int, per_structure: int = PER_STRUCTURE) -> _Picks:
-    """In preference order (capacity per GPU then fewer GPUs, or fewer GPUs first for min-gpus; then replicas
-    before PD, then enumeration order), the first row of each distinct (structure, knobs), at most
-    `per_structure` knob variants per structure, at most `keep` rows: diverse input for the refinement."""
+def _select(picks: _Picks, *, keep: int, knob_span: int, per_structure: int = PER_STRUCTURE) -> _Picks:
+    """In the fewest-GPUs order (fewer GPUs, then the higher capacity per GPU, then replicas before PD, then
+    enumeration order), the first row of each distinct (structure, knobs), at most `per_structure` knob variants per
+    structure, at most `keep` rows: diverse input for the refinement."""
     if not len(picks.kind):
         return picks
-    if objective is Objective.MIN_GPUS:
-        order = np.lexsort((picks.tiebreak, picks.kind, -picks.per_gpu, picks.gpus))
-    else:
-        order = np.lexsort((picks.tiebreak, picks.kind, picks.gpus, -picks.per_gpu))
+    order = np.lexsort((picks.tiebreak, picks.kind, -picks.per_gpu, picks.gpus))
     # Replica structures are negative, PD ones non-negative; knob ids stay below `knob_span`. Keys are gathered,
     # the rows taken once at the end.
     structure = picks.structure[order]
@@ -492,67 +495,51 @@ def _select(picks: _Picks, *, objective: Objective, keep: int, knob_span: int, p
 
 
 def _pick(s: Sieve, *, keep: int) -> tuple[Survivor, ...]:
-    """Up to `keep` survivors, exactly as if every passing candidate were listed and `_select`ed.
+    """Up to `keep` survivors for `decide`, fewest GPUs first, exactly as if every passing candidate were listed
+    and `_select`ed.
 
-    PD candidates are built only where they can make the cut: for capacity per GPU, those of at least a
-    bound τ (role pairs under it are skipped, pd_space.pairs); for min-gpus, those of at most γ GPUs. If
-    fewer than `keep` picks clear the bound, it is relaxed (τ to 0, γ to the budget: every candidate)."""
+    Why fewest GPUs first, for both objectives: `decide` ranks by the objective and gives a tie (goodput per GPU
+    within RANK_TOLERANCE of the best) to fewer GPUs, so the layouts it can choose are the smallest ones near the
+    best score. Survivors used to be the `keep` highest by raw capacity per GPU, a proxy with no tie: finer P:D
+    ratios, which need more GPUs, always edge it up, and their number grows as the budget squared, so at large
+    budgets they filled every place and the layouts the objective prefers never reached `decide` (a larger
+    budget chose a worse layout). In this order a larger budget only appends larger layouts after the same ones.
+
+    Goodput per GPU picks twice: the first `keep` candidates give the best goodput per GPU among them (B, the
+    objective itself: predict.slo_capacity_rps with the stage-5 margins, as `decide` refines it); candidates whose
+    raw capacity per GPU × LOAD_MARGIN (an upper bound of their goodput per GPU) is under (1 − RANK_TOLERANCE)·B
+    can never tie with the best, so the second pass leaves them out and reaches further up in GPUs.
+    PD candidates are built only up to γ GPUs (γ = 8, 16, 32, … the budget) until `keep` picks lie within γ."""
     p = s.problem
-    reps = _replica_picks(s)
-    pd = s.pd
-    span = s.knobs.combinations
-    if pd is None:
-        chosen = _select(reps, objective=p.objective, keep=keep, knob_span=span)
-        return tuple(_survivor(s, chosen, i) for i in range(len(chosen.kind)))
-    if s.exhaustive:
-        bounds = [(0.0, p.max_gpus)]
-    elif p.objective is Objective.MIN_GPUS:
-        levels = [min(p.max_gpus, 8 << (2 * i)) for i in range(12)]
-        bounds = [(0.0, g) for g in sorted(set(levels))]
-    else:
-        bounds = [(t, p.max_gpus) for t in _tau_levels(s, keep)] + [(0.0, p.max_gpus)]
-    for tau, gamma in bounds:
-        chosen = _select(reps, objective=p.objective, keep=keep, knob_span=span)
-        for chunk in pd.pairs(pd.p_alive, pd.d_alive, min_per_gpu=tau, max_gpus=gamma):
-            last = chosen.take(np.array([len(chosen.kind) - 1])) if len(chosen.kind) >= keep else None
-            chosen = _select(_Picks.concat([chosen, _pd_picks(s, chunk, last)]), objective=p.objective, keep=keep, knob_span=span)
-        if tau == 0.0 and gamma == p.max_gpus:
-            break
-        # Picks inside the bound are exact (everything that could precede them was listed); enough of them end the search.
-        inside = chosen.gpus <= gamma if p.objective is Objective.MIN_GPUS else chosen.per_gpu >= tau
-        if int(inside.sum()) >= keep:
-            break
+    chosen = _fewest_gpus(s, keep=keep, min_per_gpu=0.0)
+    if p.objective is not Objective.MIN_GPUS and len(chosen.kind):
+        layouts = [_layout_of(s, chosen, i) for i in range(len(chosen.kind))]
+        best = float(np.max(slo_capacity_rps(p, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN) / chosen.gpus))
+        floor = _round_sig(np.array([(1.0 - RANK_TOLERANCE) * best / LOAD_MARGIN * (1.0 - TIE_SLACK)]))[0]
+        if floor > 0:
+            chosen = _fewest_gpus(s, keep=keep, min_per_gpu=float(floor))
     return tuple(_survivor(s, chosen, i) for i in range(len(chosen.kind)))
 
 
-def _tau_levels(s: Sieve, keep: int) -> list[float]:
-    """Bounds on capacity per GPU to try, highest first: the balanced bound of the keep-th, 4·keep-th, …
-    best role pair (pd_ratio.balanced_per_gpu)."""
-    from .pd_ratio import balanced_per_gpu
-
+def _fewest_gpus(s: Sieve, *, keep: int, min_per_gpu: float) -> _Picks:
+    """The first `keep` picks in the fewest-GPUs order among candidates of at least `min_per_gpu` raw capacity per GPU."""
+    p = s.problem
+    reps = _replica_picks(s, min_per_gpu=min_per_gpu)
+    span = s.knobs.combinations
     pd = s.pd
-    assert pd is not None
-    u = s.units
-    starts = u.shape_start[:-1]
-    g = u.shape_gpus
-    p_role = np.logical_or.reduceat(pd.p_alive, starts, axis=0)
-    d_role = np.logical_or.reduceat(pd.d_alive, starts, axis=0)
-    bounds = []
-    for ki in range(len(s.knobs.kv_dtypes)):
-        sp, b = np.nonzero(p_role[:, :, ki])
-        sd, q, f = np.nonzero(d_role[:, :, :, ki])
-        mu_p = np.nan_to_num(pd.p_capacity_rps[starts[sp], b, ki], nan=0.0, posinf=0.0)
-        mu_d = np.nan_to_num(pd.d_capacity_rps[starts[sd], q, f, ki], nan=0.0, posinf=0.0)
-        ub = balanced_per_gpu(mu_p[:, None], g[sp][:, None], mu_d[None, :], g[sd][None, :])
-        ub = np.where(pd.allowed[sp][:, sd] & (g[sp][:, None] + g[sd][None, :] <= s.problem.max_gpus), ub, 0.0)
-        bounds.append(ub.ravel())
-    ub_all = -np.sort(-np.concatenate(bounds)) if bounds else np.zeros(0)
-    levels, k = [], keep
-    while k < len(ub_all):
-        if ub_all[k - 1] > 0:
-            levels.append(float(ub_all[k - 1]))
-        k *= 4
-    return levels
+    if pd is None:
+        return _select(reps, keep=keep, knob_span=span)
+    levels = [p.max_gpus] if s.exhaustive else sorted({min(p.max_gpus, 8 << i) for i in range(max(1, p.max_gpus.bit_length()))})
+    chosen = reps
+    for gamma in levels:
+        chosen = _select(reps, keep=keep, knob_span=span)
+        for chunk in pd.pairs(pd.p_alive, pd.d_alive, min_per_gpu=min_per_gpu, max_gpus=gamma):
+            last = chosen.take(np.array([len(chosen.kind) - 1])) if len(chosen.kind) >= keep else None
+            chosen = _select(_Picks.concat([chosen, _pd_picks(s, chunk, last, min_per_gpu=min_per_gpu)]), keep=keep, knob_span=span)
+        # Picks within γ are exact (every PD candidate of γ GPUs or fewer was listed); enough of them end the search.
+        if gamma >= p.max_gpus or int((chosen.gpus <= gamma).sum()) >= keep:
+            break
+    return chosen
 
 
 def _survivor(s: Sieve, picks: _Picks, i: int) -> Survivor:
