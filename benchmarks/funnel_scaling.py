@@ -1,8 +1,12 @@
-"""Planner scaling: `servingtopology plan` on the wide 70B example from 8 to 1,024 GPUs, each size in its own process.
+"""Planner scaling: `servingtopology plan` on the wide 70B example from 8 to 16,384 GPUs, each size in its own process.
 
 For each `hardware.maxGPUs` it runs the CLI (stage 6 simulates the top K, as a user runs it) in a child
 process and reads the child's CPU seconds and peak RSS from getrusage, so the sizes do not share a heap.
-Targets (issue 15): 1,024 GPUs within 10 CPU-seconds and 1 GB peak RSS; exits 1 when a size misses them.
+Targets: 1,024 GPUs within 10 CPU-seconds and 1 GB peak RSS (issue 15); 16,384 GPUs within 30 CPU-seconds and
+2 GB (issue 26); stage 5 (SLO feasibility and the survivors' pick) no worse than linear in the budget from 1,024 GPUs
+up (its CPU ratio against 1,024 GPUs at most the budgets' ratio); the chosen layout's goodput per GPU never lower at a
+larger budget (the load is fixed). Exits 1 when a size is refused, plans nothing after a smaller one planned, or
+misses a target.
 Run: .venv/bin/python benchmarks/funnel_scaling.py [--sizes 8,64,1024] [--no-simulate]
 """
 
@@ -21,9 +25,10 @@ from pathlib import Path
 import yaml
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan-llama70b-wide.yaml"
-SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
-CPU_LIMIT_S = 10.0
-RSS_LIMIT_MB = 1024.0
+SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# size: (CPU s, peak RSS MB)
+LIMITS = {1024: (10.0, 1024.0), 16384: (30.0, 2048.0)}
+SLO_STAGE = "5 SLO and load feasibility"
 
 
 def _child(spec_path: str, no_simulate: bool) -> tuple[dict[str, object], float, float, float, int]:
@@ -57,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     base = yaml.safe_load(EXAMPLE.read_text())
     print(f"`servingtopology plan` on {EXAMPLE.name} ({base['model']}, preset wide){' without stage 6' if args.no_simulate else ''}")
-    print(f"{'maxGPUs':>8} {'candidates':>16} {'CPU s':>7} {'wall s':>7} {'peak RSS MB':>12}  chosen")
+    print(f"{'maxGPUs':>8} {'candidates':>16} {'CPU s':>7} {'stage 5 s':>9} {'wall s':>7} {'peak RSS MB':>12} {'req/s/GPU':>9}  chosen")
     failed = False
     planned_at: int | None = None
+    best_so_far: tuple[int, float] | None = None
+    slo_stage_at: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in (int(x) for x in args.sizes.split(",")):
             spec = {**base, "hardware": {**base["hardware"], "maxGPUs": size}}
@@ -71,7 +78,18 @@ def main(argv: list[str] | None = None) -> int:
             total = out.get("candidates_total") or (first.get("admitted", 0) + first.get("rejected", 0) if isinstance(first, dict) else 0)
             best = out.get("best")
             chosen = best.get("label", "?") if isinstance(best, dict) else str(out.get("error", "no output"))
-            print(f"{size:>8} {int(total or 0):>16,} {cpu:>7.2f} {wall:>7.2f} {rss:>12.0f}  {chosen}")
+            stage5 = next((float(st.get("seconds", 0.0)) for st in funnel if isinstance(st, dict) and st.get("stage") == SLO_STAGE), float("nan"))
+            pred = best.get("prediction", {}) if isinstance(best, dict) else {}
+            per_gpu = float(pred.get("goodput_per_gpu", 0.0)) if pred.get("meets_slo") else 0.0
+            print(f"{size:>8} {int(total or 0):>16,} {cpu:>7.2f} {stage5:>9.2f} {wall:>7.2f} {rss:>12.0f} {per_gpu:>9.4f}  {chosen}")
+            if isinstance(best, dict):
+                slo_stage_at[size] = stage5
+                if best_so_far is not None and per_gpu < best_so_far[1] * (1 - 1e-9):
+                    print(f"FAIL: {size} GPUs chose {per_gpu:.4f} req/s per GPU where {best_so_far[0]} GPUs chose {best_so_far[1]:.4f}",
+                          file=sys.stderr)
+                    failed = True
+                if best_so_far is None or per_gpu > best_so_far[1]:
+                    best_so_far = (size, per_gpu)
             # Exit 2 (refused) or 3 (internal error) fails the benchmark; so does a budget that plans nothing after a smaller
             # one planned (exit 1 at a larger maxGPUs): more GPUs must never make the load infeasible.
             if code >= 2 or not out:
@@ -82,8 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             elif planned_at is not None:
                 print(f"FAIL: {size} GPUs planned nothing where {planned_at} GPUs planned", file=sys.stderr)
                 failed = True
-            if size == 1024 and (cpu > CPU_LIMIT_S or rss > RSS_LIMIT_MB):
-                print(f"FAIL: 1,024 GPUs took {cpu:.2f} CPU s and {rss:.0f} MB (targets {CPU_LIMIT_S:g} s, {RSS_LIMIT_MB:g} MB)", file=sys.stderr)
+            if size in LIMITS and (code != 0 or cpu > LIMITS[size][0] or rss > LIMITS[size][1]):
+                print(f"FAIL: {size:,} GPUs took {cpu:.2f} CPU s and {rss:.0f} MB, exit {code} (targets {LIMITS[size][0]:g} s, "
+                      f"{LIMITS[size][1]:g} MB)", file=sys.stderr)
+                failed = True
+            ref = slo_stage_at.get(1024)
+            if size > 1024 and ref and size in slo_stage_at and slo_stage_at[size] / ref > size / 1024:
+                print(f"FAIL: stage 5 took {slo_stage_at[size] / ref:.1f}x its 1,024-GPU CPU at {size:,} GPUs ({size // 1024}x the budget)",
+                      file=sys.stderr)
                 failed = True
     print(f"child CPU of this run: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime:.1f} s")
     return 1 if failed else 0

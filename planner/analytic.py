@@ -28,7 +28,7 @@ from .engine_caps import chunk_tokens_per_rank
 from .hardware import Gpu, Precision
 from .layout import Engine, KvDtype
 from .model import ModelArch
-from .perf import step_time_s
+from .perf import StepCoefficients, evaluate_step_s, step_coefficients
 from .workload import Workload
 
 __all__ = ["RoleEstimate", "LoadShape", "load_shape", "estimate_aggregated", "estimate_prefill", "estimate_decode",
@@ -94,12 +94,17 @@ class _Ctx:
     engine: Engine
 
 
-def _f(c: _Ctx, kv: KvDtype, tp: Any, pp: Any, dp: Any, pf: Any, pairs: Any, dec: Any, ctx: Any) -> Any:
+def _coefficients(c: _Ctx, kv: KvDtype, tp: Any, pp: Any, dp: Any) -> StepCoefficients:
+    """The step model's constants for these rows, folded once per estimate (each estimate evaluates a dozen steps)."""
     # The funnel's layouts run MoE experts expert-parallel over tp × dp exactly when attention is data-parallel
     # (Parallelism.ep), as the simulator's InstancePerf does; otherwise the experts are tensor-sharded.
     moe_ep = np.where(np.asarray(dp) > 1, np.asarray(tp) * np.asarray(dp), 1) if c.model.is_moe else 1
-    return step_time_s(c.model, c.gpu, precision=c.precision, kv_dtype=kv, engine=c.engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep,
-                       prefill_tokens=pf, prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx)
+    return step_coefficients(c.model, c.gpu, precision=c.precision, kv_dtype=kv, engine=c.engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep)
+
+
+def _f(co: StepCoefficients, pf: Any, pairs: Any, dec: Any, ctx: Any) -> Any:
+    """perf.step_time_s on folded coefficients (the same arithmetic)."""
+    return evaluate_step_s(co, prefill_tokens=np.asarray(pf, dtype=float), prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx)
 
 
 def _wait_quantile_s(rho: Any, service_s: Any, cv: float, q: float) -> Any:
@@ -122,30 +127,31 @@ def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, eng
                         max_num_batched_tokens: Any, pool_tokens: Any) -> RoleEstimate:
     """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank."""
     c = _Ctx(model, gpu, precision, engine)
+    co = _coefficients(c, kv, tp, pp, dp)
     max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip, o, ctx_mean = shape.computed_input_tokens, shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
     b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
     # Saturation: decode batch at its cap, prefill tokens in proportion, inside the token budget.
     pf_sat = np.minimum(b_cap * ip / o, np.maximum(max_num_batched_tokens - b_cap, 1.0))
-    t_sat = _f(c, kv, tp, pp, dp, pf_sat, _pairs(pf_sat, shape), b_cap, b_cap * ctx_mean)
+    t_sat = _f(co, pf_sat, _pairs(pf_sat, shape), b_cap, b_cap * ctx_mean)
     per_step = np.minimum(b_cap / o, pf_sat / ip)
     mu = per_step / t_sat
     # Load: fixed point of the mixed step time.
-    t = _f(c, kv, tp, pp, dp, 0.0, 0.0, 1.0, ctx_mean)
+    t = _f(co, 0.0, 0.0, 1.0, ctx_mean)
     for _ in range(FIXED_POINT_ITERATIONS):
         b = np.minimum(lam * o * t, b_cap)
         pf = np.minimum(lam * ip * t, max_num_batched_tokens)
-        t = _f(c, kv, tp, pp, dp, pf, _pairs(pf, shape), np.maximum(b, 1.0), np.maximum(b, 1.0) * ctx_mean)
+        t = _f(co, pf, _pairs(pf, shape), np.maximum(b, 1.0), np.maximum(b, 1.0) * ctx_mean)
     rho = lam / mu
     b = np.maximum(np.minimum(lam * o * t, b_cap), 1.0)
-    t_dec = _f(c, kv, tp, pp, dp, 0.0, 0.0, b, b * ctx_mean)
+    t_dec = _f(co, 0.0, 0.0, b, b * ctx_mean)
     # Unloaded prefill at the percentile's prompt length, chunked by the budget left by decodes.
     room = np.maximum(max_num_batched_tokens - b, 16.0)
     iq = shape.input_tokens_at_ttft_pct
     chunk = np.minimum(iq, room)
     n_chunks = np.ceil(iq / chunk)
-    t_chunk = _f(c, kv, tp, pp, dp, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), b, b * ctx_mean)
+    t_chunk = _f(co, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), b, b * ctx_mean)
     ttft0 = n_chunks * t_chunk + t / 2.0
     # Requests wait for a step with room: the prefill budget and the decode slots are the servers.
     rho_wait = np.maximum(lam * ip * t / room, b / b_cap)
@@ -159,15 +165,16 @@ def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine
                      rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any) -> RoleEstimate:
     """Prefill-only instances of a PD layout: TTFT here excludes the KV transfer and the first decode step."""
     c = _Ctx(model, gpu, precision, engine)
+    co = _coefficients(c, kv, tp, pp, dp)
     max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip = shape.computed_input_tokens
     lam = rate_rps / (count * dp)
     batch = np.minimum(max_num_batched_tokens, np.maximum(ip, max_num_batched_tokens // max(ip, 1.0) * ip))
-    t_batch = _f(c, kv, tp, pp, dp, batch, _pairs(batch, shape), 0.0, 0.0)
+    t_batch = _f(co, batch, _pairs(batch, shape), 0.0, 0.0)
     mu = batch / ip / t_batch
     iq = shape.input_tokens_at_ttft_pct
     chunk = np.minimum(iq, max_num_batched_tokens)
-    t_chunk = _f(c, kv, tp, pp, dp, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), 0.0, 0.0)
+    t_chunk = _f(co, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), 0.0, 0.0)
     ttft0 = np.ceil(iq / chunk) * t_chunk
     rho = lam / mu
     ttft = ttft0 + _wait_quantile_s(rho, ttft0, shape.arrival_cv, shape.ttft_q)
@@ -179,15 +186,16 @@ def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine:
                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any) -> RoleEstimate:
     """Decode-only instances of a PD layout: `ttft_s` holds their first step (added to the prefill side)."""
     c = _Ctx(model, gpu, precision, engine)
+    co = _coefficients(c, kv, tp, pp, dp)
     o, ctx_mean = shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
     b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
-    t_sat = _f(c, kv, tp, pp, dp, 0.0, 0.0, b_cap, b_cap * ctx_mean)
+    t_sat = _f(co, 0.0, 0.0, b_cap, b_cap * ctx_mean)
     mu = b_cap / o / t_sat
-    t = _f(c, kv, tp, pp, dp, 0.0, 0.0, 1.0, ctx_mean)
+    t = _f(co, 0.0, 0.0, 1.0, ctx_mean)
     for _ in range(FIXED_POINT_ITERATIONS):
         b = np.maximum(np.minimum(lam * o * t, b_cap), 1.0)
-        t = _f(c, kv, tp, pp, dp, 0.0, 0.0, b, b * ctx_mean)
+        t = _f(co, 0.0, 0.0, b, b * ctx_mean)
     tpot = t * (1.0 + TPOT_SPREAD_PER_Z * max(shape.z_tpot, 0.0))
     return RoleEstimate(ttft_s=t, tpot_s=tpot, tpot_mean_s=t, capacity_rps=mu * count * dp, utilisation=lam / mu)
 

@@ -48,6 +48,7 @@ __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "CLOSEST_KEPT", "Surviv
            "run_funnel", "shape_rejection", "reject_pd_shapes", "Progress", "Clock", "no_clock"]
 
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
+ESTIMATE_ROWS = 1 << 19   # replica rows estimated at once in stage 4 (a few dozen arrays of this length)
 TIE_SLACK = 1e-6    # relative slack on the tie bound of the second pick (bisection and 9-digit rounding are far below)
 
 Progress = Callable[[str, float], None]
@@ -183,7 +184,10 @@ def gpu_budget(s: Sieve) -> tuple[Sieve, Tally]:
 
 def _replica_rows(units: IntArray, kn: KnobAxes) -> ReplicaCandidates:
     nb, nq, nf, nk = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes)
-    grid = [a.ravel().astype(np.int64) for a in np.meshgrid(units, np.arange(nb), np.arange(nq), np.arange(nf), np.arange(nk), indexing="ij")]
+    sizes = (len(units), nb, nq, nf, nk)
+    axes = (np.asarray(units, dtype=np.int64), *(np.arange(n, dtype=np.int64) for n in sizes[1:]))
+    # The meshgrid of (unit, b, q, f, k) in row-major order, each axis repeated by the sizes after it, tiled by those before.
+    grid = [np.tile(np.repeat(a, int(np.prod(sizes[d + 1:]))), int(np.prod(sizes[:d]))) for d, a in enumerate(axes)]
     nan = np.full(len(grid[0]), np.nan)
     return ReplicaCandidates(unit=grid[0], b=grid[1], q=grid[2], f=grid[3], k=grid[4], gpus=np.zeros(len(nan), dtype=np.int64),
                              pool_tokens=np.zeros(len(nan)), alive=np.ones(len(nan), dtype=bool), ttft_s=nan, tpot_s=nan, tpot_mean_s=nan,
@@ -199,12 +203,15 @@ def memory_and_context(s: Sieve) -> tuple[Sieve, Tally]:
     if replicas is not None:
         u, kn, p = s.units, s.knobs, s.problem
         r = replicas
-        tp, pp, dp = u.tp[r.unit], u.pp[r.unit], u.dp[r.unit]
-        mnbt, mns, mem = kn.max_num_batched_tokens[r.b], kn.max_num_seqs[r.q], kn.memory_fraction[r.f]
-        pool = np.zeros(len(r))
+        mnbt, mns = kn.max_num_batched_tokens[r.b], kn.max_num_seqs[r.q]
+        # A pool depends on the instance's shape and knobs, not on how many instances run: once per (shape, knobs).
+        nb, nq, nf = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction)
+        sh, b, q, f = (a.ravel() for a in np.meshgrid(np.arange(len(u.shape_tp)), np.arange(nb), np.arange(nq), np.arange(nf), indexing="ij"))
+        per_shape = np.zeros((len(kn.kv_dtypes), len(sh)))
         for i, kv in enumerate(kn.kv_dtypes):
-            sel = r.k == i
-            pool[sel] = pool_tokens(p, kv, tp[sel], pp[sel], dp[sel], mnbt[sel], mns[sel], mem[sel])
+            per_shape[i] = pool_tokens(p, kv, u.shape_tp[sh], u.shape_pp[sh], u.shape_dp[sh], kn.max_num_batched_tokens[b], kn.max_num_seqs[q],
+                                       kn.memory_fraction[f])
+        pool = per_shape[r.k, ((u.shape[r.unit] * nb + r.b) * nq + r.q) * nf + r.f]
         no_room = pool <= 0
         short = ~no_room & (pool < s.load.longest_request_tokens)
         budget = ~no_room & ~short & (mnbt < mns) & (p.engine.value == "vllm")
@@ -239,13 +246,13 @@ def analytical_estimate(s: Sieve) -> tuple[Sieve, Tally]:
         idx = np.flatnonzero(r.alive)
         entering += len(idx)
         ttft, tpot, tpm, cap = (np.full(len(r), np.nan) for _ in range(4))
-        for i, kv in enumerate(kn.kv_dtypes):
-            j = idx[r.k[idx] == i]
-            e = estimate_aggregated(p.model, p.gpu, precision=p.precision, engine=p.engine, kv=kv, shape=s.load, rate_rps=s.rate_rps,
-                                    tp=u.tp[r.unit[j]], pp=u.pp[r.unit[j]], dp=u.dp[r.unit[j]], count=u.count[r.unit[j]],
-                                    max_num_seqs=kn.max_num_seqs[r.q[j]], max_num_batched_tokens=kn.max_num_batched_tokens[r.b[j]],
-                                    pool_tokens=r.pool_tokens[j])
-            ttft[j], tpot[j], cap[j], tpm[j] = e.ttft_s, e.tpot_s, e.capacity_rps, e.tpot_mean_s
+        for ki, kv in enumerate(kn.kv_dtypes):
+            for j in _chunks(idx[r.k[idx] == ki]):
+                e = estimate_aggregated(p.model, p.gpu, precision=p.precision, engine=p.engine, kv=kv, shape=s.load, rate_rps=s.rate_rps,
+                                        tp=u.tp[r.unit[j]], pp=u.pp[r.unit[j]], dp=u.dp[r.unit[j]], count=u.count[r.unit[j]],
+                                        max_num_seqs=kn.max_num_seqs[r.q[j]], max_num_batched_tokens=kn.max_num_batched_tokens[r.b[j]],
+                                        pool_tokens=r.pool_tokens[j])
+                ttft[j], tpot[j], cap[j], tpm[j] = e.ttft_s, e.tpot_s, e.capacity_rps, e.tpot_mean_s
         ttft = ttft + front_end_s(p, disaggregated=False)
         stable = r.alive & np.isfinite(ttft) & np.isfinite(tpot) & (cap > s.rate_rps)
         replicas = replace(r, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm, capacity_rps=cap, alive=stable)
@@ -260,6 +267,11 @@ def analytical_estimate(s: Sieve) -> tuple[Sieve, Tally]:
         admitted += pd.count()
     add_reason(reasons, "overloaded: capacity below the load", entering - admitted)
     return replace(s, replicas=replicas, pd=pd), Tally(admitted, reasons)
+
+
+def _chunks(rows: IntArray, size: int = ESTIMATE_ROWS) -> list[IntArray]:
+    """`rows` in slices of at most `size` (the estimate's temporaries stay bounded at any budget)."""
+    return [rows[i:i + size] for i in range(0, len(rows), size)] if len(rows) else []
 
 
 # ---------------------------------------------------------------- stage 5
@@ -419,10 +431,16 @@ def _knob_ids(kn: KnobAxes, b: IntArray, q: IntArray, f: IntArray, k: IntArray) 
 
 
 def _replica_picks(s: Sieve, *, min_per_gpu: float = 0.0) -> _Picks:
+    """The replica rows that may become survivors: of each instance shape and knobs, the fewest instances that pass
+    stage 5 (`_select` keeps one row per structure and knobs, fewest GPUs first; rows run count-major, so the first
+    passing row of a (shape, knobs) is its fewest instances), with at least `min_per_gpu` raw capacity per GPU."""
     r = s.replicas
     if r is None or not r.alive.any():
         return _empty_picks()
     i = np.flatnonzero(r.alive)
+    knob = _knob_ids(s.knobs, r.b[i], r.q[i], r.f[i], r.k[i])
+    _, first = np.unique(s.units.shape[r.unit[i]] * s.knobs.combinations + knob, return_index=True)
+    i = i[np.sort(first)]
     per_gpu = _round_sig(r.capacity_rps[i] / np.maximum(r.gpus[i], 1))
     if min_per_gpu > 0:
         i, per_gpu = i[per_gpu >= min_per_gpu], per_gpu[per_gpu >= min_per_gpu]
@@ -530,9 +548,12 @@ def _fewest_gpus(s: Sieve, *, keep: int, min_per_gpu: float) -> _Picks:
     if pd is None:
         return _select(reps, keep=keep, knob_span=span)
     levels = [p.max_gpus] if s.exhaustive else sorted({min(p.max_gpus, 8 << i) for i in range(max(1, p.max_gpus.bit_length()))})
+    # Replica and PD structures never coincide, so the replicas' own first `keep` are all they can add (and a budget's
+    # worth of replica rows is not sorted again at every γ).
+    reps = _select(reps, keep=keep, knob_span=span)
     chosen = reps
     for gamma in levels:
-        chosen = _select(reps, keep=keep, knob_span=span)
+        chosen = reps
         for chunk in pd.pairs(pd.p_alive, pd.d_alive, min_per_gpu=min_per_gpu, max_gpus=gamma):
             last = chosen.take(np.array([len(chosen.kind) - 1])) if len(chosen.kind) >= keep else None
             chosen = _select(_Picks.concat([chosen, _pd_picks(s, chunk, last, min_per_gpu=min_per_gpu)]), keep=keep, knob_span=span)

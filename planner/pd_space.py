@@ -26,6 +26,7 @@ from .tables import BoolArray, FloatArray, IntArray, KnobAxes, PdCandidates, Uni
 __all__ = ["PdSpace", "pd_space", "pool_tokens", "CHUNK_ROWS"]
 
 CHUNK_ROWS = 1 << 18      # PD rows built at once (about 30 MB of arrays)
+_RECENT_ROWS = 4096       # rows _dominance keeps apart from its merged sorted array
 _WEDGE_SLACK = 1e-6       # relative slack on the selection bound (float noise and 9-digit rounding are far below)
 
 Pred = Callable[[FloatArray, FloatArray], BoolArray]
@@ -208,11 +209,12 @@ class PdSpace:
                    front_end_s: float | None = None) -> PdCandidates:
         """The rows for these indices, with their figures (client TTFT includes `front_end_s` once stage 4 set it)."""
         u = self.units
-        same = ((u.gpus[up] + u.gpus[ud]) <= self.gpus_per_node).astype(np.int64)
+        gpus = u.shape_gpus[u.shape[up]] * u.count[up] + u.shape_gpus[u.shape[ud]] * u.count[ud]   # u.gpus of every unit is not needed
+        same = (gpus <= self.gpus_per_node).astype(np.int64)
         ttft = self.p_ttft_s[up, b, k] + self.transfer_s[k, same] + self.d_ttft_s[ud, q, f, k]
         fe = self.front_end_s if front_end_s is None else front_end_s
         return PdCandidates(prefill_unit=up, decode_unit=ud, b=b, q=q, f=f, k=k, prefill_count=u.count[up], decode_count=u.count[ud],
-                            gpus=u.gpus[up] + u.gpus[ud], pool_tokens=self.d_pool[ud, q, f, k], ttft_s=ttft + fe,
+                            gpus=gpus, pool_tokens=self.d_pool[ud, q, f, k], ttft_s=ttft + fe,
                             tpot_s=self.d_tpot_s[ud, q, f, k], tpot_mean_s=self.d_tpot_mean_s[ud, q, f, k],
                             capacity_rps=np.minimum(self.p_capacity_rps[up, b, k], self.d_capacity_rps[ud, q, f, k]))
 
@@ -303,14 +305,19 @@ def _dominance(x: FloatArray, gp: IntArray, y: FloatArray, gd: IntArray, budget:
     admitted, thr = admitted[order], thr[order]
     bounds, first = np.unique(admitted, return_index=True)
     last = np.r_[first[1:], len(admitted)]
-    active = np.zeros(0)
+    # The admitted decode rows, sorted, as a large array merged rarely plus a small one the new rows go into: inserting
+    # each bound's rows into one sorted array would copy it once per distinct bound (quadratic in the budget).
+    merged, recent = np.zeros(0), np.zeros(0)
     taken = 0
     total = 0
     for bound, s, e in zip(bounds.tolist(), first.tolist(), last.tolist(), strict=True):
         if bound > taken:
             new = np.sort(y_by_gpus[taken:bound])
-            active = np.insert(active, np.searchsorted(active, new), new)
+            recent = np.insert(recent, np.searchsorted(recent, new), new)
             taken = bound
+            if len(recent) > _RECENT_ROWS:
+                merged, recent = np.sort(np.concatenate([merged, recent]), kind="mergesort"), np.zeros(0)
         if taken:
-            total += int(np.searchsorted(active, thr[s:e], side="right").sum())
+            q = thr[s:e]
+            total += int(np.searchsorted(merged, q, side="right").sum() + np.searchsorted(recent, q, side="right").sum())
     return total
