@@ -61,7 +61,9 @@ class SpecError(ValueError):
 # ---- bounds: every number has a maximum and every string a length, so that the planner's and the simulator's
 # work is bounded by the spec's size (issue #17: maxNumSeqs 1e8 took 8 GB, a 64^4 layout simulated 16.7M GPUs).
 # Each bound is what the engines accept or well above any real deployment; the source is given beside it.
-MAX_GPUS = 4096  # hardware.maxGPUs: the GPU budget of the whole deployment (already the spec's limit)
+# hardware.maxGPUs: the GPU budget of the whole deployment. 16,384: the wide 70B example plans there within 30 CPU-seconds
+# and 2 GB (benchmarks/funnel_scaling.py, which fails when it no longer does); the funnel's work grows linearly above it.
+MAX_GPUS = 16_384
 MAX_PARALLEL = 64  # tp / pp / dp per instance: the search's own limit; no catalog GPU node or NVL domain exceeds 72
 # vLLM's --max-num-seqs has no upper bound in its argument parser (SchedulerConfig checks only that it is <=
 # max_num_batched_tokens); its defaults are 256 / 1024 per DP rank (engines.md 1.1). SGLang derives

@@ -70,3 +70,36 @@ def test_survivors_come_fewest_gpus_first_and_tie_with_the_best_of_them(budget):
     best = float(per_gpu.max())
     # Every survivor could still tie with the best: its goodput per GPU is bounded by LOAD_MARGIN × raw capacity per GPU.
     assert all(LOAD_MARGIN * s.capacity_rps / s.layout.gpus >= (1 - RANK_TOLERANCE) * best * (1 - 1e-6) for s in survivors)
+
+
+def test_max_gpus_reaches_16384_and_one_more_exits_2_naming_the_field_and_range(tmp_path, capsys):
+    # The wide 70B spec plans at 16,384 GPUs within 30 CPU-seconds and 2 GB (benchmarks/funnel_scaling.py), so the spec
+    # takes budgets up to there; above, `plan` exits 2 naming hardware.maxGPUs and its range.
+    import yaml
+
+    from servingtopology.cli.main import main
+    from servingtopology.spec import MAX_GPUS, parse_spec
+
+    from .funnel_cases import EXAMPLES
+
+    base = yaml.safe_load((EXAMPLES / "plan-llama70b-wide.yaml").read_text())
+    assert MAX_GPUS == 16_384
+    assert parse_spec({**base, "hardware": {**base["hardware"], "maxGPUs": 16_384}}).hardware.maxGPUs == 16_384
+    path = tmp_path / "over.yaml"
+    path.write_text(yaml.safe_dump({**base, "hardware": {**base["hardware"], "maxGPUs": 16_385}}))
+    assert main(["plan", str(path), "--no-simulate"]) == 2
+    err = capsys.readouterr().err
+    assert "hardware.maxGPUs" in err and "16384" in err.replace(",", "")
+
+
+def test_the_crds_maximum_gpu_budget_is_the_specs():
+    # The CRD is generated from the operator's API models, which take the bound from the spec (one source).
+    from pathlib import Path
+
+    import yaml
+
+    from servingtopology.spec import MAX_GPUS
+
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "servingtopology.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert schema["hardware"]["properties"]["maxGPUs"]["maximum"] == MAX_GPUS == 16_384
