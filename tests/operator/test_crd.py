@@ -99,8 +99,8 @@ def test_the_api_server_refuses_unbounded_numbers_and_strings() -> None:
     pinned = spec["pinned"]["properties"]
     assert pinned["engineArgs"]["properties"]["maxNumSeqs"]["maximum"] == 65_536
     assert pinned["engineArgs"]["properties"]["maxNumBatchedTokens"]["maximum"] == 2_097_152
-    assert all(pinned[k]["maximum"] <= 4096 for k in ("replicas", "tp", "pp", "dp"))
-    assert pinned["prefill"]["properties"]["count"]["maximum"] == 4096
+    assert all(pinned[k]["maximum"] <= 16_384 for k in ("replicas", "tp", "pp", "dp"))   # spec.MAX_GPUS
+    assert pinned["prefill"]["properties"]["count"]["maximum"] == 16_384
     assert spec["simulation"]["properties"]["seed"]["minimum"] == 0
     assert spec["model"]["maxLength"] == 256 and spec["hardware"]["properties"]["gpu"]["maxLength"] == 256
 
