@@ -58,7 +58,7 @@ def test_plan_pool_json_keeps_the_member_cap_and_the_inventory(tmp_path: Path, c
     # a member whose spec names an unknown field
     ({"members": [{"name": "chat", "spec": {**MEMBER, "bogus": 1}}]}, "members[0].spec.bogus"),
     # a count beyond the bound
-    ({"inventory": [{"kind": "h100", "gpu": "h100_sxm", "count": 10_000, "pricePerHour": 3.0}]}, "inventory.0.count"),
+    ({"inventory": [{"kind": "h100", "gpu": "h100_sxm", "count": 20_000, "pricePerHour": 3.0}]}, "inventory.0.count"),
 ])
 def test_a_bad_pool_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str], over: dict[str, object], field: str) -> None:
     assert main(["plan", "--pool", str(_pool(tmp_path, **over))]) == 2

@@ -124,8 +124,8 @@ def test_validate_takes_a_concurrency_within_the_bound(tmp_path: Path) -> None:
     assert json.loads(out)["predicted"] == 1
 
 
-@pytest.mark.parametrize(("column", "value"), [("pp_size", "9999999"), ("tp_size", "4097"), ("batch_size", "100001"),
-                                               ("attention_dp_size", "5000")])
+@pytest.mark.parametrize(("column", "value"), [("pp_size", "9999999"), ("tp_size", "16385"), ("batch_size", "100001"),
+                                               ("attention_dp_size", "20000")])
 def test_validate_bounds_parallel_and_batch_sizes_and_names_the_column(tmp_path: Path, column: str, value: str) -> None:
     code, _, err = _validate(tmp_path, **{column: value})     # pp_size 9,999,999 was predicted (a 273,960 % error)
     assert code == 2 and column in err
