@@ -719,6 +719,8 @@ class InstancePerf:
     _coeffs: StepCoefficients | None = field(default=None, init=False, repr=False, compare=False)
     # token count -> `token_terms` (the pow-heavy part of a step, the same floats for every batch of that many tokens)
     _terms: dict[float, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # `step_from_token_terms`' constants of a pure decode step (no prefill tokens or pairs), folded once (`decode_s`)
+    _decode: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         par = self.parallelism
@@ -727,14 +729,36 @@ class InstancePerf:
                               tp=par.tp, pp=par.pp, dp=par.dp, moe_ep=ep, params=self.params)
         scalar = StepCoefficients(**{f.name: _scalar(getattr(c, f.name)) for f in fields(StepCoefficients)})
         object.__setattr__(self, "_coeffs", scalar)
+        c = scalar
+        # the terms of step_from_token_terms that a pure decode step (prefill_tokens = prefill_pairs = 0.0, so mixed = 0.0)
+        # multiplies by zero, evaluated here with the same operations: decode_s's floats are _step_s's, bit for bit
+        mixed = (0.0 > 0) * 1.0
+        object.__setattr__(self, "_decode", (
+            c.attn_pair_s * 0.0 / c.pp, c.attn_ctx_s + mixed * c.attn_mixed_ctx_s,
+            c.attn_capped_pair_s * _fmin(0.0, c.attn_cap_tokens * 0.0), c.attn_capped_ctx_s, c.attn_cap_tokens, c.attn_seq_s,
+            c.pp, c.layer_fixed_s, c.per_seq_s, c.step_fixed_s, mixed))
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
                     decode_context_tokens: float) -> float:
         return self._step_s(float(prefill_tokens), float(prefill_pairs), float(decode_tokens), float(decode_context_tokens))
 
     def decode_s(self, decoding_tokens: float, context_tokens: float) -> float:
-        """`step_time_s` of a pure decode step (the simulator's decode-burst probes), without the keyword call."""
-        return self._step_s(0.0, 0.0, float(decoding_tokens), float(context_tokens))
+        """`step_time_s` of a pure decode step (the simulator's decode-burst probes): `_step_s(0.0, 0.0, d, context)` with the
+        terms a decode step zeroes folded at construction (`_decode`), the rest the same operations in the same order."""
+        d, ctx = float(decoding_tokens), float(context_tokens)
+        tokens = 0.0 + d
+        terms = self._terms.get(tokens)
+        if terms is None:
+            return self._step_s(0.0, 0.0, d, ctx)
+        z_pairs, k_ctx, z_capped_pairs, capped_ctx_s, cap, seq_s, pp, layer_fixed_s, per_seq_s, step_fixed_s, mixed = self._decode
+        capped = cap * d
+        t_attn = z_pairs + k_ctx * ctx / pp
+        t_attn = t_attn + (z_capped_pairs + capped_ctx_s * (ctx if ctx < capped else capped) + seq_s * d) / pp  # _fmin
+        stage = terms[0] + t_attn + layer_fixed_s
+        busy = pp * stage + terms[1]
+        cpu = per_seq_s * (d + mixed)
+        value = float((busy if busy > cpu else cpu) + step_fixed_s)  # _fmax
+        return value if math.isfinite(value) else float("inf")
 
     def _step_s(self, prefill_tokens: float, prefill_pairs: float, decode_tokens: float, decode_context_tokens: float) -> float:
         """`evaluate_step_s` on floats, its token-count part remembered (the same arithmetic, so the same float)."""

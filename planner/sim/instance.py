@@ -43,9 +43,12 @@ _STEP_INDEX = np.arange(8193)  # 0, 1, ... for the burst's linear step times (bu
 _STEP_INDEX.flags.writeable = False
 
 
-def _burst_times(model: StepTimeModel, *, decoding: int, context0: int, steps: int) -> F64:
-    """Step times of `steps` decode steps of `decoding` sequences whose summed context starts at context0."""
-    probe: Callable[[float, float], float] | None = getattr(model, "decode_s", None)   # the same floats without the keyword call
+def _burst_times(model: StepTimeModel, *, decoding: int, context0: int, steps: int,
+                 probe: Callable[[float, float], float] | None = None) -> F64:
+    """Step times of `steps` decode steps of `decoding` sequences whose summed context starts at context0 (probe: the model's
+    `decode_s` when the caller has looked it up)."""
+    if probe is None:
+        probe = getattr(model, "decode_s", None)   # the same floats without the keyword call
     if probe is None:
         def probe(d: float, context: float) -> float:
             return model.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=d, decode_context_tokens=context)
@@ -74,6 +77,7 @@ class Instance:
         self.role = role
         self.model = model
         self._batch_s: Callable[[StepBatch], float] | None = getattr(model, "batch_s", None)  # RememberedSteps': the same floats
+        self._decode_s: Callable[[float, float], float] | None = getattr(model, "decode_s", None)  # the burst probe, looked up once
         self.ledger = ledger
         self.gpus = role_layout.parallelism.gpus
         page = knobs.block_size_tokens if engine is Engine.VLLM else 1
@@ -85,6 +89,7 @@ class Instance:
         self.policies: list[VllmPolicy | SglangPolicy] = [
             VllmPolicy(knobs) if engine is Engine.VLLM else SglangPolicy(knobs, attn_dp=role_layout.parallelism.dp) for _ in self.ranks
         ]
+        self._vllm = engine is Engine.VLLM  # VllmPolicy ranks (their after_decode_steps does nothing)
         self.busy = False
         self.end_s = 0.0
         self.version = 0
@@ -169,13 +174,17 @@ class Instance:
         elif not rank.waiting and len(rank.free_slots) == rank.capacity:
             self.busy = False  # nothing admitted, queued or arriving (see plan)
             return None
-        fits = pol.head_fits(rank) if isinstance(pol, VllmPolicy) else None
-        if not (fits and isinstance(pol, VllmPolicy) and pol.admits_head(rank, fits)):  # else no burst: the step admits
+        if isinstance(pol, VllmPolicy):
+            fits = pol.head_fits(rank)
+            burst = not (fits and pol.admits_head(rank, fits))  # else no burst: the step admits
+        else:
+            fits, burst = None, True
+        if burst:
             slots, decoding, context0 = rank.decode_state()
             steps, open_to_arrivals = pol.burst_limit(rank, slots, decoding, head_fits=fits) if isinstance(pol, VllmPolicy) \
                 else pol.burst_limit(rank, slots, decoding)
             if steps >= 2 and (decoding > 0 or rank.running or rank.waiting):
-                times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps)
+                times = _burst_times(self.model, decoding=decoding, context0=context0, steps=steps, probe=self._decode_s)
                 return self._start_burst(now_s, horizon_s, [0], [slots], [decoding], times, steps, open_to_arrivals)
         p = pol.schedule(rank, now_s)
         for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
@@ -244,7 +253,8 @@ class Instance:
         if b is not None and len(self.ranks) == 1:
             rank = self.ranks[0]
             rank.apply_decode(b.slots[0], b.steps, self.end_s, self._pending)
-            self.policies[0].after_decode_steps(rank, b.steps)
+            if not self._vllm:
+                self.policies[0].after_decode_steps(rank, b.steps)
             self.ledger.gaps(b.durations_s[:b.steps], b.counts[0])
             self.steps += b.steps
             self._burst = None
@@ -264,8 +274,7 @@ class Instance:
             used = sum(r.pool.in_use for r in self.ranks)
             total = sum(r.pool.total for r in self.ranks)
             running, waiting = sum(r.running for r in self.ranks), sum(len(r.waiting) + len(r.remote) for r in self.ranks)
-        self.ledger.sample(t_s=self.end_s, instance=self.index, kv_used_frac=used / total if total else 0.0,
-                           running=running, waiting=waiting)
+        self.ledger.sample(self.end_s, self.index, used / total if total else 0.0, running, waiting)
         self.busy = False
         return out
 

@@ -65,7 +65,7 @@ class Ledger:
         self._itl_s.append(np.array([duration_s]))
         self._itl_w.append(1.0)
 
-    def sample(self, *, t_s: float, instance: int, kv_used_frac: float, running: int, waiting: int) -> None:
+    def sample(self, t_s: float, instance: int, kv_used_frac: float, running: int, waiting: int) -> None:
         """Append one timeline point (after a step or a burst of steps)."""
         if t_s < self.now_s - 1e-9:
             raise AssertionError(f"simulated time went back: {t_s} < {self.now_s}")

@@ -79,3 +79,26 @@ def test_remembered_steps_answer_what_the_model_answers_and_ask_it_once_per_batc
     assert got == [Counting().step_time_s(prefill_tokens=a, prefill_pairs=b, decode_tokens=c, decode_context_tokens=d)
                    for a, b, c, d in batches]
     assert calls[:3] == [batches[0], batches[1], batches[3]] and len(calls) == 3 + 4   # 3 distinct batches, then the reference
+
+
+@pytest.mark.parametrize(("model", "gpu", "par"), [
+    ("llama-3.1-8b", "h100_sxm", Parallelism()),
+    ("llama-3.1-70b", "h100_sxm", Parallelism(tp=4, pp=2)),
+    ("mixtral-8x7b", "h100_sxm", Parallelism(tp=2)),
+    ("gpt-oss-20b", "h100_sxm", Parallelism()),
+    ("qwen3-30b-a3b", "h100_sxm", Parallelism(tp=2, dp=2, ep=True)),
+])
+def test_decode_probe_is_the_step_models_own_float(model: str, gpu: str, par: Parallelism) -> None:
+    """`InstancePerf.decode_s` (the decode bursts' probe, its zeroed terms folded once) gives `step_time_s`'s floats bit for bit."""
+    arch = resolve_model(model)
+    for engine in (Engine.VLLM, Engine.SGLANG):
+        probe = InstancePerf(arch, resolve_gpu(gpu), Precision.BF16, Layout.replicas(1, par).roles[Role.AGGREGATED].knobs.kv_dtype,
+                             engine, par)
+        reference = InstancePerf(arch, resolve_gpu(gpu), Precision.BF16, probe.kv_dtype, engine, par)
+        rng = np.random.default_rng(3)
+        for d in [1, 2, 3, 34, 255, 256, 1024, *rng.integers(1, 4096, 40).tolist()]:
+            for ctx in [d, d * 17, d * 4000 + 3, int(rng.integers(d, d * 131072))]:
+                for _ in range(2):  # the token terms asked afresh, then remembered
+                    got = probe.decode_s(float(d), float(ctx))
+                    want = reference.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=float(d), decode_context_tokens=float(ctx))
+                    assert got == want and np.float64(got).tobytes() == np.float64(want).tobytes(), (model, engine, d, ctx)
