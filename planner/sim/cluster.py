@@ -131,7 +131,7 @@ class EventLoop:
         while True:
             t_arr = arrival_list[ptr] if ptr < n_open else math.inf
             t_ev = self._heap[0][0] if self._heap else math.inf
-            t = min(t_arr, t_ev)
+            t = t_arr if t_arr <= t_ev else t_ev  # min(t_arr, t_ev)
             if self._wake and t > now:
                 self._plan_woken(now)
                 continue

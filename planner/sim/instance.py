@@ -266,7 +266,9 @@ class Instance:
                 self.ledger.gaps(b.durations_s[:b.steps], count)
             self.steps += b.steps
             self._burst = None
-        out, self._pending = self._pending, StepOutcome([], [], [])
+        out = self._pending
+        if out.finished or out.prefilled or out.first_tokens:  # else the empty outcome is handed back and kept
+            self._pending = StepOutcome([], [], [])
         if len(self.ranks) == 1:
             r = self.ranks[0]
             used, total, running, waiting = r.pool.in_use, r.pool.total, r.running, len(r.waiting) + len(r.remote)

@@ -126,11 +126,15 @@ class KvPool:
         """Take `blocks` for a sequence, evicting cached blocks oldest-first; False (and no change) if short."""
         if blocks <= 0:
             return True
-        if blocks > self.empty + self._cached_total:
+        empty = self.empty
+        if blocks <= empty:  # no eviction
+            self.empty = empty - blocks
+            self.allocated += blocks
+            return True
+        if blocks > empty + self._cached_total:
             return False
-        take = min(blocks, self.empty)
-        self.empty -= take
-        rest = blocks - take
+        self.empty = 0
+        rest = blocks - empty
         while rest > 0:
             key, ext = next(iter(self._cached.items()))
             cut = min(ext, rest)

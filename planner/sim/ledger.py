@@ -32,6 +32,8 @@ class Ledger:
         "preemptions",
         "preemptions_total",
         "prefill_done_s",
+        "prefix_key_of",
+        "prompt_of",
         "requests",
         "scheduled_s",
     )
@@ -39,6 +41,8 @@ class Ledger:
     def __init__(self, requests: RequestSet) -> None:
         n = len(requests)
         self.requests = requests
+        self.prompt_of: list[int] = requests.prompt_tokens.tolist()  # per request, read without numpy scalars
+        self.prefix_key_of: list[int] = requests.prefix_key.tolist()
         self.arrival_s = np.full(n, np.nan)
         self.scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)

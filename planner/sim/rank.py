@@ -70,6 +70,8 @@ class Rank:
         self.output = req.output_tokens
         self.key = req.prefix_key
         self.shared_blocks = np.where(req.prefix_key >= 0, req.shared_tokens // pool.page_tokens, 0).astype(np.int64)
+        self.prompt_of, self.key_of = ledger.prompt_of, ledger.prefix_key_of  # the same ints as prompt, key
+        self.shared_of: list[int] = self.shared_blocks.tolist()
         self.shares = bool((self.shared_blocks > 0).any())  # False: no request has a shared prefix block (share_prefix does nothing)
         cols = np.zeros((9, capacity), dtype=np.int64)
         self.rid, self.nkv, self.target, self.out, self.out_total = cols[0], cols[1], cols[2], cols[3], cols[4]
@@ -77,12 +79,15 @@ class Rank:
         self.active = np.zeros(capacity, dtype=bool)
         self.ready = np.zeros(capacity, dtype=bool)
         self.free_slots = list(range(capacity - 1, -1, -1))
+        self.admitted: list[int] = []  # the running slots in admission order (ascending `order`), ready or not
         self.waiting: deque[int] = deque()
         self.remote: deque[int] = deque()      # PD decode: prefilled requests waiting for pool room
         self._held_state: dict[int, tuple[int, int, int, int]] = {}
         self._counter = 0
         self.outstanding = 0                   # requests routed here and not yet gone
         self.live_at_decode_state = 0          # ready running sequences when decode_state last looked
+        self.decoding_slots: I64 = np.zeros(0, dtype=np.int64)  # decode_state's last slots, and their nkv then
+        self.decoding_nkv: I64 = self.decoding_slots
         # Slots are taken lowest first and reused last-freed first, so every running sequence lies below the
         # highest slot ever taken: the per-step scans look at [:high], not at all `capacity` slots.
         self.high = 0
@@ -128,12 +133,19 @@ class Rank:
         pool = self.pool
         if not pool.caching:
             return 0, 0
-        cap = (int(self.prompt[rid]) + int(self.ledger.out_done[rid]) - 1) // self.page  # at least one token is always computed
-        sb = int(self.shared_blocks[rid]) if self.shares else 0
-        hk = min(pool.extent(int(self.key[rid])), sb) if sb > 0 else 0
+        cap = (self.prompt_of[rid] + int(self.ledger.out_done[rid]) - 1) // self.page  # at least one token is always computed
+        sb = self.shared_of[rid] if self.shares else 0
+        if sb > 0:
+            hk = pool.extent(self.key_of[rid])
+            if hk > sb:
+                hk = sb
+        else:
+            hk = 0
         hr = pool.extent(-(rid + 1)) if hk == sb else 0
-        hr = max(0, min(hr, cap - hk))
-        return min(hk, cap), hr
+        room = cap - hk
+        if hr > room:
+            hr = room
+        return (hk if hk < cap else cap), (hr if hr > 0 else 0)  # min(hk, cap), max(0, min(hr, cap − hk))
 
     def admit(self, rid: int, *, hk: int, hr: int, now_s: float, nkv: int = 0, ready: bool = True) -> int:
         """Put `rid` in a slot, referencing its cached blocks; the caller allocates the rest."""
@@ -142,15 +154,16 @@ class Rank:
             self._prefix(slot + 1)
         self._counter += 1
         if hk > 0:
-            self.pool.acquire(int(self.key[rid]), hk)
+            self.pool.acquire(self.key_of[rid], hk)
         if hr > 0:
             self.pool.acquire(-(rid + 1), hr)
         out = int(self.ledger.out_done[rid])
         self.rid[slot], self.out[slot], self.out_total[slot] = rid, out, self.out_total_for(rid)
-        self.target[slot] = int(self.prompt[rid]) + out
+        self.target[slot] = self.prompt_of[rid] + out
         self.nkv[slot] = max(nkv, (hk + hr) * self.page)
         self.blk[slot], self.hit_k[slot], self.hit_r[slot] = hk + hr, hk, hr
         self.order[slot] = self._counter
+        self.admitted.append(slot)
         self.active[slot], self.ready[slot] = True, ready
         self.ledger.cached_tokens[rid] += (hk + hr) * self.page
         if math.isnan(self.ledger.scheduled_s[rid]):
@@ -170,13 +183,13 @@ class Rank:
     def _release_blocks(self, rid: int, nkv: int, blk: int, hk: int, hr: int) -> None:
         """Give a sequence's blocks back: full blocks become cache content, the rest is freed."""
         pool = self.pool
-        sb = int(self.shared_blocks[rid])
+        sb = self.shared_of[rid]
         full = nkv // self.page
         in_shared = min(blk, sb)
         alloc_shared = max(0, in_shared - hk)
         alloc_own = (blk - in_shared) - hr
         moved = 0
-        key = int(self.key[rid])
+        key = self.key_of[rid]
         own_full = max(0, full - sb)
         if self.dedup:
             if sb > 0:
@@ -211,6 +224,7 @@ class Rank:
         self.active[slot] = False
         self.ready[slot] = False
         self.free_slots.append(slot)
+        self.admitted.remove(slot)
         self.ledger.out_done[rid] = int(self.out[slot])
         return rid
 
@@ -311,7 +325,9 @@ class Rank:
         live = self.active_h & self.ready_h
         slots = (live & (self.nkv_h >= self.target_h)).nonzero()[0]
         self.live_at_decode_state = int(np.count_nonzero(live))
-        return slots, len(slots), int(np.add.reduce(self.nkv[slots]))
+        nkv = self.nkv[slots]
+        self.decoding_slots, self.decoding_nkv = slots, nkv
+        return slots, len(slots), int(np.add.reduce(nkv))
 
     def extra_blocks(self, slots: I64, steps: int) -> int:
         """Blocks the decoding slots need to run `steps` more decode steps."""

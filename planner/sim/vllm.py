@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..layout import EngineKnobs
+from ..layout import EngineKnobs, Role
 from .rank import Rank, StepBatch, StepOutcome
 
 __all__ = ["Planned", "VllmPolicy", "admit_remote", "batch_of"]
@@ -156,7 +156,7 @@ def whole_prompt_fits(rank: Rank, rid: int, tokens: int, hk: int, hr: int) -> bo
     replay's resolved scheduler_config and the default in 0.32/0.33's parsers, absent from 0.11's). Hit blocks
     that are cached but unreferenced count against the free pool, as vLLM's `get_num_blocks_to_allocate`
     counts them (acquiring them takes them out of the free queue)."""
-    pinned_now = (rank.pool.evictable_extent(int(rank.key[rid]), hk) if hk else 0) + (
+    pinned_now = (rank.pool.evictable_extent(rank.key_of[rid], hk) if hk else 0) + (
         rank.pool.evictable_extent(-(rid + 1), hr) if hr else 0)
     return rank.blocks_for(tokens) - (hk + hr) <= rank.pool.free - pinned_now
 
@@ -169,8 +169,11 @@ class VllmPolicy:
 
     def schedule(self, rank: Rank, now_s: float) -> Planned:
         """Choose and reserve this step's batch (preempting or admitting as vLLM would)."""
-        act = (rank.active_h & rank.ready_h).nonzero()[0]  # every running sequence's slot is below rank.high
-        order = act[rank.order[act].argsort(kind="stable")] if len(act) > 1 else act
+        # the ready running slots in admission order (what sorting them by rank.order gives); only a PD decode rank
+        # holds running slots that are not ready (their KV still arriving)
+        order = np.array(rank.admitted, dtype=np.int64)
+        if rank.role is Role.DECODE and len(order):
+            order = order[rank.ready[order]]
         nkv = rank.nkv[order]
         left = rank.target[order] - nkv  # prompt tokens still to compute (0 for a decoding sequence)
         want = np.maximum(left, 1)
@@ -267,7 +270,7 @@ class VllmPolicy:
         while rank.waiting and budget_left > 0 and rank.free_slots:  # a free slot: running < capacity
             rid = rank.waiting[0]
             hk, hr = rank.hits(rid)
-            tokens = int(rank.prompt[rid]) + int(rank.ledger.out_done[rid])
+            tokens = rank.prompt_of[rid] + int(rank.ledger.out_done[rid])
             n = min(tokens - (hk + hr) * rank.page, budget_left)
             if not whole_prompt_fits(rank, rid, tokens, hk, hr):
                 if rank.running == 0 and rank.blocks_for(tokens) > rank.pool.total:
@@ -278,7 +281,7 @@ class VllmPolicy:
             slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
             ok = rank.grow(slot, n)  # the first chunk's blocks are a part of the whole prompt's
             assert ok
-            if hk < int(rank.shared_blocks[rid]):
+            if hk < rank.shared_of[rid]:
                 rank.share_prefix(slot, int(rank.nkv[slot]) + n)  # a request queued behind it may hit them now
             rank.waiting.popleft()
             slots.append(slot)
@@ -296,7 +299,7 @@ class VllmPolicy:
             return False
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
-        tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
+        tokens = rank.prompt_of[rid] + int(rank.ledger.out_done[rid])
         return whole_prompt_fits(rank, rid, tokens, hk, hr)
 
     def head_fits(self, rank: Rank) -> bool:
@@ -306,7 +309,7 @@ class VllmPolicy:
             return False
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
-        return whole_prompt_fits(rank, rid, int(rank.prompt[rid] + rank.ledger.out_done[rid]), hk, hr)
+        return whole_prompt_fits(rank, rid, rank.prompt_of[rid] + int(rank.ledger.out_done[rid]), hk, hr)
 
     def admits_head(self, rank: Rank, head_fits: bool) -> bool:
         """The next step admits the head of the queue whatever runs now (pool and budget as they are; head_fits is
@@ -352,7 +355,8 @@ def _block_limited_steps(rank: Rank, slots: I64) -> int:
         return 0
     free = rank.pool.free
     page = rank.page
-    nkv, blk = rank.nkv[slots], rank.blk[slots]
+    nkv = rank.decoding_nkv if slots is rank.decoding_slots else rank.nkv[slots]  # decode_state's gather, nothing changed since
+    blk = rank.blk[slots]
     room = blk * rank.page_0d - nkv
     n = len(room)
     if int(np.maximum.reduce(room.view(np.uint64))) < page:  # every room in [0, page) (a negative one reads as ≥ 2**63)
