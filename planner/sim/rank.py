@@ -88,6 +88,7 @@ class Rank:
         self.live_at_decode_state = 0          # ready running sequences when decode_state last looked
         self.decoding_slots: I64 = np.zeros(0, dtype=np.int64)  # decode_state's last slots, and their nkv then
         self.decoding_nkv: I64 = self.decoding_slots
+        self.decoding_left = 0  # fewest outputs any of decoding_slots has left (0: not known), set by the vLLM block limit
         # Slots are taken lowest first and reused last-freed first, so every running sequence lies below the
         # highest slot ever taken: the per-step scans look at [:high], not at all `capacity` slots.
         self.high = 0
@@ -326,7 +327,7 @@ class Rank:
         slots = (live & (self.nkv_h >= self.target_h)).nonzero()[0]
         self.live_at_decode_state = int(np.count_nonzero(live))
         nkv = self.nkv[slots]
-        self.decoding_slots, self.decoding_nkv = slots, nkv
+        self.decoding_slots, self.decoding_nkv, self.decoding_left = slots, nkv, 0
         return slots, len(slots), int(np.add.reduce(nkv))
 
     def extra_blocks(self, slots: I64, steps: int) -> int:
@@ -354,6 +355,8 @@ class Rank:
         # emit_tokens after a burst of 2+ steps: no first token among them
         out = self.out[slots] + steps
         self.out[slots] = out
+        if slots is self.decoding_slots and steps < self.decoding_left:  # none of them reached its last token
+            return
         done = slots[out >= self.out_total[slots]]
         if len(done):
             self._done(done, end_s, outcome)

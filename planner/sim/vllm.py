@@ -350,7 +350,10 @@ def _block_limited_steps(rank: Rank, slots: I64) -> int:
     (F // n)·page + r_(F mod n) + 1 (r sorted), so k = (F // n)·page + r_(F mod n) — one partition
     instead of a bisection. Otherwise the bisection on extra(k) (monotone) gives the same largest k."""
     out_left = rank.out_total[slots] - rank.out[slots]
-    k_max = min(int(np.minimum.reduce(out_left)), MAX_BURST_STEPS)
+    left = int(np.minimum.reduce(out_left))
+    if slots is rank.decoding_slots:
+        rank.decoding_left = left  # apply_decode of a burst shorter than this finishes nobody
+    k_max = min(left, MAX_BURST_STEPS)
     if k_max <= 0:
         return 0
     free = rank.pool.free
