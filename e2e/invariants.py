@@ -7,7 +7,7 @@ status, and keeps one `Sample`:
   its GPUs until it is gone) never exceed spec.hardware.maxGPUs + spec.policy.maxSurgeGPUs.
 - Serving floor: the pods that take client traffic are the Ready, not terminating pods that the entry Service
   (`<name>`) routes to (its set, or every set while it spans two). Their capacity in req/s, priced by the operator's own capacity function
-  (operator/replan.py `capacity_of`, at the workload and calibration the transition is judged at, as
+  (planner/replan_decision.py `capacity_of`, at the workload and calibration the transition is judged at, as
   `transition_step` does), never falls below the floor the transition declared (status.replan
   transitionFloorRps). The floor holds from the change that started the transition (`mark_change`) to the next
   change: the first step may run in the pass whose status declares it, and a transition only finishes when its
@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from servingtopology.operator.api.resource import parse_topology_spec
-from servingtopology.operator.replan import ReplanMemory, capacity_of
+from servingtopology.operator.replan import ReplanMemory
 from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.replan_decision import capacity_of
 from servingtopology.planner.transition import Phase
 from servingtopology.spec import to_problem
 

@@ -1,5 +1,7 @@
 """Live replanning glue: metric samples → observation → drift → decide on the observed workload → keep,
-propose (DryRun) or start a transition (Auto); and one transition step per reconcile.
+propose (DryRun) or start a transition (Auto); and one transition step per reconcile. The decisions are the
+planner's (planner/drift.py: when to replan; planner/replan_decision.py `choose_move`: keep, propose, blocked or
+a transition, as a typed ReplanChoice); this module executes them into memory, Conditions and Events.
 
 Called by the reconcile once per replan interval (`replan`) and on every pass while a transition runs
 (`transition_step`). Pure functions over values: the metrics fetch happens before (`fetch_sample`), the
@@ -11,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypedDict
 
-from ..planner import error_bars
 from ..planner.decide import predict_layout
 from ..planner.drift import (
     Calibration,
@@ -26,33 +26,26 @@ from ..planner.drift import (
     DriftState,
     assess_drift,
     calibrate,
-    improvement,
     rebaseline,
     workload_shift,
-    worth_switching,
 )
 from ..planner.error_bars import Interval
-from ..planner.error_gate import GAIN_WITHIN_ERROR, GateVerdict, gate_move, judge_move
+from ..planner.error_gate import GAIN_WITHIN_ERROR, judge_move
 from ..planner.errors import Infeasible, InsufficientData
-from ..planner.layout import Layout, LayoutKind
+from ..planner.layout import Layout
 from ..planner.observe import MetricSample, Observation, observe
-from ..planner.pd_ratio import rescale_pd
-from ..planner.predict import slo_capacity_rps
 from ..planner.problem import Candidate, Decision, Problem
+from ..planner.replan_decision import Move, Predictor, capacity_of, choose_move
 from ..planner.transition import (
     Action,
     Budget,
-    Capacity,
     CapacityDrop,
     ClusterView,
     Phase,
     Step,
     TransitionState,
-    in_place,
-    layout_to_state,
     next_step,
     serving_capacity_rps,
-    start_transition,
 )
 from ..planner.workload import LengthDist, LengthKind, Workload
 from .api.resource import ConditionType, Mode, ObservedStatus, PlanStatus, PolicySpec, ProposalStatus, duration_s
@@ -63,12 +56,11 @@ from .replan_status import Unreadable, validate_replan_status
 
 __all__ = [
     "ReplanPolicy", "ReplanMemory", "ReplanStatusError", "read_replan_status", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",
-    "policy_from_spec", "fetch_sample", "replan", "transition_step", "capacity_of", "observed_status",
+    "policy_from_spec", "fetch_sample", "replan", "transition_step", "observed_status", "Predictor",
     "METRICS_GRACE_MIN_S", "metrics_grace", "FloorCheck", "serving_floor", "after_transition", "proposal_from_replan",
 ]
 
 Planner = Callable[[Problem], Decision]
-Predictor = Callable[[Problem, Layout], Candidate]
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,19 +231,6 @@ def fetch_sample(source: MetricsSource, *, at_s: float, interval_s: float) -> tu
         return None, str(exc)
 
 
-def capacity_of(problem: Problem) -> Capacity:
-    """The transition planner's capacity function: each layout's SLO capacity at the problem's workload (memoised per call site)."""
-    cache: dict[str, float] = {}
-
-    def capacity(layout: Layout) -> float:
-        key = json.dumps(layout_to_state(layout), sort_keys=True)
-        if key not in cache:
-            cache[key] = float(slo_capacity_rps(problem, [layout])[0])
-        return cache[key]
-
-    return capacity
-
-
 def observed_status(obs: Observation, *, at: str, raw: Candidate | None, ttft_percentile: float | None = None,
                     tpot_percentile: float | None = None) -> ObservedStatus:
     """status.observed: the observed workload and latencies at the SLO percentiles (which it names), with the
@@ -334,22 +313,6 @@ def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observa
         return obs.workload.workload
 
 
-def _prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, predict: Predictor) -> Candidate:
-    """When `best` has the running kind and per-role parallelism but other engine knobs, keep the running knobs if
-    that still meets the SLO: replica counts then change in place, without restarting a single engine."""
-    if current is None or best.layout.kind is not current.kind or best.layout.roles.keys() != current.roles.keys():
-        return best
-    if any(best.layout.roles[r].parallelism != current.roles[r].parallelism for r in current.roles) or in_place(current, best.layout):
-        return best
-    roles = {r: replace(rl, knobs=current.roles[r].knobs) for r, rl in best.layout.roles.items()}
-    candidate = Layout(best.layout.kind, roles, current.precision)
-    if candidate.kind is LayoutKind.PD:  # the running roles at the counts the P:D decision picks for this load
-        rescaled, ratio = rescale_pd(problem, candidate)
-        candidate = rescaled if ratio.meets_slo else candidate
-    kept = predict(problem, candidate)
-    return replace(kept, why="the running engine arguments, scaled in place") if kept.prediction.meets_slo else best
-
-
 def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,
            policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "",
            grace: str | None = None, observe_only: str | None = None, metrics_reason: str = "MetricsUnavailable") -> ReplanOutcome:
@@ -415,69 +378,43 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         events.append(EventNote("Warning", "ReplanInfeasible", f"{exc}; keeping {current.label if current else 'nothing'}"))
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc), **base)
-    # SameLoadFigures: the running layout at the load the planner chose `after` for, never at another load.
-    current_c = decision.current or (predict(observed, current) if current is not None else None)
-    load_rps = observed.workload.arrival_rate_rps or 0.0
-    base = _Figures(observation=obs, observed=status, before=current_c, load_rps=load_rps)
-    after = _prefer_in_place(observed, current, decision.best, predict)
-    switch, why = worth_switching(current_c, after, objective=problem.objective, min_improvement=policy.drift.min_improvement)
-    pct = problem.slo.ttft_percentile
-    gate = _error_gate(observed, current_c, after, policy, mem.misses) if switch else None
-    if gate is not None and not gate.move:
+    # SameLoadFigures: choice.before is the running layout at the load the planner chose `after` for, never at another.
+    choice = choose_move(observed, current, decision, predict=predict, min_improvement=policy.drift.min_improvement,
+                         propose_only=policy.mode is Mode.DRY_RUN, surge_gpus=policy.max_surge_gpus,
+                         ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s, now_s=now_s,
+                         gain_within_error=policy.error_gate, error_misses=policy.error_misses + mem.misses)
+    after, why, gate = choice.after, choice.why, choice.gate
+    base = _Figures(observation=obs, observed=status, before=choice.before, load_rps=choice.load_rps)
+    if choice.move is Move.WITHIN_ERROR:
         # GainWithinError: the gain is smaller than what the two predictions' intervals can tell apart; nothing changes.
+        assert choice.before is not None   # the gate judges a move from a running layout only
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
-        assert current_c is not None
-        message = f"kept {current_c.layout.label} over {after.layout.label}: {gate.message}"
+        message = f"kept {choice.before.layout.label} over {after.layout.label}: {why}"
         events.append(EventNote("Normal", GAIN_WITHIN_ERROR, message))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
-    if gate is not None:
-        why = f"{why}; {gate.message}"
-    if not switch:
+    if choice.move is Move.KEEP:
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
         events.append(EventNote("Normal", "PlanKept", f"{verdict.message}; kept {current.label if current else '-'}: {why}"))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=why, **base)
-    change = _change(current_c, after, pct, load_rps)
-    if policy.mode is Mode.DRY_RUN or current is None:
+    change = _change(choice.before, after, problem.slo.ttft_percentile, choice.load_rps)
+    if choice.move is Move.PROPOSE:
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload)
         message = f"would change {change}, because {why} ({verdict.message})"
         events.append(EventNote("Normal", "PlanProposed", message))
         return ReplanOutcome(Verdict.PROPOSE, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
-    rate = observed.workload.arrival_rate_rps or 0.0
-    capacity = capacity_of(observed)
-    budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=min(rate, capacity(current)),
-                    ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
-    try:
-        state = start_transition(current, after.layout, budget=budget, capacity=capacity, now_s=now_s)
-    except Infeasible as exc:
+    if choice.move is Move.BLOCKED or choice.transition is None or choice.floor_rps is None:
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
-        events.append(EventNote("Warning", "TransitionBlocked", f"would change {change}, but {exc.closest_miss}"))
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=exc.closest_miss, **base)
+        events.append(EventNote("Warning", "TransitionBlocked", f"would change {change}, but {why}"))
+        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=why, **base)
+    state = choice.transition
     mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload, transition=state,
-                  transition_floor_rps=budget.floor_rps, transition_keeps_serving=True,
+                  transition_floor_rps=choice.floor_rps, transition_keeps_serving=True,
                   move=({"layout": after.layout.label, "tpotMs": {"value": gate.after.value, "low": gate.after.low, "high": gate.after.high}}
                         if gate is not None else mem.move))
     message = f"changing {change}, because {why} ({verdict.message}); {state.mode.value} transition"
     events.append(EventNote("Normal", "TransitionStarted", message))
     conds.append(ConditionNote(ConditionType.PROGRESSING, True, "Transition", message))
     return ReplanOutcome(Verdict.TRANSITION, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
-
-
-def _error_gate(problem: Problem, before: Candidate | None, after: Candidate, policy: ReplanPolicy, misses: int = 0) -> GateVerdict | None:
-    """With spec.policy.gainWithinError, whether a move made for its gain clears the combined uncertainty of the before
-    and after predictions (planner.error_gate; TPOT intervals of planner.error_bars: the step time that sets both the
-    capacity and the latency of a layout). None: no gate (off, nothing runs, or the running layout misses the SLO and
-    the move is needed whatever its gain)."""
-    if not policy.error_gate or before is None or not before.prediction.meets_slo:
-        return None
-    gain = improvement(before, after, objective=problem.objective)
-    rate = problem.workload.arrival_rate_rps or 0.0
-    out_tokens = problem.workload.output_tokens.expected_tokens
-
-    def iv(c: Candidate) -> Interval:
-        clients = rate * (c.prediction.ttft_ms + out_tokens * c.prediction.tpot_ms) / 1e3
-        return error_bars.interval("tpot", c.prediction.tpot_ms, engine=problem.engine.value, kind=error_bars.layout_kind(c.layout),
-                                   clients=max(clients, 1.0))
-    return gate_move(gain, iv(before), iv(after), misses=policy.error_misses + misses, what=problem.objective.value)
 
 
 def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemory, EventNote]:

@@ -15,11 +15,12 @@ from ..planner.errors import InsufficientData
 from ..planner.layout import Layout
 from ..planner.observe import observe
 from ..planner.problem import Problem
+from ..planner.replan_decision import capacity_of
 from ..planner.transition import Budget, StartVerdict, start_requested
 from ..planner.transition import set_name as layout_set_name
 from .api.resource import PlanStatus, ProposalStatus
 from .plan_status import ArgsOf, layout_from_plan, plan_status
-from .replan import Predictor, ReplanMemory, ReplanPolicy, capacity_of
+from .replan import Predictor, ReplanMemory, ReplanPolicy
 
 __all__ = ["Started", "running_set", "rebase_sets", "load_rps", "start_for_change", "finished_plan"]
 

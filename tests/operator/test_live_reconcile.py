@@ -24,11 +24,12 @@ from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsRequest
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.operator.render.manifests import SET_LABEL
-from servingtopology.operator.replan import ReplanMemory, capacity_of
+from servingtopology.operator.replan import ReplanMemory
 from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Role
 from servingtopology.planner.observe import MetricSample
 from servingtopology.planner.problem import Decision, Problem
+from servingtopology.planner.replan_decision import capacity_of
 from servingtopology.planner.transition import layout_from_state
 from servingtopology.spec import to_problem
 

@@ -317,9 +317,9 @@ def test_after_a_move_the_measured_result_is_judged_in_status_and_a_miss_raises_
     back = ReplanMemory.from_dict(json.loads(json.dumps(mem.to_dict())))
     assert back.misses == 1 and back.move == mem.move
     # The recorded miss widens the intervals of the next decision: a gain that cleared the bar before no longer does.
-    from servingtopology.operator.replan import _error_gate
+    from servingtopology.planner.replan_decision import error_gate
 
     c1 = fake_predict(PROBLEM, ONE)
     c2 = planner(replace(PROBLEM, current=ONE)).best
-    assert _error_gate(PROBLEM, c1, c2, pol, misses=0).move
-    assert not _error_gate(PROBLEM, c1, c2, pol, misses=back.misses + 1).move
+    assert error_gate(PROBLEM, c1, c2, misses=pol.error_misses).move
+    assert not error_gate(PROBLEM, c1, c2, misses=pol.error_misses + back.misses + 1).move
