@@ -45,12 +45,15 @@ class RememberedSteps:
     (fixed lengths, one or two running sequences, the three probes of every decode burst), and the answer is the
     model's own float, so a replay's figures are unchanged. Only for models known to be pure (`InstancePerf`)."""
 
-    __slots__ = ("_decode", "_seen", "model")
+    __slots__ = ("_decode", "_seen", "decode_probe", "model")
 
     def __init__(self, model: StepTimeModel) -> None:
         self.model = model
         self._seen: dict[tuple[float, float, float, float], float] = {}
         self._decode: Callable[[float, float], float] | None = getattr(model, "decode_s", None)  # InstancePerf's, same floats
+        # a decode burst's probes (its first, middle and last steps' contexts) are rarely asked twice: the model's own
+        # decode_s answers them, without the memo's key and insert (the same floats)
+        self.decode_probe: Callable[[float, float], float] = self._decode if self._decode is not None else self.decode_s
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
                     decode_context_tokens: float) -> float:

@@ -77,7 +77,8 @@ class Instance:
         self.role = role
         self.model = model
         self._batch_s: Callable[[StepBatch], float] | None = getattr(model, "batch_s", None)  # RememberedSteps': the same floats
-        self._decode_s: Callable[[float, float], float] | None = getattr(model, "decode_s", None)  # the burst probe, looked up once
+        # the burst probe, looked up once (a RememberedSteps' decode_probe: its model's own, unremembered)
+        self._decode_s: Callable[[float, float], float] | None = getattr(model, "decode_probe", None) or getattr(model, "decode_s", None)
         self.ledger = ledger
         self.gpus = role_layout.parallelism.gpus
         page = knobs.block_size_tokens if engine is Engine.VLLM else 1
@@ -202,7 +203,7 @@ class Instance:
         end = now_s + duration
         finish_step(rank, p, end, self._pending)  # _finish_single of one rank
         if b.decode_tokens:
-            self.ledger.gaps(np.array([duration]), int(b.decode_tokens))
+            self.ledger.gap(duration, b.decode_tokens)
         self.steps += 1
         self.busy, self.end_s = True, end
         return end
@@ -225,7 +226,7 @@ class Instance:
             decoders = int(p.batch.decode_tokens)
             finish_step(rank, p, end_s, self._pending)
             if decoders:
-                self.ledger.gaps(np.array([duration_s]), decoders)
+                self.ledger.gap(duration_s, decoders)
         self.steps += 1
 
     def truncate(self, t_s: float) -> float | None:

@@ -52,7 +52,7 @@ class Ledger:
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.cached_tokens = np.zeros(n, dtype=np.int64)
         self.preempted_at_s = np.full(n, np.nan)
-        self._itl_s: list[npt.NDArray[np.float64]] = []
+        self._itl_s: list[npt.NDArray[np.float64] | float] = []  # a burst's step durations, or one step's
         self._itl_w: list[float] = []
         self._tl: list[tuple[float, float, int, int, int]] = []  # (t_s, kv_used_frac, running, waiting, instance)
         self.preemptions_total = 0
@@ -65,9 +65,11 @@ class Ledger:
             self._itl_s.append(durations_s)
             self._itl_w.append(float(weight))  # expanded to one weight per gap by itl()
 
-    def gap(self, duration_s: float) -> None:
-        self._itl_s.append(np.array([duration_s]))
-        self._itl_w.append(1.0)
+    def gap(self, duration_s: float, weight: float = 1.0) -> None:
+        """One step's gap, counted `weight` times (kept as a float: no array per step)."""
+        if weight > 0:
+            self._itl_s.append(duration_s)
+            self._itl_w.append(float(weight))
 
     def sample(self, t_s: float, instance: int, kv_used_frac: float, running: int, waiting: int) -> None:
         """Append one timeline point (after a step or a burst of steps)."""
@@ -80,8 +82,16 @@ class Ledger:
     def itl(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         if not self._itl_s:
             return np.zeros(0), np.zeros(0)
-        counts = np.fromiter((len(d) for d in self._itl_s), dtype=np.int64, count=len(self._itl_s))
-        return np.concatenate(self._itl_s), np.repeat(np.asarray(self._itl_w, dtype=np.float64), counts)
+        values: list[float] = []
+        counts: list[int] = []
+        for d in self._itl_s:
+            if isinstance(d, float):
+                values.append(d)
+                counts.append(1)
+            else:
+                values.extend(d.tolist())  # the same floats
+                counts.append(len(d))
+        return np.array(values, dtype=np.float64), np.repeat(np.asarray(self._itl_w, dtype=np.float64), counts)
 
     def timeline(self) -> dict[str, npt.NDArray[np.float64]]:
         columns = np.array(self._tl, dtype=np.float64).reshape(-1, 5).T.copy()  # one row per field, contiguous

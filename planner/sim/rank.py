@@ -295,7 +295,7 @@ class Rank:
         out = self.out[slots] + steps
         self.out[slots] = out
         led = self.ledger
-        for s in slots[out == 1] if steps == 1 else ():  # after a burst of 2+ steps none is a first token
+        for s in slots[out == 1].tolist() if steps == 1 else ():  # after a burst of 2+ steps none is a first token
             rid = int(self.rid[s])
             if math.isnan(led.first_token_s[rid]):
                 led.first_token_s[rid] = end_s
@@ -323,7 +323,7 @@ class Rank:
 
     def decode_state(self) -> tuple[I64, int, int]:
         """Decoding slots, their count and the sum of their cached tokens."""
-        live = self.active_h & self.ready_h
+        live = self.active_h & self.ready_h if self.role is Role.DECODE else self.active_h  # ready is active off a PD decode rank
         slots = (live & (self.nkv_h >= self.target_h)).nonzero()[0]
         self.live_at_decode_state = int(np.count_nonzero(live))
         nkv = self.nkv[slots]

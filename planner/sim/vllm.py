@@ -203,7 +203,7 @@ class VllmPolicy:
         s_add: list[int] = []
         n_add: list[int] = []
         k_add: list[int] = []
-        if not preempted:  # then no request was dropped: the budget used is what the running ones took
+        if not preempted and rank.waiting and rank.free_slots:  # then no request was dropped: the budget used is what the running ones took
             s_add, n_add, k_add = self._admit_queue(rank, self.budget - min(wanted, self.budget), now_s)
         batch = _batch(slots, new, nkv, left, n_add, k_add)
         if s_add:
