@@ -122,11 +122,7 @@ def _deployment_key(c: CalibrationCase) -> tuple[Any, ...]:
 
 def load_level_out(max_groups: int | None) -> dict[str, Any]:
     lomo.SHARED = GROUNDTRUTH
-    parts = [lomo.load_measurements(GROUNDTRUTH / f, model_dir=GROUNDTRUTH / "models", backends=("vllm", "sglang")) for f in lomo.FILES]
-    fitted_file = fit_record().get("data_file")
-    fitted = {c.model_path for f, part in zip(lomo.FILES, parts, strict=True) if f == fitted_file for c in part.cases}
-    m = lomo._merge(parts)
-    results, used = lomo.lomo_predictions(m, fitted)
+    m, results, used = lomo.shared_lomo_predictions(GROUNDTRUTH)
     folds = {", ".join(sorted(f["models"])): f["params"] for f in (fit_record().get("leave_one_model_out") or {}).get("folds") or []}
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for i, (c, r) in enumerate(zip(m.cases, results, strict=True)):

@@ -36,7 +36,6 @@ import lomo_decisions as lomo
 
 from servingtopology.planner import error_bars
 from servingtopology.planner.calibration import Prediction
-from servingtopology.planner.perf import fit_record
 from tests.groundtruth import GROUNDTRUTH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,11 +47,7 @@ METRICS = ("ttft", "tpot")
 def residual_rows() -> list[dict[str, Any]]:
     """One dict per predicted row: engine, kind, clients, fold, and the TTFT and TPOT residuals."""
     lomo.SHARED = GROUNDTRUTH
-    parts = [lomo.load_measurements(GROUNDTRUTH / f, model_dir=GROUNDTRUTH / "models", backends=("vllm", "sglang")) for f in lomo.FILES]
-    fitted_file = fit_record().get("data_file")
-    fitted = {c.model_path for f, part in zip(lomo.FILES, parts, strict=True) if f == fitted_file for c in part.cases}
-    m = lomo._merge(parts)
-    results, used = lomo.lomo_predictions(m, fitted)
+    m, results, used = lomo.shared_lomo_predictions(GROUNDTRUTH)
     rows = []
     for c, r, u in zip(m.cases, results, used, strict=True):
         if isinstance(r, Prediction):

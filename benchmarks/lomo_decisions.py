@@ -72,6 +72,18 @@ def lomo_predictions(m: Measurements, fitted_models: set[str], overrides: dict[s
     return predict_held_out(m.cases, m.models, m.gpus, folds, replace(perf_params(), **overrides))
 
 
+def shared_lomo_predictions(shared: Path) -> tuple[Measurements, list[Prediction | Skip], list[str]]:
+    """Both shared files' vLLM and SGLang rows under `shared`, each predicted leave-one-model-out by the shipped folds
+    (lomo_predictions): the rows, their predictions and the fold each used. Read by interval_coverage.py and
+    calibration_accuracy.py."""
+    parts = [load_measurements(shared / f, model_dir=shared / "models", backends=("vllm", "sglang")) for f in FILES]
+    fitted_file = fit_record().get("data_file")
+    fitted = {c.model_path for f, part in zip(FILES, parts, strict=True) if f == fitted_file for c in part.cases}
+    m = _merge(parts)
+    results, used = lomo_predictions(m, fitted)
+    return m, results, used
+
+
 def layout_kind(c: CalibrationCase) -> str:
     if c.mode == "disagg":
         return "pd"

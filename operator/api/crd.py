@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import yaml
 
 from .resource import GROUP, KIND, MAX_RESOURCE_NAME, RESOURCE_NAME_PATTERN, VERSION, TopologySpec, TopologyStatus
 
-__all__ = ["VERSION", "PLURAL", "SHORT_NAME", "CRD_PATHS", "structural_schema", "unguarded_fields", "build_crd", "render_crd_yaml",
+__all__ = ["VERSION", "PLURAL", "SHORT_NAME", "CRD_PATHS", "structural_schema", "unguarded_fields", "build_crd", "render_crd_yaml", "write_generated",
            "main"]
 
 PLURAL = "servingtopologies"
@@ -278,22 +278,29 @@ def render_crd_yaml() -> str:
     return header + yaml.safe_dump(build_crd(), sort_keys=False, allow_unicode=True, width=120)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servingtopology.operator.api.crd", description=render_crd_yaml.__doc__)
+def write_generated(argv: Sequence[str] | None, *, prog: str, description: str, render: Callable[[], str],
+                    paths: Sequence[str]) -> int:
+    """A CRD generator's command line (this module's and operator/api/pool.py's): print the YAML, or with --write
+    write it to each of `paths` under --root."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--write", action="store_true", help="write the CRD files under the given root")
     parser.add_argument("--root", default=".", help="repository root (default: .)")
     args = parser.parse_args(argv)
-    text = render_crd_yaml()
+    text = render()
     if not args.write:
         sys.stdout.write(text)
         return 0
-    for rel in CRD_PATHS:
+    for rel in paths:
         path = Path(args.root) / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"wrote {path}")
     return 0
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return write_generated(argv, prog="python -m servingtopology.operator.api.crd", description=render_crd_yaml.__doc__ or "",
+                           render=render_crd_yaml, paths=CRD_PATHS)
 
 if __name__ == "__main__":
     sys.exit(main())

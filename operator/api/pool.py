@@ -8,11 +8,9 @@ and the trust boundary of the pool pass (`parse_pool_spec`). Must not import kop
 
 from __future__ import annotations
 
-import argparse
 import enum
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -20,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ...planner.pool import PoolObjective
 from ...spec import MAX_GPUS, SpecError
-from .crd import VERSION, structural_schema
+from .crd import VERSION, structural_schema, write_generated
 from .resource import GROUP
 
 __all__ = ["POOL_KIND", "POOL_PLURAL", "POOL_SHORT_NAME", "POOL_LABEL", "PRIORITY_ANNOTATION", "POOL_CRD_PATHS", "PoolMode",
@@ -139,21 +137,8 @@ def render_pool_crd_yaml() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servingtopology.operator.api.pool", description="the ServingPool CRD")
-    parser.add_argument("--write", action="store_true")
-    parser.add_argument("--root", default=".")
-    args = parser.parse_args(argv)
-    text = render_pool_crd_yaml()
-    if not args.write:
-        sys.stdout.write(text)
-        return 0
-    for rel in POOL_CRD_PATHS:
-        path = Path(args.root) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}")
-    return 0
-
+    return write_generated(argv, prog="python -m servingtopology.operator.api.pool", description="the ServingPool CRD",
+                           render=render_pool_crd_yaml, paths=POOL_CRD_PATHS)
 
 if __name__ == "__main__":
     sys.exit(main())
