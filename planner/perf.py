@@ -770,6 +770,17 @@ class InstancePerf:
             if len(self._terms) >= TOKEN_TERMS_ENTRIES:
                 self._terms.clear()
             terms = self._terms[tokens] = token_terms(c, tokens, maximum=_fmax, minimum=_fmin)
-        value = float(step_from_token_terms(c, terms[0], terms[1], prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens,
-                                            _fmax, _fmin))
+        # step_from_token_terms(c, terms[0], terms[1], ..., _fmax, _fmin) written out: the same operations in the same order
+        # (so the same float), without its three min/max calls
+        mixed = (prefill_tokens > 0) * 1.0
+        t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
+        cap_pairs = c.attn_cap_tokens * prefill_tokens
+        cap_ctx = c.attn_cap_tokens * decode_tokens
+        t_attn = t_attn + (c.attn_capped_pair_s * (prefill_pairs if prefill_pairs < cap_pairs else cap_pairs)
+                           + c.attn_capped_ctx_s * (decode_context_tokens if decode_context_tokens < cap_ctx else cap_ctx)
+                           + c.attn_seq_s * decode_tokens) / c.pp
+        stage = terms[0] + t_attn + c.layer_fixed_s
+        busy = c.pp * stage + terms[1]
+        cpu = c.per_seq_s * (decode_tokens + mixed)
+        value = float((busy if busy > cpu else cpu) + c.step_fixed_s)
         return value if math.isfinite(value) else float("inf")
