@@ -47,6 +47,8 @@ MAX_PARTS = 2                 # parts (option groups) one member may span behind
 # the greedy (1 CPU s, within 2.1 % of its LP bound there) answers instead.
 EXACT_MAX_OPTIONS = 2_500
 NODE_LIMIT = 200
+GREEDY_FLOORS_MISSED = "milp (the greedy could not place the floors)"
+MIP_FEASIBILITY = 1e-6       # HiGHS's default mip_feasibility_tolerance
 LEX_TOLERANCE = 1e-7          # relative slack when a level's optimum is fixed for the next level
 
 FloatArray = npt.NDArray[np.float64]
@@ -317,7 +319,10 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
         scale = max(1.0, abs(res.objective))
         gap = abs(res.bound - res.objective) / scale if math.isfinite(res.bound) else math.inf
         lines.append(f"{name}: {res.objective:.6g} ({res.status.value}" + (f", bound {res.bound:.6g}" if gap > 1e-9 else "") + ")")
-        tol = LEX_TOLERANCE * scale
+        # HiGHS accepts a continuous column up to its MIP feasibility tolerance (1e-6) past a row, so a level's reported
+        # optimum can stand that much above what the integer selection really gives: fixing it without that slack per
+        # term cut the true optimum off the next level (goodput 1.5000008 fixed, the selection meeting more members lost).
+        tol = LEX_TOLERANCE * scale + MIP_FEASIBILITY * int(np.count_nonzero(c))
         if maximize:
             row(at=c.copy(), lower=res.objective - tol)
         else:
@@ -484,7 +489,12 @@ def plan_pool(problem: PoolProblem) -> PoolDecision:
     else:
         x = _greedy(problem, f)
         if x is None:
-            raise _floors_error(problem, f)
+            # The greedy places floors one member at a time and can miss a packing that exists (a 2-GPU floor taken
+            # first leaves no room for a 1-GPU one): the MILP, node-limited, decides before the pool is called short.
+            x, lines, gap = _milp(problem, f)
+            if x is None:
+                raise _floors_error(problem, f)
+            return _decision(problem, f, x, SolverReport(GREEDY_FLOORS_MISSED, n, tuple(lines), gap))
         _, lp_lines, _ = _milp(problem, f, relax=True)
         method = "greedy"
         v = _selection_value(problem, f, x)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.pool import (
+    GREEDY_FLOORS_MISSED,
     MAX_PARTS,
     GpuKind,
     MemberOption,
@@ -85,7 +86,9 @@ def pools(draw: st.DrawFn) -> PoolProblem:
     return PoolProblem(_kinds(counts, prices), tuple(members), objective, budget)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same examples on every run, so CI cannot turn on a new draw; wider random runs found the two
+# regressions below (5,000 and 1,500 examples, every seed clean after their fixes).
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(pools())
 def test_the_pool_planner_objective_equals_a_brute_force_search(problem: PoolProblem) -> None:
     best = brute_force(problem)
@@ -152,14 +155,14 @@ def test_a_member_spans_two_kinds_with_routing_weights_by_capacity() -> None:
     assert a.met and sorted(p.routing_weight for p in a.parts) == pytest.approx([0.25, 0.75])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(pools())
 def test_the_greedy_stays_within_the_inventory_and_its_stated_bound(problem: PoolProblem) -> None:
     if brute_force(problem) is None:
         return
     exact = plan_pool(problem)
     greedy = plan_pool(PoolProblem(problem.kinds, problem.members, problem.objective, problem.budget_per_hour, exact_max_options=0))
-    assert greedy.solver.method == "greedy"
+    assert greedy.solver.method in ("greedy", GREEDY_FLOORS_MISSED)
     for k in problem.kinds:
         assert greedy.used[k.name] <= k.count
     if problem.objective is PoolObjective.MAX_GOODPUT:
@@ -168,3 +171,31 @@ def test_the_greedy_stays_within_the_inventory_and_its_stated_bound(problem: Poo
     got = objective_values(problem, np.array([a.capacity_rps for a in greedy.members]), greedy.cost_per_hour)[0]
     assert got <= first + 1e-6
     assert first - got <= greedy.solver.gap * max(1.0, first) + 1e-6   # the LP bound covers the greedy's loss
+
+
+def test_a_level_fixed_with_the_solvers_slack_keeps_the_true_optimum() -> None:
+    """HiGHS reported goodput 1.5000008 for a 1.5 selection; fixed without slack, the next level lost the selection that
+    meets the higher-priority member (met weight 1 instead of 2)."""
+    m0 = PoolMember("m0", 1.5, (_option("fast", {"fast": 1}, 1.0), _option("fast→cheap", {"fast": 1, "cheap": 1}, 1.5),
+                                _option("cheap", {"cheap": 1}, 1.0)), priority=1)
+    m1 = PoolMember("m1", 0.5, (_option("fast", {"fast": 1}, 0.5),), priority=0)
+    problem = PoolProblem(_kinds((1, 1), (2.0, 1.0)), (m0, m1), PoolObjective.MAX_GOODPUT, 3.0)
+    d = plan_pool(problem)
+    got = objective_values(problem, np.array([a.capacity_rps for a in d.members]), d.cost_per_hour)
+    assert brute_force(problem) == pytest.approx((1.5, 2.0, -3.0))
+    assert got == pytest.approx((1.5, 2.0, -3.0))
+
+
+def test_floors_the_greedy_cannot_pack_go_to_the_milp_not_to_a_shortage() -> None:
+    """The greedy gave the first floor two cheap GPUs and had none left for the second; a packing exists (1 cheap, and
+    1 fast + 1 cheap)."""
+    members = (PoolMember("m0", 0.5, (_option("fast", {"fast": 1}, 0.5),)),
+               PoolMember("m1", 0.5, (_option("cheap", {"cheap": 1}, 0.5),), min_rps=0.5),
+               PoolMember("m2", 0.5, (_option("cheap", {"cheap": 2}, 0.5), _option("fast→cheap", {"fast": 1, "cheap": 1}, 0.5)),
+                          priority=1, min_rps=0.5))
+    problem = PoolProblem(_kinds((1, 2), (2.0, 1.0)), members, PoolObjective.MIN_COST, None, exact_max_options=0)
+    d = plan_pool(problem)
+    assert d.solver.method == GREEDY_FLOORS_MISSED
+    by = {a.name: a for a in d.members}
+    assert by["m1"].capacity_rps >= 0.5 and by["m2"].capacity_rps >= 0.5
+    assert d.used == {"fast": 1, "cheap": 2}
