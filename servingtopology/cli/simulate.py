@@ -26,6 +26,7 @@ from servingtopology.cli.calibration_io import (
     calibration_summary,
     interval_text,
     prediction_intervals,
+    read_bytes,
     read_calibration,
 )
 from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
@@ -89,13 +90,7 @@ def read_trace(path: Path, *, field: str = "trace") -> list[dict[str, object]]:
     """Rows of a JSONL (one object per line) or CSV (header row) trace file; every way it can be unreadable
     (missing, over 256 MiB or MAX_SIM_REQUESTS rows, not UTF-8, a line that is not a JSON object, a field over
     the csv module's limit) is an InvalidSpec naming `field` and the line."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_TRACE_BYTES + 1)
-    except OSError as exc:
-        raise InvalidSpec(field, f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_TRACE_BYTES:
-        raise InvalidSpec(field, f"{path} is over {MAX_TRACE_BYTES:,} bytes")
+    raw = read_bytes(path, MAX_TRACE_BYTES, field)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
