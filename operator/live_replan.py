@@ -18,16 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ..planner.decide import predict_layout
-from ..planner.layout import Engine, Layout
-from ..planner.problem import Problem
-from .api.resource import ConditionType, TopologySpec
-from .live.metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
-from .live.metrics_reads import MetricsPending, MetricsReads
-from .live.prometheus_http import PrometheusFailure
-from .live.url_policy import URL_REFUSED, PrometheusUrl, UrlAllowList, UrlRefused, UrlVerdict, parse_prometheus_url
-from .plan_status import timestamp
-from .replan import (
+from servingtopology.operator.api.resource import ConditionType, TopologySpec
+from servingtopology.operator.live.metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
+from servingtopology.operator.live.metrics_reads import MetricsPending, MetricsReads
+from servingtopology.operator.live.prometheus_http import PrometheusFailure
+from servingtopology.operator.live.url_policy import URL_REFUSED, PrometheusUrl, UrlAllowList, UrlRefused, UrlVerdict, parse_prometheus_url
+from servingtopology.operator.plan_status import timestamp
+from servingtopology.operator.replan import (
     ConditionNote,
     EventNote,
     Planner,
@@ -39,7 +36,10 @@ from .replan import (
     metrics_grace,
     replan,
 )
-from .runtime.cluster import Cluster, ClusterError, SecretNotOptedIn
+from servingtopology.operator.runtime.cluster import Cluster, ClusterError, SecretNotOptedIn
+from servingtopology.planner.decide import predict_layout
+from servingtopology.planner.layout import Engine, Layout
+from servingtopology.planner.problem import Problem
 
 __all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "pooled_prometheus", "metrics_request", "run_live_replan",
            "QUERY_TIMEOUT_S"]

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..planner.layout import Layout
-from ..planner.problem import Decision, Problem
-from .api.resource import Mode, TopologySpec
-from .pass_context import blueprint_for, problem_from_spec
-from .render.manifests import build_workloads
-from .runtime.plan_worker import plan_with_simulator
+from servingtopology.operator.api.resource import Mode, TopologySpec
+from servingtopology.operator.pass_context import blueprint_for, problem_from_spec
+from servingtopology.operator.render.manifests import build_workloads
+from servingtopology.operator.runtime.plan_worker import plan_with_simulator
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.problem import Decision, Problem
 
 __all__ = ["OfflinePlan", "plan_offline", "file_name"]
 
@@ -37,7 +37,7 @@ def plan_offline(spec: TopologySpec, *, name: str, namespace: str, gpus_per_node
     ownerReferences. Raises InvalidSpec (naming the resource's field) and Infeasible as the operator's pass would meet them;
     a spec.modelConfigMap (read from the cluster by the operator) is an InvalidSpec here."""
     if spec.modelConfigMap is not None:
-        from ..planner.errors import InvalidSpec
+        from servingtopology.planner.errors import InvalidSpec
 
         raise InvalidSpec("spec.modelConfigMap", "names a ConfigMap in the cluster; offline, give spec.modelConfig (a path to "
                           "the config.json) instead")

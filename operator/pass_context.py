@@ -19,15 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..planner.engine_caps import resolve_version
-from ..planner.engine_command import engine_command
-from ..planner.errors import Infeasible, InsufficientData, InvalidSpec
-from ..planner.layout import Layout, Role, RoleLayout
-from ..planner.model import model_catalog
-from ..planner.problem import Decision, Problem
-from ..planner.tables import layout_rejection
-from ..spec import SpecError, model_identity, to_layout, to_problem
-from .api.resource import (
+from servingtopology.operator.api.resource import (
     ApprovalStatus,
     ConditionType,
     HistoryEntry,
@@ -40,15 +32,23 @@ from .api.resource import (
     TopologySpec,
     TopologyStatus,
 )
-from .live.readout import summary_status
-from .live.url_policy import UrlAllowList
-from .live_replan import MetricsFactory, run_live_replan
-from .plan_status import condition, set_condition
-from .render.manifests import Blueprint, engine_extra_args, role_nodes
-from .render.network import NetworkKnobs
-from .replan import Predictor, ReplanOutcome, ReplanPolicy, read_replan_status
-from .runtime.cluster import Cluster, ObjectRef
-from .runtime.plan_worker import PlanBudgetExceeded, blocking
+from servingtopology.operator.live.readout import summary_status
+from servingtopology.operator.live.url_policy import UrlAllowList
+from servingtopology.operator.live_replan import MetricsFactory, run_live_replan
+from servingtopology.operator.plan_status import condition, set_condition
+from servingtopology.operator.render.manifests import Blueprint, engine_extra_args, role_nodes
+from servingtopology.operator.render.network import NetworkKnobs
+from servingtopology.operator.replan import Predictor, ReplanOutcome, ReplanPolicy, read_replan_status
+from servingtopology.operator.runtime.cluster import Cluster, ObjectRef
+from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded, blocking
+from servingtopology.planner.engine_caps import resolve_version
+from servingtopology.planner.engine_command import engine_command
+from servingtopology.planner.errors import Infeasible, InsufficientData, InvalidSpec
+from servingtopology.planner.layout import Layout, Role, RoleLayout
+from servingtopology.planner.model import model_catalog
+from servingtopology.planner.problem import Decision, Problem
+from servingtopology.planner.tables import layout_rejection
+from servingtopology.spec import SpecError, model_identity, to_layout, to_problem
 
 __all__ = [
     "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_from_spec", "problem_or_none",

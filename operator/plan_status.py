@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from ..planner.hardware import Precision
-from ..planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
-from ..planner.problem import Candidate, Prediction
-from .api.resource import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
-from .live.readout import ms_text, pd_ratio
+from servingtopology.operator.api.resource import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
+from servingtopology.operator.live.readout import ms_text, pd_ratio
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
+from servingtopology.planner.problem import Candidate, Prediction
 
 __all__ = [
     "queueing_note",

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..planner.errors import InvalidSpec
-from ..planner.hardware import resolve_gpu
-from ..planner.pool import GpuKind, PoolDecision, plan_pool
-from ..planner.pool_options import MemberRequest, build_pool
-from ..spec import SpecError, to_problem
-from .api.pool import PRIORITY_ANNOTATION, ServingPoolSpec, parse_pool_spec
-from .api.resource import parse_topology_spec
-from .runtime.capacity import read_capacity
+from servingtopology.operator.api.pool import PRIORITY_ANNOTATION, ServingPoolSpec, parse_pool_spec
+from servingtopology.operator.api.resource import parse_topology_spec
+from servingtopology.operator.runtime.capacity import read_capacity
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.hardware import resolve_gpu
+from servingtopology.planner.pool import GpuKind, PoolDecision, plan_pool
+from servingtopology.planner.pool_options import MemberRequest, build_pool
+from servingtopology.spec import SpecError, to_problem
 
 __all__ = ["PoolPass", "pool_kinds", "pool_pass"]
 

@@ -43,15 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..planner.decide import predict_layout
-from ..planner.errors import Infeasible, InvalidSpec
-from ..planner.hardware import resolve_gpu
-from ..planner.layout import Layout
-from ..planner.problem import Decision, Problem
-from ..planner.transition import Phase, TransitionState
-from ..planner.transition import set_name as layout_set_name
-from ..spec import SpecError
-from .api.resource import (
+from servingtopology.operator.api.resource import (
     APPROVE_ANNOTATION,
     HISTORY_LIMIT,
     Approval,
@@ -66,10 +58,10 @@ from .api.resource import (
     check_resource_name,
     parse_topology_spec,
 )
-from .live.readout import phase_text, traffic_shares
-from .live.url_policy import UrlAllowList
-from .live_replan import MetricsFactory
-from .pass_context import (
+from servingtopology.operator.live.readout import phase_text, traffic_shares
+from servingtopology.operator.live.url_policy import UrlAllowList
+from servingtopology.operator.live_replan import MetricsFactory
+from servingtopology.operator.pass_context import (
     Outcome,
     PassContext,
     PassState,
@@ -84,7 +76,7 @@ from .pass_context import (
     problem_or_none,
     slo_percentile,
 )
-from .plan_status import (
+from servingtopology.operator.plan_status import (
     append_history,
     change_message,
     condition,
@@ -94,17 +86,34 @@ from .plan_status import (
     proposal_status,
     timestamp,
 )
-from .render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
-from .render.network import network_capabilities
-from .render.object_size import oversized
-from .render.sets import Rendering, steady_rendering, transition_rendering
-from .render.tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
-from .replan import FloorCheck, Predictor, Verdict, after_transition, policy_from_spec, proposal_from_replan, serving_floor, transition_step
-from .rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
-from .runtime.capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
-from .runtime.cluster import Cluster, ObjectRef, owned_selector, ref_of
-from .runtime.cluster_view import read_cluster_view
-from .runtime.plan_worker import PlanBudgetExceeded
+from servingtopology.operator.render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
+from servingtopology.operator.render.network import network_capabilities
+from servingtopology.operator.render.object_size import oversized
+from servingtopology.operator.render.sets import Rendering, steady_rendering, transition_rendering
+from servingtopology.operator.render.tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
+from servingtopology.operator.replan import (
+    FloorCheck,
+    Predictor,
+    Verdict,
+    after_transition,
+    policy_from_spec,
+    proposal_from_replan,
+    serving_floor,
+    transition_step,
+)
+from servingtopology.operator.rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
+from servingtopology.operator.runtime.capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
+from servingtopology.operator.runtime.cluster import Cluster, ObjectRef, owned_selector, ref_of
+from servingtopology.operator.runtime.cluster_view import read_cluster_view
+from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded
+from servingtopology.planner.decide import predict_layout
+from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.hardware import resolve_gpu
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.problem import Decision, Problem
+from servingtopology.planner.transition import Phase, TransitionState
+from servingtopology.planner.transition import set_name as layout_set_name
+from servingtopology.spec import SpecError
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
 

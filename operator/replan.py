@@ -19,8 +19,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypedDict
 
-from ..planner.decide import predict_layout
-from ..planner.drift import (
+from servingtopology.operator.api.resource import ConditionType, Mode, ObservedStatus, PlanStatus, PolicySpec, ProposalStatus, duration_s
+from servingtopology.operator.live.metrics import MetricsSource, MetricsUnavailable
+from servingtopology.operator.live.readout import ms_text
+from servingtopology.operator.plan_status import ArgsOf, predicted, proposal_status, queueing_note
+from servingtopology.operator.replan_status import Unreadable, validate_replan_status
+from servingtopology.planner.decide import predict_layout
+from servingtopology.planner.drift import (
     Calibration,
     DriftPolicy,
     DriftState,
@@ -29,14 +34,14 @@ from ..planner.drift import (
     rebaseline,
     workload_shift,
 )
-from ..planner.error_bars import Interval
-from ..planner.error_gate import GAIN_WITHIN_ERROR, judge_move
-from ..planner.errors import Infeasible, InsufficientData
-from ..planner.layout import Layout
-from ..planner.observe import MetricSample, Observation, observe
-from ..planner.problem import Candidate, Decision, Problem
-from ..planner.replan_decision import Move, Predictor, capacity_of, choose_move
-from ..planner.transition import (
+from servingtopology.planner.error_bars import Interval
+from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, judge_move
+from servingtopology.planner.errors import Infeasible, InsufficientData
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.observe import MetricSample, Observation, observe
+from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.replan_decision import Move, Predictor, capacity_of, choose_move
+from servingtopology.planner.transition import (
     Action,
     Budget,
     CapacityDrop,
@@ -47,12 +52,7 @@ from ..planner.transition import (
     next_step,
     serving_capacity_rps,
 )
-from ..planner.workload import LengthDist, LengthKind, Workload
-from .api.resource import ConditionType, Mode, ObservedStatus, PlanStatus, PolicySpec, ProposalStatus, duration_s
-from .live.metrics import MetricsSource, MetricsUnavailable
-from .live.readout import ms_text
-from .plan_status import ArgsOf, predicted, proposal_status, queueing_note
-from .replan_status import Unreadable, validate_replan_status
+from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 
 __all__ = [
     "ReplanPolicy", "ReplanMemory", "ReplanStatusError", "read_replan_status", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",

@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..planner.drift import Trigger
-from ..planner.hardware import Precision
-from ..planner.layout import KvDtype, LayoutKind, Role
-from ..planner.transition import Mode, Phase
-from ..planner.workload import LengthKind
+from servingtopology.planner.drift import Trigger
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.layout import KvDtype, LayoutKind, Role
+from servingtopology.planner.transition import Mode, Phase
+from servingtopology.planner.workload import LengthKind
 
 __all__ = ["ReplanStatus", "Unreadable", "TRANSITION_SECTIONS", "validate_replan_status"]
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from ..planner.errors import InsufficientData
-from ..planner.layout import Layout
-from ..planner.observe import observe
-from ..planner.problem import Problem
-from ..planner.replan_decision import capacity_of
-from ..planner.transition import Budget, StartVerdict, start_requested
-from ..planner.transition import set_name as layout_set_name
-from .api.resource import PlanStatus, ProposalStatus
-from .plan_status import ArgsOf, layout_from_plan, plan_status
-from .replan import Predictor, ReplanMemory, ReplanPolicy
+from servingtopology.operator.api.resource import PlanStatus, ProposalStatus
+from servingtopology.operator.plan_status import ArgsOf, layout_from_plan, plan_status
+from servingtopology.operator.replan import Predictor, ReplanMemory, ReplanPolicy
+from servingtopology.planner.errors import InsufficientData
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.observe import observe
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.replan_decision import capacity_of
+from servingtopology.planner.transition import Budget, StartVerdict, start_requested
+from servingtopology.planner.transition import set_name as layout_set_name
 
 __all__ = ["Started", "running_set", "rebase_sets", "load_rps", "start_for_change", "finished_plan"]
 

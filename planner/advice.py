@@ -19,12 +19,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from .errors import ClosestLayout, InfeasibleAdvice
-from .funnel import FunnelResult, Miss, Stage, run_funnel
-from .limits import floor_lines
-from .predict import slo_capacity_rps
-from .problem import Problem
-from .slo import LOAD_MARGIN, SLO_MARGIN, load_within
+from servingtopology.planner.errors import ClosestLayout, InfeasibleAdvice
+from servingtopology.planner.funnel import FunnelResult, Miss, Stage, run_funnel
+from servingtopology.planner.limits import floor_lines
+from servingtopology.planner.predict import slo_capacity_rps
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, load_within
 
 __all__ = ["ClosestLayout", "InfeasibleAdvice", "infeasible_advice", "MAX_BUDGET_FACTOR", "MAX_ADVICE_GPUS"]
 

@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from .engine_caps import chunk_tokens_per_rank
-from .hardware import Gpu, Precision
-from .layout import Engine, KvDtype
-from .model import ModelArch
-from .perf import StepCoefficients, evaluate_step_s, step_coefficients
-from .workload import Workload
+from servingtopology.planner.engine_caps import chunk_tokens_per_rank
+from servingtopology.planner.hardware import Gpu, Precision
+from servingtopology.planner.layout import Engine, KvDtype
+from servingtopology.planner.model import ModelArch
+from servingtopology.planner.perf import StepCoefficients, evaluate_step_s, step_coefficients
+from servingtopology.planner.workload import Workload
 
 __all__ = ["RoleEstimate", "LoadShape", "load_shape", "estimate_aggregated", "estimate_prefill", "estimate_decode",
            "FIXED_POINT_ITERATIONS"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .hardware import Precision
+from servingtopology.planner.hardware import Precision
 
 __all__ = ["ModelArch", "CheckpointQuant", "StateKind", "ModuleGroup"]
 

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from .closed_loop import aggregated, disaggregated
-from .engine_caps import release_key
-from .hardware import Gpu, Precision
-from .layout import Engine, KvDtype
-from .memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
-from .model import ModelArch
-from .perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
-from .sim.sglang import MIN_NEW_TOKEN_RATIO
+from servingtopology.planner.closed_loop import aggregated, disaggregated
+from servingtopology.planner.engine_caps import release_key
+from servingtopology.planner.hardware import Gpu, Precision
+from servingtopology.planner.layout import Engine, KvDtype
+from servingtopology.planner.memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
+from servingtopology.planner.model import ModelArch
+from servingtopology.planner.perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
+from servingtopology.planner.sim.sglang import MIN_NEW_TOKEN_RATIO
 
 __all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "export_quirks", "EXPORT_QUIRK", "Prediction",
            "predict_cases", "predict_all", "predict_held_out", "BACKENDS",

@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .arch import CheckpointQuant, ModuleGroup
-from .hardware import Precision
+from servingtopology.planner.arch import CheckpointQuant, ModuleGroup
+from servingtopology.planner.hardware import Precision
 
 __all__ = ["parse_quantization", "matches_module"]
 

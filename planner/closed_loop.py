@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .perf import PerfParams, perf_params
+from servingtopology.planner.perf import PerfParams, perf_params
 
 __all__ = ["BatchStepTime", "ClosedLoopResult", "aggregated", "disaggregated"]
 

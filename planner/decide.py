@@ -14,18 +14,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .advice import infeasible_advice
-from .engine_caps import pd_rule_violation, problem_caps
-from .errors import Infeasible, InvalidSpec
-from .funnel import Clock, Progress, Stage, Survivor, no_clock, run_funnel
-from .layout import Layout, LayoutKind, Role
-from .memory import kv_bytes_per_token, weight_bytes_total
-from .pd_ratio import RANK_TOLERANCE, choose_pd_ratio
-from .predict import predict_figures, slo_capacity_rps, to_prediction
-from .problem import Candidate, Decision, FunnelStage, PdRatio, Problem
-from .slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
-from .tables import layout_rejection
-from .workload import Objective
+from servingtopology.planner.advice import infeasible_advice
+from servingtopology.planner.engine_caps import pd_rule_violation, problem_caps
+from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.funnel import Clock, Progress, Stage, Survivor, no_clock, run_funnel
+from servingtopology.planner.layout import Layout, LayoutKind, Role
+from servingtopology.planner.memory import kv_bytes_per_token, weight_bytes_total
+from servingtopology.planner.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
+from servingtopology.planner.predict import predict_figures, slo_capacity_rps, to_prediction
+from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
+from servingtopology.planner.tables import layout_rejection
+from servingtopology.planner.workload import Objective
 
 __all__ = ["SimFigures", "Simulate", "context_rejection", "decide", "predict_layout"]
 

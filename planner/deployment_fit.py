@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidSpec
-from .perf import STEP_TERMS, PerfParams, perf_params, pinned_params, scaled_terms
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.perf import STEP_TERMS, PerfParams, perf_params, pinned_params, scaled_terms
 
 __all__ = ["FIRST_TOKEN_TERMS", "TERMS", "MAX_FACTOR", "MIN_POINTS", "DEFAULT_HALF_LIFE_S", "REFUSALS", "CalibrationRefused",
            "Deployment", "Point", "Source", "DeploymentCalibration", "fit", "with_factors", "age_weights", "refuse_other"]

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from .calibration import UNSTATED, CalibrationCase, Harness, Topology, predict_cases
-from .deployment_fit import Point, Predictor, with_factors
-from .hardware import Gpu
-from .layout import Engine, Layout, LayoutKind, Role
-from .model import ModelArch
-from .perf import request_overhead_s
-from .sim import RequestSet, simulate
+from servingtopology.planner.calibration import UNSTATED, CalibrationCase, Harness, Topology, predict_cases
+from servingtopology.planner.deployment_fit import Point, Predictor, with_factors
+from servingtopology.planner.hardware import Gpu
+from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role
+from servingtopology.planner.model import ModelArch
+from servingtopology.planner.perf import request_overhead_s
+from servingtopology.planner.sim import RequestSet, simulate
 
 __all__ = ["PointFn", "closed_loop_fn", "simulated_fn", "poisson_requests", "predictor", "point_fn"]
 

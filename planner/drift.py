@@ -24,9 +24,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from .observe import ObservedSlo
-from .problem import Candidate
-from .workload import Objective, Slo, Workload
+from servingtopology.planner.observe import ObservedSlo
+from servingtopology.planner.problem import Candidate
+from servingtopology.planner.workload import Objective, Slo, Workload
 
 __all__ = [
     "Trigger",

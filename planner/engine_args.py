@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from .engine_caps import EngineCaps, load_caps, resolve_version, running_requests_flag
-from .hardware import Precision
-from .layout import Engine, KvDtype, Layout, LayoutKind, Role, RoleLayout
+from servingtopology.planner.engine_caps import EngineCaps, load_caps, resolve_version, running_requests_flag
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.layout import Engine, KvDtype, Layout, LayoutKind, Role, RoleLayout
 
 __all__ = ["engine_args", "kv_transfer_config", "layout_engine_args"]
 

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import InvalidSpec
-from .layout import Engine, EngineKnobs, Layout, LayoutKind, Parallelism, Role
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.layout import Engine, EngineKnobs, Layout, LayoutKind, Parallelism, Role
 
 __all__ = [
     "Argument",

@@ -15,10 +15,10 @@ import enum
 import shlex
 from dataclasses import dataclass
 
-from .engine_args import engine_args
-from .engine_caps import load_caps, resolve_version
-from .hardware import Precision
-from .layout import Engine, EngineKnobs, Parallelism, Role, RoleLayout
+from servingtopology.planner.engine_args import engine_args
+from servingtopology.planner.engine_caps import load_caps, resolve_version
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.layout import Engine, EngineKnobs, Parallelism, Role, RoleLayout
 
 __all__ = [
     "ENGINE_PORT",

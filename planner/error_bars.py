@@ -19,8 +19,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from .deployment_fit import DeploymentCalibration
-from .layout import Layout, LayoutKind
+from servingtopology.planner.deployment_fit import DeploymentCalibration
+from servingtopology.planner.layout import Layout, LayoutKind
 
 __all__ = ["LEVEL", "MIN_ROWS", "K_PRIOR", "Interval", "interval", "half_width", "layout_kind", "client_bucket", "table",
            "combined_uncertainty"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .error_bars import Interval, combined_uncertainty
+from servingtopology.planner.error_bars import Interval, combined_uncertainty
 
 __all__ = ["GAIN_WITHIN_ERROR", "MOVE_HIT", "MOVE_MISS", "GateVerdict", "gate_move", "MoveJudgement", "judge_move", "widening"]
 

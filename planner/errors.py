@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .slo import SLO_MARGIN as SLO_MARGIN_ADVICE  # slo imports only the workload values: no cycle
+from servingtopology.planner.slo import SLO_MARGIN as SLO_MARGIN_ADVICE  # slo imports only the workload values: no cycle
 
 __all__ = ["PlannerError", "InvalidSpec", "Infeasible", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
 

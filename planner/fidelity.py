@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .calibration import CalibrationCase, Prediction, Skip
+from servingtopology.planner.calibration import CalibrationCase, Prediction, Skip
 
 __all__ = ["ape_stats", "decision_quality", "e2e_latency_ms", "ranking_score", "summarize", "tokens_per_gpu_s"]
 

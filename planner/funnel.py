@@ -19,16 +19,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .analytic import LoadShape, estimate_aggregated, load_shape
-from .engine_caps import PdRule, pd_shapes_rejected, problem_caps
-from .layout import Layout, LayoutKind
-from .limits import miss_text
-from .pd_ratio import RANK_TOLERANCE
-from .pd_space import PdSpace, pd_space, pool_tokens
-from .predict import front_end_s, slo_capacity_rps
-from .problem import FunnelStage, Problem
-from .slo import LOAD_MARGIN, SLO_MARGIN, load_within, meets_slo_and_load, tpot_within, ttft_within
-from .tables import (
+from servingtopology.planner.analytic import LoadShape, estimate_aggregated, load_shape
+from servingtopology.planner.engine_caps import PdRule, pd_shapes_rejected, problem_caps
+from servingtopology.planner.layout import Layout, LayoutKind
+from servingtopology.planner.limits import miss_text
+from servingtopology.planner.pd_ratio import RANK_TOLERANCE
+from servingtopology.planner.pd_space import PdSpace, pd_space, pool_tokens
+from servingtopology.planner.predict import front_end_s, slo_capacity_rps
+from servingtopology.planner.problem import FunnelStage, Problem
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, load_within, meets_slo_and_load, tpot_within, ttft_within
+from servingtopology.planner.tables import (
     BoolArray,
     FloatArray,
     IntArray,
@@ -41,7 +41,7 @@ from .tables import (
     shape_rejection,
     unit_table,
 )
-from .workload import Objective
+from servingtopology.planner.workload import Objective
 
 __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "CLOSEST_KEPT", "Survivor", "Miss", "FunnelResult", "Sieve", "Tally", "Stage",
            "LADDER", "engine_ladder",

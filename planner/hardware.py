@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
-from .errors import InvalidSpec
+from servingtopology.planner.errors import InvalidSpec
 
 __all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "gpu_names", "resolve_gpu", "gpu_for_product", "GIB", "pcie_gbps"]
 

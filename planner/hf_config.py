@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
-from .checkpoint_quant import parse_quantization
-from .errors import InvalidSpec
-from .hardware import Precision
-from .towers import read_towers
+from servingtopology.planner.arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
+from servingtopology.planner.checkpoint_quant import parse_quantization
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.towers import read_towers
 
 __all__ = ["from_hf_config", "text_config"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .engine_caps import release_key
+from servingtopology.planner.engine_caps import release_key
 
 __all__ = [
     "KernelOp",

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .hardware import Precision
+from servingtopology.planner.hardware import Precision
 
 __all__ = ["Engine", "KvDtype", "LayoutKind", "Role", "Parallelism", "EngineKnobs", "RoleLayout", "Layout", "layout_to_dict"]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .memory import language_model_bytes
-from .problem import Problem
-from .slo import LOAD_MARGIN, SLO_MARGIN
+from servingtopology.planner.memory import language_model_bytes
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
 
 __all__ = ["SloFloors", "slo_floors", "miss_text", "floor_lines"]
 

@@ -15,9 +15,9 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from .arch import ModelArch, ModuleGroup, StateKind
-from .hardware import Gpu, Precision
-from .layout import Engine, EngineKnobs, KvDtype, Parallelism
+from servingtopology.planner.arch import ModelArch, ModuleGroup, StateKind
+from servingtopology.planner.hardware import Gpu, Precision
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Parallelism
 
 __all__ = [
     "weight_bytes_total", "weight_bytes_per_gpu", "tower_bytes", "language_model_bytes", "linear_weight_bytes", "expert_weight_bytes", "group_bytes_per_param",

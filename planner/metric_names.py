@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from .layout import Engine
+from servingtopology.planner.layout import Engine
 
 __all__ = ["VllmMetric", "SglangMetric", "RouterMetric", "LEGACY", "HISTOGRAM_SUFFIXES", "vocabulary"]
 

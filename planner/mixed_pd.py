@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from .analytic import estimate_decode, estimate_prefill, load_shape
-from .engine_caps import pd_rule_violation, problem_caps
-from .hardware import Gpu
-from .layout import Layout, Role
-from .memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
-from .perf import InstancePerf, perf_params
-from .predict import BISECTION_STEPS, front_end_s
-from .problem import Problem
-from .sim import RememberedSteps, SimResult, simulate
-from .slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
+from servingtopology.planner.analytic import estimate_decode, estimate_prefill, load_shape
+from servingtopology.planner.engine_caps import pd_rule_violation, problem_caps
+from servingtopology.planner.hardware import Gpu
+from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
+from servingtopology.planner.perf import InstancePerf, perf_params
+from servingtopology.planner.predict import BISECTION_STEPS, front_end_s
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.sim import RememberedSteps, SimResult, simulate
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
 
 __all__ = ["MixedRefusal", "MixedFigures", "kv_link_transfer_s", "kv_bytes_per_request", "mixed_refusal", "mixed_figures",
            "mixed_slo_capacity_rps", "simulate_mixed", "with_nic"]

@@ -13,9 +13,9 @@ import tomllib
 from functools import cache
 from importlib import resources
 
-from .arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
-from .errors import InvalidSpec
-from .hf_config import from_hf_config
+from servingtopology.planner.arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.hf_config import from_hf_config
 
 __all__ = ["ModelArch", "CheckpointQuant", "ModuleGroup", "StateKind", "from_hf_config", "model_catalog", "resolve_model", "catalog_hf_id"]
 

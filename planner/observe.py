@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from .errors import InsufficientData
-from .workload import LengthDist, LengthKind, Workload
+from servingtopology.planner.errors import InsufficientData
+from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 
 __all__ = [
     "MetricSample",

@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from .analytic import estimate_decode, estimate_prefill, load_shape
-from .layout import Layout, LayoutKind, Role, RoleLayout
-from .memory import kv_pool_tokens
-from .predict import predict_figures, slo_capacity_rps
-from .problem import PdRatio, Problem
-from .slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
-from .workload import Objective
+from servingtopology.planner.analytic import estimate_decode, estimate_prefill, load_shape
+from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
+from servingtopology.planner.memory import kv_pool_tokens
+from servingtopology.planner.predict import predict_figures, slo_capacity_rps
+from servingtopology.planner.problem import PdRatio, Problem
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
+from servingtopology.planner.workload import Objective
 
 __all__ = ["PdRatio", "balanced_per_gpu", "choose_pd_ratio", "rescale_pd", "COUNT_SPAN", "SLO_MARGIN", "LOAD_MARGIN"]
 

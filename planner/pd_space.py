@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .analytic import LoadShape, estimate_decode, estimate_prefill
-from .memory import kv_pool_bytes, pool_tokens_from_bytes
-from .pd_ratio import balanced_per_gpu
-from .perf import kv_transfer_s
-from .problem import Problem
-from .role_knobs import decode_max_num_batched_tokens, prefill_max_num_seqs
-from .tables import BoolArray, FloatArray, IntArray, KnobAxes, PdCandidates, UnitTable
+from servingtopology.planner.analytic import LoadShape, estimate_decode, estimate_prefill
+from servingtopology.planner.memory import kv_pool_bytes, pool_tokens_from_bytes
+from servingtopology.planner.pd_ratio import balanced_per_gpu
+from servingtopology.planner.perf import kv_transfer_s
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.role_knobs import decode_max_num_batched_tokens, prefill_max_num_seqs
+from servingtopology.planner.tables import BoolArray, FloatArray, IntArray, KnobAxes, PdCandidates, UnitTable
 
 __all__ = ["PdSpace", "pd_space", "pool_tokens", "CHUNK_ROWS"]
 

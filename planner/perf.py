@@ -21,11 +21,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import kernels
-from .hardware import Gpu, Link, Precision
-from .layout import Engine, KvDtype, Parallelism
-from .memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
-from .model import ModelArch
+from servingtopology.planner import kernels
+from servingtopology.planner.hardware import Gpu, Link, Precision
+from servingtopology.planner.layout import Engine, KvDtype, Parallelism
+from servingtopology.planner.memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
+from servingtopology.planner.model import ModelArch
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidSpec
-from .hardware import Gpu
-from .layout import Layout
-from .milp import MilpResult, MilpStatus, solve_milp
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.hardware import Gpu
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.milp import MilpResult, MilpStatus, solve_milp
 
 __all__ = ["PoolObjective", "GpuKind", "MemberOption", "PoolMember", "PoolProblem", "Part", "MemberAllocation", "Marginal",
            "Shortage", "SolverReport", "PoolDecision", "plan_pool", "objective_values", "priority_weights", "MAX_PARTS",

@@ -17,16 +17,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import InvalidSpec
-from .funnel import run_funnel
-from .layout import EngineKnobs, Layout, LayoutKind, Parallelism, Role, RoleLayout
-from .memory import kv_pool_tokens
-from .mixed_pd import MixedRefusal, mixed_figures, mixed_refusal, mixed_slo_capacity_rps, with_nic
-from .pool import GpuKind, MemberOption, PoolMember, PoolObjective, PoolProblem
-from .predict import slo_capacity_rps
-from .problem import Problem
-from .slo import LOAD_MARGIN, SLO_MARGIN
-from .workload import Workload
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.funnel import run_funnel
+from servingtopology.planner.layout import EngineKnobs, Layout, LayoutKind, Parallelism, Role, RoleLayout
+from servingtopology.planner.memory import kv_pool_tokens
+from servingtopology.planner.mixed_pd import MixedRefusal, mixed_figures, mixed_refusal, mixed_slo_capacity_rps, with_nic
+from servingtopology.planner.pool import GpuKind, MemberOption, PoolMember, PoolObjective, PoolProblem
+from servingtopology.planner.predict import slo_capacity_rps
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
+from servingtopology.planner.workload import Workload
 
 __all__ = ["MemberOptions", "MemberRequest", "member_options", "build_pool", "PROBE_GPUS", "STRUCTURES_KEPT"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .mixed_pd import MixedRefusal
-from .pool import PoolDecision, PoolProblem
+from servingtopology.planner.mixed_pd import MixedRefusal
+from servingtopology.planner.pool import PoolDecision, PoolProblem
 
 __all__ = ["fleet_table", "render_pool_record"]
 

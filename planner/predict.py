@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill, load_shape
-from .layout import KvDtype, Layout, LayoutKind, Role
-from .memory import kv_pool_tokens, max_request_tokens
-from .perf import kv_transfer_s, request_overhead_s
-from .problem import Prediction, Problem
-from .slo import meets_slo_and_load, meets_slo_ms
+from servingtopology.planner.analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill, load_shape
+from servingtopology.planner.layout import KvDtype, Layout, LayoutKind, Role
+from servingtopology.planner.memory import kv_pool_tokens, max_request_tokens
+from servingtopology.planner.perf import kv_transfer_s, request_overhead_s
+from servingtopology.planner.problem import Prediction, Problem
+from servingtopology.planner.slo import meets_slo_and_load, meets_slo_ms
 
 __all__ = ["Figures", "predict_figures", "slo_capacity_rps", "to_prediction", "front_end_s", "BISECTION_STEPS"]
 

@@ -9,10 +9,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .hardware import Gpu, Precision
-from .layout import Engine, KvDtype, Layout, LayoutKind, Parallelism
-from .model import ModelArch
-from .workload import Objective, Slo, Workload
+from servingtopology.planner.hardware import Gpu, Precision
+from servingtopology.planner.layout import Engine, KvDtype, Layout, LayoutKind, Parallelism
+from servingtopology.planner.model import ModelArch
+from servingtopology.planner.workload import Objective, Slo, Workload
 
 __all__ = ["SearchSpace", "Problem", "Prediction", "FunnelStage", "Candidate", "PdRatio", "Decision"]
 

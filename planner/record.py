@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import shlex
 
-from .arch import ModelArch
-from .engine_args import layout_engine_args
-from .engine_caps import load_caps, resolve_version
-from .hardware import GIB
-from .layout import Layout, Role
-from .memory import state_bytes_per_seq
-from .perf import measured_terms
-from .problem import Candidate, Decision, Problem
-from .record_facts import BLANK, LINKS_GBIT, MeasuredBaseline, RecordFacts, measured_binding, record_facts
+from servingtopology.planner.arch import ModelArch
+from servingtopology.planner.engine_args import layout_engine_args
+from servingtopology.planner.engine_caps import load_caps, resolve_version
+from servingtopology.planner.hardware import GIB
+from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.memory import state_bytes_per_seq
+from servingtopology.planner.perf import measured_terms
+from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.record_facts import BLANK, LINKS_GBIT, MeasuredBaseline, RecordFacts, measured_binding, record_facts
 
 __all__ = ["render_record", "fmt_ms", "engine_label", "LINKS_GBIT"]
 

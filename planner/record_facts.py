@@ -15,15 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .errors import PlannerError
-from .funnel import run_funnel
-from .layout import Layout, LayoutKind, Role
-from .limits import SloFloors, slo_floors
-from .memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
-from .pd_ratio import RANK_TOLERANCE
-from .predict import predict_figures
-from .problem import Candidate, Decision, Problem
-from .slo import LOAD_MARGIN, SLO_MARGIN
+from servingtopology.planner.errors import PlannerError
+from servingtopology.planner.funnel import run_funnel
+from servingtopology.planner.layout import Layout, LayoutKind, Role
+from servingtopology.planner.limits import SloFloors, slo_floors
+from servingtopology.planner.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
+from servingtopology.planner.pd_ratio import RANK_TOLERANCE
+from servingtopology.planner.predict import predict_figures
+from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
 
 __all__ = ["Family", "FamilyRow", "Floor", "Binding", "MeasuredBaseline", "RecordFacts", "record_facts", "baseline_from_observed",
            "family_of", "facts_json", "measured_binding", "LINKS_GBIT", "BLANK"]

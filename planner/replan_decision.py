@@ -22,16 +22,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from . import error_bars
-from .drift import improvement, worth_switching
-from .error_bars import Interval
-from .error_gate import GateVerdict, gate_move
-from .errors import Infeasible
-from .layout import Layout, LayoutKind
-from .pd_ratio import rescale_pd
-from .predict import slo_capacity_rps
-from .problem import Candidate, Decision, Problem
-from .transition import Budget, Capacity, TransitionState, in_place, layout_to_state, start_transition
+from servingtopology.planner import error_bars
+from servingtopology.planner.drift import improvement, worth_switching
+from servingtopology.planner.error_bars import Interval
+from servingtopology.planner.error_gate import GateVerdict, gate_move
+from servingtopology.planner.errors import Infeasible
+from servingtopology.planner.layout import Layout, LayoutKind
+from servingtopology.planner.pd_ratio import rescale_pd
+from servingtopology.planner.predict import slo_capacity_rps
+from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.transition import Budget, Capacity, TransitionState, in_place, layout_to_state, start_transition
 
 __all__ = ["Predictor", "Move", "ReplanChoice", "capacity_of", "prefer_in_place", "error_gate", "choose_move"]
 

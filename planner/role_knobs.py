@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .layout import EngineKnobs, KvDtype
+from servingtopology.planner.layout import EngineKnobs, KvDtype
 
 __all__ = ["DEFAULT_KNOBS", "PREFILL_MAX_NUM_SEQS", "DECODE_MIN_BATCHED_TOKENS", "prefill_max_num_seqs",
            "decode_max_num_batched_tokens", "prefill_knobs", "decode_knobs"]

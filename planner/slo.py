@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .workload import Slo
+from servingtopology.planner.workload import Slo
 
 __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "ttft_within", "tpot_within", "load_within", "meets_slo", "meets_slo_and_load",
            "meets_slo_ms"]

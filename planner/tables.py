@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .engine_caps import knob_rejection, problem_caps
-from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
-from .problem import Problem
-from .role_knobs import decode_knobs, prefill_knobs
+from servingtopology.planner.engine_caps import knob_rejection, problem_caps
+from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.role_knobs import decode_knobs, prefill_knobs
 
 __all__ = ["IntArray", "FloatArray", "BoolArray", "UnitTable", "KnobAxes", "ReplicaCandidates", "PdCandidates",
            "shape_rejection", "layout_rejection", "unit_table", "knob_axes", "add_reason"]

@@ -25,9 +25,9 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .errors import Infeasible
-from .hardware import Precision
-from .layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
+from servingtopology.planner.errors import Infeasible
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
 
 __all__ = [
     "Mode", "Phase", "Action", "Budget", "CapacityDrop", "StartVerdict", "ClusterView", "TransitionState", "Step", "Capacity",

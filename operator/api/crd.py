@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from .resource import GROUP, KIND, MAX_RESOURCE_NAME, RESOURCE_NAME_PATTERN, VERSION, TopologySpec, TopologyStatus
+from servingtopology.operator.api.resource import GROUP, KIND, MAX_RESOURCE_NAME, RESOURCE_NAME_PATTERN, VERSION, TopologySpec, TopologyStatus
 
 __all__ = ["VERSION", "PLURAL", "SHORT_NAME", "CRD_PATHS", "structural_schema", "unguarded_fields", "build_crd", "render_crd_yaml", "write_generated",
            "main"]

@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ...planner.pool import PoolObjective
-from ...spec import MAX_GPUS, SpecError
-from .crd import VERSION, structural_schema, write_generated
-from .resource import GROUP
+from servingtopology.operator.api.crd import VERSION, structural_schema, write_generated
+from servingtopology.operator.api.resource import GROUP
+from servingtopology.planner.pool import PoolObjective
+from servingtopology.spec import MAX_GPUS, SpecError
 
 __all__ = ["POOL_KIND", "POOL_PLURAL", "POOL_SHORT_NAME", "POOL_LABEL", "PRIORITY_ANNOTATION", "POOL_CRD_PATHS", "PoolMode",
            "PoolKindSpec", "ServingPoolSpec", "parse_pool_spec", "build_pool_crd", "render_pool_crd_yaml", "main"]

@@ -25,11 +25,11 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from ...planner.errors import InvalidSpec
-from ...planner.hardware import gpu_catalog, gpu_names, resolve_gpu
-from ...planner.layout import LayoutKind
-from ...planner.transition import CapacityDrop
-from ...spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.hardware import gpu_catalog, gpu_names, resolve_gpu
+from servingtopology.planner.layout import LayoutKind
+from servingtopology.planner.transition import CapacityDrop
+from servingtopology.spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
 
 __all__ = [
     "GROUP", "VERSION", "API_VERSION", "KIND",

@@ -26,13 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...planner.layout import Engine, Role
-from ...planner.metric_names import RouterMetric as R
-from ...planner.metric_names import SglangMetric as S
-from ...planner.metric_names import VllmMetric as V
-from ...planner.observe import MetricSample
-from .prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
-from .url_policy import PrometheusUrl, UrlRefused, parse_prometheus_url
+from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
+from servingtopology.operator.live.url_policy import PrometheusUrl, UrlRefused, parse_prometheus_url
+from servingtopology.planner.layout import Engine, Role
+from servingtopology.planner.metric_names import RouterMetric as R
+from servingtopology.planner.metric_names import SglangMetric as S
+from servingtopology.planner.metric_names import VllmMetric as V
+from servingtopology.planner.observe import MetricSample
 
 __all__ = [
     "Figure", "Query", "MetricsSource", "MetricsUnavailable", "PrometheusMetrics", "build_queries", "label_selector",

@@ -23,8 +23,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...planner.observe import MetricSample
-from .metrics import MetricsSource
+from servingtopology.operator.live.metrics import MetricsSource
+from servingtopology.planner.observe import MetricSample
 
 __all__ = ["MetricsPending", "MetricsReads", "READERS", "READ_WAIT_S", "KEEP_S"]
 

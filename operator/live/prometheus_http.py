@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from .url_policy import PrometheusUrl
+from servingtopology.operator.live.url_policy import PrometheusUrl
 
 __all__ = ["PrometheusFailure", "PrometheusAnswerError", "ReadLimits", "BoundedPrometheus", "parse_answer", "nesting_exceeds", "MAX_DEPTH"]
 

@@ -16,7 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...planner.engine_command import (
+from servingtopology.operator.api.resource import API_VERSION, GROUP, KIND
+from servingtopology.operator.render.network import NetworkKnobs, network_args, network_capabilities, network_env, network_resources
+from servingtopology.operator.render.pod_template import (
+    engine_container_security,
+    engine_pod_security,
+    merge_pod_template,
+    router_container_security,
+    router_pod_security,
+)
+from servingtopology.planner.engine_command import (
     DEFAULT_ROUTER_IMAGES,
     ENGINE_PORT,
     NIXL_SIDE_CHANNEL_PORT,
@@ -28,18 +37,9 @@ from ...planner.engine_command import (
     router_command,
     router_kind,
 )
-from ...planner.hardware import Precision
-from ...planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
-from ...planner.transition import set_name as layout_set_name
-from ..api.resource import API_VERSION, GROUP, KIND
-from .network import NetworkKnobs, network_args, network_capabilities, network_env, network_resources
-from .pod_template import (
-    engine_container_security,
-    engine_pod_security,
-    merge_pod_template,
-    router_container_security,
-    router_pod_security,
-)
+from servingtopology.planner.hardware import Precision
+from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
+from servingtopology.planner.transition import set_name as layout_set_name
 
 __all__ = [
     "API_VERSION",

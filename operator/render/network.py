@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...planner.layout import Engine, Role
+from servingtopology.planner.layout import Engine, Role
 
 __all__ = ["NetworkKnobs", "network_env", "network_args", "network_resources", "network_capabilities"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ...planner.layout import Layout, Role
-from ...planner.transition import Phase, TransitionState
-from .manifests import Blueprint
+from servingtopology.operator.render.manifests import Blueprint
+from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.transition import Phase, TransitionState
 
 __all__ = ["Rendering", "BlueprintFor", "steady_rendering", "transition_rendering", "layout_at"]
 

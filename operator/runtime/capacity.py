@@ -14,8 +14,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ...planner.hardware import gpu_for_product  # the one product-label rule (planner.hardware); re-exported
-from ...planner.layout import Layout
+from servingtopology.planner.hardware import gpu_for_product  # the one product-label rule (planner.hardware); re-exported
+from servingtopology.planner.layout import Layout
 
 __all__ = ["GPU_RESOURCE", "GPU_PRODUCT_LABEL", "NodeGpus", "Capacity", "gpu_for_product", "read_capacity",
            "pod_gpus", "layout_pod_gpus", "unplaced_gpus"]

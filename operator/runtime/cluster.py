@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..render.manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
-from ..render.tenancy import STRICT, TenancyPolicy, secret_refusal
+from servingtopology.operator.render.manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
+from servingtopology.operator.render.tenancy import STRICT, TenancyPolicy, secret_refusal
 
 __all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "SecretNotOptedIn", "KubeCluster", "ref_of", "owned_selector",
            "build_event"]

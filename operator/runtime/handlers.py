@@ -35,21 +35,21 @@ from typing import Any
 
 import kopf
 
-from ...planner.decide import predict_layout
-from ..api.crd import PLURAL, VERSION
-from ..api.resource import Condition, ConditionType, TopologyStatus
-from ..live.url_policy import UrlAllowList
-from ..live_replan import MetricsFactory, pooled_prometheus
-from ..pass_context import PassState
-from ..plan_status import set_condition, timestamp
-from ..reconcile import Outcome, Planner, reconcile
-from ..render.manifests import API_VERSION, GROUP, KIND
-from ..render.tenancy import STRICT, TenancyPolicy
-from ..replan import Predictor
-from .cluster import Cluster, ClusterError, ObjectRef
-from .kopf_compat import timer_without_finalizer
-from .plan_worker import PlanPending
-from .telemetry import OperatorMetrics
+from servingtopology.operator.api.crd import PLURAL, VERSION
+from servingtopology.operator.api.resource import Condition, ConditionType, TopologyStatus
+from servingtopology.operator.live.url_policy import UrlAllowList
+from servingtopology.operator.live_replan import MetricsFactory, pooled_prometheus
+from servingtopology.operator.pass_context import PassState
+from servingtopology.operator.plan_status import set_condition, timestamp
+from servingtopology.operator.reconcile import Outcome, Planner, reconcile
+from servingtopology.operator.render.manifests import API_VERSION, GROUP, KIND
+from servingtopology.operator.render.tenancy import STRICT, TenancyPolicy
+from servingtopology.operator.replan import Predictor
+from servingtopology.operator.runtime.cluster import Cluster, ClusterError, ObjectRef
+from servingtopology.operator.runtime.kopf_compat import timer_without_finalizer
+from servingtopology.operator.runtime.plan_worker import PlanPending
+from servingtopology.operator.runtime.telemetry import OperatorMetrics
+from servingtopology.planner.decide import predict_layout
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "retry_delay_s", "QuietRequeues", "QUIET_REQUEUES",
            "RETRY_DELAY_S", "RETRY_CAP_S", "DECISIONS_LOGGER", "QUIET_RETRIES", "KOPF_API_LOGGER"]

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..render.tenancy import TOKEN_SECRET_LABEL, TenancyPolicy, parse_grants, parse_label, parse_namespace_grant
+from servingtopology.operator.render.tenancy import TOKEN_SECRET_LABEL, TenancyPolicy, parse_grants, parse_label, parse_namespace_grant
 
 __all__ = ["add_arguments", "tenancy_policy", "main", "run", "memory_needed_mib", "OPERATOR_RESIDENT_MIB", "PLAN_PROCESS_MIB"]
 
@@ -142,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
-    from ..live.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
-    from .cluster import KubeCluster
-    from .handlers import RETRY_CAP_S, Runtime, register
-    from .plan_worker import PlanBudget, PlanWorker
-    from .telemetry import new_metrics, serve_metrics
+    from servingtopology.operator.live.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
+    from servingtopology.operator.runtime.cluster import KubeCluster
+    from servingtopology.operator.runtime.handlers import RETRY_CAP_S, Runtime, register
+    from servingtopology.operator.runtime.plan_worker import PlanBudget, PlanWorker
+    from servingtopology.operator.runtime.telemetry import new_metrics, serve_metrics
 
     kopf.configure(debug=args.log_level == "DEBUG", quiet=args.log_level in ("WARNING", "ERROR"))
     logging.getLogger().setLevel(getattr(logging, args.log_level))
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     kopf.on.login(registry=registry)(kopf.login_via_client)
     clusterwide = not args.namespace
     register(registry, runtime, timer_interval_s=timer_interval_s, peering_name=args.peering_name, clusterwide=clusterwide)
-    from .pool_handlers import register_pool
+    from servingtopology.operator.runtime.pool_handlers import register_pool
 
     register_pool(registry, runtime, timer_interval_s=timer_interval_s)   # ServingPools (DryRun proposals)
     asyncio.run(kopf.operator(

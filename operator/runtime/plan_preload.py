@@ -22,13 +22,13 @@ LOG = logging.getLogger(__name__)
 def warm() -> None:
     """Plan a small Problem of each engine once (never raises: a failed warm-up only costs the children time)."""
     try:
-        from ...planner.decide import decide
-        from ...planner.hardware import Precision, resolve_gpu
-        from ...planner.layout import Engine
-        from ...planner.model import resolve_model
-        from ...planner.problem import Problem, SearchSpace
-        from ...planner.sim.stage import stage6_figures
-        from ...planner.workload import LengthDist, Slo, Workload
+        from servingtopology.planner.decide import decide
+        from servingtopology.planner.hardware import Precision, resolve_gpu
+        from servingtopology.planner.layout import Engine
+        from servingtopology.planner.model import resolve_model
+        from servingtopology.planner.problem import Problem, SearchSpace
+        from servingtopology.planner.sim.stage import stage6_figures
+        from servingtopology.planner.workload import LengthDist, Slo, Workload
 
         for engine in Engine:
             problem = Problem(model=resolve_model("llama-3.1-8b"), gpu=resolve_gpu("h100_sxm"), engine=engine, precision=Precision.BF16,

@@ -37,7 +37,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...planner.problem import Decision, Problem
+from servingtopology.planner.problem import Decision, Problem
 
 __all__ = ["PlanBudget", "PlanBudgetExceeded", "PlanPending", "PlanWorker", "plan_with_simulator", "blocking", "FAILURE_BACKOFF_S",
            "FAILURE_BACKOFF_CAP_S"]
@@ -84,8 +84,8 @@ class PlanPending(Exception):
 
 def plan_with_simulator(problem: Problem) -> Decision:
     """The operator's planner: stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does."""
-    from ...planner.decide import decide
-    from ...planner.sim.stage import stage6_figures
+    from servingtopology.planner.decide import decide
+    from servingtopology.planner.sim.stage import stage6_figures
 
     return decide(problem, simulate=stage6_figures)
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import kopf
 
-from ..api.crd import PLURAL, VERSION
-from ..api.pool import POOL_LABEL, POOL_PLURAL
-from ..api.resource import GROUP
-from ..pool_pass import pool_pass
-from .handlers import Runtime
-from .kopf_compat import timer_without_finalizer
+from servingtopology.operator.api.crd import PLURAL, VERSION
+from servingtopology.operator.api.pool import POOL_LABEL, POOL_PLURAL
+from servingtopology.operator.api.resource import GROUP
+from servingtopology.operator.pool_pass import pool_pass
+from servingtopology.operator.runtime.handlers import Runtime
+from servingtopology.operator.runtime.kopf_compat import timer_without_finalizer
 
 __all__ = ["TopologyIndex", "register_pool"]
 

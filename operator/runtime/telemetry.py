@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ...planner.transition import Phase
-from ..reconcile import Outcome
+from servingtopology.operator.reconcile import Outcome
+from servingtopology.planner.transition import Phase
 
 __all__ = ["OperatorMetrics", "new_metrics", "serve_metrics", "TOPOLOGY_LABELS", "TRANSITION_PHASES"]
 

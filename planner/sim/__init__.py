@@ -17,19 +17,19 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..errors import Infeasible, InvalidSpec
-from ..hardware import Gpu, Precision
-from ..layout import Engine, Layout, LayoutKind, Role, RoleLayout
-from ..memory import kv_pool_tokens
-from ..model import ModelArch
-from ..perf import InstancePerf, StepTimeModel, kv_transfer_s
-from ..workload import Workload
-from .cluster import EventLoop
-from .instance import Instance
-from .ledger import Ledger
-from .requests import RequestSet, Sessions, closed_loop, from_rows, from_workload, recorded_latencies
-from .results import Percentiles, SimResult, SimSummary, percentiles
-from .router import RouterPolicy
+from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.hardware import Gpu, Precision
+from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
+from servingtopology.planner.memory import kv_pool_tokens
+from servingtopology.planner.model import ModelArch
+from servingtopology.planner.perf import InstancePerf, StepTimeModel, kv_transfer_s
+from servingtopology.planner.sim.cluster import EventLoop
+from servingtopology.planner.sim.instance import Instance
+from servingtopology.planner.sim.ledger import Ledger
+from servingtopology.planner.sim.requests import RequestSet, Sessions, closed_loop, from_rows, from_workload, recorded_latencies
+from servingtopology.planner.sim.results import Percentiles, SimResult, SimSummary, percentiles
+from servingtopology.planner.sim.router import RouterPolicy
+from servingtopology.planner.workload import Workload
 
 __all__ = [
     "simulate", "SimResult", "SimSummary", "Percentiles", "percentiles", "RequestSet", "Sessions", "RouterPolicy",

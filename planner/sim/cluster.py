@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .instance import Instance
-from .ledger import Ledger
-from .rank import StepOutcome
-from .router import Router, RouterPolicy
+from servingtopology.planner.sim.instance import Instance
+from servingtopology.planner.sim.ledger import Ledger
+from servingtopology.planner.sim.rank import StepOutcome
+from servingtopology.planner.sim.router import Router, RouterPolicy
 
 __all__ = ["EventLoop"]
 

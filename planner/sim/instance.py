@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..layout import Engine, Role, RoleLayout
-from ..perf import StepTimeModel
-from .kvcache import KvPool
-from .ledger import Ledger
-from .rank import Rank, StepBatch, StepOutcome
-from .sglang import SglangPolicy
-from .vllm import Planned, VllmPolicy, admit_remote, finish_step
+from servingtopology.planner.layout import Engine, Role, RoleLayout
+from servingtopology.planner.perf import StepTimeModel
+from servingtopology.planner.sim.kvcache import KvPool
+from servingtopology.planner.sim.ledger import Ledger
+from servingtopology.planner.sim.rank import Rank, StepBatch, StepOutcome
+from servingtopology.planner.sim.sglang import SglangPolicy
+from servingtopology.planner.sim.vllm import Planned, VllmPolicy, admit_remote, finish_step
 
 __all__ = ["Instance"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from .requests import RequestSet
+from servingtopology.planner.sim.requests import RequestSet
 
 __all__ = ["Ledger"]
 

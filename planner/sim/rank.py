@@ -15,9 +15,9 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ..layout import Role
-from .kvcache import KvPool
-from .ledger import Ledger
+from servingtopology.planner.layout import Role
+from servingtopology.planner.sim.kvcache import KvPool
+from servingtopology.planner.sim.ledger import Ledger
 
 __all__ = ["Rank", "StepBatch", "StepOutcome"]
 

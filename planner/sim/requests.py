@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidSpec
-from ..workload import LengthDist, Workload
+from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.workload import LengthDist, Workload
 
 __all__ = ["RequestSet", "Sessions", "from_workload", "from_rows", "recorded_latencies", "closed_loop"]
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ..slo import meets_slo_ms
-from ..workload import Slo
+from servingtopology.planner.slo import meets_slo_ms
+from servingtopology.planner.workload import Slo
 
 __all__ = ["Percentiles", "SimSummary", "SimResult", "percentiles"]
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ..engine_caps import chunk_tokens_per_rank
-from ..layout import Engine, EngineKnobs
-from .rank import Rank
-from .vllm import Planned, batch_of
+from servingtopology.planner.engine_caps import chunk_tokens_per_rank
+from servingtopology.planner.layout import Engine, EngineKnobs
+from servingtopology.planner.sim.rank import Rank
+from servingtopology.planner.sim.vllm import Planned, batch_of
 
 __all__ = ["SglangPolicy"]
 

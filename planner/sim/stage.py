@@ -6,13 +6,13 @@ CLI and the operator can hand it to `decide(problem, simulate=...)`. Pure, deter
 
 from __future__ import annotations
 
-from ..decide import SimFigures
-from ..layout import Layout, LayoutKind
-from ..predict import front_end_s
-from ..problem import Problem
-from . import simulate
-from .requests import from_workload
-from .results import SimResult
+from servingtopology.planner.decide import SimFigures
+from servingtopology.planner.layout import Layout, LayoutKind
+from servingtopology.planner.predict import front_end_s
+from servingtopology.planner.problem import Problem
+from servingtopology.planner.sim import simulate
+from servingtopology.planner.sim.requests import from_workload
+from servingtopology.planner.sim.results import SimResult
 
 __all__ = ["simulate_problem", "stage6_figures"]
 

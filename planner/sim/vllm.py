@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..layout import EngineKnobs, Role
-from .rank import Rank, StepBatch, StepOutcome
+from servingtopology.planner.layout import EngineKnobs, Role
+from servingtopology.planner.sim.rank import Rank, StepBatch, StepOutcome
 
 __all__ = ["Planned", "VllmPolicy", "admit_remote", "batch_of"]
 

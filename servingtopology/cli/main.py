@@ -35,7 +35,7 @@ COMMANDS = {
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     """The whole command line's parser (also what `completion` generates its scripts from), and the subcommand modules."""
-    from .. import __version__
+    from servingtopology import __version__
 
     parser = argparse.ArgumentParser(prog="servingtopology", description="Plan and keep the serving topology of an LLM.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -12,15 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from servingtopology.emulator.command_parser import EngineArgsError, EngineConfig
+from servingtopology.emulator.replay import ChunkedReplay
+from servingtopology.emulator.seam import Completion, EngineSimulator, Gauges, Progress
 from servingtopology.planner.hardware import Gpu, Precision, gpu_for_product, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.memory import kv_pool_tokens
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.perf import InstancePerf, StepTimeModel, request_overhead_s
-
-from .command_parser import EngineArgsError, EngineConfig
-from .replay import ChunkedReplay
-from .seam import Completion, EngineSimulator, Gauges, Progress
 
 __all__ = ["BatchingEngine", "Completion", "EngineSimulator", "Gauges", "Progress", "SimulatorKind", "build_simulator",
            "gpu_for_label"]

@@ -14,13 +14,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from servingtopology.emulator.command_parser import EngineConfig
+from servingtopology.emulator.seam import Gauges, Progress
 from servingtopology.planner.engine_caps import load_caps, resolve_version
 from servingtopology.planner.layout import Engine, Role
 from servingtopology.planner.metric_names import SglangMetric as S
 from servingtopology.planner.metric_names import VllmMetric as V
-
-from .command_parser import EngineConfig
-from .seam import Gauges, Progress
 
 __all__ = ["EngineMetrics", "Histogram"]
 

@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servingtopology.emulator.command_parser import EngineArgsError, EngineConfig, is_engine_command, parse_engine_command
+from servingtopology.emulator.engine import SimulatorKind, build_simulator, gpu_for_label
+from servingtopology.emulator.instance import EmulatedInstance, Share
+from servingtopology.emulator.real_engine import RealEngineInstance, RealEngineRules, RealEngineRulesError
+from servingtopology.emulator.traffic import TrafficProfile
 from servingtopology.planner.engine_caps import load_caps
 from servingtopology.planner.layout import Role
-
-from .command_parser import EngineArgsError, EngineConfig, is_engine_command, parse_engine_command
-from .engine import SimulatorKind, build_simulator, gpu_for_label
-from .instance import EmulatedInstance, Share
-from .real_engine import RealEngineInstance, RealEngineRules, RealEngineRulesError
-from .traffic import TrafficProfile
 
 __all__ = ["Fleet", "PodView", "pod_view"]
 

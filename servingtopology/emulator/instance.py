@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servingtopology.emulator.command_parser import EngineConfig
+from servingtopology.emulator.exposition import EngineMetrics
+from servingtopology.emulator.seam import EngineSimulator
+from servingtopology.emulator.traffic import Phase
 from servingtopology.planner.layout import Role
-
-from .command_parser import EngineConfig
-from .exposition import EngineMetrics
-from .seam import EngineSimulator
-from .traffic import Phase
 
 __all__ = ["EmulatedInstance", "Share"]
 

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servingtopology.emulator.command_parser import EngineConfig
 from servingtopology.planner.layout import Role
-
-from .command_parser import EngineConfig
 
 __all__ = ["RealEngineRule", "RealEngineRules", "RealEngineInstance", "RealEngineRulesError", "local_argv", "parse_rules"]
 

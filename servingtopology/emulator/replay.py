@@ -16,13 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from servingtopology.emulator.seam import Completion, Gauges, Progress
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, Layout
 from servingtopology.planner.model import ModelArch
 from servingtopology.planner.perf import request_overhead_s
 from servingtopology.planner.sim import RequestSet, simulate
-
-from .seam import Completion, Gauges, Progress
 
 __all__ = ["ChunkedReplay"]
 
