@@ -42,7 +42,7 @@ from servingtopology.cli.simulate import (
     load_replay,
     read_trace,
 )
-from servingtopology.planner.calibration import CalibrationCase, Prediction, predict_cases
+from servingtopology.planner.benchmark_cases import BenchmarkCase, Prediction, predict_cases
 from servingtopology.planner.deployment_fit import Deployment, Point, fit, with_factors
 from servingtopology.planner.layout import Role
 from servingtopology.planner.perf import fit_record, perf_params
@@ -115,7 +115,7 @@ def replay_split(folder: Path) -> dict[str, Any]:
 
 
 # ---- B. leave-one-load-level-out on the shared rows ----------------------------------------------------------------
-def _deployment_key(c: CalibrationCase) -> tuple[Any, ...]:
+def _deployment_key(c: BenchmarkCase) -> tuple[Any, ...]:
     return (c.model_path, c.system, c.backend, c.engine_release, c.precision, c.moe_precision, c.mode, c.topology_label, c.isl, c.osl,
             c.harness.name)
 
@@ -146,7 +146,7 @@ def load_level_out(max_groups: int | None) -> dict[str, Any]:
             points = [Point(c.ttft_ms, c.tpot_ms, c.concurrency, "concurrency", c.isl, c.osl, 10 * c.concurrency, row=c.row_id)
                       for c in train]
 
-            def predict(factors: Mapping[str, float], train: list[CalibrationCase] = train, base: Any = base, model: Any = model,
+            def predict(factors: Mapping[str, float], train: list[BenchmarkCase] = train, base: Any = base, model: Any = model,
                         gpu: Any = gpu) -> Any:
                 with with_factors(factors, base):
                     preds = predict_cases(train, model, gpu)  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ import numpy as np
 from replay_refs import decode_ticks
 
 from servingtopology.cli.validate import Measurements, evaluate, load_measurements
-from servingtopology.planner.calibration import Prediction, Skip, predict_all, without_harness
+from servingtopology.planner.benchmark_cases import Prediction, Skip, predict_all, without_harness
 from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype, Role
@@ -88,7 +88,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 _FLOOR: dict[str, float] = {}
 # Declared, not fitted (a fold that cannot pin a parameter must fall back to a sourced value, not drift): the
-# benchmark length where a caller does not state one (planner.calibration.UNSTATED's 10), the FP8 GEMM share and
+# benchmark length where a caller does not state one (planner.benchmark_cases.UNSTATED's 10), the FP8 GEMM share and
 # the steady-state prompt collisions (sources beside their PerfParams defaults in planner/perf.py).
 DECLARED = {"bench_requests_per_client": 10.0, "fp8_eff_scale": PerfParams().fp8_eff_scale, "arrival_burst": PerfParams().arrival_burst}
 

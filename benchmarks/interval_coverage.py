@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import lomo_decisions as lomo
 
 from servingtopology.planner import error_bars
-from servingtopology.planner.calibration import Prediction
+from servingtopology.planner.benchmark_cases import Prediction
 from tests.groundtruth import GROUNDTRUTH
 
 ROOT = Path(__file__).resolve().parent.parent

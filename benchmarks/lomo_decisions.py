@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from servingtopology.cli.validate import Measurements, load_measurements
-from servingtopology.planner.calibration import CalibrationCase, Prediction, Skip, predict_held_out
+from servingtopology.planner.benchmark_cases import BenchmarkCase, Prediction, Skip, predict_held_out
 from servingtopology.planner.fidelity import summarize
 from servingtopology.planner.perf import fit_record, perf_params
 
@@ -84,7 +84,7 @@ def shared_lomo_predictions(shared: Path) -> tuple[Measurements, list[Prediction
     return m, results, used
 
 
-def layout_kind(c: CalibrationCase) -> str:
+def layout_kind(c: BenchmarkCase) -> str:
     if c.mode == "disagg":
         return "pd"
     assert c.agg is not None
@@ -95,12 +95,12 @@ def layout_kind(c: CalibrationCase) -> str:
     return "tp" if c.agg.tp * c.agg.pp > 1 else "single-gpu"
 
 
-def client_bucket(c: CalibrationCase) -> str:
+def client_bucket(c: BenchmarkCase) -> str:
     n = c.concurrency
     return "1-16" if n <= 16 else "17-64" if n <= 64 else "65-256" if n <= 256 else ">256"
 
 
-BREAKDOWNS: dict[str, Callable[[CalibrationCase], str]] = {
+BREAKDOWNS: dict[str, Callable[[BenchmarkCase], str]] = {
     "engine": lambda c: c.backend,
     "release": lambda c: f"{c.backend} {c.engine_release or '?'}",
     "layout": layout_kind,

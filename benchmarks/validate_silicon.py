@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from servingtopology.cli.validate import Measurements, evaluate, load_measurements, print_summary
-from servingtopology.planner.calibration import without_harness
+from servingtopology.planner.benchmark_cases import without_harness
 from servingtopology.planner.perf import fit_record, perf_params
 
 ROOT = Path(__file__).resolve().parent.parent

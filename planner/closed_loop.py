@@ -1,6 +1,6 @@
 """Steady-state estimator of closed-loop benchmarks (N clients, one input and one output length each).
 
-Called by planner.calibration (and by the funnel when it wants a closed-loop figure) with a vectorised
+Called by planner.benchmark_cases (and by the funnel when it wants a closed-loop figure) with a vectorised
 step-time function: every argument may be a numpy array, one element per benchmark. It finds the running
 batch that balances the loop (Little's law) by bisection instead of stepping an engine, so thousands of
 rows take a fraction of a second. It must not shorten the benchmark: the start-up wave of a benchmark of

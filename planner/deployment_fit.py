@@ -1,7 +1,7 @@
 """A deployment's own correction of the performance model, fitted from points measured on it (issue #27).
 
 Names, so that the three corrections of this code base are not confused:
-  - planner.calibration: the public silicon benchmark rows turned into cases, for the engine-default fit
+  - planner.benchmark_cases: the public silicon benchmark rows turned into cases, for the engine-default fit
     (data/perf_params.json) and `servingtopology validate`. Nothing here changes it.
   - planner.drift.Calibration: the operator's smoothed observed/predicted ratio of TTFT and TPOT of the running layout.
   - this module, `DeploymentCalibration`: one deployment (engine release, GPU, link, model, layout) measured by the

@@ -1,7 +1,7 @@
 """Predictors of measured points for planner.deployment_fit: what the model says of each point under given factors.
 
 A point measured by a closed-loop client (N concurrent clients, `load_kind` "concurrency") is predicted by the
-closed-loop estimator of planner.calibration (the one `servingtopology validate` scores); a point at a request rate
+closed-loop estimator of planner.benchmark_cases (the one `servingtopology validate` scores); a point at a request rate
 ("rate") by the simulator on Poisson arrivals at that rate, or on the recorded requests when the caller has them (a
 recorded run folder). TTFT measured at the client (a benchmark client: vLLM's `vllm bench serve`, guidellm) includes
 the request's overhead off the engine's step loop (perf.request_overhead_s); the simulator's TTFT is the engine's,
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from servingtopology.planner.calibration import UNSTATED, CalibrationCase, Harness, Topology, predict_cases
+from servingtopology.planner.benchmark_cases import UNSTATED, BenchmarkCase, Harness, Topology, predict_cases
 from servingtopology.planner.deployment_fit import Point, Predictor, with_factors
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role
@@ -38,7 +38,7 @@ def closed_loop_fn(point: Point, *, model: ModelArch, gpu: Gpu, engine: Engine, 
     clients = max(round(point.load / max(role.count, 1)), 1)
     topo = Topology(tp=par.tp, pp=par.pp, dp=par.dp, moe_ep=par.tp * par.dp if par.ep else 1)
     per_client = max(point.requests / max(point.load, 1.0), 1.0)
-    case = CalibrationCase(row_id=point.row, backend=engine.value, mode="agg", system=gpu.id, model_path=model.name,
+    case = BenchmarkCase(row_id=point.row, backend=engine.value, mode="agg", system=gpu.id, model_path=model.name,
                            isl=max(round(point.input_tokens), 1), osl=max(round(point.output_tokens), 1),
                            concurrency=clients, precision=layout.precision, moe_precision=layout.precision, agg=topo, prefill=None,
                            decode=None, ttft_ms=point.ttft_ms, tpot_ms=point.tpot_ms,

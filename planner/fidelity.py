@@ -1,6 +1,6 @@
 """Fidelity scores of predictions against measurements: percentage errors, skip reasons and ranking agreement.
 
-Called by `servingtopology validate` and the benchmarks after planner.calibration has predicted the rows.
+Called by `servingtopology validate` and the benchmarks after planner.benchmark_cases has predicted the rows.
 Ranking: among rows with the same model, weight precision, system, backend, input/output lengths and
 concurrency but different topologies (precision is the user's choice, not the planner's, so an FP4 and an
 FP8 deployment of one checkpoint are not ranked against each other), is the predicted best (lowest TPOT; separately highest output tokens/s per GPU) the
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from servingtopology.planner.calibration import CalibrationCase, Prediction, Skip
+from servingtopology.planner.benchmark_cases import BenchmarkCase, Prediction, Skip
 
 __all__ = ["ape_stats", "decision_quality", "e2e_latency_ms", "ranking_score", "summarize", "tokens_per_gpu_s"]
 
@@ -45,13 +45,13 @@ def ape_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[str
             "within_20pct": round(float(np.mean(ape <= 20.0)), 4)}
 
 
-def tokens_per_gpu_s(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> float:
+def tokens_per_gpu_s(case: BenchmarkCase, ttft_ms: float, tpot_ms: float) -> float:
     """Output tokens per second per GPU of a closed loop: N clients each emitting osl tokens per request."""
     cycle_s = e2e_latency_ms(case, ttft_ms, tpot_ms) / 1e3
     return case.concurrency * case.osl / max(cycle_s, 1e-9) / case.gpus
 
 
-def e2e_latency_ms(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> float:
+def e2e_latency_ms(case: BenchmarkCase, ttft_ms: float, tpot_ms: float) -> float:
     """End-to-end request latency of a row: TTFT + (osl − 1) · TPOT (the issue's definition; robust to where a
     release counts the first token, which moves time between the two columns but not their sum)."""
     return ttft_ms + max(case.osl - 1, 0) * tpot_ms
@@ -63,7 +63,7 @@ def e2e_latency_ms(case: CalibrationCase, ttft_ms: float, tpot_ms: float) -> flo
 OBJECTIVES = ("tokens_per_gpu", "tpot")
 
 
-def _group_figures(topos: dict[str, list[tuple[CalibrationCase, Prediction]]]) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+def _group_figures(topos: dict[str, list[tuple[BenchmarkCase, Prediction]]]) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
     """Per objective, the measured and the predicted figure of each topology of a group (duplicates averaged)."""
     return {
         "tpot": ({t: float(np.mean([c.tpot_ms for c, _ in v])) for t, v in topos.items()},
@@ -78,7 +78,7 @@ def _regret(measured: float, best: float, *, lowest: bool) -> float:
     return measured / best - 1.0 if lowest else best / max(measured, 1e-12) - 1.0
 
 
-def decision_quality(groups: Sequence[dict[str, list[tuple[CalibrationCase, Prediction]]]]) -> dict[str, Any]:
+def decision_quality(groups: Sequence[dict[str, list[tuple[BenchmarkCase, Prediction]]]]) -> dict[str, Any]:
     """Per objective: the share of groups whose pick measured within 5 % of the best, the trivial rule's share
     (fewest GPUs for tokens/s per GPU, most GPUs for TPOT; ties averaged), and the median and worst regrets."""
     out: dict[str, Any] = {"groups": len(groups)}
@@ -116,10 +116,10 @@ def _best(values: dict[str, float], *, lowest: bool) -> str:
     return min(values, key=values.__getitem__) if lowest else max(values, key=values.__getitem__)
 
 
-def _group_by_benchmark(cases: Sequence[CalibrationCase], results: Sequence[Result], *,
-                        by_release: bool) -> list[dict[str, list[tuple[CalibrationCase, Prediction]]]]:
+def _group_by_benchmark(cases: Sequence[BenchmarkCase], results: Sequence[Result], *,
+                        by_release: bool) -> list[dict[str, list[tuple[BenchmarkCase, Prediction]]]]:
     """Predicted rows grouped by benchmark (and, with `by_release`, by engine release), then by topology."""
-    groups: dict[tuple[Any, ...], dict[str, list[tuple[CalibrationCase, Prediction]]]] = {}
+    groups: dict[tuple[Any, ...], dict[str, list[tuple[BenchmarkCase, Prediction]]]] = {}
     for c, r in zip(cases, results, strict=True):
         if isinstance(r, Prediction):
             key: tuple[Any, ...] = (c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency,
@@ -128,7 +128,7 @@ def _group_by_benchmark(cases: Sequence[CalibrationCase], results: Sequence[Resu
     return [topos for topos in groups.values() if len(topos) >= 2]
 
 
-def _score(groups: Sequence[dict[str, list[tuple[CalibrationCase, Prediction]]]]) -> dict[str, Any]:
+def _score(groups: Sequence[dict[str, list[tuple[BenchmarkCase, Prediction]]]]) -> dict[str, Any]:
     hits_tpot = hits_tput = near = 0
     n = len(groups)
     base = base_expected = 0.0
@@ -165,7 +165,7 @@ def _score(groups: Sequence[dict[str, list[tuple[CalibrationCase, Prediction]]]]
             "pairs": pairs, "pairwise_ordering": round(pairs_right / pairs, 4) if pairs else None}
 
 
-def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -> dict[str, Any]:
+def ranking_score(cases: Sequence[BenchmarkCase], results: Sequence[Result]) -> dict[str, Any]:
     """Top-1 agreement over topology groups, for lowest TPOT and for highest tokens/s per GPU.
 
     Beside the figures: `cross_release_groups`, the groups whose topologies were measured on more than one recorded
@@ -180,7 +180,7 @@ def ranking_score(cases: Sequence[CalibrationCase], results: Sequence[Result]) -
                              "decision_quality": decision_quality(by_release), "decision_quality_mixed_releases": decision_quality(groups)}
 
 
-def _block(cases: Sequence[CalibrationCase], results: Sequence[Result], skipped_at_parse: Counter[str]) -> dict[str, Any]:
+def _block(cases: Sequence[BenchmarkCase], results: Sequence[Result], skipped_at_parse: Counter[str]) -> dict[str, Any]:
     ok = [(c, r) for c, r in zip(cases, results, strict=True) if isinstance(r, Prediction)]
     skipped: Counter[str] = Counter(skipped_at_parse)
     skipped.update(r.kind for r in results if isinstance(r, Skip))
@@ -196,8 +196,8 @@ def _block(cases: Sequence[CalibrationCase], results: Sequence[Result], skipped_
     }
 
 
-def summarize(cases: Sequence[CalibrationCase], results: Sequence[Result], *, skipped_at_parse: Counter[str] | None = None,
-              key: Callable[[CalibrationCase], str] | None = None) -> dict[str, Any]:
+def summarize(cases: Sequence[BenchmarkCase], results: Sequence[Result], *, skipped_at_parse: Counter[str] | None = None,
+              key: Callable[[BenchmarkCase], str] | None = None) -> dict[str, Any]:
     """Overall block plus one block per (backend, mode, system) (or per `key`)."""
     parse_skips: Counter[str] = skipped_at_parse or Counter()
     out = _block(cases, results, parse_skips)

@@ -53,7 +53,7 @@ class PerfParams:
     Step-time terms come first. The TTFT terms (`*ttft*`, result delay, PD admission) are latency a request
     sees off the GPU's step loop; `*bench_requests_per_client`, `arrival_burst` and `queue_factor` describe
     the closed-loop benchmarks the rows were measured with. Those are read by planner.closed_loop and
-    planner.calibration, not by `step_time_s`.
+    planner.benchmark_cases, not by `step_time_s`.
     """
 
     gemm_eff_max: float = 0.70          # best fraction of dense BF16 peak FLOP/s a GEMM reaches
@@ -90,7 +90,7 @@ class PerfParams:
     result_delay_steps: float = 1.0     # steps between a token's compute and its delivery (overlapped output processing)
     pd_admission_steps: float = 2.0     # PD: decode steps before a transferred request joins the decode batch
     bench_requests_per_client: float = 10.0  # benchmark length: requests each client sends (start-up wave weight) where the
-                                             # caller does not say (planner.calibration states it per harness)
+                                             # caller does not say (planner.benchmark_cases states it per harness)
     # Share of a rank's clients whose prefills collide in one step beyond what the token budget admits. Declared 0,
     # not fitted: the start-up wave is weighed in separately (planner.closed_loop), and the wave's prompts enter
     # through the budget a step at a time, so in steady state their re-arrivals stay spread over steps as the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,3 +37,23 @@ def test_one_import_style_absolute_from_servingtopology() -> None:
             if RELATIVE.search(path.read_text()):
                 relative.append(str(path.relative_to(ROOT)))
     assert relative == [], f"relative imports (write `from servingtopology.… import`): {relative}"
+
+
+def test_every_top_level_operator_module_sits_in_the_rooms_contracts() -> None:
+    # import-linter's layers contract only constrains the modules it names: a new module directly under operator/
+    # that is not named would escape both the rooms' layering and the kopf/kubernetes-only-in-runtime rule.
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    rooms = next(c for c in cfg if c["type"] == "layers" and c.get("containers") == ["servingtopology.operator"])
+    top_layer = {name.strip() for name in rooms["layers"][0].split(":")}
+    runtime_only = next(c for c in cfg if c["type"] == "forbidden" and "servingtopology.operator.api" in c["source_modules"])
+    guarded = set(runtime_only["source_modules"])
+    rooms_named = {"api", "render", "live", "runtime"}
+    for path in sorted((ROOT / "operator").glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        assert path.stem in top_layer, f"operator/{path.name}: name it in the rooms layers contract (pyproject.toml)"
+        assert f"servingtopology.operator.{path.stem}" in guarded, \
+            f"operator/{path.name}: add it to the kopf/kubernetes-only-in-runtime contract's source_modules (pyproject.toml)"
+    for path in (ROOT / "operator").iterdir():
+        if path.is_dir() and path.name != "__pycache__":
+            assert path.name in rooms_named, f"operator/{path.name}/: a room the contracts do not know"

@@ -8,7 +8,7 @@ RESULTS are the files the benchmark clients people already run write, and record
   - a recorded run folder as `simulate --replay` takes it (requests.jsonl, meta.json, config.json): one point, the
     run's own requests, compared on the engine's clock.
 The deployment (model, GPU, engine and release, layout) is the spec's: a file of another model, GPU or engine is
-refused. The fit (planner.deployment_fit, the per-deployment correction; not planner.calibration, the engine-default
+refused. The fit (planner.deployment_fit, the per-deployment correction; not planner.benchmark_cases, the engine-default
 fit) writes CAL.yaml with the factors, the residuals before and after, and the provenance (each file's sha256 and the
 rows used). `plan`, `simulate` and `sweep` take it with `--calibration CAL.yaml`.
 

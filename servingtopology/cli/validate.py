@@ -2,7 +2,7 @@
 
 Reads a CSV in the aiconfigurator silicon schema, resolves each `model_path` as DIR/<org>/<name>/config.json
 (when --model-dir is given) or in the built-in catalog, simulates every row as the closed-loop benchmark
-it was (planner.calibration / planner.closed_loop) and prints per-row predicted against measured TTFT and
+it was (planner.benchmark_cases / planner.closed_loop) and prints per-row predicted against measured TTFT and
 TPOT, then a summary overall and per (backend, mode, system). All file reading lives here.
 """
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servingtopology.planner.calibration import (
+from servingtopology.planner.benchmark_cases import (
     BACKENDS,
     EXPORT_QUIRK,
-    CalibrationCase,
+    BenchmarkCase,
     Prediction,
     Skip,
     export_quirks,
@@ -47,7 +47,7 @@ __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
 
 @dataclass(frozen=True, slots=True)
 class Measurements:
-    cases: list[CalibrationCase]
+    cases: list[BenchmarkCase]
     models: dict[str, ModelArch | Skip]
     gpus: dict[str, Gpu | Skip]
     skipped_at_parse: Counter[str]
@@ -94,7 +94,7 @@ def _resolve_gpu(system: str) -> Gpu | Skip:
 
 # A row's field longer than this is malformed (the longest in the shipped silicon CSV, silicon_data_source, is ~300).
 MAX_FIELD_CHARS = 4096
-_CONCURRENCY_TEXT = re.compile(r"silicon_concurrency=(\d+)")   # as planner/calibration.py reads it
+_CONCURRENCY_TEXT = re.compile(r"silicon_concurrency=(\d+)")   # as planner/benchmark_cases.py reads it
 MALFORMED = "malformed row"
 _SURROGATE = re.compile("[\udc80-\udcff]")  # what surrogateescape decodes a non-UTF-8 byte to
 
@@ -171,7 +171,7 @@ def _malformed(fields: list[str], header: list[str]) -> str | None:
             return f"{column} {f[:20]} over {bound:,}"
     source = dict(zip(header, fields, strict=True)).get("silicon_data_source") or ""
     for found in _CONCURRENCY_TEXT.finditer(source):
-        # The closed-loop client count (calibration's silicon_concurrency=N): unbounded, 10^50 clients were "predicted"
+        # The closed-loop client count (benchmark_cases's silicon_concurrency=N): unbounded, 10^50 clients were "predicted"
         digits = found.group(1).lstrip("0")
         if not digits or len(digits) > len(str(MAX_CONCURRENCY)) or int(digits) > MAX_CONCURRENCY:
             return f"silicon_concurrency {found.group(1)[:20]} out of 1 to {MAX_CONCURRENCY:,} (silicon_data_source)"
@@ -180,7 +180,7 @@ def _malformed(fields: list[str], header: list[str]) -> str | None:
 
 def load_measurements(csv_path: Path, *, model_dir: Path | None = None, backends: Sequence[str] | None = None) -> Measurements:
     """Read and parse the rows of `backends` (all when None), resolving each model and GPU once."""
-    cases: list[CalibrationCase] = []
+    cases: list[BenchmarkCase] = []
     by_backend: dict[str, Counter[str]] = {}
     raw, skipped = read_rows(csv_path)  # malformed rows are counted in `skipped` (their backend cannot be trusted)
     rows = fill_from_twins(raw)

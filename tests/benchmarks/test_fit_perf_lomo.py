@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from servingtopology.cli.validate import Measurements
-from servingtopology.planner.calibration import parse_row
+from servingtopology.planner.benchmark_cases import parse_row
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.perf import PerfParams
 
-from ..planner.test_calibration import AGG
+from ..planner.test_benchmark_cases import AGG
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import fit_perf

@@ -9,7 +9,7 @@ import pytest
 
 from servingtopology.cli.simulate import load_replay
 from servingtopology.cli.validate import evaluate, load_measurements
-from servingtopology.planner.calibration import Prediction
+from servingtopology.planner.benchmark_cases import Prediction
 from servingtopology.planner.errors import InvalidSpec
 from tests.groundtruth import GROUNDTRUTH
 

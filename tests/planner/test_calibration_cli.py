@@ -6,7 +6,7 @@ from importlib import resources
 
 from servingtopology.cli.main import main
 
-from .test_calibration import AGG, DISAGG
+from .test_benchmark_cases import AGG, DISAGG
 
 
 def _write(path, rows):

@@ -1,4 +1,4 @@
-"""Calibration cases: silicon benchmark rows (already parsed into str dicts) turned into problems and predictions.
+"""Benchmark cases: public silicon benchmark rows (already parsed into str dicts) turned into problems and predictions.
 
 Called by `servingtopology validate`, benchmarks/fit_perf.py and benchmarks/validate_silicon.py. It reads
 the aiconfigurator silicon CSV schema (agg: tp/pp/attention_dp/moe_tp/moe_ep; disagg: prefill_*/decode_*
@@ -29,7 +29,7 @@ from servingtopology.planner.model import ModelArch
 from servingtopology.planner.perf import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
 from servingtopology.planner.sim.sglang import MIN_NEW_TOKEN_RATIO
 
-__all__ = ["Topology", "CalibrationCase", "Skip", "parse_row", "fill_from_twins", "export_quirks", "EXPORT_QUIRK", "Prediction",
+__all__ = ["Topology", "BenchmarkCase", "Skip", "parse_row", "fill_from_twins", "export_quirks", "EXPORT_QUIRK", "Prediction",
            "predict_cases", "predict_all", "predict_held_out", "BACKENDS",
            "Harness", "INFERENCEX", "UNSTATED", "harness_of", "without_harness"]
 
@@ -78,7 +78,7 @@ UNSTATED = Harness("unstated", requests_per_client=10.0)
 _INFERENCEX_SOURCE = re.compile(r"^(db-dump/|source_file=\d{4}-\d{2}-\d{2}\.csv;)")
 
 
-def _recv_interval(case: CalibrationCase) -> float:
+def _recv_interval(case: BenchmarkCase) -> float:
     """SGLang's `--scheduler-recv-interval` the row's server ran with (1: every step, the engine default).
 
     InferenceX's single-node SGLang recipes for B200 and B300 (benchmarks/single_node/dsr1_fp8_b200.sh and the
@@ -98,13 +98,13 @@ def _recv_interval(case: CalibrationCase) -> float:
 SGLANG_LOCKSTEP_BEFORE = (0, 5, 2)
 
 
-def lockstep_closed_loop(case: CalibrationCase) -> bool:
+def lockstep_closed_loop(case: BenchmarkCase) -> bool:
     """Whether the row's clients stay in lockstep: fixed lengths on an SGLang release before SGLANG_LOCKSTEP_BEFORE."""
     rel = release_key(case.engine_release)
     return case.backend == "sglang" and case.harness.length_floor >= 1.0 and bool(rel) and rel < SGLANG_LOCKSTEP_BEFORE
 
 
-def without_harness(cases: Sequence[CalibrationCase]) -> list[CalibrationCase]:
+def without_harness(cases: Sequence[BenchmarkCase]) -> list[BenchmarkCase]:
     """The cases as if no data source named its harness (fixed lengths, the fitted requests per client, engine
     defaults): the figures the model gives without the benchmark-harness knowledge."""
     return [dataclasses.replace(c, harness=UNSTATED) for c in cases]
@@ -148,7 +148,7 @@ class Topology:
 
 
 @dataclass(frozen=True, slots=True)
-class CalibrationCase:
+class BenchmarkCase:
     row_id: str
     backend: str
     mode: str  # agg | disagg
@@ -225,7 +225,7 @@ def _precision(row: Mapping[str, str], key: str) -> Precision:
     return _QUANT[raw]
 
 
-def parse_row(row: Mapping[str, str]) -> CalibrationCase:
+def parse_row(row: Mapping[str, str]) -> BenchmarkCase:
     """One CSV row (str values) as a case; raises Skip with the reason kind for unusable rows."""
     backend = (row.get("backend") or "").strip().lower()
     mode = (row.get("mode") or "agg").strip().lower()
@@ -249,7 +249,7 @@ def parse_row(row: Mapping[str, str]) -> CalibrationCase:
     agg = _topology(row, "", workers=False) if mode == "agg" else None
     pre = _topology(row, "prefill_", workers=True) if mode == "disagg" else None
     dec = _topology(row, "decode_", workers=True) if mode == "disagg" else None
-    return CalibrationCase(
+    return BenchmarkCase(
         row_id=str(row.get("id", "")), backend=backend, mode=mode, system=(row.get("system") or "").strip(),
         model_path=(row.get("model_path") or "").strip(), isl=_int(row, "isl"), osl=_int(row, "osl"),
         concurrency=max(concurrency, 1), precision=_precision(row, "gemm_quant_mode"), moe_precision=_precision(row, "moe_quant_mode"),
@@ -386,7 +386,7 @@ def _defaults(backend: str, p: PerfParams) -> _EngineDefaults:
     return _EngineDefaults(Engine.VLLM, True, KvDtype.AUTO, 0.9, 1024, None, p.ttft_overhead_s, p.ttft_s_per_input_token)
 
 
-def _requests_per_client(case: CalibrationCase, p: PerfParams) -> float:
+def _requests_per_client(case: BenchmarkCase, p: PerfParams) -> float:
     """Benchmark length of the harness that measured the row (else the parameter file's)."""
     if case.harness.requests_per_client is not None:
         return case.harness.requests_per_client
@@ -441,7 +441,7 @@ def _output_reserve(backend: str) -> float | None:
     return None
 
 
-def _arr(cases: Sequence[CalibrationCase], fn: Any) -> Any:
+def _arr(cases: Sequence[BenchmarkCase], fn: Any) -> Any:
     return np.array([fn(c) for c in cases], dtype=float)
 
 
@@ -458,7 +458,7 @@ def _rank_cap(model: ModelArch, gpu: Gpu, d: _EngineDefaults, prec: Precision, b
     return np.minimum(np.maximum(seqs, 1.0), d.max_running)
 
 
-def _stepper(model: ModelArch, gpu: Gpu, case: CalibrationCase, d: _EngineDefaults, topo: Sequence[Topology], p: PerfParams) -> Any:
+def _stepper(model: ModelArch, gpu: Gpu, case: BenchmarkCase, d: _EngineDefaults, topo: Sequence[Topology], p: PerfParams) -> Any:
     tp, pp, dp, ep = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp", "moe_ep"))
 
     coeffs = step_coefficients(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp,
@@ -471,7 +471,7 @@ def _stepper(model: ModelArch, gpu: Gpu, case: CalibrationCase, d: _EngineDefaul
     return step
 
 
-def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, *, params: PerfParams | None = None) -> list[Prediction]:
+def predict_cases(cases: Sequence[BenchmarkCase], model: ModelArch, gpu: Gpu, *, params: PerfParams | None = None) -> list[Prediction]:
     """Predict cases that share model, GPU, precisions, backend, mode and engine release (one vectorised pass)."""
     if not cases:
         return []
@@ -513,7 +513,7 @@ def predict_cases(cases: Sequence[CalibrationCase], model: ModelArch, gpu: Gpu, 
     return [Prediction(ttft_ms=float(a) * 1e3, tpot_ms=float(b) * 1e3, throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
 
 
-def _tp_not_dividing_heads(model: ModelArch, case: CalibrationCase) -> int | None:
+def _tp_not_dividing_heads(model: ModelArch, case: BenchmarkCase) -> int | None:
     """A recorded TP degree no engine could have run (vLLM, SGLang and TensorRT-LLM all require it to divide the
     attention heads), or None. Such rows are lossy exports that put a role's total GPU count in tp_size."""
     for t in (case.agg, case.prefill, case.decode):
@@ -522,14 +522,14 @@ def _tp_not_dividing_heads(model: ModelArch, case: CalibrationCase) -> int | Non
     return None
 
 
-def _fits(model: ModelArch, gpu: Gpu, case: CalibrationCase) -> bool:
+def _fits(model: ModelArch, gpu: Gpu, case: BenchmarkCase) -> bool:
     """Whether one GPU of every worker kind can hold its share of the weights."""
     topos = [t for t in (case.agg, case.prefill, case.decode) if t is not None]
     prec = case.moe_precision if model.is_moe else case.precision
     return all(float(weight_bytes_per_gpu(model, prec, tp=t.tp, pp=t.pp, dp=t.dp)) < gpu.memory_bytes for t in topos)
 
 
-def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip], *,
+def predict_all(cases: Sequence[BenchmarkCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip], *,
                 params: PerfParams | None = None) -> list[Prediction | Skip]:
     """Predict every case, in order; a case whose model or GPU did not resolve gets that Skip."""
     out: list[Prediction | Skip] = [Skip("internal", "not predicted")] * len(cases)
@@ -559,7 +559,7 @@ def predict_all(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch
     return out
 
 
-def predict_held_out(cases: Sequence[CalibrationCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip],
+def predict_held_out(cases: Sequence[BenchmarkCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip],
                      folds: Sequence[Mapping[str, Any]], base: PerfParams) -> tuple[list[Prediction | Skip], list[str]]:
     """Every row predicted by parameters that never saw its model family, and which parameters those were.
 

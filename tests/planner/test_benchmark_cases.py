@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from servingtopology.planner.calibration import INFERENCEX, UNSTATED, Prediction, Skip, fill_from_twins, harness_of, parse_row, predict_all
+from servingtopology.planner.benchmark_cases import INFERENCEX, UNSTATED, Prediction, Skip, fill_from_twins, harness_of, parse_row, predict_all
 from servingtopology.planner.fidelity import ape_stats, ranking_score, summarize, tokens_per_gpu_s
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.model import resolve_model
