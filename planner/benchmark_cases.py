@@ -22,6 +22,7 @@ import numpy as np
 
 from servingtopology.planner.closed_loop import aggregated, disaggregated
 from servingtopology.planner.engine_caps import release_key
+from servingtopology.planner.engine_defaults import sglang_mem_fraction, token_budget
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
@@ -394,38 +395,7 @@ def _requests_per_client(case: BenchmarkCase, p: PerfParams) -> float:
 
 
 def _token_budget(backend: str, gpu: Gpu, dp: Any) -> Any:
-    if backend == "sglang":  # chunked-prefill-size by GPU memory, split across DP-attention ranks
-        total = 2048 if gpu.memory_gib < 35 else (8192 if gpu.memory_gib < 160 else 16384)
-        return np.maximum(total / dp, 1024.0)
-    return (8192 if gpu.memory_gib >= 70 else 2048) + 0 * dp
-
-
-# SGLang computes --mem-fraction-static when it is not given (sgl-project/sglang PR #10975, "General heuristics for
-# --mem-fraction-static", first in 0.5.3; python/sglang/srt/server_args.py `_handle_gpu_memory_settings`): in MiB,
-# reserved = 512 + 1.5·max(chunked-prefill size, 2048) + 2·cuda_graph_max_bs + 1024·tp·pp/8, plus
-# 3·cuda_graph_max_bs·dp under DP attention (and 1.5·cuda_graph_max_bs·dp more when that batch size is over 300), at
-# least 10 GiB on GPUs over 60 GiB; fraction = round((memory − reserved)/memory, 3). cuda_graph_max_bs is 256 below
-# TP 4 and 512 from it under 160 GiB, 512 above. Releases before it used a table by TP size (0.88, 0.87 from TP 2,
-# 0.85 from 4, 0.81 from 8, 0.79 from 16).
-SGLANG_AUTO_MEM_FRACTION_SINCE = (0, 5, 3)
-
-
-def sglang_default_mem_fraction(gpu: Gpu, release: str, tp: Any, pp: Any, dp: Any) -> Any:
-    """The --mem-fraction-static an SGLang server of `release` chose on `gpu` for attention TP `tp` × DP `dp` (arrays)."""
-    tp, pp, dp = (np.asarray(v, dtype=float) for v in (tp, pp, dp))
-    size = tp * dp  # SGLang's --tp-size counts every GPU of the instance; --dp-size splits attention
-    rel = release_key(release)
-    if rel and rel < SGLANG_AUTO_MEM_FRACTION_SINCE:
-        return np.select([size * pp >= 16, size * pp >= 8, size * pp >= 4, size * pp >= 2], [0.79, 0.81, 0.85, 0.87], 0.88)
-    mem = gpu.memory_gib * 1024.0
-    if mem < 60 * 1024:
-        return 0.85 + 0.0 * size
-    chunk = 8192.0 if mem < 160 * 1024 else 16384.0
-    graph_bs = np.where((mem < 160 * 1024) & (size < 4), 256.0, 512.0)
-    reserved = 512.0 + 1.5 * max(chunk, 2048.0) + 2.0 * graph_bs + 1024.0 * size * pp / 8.0
-    reserved = reserved + np.where(dp > 1, graph_bs * dp * 3.0 + np.where(graph_bs > 300, graph_bs * dp * 1.5, 0.0), 0.0)
-    reserved = np.maximum(reserved, 10 * 1024.0)
-    return np.round((mem - reserved) / mem, 3)
+    return token_budget(Engine.SGLANG if backend == "sglang" else Engine.VLLM, gpu, dp)
 
 
 def _output_reserve(backend: str) -> float | None:
@@ -449,7 +419,7 @@ def _rank_cap(model: ModelArch, gpu: Gpu, d: _EngineDefaults, prec: Precision, b
               ctx_tokens: Any, release: str = "") -> Any:
     """Requests one rank can run: max sequences, or KV pool over the mean context (no cap when the pool is unknown)."""
     tp, pp, dp = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp"))
-    fraction = sglang_default_mem_fraction(gpu, release, tp, pp, dp) if d.engine is Engine.SGLANG and d.overhead_scale is None else d.memory_fraction
+    fraction = sglang_mem_fraction(gpu, release, tp, pp, dp) if d.engine is Engine.SGLANG and d.overhead_scale is None else d.memory_fraction
     pool = kv_pool_bytes(model, gpu, engine=d.engine, precision=prec, tp=tp, pp=pp, dp=dp, max_num_batched_tokens=budget,
                          max_num_seqs=d.max_running, memory_fraction=fraction)
     per_tok = kv_bytes_per_token(model, d.kv_dtype, tp=tp, pp=pp)

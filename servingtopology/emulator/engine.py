@@ -15,6 +15,7 @@ from enum import StrEnum
 from servingtopology.emulator.command_parser import EngineArgsError, EngineConfig
 from servingtopology.emulator.replay import ChunkedReplay
 from servingtopology.emulator.seam import Completion, EngineSimulator, Gauges, Progress
+from servingtopology.planner.engine_defaults import max_running, memory_fraction, token_budget
 from servingtopology.planner.hardware import Gpu, Precision, gpu_for_product, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.memory import kv_pool_tokens
@@ -190,12 +191,14 @@ def build_simulator(config: EngineConfig, *, gpu: Gpu, kind: SimulatorKind = Sim
     attention_tp = config.tp // config.dp if (config.engine is Engine.SGLANG and config.dp_attention) else config.tp
     ranks = config.dp
     parallelism = Parallelism(tp=attention_tp, pp=config.pp, dp=config.dp)
-    default_budget = 8192 if gpu.memory_bytes >= 70 * 2**30 else 2048
-    default_running = 1024 if config.engine is Engine.VLLM and gpu.memory_bytes >= 70 * 2**30 else 256
+    # what the engine chooses for a flag the command leaves out (planner/engine_defaults.py: the one rule)
+    default_budget = int(token_budget(config.engine, gpu))  # the server's flag value; the step model splits it per DP rank
+    default_fraction = memory_fraction(config.engine, gpu, release=config.version, tp=attention_tp, pp=config.pp,
+                                       dp=config.dp if config.dp_attention else 1)
     knobs = EngineKnobs(
-        max_num_seqs=config.max_running or default_running,
+        max_num_seqs=config.max_running or max_running(config.engine, gpu),
         max_num_batched_tokens=config.token_budget or default_budget,
-        memory_fraction=config.memory_fraction or (0.9 if config.engine is Engine.VLLM else 0.88),
+        memory_fraction=config.memory_fraction or default_fraction,
         kv_dtype=_KV_DTYPES.get(config.kv_cache_dtype, KvDtype.AUTO),
     )
     capacity = kv_pool_tokens(model, gpu, engine=config.engine, precision=Precision.BF16, parallelism=parallelism, knobs=knobs)

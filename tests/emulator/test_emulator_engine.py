@@ -244,3 +244,35 @@ def test_emulated_metrics_are_current_names_of_the_shared_vocabulary(argv: list[
     families = _families(EngineMetrics(config).render())
     assert families
     assert set(families) <= names, sorted(set(families) - names)
+
+
+@pytest.mark.parametrize("product,engine,argv", [
+    ("H100", "sglang", ["python3", "-m", "sglang.launch_server", "--model-path", "llama-3.1-8b"]),
+    ("L40S", "sglang", ["python3", "-m", "sglang.launch_server", "--model-path", "llama-3.1-8b"]),
+    ("H100", "vllm", ["vllm", "serve", "llama-3.1-8b"]),
+    ("L40S", "vllm", ["vllm", "serve", "llama-3.1-8b"]),
+])
+def test_flags_left_out_get_the_engines_own_defaults_from_the_one_rule(product: str, engine: str, argv: list[str]) -> None:
+    # The emulator must not give an engine more room than the engine gives itself: SGLang's computed
+    # --mem-fraction-static (0.835 on an H100 at TP1, not a flat 0.88) and its chunk by GPU memory (8192 on an L40S).
+    from servingtopology.planner.engine_defaults import max_running, memory_fraction, token_budget
+    from servingtopology.planner.hardware import Precision
+    from servingtopology.planner.layout import Engine as PlannerEngine
+    from servingtopology.planner.layout import EngineKnobs, Parallelism
+    from servingtopology.planner.memory import kv_pool_tokens
+    from servingtopology.planner.model import resolve_model
+
+    config = parse_engine_command(argv)
+    gpu = gpu_for_label(product)
+    kind = PlannerEngine(engine)
+    fraction = memory_fraction(kind, gpu, release=config.version)
+    if kind is PlannerEngine.SGLANG and product == "H100":
+        assert fraction < 0.85
+    simulator = build_simulator(config, gpu=gpu, kind=SimulatorKind.BUILTIN)
+    assert simulator.token_budget == int(token_budget(kind, gpu))
+    assert simulator.max_running == max_running(kind, gpu)
+    knobs = EngineKnobs(max_num_seqs=max_running(kind, gpu), max_num_batched_tokens=int(token_budget(kind, gpu)),
+                        memory_fraction=fraction)
+    expected = kv_pool_tokens(resolve_model("llama-3.1-8b"), gpu, engine=kind, precision=Precision.BF16,
+                              parallelism=Parallelism(tp=1, pp=1, dp=1), knobs=knobs)
+    assert simulator.kv_capacity_tokens == expected

@@ -138,7 +138,7 @@ def test_an_engine_that_admits_on_the_prompt_moves_part_of_the_kv_wait_into_the_
 
 
 def test_sglang_sizes_its_static_memory_as_its_release_does():
-    from servingtopology.planner.benchmark_cases import sglang_default_mem_fraction
+    from servingtopology.planner.engine_defaults import sglang_mem_fraction as sglang_default_mem_fraction
 
     h100, h200, b200 = (resolve_gpu(g) for g in ("h100_sxm", "h200_sxm", "b200_sxm"))
     # 0.5.3 on: (memory − reserved) / memory in MiB; H100 TP1 reserves 512 + 1.5·8192 + 2·256 + 1024/8 = 13,440 MiB.
