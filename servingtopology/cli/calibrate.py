@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 
 from servingtopology.cli.calibration_io import deployment_of, read_bytes
-from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
+from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.deployment_fit import (
     DEFAULT_HALF_LIFE_S,
     MIN_POINTS,

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
+from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.decide import predict_layout
 from servingtopology.planner.errors import InvalidSpec

@@ -33,7 +33,7 @@ def write_manifests(spec_path: str | None, directory: str) -> int:
     """Plan as the operator would and write its objects to `directory` (created; files of an earlier run are replaced).
 
     Returns 0, 1 (no feasible layout) or 2 (invalid spec; the message names the field), the plan command's codes."""
-    from servingtopology.cli.output import emit_spec_error
+    from servingtopology.cli.spec_input import emit_spec_error
     from servingtopology.operator.api.resource import check_resource_name, parse_topology_spec
     from servingtopology.operator.offline import file_name, plan_offline
 

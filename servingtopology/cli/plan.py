@@ -24,7 +24,7 @@ from servingtopology.cli.calibration_io import (
     read_calibration,
 )
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
-from servingtopology.cli.output import emit_spec_error, read_spec, simulator_for
+from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.advice import InfeasibleAdvice
 from servingtopology.planner.decide import decide

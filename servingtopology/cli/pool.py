@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servingtopology.cli.output import emit_spec_error
+from servingtopology.cli.spec_input import emit_spec_error
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.pool import PoolDecision, PoolProblem, plan_pool
 from servingtopology.planner.pool_options import MemberRequest, build_pool

@@ -29,7 +29,7 @@ from servingtopology.cli.calibration_io import (
     read_bytes,
     read_calibration,
 )
-from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
+from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role

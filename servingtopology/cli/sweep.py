@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from servingtopology.cli.calibration_io import add_calibration_arg, calibration_summary, prediction_intervals, read_calibration
-from servingtopology.cli.output import emit_spec_error, layout_for, read_spec
+from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import Layout
