@@ -100,6 +100,7 @@ class PassState:
         self.annotations: Mapping[str, str] = meta.get("annotations") or {}
         self.approval: ApprovalStatus | None = self.status.approval
         self.proposals = self.status.proposals or 0     # the number in the latest proposal's id
+        self.pool_gpus: int | None = None                # the GPU cap an Auto ServingPool assigned, honoured this pass
 
     def numbered(self, proposal: ProposalStatus) -> ProposalStatus:
         """ProposalIds: a new proposal gets the next id (p1, p2, ...; never reused), a carried-over one keeps its own."""

@@ -86,6 +86,7 @@ from servingtopology.operator.plan_status import (
     proposal_status,
     timestamp,
 )
+from servingtopology.operator.pool_member import capped, membership
 from servingtopology.operator.render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from servingtopology.operator.render.network import network_capabilities
 from servingtopology.operator.render.object_size import oversized
@@ -151,12 +152,32 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
         if p.set(ConditionType.METRICS_AVAILABLE, False, "MetricsSelectorRefused", why):
             p.event("Warning", "MetricsSelectorRefused", why)
         metrics = None
+    spec = _pool_membership(p, spec)
     current = layout_from_plan(p.status.plan) if p.status.plan is not None else None
     ctx = PassContext(spec=spec, planner=planner, predict=predict, metrics=metrics, policy=policy_from_spec(spec.policy),
                       gpus_per_node=spec.hardware.gpusPerNode or gpus_per_node_default, metrics_allow=metrics_allow)
     if spec.policy.mode is Mode.DRY_RUN or (spec.policy.mode is Mode.AUTO and spec.policy.approval is Approval.REQUIRED):
         return _gated(p, ctx, current)
     return _enact(p, ctx, current)
+
+
+def _pool_membership(p: PassState, spec: TopologySpec) -> TopologySpec:
+    """PoolMember: the ServingPool spec.pool names (operator/pool_member.py); the spec this pass plans with, its
+    hardware.maxGPUs lowered to the cap an Auto pool assigned. A cap that changes is planned as a spec change is
+    (`_cap_changed`): the plan records the cap it was made under (status.plan.poolGPUs)."""
+    labels = dict((p.obj.get("metadata") or {}).get("labels") or {})
+    member = membership(spec, cluster=p.cluster, namespace=p.namespace, labels=labels, annotations=dict(p.annotations))
+    if member.status is None:
+        return spec
+    if p.set(ConditionType.POOL_MEMBER, member.status, member.reason, member.message) and member.status is False:
+        p.event("Warning", member.reason, member.message)
+    p.pool_gpus = member.cap_gpus
+    return capped(spec, member.cap_gpus)
+
+
+def _cap_changed(p: PassState, plan: PlanStatus | ProposalStatus | None) -> bool:
+    """Whether the pool's cap differs from the one `plan` was made under."""
+    return plan is not None and plan.poolGPUs != p.pool_gpus
 
 
 def _gated(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
@@ -230,7 +251,7 @@ def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy)
 
 def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
     proposal, history, decided = p.status.proposal, list(p.status.history), False
-    if proposal is None or proposal.generation != p.generation:
+    if proposal is None or proposal.generation != p.generation or _cap_changed(p, proposal):
         decision = decide_or_outcome(p, ctx.spec, ctx.planner, current)
         if isinstance(decision, Outcome):
             return decision
@@ -238,7 +259,7 @@ def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
         proposal = proposal_status(best, current=p.status.plan, before=decision.current.prediction if decision.current else None,
                                    args_of=engine_args_of(ctx.bp_for(p, best.layout)), reasons=decision.reasons, now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec))
-        proposal = p.numbered(proposal)
+        proposal = p.numbered(proposal).model_copy(update={"poolGPUs": p.pool_gpus})
         p.event("Normal", "PlanProposed", f"proposal {proposal.id}: {proposal.message}")
         p.set(ConditionType.PLANNED, True, "PlanProposed", proposal.message)
         if p.status.plan is None:
@@ -456,7 +477,8 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
         run.history = append_history(run.history, HistoryEntry(at=timestamp(p.now), action="Applied", layout=new_plan.layout,
                                                                gpus=new_plan.gpus, reason=reason[:256]), HISTORY_LIMIT)
     keep_set = plan is not None and current == best.layout
-    run.plan = new_plan.model_copy(update={"set": running_set(plan) if keep_set and plan is not None else layout_set_name(best.layout)})
+    run.plan = new_plan.model_copy(update={"set": running_set(plan) if keep_set and plan is not None else layout_set_name(best.layout),
+                                           "poolGPUs": p.pool_gpus})
     return None
 
 
@@ -473,7 +495,7 @@ def _begin(p: PassState, ctx: PassContext, run: _Run, proposal: ProposalStatus, 
     assert state is not None
     # An approved proposal's transition keeps the approved id: status.proposal is then its target, not a new proposal.
     approved_id = p.approval.id if ctx.approved is not None and p.approval is not None else None
-    run.proposal = proposal.model_copy(update={"set": state.to_set, "id": approved_id})
+    run.proposal = proposal.model_copy(update={"set": state.to_set, "id": approved_id, "poolGPUs": p.pool_gpus})
     message = f"{state.mode.value} transition: {proposal.message.replace('would change', 'changing', 1)}"
     p.event("Normal", "TransitionStarted", message)
     p.set(ConditionType.PLANNED, True, "Pinned" if ctx.spec.policy.mode is Mode.PINNED else "Planned", message)
@@ -492,7 +514,7 @@ def _blocked(p: PassState, run: _Run, proposal: ProposalStatus, started: Started
     p.set(ConditionType.PLANNED, False, TRANSITION_BLOCKED, message)
     if fresh and (was is None or (was.reason, was.message) != (TRANSITION_BLOCKED, message)):
         p.event("Warning", TRANSITION_BLOCKED, message)
-    run.proposal = proposal
+    run.proposal = proposal.model_copy(update={"poolGPUs": p.pool_gpus})
     run.hold = True
 
 
@@ -500,7 +522,7 @@ def _blocked_target(p: PassState, run: _Run) -> ProposalStatus | None:
     """The target of this generation's blocked change, when the last pass left one (Planned=False TransitionBlocked)."""
     proposal, planned = p.status.proposal, condition(p.conditions, ConditionType.PLANNED)
     if (proposal is None or proposal.generation != p.generation or planned is None or planned.reason != TRANSITION_BLOCKED
-            or run.plan is None or p.memory.transition is not None):
+            or run.plan is None or p.memory.transition is not None or _cap_changed(p, proposal)):
         return None
     return proposal
 
@@ -524,7 +546,7 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None, *, replan_now
     keep = p.memory.transitioning or (proposing and not replan_now)
     run = _Run(plan=p.status.plan, proposal=p.status.proposal if keep else None, history=list(p.status.history))
     state = p.memory.transition
-    new_generation = run.plan is None or run.plan.generation != p.generation or replan_now
+    new_generation = run.plan is None or run.plan.generation != p.generation or replan_now or _cap_changed(p, run.plan)
     if state is not None and (state.phase is Phase.DONE or (state.phase is Phase.FAILED and new_generation) or run.plan is None):
         p.memory = dataclasses.replace(p.memory, transition=None)   # a finished one, or a failed one the user has moved past
     problem = problem_or_none(p, ctx, current)
@@ -552,7 +574,8 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None, *, replan_now
             state = p.memory.transition
             run.proposal = proposal_from_replan(out, current=run.plan, args_of=engine_args_of(ctx.bp_for(p, out.after.layout)), now=p.now,
                                                 generation=p.generation, percentile=slo_percentile(ctx.spec),
-                                                set_name=state.to_set if state is not None else None)
+                                                set_name=state.to_set if state is not None else None).model_copy(
+                                                    update={"poolGPUs": p.pool_gpus})
             run.decided = True
             _declared(p, ctx, problem, run)
         elif out is not None and out.verdict is Verdict.PROPOSE and out.after is not None and proposing:

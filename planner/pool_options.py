@@ -234,6 +234,7 @@ class MemberRequest:
     cap_gpus: int
     priority: int = 0
     min_rps: float = 0.0
+    kinds: tuple[str, ...] | None = None    # the pool kinds it may use (None: every kind)
 
 
 def build_pool(kinds: Sequence[GpuKind], members: Sequence[MemberRequest], *, objective: PoolObjective,
@@ -243,7 +244,8 @@ def build_pool(kinds: Sequence[GpuKind], members: Sequence[MemberRequest], *, ob
     out: list[PoolMember] = []
     found: dict[str, MemberOptions] = {}
     for i, m in enumerate(members):
-        mo = member_options(m.problem, kinds, cap_gpus=m.cap_gpus, mixed=mixed)
+        mine = [k for k in kinds if m.kinds is None or k.name in m.kinds]
+        mo = member_options(m.problem, mine, cap_gpus=m.cap_gpus, mixed=mixed)
         if not mo.options:
             raise InvalidSpec(f"members[{i}]", f"member {m.name!r} ({m.problem.model.name}) fits no GPU kind of the pool: " + "; ".join(mo.notes))
         found[m.name] = mo

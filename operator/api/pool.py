@@ -1,16 +1,20 @@
 """The ServingPool API (servingtopology.io/v1alpha1): one GPU inventory by kind with prices, planned for its members.
 
-A ServingTopology joins a pool with the label `servingtopology.io/pool: <pool name>` (same namespace) and its priority
-with the annotation `servingtopology.io/pool-priority` (an integer, default 0); its hardware.maxGPUs is its cap inside
-the pool. The pydantic models here are the single source of crds/servingpool.yaml (`build_pool_crd`, golden-tested)
-and the trust boundary of the pool pass (`parse_pool_spec`). Must not import kopf or kubernetes.
+A ServingTopology joins a pool with `spec.pool` (name, priority; same namespace); its hardware.maxGPUs is its cap inside
+the pool. The label `servingtopology.io/pool: <pool name>` with the annotation `servingtopology.io/pool-priority` is still
+read for resources written before spec.pool (`pool_of`: spec.pool wins). In Auto the pool writes each member's GPU cap
+into the annotation `servingtopology.io/pool-allocation` (`Allocation`, JSON), which the member's plans keep within.
+The pydantic models here are the single source of crds/servingpool.yaml (`build_pool_crd`, golden-tested) and the trust
+boundary of the pool pass (`parse_pool_spec`). Must not import kopf or kubernetes.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -21,20 +25,79 @@ from servingtopology.operator.api.resource import GROUP
 from servingtopology.planner.pool import PoolObjective
 from servingtopology.spec import MAX_GPUS, SpecError
 
-__all__ = ["POOL_KIND", "POOL_PLURAL", "POOL_SHORT_NAME", "POOL_LABEL", "PRIORITY_ANNOTATION", "POOL_CRD_PATHS", "PoolMode",
-           "PoolKindSpec", "ServingPoolSpec", "parse_pool_spec", "build_pool_crd", "render_pool_crd_yaml", "main"]
+__all__ = ["POOL_KIND", "POOL_PLURAL", "POOL_SHORT_NAME", "POOL_LABEL", "PRIORITY_ANNOTATION", "ALLOCATION_ANNOTATION", "POOL_CRD_PATHS",
+           "PoolMode", "PoolKindSpec", "ServingPoolSpec", "parse_pool_spec", "build_pool_crd", "render_pool_crd_yaml", "main",
+           "MemberOf", "pool_of", "Allocation", "read_allocation"]
 
 POOL_KIND = "ServingPool"
 POOL_PLURAL = "servingpools"
 POOL_SHORT_NAME = "spool"
 POOL_LABEL = f"{GROUP}/pool"
 PRIORITY_ANNOTATION = f"{GROUP}/pool-priority"
+ALLOCATION_ANNOTATION = f"{GROUP}/pool-allocation"
 POOL_CRD_PATHS = ("crds/servingpool.yaml", "charts/servingtopology/crds/servingpool.yaml")
 NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
 class PoolMode(enum.StrEnum):
     DRY_RUN = "DryRun"      # plan the pool and show the proposal (status, one Event per change); members keep planning alone
+    AUTO = "Auto"           # also move GPUs: each member's cap (ALLOCATION_ANNOTATION), receivers grown inside spec.surge first
+
+
+@dataclass(frozen=True, slots=True)
+class MemberOf:
+    """The pool a ServingTopology names, its priority, and the namespace it names (None: its own)."""
+
+    pool: str
+    priority: int
+    namespace: str | None
+    by_label: bool          # named by the label of before spec.pool
+
+
+def pool_of(spec: Mapping[str, Any] | None, metadata: Mapping[str, Any]) -> MemberOf | None:
+    """The pool a ServingTopology body joins: spec.pool, else the servingtopology.io/pool label (with the priority
+    annotation, a non-integer read as 0); None when it names none. Reads the raw body: the pool pass indexes members
+    before (and whether or not) their whole spec is valid."""
+    ref = (spec or {}).get("pool") if isinstance(spec, Mapping) else None
+    if isinstance(ref, Mapping) and isinstance(ref.get("name"), str) and ref.get("name"):
+        prio = ref.get("priority", 0)
+        ns = ref.get("namespace")
+        return MemberOf(str(ref["name"]), int(prio) if isinstance(prio, int) else 0, str(ns) if isinstance(ns, str) else None, False)
+    label = (metadata.get("labels") or {}).get(POOL_LABEL)
+    if not label:
+        return None
+    raw = str((metadata.get("annotations") or {}).get(PRIORITY_ANNOTATION, "0")).strip()
+    return MemberOf(str(label), int(raw) if raw.lstrip("-").isdigit() else 0, None, True)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What an Auto pool assigned a member: the pool, the GPU kind and its catalog id, the cap in GPUs, and the move step."""
+
+    pool: str
+    kind: str
+    gpu: str
+    max_gpus: int
+    step: str
+
+    def to_json(self) -> str:
+        return json.dumps({"pool": self.pool, "kind": self.kind, "gpu": self.gpu, "maxGPUs": self.max_gpus, "step": self.step},
+                          sort_keys=True)
+
+
+def read_allocation(annotations: Mapping[str, Any]) -> Allocation | str | None:
+    """The member's ALLOCATION_ANNOTATION: an Allocation, None when absent, or why it cannot be read (a string)."""
+    raw = annotations.get(ALLOCATION_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(str(raw))
+        out = Allocation(str(data["pool"]), str(data["kind"]), str(data["gpu"]), int(data["maxGPUs"]), str(data.get("step", "")))
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"{ALLOCATION_ANNOTATION} is not an allocation the pool writes ({type(exc).__name__}: {str(exc)[:120]})"
+    if out.max_gpus < 0:
+        return f"{ALLOCATION_ANNOTATION}: maxGPUs {out.max_gpus} < 0"
+    return out
 
 
 class _Base(BaseModel):
@@ -54,13 +117,18 @@ class PoolKindSpec(_Base):
 
 
 class ServingPoolSpec(_Base):
-    """A GPU pool planned as one for the ServingTopologies labelled servingtopology.io/pool=<name> in its namespace."""
+    """A GPU pool planned as one for the ServingTopologies of its namespace whose spec.pool names it."""
 
     inventory: list[PoolKindSpec] = Field(min_length=1, max_length=8, description="GPU kinds of the pool with prices")
     objective: PoolObjective = Field(default=PoolObjective.MIN_COST, description="min-cost: meet every member's SLO at the lowest "
                                      "$/hour; max-goodput: the most goodput within budgetPerHour")
     budgetPerHour: float | None = Field(default=None, gt=0, le=10_000_000, description="$/hour the pool may spend (max-goodput)")
-    mode: PoolMode = Field(default=PoolMode.DRY_RUN, description="DryRun: the pool's proposal in status and Events (the only mode so far)")
+    mode: PoolMode = Field(default=PoolMode.DRY_RUN, description="DryRun: the pool's proposal in status and Events; Auto: also move "
+                           "GPUs between members (each member's cap in its servingtopology.io/pool-allocation annotation), growing "
+                           "receivers inside surge before shrinking donors, each member moving through its own floor-keeping "
+                           "transitions; in Auto a member stays on its own hardware.gpu kind")
+    surge: int = Field(default=0, ge=0, le=MAX_GPUS, description="GPUs the members' caps may hold together above the final "
+                       "allocation while GPUs move (Auto); never more than the inventory")
     mixedKinds: bool = Field(default=True, description="let a member run prefill on one kind and decode on another")
 
     @model_validator(mode="after")
@@ -107,8 +175,8 @@ def build_pool_crd() -> dict[str, Any]:
     spec = structural_schema(raw, raw.get("$defs", {}))
     root = {
         "type": "object",
-        "description": "A GPU pool (kinds with prices) planned as one for the ServingTopologies labelled servingtopology.io/pool=<name> "
-                       "in its namespace (priority: the servingtopology.io/pool-priority annotation).",
+        "description": "A GPU pool (kinds with prices) planned as one for the ServingTopologies of its namespace whose spec.pool "
+                       "names it (or, as before spec.pool, labelled servingtopology.io/pool=<name>).",
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"}, "spec": spec,

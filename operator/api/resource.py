@@ -38,6 +38,7 @@ __all__ = [
     "APPROVE_ANNOTATION",
     "ApprovalStatus",
     "ConditionType",
+    "PoolRef",
     "Toleration",
     "ClusterEngineSpec",
     "ClusterHardwareSpec",
@@ -146,6 +147,7 @@ class ConditionType(enum.StrEnum):
     CONFLICT = "Conflict"                          # True: an object to apply exists and is not this resource's
     RECONCILED = "Reconciled"   # False: the last pass failed (reason ApiError / InternalError) and is retried with back-off
     APPROVED = "Approved"       # True: the proposal the approve annotation names was applied; False: ProposalStale
+    POOL_MEMBER = "PoolMember"  # spec.pool: True while the named ServingPool exists in this namespace (PoolNotFound, PoolInOtherNamespace)
 
 
 class _Api(BaseModel):
@@ -543,6 +545,17 @@ def _pinned_gpus_cel() -> str:
             f"((has(self.pinned.prefill) && has(self.pinned.decode)) ? {pd} : 0) : {gpus('self.pinned', 'replicas')}")
 
 
+class PoolRef(_Api):
+    """The ServingPool a ServingTopology joins: its name, and the member's priority when the pool is short."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL, description="the ServingPool's name, in this namespace")
+    namespace: str | None = Field(default=None, max_length=63, pattern=_DNS_LABEL, description="the pool's namespace: a pool plans "
+                                  "the members of its own namespace only, so another one is refused (PoolMember=False, "
+                                  "PoolInOtherNamespace); default: this resource's")
+    priority: int = Field(default=0, ge=-1000, le=1000, description="when the pool cannot meet every member, a higher priority is "
+                          "met before every lower one together")
+
+
 class TopologySpec(PlanSpec):
     """The desired state of a ServingTopology: the model, the GPUs, the traffic and its SLO, and how to act on plans."""
 
@@ -576,6 +589,9 @@ class TopologySpec(PlanSpec):
                                             "podTemplatePolicy grants them")
     network: NetworkSpec | None = Field(default=None, description="RDMA devices, IPC_LOCK and the NICs for KV transfer and NCCL")
     rolePodTemplates: RolePodTemplates | None = Field(default=None, description="per-role templates for PD: prefill, decode, router")
+    pool: PoolRef | None = Field(default=None, description="join a ServingPool of this namespace: the pool plans its members "
+                                 "together and, in Auto, assigns each a GPU cap (annotation servingtopology.io/pool-allocation) "
+                                 "this resource's plans keep within, as within hardware.maxGPUs")
 
     @model_validator(mode="before")
     @classmethod
@@ -674,6 +690,8 @@ class PlanStatus(_Api):
     decidedAt: str = Field(json_schema_extra={"format": "date-time"}, description="when the plan was made")
     generation: int = Field(ge=0, description="metadata.generation the plan was made for")
     set: str | None = Field(default=None, max_length=16, description="the workload set running this plan (objects are named <name>-<set>-<role>)")
+    poolGPUs: int | None = Field(default=None, ge=0, description="the GPU cap its ServingPool had assigned when the plan was made "
+                                 "(absent: none); a new cap is planned as a spec change is")
 
 
 class ProposalStatus(PlanStatus):

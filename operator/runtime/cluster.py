@@ -117,6 +117,10 @@ class Cluster(Protocol):
         """Every pod of every namespace (other tenants' pods hold GPUs too)."""
         ...
 
+    def annotate(self, ref: ObjectRef, annotations: Mapping[str, str]) -> None:
+        """Merge `annotations` into an object's metadata (a JSON merge patch; the object's spec and status untouched)."""
+        ...
+
 
 class KubeCluster:
     """`Cluster` over kubernetes.dynamic.DynamicClient (sync; the handlers run passes on the Runtime's threads).
@@ -208,6 +212,10 @@ class KubeCluster:
     def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:
         got = self._call(self._client.get, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace)
         return got.to_dict() if got is not None else None
+
+    def annotate(self, ref: ObjectRef, annotations: Mapping[str, str]) -> None:
+        self._call(self._client.patch, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace,
+                   body={"metadata": {"annotations": dict(annotations)}}, content_type="application/merge-patch+json")
 
     def delete(self, ref: ObjectRef) -> None:
         self._call(self._client.delete, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace,

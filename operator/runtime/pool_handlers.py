@@ -1,8 +1,9 @@
-"""kopf wiring of ServingPools: an index of ServingTopologies (their labels, annotations and spec) fed by their watch
-events, and one pool pass (operator/pool_pass.py) per pool on create, update, resume and the timer.
+"""kopf wiring of ServingPools: an index of ServingTopologies (labels, annotations, spec, and the status a pool reads:
+observed traffic, plan, proposal, transition) fed by their watch events, and one pool pass (operator/pool_pass.py) per
+pool on create, update, resume and the timer.
 
 Registered by operator/runtime/main.py beside the ServingTopology handlers. The pass runs on the Runtime's threads;
-its status goes through kopf's patch, its Events through the Cluster seam. Owns no planning.
+its status goes through kopf's patch, its Events and (Auto) the members' caps through the Cluster seam. Owns no planning.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import kopf
 
 from servingtopology.operator.api.crd import PLURAL, VERSION
-from servingtopology.operator.api.pool import POOL_LABEL, POOL_PLURAL
-from servingtopology.operator.api.resource import GROUP
+from servingtopology.operator.api.pool import ALLOCATION_ANNOTATION, POOL_PLURAL, pool_of
+from servingtopology.operator.api.resource import API_VERSION, GROUP, KIND
 from servingtopology.operator.pool_pass import pool_pass
+from servingtopology.operator.runtime.cluster import ObjectRef
 from servingtopology.operator.runtime.handlers import Runtime
 from servingtopology.operator.runtime.kopf_compat import timer_without_finalizer
 
@@ -39,13 +41,23 @@ class TopologyIndex:
             if event == "DELETED" or meta.get("deletionTimestamp"):
                 self._items.pop(key, None)
             else:
+                status = body.get("status") or {}
                 self._items[key] = {"metadata": {"name": key[1], "namespace": key[0], "labels": dict(meta.get("labels") or {}),
                                                  "annotations": dict(meta.get("annotations") or {})},
-                                    "spec": body.get("spec")}
+                                    "spec": body.get("spec"),
+                                    "status": {k: status.get(k) for k in ("observed", "plan", "proposal", "replan", "conditions")
+                                               if status.get(k)}}
 
     def members(self, namespace: str, pool: str) -> list[dict[str, Any]]:
+        """The namespace's ServingTopologies that name `pool` (spec.pool, or the label of before it)."""
         with self._lock:
-            return [b for (ns, _), b in sorted(self._items.items()) if ns == namespace and b["metadata"]["labels"].get(POOL_LABEL) == pool]
+            items = sorted(self._items.items())
+        out = []
+        for (ns, _), b in items:
+            named = pool_of(b["spec"] if isinstance(b["spec"], Mapping) else None, b["metadata"])
+            if ns == namespace and named is not None and named.pool == pool:
+                out.append(b)
+        return out
 
 
 def register_pool(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interval_s: float) -> TopologyIndex:
@@ -59,7 +71,10 @@ def register_pool(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_in
     def run(body: Mapping[str, Any], patch: Any) -> None:
         meta = body.get("metadata") or {}
         members = index.members(str(meta.get("namespace", "")), str(meta.get("name", "")))
-        result = pool_pass(body, members, runtime.cluster.list_nodes() or [], now=runtime.clock())
+        namespace = str(meta.get("namespace", ""))
+        result = pool_pass(body, members, runtime.cluster.list_nodes() or [], now=runtime.clock(), pods=runtime.cluster.list_all_pods())
+        for member, allocation in result.allocations:
+            runtime.cluster.annotate(ObjectRef(API_VERSION, KIND, namespace, member), {ALLOCATION_ANNOTATION: allocation.to_json()})
         patch.status.update(result.status)
         for type_, reason, message in result.events:
             runtime.cluster.record_event(body, type=type_, reason=reason, message=message, now=runtime.clock())

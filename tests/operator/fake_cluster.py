@@ -91,6 +91,11 @@ class FakeCluster:
         obj = self.objects.get(ref)
         return self._with_status(obj) if obj is not None else None
 
+    def annotate(self, ref: ObjectRef, annotations: Mapping[str, str]) -> None:
+        obj = self.objects.get(ref)
+        if obj is not None:
+            obj["metadata"].setdefault("annotations", {}).update(annotations)
+
     def delete(self, ref: ObjectRef) -> None:
         before = self._pods_of(ref)
         self.objects.pop(ref, None)
