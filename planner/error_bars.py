@@ -1,13 +1,17 @@
 """Error bars: the interval every prediction carries, from the model's measured error on its class (issue #27).
 
 The class of a prediction is (engine, layout kind, load bucket). Its nominal 80 % interval is symmetric in log terms:
-[value / e^h, value · e^h], where h is the 80th percentile of |log(measured / predicted)| over the leave-one-model-out
-rows of its class (benchmarks/interval_coverage.py writes the table into data/prediction_intervals.json with its
-provenance), widened to at least the engine's own h (a class of few rows, or of one family, under-states the error of
-a model it never saw). A class with fewer than MIN_ROWS rows uses the next coarser one; an engine with no rows uses
-every row. Once a deployment is calibrated (planner.deployment_fit), h is narrowed towards that deployment's own
-residual, as if the class were K_PRIOR points and the deployment its n points: h² = (K·h_class² + n·h_own²) / (K + n),
-then multiplied by the deployment's widening for repeated misses. Pure (reads package data only).
+[value / e^h, value · e^h]. Each class of data/prediction_intervals.json holds its rows and the 80th percentile q of
+|log(measured / predicted)| over its leave-one-model-out rows (benchmarks/interval_coverage.py writes the table with its
+provenance). h follows the chain all → engine → engine/kind → engine/kind/bucket, each step pooling the class's own q
+with its parent's h as if the parent were PRIOR_ROWS rows: h² = (n·q² + PRIOR_ROWS·h_parent²) / (n + PRIOR_ROWS). So a
+class of few rows moves h towards its own error in proportion to its rows instead of being ignored below a cut-off (the
+4 PD rows of SGLang's other families said PD errs widely; the old cut-off dropped them, and a DeepSeek PD row got the
+error of aggregated TP rows). h is at least the engine's (a class of few rows, or of one family, under-states the error
+of a model it never saw); an engine with no rows uses every row. Once a deployment is calibrated (planner.deployment_fit),
+h is narrowed towards that deployment's own residual, as if the class were K_PRIOR points and the deployment its n
+points: h² = (K·h_class² + n·h_own²) / (K + n), then multiplied by the deployment's widening for repeated misses. Pure
+(reads package data only).
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from typing import Any
 from servingtopology.planner.deployment_fit import DeploymentCalibration
 from servingtopology.planner.layout import Layout, LayoutKind
 
-__all__ = ["LEVEL", "MIN_ROWS", "K_PRIOR", "Interval", "interval", "half_width", "layout_kind", "client_bucket", "table",
+__all__ = ["LEVEL", "PRIOR_ROWS", "K_PRIOR", "Interval", "interval", "half_width", "layout_kind", "client_bucket", "table",
            "combined_uncertainty"]
 
 LEVEL = 0.8
-MIN_ROWS = 30
+PRIOR_ROWS = 30
 K_PRIOR = 4.0
 _CLIENT_BUCKETS = ((16, "1-16"), (64, "17-64"), (256, "65-256"))
 
@@ -63,21 +67,23 @@ def table() -> dict[str, Any]:
 
 
 def half_width(metric: str, *, engine: str, kind: str, clients: float, data: dict[str, Any] | None = None) -> tuple[float, str, int]:
-    """(h, the class used, its rows) for `metric` ("ttft" or "tpot"); h = nan when the table has nothing."""
+    """(h, the finest class that took part, its rows) for `metric` ("ttft" or "tpot"); h = nan when the table has nothing.
+
+    h² = (n·q² + PRIOR_ROWS·h_parent²) / (n + PRIOR_ROWS) down the chain all → engine → engine/kind → engine/kind/bucket
+    (a class absent from the table leaves h as it is; the first present starts at its own q), then at least the engine's
+    h."""
     classes = (data if data is not None else table()).get("classes", {})
-    eng = classes.get(engine)
-    if eng is None or eng["rows"] < MIN_ROWS:
-        top = classes.get("all")
-        return (float(top[metric]), "all", int(top["rows"])) if top else (math.nan, "none", 0)
-    h, key, rows = float(eng[metric]), engine, int(eng["rows"])
-    for k in (f"{engine}/{kind}/{client_bucket(clients)}", f"{engine}/{kind}"):
+    h, key, rows, engine_h = math.nan, "none", 0, 0.0
+    for k in ("all", engine, f"{engine}/{kind}", f"{engine}/{kind}/{client_bucket(clients)}"):
         c = classes.get(k)
-        if c is not None and c["rows"] >= MIN_ROWS:
-            if float(c[metric]) > h:
-                h = float(c[metric])
-            key, rows = k, int(c["rows"])
-            break
-    return h, key, rows
+        if c is None:
+            continue
+        n, q = int(c["rows"]), float(c[metric])
+        h = q if math.isnan(h) else math.sqrt((n * q * q + PRIOR_ROWS * h * h) / (n + PRIOR_ROWS))
+        key, rows = k, n
+        if k == engine:
+            engine_h = h
+    return max(h, engine_h) if not math.isnan(h) else h, key, rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,15 +135,28 @@ def test_a_calibration_round_trips_and_bad_files_name_the_field() -> None:
     assert exc2.value.reason == "TooFewPoints"
 
 
+def _pooled(n: int, q: float, parent_h: float) -> float:
+    """A class of n rows and 80th percentile q pooled with its parent's h counted as PRIOR_ROWS rows."""
+    return math.sqrt((n * q * q + error_bars.PRIOR_ROWS * parent_h * parent_h) / (n + error_bars.PRIOR_ROWS))
+
+
 def test_intervals_come_from_the_class_and_narrow_once_calibrated_and_widen_on_misses() -> None:
     data = {"classes": {"all": {"rows": 500, "ttft": 0.6, "tpot": 0.25}, "vllm": {"rows": 400, "ttft": 0.4, "tpot": 0.2},
                         "vllm/tp/1-16": {"rows": 50, "ttft": 0.5, "tpot": 0.1}, "vllm/single-gpu": {"rows": 10, "ttft": 0.9, "tpot": 0.9}}}
+    engine_ttft, engine_tpot = _pooled(400, 0.4, 0.6), _pooled(400, 0.2, 0.25)
     iv = error_bars.interval("ttft", 100.0, engine="vllm", kind="tp", clients=8, data=data)
-    assert iv.class_key == "vllm/tp/1-16" and iv.high == pytest.approx(100 * math.exp(0.5)) and iv.low == pytest.approx(100 * math.exp(-0.5))
-    # Never narrower than the engine's own error; a class of too few rows falls back to the engine.
-    assert error_bars.interval("tpot", 10.0, engine="vllm", kind="tp", clients=8, data=data).half_width_log == pytest.approx(0.2)
-    assert error_bars.interval("tpot", 10.0, engine="vllm", kind="single-gpu", clients=8, data=data).half_width_log == pytest.approx(0.2)
+    h = _pooled(50, 0.5, engine_ttft)   # no vllm/tp class: the bucket pools with the engine's h
+    assert iv.class_key == "vllm/tp/1-16" and iv.high == pytest.approx(100 * math.exp(h)) and iv.low == pytest.approx(100 * math.exp(-h))
+    # Never narrower than the engine's own error.
+    assert error_bars.interval("tpot", 10.0, engine="vllm", kind="tp", clients=8, data=data).half_width_log == pytest.approx(engine_tpot)
+    # A class of few rows moves h towards its own error in proportion to its rows; it is not dropped below a cut-off.
+    few = error_bars.interval("tpot", 10.0, engine="vllm", kind="single-gpu", clients=8, data=data)
+    assert few.class_key == "vllm/single-gpu" and few.half_width_log == pytest.approx(_pooled(10, 0.9, engine_tpot))
+    assert engine_tpot < few.half_width_log < 0.9
+    more = {"classes": {**data["classes"], "vllm/single-gpu": {"rows": 100, "ttft": 0.9, "tpot": 0.9}}}
+    assert few.half_width_log < error_bars.interval("tpot", 10.0, engine="vllm", kind="single-gpu", clients=8, data=more).half_width_log
     assert error_bars.interval("tpot", 10.0, engine="trtllm", kind="tp", clients=8, data=data).class_key == "all"
+    assert math.isnan(error_bars.interval("tpot", 10.0, engine="vllm", kind="tp", clients=8, data={}).half_width_log)
     points = _measured({"overhead": 1.2})
     cal = fit(DEP, points, predictor(_fns(points)))
     narrowed = error_bars.interval("ttft", 100.0, engine="vllm", kind="tp", clients=8, calibration=cal, data=data)
