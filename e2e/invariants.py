@@ -287,8 +287,7 @@ def _pricing(spec: Mapping[str, Any], memory: ReplanMemory) -> _Pricing:
     state = memory.transition
     assert state is not None
     problem = to_problem(parse_topology_spec(dict(spec)))
-    problem = replace(problem, workload=memory.assumed or problem.workload,
-                      ttft_correction=memory.calibration.ttft_correction, tpot_correction=memory.calibration.tpot_correction)
+    problem = replace(problem, workload=memory.assumed or problem.workload, factors=memory.calibration.factors)
     return _Pricing(capacity=capacity_of(problem), shapes={state.from_set: state.source, state.to_set: state.target},
                     floor_rps=memory.transition_floor_rps)
 

@@ -38,7 +38,7 @@ from servingtopology.operator.live_replan import MetricsFactory, run_live_replan
 from servingtopology.operator.plan_status import condition, set_condition
 from servingtopology.operator.render.manifests import Blueprint, engine_extra_args, role_nodes
 from servingtopology.operator.render.network import NetworkKnobs
-from servingtopology.operator.replan import Predictor, ReplanOutcome, ReplanPolicy, read_replan_status
+from servingtopology.operator.replan import Predictor, ReplanOutcome, ReplanPolicy, calibration_status, read_replan_status
 from servingtopology.operator.runtime.cluster import Cluster, ObjectRef
 from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded, blocking
 from servingtopology.planner.engine_caps import resolve_version
@@ -146,7 +146,7 @@ class PassState:
             "approval": self.approval, "proposals": self.proposals or None,
             "conditions": self.conditions, "observedGeneration": self.generation, "plan": plan, "proposal": proposal,
             "history": history if history is not None else self.status.history, "observed": self.observed,
-            "replan": self.memory.to_dict(), "summary": summary,
+            "replan": self.memory.to_dict(), "summary": summary, "calibration": calibration_status(self.memory.calibration),
         })
         body = status.model_dump(mode="json", exclude_none=True)
         if self.holding:   # what could not be read goes back as it was, never a reset

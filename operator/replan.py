@@ -16,28 +16,41 @@ import enum
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypedDict
 
-from servingtopology.operator.api.resource import ConditionType, Mode, ObservedStatus, PlanStatus, PolicySpec, ProposalStatus, duration_s
+from servingtopology.operator.api.resource import (
+    CalibrationState,
+    CalibrationStatus,
+    ConditionType,
+    Mode,
+    ObservedStatus,
+    PlanStatus,
+    PolicySpec,
+    ProposalStatus,
+    duration_s,
+)
 from servingtopology.operator.live.metrics import MetricsSource, MetricsUnavailable
 from servingtopology.operator.live.readout import ms_text
-from servingtopology.operator.plan_status import ArgsOf, predicted, proposal_status, queueing_note
+from servingtopology.operator.plan_status import ArgsOf, predicted, proposal_status, queueing_note, timestamp
 from servingtopology.operator.replan_status import Unreadable, validate_replan_status
 from servingtopology.planner.decide import predict_layout
-from servingtopology.planner.drift import (
-    Calibration,
-    DriftPolicy,
-    DriftState,
-    assess_drift,
-    calibrate,
-    rebaseline,
-    workload_shift,
-)
+from servingtopology.planner.drift import DriftPolicy, DriftState, assess_drift, rebaseline, workload_shift
 from servingtopology.planner.error_bars import Interval
 from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, judge_move
 from servingtopology.planner.errors import Infeasible, InsufficientData
 from servingtopology.planner.layout import Layout
+from servingtopology.planner.live_calibration import (
+    LiveCalibration,
+    LiveFit,
+    LivePoint,
+    PointPredictor,
+    add_point,
+    analytic_point,
+    as_deployment_calibration,
+    refit,
+    residual_percent,
+)
 from servingtopology.planner.observe import MetricSample, Observation, observe
 from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.replan_decision import Move, Predictor, capacity_of, choose_move
@@ -49,6 +62,8 @@ from servingtopology.planner.transition import (
     Phase,
     Step,
     TransitionState,
+    layout_from_state,
+    layout_to_state,
     next_step,
     serving_capacity_rps,
 )
@@ -58,6 +73,7 @@ __all__ = [
     "ReplanPolicy", "ReplanMemory", "ReplanStatusError", "read_replan_status", "Verdict", "ConditionNote", "EventNote", "ReplanOutcome",
     "policy_from_spec", "fetch_sample", "replan", "transition_step", "observed_status", "Predictor",
     "METRICS_GRACE_MIN_S", "metrics_grace", "FloorCheck", "serving_floor", "after_transition", "proposal_from_replan",
+    "calibration_status",
 ]
 
 Planner = Callable[[Problem], Decision]
@@ -101,13 +117,53 @@ def _workload_from(d: Mapping[str, Any]) -> Workload:
     return Workload(dist(d["input"]), dist(d["output"]), arrival_rate_rps=d["rate"], prefix_share=float(d["prefix"]), arrival_cv=float(d["cv"]))
 
 
+def _per_metric(m: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(float(m[k]), 6) for k in ("ttft", "tpot")}
+
+
+def _calibration_dict(cal: LiveCalibration) -> dict[str, Any]:
+    """status.replan.calibration: the points (workload and layout each) and the last fit."""
+    f = cal.fit
+    return {"points": [{"atS": p.at_s, "ttftMs": round(p.ttft_ms, 4), "tpotMs": round(p.tpot_ms, 4), "workload": _workload_dict(p.workload),
+                        "layout": layout_to_state(p.layout)} for p in cal.points],
+            "fit": None if f is None else {"factors": {t: round(v, 6) for t, v in f.factors.items()},
+                                           "residualBefore": _per_metric(f.residual_before), "residualAfter": _per_metric(f.residual_after),
+                                           "ownHalfWidth": _per_metric(f.own_half_width), "atBound": list(f.at_bound),
+                                           "fittedAtS": f.fitted_at_s, "pointsUsed": f.points_used},
+            "minPoints": cal.min_points}
+
+
+def _calibration_from(d: Mapping[str, Any]) -> LiveCalibration:
+    points = tuple(LivePoint(float(p["atS"]), layout_from_state(p["layout"]), _workload_from(p["workload"]), float(p["ttftMs"]),
+                             float(p["tpotMs"])) for p in d.get("points") or ())
+    f = d.get("fit")
+    fit = None if not f else LiveFit(dict(f["factors"]), dict(f["residualBefore"]), dict(f["residualAfter"]), dict(f["ownHalfWidth"]),
+                                     tuple(f["atBound"]), float(f["fittedAtS"]), int(f["pointsUsed"]))
+    return LiveCalibration(points, fit, int(d.get("minPoints") or LiveCalibration().min_points))
+
+
+def calibration_status(cal: LiveCalibration) -> CalibrationStatus | None:
+    """status.calibration: the operator's own calibration as people read it (None before its first point)."""
+    f = cal.fit
+    if f is None and not cal.points:
+        return None
+    status = CalibrationStatus(state=CalibrationState(cal.state.value), pointsUsed=len(cal.points), minimumPoints=cal.min_points,
+                               message=cal.message())
+    if f is None:
+        return status
+    return status.model_copy(update={
+        "corrections": {t: round(v, 3) for t, v in sorted(f.factors.items())}, "atBound": list(f.at_bound),
+        "residualPercent": residual_percent(f.residual_after), "uncalibratedResidualPercent": residual_percent(f.residual_before),
+        "fittedAt": timestamp(datetime.fromtimestamp(f.fitted_at_s, tz=UTC))})
+
+
 @dataclass(frozen=True, slots=True)
 class ReplanMemory:
     """What replanning keeps between passes, as `status.replan` (a JSON object)."""
 
     samples: tuple[MetricSample, ...] = ()
     drift: DriftState = field(default_factory=DriftState)
-    calibration: Calibration = field(default_factory=Calibration)
+    calibration: LiveCalibration = field(default_factory=LiveCalibration)   # the operator's own fit (planner/live_calibration.py)
     assumed: Workload | None = None          # the workload the running plan was made for (None: the spec's)
     metrics_available: bool | None = None    # None until the first fetch
     last_fetch_s: float | None = None
@@ -120,7 +176,7 @@ class ReplanMemory:
     def to_dict(self) -> dict[str, Any]:
         return {
             "samples": [{k: v for k, v in dataclasses.asdict(s).items() if v is not None} for s in self.samples],
-            "drift": self.drift.to_dict(), "calibration": self.calibration.to_dict(),
+            "drift": self.drift.to_dict(), "calibration": _calibration_dict(self.calibration),
             "assumed": _workload_dict(self.assumed) if self.assumed else None, "metricsAvailable": self.metrics_available,
             "lastFetchS": self.last_fetch_s, "transition": self.transition.to_dict() if self.transition else None,
             "transitionFloorRps": self.transition_floor_rps, "transitionKeepsServing": self.transition_keeps_serving,
@@ -163,7 +219,7 @@ def read_replan_status(d: Mapping[str, Any] | None) -> tuple[ReplanMemory, Unrea
     try:
         memory = ReplanMemory(
             samples=tuple(MetricSample(**s) for s in raw["samples"]),
-            drift=DriftState.from_dict(raw["drift"]), calibration=Calibration.from_dict(raw["calibration"]),
+            drift=DriftState.from_dict(raw["drift"]), calibration=_calibration_from(raw["calibration"]),
             assumed=_workload_from(raw["assumed"]) if raw["assumed"] else None, metrics_available=model.metricsAvailable,
             last_fetch_s=model.lastFetchS,
             transition=TransitionState.from_dict(raw["transition"]) if raw["transition"] else None,
@@ -315,12 +371,14 @@ def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observa
 
 def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,
            policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "",
-           grace: str | None = None, observe_only: str | None = None, metrics_reason: str = "MetricsUnavailable") -> ReplanOutcome:
+           grace: str | None = None, observe_only: str | None = None, metrics_reason: str = "MetricsUnavailable",
+           calibrate: PointPredictor | None = analytic_point) -> ReplanOutcome:
     """One replan interval. `problem` is the spec's (its workload is what the first plan assumed); `current`
     the running layout; `grace` (from `metrics_grace`) holds back a MetricsUnavailable while metrics cannot exist yet;
     `observe_only` (why: e.g. a spec change waits, TransitionBlocked) reads and records the figures and decides nothing,
     as under Pinned or during a transition; `metrics_reason` names a failed read in the MetricsAvailable condition and
-    its Event (operator/live/prometheus_http.py's PrometheusFailure; an empty answer is always MetricsUnavailable).
+    its Event (operator/live/prometheus_http.py's PrometheusFailure; an empty answer is always MetricsUnavailable);
+    `calibrate` predicts a calibration point (planner/live_calibration.py; None: the operator does not calibrate itself).
     Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
     if metrics_error is not None or sample is None or sample.empty:
         why = metrics_error or "Prometheus returned no engine series for this ServingTopology"
@@ -336,21 +394,25 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     except InsufficientData as exc:
         conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, None, "InsufficientData", str(exc)))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc))
-    observed = replace(problem, workload=obs.workload.workload, current=current)
-    raw = predict(replace(observed, ttft_correction=1.0, tpot_correction=1.0), current) if current is not None else None
+    observed = replace(problem, workload=obs.workload.workload, current=current, factors=())
+    raw = predict(observed, current) if current is not None else None
     cal = mem.calibration
-    # Calibrate only in steady state: an overloaded or shifting deployment says nothing about the model's error.
+    # SteadyPoints: calibrate only in steady state: an overloaded, queueing or shifting deployment says nothing about the
+    # model's error (its latencies are the queue's). Steady: no transition, no drift streak, confident figures, the load
+    # under the running layout's capacity and the measured latencies within the SLO.
     steady = (raw is not None and not mem.transitioning and mem.drift.streak == 0 and obs.workload.confidence >= policy.drift.min_confidence
               and (obs.workload.workload.arrival_rate_rps or 0.0) < raw.prediction.capacity_rps)
-    if raw is not None and steady:
-        cal = calibrate(cal, observed=obs.slo, predicted_ttft_ms=raw.prediction.ttft_ms, predicted_tpot_ms=raw.prediction.tpot_ms,
-                        policy=policy.drift)
+    within_slo = (obs.slo.ttft_ms is not None and obs.slo.tpot_ms is not None and obs.slo.ttft_ms <= problem.slo.ttft_ms
+                  and obs.slo.tpot_ms <= problem.slo.tpot_ms)
+    if current is not None and steady and within_slo and calibrate is not None and obs.slo.ttft_ms is not None and obs.slo.tpot_ms is not None:
+        cal = refit(add_point(cal, LivePoint(now_s, current, obs.workload.workload, obs.slo.ttft_ms, obs.slo.tpot_ms)), problem,
+                    now_s=now_s, predict=calibrate)
     mem = replace(mem, calibration=cal)
     if steady and mem.move is not None and mem.move.get("hit") is None and current is not None and mem.move.get("layout") == current.label \
             and obs.slo.tpot_ms is not None:
         mem, note = _judge_move(mem, obs.slo.tpot_ms)
         events.append(note)
-    observed = replace(observed, ttft_correction=cal.ttft_correction, tpot_correction=cal.tpot_correction)
+    observed = replace(observed, factors=cal.factors)
     status = observed_status(obs, at=at, raw=raw, ttft_percentile=problem.slo.ttft_percentile,
                              tpot_percentile=problem.slo.tpot_percentile)
     before = predict(observed, current) if current is not None else None
@@ -382,7 +444,8 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     choice = choose_move(observed, current, decision, predict=predict, min_improvement=policy.drift.min_improvement,
                          propose_only=policy.mode is Mode.DRY_RUN, surge_gpus=policy.max_surge_gpus,
                          ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s, now_s=now_s,
-                         gain_within_error=policy.error_gate, error_misses=policy.error_misses + mem.misses)
+                         gain_within_error=policy.error_gate, error_misses=policy.error_misses + mem.misses,
+                         calibration=as_deployment_calibration(cal, problem, now_s=now_s))
     after, why, gate = choice.after, choice.why, choice.gate
     base = _Figures(observation=obs, observed=status, before=choice.before, load_rps=choice.load_rps)
     if choice.move is Move.WITHIN_ERROR:
@@ -430,9 +493,8 @@ def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemor
 
 
 def _transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:
-    """The spec's problem at the workload the transition was started for, with the calibrated corrections."""
-    return replace(problem, workload=memory.assumed or problem.workload, ttft_correction=memory.calibration.ttft_correction,
-                   tpot_correction=memory.calibration.tpot_correction)
+    """The spec's problem at the workload the transition was started for, with the calibration's factors."""
+    return replace(problem, workload=memory.assumed or problem.workload, factors=memory.calibration.factors)
 
 
 @dataclass(frozen=True, slots=True)

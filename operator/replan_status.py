@@ -19,9 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from servingtopology.planner.deployment_fit import MAX_FACTOR, TERMS
 from servingtopology.planner.drift import Trigger
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import KvDtype, LayoutKind, Role
+from servingtopology.planner.live_calibration import MAX_LIVE_POINTS, MIN_LIVE_POINTS
 from servingtopology.planner.transition import Mode, Phase
 from servingtopology.planner.workload import LengthKind
 
@@ -66,12 +68,6 @@ class DriftStatus(_Strict):
     lastChangeS: float | None = None
     trigger: Trigger | None = None
     episode: bool = False      # a DriftDetected Warning was posted and the signals have not been calm since
-
-
-class CalibrationStatus(_Strict):
-    ttftCorrection: float = Field(default=1.0, gt=0)
-    tpotCorrection: float = Field(default=1.0, gt=0)
-    samples: int = Field(default=0, ge=0)
 
 
 class IntervalStatus(_Strict):
@@ -159,12 +155,57 @@ class TransitionStatus(_Strict):
         return self
 
 
+class CalibrationPointStatus(_Strict):
+    atS: float
+    ttftMs: float = Field(gt=0)
+    tpotMs: float = Field(gt=0)
+    workload: WorkloadStatus
+    layout: LayoutStateStatus
+
+
+class PerMetric(_Strict):
+    ttft: float = Field(ge=0, le=100)
+    tpot: float = Field(ge=0, le=100)
+
+
+class CalibrationFitStatus(_Strict):
+    factors: dict[str, float]
+    residualBefore: PerMetric
+    residualAfter: PerMetric
+    ownHalfWidth: PerMetric
+    atBound: list[str] = Field(default_factory=list, max_length=len(TERMS))
+    fittedAtS: float
+    pointsUsed: int = Field(ge=1, le=MAX_LIVE_POINTS)
+
+    @model_validator(mode="after")
+    def _known_bounded_terms(self) -> CalibrationFitStatus:
+        unknown = sorted(set(self.factors) - set(TERMS))
+        if unknown:
+            raise ValueError(f"factors: unknown terms {unknown}; known: {', '.join(TERMS)}")
+        out = {t: f for t, f in self.factors.items() if not 1.0 / MAX_FACTOR - 1e-9 <= f <= MAX_FACTOR + 1e-9}
+        if out:
+            raise ValueError(f"factors {out} outside [{1.0 / MAX_FACTOR:g}, {MAX_FACTOR:g}]")
+        return self
+
+
+class LiveCalibrationStatus(_Strict):
+    """The operator's own calibration (planner/live_calibration.py): its points and its last fit. Status written by an
+    operator before it (the smoothed ratios ttftCorrection / tpotCorrection / samples) is read as no calibration."""
+
+    points: list[CalibrationPointStatus] = Field(default_factory=list, max_length=MAX_LIVE_POINTS)
+    fit: CalibrationFitStatus | None = None
+    minPoints: int = Field(default=MIN_LIVE_POINTS, ge=MIN_LIVE_POINTS, le=MAX_LIVE_POINTS)
+    ttftCorrection: float | None = None   # written before the deployment fit replaced the smoothed ratios; ignored
+    tpotCorrection: float | None = None
+    samples: int | None = None
+
+
 class ReplanStatus(_Strict):
     """status.replan as `ReplanMemory.to_dict` writes it."""
 
     samples: list[SampleStatus] = Field(default_factory=list)
     drift: DriftStatus = Field(default_factory=DriftStatus)
-    calibration: CalibrationStatus = Field(default_factory=CalibrationStatus)
+    calibration: LiveCalibrationStatus = Field(default_factory=LiveCalibrationStatus)
     assumed: WorkloadStatus | None = None
     metricsAvailable: bool | None = None
     lastFetchS: float | None = None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from servingtopology.planner.advice import infeasible_advice
+from servingtopology.planner.deployment_fit import problem_factors
 from servingtopology.planner.engine_caps import pd_rule_violation, problem_caps
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.funnel import Clock, Progress, Stage, Survivor, no_clock, run_funnel
@@ -77,7 +78,12 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
 
 
 def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None) -> Candidate:
-    """Predict one layout at the problem's load (used for pinned and current layouts)."""
+    """Predict one layout at the problem's load (used for pinned and current layouts), with the problem's factors."""
+    with problem_factors(problem.factors):
+        return _predict_layout(problem, layout, simulate=simulate)
+
+
+def _predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None) -> Candidate:
     rate = float(problem.workload.arrival_rate_rps or 0.0)
     f = predict_figures(problem, [layout], [rate])
     cap = float(slo_capacity_rps(problem, [layout])[0])
@@ -85,8 +91,6 @@ def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | Non
     if simulate is not None and np.isfinite(ttft) and rate < float(f.capacity_rps[0]):
         sim = simulate(problem, layout)
         ttft, tpot, tpm, source = sim.ttft_s, sim.tpot_s, sim.tpot_mean_s, "simulated"
-    ttft *= problem.ttft_correction
-    tpot *= problem.tpot_correction
     pred = to_prediction(problem, layout, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm, capacity_rps=float(f.capacity_rps[0]),
                          slo_capacity_rps=cap, pool_tokens=int(f.pool_tokens[0]), source=source)
     return Candidate(layout, pred, score=pred.goodput_per_gpu)
@@ -124,7 +128,7 @@ def _refine(problem: Problem, survivors: list[Survivor]) -> list[Candidate]:
     caps = slo_capacity_rps(problem, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN)
     out = []
     for s, cap in zip(survivors, caps, strict=True):
-        pred = to_prediction(problem, s.layout, ttft_s=s.ttft_s * problem.ttft_correction, tpot_s=s.tpot_s * problem.tpot_correction,
+        pred = to_prediction(problem, s.layout, ttft_s=s.ttft_s, tpot_s=s.tpot_s,
                              tpot_mean_s=s.tpot_mean_s, capacity_rps=s.capacity_rps, slo_capacity_rps=float(cap), pool_tokens=s.pool_tokens)
         out.append(Candidate(s.layout, pred, score=pred.goodput_per_gpu))
     return out
@@ -148,7 +152,7 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
     chosen = set(top)
     for c in (ranked[i] for i in top):
         sim = simulate(problem, c.layout)
-        ttft, tpot = sim.ttft_s * problem.ttft_correction, sim.tpot_s * problem.tpot_correction
+        ttft, tpot = sim.ttft_s, sim.tpot_s
         pred = replace(c.prediction, ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, tokens_per_s_per_user=1.0 / max(sim.tpot_mean_s, 1e-9),
                        source="simulated")
         meets = bool(meets_slo_ms(problem.slo, ttft_ms=pred.ttft_ms, tpot_ms=pred.tpot_ms))
@@ -185,7 +189,14 @@ def context_rejection(problem: Problem) -> None:
 def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Progress | None = None, clock: Clock = no_clock,
            ladder: Sequence[tuple[str, Stage]] | None = None) -> Decision:
     """Plan a layout for the problem; raise Infeasible (with the funnel) when nothing meets it. `ladder`: the
-    funnel's stages (default: the engine release's, funnel.engine_ladder)."""
+    funnel's stages (default: the engine release's, funnel.engine_ladder). Every figure is predicted with the problem's
+    factors (a deployment calibration) applied."""
+    with problem_factors(problem.factors):
+        return _decide(problem, simulate=simulate, progress=progress, clock=clock, ladder=ladder)
+
+
+def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress | None, clock: Clock,
+            ladder: Sequence[tuple[str, Stage]] | None) -> Decision:
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
     rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None

@@ -3,11 +3,11 @@
 Names, so that the three corrections of this code base are not confused:
   - planner.benchmark_cases: the public silicon benchmark rows turned into cases, for the engine-default fit
     (data/perf_params.json) and `servingtopology validate`. Nothing here changes it.
-  - planner.drift.Calibration: the operator's smoothed observed/predicted ratio of TTFT and TPOT of the running layout.
   - this module, `DeploymentCalibration`: one deployment (engine release, GPU, link, model, layout) measured by the
-    user's own benchmark client or by the operator, and a bounded time factor per step-model term (perf.STEP_TERMS:
-    gemm, weights, attention, communication, overhead) and per first-token term (`FIRST_TOKEN_TERMS`: the request's
-    fixed overhead, its per-prompt-token overhead, queueing) fitted so that the model reproduces those points.
+    user's own benchmark client or by the operator (planner.live_calibration: the points its live metrics give), and a
+    bounded time factor per step-model term (perf.STEP_TERMS: gemm, weights, attention, communication, overhead) and per
+    first-token term (`FIRST_TOKEN_TERMS`: the request's fixed overhead, its per-prompt-token overhead, queueing) fitted
+    so that the model reproduces those points. A Problem carries them as `factors` (`problem_factors` applies them).
 
 The fit: least squares of log(predicted / measured) of the mean TTFT and mean TPOT of every point, each metric in units
 of the model's typical error of it (METRIC_SCALE), each point weighted by its age (halved every `half_life_s`), plus a
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,7 +37,7 @@ from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.perf import STEP_TERMS, PerfParams, perf_params, pinned_params, scaled_terms
 
 __all__ = ["FIRST_TOKEN_TERMS", "TERMS", "MAX_FACTOR", "MIN_POINTS", "DEFAULT_HALF_LIFE_S", "REFUSALS", "CalibrationRefused",
-           "Deployment", "Point", "Source", "DeploymentCalibration", "fit", "with_factors", "age_weights", "refuse_other"]
+           "Deployment", "Point", "Source", "DeploymentCalibration", "fit", "with_factors", "problem_factors", "age_weights", "refuse_other"]
 
 # First-token terms: PerfParams fields each factor multiplies (times; queue_factor scales the modelled queueing delay).
 FIRST_TOKEN_TERMS: dict[str, tuple[str, ...]] = {
@@ -172,6 +173,32 @@ def with_factors(factors: Mapping[str, float], base: PerfParams | None = None) -
     pinned_to = replace(p, **values) if values else p  # type: ignore[arg-type]
     with pinned_params(pinned_to) as pinned, scaled_terms(step):
         yield pinned
+
+
+_APPLIED: ContextVar[tuple[tuple[str, float], ...]] = ContextVar("problem_factors", default=())
+
+
+@contextmanager
+def problem_factors(factors: Sequence[tuple[str, float]]) -> Iterator[None]:
+    """Apply a Problem's factors (`Problem.factors`) inside the block, once: an inner block with the same factors (decide
+    predicting its current layout) does not apply them again. An inner block with other non-empty factors is an error
+    (they would compound); empty factors change nothing. Per thread and asyncio task, like perf.pinned_params."""
+    active = _APPLIED.get()
+    wanted = tuple((str(t), float(f)) for t, f in factors)
+    if not wanted or wanted == active:
+        yield
+        return
+    if active:
+        raise ValueError(f"factors {dict(wanted)} inside other factors {dict(active)} would compound")
+    unknown = sorted({t for t, _ in wanted} - set(TERMS))
+    if unknown:
+        raise ValueError(f"unknown calibration terms {unknown}; known: {', '.join(TERMS)}")
+    token = _APPLIED.set(wanted)
+    try:
+        with with_factors(dict(wanted)):
+            yield
+    finally:
+        _APPLIED.reset(token)
 
 
 @dataclass(frozen=True, slots=True)

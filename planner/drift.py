@@ -1,4 +1,4 @@
-"""Drift detection, replan triggers and closed-loop calibration.
+"""Drift detection and replan triggers.
 
 Compares the observed workload with the one the current plan assumed, and the observed SLO figures with
 the targets and the plan's predictions, once per replan interval. Called by the operator's replanning
@@ -34,11 +34,9 @@ __all__ = [
     "Shift",
     "DriftState",
     "DriftVerdict",
-    "Calibration",
     "workload_shift",
     "assess_drift",
     "rebaseline",
-    "calibrate",
     "improvement",
     "worth_switching",
     "percent_text",
@@ -78,9 +76,6 @@ class DriftPolicy:
     cooldown_s: float = 900.0
     min_improvement: float = 0.1
     min_confidence: float = 0.5
-    calibration_low: float = 0.5
-    calibration_high: float = 2.0
-    calibration_alpha: float = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,43 +219,6 @@ def rebaseline(state: DriftState, *, now_s: float, changed: bool) -> DriftState:
     """After a replan: the streak starts over; an applied change also starts the cooldown. The episode stays open
     until the signals are calm (queued requests still drain after a change)."""
     return replace(state, streak=0, calm=0, detected=False, trigger=None, last_change_s=now_s if changed else state.last_change_s)
-
-
-@dataclass(frozen=True, slots=True)
-class Calibration:
-    """Observed/predicted ratios for TTFT and TPOT (1 = the model is right), smoothed and bounded."""
-
-    ttft_correction: float = 1.0
-    tpot_correction: float = 1.0
-    samples: int = 0
-
-    def to_dict(self) -> dict[str, object]:
-        return {"ttftCorrection": round(self.ttft_correction, 4), "tpotCorrection": round(self.tpot_correction, 4), "samples": self.samples}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, object]) -> Calibration:
-        return Calibration(float(str(data.get("ttftCorrection", 1.0))), float(str(data.get("tpotCorrection", 1.0))),
-                           int(str(data.get("samples", 0))))
-
-
-def _smooth(old: float, observed: float | None, predicted: float, policy: DriftPolicy) -> float:
-    if observed is None or not math.isfinite(observed) or observed <= 0 or not math.isfinite(predicted) or predicted <= 0:
-        return old
-    lo, hi = policy.calibration_low, policy.calibration_high
-    ratio = min(max(observed / predicted, lo), hi)
-    a = policy.calibration_alpha
-    # Exponential smoothing in log space: a ratio of 2 and one of 0.5 pull equally hard.
-    return min(max(math.exp((1.0 - a) * math.log(old) + a * math.log(ratio)), lo), hi)
-
-
-def calibrate(cal: Calibration, *, observed: ObservedSlo, predicted_ttft_ms: float, predicted_tpot_ms: float,
-              policy: DriftPolicy) -> Calibration:
-    """Fold one interval's observed/predicted ratio into the corrections.
-
-    `predicted_*` must be the model's uncorrected figures for the running layout at the observed load.
-    """
-    return Calibration(_smooth(cal.ttft_correction, observed.ttft_ms, predicted_ttft_ms, policy),
-                       _smooth(cal.tpot_correction, observed.tpot_ms, predicted_tpot_ms, policy), cal.samples + 1)
 
 
 def improvement(current: Candidate, best: Candidate, *, objective: Objective) -> float:

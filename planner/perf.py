@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
@@ -133,7 +134,9 @@ def _fitted_params() -> PerfParams:
     return load_params(raw) if raw else PerfParams()
 
 
-_PINNED: list[PerfParams] = []
+# The innermost pinned parameters and term scales, per thread and asyncio task (context variables): the operator
+# predicts on several reconcile threads at once, each resource with its own deployment calibration.
+_PINNED: ContextVar[tuple[PerfParams, ...]] = ContextVar("pinned_params", default=())
 
 
 @contextmanager
@@ -142,18 +145,19 @@ def pinned_params(params: PerfParams) -> Iterator[PerfParams]:
 
     For callers that must not follow a refit: tests of the operator's mechanics whose scenarios were
     written against one calibration, or a comparison of a site's own calibration with the shipped one.
-    Not thread-safe; the planner runs single-threaded.
+    Per thread (and asyncio task): another thread's block never sees `params`.
     """
-    _PINNED.append(params)
+    token = _PINNED.set((*_PINNED.get(), params))
     try:
         yield params
     finally:
-        _PINNED.pop()
+        _PINNED.reset(token)
 
 
 def perf_params() -> PerfParams:
     """The parameters in use: the innermost `pinned_params`, else data/perf_params.json, else the defaults."""
-    return _PINNED[-1] if _PINNED else _fitted_params()
+    pinned = _PINNED.get()
+    return pinned[-1] if pinned else _fitted_params()
 
 
 # A deployment's measured correction of the step model (planner.deployment_fit): a time factor per group of terms of
@@ -165,27 +169,26 @@ STEP_TERMS: dict[str, tuple[str, ...]] = {
     "communication": ("a2a_s_per_token", "a2a_fixed_s", "tp_s_per_token", "tp_fixed_s", "handoff_s_per_token", "handoff_fixed_s"),
     "overhead": ("layer_fixed_s", "step_fixed_s", "per_seq_s"),
 }
-_TERM_SCALES: list[Mapping[str, float]] = []
+_TERM_SCALES: ContextVar[tuple[Mapping[str, float], ...]] = ContextVar("scaled_terms", default=())
 
 
 @contextmanager
 def scaled_terms(scales: Mapping[str, float]) -> Iterator[Mapping[str, float]]:
     """Multiply the step model's term groups (`STEP_TERMS`) by `scales` inside the block (1 = as modelled).
 
-    The measured MoE curve (`measured_moe`) is scaled with "gemm". Not thread-safe, like `pinned_params`.
+    The measured MoE curve (`measured_moe`) is scaled with "gemm". Per thread, like `pinned_params`.
     """
     unknown = set(scales) - set(STEP_TERMS)
     if unknown:
         raise ValueError(f"unknown step terms {sorted(unknown)}; known: {sorted(STEP_TERMS)}")
-    _TERM_SCALES.append(dict(scales))
+    token = _TERM_SCALES.set((*_TERM_SCALES.get(), dict(scales)))
     try:
         yield scales
     finally:
-        _TERM_SCALES.pop()
+        _TERM_SCALES.reset(token)
 
 
-def _apply_term_scales(c: StepCoefficients) -> StepCoefficients:
-    scales = _TERM_SCALES[-1]
+def _apply_term_scales(c: StepCoefficients, scales: Mapping[str, float]) -> StepCoefficients:
     changed: dict[str, Any] = {}
     for term, f in scales.items():
         if f != 1.0:
@@ -568,7 +571,8 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve,
     )
-    return _apply_term_scales(coeffs) if _TERM_SCALES else coeffs
+    scales = _TERM_SCALES.get()
+    return _apply_term_scales(coeffs, scales[-1]) if scales else coeffs
 
 
 def _fmax(a: float, b: float) -> float:

@@ -48,9 +48,9 @@ class Problem:
     search: SearchSpace = field(default_factory=SearchSpace)
     pinned: Layout | None = None
     current: Layout | None = None
-    # Observed/predicted ratio for TTFT and TPOT from live metrics (closed-loop calibration), 1 = none.
-    ttft_correction: float = 1.0
-    tpot_correction: float = 1.0
+    # A deployment calibration's bounded time factors, (term, factor) pairs of planner.deployment_fit.TERMS (the operator's
+    # own fit of its measurements, or a `calibrate` file): decide and predict_layout predict with them applied. () = none.
+    factors: tuple[tuple[str, float], ...] = ()
     # The engine release (planner/engine_caps.py); empty: the newest covered release of `engine`.
     engine_version: str = ""
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from servingtopology.planner import error_bars
+from servingtopology.planner.deployment_fit import DeploymentCalibration, problem_factors
 from servingtopology.planner.drift import improvement, worth_switching
 from servingtopology.planner.error_bars import Interval
 from servingtopology.planner.error_gate import GateVerdict, gate_move
@@ -65,13 +66,15 @@ class ReplanChoice:
 
 
 def capacity_of(problem: Problem) -> Capacity:
-    """The transition planner's capacity function: each layout's SLO capacity at the problem's workload (memoised per call site)."""
+    """The transition planner's capacity function: each layout's SLO capacity at the problem's workload, with its factors
+    (memoised per call site)."""
     cache: dict[str, float] = {}
 
     def capacity(layout: Layout) -> float:
         key = json.dumps(layout_to_state(layout), sort_keys=True)
         if key not in cache:
-            cache[key] = float(slo_capacity_rps(problem, [layout])[0])
+            with problem_factors(problem.factors):
+                cache[key] = float(slo_capacity_rps(problem, [layout])[0])
         return cache[key]
 
     return capacity
@@ -93,11 +96,12 @@ def prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, p
     return replace(kept, why="the running engine arguments, scaled in place") if kept.prediction.meets_slo else best
 
 
-def error_gate(problem: Problem, before: Candidate | None, after: Candidate, *, misses: int) -> GateVerdict | None:
+def error_gate(problem: Problem, before: Candidate | None, after: Candidate, *, misses: int,
+               calibration: DeploymentCalibration | None = None) -> GateVerdict | None:
     """GainWithinError: whether a move made for its gain clears the combined uncertainty of the before and after
     predictions (error_gate.py; TPOT intervals of error_bars.py: the step time that sets both the capacity and the
-    latency of a layout), the intervals widened for each recorded miss. None: no gate (nothing runs, or the running
-    layout misses the SLO and the move is needed whatever its gain)."""
+    latency of a layout), narrowed by the deployment's own `calibration` once fitted, widened for each recorded miss.
+    None: no gate (nothing runs, or the running layout misses the SLO and the move is needed whatever its gain)."""
     if before is None or not before.prediction.meets_slo:
         return None
     gain = improvement(before, after, objective=problem.objective)
@@ -107,23 +111,33 @@ def error_gate(problem: Problem, before: Candidate | None, after: Candidate, *, 
     def iv(c: Candidate) -> Interval:
         clients = rate * (c.prediction.ttft_ms + out_tokens * c.prediction.tpot_ms) / 1e3
         return error_bars.interval("tpot", c.prediction.tpot_ms, engine=problem.engine.value, kind=error_bars.layout_kind(c.layout),
-                                   clients=max(clients, 1.0))
+                                   clients=max(clients, 1.0), calibration=calibration)
     return gate_move(gain, iv(before), iv(after), misses=misses, what=problem.objective.value)
 
 
 def choose_move(observed: Problem, current: Layout | None, decision: Decision, *, predict: Predictor, min_improvement: float,
                 propose_only: bool, surge_gpus: int, ready_timeout_s: float, drain_s: float, now_s: float,
-                gain_within_error: bool = False, error_misses: int = 0) -> ReplanChoice:
+                gain_within_error: bool = False, error_misses: int = 0, calibration: DeploymentCalibration | None = None) -> ReplanChoice:
     """The move for `decision` (made for `observed`: the spec's problem at the observed workload, calibrated).
 
     `propose_only` (DryRun) never starts a transition; neither does a replan with nothing running.
     `gain_within_error` (spec.policy.gainWithinError) gates a worthwhile move on its uncertainty (`error_gate`), the
-    intervals widened for `error_misses` recorded misses."""
+    intervals widened for `error_misses` recorded misses and narrowed by the deployment's own `calibration`. The
+    observed problem's factors (its calibration) apply to every prediction made here, the capacities included."""
+    with problem_factors(observed.factors):
+        return _choose_move(observed, current, decision, predict=predict, min_improvement=min_improvement, propose_only=propose_only,
+                            surge_gpus=surge_gpus, ready_timeout_s=ready_timeout_s, drain_s=drain_s, now_s=now_s,
+                            gain_within_error=gain_within_error, error_misses=error_misses, calibration=calibration)
+
+
+def _choose_move(observed: Problem, current: Layout | None, decision: Decision, *, predict: Predictor, min_improvement: float,
+                 propose_only: bool, surge_gpus: int, ready_timeout_s: float, drain_s: float, now_s: float,
+                 gain_within_error: bool, error_misses: int, calibration: DeploymentCalibration | None) -> ReplanChoice:
     before = decision.current or (predict(observed, current) if current is not None else None)
     load_rps = observed.workload.arrival_rate_rps or 0.0
     after = prefer_in_place(observed, current, decision.best, predict)
     switch, why = worth_switching(before, after, objective=observed.objective, min_improvement=min_improvement)
-    gate = error_gate(observed, before, after, misses=error_misses) if switch and gain_within_error else None
+    gate = error_gate(observed, before, after, misses=error_misses, calibration=calibration) if switch and gain_within_error else None
     if gate is not None and not gate.move:
         return ReplanChoice(Move.WITHIN_ERROR, after, before, gate.message, load_rps, gate=gate)
     if gate is not None:

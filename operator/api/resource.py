@@ -37,6 +37,8 @@ __all__ = [
     "Approval",
     "APPROVE_ANNOTATION",
     "ApprovalStatus",
+    "CalibrationState",
+    "CalibrationStatus",
     "ConditionType",
     "PoolRef",
     "Toleration",
@@ -707,6 +709,33 @@ class ProposalStatus(PlanStatus):
     message: str = Field(default="", description="the proposal in a sentence, with before and after figures")
 
 
+class CalibrationState(enum.StrEnum):
+    COLLECTING = "Collecting"
+    APPLIED = "Applied"
+
+
+class CalibrationStatus(_Api):
+    """The operator's own calibration of this deployment (planner/live_calibration.py): bounded factors fitted to the TTFT and
+    TPOT measured in steady replan intervals, applied to every replan's predictions once there are enough points."""
+
+    state: CalibrationState = Field(description="Collecting: fewer points than minimumPoints, the model's own figures are used; "
+                                    "Applied: replans predict with the corrections")
+    pointsUsed: int = Field(ge=0, description="steady intervals kept as points (the newest, at most 8, each weighing half as "
+                            "much per hour of age)")
+    minimumPoints: int = Field(ge=1, description="points below which nothing is fitted")
+    corrections: dict[str, float] = Field(default_factory=dict, description="time factor per model term (gemm, weights, attention, "
+                                          "communication, overhead, request_overhead, prompt_overhead, queueing), each within "
+                                          "[0.5, 2]; 1 = as modelled")
+    atBound: list[str] = Field(default_factory=list, description="terms whose factor sits at its bound: the deployment is further "
+                               "from the model than a correction carries")
+    residualPercent: dict[str, float] | None = Field(default=None, description="RMS error of the calibrated model over the points, "
+                                                     "per metric (ttft, tpot), in %")
+    uncalibratedResidualPercent: dict[str, float] | None = Field(default=None, description="the same error of the model "
+                                                                 "without the corrections, in %")
+    fittedAt: str | None = Field(default=None, json_schema_extra={"format": "date-time"}, description="when the corrections were fitted")
+    message: str = Field(default="", description="the calibration in a sentence")
+
+
 class ObservedStatus(_Api):
     """The live traffic and latencies measured from the engines' metrics."""
 
@@ -790,6 +819,8 @@ class TopologyStatus(_Api):
     proposal: ProposalStatus | None = Field(default=None, description="a better layout found and not applied yet (DryRun, or "
                                             "waiting for its turn)")
     observed: ObservedStatus | None = Field(default=None, description="the last live metrics and the prediction error")
+    calibration: CalibrationStatus | None = Field(default=None, description="the operator's own calibration of this deployment "
+                                                  "from its measured TTFT and TPOT")
     approval: ApprovalStatus | None = Field(default=None, description="the last approved proposal (servingtopology.io/approve)")
     proposals: int | None = Field(default=None, ge=0, description="proposals made so far: the number in the latest proposal's id")
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT,

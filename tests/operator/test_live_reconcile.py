@@ -100,14 +100,13 @@ def running(minutes: int = 5, *, surge_gpus: int = SURGE_GPUS) -> tuple[dict[str
 
 def serving_capacity(obj: dict[str, Any], cluster: FakeCluster) -> float:
     """Requests/s the sets behind the entry Service carry at their ready counts (the transition's own yardstick:
-    the workload it was started for, with the calibrated corrections)."""
+    the workload it was started for, with the calibration's factors)."""
     mem = ReplanMemory.from_dict(obj["status"]["replan"])
     state = mem.transition
     assert state is not None
     spec = parse_topology_spec(obj["spec"])
     problem = to_problem(spec)
-    problem = replace(problem, workload=mem.assumed or problem.workload, ttft_correction=mem.calibration.ttft_correction,
-                      tpot_correction=mem.calibration.tpot_correction)
+    problem = replace(problem, workload=mem.assumed or problem.workload, factors=mem.calibration.factors)
     capacity = capacity_of(problem)
     entry = next(o for r, o in cluster.objects.items() if r.kind == "Service" and r.name == obj["metadata"]["name"])
     shapes = {state.from_set: state.source, state.to_set: state.target}

@@ -15,14 +15,17 @@ from servingtopology.operator.replan import (
     ReplanPolicy,
     ReplanStatusError,
     Verdict,
+    calibration_status,
     policy_from_spec,
     replan,
     transition_step,
 )
+from servingtopology.planner.deployment_fit import MAX_FACTOR
 from servingtopology.planner.drift import DriftPolicy
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
+from servingtopology.planner.live_calibration import MAX_LIVE_POINTS, CalibrationState
 from servingtopology.planner.model import resolve_model
 from servingtopology.planner.observe import MetricSample
 from servingtopology.planner.problem import Candidate, Decision, Prediction, Problem
@@ -37,12 +40,18 @@ PER_INSTANCE_RPS = 5.0
 PREDICTED_TTFT_MS = 100.0
 
 
+def fake_point(problem: Problem, layout: Layout) -> tuple[float, float]:
+    """TTFT 100 ms times the request-overhead factor, TPOT 20 ms times the weights factor (the problem's calibration)."""
+    factors = dict(problem.factors)
+    return PREDICTED_TTFT_MS * factors.get("request_overhead", 1.0), 20.0 * factors.get("weights", 1.0)
+
+
 def fake_predict(problem: Problem, layout: Layout) -> Candidate:
-    """Each instance carries 5 req/s; TTFT 100 ms and TPOT 20 ms before corrections."""
+    """Each instance carries 5 req/s; TTFT 100 ms and TPOT 20 ms before the calibration's factors (`fake_point`)."""
     n = layout.roles[Role.AGGREGATED].count
     rate = problem.workload.arrival_rate_rps or 0.0
     cap = PER_INSTANCE_RPS * n
-    ttft, tpot = PREDICTED_TTFT_MS * problem.ttft_correction, 20.0 * problem.tpot_correction
+    ttft, tpot = fake_point(problem, layout)
     pred = Prediction(ttft_ms=ttft, tpot_ms=tpot, throughput_tok_s=rate * 200, capacity_rps=cap, goodput_rps=rate, goodput_per_gpu=cap / n,
                       tokens_per_s_per_user=1000 / tpot, kv_pool_tokens=10**5, max_request_tokens=10**5,
                       meets_slo=rate <= cap and ttft <= problem.slo.ttft_ms and tpot <= problem.slo.tpot_ms)
@@ -86,7 +95,7 @@ def feed(samples, *, memory=None, planner=fake_planner, pol=None, current=ONE, e
     for i, s in enumerate(samples):
         at = s.at_s if s is not None else 60.0 * (i + 1)
         out = replan(problem=PROBLEM, current=current, memory=memory, sample=s, metrics_error=(errors or {}).get(i), policy=pol,
-                     now_s=at, planner=planner, predict=fake_predict, at="2026-11-30T12:00:00Z")
+                     now_s=at, planner=planner, predict=fake_predict, at="2026-11-30T12:00:00Z", calibrate=fake_point)
         memory = out.memory
         outs.append(out)
     return outs
@@ -185,11 +194,33 @@ def test_an_infeasible_replan_keeps_the_running_layout_and_says_why():
     assert all(o.verdict is Verdict.KEEP for o in outs)
 
 
-def test_steady_intervals_calibrate_the_model_and_report_its_error():
+def test_steady_intervals_calibrate_the_model_only_from_the_minimum_points_and_report_its_error():
     outs = feed([sample(60.0 * i, ttft_ms=200.0, tpot_ms=20.0) for i in range(1, 12)], planner=refusing_planner)
+    # An observation needs 3 intervals; the first two steady ones only collect (MinimumPoints: 3), the model's own
+    # figures are used meanwhile.
+    assert outs[3].memory.calibration.state is CalibrationState.COLLECTING and outs[3].memory.calibration.factors == ()
+    assert len(outs[3].memory.calibration.points) == 2 and outs[3].before is not None
+    assert outs[3].before.prediction.ttft_ms == PREDICTED_TTFT_MS
+    assert all(o.memory.calibration.state is CalibrationState.APPLIED for o in outs[4:])
     cal = outs[-1].memory.calibration
-    assert 1.5 < cal.ttft_correction <= 2.0 and cal.tpot_correction == pytest.approx(1.0)
-    assert outs[2].observed is not None and outs[2].observed.ttftError == pytest.approx(1.0)
+    factors = dict(cal.factors)
+    # TTFT measured twice the model's: the request-overhead term carries it up to its bound of 2; TPOT matches: no weights term.
+    assert 1.5 < factors["request_overhead"] <= MAX_FACTOR and "weights" not in factors
+    assert cal.fit is not None and cal.fit.residual_after["ttft"] < 0.5 * cal.fit.residual_before["ttft"]
+    assert len(cal.points) == MAX_LIVE_POINTS           # BoundedPoints: 9 steady intervals, the newest 8 kept
+    assert outs[2].observed is not None and outs[2].observed.ttftError == pytest.approx(1.0)   # the uncalibrated model's error
+    assert outs[-1].before is not None and outs[-1].before.prediction.ttft_ms == pytest.approx(PREDICTED_TTFT_MS * factors["request_overhead"])
+    shown = calibration_status(cal)
+    assert shown is not None and shown.state.value == "Applied" and shown.pointsUsed == 8 and shown.minimumPoints == 3
+    assert shown.residualPercent is not None and shown.uncalibratedResidualPercent is not None
+    assert shown.uncalibratedResidualPercent["ttft"] == pytest.approx(100.0, abs=1.0)
+    assert shown.residualPercent["ttft"] < 50.0 and shown.corrections["request_overhead"] == pytest.approx(factors["request_overhead"], abs=1e-3)
+
+
+def test_no_calibration_point_while_the_traffic_shifts():
+    outs = feed([sample(60.0 * i, rate=9.0, ttft_ms=200.0) for i in range(1, 4)], planner=refusing_planner, pol=policy(persist_intervals=9))
+    assert [len(o.memory.calibration.points) for o in outs] == [0, 0, 0]
+    assert calibration_status(outs[-1].memory.calibration) is None
 
 
 def test_the_memory_survives_status_as_json_and_garbage_is_named_not_dropped():

@@ -14,6 +14,7 @@ from test_reconcile import PD8, REPLICAS, ScriptedPlanner, bump, cond, decision,
 from servingtopology.operator.replan import ReplanMemory, ReplanStatusError, read_replan_status
 from servingtopology.operator.replan_status import validate_replan_status
 from servingtopology.planner.layout import Layout, Parallelism
+from servingtopology.planner.live_calibration import LiveCalibration
 from servingtopology.planner.transition import Budget, CapacityDrop, StartVerdict, start_requested
 
 
@@ -84,9 +85,12 @@ def test_strict_reading_refuses_coercions_and_names_the_field() -> None:
         ReplanMemory.from_dict({"metricsAvailable": "yes"})
     with pytest.raises(ReplanStatusError, match=r"status.replan.drift.streak"):
         ReplanMemory.from_dict({"drift": {"streak": -3}})
-    memory, unreadable = read_replan_status({"calibration": {"ttftCorrection": 0}, "lastFetchS": 60.0})
+    memory, unreadable = read_replan_status({"calibration": {"fit": {"factors": {"weights": 9.0}}}, "lastFetchS": 60.0})
     assert unreadable is not None and unreadable.sections == ("calibration",) and not unreadable.transition
-    assert memory.last_fetch_s == 60.0 and memory.calibration.ttft_correction == 1.0
+    assert memory.last_fetch_s == 60.0 and memory.calibration == LiveCalibration()
+    # An older operator's smoothed ratios read as no calibration, without a complaint.
+    memory, unreadable = read_replan_status({"calibration": {"ttftCorrection": 1.3, "tpotCorrection": 0.9, "samples": 4}, "lastFetchS": 60.0})
+    assert unreadable is None and memory.calibration == LiveCalibration()
 
 
 def _toy_capacity(layout: Layout) -> float:
