@@ -7,11 +7,22 @@ Must not talk to the API server.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from servingtopology.operator.api.resource import Condition, ConditionType, HistoryEntry, PlanStatus, Predicted, ProposalStatus, RolePlan
+from servingtopology.operator.api.resource import (
+    Condition,
+    ConditionType,
+    HistoryEntry,
+    IntervalBand,
+    PlanStatus,
+    Predicted,
+    ProposalStatus,
+    RolePlan,
+)
 from servingtopology.operator.live.readout import ms_text, pd_ratio
+from servingtopology.planner.error_bars import LEVEL, Interval
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
 from servingtopology.planner.problem import Candidate, Prediction
@@ -21,6 +32,7 @@ __all__ = [
     "timestamp",
     "pd_ratio",
     "predicted",
+    "interval_band",
     "plan_status",
     "proposal_status",
     "layout_from_plan",
@@ -36,6 +48,13 @@ ArgsOf = Callable[[Role, RoleLayout], tuple[int, tuple[str, ...]]]  # role -> (n
 def timestamp(now: datetime) -> str:
     """RFC 3339 in UTC with a Z, second precision (what Kubernetes writes)."""
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def interval_band(iv: Interval) -> IntervalBand | None:
+    """A prediction's interval as status shows it (None when its class has no interval)."""
+    if not (math.isfinite(iv.low) and math.isfinite(iv.high)):
+        return None
+    return IntervalBand(low=round(iv.low, 3), high=round(iv.high, 3), level=LEVEL, classKey=iv.class_key[:128], calibrated=iv.calibrated)
 
 
 def predicted(p: Prediction) -> Predicted:

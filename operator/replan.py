@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -32,12 +33,13 @@ from servingtopology.operator.api.resource import (
 )
 from servingtopology.operator.live.metrics import MetricsSource, MetricsUnavailable
 from servingtopology.operator.live.readout import ms_text
-from servingtopology.operator.plan_status import ArgsOf, predicted, proposal_status, queueing_note, timestamp
+from servingtopology.operator.plan_status import ArgsOf, interval_band, predicted, proposal_status, queueing_note, timestamp
 from servingtopology.operator.replan_status import Unreadable, validate_replan_status
 from servingtopology.planner.decide import predict_layout
+from servingtopology.planner.deployment_fit import DeploymentCalibration
 from servingtopology.planner.drift import DriftPolicy, DriftState, assess_drift, rebaseline, workload_shift
-from servingtopology.planner.error_bars import Interval
-from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, judge_move
+from servingtopology.planner.error_bars import LEVEL, Interval, figure_intervals, widened
+from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, judge_move, widening
 from servingtopology.planner.errors import Infeasible, InsufficientData
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.live_calibration import (
@@ -268,6 +270,8 @@ class ReplanOutcome:
     after: Candidate | None = None           # the proposed or target layout at the observed workload
     message: str = ""
     load_rps: float | None = None            # the arrival rate `after` (and the decision's current) were predicted at
+    # The nominal intervals of `before`'s and `after`'s TTFT and TPOT ("before"/"after" → "ttft"/"tpot"), as the Events quote them.
+    intervals: Mapping[str, Mapping[str, Interval]] = field(default_factory=dict)
 
 
 class _Figures(TypedDict, total=False):
@@ -277,6 +281,19 @@ class _Figures(TypedDict, total=False):
     observed: ObservedStatus
     before: Candidate | None
     load_rps: float
+    intervals: Mapping[str, Mapping[str, Interval]]
+
+
+def _intervals(problem: Problem, before: Candidate | None, after: Candidate, *, calibration: DeploymentCalibration | None,
+               misses: int) -> dict[str, dict[str, Interval]]:
+    """IntervalsShown: the nominal intervals of the before and after predictions (planner/error_bars.py `figure_intervals`,
+    narrowed by the deployment's own calibration once fitted), widened 1.5× per missed move as the error gate widens them."""
+    factor = widening(misses)
+
+    def of(c: Candidate) -> dict[str, Interval]:
+        ivs = figure_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms, calibration=calibration)
+        return {m: widened(iv, factor) for m, iv in ivs.items()}
+    return {"after": of(after), **({"before": of(before)} if before is not None else {})}
 
 
 def fetch_sample(source: MetricsSource, *, at_s: float, interval_s: float) -> tuple[MetricSample | None, str | None]:
@@ -344,20 +361,37 @@ def _metrics_down(memory: ReplanMemory, why: str, now_s: float, reason: str = "M
                          message=why)
 
 
-def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: float) -> str:
+def _bounds(iv: Interval) -> str:
+    return f"[{ms_text(iv.low)}, {ms_text(iv.high)}]" if math.isfinite(iv.low) and math.isfinite(iv.high) else "[no interval]"
+
+
+def _interval_clause(intervals: Mapping[str, Mapping[str, Interval]], metrics: tuple[str, ...] = ("ttft", "tpot")) -> str:
+    """`, nominal 80 % intervals TTFT [a, b]→[c, d], TPOT [e, f]→[g, h] (calibrated)`: the change's figures' intervals."""
+    after = intervals.get("after")
+    if not after:
+        return ""
+    before = intervals.get("before")
+    parts = [f"{m.upper()} " + (f"{_bounds(before[m])}→" if before else "") + _bounds(after[m]) for m in metrics]
+    calibrated = any(iv.calibrated for ivs in intervals.values() for iv in ivs.values())
+    return f", nominal {LEVEL:.0%} intervals " + ", ".join(parts) + (" (narrowed by this deployment's calibration)" if calibrated else "")
+
+
+def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: float,
+            intervals: Mapping[str, Mapping[str, Interval]] | None = None) -> str:
     """`A → B at 30 req/s: p95 TTFT 208s→247ms, …`: both predicted at the same load (SameLoadFigures).
 
     The figures are formatted from the values status stores (`predicted` rounds them), so the PlanApplied Event,
     written from status when the transition ends, quotes the same digits (158.54 ms is "159ms" raw but "158ms"
     once stored as 158.5)."""
     a = predicted(after.prediction)
+    bars = _interval_clause(intervals or {})
     if before is None:
         return (f"{after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(a.ttftMs)}, TPOT {ms_text(a.tpotMs)}, "
-                f"GPUs {after.layout.gpus}")
+                f"GPUs {after.layout.gpus}{bars}")
     b = predicted(before.prediction)
     note = queueing_note(b, load_rps=load_rps, layout=before.layout.label)
     return (f"{before.layout.label} → {after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(b.ttftMs)}→{ms_text(a.ttftMs)}, "
-            f"TPOT {ms_text(b.tpotMs)}→{ms_text(a.tpotMs)}, GPUs {before.layout.gpus}→{after.layout.gpus}" + (f"; {note}" if note else ""))
+            f"TPOT {ms_text(b.tpotMs)}→{ms_text(a.tpotMs)}, GPUs {before.layout.gpus}→{after.layout.gpus}{bars}" + (f"; {note}" if note else ""))
 
 
 def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observation) -> Workload:
@@ -441,25 +475,28 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc), **base)
     # SameLoadFigures: choice.before is the running layout at the load the planner chose `after` for, never at another.
+    calibration = as_deployment_calibration(cal, problem, now_s=now_s)
     choice = choose_move(observed, current, decision, predict=predict, min_improvement=policy.drift.min_improvement,
                          propose_only=policy.mode is Mode.DRY_RUN, surge_gpus=policy.max_surge_gpus,
                          ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s, now_s=now_s,
                          gain_within_error=policy.error_gate, error_misses=policy.error_misses + mem.misses,
-                         calibration=as_deployment_calibration(cal, problem, now_s=now_s))
+                         calibration=calibration)
     after, why, gate = choice.after, choice.why, choice.gate
-    base = _Figures(observation=obs, observed=status, before=choice.before, load_rps=choice.load_rps)
+    shown = _intervals(observed, choice.before, after, calibration=calibration, misses=policy.error_misses + mem.misses)
+    base = _Figures(observation=obs, observed=status, before=choice.before, load_rps=choice.load_rps, intervals=shown)
     if choice.move is Move.WITHIN_ERROR:
         # GainWithinError: the gain is smaller than what the two predictions' intervals can tell apart; nothing changes.
+        # The gate's message quotes the TPOT intervals it judged by; the TTFT intervals follow (IntervalsShown).
         assert choice.before is not None   # the gate judges a move from a running layout only
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
-        message = f"kept {choice.before.layout.label} over {after.layout.label}: {why}"
+        message = f"kept {choice.before.layout.label} over {after.layout.label}: {why}; {_interval_clause(shown, ('ttft',)).removeprefix(', ')}"
         events.append(EventNote("Normal", GAIN_WITHIN_ERROR, message))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
     if choice.move is Move.KEEP:
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
         events.append(EventNote("Normal", "PlanKept", f"{verdict.message}; kept {current.label if current else '-'}: {why}"))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=why, **base)
-    change = _change(choice.before, after, problem.slo.ttft_percentile, choice.load_rps)
+    change = _change(choice.before, after, problem.slo.ttft_percentile, choice.load_rps, shown)
     if choice.move is Move.PROPOSE:
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload)
         message = f"would change {change}, because {why} ({verdict.message})"
@@ -560,4 +597,9 @@ def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args
     proposal = proposal_status(out.after, current=current, before=out.before.prediction if out.before is not None else None,
                                args_of=args_of, reasons=reasons, now=now, generation=generation, percentile=percentile,
                                load_rps=out.load_rps)
-    return proposal.model_copy(update={"set": set_name}) if set_name else proposal
+    update: dict[str, Any] = {"set": set_name} if set_name else {}
+    for key, name in (("after", "predicted"), ("before", "before")):   # IntervalsShown: each prediction with its interval
+        fig, ivs = getattr(proposal, name), out.intervals.get(key)
+        if fig is not None and ivs:
+            update[name] = fig.model_copy(update={"ttftInterval": interval_band(ivs["ttft"]), "tpotInterval": interval_band(ivs["tpot"])})
+    return proposal.model_copy(update=update) if update else proposal

@@ -25,9 +25,10 @@ from typing import Any
 
 from servingtopology.planner.deployment_fit import DeploymentCalibration
 from servingtopology.planner.layout import Layout, LayoutKind
+from servingtopology.planner.problem import Problem
 
 __all__ = ["LEVEL", "PRIOR_ROWS", "K_PRIOR", "Interval", "interval", "half_width", "layout_kind", "client_bucket", "table",
-           "combined_uncertainty"]
+           "combined_uncertainty", "figure_intervals", "widened"]
 
 LEVEL = 0.8
 PRIOR_ROWS = 30
@@ -120,6 +121,30 @@ def interval(metric: str, value: float, *, engine: str, kind: str, clients: floa
     if not math.isfinite(h) or not math.isfinite(value):
         return Interval(value, math.nan, math.nan, math.nan, key, rows, calibrated)
     return Interval(value, value * math.exp(-h), value * math.exp(h), h, key, rows, calibrated)
+
+
+def figure_intervals(problem: Problem, layout: Layout, *, ttft_ms: float, tpot_ms: float,
+                     calibration: DeploymentCalibration | None = None) -> dict[str, Interval]:
+    """The nominal 80 % intervals of a layout's predicted TTFT and TPOT (ms) at the problem's load ("ttft", "tpot"): the
+    class's load bucket from the concurrent requests (the problem's clients, or by Little's law its rate times a
+    request's predicted latency). What `plan`, `simulate`, the operator's Events, its proposal and its error gate show."""
+    rate = problem.workload.arrival_rate_rps
+    if rate is None and problem.workload.concurrency:
+        clients = float(problem.workload.concurrency)
+    else:
+        clients = (rate or 1.0) * (ttft_ms + problem.workload.output_tokens.expected_tokens * tpot_ms) / 1e3
+    clients = max(clients, 1.0) if math.isfinite(clients) else 1.0
+    kind = layout_kind(layout)
+    return {m: interval(m, v, engine=problem.engine.value, kind=kind, clients=clients, calibration=calibration)
+            for m, v in (("ttft", ttft_ms), ("tpot", tpot_ms))}
+
+
+def widened(iv: Interval, factor: float) -> Interval:
+    """The interval with its log half-width multiplied by `factor` (a deployment's missed moves, error_gate.widening)."""
+    if factor == 1.0 or not math.isfinite(iv.half_width_log):
+        return iv
+    h = iv.half_width_log * factor
+    return Interval(iv.value, iv.value * math.exp(-h), iv.value * math.exp(h), h, iv.class_key, iv.rows, iv.calibrated)
 
 
 def combined_uncertainty(before_half_log: float, after_half_log: float) -> float:

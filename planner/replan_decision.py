@@ -105,13 +105,10 @@ def error_gate(problem: Problem, before: Candidate | None, after: Candidate, *, 
     if before is None or not before.prediction.meets_slo:
         return None
     gain = improvement(before, after, objective=problem.objective)
-    rate = problem.workload.arrival_rate_rps or 0.0
-    out_tokens = problem.workload.output_tokens.expected_tokens
 
     def iv(c: Candidate) -> Interval:
-        clients = rate * (c.prediction.ttft_ms + out_tokens * c.prediction.tpot_ms) / 1e3
-        return error_bars.interval("tpot", c.prediction.tpot_ms, engine=problem.engine.value, kind=error_bars.layout_kind(c.layout),
-                                   clients=max(clients, 1.0), calibration=calibration)
+        return error_bars.figure_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms,
+                                           calibration=calibration)["tpot"]
     return gate_move(gain, iv(before), iv(after), misses=misses, what=problem.objective.value)
 
 

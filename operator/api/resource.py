@@ -39,6 +39,7 @@ __all__ = [
     "ApprovalStatus",
     "CalibrationState",
     "CalibrationStatus",
+    "IntervalBand",
     "ConditionType",
     "PoolRef",
     "Toleration",
@@ -668,6 +669,17 @@ class RolePlan(_Api):
     engineArgs: list[str] = Field(default_factory=list, description="the engine's command-line arguments as rendered")
 
 
+class IntervalBand(_Api):
+    """A prediction's nominal interval (planner/error_bars.py): from the model's leave-one-model-out error on its class,
+    narrowed by the deployment's own calibration residuals once fitted, widened 1.5× per missed move."""
+
+    low: float = Field(description="lower end, in ms")
+    high: float = Field(description="upper end, in ms")
+    level: float = Field(gt=0, lt=1, description="nominal coverage, e.g. 0.8")
+    classKey: str = Field(max_length=128, description="the error class it comes from: engine/layout kind/load bucket")
+    calibrated: bool = Field(default=False, description="narrowed by this deployment's own calibration")
+
+
 class Predicted(_Api):
     """The planner's prediction for a layout at the spec's (or the measured) load."""
 
@@ -678,6 +690,8 @@ class Predicted(_Api):
     goodputRps: float = Field(description="requests per second served within the SLO at the load")
     meetsSlo: bool = Field(description="whether both latency bounds hold at the load")
     source: str = Field(default="analytical", description="what made the figures: analytical (the model) or simulated")
+    ttftInterval: IntervalBand | None = Field(default=None, description="ttftMs's nominal interval (proposals of a live replan)")
+    tpotInterval: IntervalBand | None = Field(default=None, description="tpotMs's nominal interval (proposals of a live replan)")
 
 
 class PlanStatus(_Api):

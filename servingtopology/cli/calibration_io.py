@@ -58,14 +58,8 @@ def read_calibration(path: str, problem: Problem, *, field: str = "--calibration
 def prediction_intervals(problem: Problem, layout: Layout, ttft_ms: float, tpot_ms: float,
                          calibration: DeploymentCalibration | None) -> dict[str, Any]:
     """The nominal 80 % intervals of a TTFT and a TPOT prediction (planner.error_bars), JSON-ready."""
-    out_tokens = problem.workload.output_tokens.expected_tokens
-    rate = problem.workload.arrival_rate_rps
-    clients = problem.workload.concurrency if rate is None and problem.workload.concurrency else \
-        (rate or 1.0) * (ttft_ms + out_tokens * tpot_ms) / 1e3
-    kind = error_bars.layout_kind(layout)
-    return {m: error_bars.interval(m.removesuffix("_ms"), v, engine=problem.engine.value, kind=kind, clients=float(clients or 1.0),
-                                   calibration=calibration).to_dict()
-            for m, v in (("ttft_ms", ttft_ms), ("tpot_ms", tpot_ms))}
+    ivs = error_bars.figure_intervals(problem, layout, ttft_ms=ttft_ms, tpot_ms=tpot_ms, calibration=calibration)
+    return {f"{m}_ms": iv.to_dict() for m, iv in ivs.items()}
 
 
 def add_calibration_arg(p: Any) -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
+from servingtopology.cli.calibration_io import prediction_intervals
 from servingtopology.operator.api.resource import ConditionType, Mode, PolicySpec
+from servingtopology.operator.live.readout import ms_text
 from servingtopology.operator.replan import (
     ReplanMemory,
     ReplanPolicy,
@@ -17,6 +20,7 @@ from servingtopology.operator.replan import (
     Verdict,
     calibration_status,
     policy_from_spec,
+    proposal_from_replan,
     replan,
     transition_step,
 )
@@ -143,10 +147,54 @@ def test_dry_run_proposes_once_with_before_and_after_figures():
     assert i == 6   # the third interval at 9 req/s
     assert out.after is not None and out.after.layout.label == "2×TP1"
     assert out.message.startswith("would change 1×TP1 → 2×TP1 at 9 req/s: p95 TTFT 100ms→100ms, TPOT 20ms→20ms, GPUs 1→2, "
-                                  "because 1×TP1 misses")
+                                  "nominal 80% intervals TTFT [")
+    assert "], because 1×TP1 misses" in out.message
     assert out.load_rps == 9.0 and out.before is not None and out.before.layout.label == "1×TP1"
     assert [e.reason for e in out.events] == ["DriftDetected", "PlanProposed"]
     assert cond(out, ConditionType.DRIFT_DETECTED).reason == "WorkloadShift"
+
+
+def test_a_proposal_and_its_event_carry_each_predictions_interval_as_plan_prints_it():
+    samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=9.0) for i in range(5, 8)]
+    out = feed(samples)[-1]
+    assert out.verdict is Verdict.PROPOSE and out.after is not None and out.before is not None
+    problem = replace(PROBLEM, workload=replace(PROBLEM.workload, arrival_rate_rps=9.0))
+    for key, c in (("after", out.after), ("before", out.before)):
+        # The same intervals `plan` and `simulate` print (servingtopology/cli/calibration_io.py), uncalibrated so far.
+        cli = prediction_intervals(problem, c.layout, c.prediction.ttft_ms, c.prediction.tpot_ms, None)
+        for m in ("ttft", "tpot"):
+            iv = out.intervals[key][m]
+            assert iv.low < iv.value < iv.high and not iv.calibrated
+            assert (iv.low, iv.high) == pytest.approx((cli[f"{m}_ms"]["low"], cli[f"{m}_ms"]["high"]), abs=1e-3)
+    (event,) = [e for e in out.events if e.reason == "PlanProposed"]
+    after, before = out.intervals["after"], out.intervals["before"]
+    assert (f"GPUs 1→2, nominal 80% intervals TTFT [{ms_text(before['ttft'].low)}, {ms_text(before['ttft'].high)}]→"
+            f"[{ms_text(after['ttft'].low)}, {ms_text(after['ttft'].high)}], TPOT [") in event.message
+    proposal = proposal_from_replan(out, current=None, args_of=lambda role, rl: (1, ()), now=datetime(2026, 11, 30, tzinfo=UTC),
+                                    generation=1, percentile="p95")
+    assert proposal.predicted is not None and proposal.predicted.tpotInterval is not None and proposal.before is not None
+    assert proposal.predicted.tpotInterval.low == pytest.approx(after["tpot"].low, abs=1e-3) and proposal.predicted.tpotInterval.level == 0.8
+    assert proposal.before.ttftInterval is not None and proposal.before.ttftInterval.high == pytest.approx(before["ttft"].high, abs=1e-3)
+
+
+def test_once_calibrated_the_intervals_narrow_and_each_missed_move_widens_them():
+    steady = [sample(60.0 * i) for i in range(1, 8)]
+    shifted = [sample(60.0 * i, rate=9.0) for i in range(8, 14)]
+
+    def proposed(outs):
+        (out,) = [o for o in outs if o.verdict is Verdict.PROPOSE]
+        return out
+    plain = proposed(feed(steady[:3] + shifted))               # no steady point: the class's intervals
+    calibrated = proposed(feed(steady + shifted))              # 5 steady points: narrowed by the deployment's own residuals
+    missed = proposed(feed(steady + shifted, memory=ReplanMemory(misses=2)))
+    assert calibrated.memory.calibration.state is CalibrationState.APPLIED
+
+    def half(out):
+        iv = out.intervals["after"]["tpot"]
+        return math.log(iv.high / iv.value)
+    assert calibrated.intervals["after"]["tpot"].calibrated and not plain.intervals["after"]["tpot"].calibrated
+    assert half(calibrated) < 0.8 * half(plain)
+    assert half(missed) == pytest.approx(half(calibrated) * 1.5 ** 2, rel=1e-6)
 
 
 def test_auto_starts_one_transition_and_replans_nothing_while_it_runs():
@@ -303,7 +351,8 @@ def test_a_gain_within_the_combined_error_changes_nothing_and_posts_one_gain_wit
     assert all(o.verdict is Verdict.KEEP and o.memory.transition is None for o in outs)
     msg = events[0].message
     assert f"20% better on goodput-per-gpu is within the combined uncertainty {_bar():.0%}" in msg
-    assert msg.count("[") == 2 and "before 20.0 [" in msg and "after 16.7 [" in msg and "nothing changes" in msg
+    assert msg.count("[") == 4 and "before 20.0 [" in msg and "after 16.7 [" in msg and "nothing changes" in msg
+    assert "; nominal 80% intervals TTFT [" in msg and "TPOT [" not in msg   # TPOT's are the gate's, quoted once
 
 
 def test_a_gain_beyond_the_error_moves_and_missed_moves_raise_the_bar():
