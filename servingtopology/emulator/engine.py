@@ -8,7 +8,7 @@ prefill) priced by the planner's `StepTimeModel`. No clock here.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -68,6 +68,7 @@ class BatchingEngine:
         self.token_budget = token_budget
         self.kv_capacity_tokens = kv_capacity_tokens
         self.lookahead_s = 0.0
+        self.slowdown: Mapping[str, float] = {}   # EngineSlowdown (seam.EngineSimulator)
         self.now_s = 0.0
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
@@ -136,7 +137,8 @@ class BatchingEngine:
             prefill_tokens=prefill_tokens, prefill_pairs=pairs, decode_tokens=len(decoding),
             decode_context_tokens=sum(r.context_tokens for r in decoding),
         )
-        end_s = self.now_s + max(duration_s, 1e-4)
+        # EngineSlowdown: the whole step at the largest factor (never faster than any term's own slowdown would make it).
+        end_s = self.now_s + max(duration_s * max((max(f, 1.0) for f in self.slowdown.values()), default=1.0), 1e-4)
         for r, chunk in chunks:
             r.prefilled += chunk
             if r.prefilled >= r.input_tokens:

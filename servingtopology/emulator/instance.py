@@ -109,6 +109,7 @@ class EmulatedInstance:
     def _submit_arrivals(self, now_s: float) -> None:
         """Poisson arrivals at the current share's rate, drawn up to now plus the simulator's lookahead."""
         share = self.share(now_s)
+        self.simulator.slowdown = dict(share.phase.slowdown)   # EngineSlowdown: what is simulated from now on
         rate_rps = share.phase.rate_rps * share.fraction
         if rate_rps > 0:
             if self._next_arrival_s <= self._last_tick_s:

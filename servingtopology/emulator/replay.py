@@ -11,6 +11,7 @@ queueing that grows inside each chunk.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ from servingtopology.emulator.seam import Completion, Gauges, Progress
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, Layout
 from servingtopology.planner.model import ModelArch
-from servingtopology.planner.perf import request_overhead_s
+from servingtopology.planner.perf import request_overhead_s, scaled_terms
 from servingtopology.planner.sim import RequestSet, simulate
 
 __all__ = ["ChunkedReplay"]
@@ -57,6 +58,7 @@ class ChunkedReplay:
         self.chunk_s = chunk_s
         self.lookahead_s = chunk_s
         self.seed = seed
+        self.slowdown: Mapping[str, float] = {}   # EngineSlowdown (seam.EngineSimulator), applied to each chunk as it is simulated
         self._pending: list[tuple[float, int, int, int]] = []
         self._next_chunk_s = 0.0
         self._finishing: list[tuple[float, int, Completion]] = []
@@ -108,8 +110,9 @@ class ChunkedReplay:
             shared_tokens=cached,
             client=np.full(len(due), -1, dtype=np.int64),
         )
-        result = simulate(self.layout, model=self.model, gpu=self.gpu, engine=self.engine, requests=requests,
-                          precision=Precision.BF16, seed=self.seed)
+        with scaled_terms({t: max(float(f), 1.0) for t, f in self.slowdown.items()}):
+            result = simulate(self.layout, model=self.model, gpu=self.gpu, engine=self.engine, requests=requests,
+                              precision=Precision.BF16, seed=self.seed)
         for i in np.flatnonzero(~np.isnan(result.finish_s)):
             first, finish = float(result.first_token_s[i]), float(result.finish_s[i])
             scheduled, arrived = float(result.scheduled_s[i]), float(result.arrival_s[i])

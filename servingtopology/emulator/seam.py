@@ -8,6 +8,7 @@ chunked replay of the project's simulator (planner/sim). Values only; imports no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -55,9 +56,12 @@ class EngineSimulator(Protocol):
     """A simulated engine instance driven by the caller's clock (seconds since the instance started).
 
     `lookahead_s`: how far ahead of the clock arrivals must be submitted (a chunked replay simulates ahead).
+    `slowdown`: EngineSlowdown, the step terms (planner.perf.STEP_TERMS) this engine runs slower than the model in,
+    with their factors (each ≥ 1); set by the instance from the traffic profile's phase before it advances.
     """
 
     lookahead_s: float
+    slowdown: Mapping[str, float]
 
     def submit(self, *, arrival_s: float, input_tokens: int, output_tokens: int, cached_tokens: int) -> None: ...
 

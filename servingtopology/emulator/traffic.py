@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servingtopology.planner.perf import STEP_TERMS
+
 __all__ = ["Phase", "TrafficProfile", "TrafficProfileError"]
 
 
@@ -27,6 +29,10 @@ class Phase:
     output_tokens: int
     duration_s: float | None = None
     prefix_hit_ratio: float = 0.0
+    # EngineSlowdown: the emulated engines run this many times slower than the model in these step terms
+    # (planner.perf.STEP_TERMS: gemm, weights, attention, communication, overhead); each factor at least 1, so the
+    # emulator can be made slower than the model predicts, never faster (more lenient) than it.
+    slowdown: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +90,7 @@ def _phase(index: int, raw: Any) -> Phase:
     where = f"phases[{index}]"
     if not isinstance(raw, Mapping):
         raise TrafficProfileError(f"{where}: must be a mapping")
-    known = {"rate_rps", "input_tokens", "output_tokens", "duration_s", "prefix_hit_ratio"}
+    known = {"rate_rps", "input_tokens", "output_tokens", "duration_s", "prefix_hit_ratio", "slowdown"}
     extra = sorted(set(raw) - known)
     if extra:
         raise TrafficProfileError(f"{where}: unknown field(s) {', '.join(extra)}; allowed: {', '.join(sorted(known))}")
@@ -98,4 +104,17 @@ def _phase(index: int, raw: Any) -> Phase:
         output_tokens=int(_number(where, raw, "output_tokens", minimum=1, integer=True)),
         duration_s=None if duration is None else _number(where, raw, "duration_s", minimum=0.001),
         prefix_hit_ratio=hit,
+        slowdown=_slowdown(where, raw.get("slowdown")),
     )
+
+
+def _slowdown(where: str, raw: Any) -> tuple[tuple[str, float], ...]:
+    """EngineSlowdown: `{term: factor ≥ 1}` over planner.perf.STEP_TERMS."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise TrafficProfileError(f"{where}.slowdown: must be a mapping of step terms ({', '.join(STEP_TERMS)}) to factors ≥ 1")
+    unknown = sorted(str(k) for k in raw if k not in STEP_TERMS)
+    if unknown:
+        raise TrafficProfileError(f"{where}.slowdown: unknown step term(s) {', '.join(unknown)}; allowed: {', '.join(STEP_TERMS)}")
+    return tuple(sorted((str(k), _number(f"{where}.slowdown", raw, k, minimum=1.0)) for k in raw))

@@ -124,6 +124,11 @@ def test_profile_phases_follow_each_other_then_hold_the_last() -> None:
     ({}, "phases"),  # nothing at all
     ({"phases": [{"rate_rps": 1, "input_tokens": 0, "output_tokens": 1}]}, r"phases\[0\]\.input_tokens"),
     ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "rps": 2}]}, "unknown field"),
+    # EngineSlowdown: only slower than the model, only in its step terms.
+    ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "slowdown": {"weights": 0.5}}]},
+     r"phases\[0\]\.slowdown\.weights: must be at least 1"),
+    ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "slowdown": {"nic": 2}}]}, r"unknown step term\(s\) nic"),
+    ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "slowdown": 2}]}, r"phases\[0\]\.slowdown: must be a mapping"),
 ])
 def test_bad_profiles_name_the_field(raw: dict, message: str) -> None:
     with pytest.raises(TrafficProfileError, match=message):
@@ -143,6 +148,26 @@ def test_the_project_simulator_and_the_builtin_stepper_agree_on_an_unloaded_engi
         means[kind] = (sum(c.ttft_s for c in done) / 40, sum(c.mean_itl_s for c in done) / 40)
     (ttft_p, itl_p), (ttft_b, itl_b) = means[SimulatorKind.PROJECT], means[SimulatorKind.BUILTIN]
     assert 0.5 < ttft_p / ttft_b < 2.0 and 0.5 < itl_p / itl_b < 2.0, means
+
+
+@pytest.mark.parametrize("kind", list(SimulatorKind))
+def test_a_slowdown_in_the_profile_makes_the_engine_slower_never_faster(kind: SimulatorKind) -> None:
+    profile = TrafficProfile.from_mapping({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 100,
+                                                       "slowdown": {"weights": 2.0, "overhead": 2.0}}]})
+    assert dict(profile.phases[0].slowdown) == {"overhead": 2.0, "weights": 2.0}
+    config = parse_engine_command(["vllm", "serve", "llama-3.1-8b"])
+    itl = {}
+    for slowdown in ({}, dict(profile.phases[0].slowdown)):
+        simulator = build_simulator(config, gpu=gpu_for_label("H100"), kind=kind)
+        simulator.slowdown = slowdown
+        for i in range(20):
+            simulator.submit(arrival_s=i * 0.5, input_tokens=1000, output_tokens=100, cached_tokens=0)
+        done = simulator.advance(60.0).completions
+        assert len(done) == 20
+        itl[bool(slowdown)] = sum(c.mean_itl_s for c in done) / len(done)
+    # A decode step of an 8B model on an H100 is mostly weight streaming and step overhead: about twice as long (a bit
+    # more: slower steps overlap more requests, so each step carries more of them).
+    assert 1.6 < itl[True] / itl[False] < 2.5, itl
 
 
 def test_the_chunked_replay_reports_gauges_while_requests_run() -> None:
