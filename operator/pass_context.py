@@ -146,7 +146,7 @@ class PassState:
             "approval": self.approval, "proposals": self.proposals or None,
             "conditions": self.conditions, "observedGeneration": self.generation, "plan": plan, "proposal": proposal,
             "history": history if history is not None else self.status.history, "observed": self.observed,
-            "replan": self.memory.to_dict(), "summary": summary, "calibration": calibration_status(self.memory.calibration),
+            "replan": self.memory.to_dict(), "summary": summary, "calibration": calibration_status(self.memory.calibration, misses=self.memory.misses),
         })
         body = status.model_dump(mode="json", exclude_none=True)
         if self.holding:   # what could not be read goes back as it was, never a reset

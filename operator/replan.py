@@ -55,7 +55,7 @@ from servingtopology.planner.live_calibration import (
 )
 from servingtopology.planner.observe import MetricSample, Observation, observe
 from servingtopology.planner.problem import Candidate, Decision, Problem
-from servingtopology.planner.replan_decision import Move, Predictor, capacity_of, choose_move
+from servingtopology.planner.replan_decision import CalibrationOf, Move, Predictor, capacity_of, choose_move
 from servingtopology.planner.transition import (
     Action,
     Budget,
@@ -144,13 +144,14 @@ def _calibration_from(d: Mapping[str, Any]) -> LiveCalibration:
     return LiveCalibration(points, fit, int(d.get("minPoints") or LiveCalibration().min_points))
 
 
-def calibration_status(cal: LiveCalibration) -> CalibrationStatus | None:
-    """status.calibration: the operator's own calibration as people read it (None before its first point)."""
+def calibration_status(cal: LiveCalibration, *, misses: int = 0) -> CalibrationStatus | None:
+    """status.calibration: the operator's own calibration as people read it, with the moves that missed their interval
+    and the widening they put on the next move's bar (None before its first point or miss)."""
     f = cal.fit
-    if f is None and not cal.points:
+    if f is None and not cal.points and not misses:
         return None
     status = CalibrationStatus(state=CalibrationState(cal.state.value), pointsUsed=len(cal.points), minimumPoints=cal.min_points,
-                               message=cal.message())
+                               message=cal.message(), missedMoves=misses, intervalWidening=round(widening(misses), 4))
     if f is None:
         return status
     return status.model_copy(update={
@@ -284,14 +285,16 @@ class _Figures(TypedDict, total=False):
     intervals: Mapping[str, Mapping[str, Interval]]
 
 
-def _intervals(problem: Problem, before: Candidate | None, after: Candidate, *, calibration: DeploymentCalibration | None,
+def _intervals(problem: Problem, before: Candidate | None, after: Candidate, *, calibration: CalibrationOf,
                misses: int) -> dict[str, dict[str, Interval]]:
     """IntervalsShown: the nominal intervals of the before and after predictions (planner/error_bars.py `figure_intervals`,
-    narrowed by the deployment's own calibration once fitted), widened 1.5× per missed move as the error gate widens them."""
+    narrowed by the deployment's own calibration of the layouts it measured), widened 1.5× per missed move as the error
+    gate widens them."""
     factor = widening(misses)
 
     def of(c: Candidate) -> dict[str, Interval]:
-        ivs = figure_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms, calibration=calibration)
+        ivs = figure_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms,
+                               calibration=calibration(c.layout))
         return {m: widened(iv, factor) for m, iv in ivs.items()}
     return {"after": of(after), **({"before": of(before)} if before is not None else {})}
 
@@ -475,7 +478,8 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc), **base)
     # SameLoadFigures: choice.before is the running layout at the load the planner chose `after` for, never at another.
-    calibration = as_deployment_calibration(cal, problem, now_s=now_s)
+    def calibration(layout: Layout) -> DeploymentCalibration | None:   # NarrowMeasuredOnly (planner/live_calibration.py)
+        return as_deployment_calibration(cal, problem, now_s=now_s, layout=layout)
     choice = choose_move(observed, current, decision, predict=predict, min_improvement=policy.drift.min_improvement,
                          propose_only=policy.mode is Mode.DRY_RUN, surge_gpus=policy.max_surge_gpus,
                          ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s, now_s=now_s,
@@ -523,7 +527,7 @@ def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemor
     assert mem.move is not None
     t = mem.move["tpotMs"]
     j = judge_move("TPOT", measured_tpot_ms, Interval(t["value"], t["low"], t["high"], 0.0, "move", 0))
-    move = {**mem.move, "measuredTpotMs": round(measured_tpot_ms, 3), "hit": j.hit}
+    move = {**mem.move, "measuredTpotMs": round(measured_tpot_ms, 3), "errorPercent": round(j.error * 100.0, 1), "hit": j.hit}
     misses = mem.misses + (0 if j.hit else 1)
     text = f"after the move to {mem.move['layout']}: {j.message}" + ("" if j.hit else f"; {misses} missed moves widen the next move's bar")
     return replace(mem, move=move, misses=misses), EventNote("Normal" if j.hit else "Warning", j.reason, text)

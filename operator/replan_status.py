@@ -83,6 +83,7 @@ class MoveStatus(_Strict):
     layout: str = Field(max_length=256)
     tpotMs: IntervalStatus
     measuredTpotMs: float | None = Field(default=None, ge=0)
+    errorPercent: float | None = None      # measured / predicted − 1, in %
     hit: bool | None = None
 
 

@@ -10,6 +10,8 @@ Rules it names:
   itself refuses fewer (deployment_fit `TooFewPoints`).
 - BoundedPoints: at most MAX_LIVE_POINTS points are kept, the newest; a point older than MAX_AGE_S is dropped.
 - AgeDecay: a point weighs half as much every HALF_LIFE_S (deployment_fit.age_weights).
+- NarrowMeasuredOnly: the fit's residuals narrow the intervals of the layouts it has points of only
+  (`as_deployment_calibration`).
 - BoundedFactors: every factor within deployment_fit's [1 / MAX_FACTOR, MAX_FACTOR] (a correction, not a refit), and
   only LIVE_TERMS fitted.
 The measured figures are the SLO percentiles the operator reads (status.observed), predicted at those percentiles.
@@ -166,10 +168,14 @@ def refit(cal: LiveCalibration, problem: Problem, *, now_s: float, predict: Poin
                                     dict(dc.residual_after), dict(dc.own_half_width), dc.at_bound, now_s, len(points)))
 
 
-def as_deployment_calibration(cal: LiveCalibration, problem: Problem, *, now_s: float) -> DeploymentCalibration | None:
-    """The fit as a DeploymentCalibration (planner.error_bars narrows an interval with it); None while collecting."""
+def as_deployment_calibration(cal: LiveCalibration, problem: Problem, *, now_s: float,
+                              layout: Layout | None = None) -> DeploymentCalibration | None:
+    """The fit as a DeploymentCalibration (planner.error_bars narrows an interval with it); None while collecting.
+
+    NarrowMeasuredOnly: with `layout`, None as well when no point measured that layout: the deployment's own residuals
+    say how well the model fits the layouts it ran, not one it never ran (a move's target keeps its class's interval)."""
     f = cal.fit
-    if f is None:
+    if f is None or (layout is not None and all(p.layout != layout for p in cal.points)):
         return None
     return DeploymentCalibration(deployment_of(problem), dict(f.factors), tuple(_fit_points(cal, now_s)), cal.min_points, HALF_LIFE_S,
                                  dict(f.residual_before), dict(f.residual_after), dict(f.own_half_width), f.at_bound)

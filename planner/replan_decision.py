@@ -34,7 +34,7 @@ from servingtopology.planner.predict import slo_capacity_rps
 from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.transition import Budget, Capacity, TransitionState, in_place, layout_to_state, start_transition
 
-__all__ = ["Predictor", "Move", "ReplanChoice", "capacity_of", "prefer_in_place", "error_gate", "choose_move"]
+__all__ = ["Predictor", "CalibrationOf", "Move", "ReplanChoice", "capacity_of", "prefer_in_place", "error_gate", "choose_move"]
 
 Predictor = Callable[[Problem, Layout], Candidate]
 
@@ -96,11 +96,15 @@ def prefer_in_place(problem: Problem, current: Layout | None, best: Candidate, p
     return replace(kept, why="the running engine arguments, scaled in place") if kept.prediction.meets_slo else best
 
 
+CalibrationOf = Callable[[Layout], DeploymentCalibration | None]
+
+
 def error_gate(problem: Problem, before: Candidate | None, after: Candidate, *, misses: int,
-               calibration: DeploymentCalibration | None = None) -> GateVerdict | None:
+               calibration: CalibrationOf | None = None) -> GateVerdict | None:
     """GainWithinError: whether a move made for its gain clears the combined uncertainty of the before and after
     predictions (error_gate.py; TPOT intervals of error_bars.py: the step time that sets both the capacity and the
-    latency of a layout), narrowed by the deployment's own `calibration` once fitted, widened for each recorded miss.
+    latency of a layout), narrowed by the deployment's own calibration of that layout (`calibration`, when it has one),
+    widened for each recorded miss.
     None: no gate (nothing runs, or the running layout misses the SLO and the move is needed whatever its gain)."""
     if before is None or not before.prediction.meets_slo:
         return None
@@ -108,18 +112,19 @@ def error_gate(problem: Problem, before: Candidate | None, after: Candidate, *, 
 
     def iv(c: Candidate) -> Interval:
         return error_bars.figure_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms,
-                                           calibration=calibration)["tpot"]
+                                           calibration=calibration(c.layout) if calibration is not None else None)["tpot"]
     return gate_move(gain, iv(before), iv(after), misses=misses, what=problem.objective.value)
 
 
 def choose_move(observed: Problem, current: Layout | None, decision: Decision, *, predict: Predictor, min_improvement: float,
                 propose_only: bool, surge_gpus: int, ready_timeout_s: float, drain_s: float, now_s: float,
-                gain_within_error: bool = False, error_misses: int = 0, calibration: DeploymentCalibration | None = None) -> ReplanChoice:
+                gain_within_error: bool = False, error_misses: int = 0, calibration: CalibrationOf | None = None) -> ReplanChoice:
     """The move for `decision` (made for `observed`: the spec's problem at the observed workload, calibrated).
 
     `propose_only` (DryRun) never starts a transition; neither does a replan with nothing running.
     `gain_within_error` (spec.policy.gainWithinError) gates a worthwhile move on its uncertainty (`error_gate`), the
-    intervals widened for `error_misses` recorded misses and narrowed by the deployment's own `calibration`. The
+    intervals widened for `error_misses` recorded misses and narrowed by the deployment's own calibration of each layout
+    (`calibration`: a layout's, or None). The
     observed problem's factors (its calibration) apply to every prediction made here, the capacities included."""
     with problem_factors(observed.factors):
         return _choose_move(observed, current, decision, predict=predict, min_improvement=min_improvement, propose_only=propose_only,
@@ -129,7 +134,7 @@ def choose_move(observed: Problem, current: Layout | None, decision: Decision, *
 
 def _choose_move(observed: Problem, current: Layout | None, decision: Decision, *, predict: Predictor, min_improvement: float,
                  propose_only: bool, surge_gpus: int, ready_timeout_s: float, drain_s: float, now_s: float,
-                 gain_within_error: bool, error_misses: int, calibration: DeploymentCalibration | None) -> ReplanChoice:
+                 gain_within_error: bool, error_misses: int, calibration: CalibrationOf | None) -> ReplanChoice:
     before = decision.current or (predict(observed, current) if current is not None else None)
     load_rps = observed.workload.arrival_rate_rps or 0.0
     after = prefer_in_place(observed, current, decision.best, predict)

@@ -748,6 +748,9 @@ class CalibrationStatus(_Api):
                                                                  "without the corrections, in %")
     fittedAt: str | None = Field(default=None, json_schema_extra={"format": "date-time"}, description="when the corrections were fitted")
     message: str = Field(default="", description="the calibration in a sentence")
+    missedMoves: int = Field(default=0, ge=0, description="moves whose measured TPOT missed the interval predicted for it")
+    intervalWidening: float = Field(default=1.0, ge=1.0, description="the factor the missed moves put on every interval the next "
+                                    "move's bar is made of (1.5 per miss, at most 4): the raised bar")
 
 
 class ObservedStatus(_Api):

@@ -189,12 +189,17 @@ def test_once_calibrated_the_intervals_narrow_and_each_missed_move_widens_them()
     missed = proposed(feed(steady + shifted, memory=ReplanMemory(misses=2)))
     assert calibrated.memory.calibration.state is CalibrationState.APPLIED
 
-    def half(out):
-        iv = out.intervals["after"]["tpot"]
+    def half(out, which):
+        iv = out.intervals[which]["tpot"]
         return math.log(iv.high / iv.value)
-    assert calibrated.intervals["after"]["tpot"].calibrated and not plain.intervals["after"]["tpot"].calibrated
-    assert half(calibrated) < 0.8 * half(plain)
-    assert half(missed) == pytest.approx(half(calibrated) * 1.5 ** 2, rel=1e-6)
+    # NarrowMeasuredOnly: the running 1×TP1 (5 points) is narrowed, the 2×TP1 it never ran keeps its class's interval.
+    assert calibrated.intervals["before"]["tpot"].calibrated and not plain.intervals["before"]["tpot"].calibrated
+    assert not calibrated.intervals["after"]["tpot"].calibrated
+    assert half(calibrated, "before") < 0.8 * half(plain, "before")
+    assert half(missed, "before") == pytest.approx(half(calibrated, "before") * 1.5 ** 2, rel=1e-6)
+    assert half(missed, "after") == pytest.approx(half(calibrated, "after") * 1.5 ** 2, rel=1e-6)
+    shown = calibration_status(missed.memory.calibration, misses=missed.memory.misses)
+    assert shown is not None and shown.missedMoves == 2 and shown.intervalWidening == pytest.approx(2.25)
 
 
 def test_auto_starts_one_transition_and_replans_nothing_while_it_runs():
