@@ -9,7 +9,7 @@
 2. Mixed kinds: Llama-3.1-8B, 2048-token prompts and 2048-token answers at 20 req/s, p95 TTFT 1 s / TPOT 40 ms, on
    H100 ($2.99/h, 400 Gb/s) and A100 ($1.60/h, 200 Gb/s). $ per 1,000 requests at the SLO capacity of the best layout of
    each single kind against H100 prefill + A100 decode; the mixed layout simulated at the load (planner/sim through
-   planner.mixed_pd.simulate_mixed); then the same pool on 10 Gb/s NICs, where the transfer floor refuses it. Target:
+   planner.sim.stage.simulate_mixed); then the same pool on 10 Gb/s NICs, where the transfer floor refuses it. Target:
    the mixed layout is the cheaper per request and its simulation meets both SLOs; at 10 Gb/s it is refused by name.
 Prices are illustrative on-demand list prices per GPU-hour (assumptions, not quotes); they are inputs of the pool.
 
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Role
-from servingtopology.planner.mixed_pd import simulate_mixed
 from servingtopology.planner.pool import GpuKind, PoolDecision, PoolObjective, PoolProblem, plan_pool
 from servingtopology.planner.pool_options import MemberRequest, build_pool
 from servingtopology.planner.pool_record import fleet_table, render_pool_record
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.sim.stage import simulate_mixed
 from servingtopology.spec import parse_spec, to_problem
 
 H100 = GpuKind("h100", resolve_gpu("h100_sxm"), 24, 2.99, 400.0)

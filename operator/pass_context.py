@@ -44,6 +44,7 @@ from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded, blo
 from servingtopology.planner.engine_caps import resolve_version
 from servingtopology.planner.engine_command import engine_command
 from servingtopology.planner.errors import Infeasible, InsufficientData, InvalidSpec
+from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout, Role, RoleLayout
 from servingtopology.planner.model import model_catalog
 from servingtopology.planner.problem import Decision, Problem
@@ -199,6 +200,7 @@ def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: s
     """The builders' input for one plan (or one set of a transition) of one ServingTopology."""
     identity = model_identity(spec)   # the CLI's rule: spec.py model_identity
     hw = spec.hardware
+    gpu_id = resolve_gpu(hw.gpu, field="spec.hardware.gpu").id
     return Blueprint(
         name=name, namespace=namespace, uid=uid, engine=spec.engine.name, image=spec.engine.image, model=identity.source,
         served_model_name=identity.served_name, layout=layout, gpus_per_node=gpus_per_node,
@@ -208,7 +210,7 @@ def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: s
         transfer_backend=spec.engine.transferBackend, set_name=set_name,
         engine_version=resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image),
         pod_template=_template_dict(spec.podTemplate),
-        network=network_knobs(spec),
+        network=network_knobs(spec), gpu_id=gpu_id, nic_gbit={gpu_id: hw.nicGbps} if hw.nicGbps is not None else {},
         role_templates={role: _template_dict(t) for role in ("prefill", "decode", "router")
                         if spec.rolePodTemplates is not None and (t := getattr(spec.rolePodTemplates, role)) is not None},
     )
@@ -271,7 +273,10 @@ def problem_from_spec(spec: TopologySpec, current: Layout | None, *, planning: T
     spec's model (`planning`: the spec with a ConfigMap's config.json written to a file; default `spec`), and
     policy.allowedLayouts narrowing spec.search. Also `servingtopology plan --manifests` (operator/offline.py).
     Raises InvalidSpec naming the resource's field."""
-    pinned = approved or (to_layout(spec, spec.pinned) if spec.policy.mode is Mode.PINNED and spec.pinned is not None else None)
+    try:
+        pinned = approved or (to_layout(spec, spec.pinned) if spec.policy.mode is Mode.PINNED and spec.pinned is not None else None)
+    except InvalidSpec as exc:   # the spec's `layout` is the resource's `spec.pinned`
+        raise InvalidSpec(exc.field.replace("layout", "spec.pinned", 1), exc.message) from None
     try:
         problem = to_problem(planning or spec, pinned=pinned, current=current)
     except InvalidSpec as exc:

@@ -72,7 +72,7 @@ def _roles(layout: Layout, args_of: ArgsOf) -> list[RolePlan]:
                             gpusPerInstance=par.gpus, nodesPerInstance=nodes, maxNumSeqs=k.max_num_seqs,
                             maxNumBatchedTokens=k.max_num_batched_tokens, memoryFraction=k.memory_fraction,
                             kvCacheDtype=k.kv_dtype.value, blockSize=k.block_size_tokens,
-                            enablePrefixCaching=k.enable_prefix_caching, engineArgs=list(args)))
+                            enablePrefixCaching=k.enable_prefix_caching, engineArgs=list(args), gpu=rl.gpu or None))
     return out
 
 
@@ -151,7 +151,7 @@ def layout_from_plan(plan: PlanStatus) -> Layout:
     for r in plan.roles:
         knobs = EngineKnobs(max_num_seqs=r.maxNumSeqs, max_num_batched_tokens=r.maxNumBatchedTokens, memory_fraction=r.memoryFraction,
                             kv_dtype=KvDtype(r.kvCacheDtype), block_size_tokens=r.blockSize, enable_prefix_caching=r.enablePrefixCaching)
-        roles[Role(r.role)] = RoleLayout(r.replicas, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=r.ep), knobs)
+        roles[Role(r.role)] = RoleLayout(r.replicas, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=r.ep), knobs, r.gpu or "")
     return Layout(plan.kind, roles, Precision(plan.precision))
 
 

@@ -103,7 +103,7 @@ from servingtopology.operator.replan import (
     transition_step,
 )
 from servingtopology.operator.rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
-from servingtopology.operator.runtime.capacity import Capacity, layout_pod_gpus, read_capacity, unplaced_gpus
+from servingtopology.operator.runtime.capacity import GPU_PRODUCT_LABEL, Capacity, layout_pod_gpus, missing_by_kind, read_capacity, unplaced_gpus
 from servingtopology.operator.runtime.cluster import Cluster, ObjectRef, owned_selector, ref_of
 from servingtopology.operator.runtime.cluster_view import read_cluster_view
 from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded
@@ -359,14 +359,17 @@ def _set_blueprints(p: PassState, ctx: PassContext) -> Callable[[Layout, str], B
     return bp_for
 
 
-def _capacity(p: PassState, ctx: PassContext) -> Capacity | None:
-    """GPU capacity on the nodes this topology may use, its own pods' GPUs counted as free; None when unknown."""
+def _capacity(p: PassState, ctx: PassContext, *, every_kind: bool = False) -> Capacity | None:
+    """GPU capacity on the nodes this topology may use, its own pods' GPUs counted as free; None when unknown.
+    `every_kind`: without the selector's product label (a layout naming kinds selects each role's kind itself)."""
     nodes = p.cluster.list_nodes()
     if nodes is None:
         return None
     own = {str(pod["metadata"].get("uid")) for pod in p.cluster.list_pods(p.namespace, owned_selector(p.name))}
     template = ctx.spec.podTemplate
     selector = {**ctx.spec.hardware.nodeSelector, **(template.spec.nodeSelector if template is not None else {})}
+    if every_kind:
+        selector.pop(GPU_PRODUCT_LABEL, None)
     return read_capacity(nodes, p.cluster.list_all_pods(), node_selector=selector, own=own)
 
 
@@ -407,8 +410,10 @@ def _decide_within_capacity(p: PassState, ctx: PassContext, problem: Problem | N
     decision = within if within is not None else decide_or_outcome(p, ctx.spec, ctx.planner, current, problem)
     if isinstance(decision, Outcome):
         return decision
-    note = _capacity_note(capacity, gpu_id)
     best = decision.best
+    if best.layout.kinds_named:
+        return _kinds_fit(p, ctx, decision, capacity, gpu_id)
+    note = _capacity_note(capacity, gpu_id)
     if within is None and best.layout.gpus > free:
         missing = best.layout.gpus - free
     else:
@@ -419,6 +424,28 @@ def _decide_within_capacity(p: PassState, ctx: PassContext, problem: Problem | N
         return decision
     message = (f"plan {best.layout.label} needs {best.layout.gpus} {gpu_id} GPUs; {missing} {gpu_id} GPUs are missing "
                f"({note}); nothing was applied")
+    if p.set(ConditionType.INSUFFICIENT_CAPACITY, True, "InsufficientCapacity", message):
+        p.event("Warning", "InsufficientCapacity", message)
+    p.set(ConditionType.PLANNED, False, "InsufficientCapacity", message)
+    if p.status.plan is None:
+        p.set(ConditionType.READY, False, "InsufficientCapacity", message)
+    return p.outcome(plan=p.status.plan, proposal=p.status.proposal, requeue_after_s=CAPACITY_REQUEUE_S, error="InsufficientCapacity")
+
+
+def _kinds_fit(p: PassState, ctx: PassContext, decision: Decision, capacity: Capacity, gpu_id: str) -> Decision | Outcome:
+    """PerKindFit: a layout whose roles name GPU kinds fits when each kind's pods fit that kind's free GPUs node by
+    node (runtime/capacity.py `missing_by_kind`); otherwise InsufficientCapacity names each kind's shortfall and nothing
+    is applied."""
+    best = decision.best
+    capacity = _capacity(p, ctx, every_kind=True) or capacity
+    missing = missing_by_kind(best.layout, capacity, default_gpu=gpu_id, gpus_per_node=ctx.gpus_per_node)
+    kinds = sorted(set(best.layout.role_gpus(gpu_id).values()))
+    note = "; ".join(f"{capacity.free(k)} of {capacity.allocatable(k)} {k} GPUs free on {len(capacity.of(k))} matching nodes" for k in kinds)
+    if not missing:
+        p.set(ConditionType.INSUFFICIENT_CAPACITY, False, "Fits", f"{best.layout.label} ({best.layout.gpus} GPUs) fits: {note}")
+        return decision
+    short = ", ".join(f"{n} {k}" for k, n in missing.items())
+    message = f"plan {best.layout.label} needs GPUs of {len(kinds)} kinds; {short} GPUs are missing ({note}); nothing was applied"
     if p.set(ConditionType.INSUFFICIENT_CAPACITY, True, "InsufficientCapacity", message):
         p.event("Warning", "InsufficientCapacity", message)
     p.set(ConditionType.PLANNED, False, "InsufficientCapacity", message)

@@ -21,6 +21,7 @@ from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.funnel import Clock, Progress, Stage, Survivor, no_clock, run_funnel
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.memory import kv_bytes_per_token, weight_bytes_total
+from servingtopology.planner.mixed_pd import MixedKinds, mixed_figures, mixed_kinds, mixed_refusal, mixed_slo_capacity_rps
 from servingtopology.planner.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
 from servingtopology.planner.predict import predict_figures, slo_capacity_rps, to_prediction
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
@@ -78,12 +79,16 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
 
 
 def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None) -> Candidate:
-    """Predict one layout at the problem's load (used for pinned and current layouts), with the problem's factors."""
+    """Predict one layout at the problem's load (used for pinned and current layouts), with the problem's factors; a PD
+    layout with its roles on other GPU kinds is predicted by planner.mixed_pd."""
     with problem_factors(problem.factors):
         return _predict_layout(problem, layout, simulate=simulate)
 
 
 def _predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None) -> Candidate:
+    kinds = mixed_kinds(problem, layout)
+    if kinds is not None:
+        return _predict_mixed(problem, layout, kinds, simulate=simulate)
     rate = float(problem.workload.arrival_rate_rps or 0.0)
     f = predict_figures(problem, [layout], [rate])
     cap = float(slo_capacity_rps(problem, [layout])[0])
@@ -94,6 +99,38 @@ def _predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | No
     pred = to_prediction(problem, layout, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm, capacity_rps=float(f.capacity_rps[0]),
                          slo_capacity_rps=cap, pool_tokens=int(f.pool_tokens[0]), source=source)
     return Candidate(layout, pred, score=pred.goodput_per_gpu)
+
+
+def _predict_mixed(problem: Problem, layout: Layout, kinds: MixedKinds, *, simulate: Simulate | None) -> Candidate:
+    """MixedKindPrediction: prefill priced on its kind, decode on its own, the KV over the slower NIC; the simulator
+    (planner.sim.stage routes such a layout to its simulate_mixed) where stage 6 runs."""
+    rate = float(problem.workload.arrival_rate_rps or 0.0)
+    kw = dict(prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu, link_gbit=kinds.link_gbit)
+    f = mixed_figures(problem, [layout], [rate], **kw)   # type: ignore[arg-type]
+    cap = float(mixed_slo_capacity_rps(problem, [layout], **kw)[0])   # type: ignore[arg-type]
+    ttft, tpot, source = float(f.ttft_s[0]), float(f.tpot_s[0]), "analytical"
+    tpm = tpot
+    if simulate is not None and np.isfinite(ttft) and rate < float(f.capacity_rps[0]):
+        sim = simulate(problem, layout)
+        ttft, tpot, tpm, source = sim.ttft_s, sim.tpot_s, sim.tpot_mean_s, "simulated"
+    ttft *= problem.ttft_correction
+    tpot *= problem.tpot_correction
+    # The decode role's pool and longest request are on the decode kind.
+    pred = to_prediction(replace(problem, gpu=kinds.decode_gpu), layout, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm,
+                         capacity_rps=float(f.capacity_rps[0]), slo_capacity_rps=cap, pool_tokens=1, source=source)
+    return Candidate(layout, pred, score=pred.goodput_per_gpu)
+
+
+def _mixed_pin_refusal(problem: Problem, layout: Layout) -> tuple[str, str] | None:
+    """A pinned mixed-kind PD layout planner.mixed_pd refuses (no-nic, transfer-floor, memory, the release's PD rules):
+    (the spec's field, the rule and its figures)."""
+    kinds = mixed_kinds(problem, layout)
+    if kinds is None:
+        return None
+    refused = mixed_refusal(problem, layout, prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu, link_gbit=kinds.link_gbit)
+    if refused is None:
+        return None
+    return "layout.decode.gpu", f"prefill on {kinds.prefill_gpu.id}, decode on {kinds.decode_gpu.id} is refused ({refused.rule}): {refused.reason}"
 
 
 def _pipeline_depth(layout: Layout) -> int:
@@ -200,7 +237,8 @@ def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress |
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
     rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None
-    if rejected is not None:   # a pin is held to the search's own shape and budget rules
+    rejected = rejected or (_mixed_pin_refusal(problem, problem.pinned) if problem.pinned is not None else None)
+    if rejected is not None:   # a pin is held to the search's own shape and budget rules, a mixed-kind one to mixed_pd's
         raise InvalidSpec(*rejected)
     kv_dtype = problem.search.kv_dtypes[0]
     kv_tok = int(kv_bytes_per_token(problem.model, kv_dtype, tp=1, pp=1))
@@ -231,7 +269,8 @@ def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress |
         alternatives.append(replace(c, why=_why_not(problem, best, c)))
         if len(alternatives) >= max(problem.search.top_k - 1, 3):
             break
-    ratio = _pd_ratio(problem, best.layout)
+    # A mixed-kind layout's counts come from its pin: choose_pd_ratio prices both roles on one kind.
+    ratio = _pd_ratio(problem, best.layout) if mixed_kinds(problem, best.layout) is None else None
     reasons = _reasons_for(problem, best, tuple(alternatives))
     if ratio is not None:
         reasons = (*reasons[:2], f"P:D {ratio.label}: {ratio.reason}", *reasons[2:])

@@ -15,9 +15,10 @@ from importlib import resources
 
 from servingtopology.planner.errors import InvalidSpec
 
-__all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "gpu_names", "resolve_gpu", "gpu_for_product", "GIB", "pcie_gbps"]
+__all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "gpu_names", "resolve_gpu", "gpu_for_product", "product_label", "PRODUCT_LABEL", "GIB", "pcie_gbps"]
 
 GIB = 1024**3
+PRODUCT_LABEL = "nvidia.com/gpu.product"   # the node label GPU feature discovery writes the NVML name to
 
 
 class Precision(enum.StrEnum):
@@ -194,6 +195,19 @@ def gpu_for_product(product: str | None) -> Gpu | None:
             return gpu
     gid = _aliases().get(_norm(product))
     return None if gid is None else gpu_catalog()[gid]
+
+
+# A Kubernetes label value: at most 63 characters, alphanumerics with '-', '_', '.' inside.
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+
+
+def product_label(gpu: Gpu) -> str | None:
+    """The `nvidia.com/gpu.product` value GPU feature discovery gives a node of this GPU: its NVML name, spaces as
+    dashes (`NVIDIA A100-SXM4-80GB`'s nodes read `NVIDIA-A100-SXM4-80GB`). The inverse of `gpu_for_product` on the
+    catalog's names: the value the operator's pods select nodes of one kind by. None where the catalog's name is no
+    label value (`NVIDIA GB200 (NVL72)`): nodes of that kind cannot be selected by it."""
+    value = re.sub(r"\s+", "-", gpu.name.strip())
+    return value if _LABEL_VALUE.match(value) else None
 
 
 def _norm_product(text: str) -> str:

@@ -91,9 +91,13 @@ class EngineKnobs:
 
 @dataclass(frozen=True, slots=True)
 class RoleLayout:
+    """`count` instances of one shape. `gpu`: the catalog id of the GPU kind this role runs on; empty: the problem's
+    GPU (the spec's hardware.gpu). A layout whose roles name different kinds is a mixed-kind layout (planner.mixed_pd)."""
+
     count: int
     parallelism: Parallelism
     knobs: EngineKnobs = field(default_factory=EngineKnobs)
+    gpu: str = ""
 
     @property
     def gpus(self) -> int:
@@ -113,15 +117,34 @@ class Layout:
         return sum(r.gpus for r in self.roles.values())
 
     @property
+    def kinds_named(self) -> bool:
+        """Whether any role names its GPU kind (RoleLayout.gpu): such a layout's pods select nodes by kind."""
+        return any(r.gpu for r in self.roles.values())
+
+    def role_gpus(self, default: str) -> dict[Role, str]:
+        """Each role's GPU kind (catalog id), `default` (the problem's GPU) where the role names none."""
+        return {role: r.gpu or default for role, r in self.roles.items()}
+
+    def _kinds_suffix(self) -> str:
+        """`@a100_sxm` (every role on one named kind), `@h100_sxm→a100_sxm` (prefill→decode), `@?→a100_sxm` (one named)."""
+        if not self.kinds_named:
+            return ""
+        if self.kind is LayoutKind.REPLICAS:
+            return f"@{self.roles[Role.AGGREGATED].gpu}"
+        p, d = self.roles[Role.PREFILL].gpu or "?", self.roles[Role.DECODE].gpu or "?"
+        return f"@{p}" if p == d else f"@{p}→{d}"
+
+    @property
     def label(self) -> str:
-        """Short human label: `4×TP2`, `2P3D@TP4`, `2P(TP2)·3D(TP4)`."""
+        """Short human label: `4×TP2`, `2P3D@TP4`, `2P(TP2)·3D(TP4)`; roles on named GPU kinds add them:
+        `4×TP2@a100_sxm`, `1P(TP2)·2D(TP1)@h100_sxm→a100_sxm`."""
         if self.kind is LayoutKind.REPLICAS:
             r = self.roles[Role.AGGREGATED]
-            return f"{r.count}×{r.parallelism.label}"
+            return f"{r.count}×{r.parallelism.label}{self._kinds_suffix()}"
         p, d = self.roles[Role.PREFILL], self.roles[Role.DECODE]
-        if p.parallelism == d.parallelism:
+        if p.parallelism == d.parallelism and not self.kinds_named:
             return f"{p.count}P{d.count}D@{p.parallelism.label}"
-        return f"{p.count}P({p.parallelism.label})·{d.count}D({d.parallelism.label})"
+        return f"{p.count}P({p.parallelism.label})·{d.count}D({d.parallelism.label}){self._kinds_suffix()}"
 
     @property
     def structure(self) -> str:
@@ -130,10 +153,10 @@ class Layout:
         Goodput per GPU depends on the structure (and knobs), not on how many copies are deployed.
         """
         if self.kind is LayoutKind.REPLICAS:
-            return self.roles[Role.AGGREGATED].parallelism.label
+            return self.roles[Role.AGGREGATED].parallelism.label + self._kinds_suffix()
         p, d = self.roles[Role.PREFILL], self.roles[Role.DECODE]
         g = math.gcd(p.count, d.count)
-        return f"{p.count // g}P({p.parallelism.label}):{d.count // g}D({d.parallelism.label})"
+        return f"{p.count // g}P({p.parallelism.label}):{d.count // g}D({d.parallelism.label}){self._kinds_suffix()}"
 
     @staticmethod
     def replicas(count: int, parallelism: Parallelism, knobs: EngineKnobs | None = None,
@@ -162,5 +185,6 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
     for role in (Role.PREFILL, Role.DECODE):
         r = layout.roles[role]
         p = r.parallelism
-        out[role.value] = {"count": r.count, "tp": p.tp, "pp": p.pp, "dp": p.dp, "engineArgs": _knobs_dict(r.knobs)}
+        out[role.value] = {"count": r.count, "tp": p.tp, "pp": p.pp, "dp": p.dp, "engineArgs": _knobs_dict(r.knobs),
+                           **({"gpu": r.gpu} if r.gpu else {})}
     return out

@@ -1,6 +1,7 @@
-"""Prefill on one GPU kind, decode on another: figures, SLO capacity, the KV link's refusals, and a simulation.
+"""Prefill on one GPU kind, decode on another: figures, SLO capacity and the KV link's refusals (the simulation of such a
+layout is planner.sim.stage `simulate_mixed`, which reads this module).
 
-Called by planner.pool_options (a member's mixed-kind options) and the benchmarks. The roles are priced by the same
+Called by planner.pool_options (a member's mixed-kind options), planner.decide (a pinned mixed layout) and the benchmarks. The roles are priced by the same
 analytical estimates as a one-kind PD layout (planner.analytic), each on its own GPU; the KV of every request crosses
 the network between the two kinds' nodes at the slower NIC (one GPU's NIC per transfer, as perf.kv_transfer_s prices
 a cross-node hand-off, FIFO per prefill instance as the simulator runs it). Pure: no clock, no I/O.
@@ -21,17 +22,16 @@ import numpy as np
 
 from servingtopology.planner.analytic import estimate_decode, estimate_prefill, load_shape
 from servingtopology.planner.engine_caps import pd_rule_violation, problem_caps
-from servingtopology.planner.hardware import Gpu
-from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.hardware import Gpu, resolve_gpu
+from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
-from servingtopology.planner.perf import InstancePerf, perf_params
+from servingtopology.planner.perf import perf_params
 from servingtopology.planner.predict import BISECTION_STEPS, front_end_s
 from servingtopology.planner.problem import Problem
-from servingtopology.planner.sim import RememberedSteps, SimResult, simulate
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
 
-__all__ = ["MixedRefusal", "MixedFigures", "kv_link_transfer_s", "kv_bytes_per_request", "mixed_refusal", "mixed_figures",
-           "mixed_slo_capacity_rps", "simulate_mixed", "with_nic"]
+__all__ = ["MixedRefusal", "MixedFigures", "MixedKinds", "mixed_kinds", "kv_link_transfer_s", "kv_bytes_per_request", "mixed_refusal", "mixed_figures",
+           "mixed_slo_capacity_rps", "kv_pool_of", "with_nic"]
 
 TRANSFER_LATENCY_S = 50e-6   # per hand-off, as perf.kv_transfer_s
 
@@ -54,6 +54,32 @@ class MixedFigures:
     link_rps: Any
 
 
+@dataclass(frozen=True, slots=True)
+class MixedKinds:
+    """The GPUs of a PD layout whose roles name kinds (RoleLayout.gpu), and the link its KV crosses (Gb/s per GPU)."""
+
+    prefill_gpu: Gpu
+    decode_gpu: Gpu
+    link_gbit: float
+
+
+def mixed_kinds(problem: Problem, layout: Layout) -> MixedKinds | None:
+    """A PD layout's roles on named GPU kinds other than the problem's GPU alone, or None (replicas; roles on the
+    problem's GPU). The problem's own kind keeps its overrides (the spec's nicGbps); another kind is the catalog's. The
+    link is the slower NIC of the two (SlowerNicLink)."""
+    if layout.kind is not LayoutKind.PD or not layout.kinds_named:
+        return None
+    kinds = layout.role_gpus(problem.gpu.id)
+    if kinds[Role.PREFILL] == kinds[Role.DECODE] == problem.gpu.id:
+        return None
+
+    def gpu_of(gid: str) -> Gpu:
+        return problem.gpu if gid == problem.gpu.id else resolve_gpu(gid)
+
+    pg, dg = gpu_of(kinds[Role.PREFILL]), gpu_of(kinds[Role.DECODE])
+    return MixedKinds(pg, dg, min(pg.nic_gbit, dg.nic_gbit))
+
+
 def kv_bytes_per_request(problem: Problem, tokens: float) -> float:
     """Bytes of KV one request of `tokens` prompt tokens hands from prefill to decode (the whole model's, at TP 1)."""
     return float(tokens) * float(kv_bytes_per_token(problem.model, problem.search.kv_dtypes[0], tp=1, pp=1))
@@ -66,6 +92,11 @@ def kv_link_transfer_s(problem: Problem, tokens: Any, *, link_gbit: float) -> An
     bps = link_gbit / 8.0 * perf_params().link_eff * 1e9
     return np.asarray(tokens, dtype=np.float64) * float(kv_bytes_per_token(problem.model, problem.search.kv_dtypes[0], tp=1, pp=1)) / bps \
         + TRANSFER_LATENCY_S
+
+
+def kv_pool_of(problem: Problem, gpu: Gpu, layout: Layout, role: Role) -> int:
+    """KV tokens one instance of `role` holds on `gpu`."""
+    return _pool(problem, gpu, layout, role)
 
 
 def _pool(problem: Problem, gpu: Gpu, layout: Layout, role: Role) -> int:
@@ -163,22 +194,6 @@ def mixed_slo_capacity_rps(problem: Problem, layouts: Sequence[Layout], *, prefi
         lo = np.where(ok, mid, lo)
         hi = np.where(ok, hi, mid)
     return np.where(ok_low, lo, 0.0)
-
-
-def simulate_mixed(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode_gpu: Gpu, link_gbit: float, num_requests: int = 1000,
-                   seed: int = 0) -> SimResult:
-    """Replay the problem's workload on a mixed-kind PD layout: each role's steps and KV pool on its own GPU, every KV
-    hand-off over the link (the simulator's own hooks: per-role step models, pools and transfer time)."""
-    gpus = {Role.PREFILL: prefill_gpu, Role.DECODE: decode_gpu}
-    prec = layout.precision
-
-    def step_model(role: Role, rl: Any) -> RememberedSteps:
-        return RememberedSteps(InstancePerf(problem.model, gpus[role], prec, rl.knobs.kv_dtype, problem.engine, rl.parallelism))
-
-    pools = {role: _pool(problem, gpus[role], layout, role) for role in gpus}
-    return simulate(layout, model=problem.model, gpu=decode_gpu, engine=problem.engine, workload=problem.workload, num_requests=num_requests,
-                    seed=seed, precision=prec, step_model=step_model, pool_tokens=pools,
-                    transfer_s=lambda tokens: float(kv_link_transfer_s(problem, float(tokens), link_gbit=link_gbit)))
 
 
 def with_nic(gpu: Gpu, nic_gbit: float) -> Gpu:

@@ -194,7 +194,9 @@ def layout_from_state(d: Mapping[str, object]) -> Layout:
 def set_name(layout: Layout) -> str:
     """A stable short name for the set running this layout's shapes (not its counts): `s` + 6 hex digits."""
     shapes = sorted((r.value, rl.parallelism, rl.knobs) for r, rl in layout.roles.items())
-    return "s" + hashlib.sha1(repr((layout.kind.value, layout.precision.value, shapes)).encode()).hexdigest()[:6]
+    # GPU kinds enter the hash only when a role names one, so a one-kind layout keeps the name it always had.
+    kinds = tuple(sorted((r.value, rl.gpu) for r, rl in layout.roles.items())) if layout.kinds_named else ()
+    return "s" + hashlib.sha1(repr((layout.kind.value, layout.precision.value, shapes, *kinds)).encode()).hexdigest()[:6]
 
 
 def _labels(s: TransitionState, sets: tuple[str, ...]) -> list[str]:
@@ -204,10 +206,10 @@ def _labels(s: TransitionState, sets: tuple[str, ...]) -> list[str]:
 
 
 def in_place(current: Layout, target: Layout) -> bool:
-    """Whether only replica counts differ (same kind, precision, per-role parallelism and knobs)."""
+    """Whether only replica counts differ (same kind, precision, per-role parallelism, knobs and GPU kind)."""
     return (current.kind is target.kind and current.precision is target.precision and current.roles.keys() == target.roles.keys()
             and all(current.roles[r].parallelism == target.roles[r].parallelism and current.roles[r].knobs == target.roles[r].knobs
-                    for r in current.roles))
+                    and current.roles[r].gpu == target.roles[r].gpu for r in current.roles))
 
 
 def _counts(layout: Layout) -> dict[Role, int]:

@@ -294,6 +294,9 @@ class RoleSpec(_Base):
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline stages per instance")
     dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="data-parallel ranks per instance")
     engineArgs: EngineArgsSpec | None = Field(default=None, description="this role's engine knobs, over the layout's engineArgs")
+    gpu: str | None = Field(default=None, min_length=1, max_length=MAX_ID,
+                            description="the GPU kind this role runs on (a catalog id or alias, as hardware.gpu), for prefill on "
+                            "one kind and decode on another, the KV moving over the slower kind's NIC; default: hardware.gpu")
 
     @property
     def gpus(self) -> int:
@@ -747,10 +750,22 @@ def to_layout(spec: PlanSpec, layout: LayoutSpec | None = None, *, precision: Pr
         par = Parallelism(tp=ls.tp, pp=ls.pp, dp=ls.dp, ep=ls.ep)
         return Layout.replicas(ls.replicas, par, _knobs(None, ls.engineArgs, spec.kvCacheDtype), prec)
     assert ls.prefill is not None and ls.decode is not None
+    kinds = _role_kinds(spec, ls)
     roles = []
-    for r in (ls.prefill, ls.decode):
-        roles.append(RoleLayout(r.count, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=ls.ep), _knobs(r.engineArgs, ls.engineArgs, spec.kvCacheDtype)))
+    for name, r in (("prefill", ls.prefill), ("decode", ls.decode)):
+        roles.append(RoleLayout(r.count, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=ls.ep), _knobs(r.engineArgs, ls.engineArgs, spec.kvCacheDtype),
+                                kinds.get(name, "")))
     return Layout.pd(roles[0], roles[1], prec)
+
+
+def _role_kinds(spec: PlanSpec, ls: LayoutSpec) -> dict[str, str]:
+    """EveryRoleNamed: the catalog id of each PD role's GPU kind when either role names one (the other runs on
+    hardware.gpu, named too, so a status round trip gives the same layout); empty when neither does."""
+    given = {name: r.gpu for name, r in (("prefill", ls.prefill), ("decode", ls.decode)) if r is not None and r.gpu}
+    if not given:
+        return {}
+    default = resolve_gpu(spec.hardware.gpu).id
+    return {name: resolve_gpu(given[name], field=f"layout.{name}.gpu").id if name in given else default for name in ("prefill", "decode")}
 
 
 def _search(spec: PlanSpec, model: ModelArch) -> SearchSpace:

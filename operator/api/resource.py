@@ -667,6 +667,9 @@ class RolePlan(_Api):
     blockSize: int = Field(ge=1, description="KV cache block size in tokens")
     enablePrefixCaching: bool = Field(default=True, description="prefix caching on")
     engineArgs: list[str] = Field(default_factory=list, description="the engine's command-line arguments as rendered")
+    gpu: str | None = Field(default=None, max_length=MAX_ID, description="the GPU kind (catalog id) this role's pods run on, "
+                            "selected by the nodes' nvidia.com/gpu.product label; set when the layout names kinds (prefill on "
+                            "one kind, decode on another); absent: spec.hardware.gpu, placed by spec.hardware.nodeSelector")
 
 
 class IntervalBand(_Api):

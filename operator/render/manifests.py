@@ -37,7 +37,7 @@ from servingtopology.planner.engine_command import (
     router_command,
     router_kind,
 )
-from servingtopology.planner.hardware import Precision
+from servingtopology.planner.hardware import PRODUCT_LABEL, Gpu, Precision, product_label, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
 from servingtopology.planner.transition import set_name as layout_set_name
 
@@ -52,7 +52,14 @@ __all__ = [
     "ENTRY_LABEL",
     "MANAGED_BY",
     "LWS_API_VERSION",
+    "GPU_KIND_LABEL",
+    "NIC_ANNOTATION",
+    "KV_LINK_ANNOTATION",
     "Blueprint",
+    "role_gpu",
+    "role_gpus_per_node",
+    "role_node_selector",
+    "kv_link_gbit",
     "role_nodes",
     "multinode_roles",
     "object_name",
@@ -82,6 +89,9 @@ SERVING_LABEL = f"{GROUP}/serving"        # only pods that answer HTTP (not LWS 
 SET_LABEL = f"{GROUP}/set"                # the workload set (one layout's shapes) a pod or object belongs to
 ENTRY_LABEL = f"{GROUP}/entry"            # "true" on pods that take client traffic: aggregated engines, PD routers
 LAYOUT_ANNOTATION = f"{GROUP}/layout"
+GPU_KIND_LABEL = f"{GROUP}/gpu"           # the catalog id of an engine pod's GPU kind, on layouts whose roles name kinds
+NIC_ANNOTATION = f"{GROUP}/nic-gbps"      # the per-GPU NIC the plan assumed for the pod's kind
+KV_LINK_ANNOTATION = f"{GROUP}/kv-link-gbps"   # PD across two kinds: the link the KV transfer was priced over (slower NIC)
 MANAGED_BY = "servingtopology-operator"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 ROUTER = "router"
@@ -113,6 +123,9 @@ class Blueprint:
     pod_template: Mapping[str, Any] = field(default_factory=dict)
     role_templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     network: NetworkKnobs = field(default_factory=NetworkKnobs)
+    gpu_id: str = ""           # catalog id of the spec's GPU: the kind of roles that name none (RoleLayout.gpu)
+    # Per-GPU NIC (Gb/s) the plan assumed, by catalog id (the spec's nicGbps, a pool's per-kind NIC); absent: the catalog's.
+    nic_gbit: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def precision(self) -> Precision:
@@ -123,9 +136,64 @@ class Blueprint:
         return self.set_name or layout_set_name(self.layout)
 
 
+def role_gpu(bp: Blueprint, role_layout: RoleLayout) -> Gpu | None:
+    """The catalog GPU a role runs on when its layout names kinds (RoleLayout.gpu; the spec's GPU for a role naming
+    none), else None: a one-kind layout runs where spec.hardware.nodeSelector puts it, as it always has.
+
+    Raises ValueError when a kind is named but neither the role nor the blueprint says which GPU it is."""
+    if not bp.layout.kinds_named:
+        return None
+    gid = role_layout.gpu or bp.gpu_id
+    if not gid:
+        raise ValueError(f"{bp.layout.label}: a role names no GPU kind and the blueprint has no default (gpu_id)")
+    return resolve_gpu(gid)
+
+
+def role_gpus_per_node(bp: Blueprint, role_layout: RoleLayout) -> int:
+    """GPUs in one node of the role's kind: the blueprint's (the spec's gpusPerNode) for the spec's own GPU, the
+    catalog's node for another kind."""
+    if role_layout.gpu and role_layout.gpu != bp.gpu_id:
+        return resolve_gpu(role_layout.gpu).gpus_per_node
+    return bp.gpus_per_node
+
+
+def role_node_selector(bp: Blueprint, role_layout: RoleLayout) -> dict[str, str]:
+    """KindByProductLabel: the nodes a role's pods may run on. spec.hardware.nodeSelector, and when the layout names
+    GPU kinds, the kind's `nvidia.com/gpu.product` value (planner.hardware.product_label, the inverse of the rule the
+    capacity read uses; it replaces a product the spec's selector names), so prefill and decode of a mixed-kind layout
+    each land on their own kind.
+
+    Raises ValueError for a kind whose catalog name is no label value (no node selector can name it)."""
+    gpu = role_gpu(bp, role_layout)
+    selector = dict(bp.node_selector)
+    if gpu is not None:
+        value = product_label(gpu)
+        if value is None:
+            raise ValueError(f"{gpu.id} ({gpu.name!r}) has no {PRODUCT_LABEL} value a node selector can name; it cannot "
+                             "run one role of a mixed-kind layout")
+        selector[PRODUCT_LABEL] = value
+    return dict(sorted(selector.items()))
+
+
+def _nic_gbit(bp: Blueprint, gpu: Gpu) -> float:
+    return float(bp.nic_gbit.get(gpu.id, gpu.nic_gbit))
+
+
+def kv_link_gbit(bp: Blueprint) -> float | None:
+    """SlowerNicLink: the per-GPU link a mixed-kind PD layout's KV crosses, the slower of the two kinds' NICs (as
+    planner.mixed_pd prices it); None unless prefill and decode run on different kinds."""
+    if bp.layout.kind is not LayoutKind.PD:
+        return None
+    p = role_gpu(bp, bp.layout.roles[Role.PREFILL])
+    d = role_gpu(bp, bp.layout.roles[Role.DECODE])
+    if p is None or d is None or p.id == d.id:
+        return None
+    return min(_nic_gbit(bp, p), _nic_gbit(bp, d))
+
+
 def role_nodes(bp: Blueprint, role_layout: RoleLayout) -> int:
-    """Nodes one instance of this role spans: 1, or ceil(instance GPUs / GPUs per node)."""
-    return max(1, math.ceil(role_layout.parallelism.gpus / bp.gpus_per_node))
+    """Nodes one instance of this role spans: 1, or ceil(instance GPUs / GPUs per node of the role's kind)."""
+    return max(1, math.ceil(role_layout.parallelism.gpus / role_gpus_per_node(bp, role_layout)))
 
 
 def multinode_roles(bp: Blueprint) -> tuple[Role, ...]:
@@ -265,6 +333,10 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
     entry = serving and role is Role.AGGREGATED
     labels = {**build_labels(bp, role.value), SET_LABEL: bp.set, SERVING_LABEL: "true" if serving else "false",
               ENTRY_LABEL: "true" if entry else "false"}
+    role_layout = bp.layout.roles[role]
+    gpu = role_gpu(bp, role_layout)
+    if gpu is not None:
+        labels[GPU_KIND_LABEL] = gpu.id
     # No layout annotation here: a pod template that changed with the layout label would restart every
     # pod when only the replica count changes.
     annotations: dict[str, str] = {}
@@ -272,15 +344,20 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
         annotations |= {"prometheus.io/scrape": "true", "prometheus.io/port": str(ENGINE_PORT), "prometheus.io/path": "/metrics"}
     if bp.engine is Engine.SGLANG and role is Role.PREFILL:
         annotations["sglang.ai/bootstrap-port"] = str(SGLANG_BOOTSTRAP_PORT)
-    gpu = str(gpus_per_pod)
+    if gpu is not None:
+        annotations[NIC_ANNOTATION] = f"{_nic_gbit(bp, gpu):g}"
+    link = kv_link_gbit(bp) if role is not Role.AGGREGATED else None
+    if link is not None:
+        annotations[KV_LINK_ANNOTATION] = f"{link:g}"
+    gpus = str(gpus_per_pod)
     container: dict[str, Any] = {
         "name": "engine",
         "image": bp.image,
         "command": list(command),
         "args": list(args),
         "ports": _engine_ports(bp, role),
-        "resources": {"requests": {**engine_host_resources(bp, gpus_per_pod), "nvidia.com/gpu": gpu, **network_resources(bp.network)},
-                      "limits": {"nvidia.com/gpu": gpu, **network_resources(bp.network)}},
+        "resources": {"requests": {**engine_host_resources(bp, gpus_per_pod), "nvidia.com/gpu": gpus, **network_resources(bp.network)},
+                      "limits": {"nvidia.com/gpu": gpus, **network_resources(bp.network)}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
         # An engine that refuses its arguments exits with the error on stderr: the kubelet keeps its last
         # lines as the container's termination message, which the operator reports in the conditions.
@@ -303,8 +380,9 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
         "terminationGracePeriodSeconds": 60,
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{bp.shm_gib}Gi"}}],
     }
-    if bp.node_selector:
-        spec["nodeSelector"] = dict(sorted(bp.node_selector.items()))
+    selector = role_node_selector(bp, role_layout)
+    if selector:
+        spec["nodeSelector"] = selector
     if bp.tolerations:
         spec["tolerations"] = [dict(t) for t in bp.tolerations]
     rendered = {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
@@ -350,7 +428,7 @@ def build_leader_worker_set(bp: Blueprint, role: Role) -> dict[str, Any]:
     rl = bp.layout.roles[role]
     nodes = role_nodes(bp, rl)
     if rl.parallelism.gpus % nodes:
-        raise ValueError(f"{rl.parallelism.gpus} GPUs per instance do not split evenly over {nodes} nodes of {bp.gpus_per_node}")
+        raise ValueError(f"{rl.parallelism.gpus} GPUs per instance do not split evenly over {nodes} nodes of {role_gpus_per_node(bp, rl)}")
     per_pod = rl.parallelism.gpus // nodes
     cmd = _command(bp, role, rl, nodes)
     leader = build_engine_pod_template(bp, role, args=cmd.args, command=cmd.command, gpus_per_pod=per_pod)

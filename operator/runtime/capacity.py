@@ -14,14 +14,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from servingtopology.planner.hardware import gpu_for_product  # the one product-label rule (planner.hardware); re-exported
-from servingtopology.planner.layout import Layout
+from servingtopology.planner.hardware import PRODUCT_LABEL, gpu_for_product, resolve_gpu  # the one product-label rule (planner.hardware); re-exported
+from servingtopology.planner.layout import Layout, Role, RoleLayout
 
 __all__ = ["GPU_RESOURCE", "GPU_PRODUCT_LABEL", "NodeGpus", "Capacity", "gpu_for_product", "read_capacity",
-           "pod_gpus", "layout_pod_gpus", "unplaced_gpus"]
+           "pod_gpus", "layout_pod_gpus", "unplaced_gpus", "missing_by_kind"]
 
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRODUCT_LABEL = PRODUCT_LABEL
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -137,3 +137,20 @@ def unplaced_gpus(pod_gpus_needed: Sequence[int], free_per_node: Sequence[int]) 
         free[at] -= need
         free.sort()
     return missing
+
+
+def missing_by_kind(layout: Layout, capacity: Capacity, *, default_gpu: str, gpus_per_node: int) -> dict[str, int]:
+    """PerKindFit: GPUs of each kind whose pods do not fit that kind's free GPUs node by node, for a layout whose roles
+    name GPU kinds (the others run on `default_gpu`, in nodes of `gpus_per_node`; another kind in its catalog node).
+    Only kinds with a shortfall are listed."""
+    by_kind: dict[str, dict[Role, RoleLayout]] = {}
+    for role, gid in layout.role_gpus(default_gpu).items():
+        by_kind.setdefault(gid, {})[role] = layout.roles[role]
+    out = {}
+    for gid, roles in sorted(by_kind.items()):
+        part = Layout(layout.kind, roles, layout.precision)
+        per_node = gpus_per_node if gid == default_gpu else resolve_gpu(gid).gpus_per_node
+        missing = unplaced_gpus(layout_pod_gpus(part, gpus_per_node=per_node), [n.free for n in capacity.of(gid)])
+        if missing:
+            out[gid] = missing
+    return out

@@ -7,21 +7,45 @@ CLI and the operator can hand it to `decide(problem, simulate=...)`. Pure, deter
 from __future__ import annotations
 
 from servingtopology.planner.decide import SimFigures
-from servingtopology.planner.layout import Layout, LayoutKind
+from servingtopology.planner.hardware import Gpu
+from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
+from servingtopology.planner.mixed_pd import kv_link_transfer_s, kv_pool_of, mixed_kinds
+from servingtopology.planner.perf import InstancePerf
 from servingtopology.planner.predict import front_end_s
 from servingtopology.planner.problem import Problem
-from servingtopology.planner.sim import simulate
+from servingtopology.planner.sim import RememberedSteps, simulate
 from servingtopology.planner.sim.requests import from_workload
 from servingtopology.planner.sim.results import SimResult
 
-__all__ = ["simulate_problem", "stage6_figures"]
+__all__ = ["simulate_problem", "simulate_mixed", "stage6_figures"]
 
 
 def simulate_problem(problem: Problem, layout: Layout, *, num_requests: int = 600, seed: int = 0) -> SimResult:
-    """Simulate `layout` under the problem's workload (open loop at its rate, or its closed-loop clients)."""
+    """Simulate `layout` under the problem's workload (open loop at its rate, or its closed-loop clients); a PD layout
+    whose roles run on other GPU kinds runs each role on its own kind, the KV over the slower NIC (planner.mixed_pd)."""
+    kinds = mixed_kinds(problem, layout)
+    if kinds is not None:
+        return simulate_mixed(problem, layout, prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu, link_gbit=kinds.link_gbit,
+                              num_requests=num_requests, seed=seed)
     requests = from_workload(problem.workload, num_requests=num_requests, seed=seed)
     return simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
                     precision=problem.precision)
+
+
+def simulate_mixed(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode_gpu: Gpu, link_gbit: float, num_requests: int = 1000,
+                   seed: int = 0) -> SimResult:
+    """Replay the problem's workload on a mixed-kind PD layout: each role's steps and KV pool on its own GPU, every KV
+    hand-off over the link (the simulator's own hooks: per-role step models, pools and transfer time)."""
+    gpus = {Role.PREFILL: prefill_gpu, Role.DECODE: decode_gpu}
+    prec = layout.precision
+
+    def step_model(role: Role, rl: RoleLayout) -> RememberedSteps:
+        return RememberedSteps(InstancePerf(problem.model, gpus[role], prec, rl.knobs.kv_dtype, problem.engine, rl.parallelism))
+
+    pools = {role: kv_pool_of(problem, gpus[role], layout, role) for role in gpus}
+    return simulate(layout, model=problem.model, gpu=decode_gpu, engine=problem.engine, workload=problem.workload, num_requests=num_requests,
+                    seed=seed, precision=prec, step_model=step_model, pool_tokens=pools,
+                    transfer_s=lambda tokens: float(kv_link_transfer_s(problem, float(tokens), link_gbit=link_gbit)))
 
 
 def stage6_figures(problem: Problem, layout: Layout, *, num_requests: int = 600, seed: int = 0,

@@ -7,6 +7,7 @@ spelled once. Decisions are built by hand here so the operator can be tested wit
 from __future__ import annotations
 
 from servingtopology.operator.render.manifests import Blueprint
+from servingtopology.operator.render.network import NetworkKnobs
 from servingtopology.planner.engine_caps import resolve_version
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
@@ -59,6 +60,15 @@ BLUEPRINTS: dict[str, Blueprint] = {
     # SGLang PD with different parallelism per role and the SGLang router
     "sglang-pd-1p2d-mixed": blueprint(Engine.SGLANG, Layout.pd(RoleLayout(1, Parallelism(tp=4)),
                                                                RoleLayout(2, Parallelism(tp=2), knobs(max_num_seqs=512)))),
+    # PD across GPU kinds: prefill on H100 nodes, decode on A100 nodes (each role selects its kind's product label), the KV
+    # priced over the slower NIC (annotated), vLLM's NIXL flags as on one kind
+    "vllm-pd-h100-a100": blueprint(Engine.VLLM, Layout.pd(RoleLayout(1, Parallelism(tp=2), gpu="h100_sxm"),
+                                                          RoleLayout(2, Parallelism(tp=1), gpu="a100_sxm")), gpu_id="h100_sxm"),
+    # the same on SGLang with mooncake over named HCAs, the spec's NIC override on its own kind (100 Gb/s: the link)
+    "sglang-pd-h100-l40s-mooncake": blueprint(Engine.SGLANG, Layout.pd(RoleLayout(1, Parallelism(tp=4), gpu="h100_sxm"),
+                                                                       RoleLayout(2, Parallelism(tp=2), gpu="l40s")),
+                                              gpu_id="h100_sxm", nic_gbit={"h100_sxm": 100.0}, transfer_backend="mooncake",
+                                              network=NetworkKnobs(ib_devices=("mlx5_0",))),
 }
 
 
