@@ -113,8 +113,6 @@ def _predict_mixed(problem: Problem, layout: Layout, kinds: MixedKinds, *, simul
     if simulate is not None and np.isfinite(ttft) and rate < float(f.capacity_rps[0]):
         sim = simulate(problem, layout)
         ttft, tpot, tpm, source = sim.ttft_s, sim.tpot_s, sim.tpot_mean_s, "simulated"
-    ttft *= problem.ttft_correction
-    tpot *= problem.tpot_correction
     # The decode role's pool and longest request are on the decode kind.
     pred = to_prediction(replace(problem, gpu=kinds.decode_gpu), layout, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm,
                          capacity_rps=float(f.capacity_rps[0]), slo_capacity_rps=cap, pool_tokens=1, source=source)
