@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check planner operator servingtopology tests benchmarks e2e
 	bash tools/lint_tree.sh build/lint
 	cd build/lint && $(CURDIR)/$(BIN)/mypy --strict --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache/lint \
-		-p servingtopology.planner -p servingtopology.cli -p servingtopology.emulator -p servingtopology.operator -m servingtopology.spec -m servingtopology.pool_spec -m servingtopology -m servingtopology.__main__
+		-p servingtopology.planner -p servingtopology.cli -p servingtopology.emulator -p servingtopology.operator -m servingtopology.spec -m servingtopology.calibration_file -m servingtopology.pool_spec -m servingtopology -m servingtopology.__main__
 	cd build/lint && $(CURDIR)/$(BIN)/lint-imports --no-logo --no-cache $(CURDIR)/pyproject.toml
 
 unit: $(STAMP)

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from servingtopology.operator.api.resource import (
     ApprovalStatus,
+    CalibrationSourceStatus,
     ConditionType,
     HistoryEntry,
     Mode,
@@ -102,6 +103,11 @@ class PassState:
         self.approval: ApprovalStatus | None = self.status.approval
         self.proposals = self.status.proposals or 0     # the number in the latest proposal's id
         self.pool_gpus: int | None = None                # the GPU cap an Auto ServingPool assigned, honoured this pass
+        # spec.calibration as this pass read it (operator/calibration_source.py): every Problem of the pass carries
+        # the factors (build_problem); the status shows the source.
+        self.calibration_source: CalibrationSourceStatus | None = self.status.calibrationSource
+        self.calibration_factors: tuple[tuple[str, float], ...] = ()
+        self._deferred: list[tuple[str, str, str]] = []   # Events posted when the pass gets through (`outcome`)
 
     def numbered(self, proposal: ProposalStatus) -> ProposalStatus:
         """ProposalIds: a new proposal gets the next id (p1, p2, ...; never reused), a carried-over one keeps its own."""
@@ -136,11 +142,23 @@ class PassState:
         new = condition(self.conditions, kind)
         return old is None or new is None or (old.status, old.reason, old.message) != (new.status, new.reason, new.message)
 
+    def event_when_done(self, type: str, reason: str, message: str) -> None:
+        """An Event posted only by a pass that gets through to its Outcome: a pass stopped by a plan still running in
+        the worker (PlanPending) writes no status and is run again, and must not post it twice."""
+        self._deferred.append((type, reason, message))
+
+    def drop(self, kind: ConditionType) -> None:
+        """Remove a condition that no longer applies (e.g. Calibrated once spec.calibration is gone)."""
+        self.conditions = [c for c in self.conditions if c.type is not kind]
+
     def event(self, type: str, reason: str, message: str) -> None:
         self.cluster.record_event(self.obj, type=type, reason=reason, message=message, now=self.now)
 
     def outcome(self, *, plan: PlanStatus | None, proposal: Any, history: list[HistoryEntry] | None = None,
                 decided: bool = False, requeue_after_s: float | None = None, error: str | None = None) -> Outcome:
+        for type_, reason, message in self._deferred:
+            self.event(type_, reason, message)
+        self._deferred.clear()
         summary = summary_status(mode=self.mode, plan=plan, proposal=proposal, observed=self.observed,
                                  transition=self.memory.transition, shares=self.traffic)
         status = self.status.model_copy(update={
@@ -148,14 +166,33 @@ class PassState:
             "conditions": self.conditions, "observedGeneration": self.generation, "plan": plan, "proposal": proposal,
             "history": history if history is not None else self.status.history, "observed": self.observed,
             "replan": self.memory.to_dict(), "summary": summary, "calibration": calibration_status(self.memory.calibration, misses=self.memory.misses),
+            "calibrationSource": self.calibration_source,
         })
         body = status.model_dump(mode="json", exclude_none=True)
+        for key in ("plan", "proposal", "calibrationSource"):   # a merge patch keeps what it does not name
+            if key in body or key in self._raw_status:
+                body[key] = _with_removals(self._raw_status.get(key), body.get(key))
         if self.holding:   # what could not be read goes back as it was, never a reset
             body |= {k: self._raw_status[k] for k in ("plan", "replan") if k in self._raw_status}
         body.setdefault("plan", None)       # explicit nulls: a merge patch then removes a stale plan, proposal or observation
         body.setdefault("proposal", None)
         body.setdefault("observed", None)
         return Outcome(body, tuple(self.applied), tuple(self.pruned), decided, requeue_after_s, error)
+
+
+def _with_removals(old: Any, new: Any) -> Any:
+    """`new` with an explicit null for every key `old` has and `new` lacks, nested maps too: the status is written as a
+    merge patch, which keeps a key it does not name (a replaced plan's `uncalibrated`, a refused calibration's factors)."""
+    if not isinstance(old, Mapping) or not isinstance(new, dict):
+        return new
+    out = dict(new)
+    for k, v in old.items():
+        if k not in new:
+            out[k] = None
+        elif isinstance(v, Mapping):
+            out[k] = _with_removals(v, new[k])
+    return out
+
 
 def _read_status(known: Mapping[str, Any]) -> tuple[TopologyStatus, list[str]]:
     """The status this version can read, field by field; each field it cannot read is left out and named."""
@@ -262,8 +299,10 @@ def _planning_spec(p: PassState, spec: TopologySpec) -> Iterator[TopologySpec]:
 
 
 def build_problem(p: PassState, spec: TopologySpec, current: Layout | None, *, approved: Layout | None = None) -> Problem:
+    """The pass's Problem: the spec's (`problem_from_spec`) with the pass's calibration factors (spec.calibration)."""
     with _planning_spec(p, spec) as planning:
-        return problem_from_spec(spec, current, planning=planning, approved=approved)
+        problem = problem_from_spec(spec, current, planning=planning, approved=approved)
+    return dataclasses.replace(problem, factors=p.calibration_factors) if p.calibration_factors else problem
 
 
 def problem_from_spec(spec: TopologySpec, current: Layout | None, *, planning: TopologySpec | None = None,

@@ -58,6 +58,7 @@ from servingtopology.operator.api.resource import (
     check_resource_name,
     parse_topology_spec,
 )
+from servingtopology.operator.calibration_source import admit_calibration, with_calibration
 from servingtopology.operator.live.readout import phase_text, traffic_shares
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory
@@ -153,6 +154,9 @@ def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now
             p.event("Warning", "MetricsSelectorRefused", why)
         metrics = None
     spec = _pool_membership(p, spec)
+    refused_calibration = admit_calibration(p, spec)
+    if refused_calibration is not None:
+        return refused_calibration
     current = layout_from_plan(p.status.plan) if p.status.plan is not None else None
     ctx = PassContext(spec=spec, planner=planner, predict=predict, metrics=metrics, policy=policy_from_spec(spec.policy),
                       gpus_per_node=spec.hardware.gpusPerNode or gpus_per_node_default, metrics_allow=metrics_allow)
@@ -259,7 +263,7 @@ def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
         proposal = proposal_status(best, current=p.status.plan, before=decision.current.prediction if decision.current else None,
                                    args_of=engine_args_of(ctx.bp_for(p, best.layout)), reasons=decision.reasons, now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec))
-        proposal = p.numbered(proposal).model_copy(update={"poolGPUs": p.pool_gpus})
+        proposal = p.numbered(with_calibration(proposal, decision, p)).model_copy(update={"poolGPUs": p.pool_gpus})
         p.event("Normal", "PlanProposed", f"proposal {proposal.id}: {proposal.message}")
         p.set(ConditionType.PLANNED, True, "PlanProposed", proposal.message)
         if p.status.plan is None:
@@ -470,7 +474,8 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
             p.event("Warning", "LeaderWorkerSetMissing", message)
         p.set(ConditionType.PLANNED, False, "LeaderWorkerSetMissing", message)
         return p.outcome(plan=plan, proposal=None, error="LeaderWorkerSetMissing")
-    new_plan = plan_status(best, args_of=engine_args_of(bp), reasons=decision.reasons, now=p.now, generation=p.generation)
+    new_plan = with_calibration(plan_status(best, args_of=engine_args_of(bp), reasons=decision.reasons, now=p.now, generation=p.generation),
+                                decision, p)
     reason = decision.reasons[0] if decision.reasons else (best.why or "best ranked layout under the SLOs")
     if ctx.spec.policy.mode is Mode.PINNED:
         reason = "policy.mode is Pinned"
@@ -489,6 +494,7 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
         proposal = proposal_status(best, current=plan, before=same_load.prediction if same_load is not None else None,
                                    args_of=engine_args_of(bp), reasons=[reason, *decision.reasons], now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec), load_rps=load_rps)
+        proposal = with_calibration(proposal, decision, p)
         if started.started:
             _begin(p, ctx, run, proposal, started)
         else:

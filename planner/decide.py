@@ -78,20 +78,22 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
     return tie + f"its TTFT is higher ({a.ttft_ms:.0f} against {b.ttft_ms:.0f} ms)"
 
 
-def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None) -> Candidate:
+def predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None = None, searched: bool = False) -> Candidate:
     """Predict one layout at the problem's load (used for pinned and current layouts), with the problem's factors; a PD
-    layout with its roles on other GPU kinds is predicted by planner.mixed_pd."""
+    layout with its roles on other GPU kinds is predicted by planner.mixed_pd. `searched`: its SLO capacity with the
+    search's margins (SLO_MARGIN, LOAD_MARGIN), as `decide` figures a candidate it found."""
     with problem_factors(problem.factors):
-        return _predict_layout(problem, layout, simulate=simulate)
+        return _predict_layout(problem, layout, simulate=simulate, searched=searched)
 
 
-def _predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None) -> Candidate:
+def _predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | None, searched: bool = False) -> Candidate:
     kinds = mixed_kinds(problem, layout)
     if kinds is not None:
         return _predict_mixed(problem, layout, kinds, simulate=simulate)
     rate = float(problem.workload.arrival_rate_rps or 0.0)
     f = predict_figures(problem, [layout], [rate])
-    cap = float(slo_capacity_rps(problem, [layout])[0])
+    margins = {"margin": SLO_MARGIN, "load_margin": LOAD_MARGIN} if searched else {}
+    cap = float(slo_capacity_rps(problem, [layout], **margins)[0])
     ttft, tpot, tpm, source = float(f.ttft_s[0]), float(f.tpot_s[0]), float(f.tpot_mean_s[0]), "analytical"
     if simulate is not None and np.isfinite(ttft) and rate < float(f.capacity_rps[0]):
         sim = simulate(problem, layout)
@@ -225,9 +227,15 @@ def decide(problem: Problem, *, simulate: Simulate | None = None, progress: Prog
            ladder: Sequence[tuple[str, Stage]] | None = None) -> Decision:
     """Plan a layout for the problem; raise Infeasible (with the funnel) when nothing meets it. `ladder`: the
     funnel's stages (default: the engine release's, funnel.engine_ladder). Every figure is predicted with the problem's
-    factors (a deployment calibration) applied."""
+    factors (a deployment calibration) applied; `Decision.uncalibrated` is then the chosen layout predicted without them."""
     with problem_factors(problem.factors):
-        return _decide(problem, simulate=simulate, progress=progress, clock=clock, ladder=ladder)
+        decision = _decide(problem, simulate=simulate, progress=progress, clock=clock, ladder=ladder)
+    if not problem.factors:
+        return decision
+    # Calibrated beside uncalibrated: the chosen layout without the factors, figured as the search figured it (its SLO
+    # capacity with the search's margins), or as a pin.
+    plain = replace(problem, factors=())
+    return replace(decision, uncalibrated=predict_layout(plain, decision.best.layout, simulate=simulate, searched=problem.pinned is None))
 
 
 def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress | None, clock: Clock,

@@ -128,5 +128,6 @@ class Decision:
     current: Candidate | None = None  # the current layout's prediction, when one was given
     evaluated: tuple[Candidate, ...] = ()  # every refined candidate (for Pareto plots)
     pd_ratio: PdRatio | None = None        # for a PD choice: the prefill:decode decision for the load, with its reason
+    uncalibrated: Candidate | None = None  # with Problem.factors: the chosen layout predicted without them
 
 

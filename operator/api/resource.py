@@ -46,6 +46,8 @@ __all__ = [
     "ClusterEngineSpec",
     "ClusterHardwareSpec",
     "ConfigMapRef",
+    "CalibrationRef",
+    "CalibrationSourceStatus",
     "SecretRef",
     "PolicySpec",
     "MetricsSpec",
@@ -151,6 +153,7 @@ class ConditionType(enum.StrEnum):
     RECONCILED = "Reconciled"   # False: the last pass failed (reason ApiError / InternalError) and is retried with back-off
     APPROVED = "Approved"       # True: the proposal the approve annotation names was applied; False: ProposalStale
     POOL_MEMBER = "PoolMember"  # spec.pool: True while the named ServingPool exists in this namespace (PoolNotFound, PoolInOtherNamespace)
+    CALIBRATED = "Calibrated"   # spec.calibration: True CalibrationApplied; False names the refusal (OtherModel, TooFewPoints, ...)
 
 
 class _Api(BaseModel):
@@ -464,6 +467,15 @@ class ConfigMapRef(_Api):
                      description="the key holding the config.json")
 
 
+class CalibrationRef(_Api):
+    """A deployment calibration (the CAL.yaml `servingtopology calibrate --out` writes) in a ConfigMap key of the
+    resource's namespace."""
+
+    name: str = Field(min_length=1, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN, description="the ConfigMap's name")
+    key: str = Field(default="calibration.yaml", min_length=1, max_length=MAX_OBJECT_NAME, pattern=_DATA_KEY,
+                     description="the key holding the calibration file")
+
+
 class SecretRef(_Api):
     """A key of a Secret in the resource's namespace."""
 
@@ -595,6 +607,11 @@ class TopologySpec(PlanSpec):
     pool: PoolRef | None = Field(default=None, description="join a ServingPool of this namespace: the pool plans its members "
                                  "together and, in Auto, assigns each a GPU cap (annotation servingtopology.io/pool-allocation) "
                                  "this resource's plans keep within, as within hardware.maxGPUs")
+    calibration: CalibrationRef | None = Field(default=None, description="this deployment's calibration (servingtopology "
+                                               "calibrate --out CAL.yaml, held in a ConfigMap of this namespace): plans are "
+                                               "made with it, its uncalibrated figures beside them; a calibration of another "
+                                               "model, GPU, engine or release is refused (condition Calibrated=False) and "
+                                               "nothing is planned or applied until it is fixed")
 
     @model_validator(mode="before")
     @classmethod
@@ -641,7 +658,8 @@ class Condition(_Api):
     """One aspect of the resource's state, in the Kubernetes condition conventions."""
 
     type: ConditionType = Field(description="the aspect: Ready, Planned, Progressing, Degraded, DriftDetected, "
-                                "MetricsAvailable, InsufficientCapacity or Conflict (an object to apply exists and is not this resource's)")
+                                "MetricsAvailable, InsufficientCapacity, Conflict (an object to apply exists and is not this resource's), "
+                                "Reconciled, Approved or Calibrated (spec.calibration applied or refused)")
     status: str = Field(pattern="^(True|False|Unknown)$", description="True, False or Unknown")
     reason: str = Field(min_length=1, description="a CamelCase word saying why (e.g. InvalidSpec, Infeasible, DryRun)")
     message: str = Field(default="", description="the reason in a sentence, with the figures behind it")
@@ -711,6 +729,10 @@ class PlanStatus(_Api):
     set: str | None = Field(default=None, max_length=16, description="the workload set running this plan (objects are named <name>-<set>-<role>)")
     poolGPUs: int | None = Field(default=None, ge=0, description="the GPU cap its ServingPool had assigned when the plan was made "
                                  "(absent: none); a new cap is planned as a spec change is")
+    uncalibrated: Predicted | None = Field(default=None, description="with spec.calibration: the same layout predicted without "
+                                           "the calibration (predicted is the calibrated figure)")
+    calibrationSha256: str | None = Field(default=None, max_length=64, description="the sha256 of the calibration file "
+                                          "predicted was made with (status.calibrationSource); absent: uncalibrated")
 
 
 class ProposalStatus(PlanStatus):
@@ -810,6 +832,31 @@ class SummaryStatus(_Api):
     error: str = Field(description="prediction error at the observed load, measured/predicted - 1 (e.g. 'TTFT +12%, TPOT -3%')")
 
 
+class CalibrationSourceStatus(_Api):
+    """spec.calibration as the operator last read it: where it came from, whether it was applied, what it holds."""
+
+    configMap: str = Field(description="the ConfigMap's name (in the resource's namespace)")
+    key: str = Field(description="the key holding the calibration file")
+    resourceVersion: str | None = Field(default=None, max_length=64, description="the ConfigMap's resourceVersion when read")
+    sha256: str | None = Field(default=None, max_length=64, description="sha256 of the calibration file's bytes")
+    applied: bool = Field(description="whether plans are made with it")
+    reason: str = Field(description="CalibrationApplied, or why it was refused: CalibrationNotFound, InvalidCalibration, "
+                                    "OtherModel, OtherGpu, OtherEngine, OtherRelease, TooFewPoints or NonFinite")
+    message: str = Field(default="", max_length=1024, description="the reason in a sentence, naming the field")
+    at: str = Field(json_schema_extra={"format": "date-time"}, description="when it was read")
+    deployment: dict[str, str] = Field(default_factory=dict, description="what it was measured on: model, gpu, engine, release, "
+                                       "link, layout")
+    pointsUsed: int | None = Field(default=None, ge=0, description="measured points the fit used")
+    factors: dict[str, float] = Field(default_factory=dict, description="the time factor per model term (1 = as modelled, "
+                                      "bounded to [0.5, 2])")
+    atBound: list[str] = Field(default_factory=list, description="terms whose factor is at its bound")
+    residualBefore: dict[str, float] = Field(default_factory=dict, description="RMS log error of ttft and tpot over the "
+                                             "points, uncalibrated")
+    residualAfter: dict[str, float] = Field(default_factory=dict, description="the same, calibrated")
+    sources: list[str] = Field(default_factory=list, max_length=64, description="the result files it was fitted on: tool, "
+                               "version, sha256")
+
+
 class HistoryEntry(_Api):
     """One decision in the resource's life."""
 
@@ -846,6 +893,8 @@ class TopologyStatus(_Api):
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT,
                                         description=f"the last {HISTORY_LIMIT} decisions, oldest first")
     summary: SummaryStatus | None = Field(default=None, description="the printer columns' texts (kubectl get stopo)")
+    calibrationSource: CalibrationSourceStatus | None = Field(default=None, description="spec.calibration as last read: its "
+                                                              "provenance and whether it is applied")
     replan: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
                                           description="live-replanning memory (metric window, drift, calibration, the running "
                                                       "transition); written by the operator, resumed after a restart")

@@ -11,18 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from servingtopology.calibration_file import MAX_CALIBRATION_BYTES, check_calibration, deployment_of, parse_calibration
 from servingtopology.planner import error_bars
-from servingtopology.planner.deployment_fit import Deployment, DeploymentCalibration, refuse_other
+from servingtopology.planner.deployment_fit import DeploymentCalibration
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 
 __all__ = ["MAX_CALIBRATION_BYTES", "read_bytes", "read_calibration", "deployment_of", "prediction_intervals", "add_calibration_arg",
            "calibration_summary", "interval_text"]
-
-MAX_CALIBRATION_BYTES = 4 * 1024 * 1024   # CAL.yaml
 
 
 def read_bytes(path: Path, cap: int, field: str) -> bytes:
@@ -36,22 +33,12 @@ def read_bytes(path: Path, cap: int, field: str) -> bytes:
     return raw
 
 
-def deployment_of(problem: Problem, layout: Layout | None) -> Deployment:
-    return Deployment(problem.model.name, problem.gpu.id, problem.engine.value, problem.engine_version or "",
-                      problem.gpu.scaleup_link.value, layout.label if layout is not None else "")
-
-
 def read_calibration(path: str, problem: Problem, *, field: str = "--calibration") -> DeploymentCalibration:
-    """A CAL.yaml, bounded, checked against the problem's deployment (model, GPU, engine, release)."""
+    """A CAL.yaml, bounded, checked against the problem's deployment (model, GPU, engine, release): the reader the
+    operator's spec.calibration shares (servingtopology/calibration_file.py)."""
     raw = read_bytes(Path(path), MAX_CALIBRATION_BYTES, field)
-    try:
-        doc = yaml.safe_load(raw.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
-        raise InvalidSpec(field, f"{path} is not UTF-8 YAML ({str(exc)[:200]})") from None
-    cal = DeploymentCalibration.from_dict(doc, field=f"{field} {Path(path).name}")
-    mine = deployment_of(problem, None)
-    refuse_other(mine, Deployment(cal.deployment.model, cal.deployment.gpu, cal.deployment.engine, cal.deployment.release),
-                 field=f"{field} {Path(path).name} deployment")
+    cal = parse_calibration(raw, name=Path(path).name, field=field)
+    check_calibration(cal, problem, name=Path(path).name, field=field)
     return cal
 
 
