@@ -29,7 +29,7 @@ from .stack import Operator
 
 A100_NODES = NodePool(count=2, gpus_per_node=8, gpu_product="NVIDIA-A100-SXM4-80GB", name_prefix="a100-auto")
 A100_PRODUCT = "NVIDIA-A100-SXM4-80GB"
-H100_GPUS, A100_GPUS, SURGE = 5, 4, 1
+H100_GPUS, A100_GPUS, SURGE = 5, 4, 2
 KIND_OF = {"chat": "h100", "rag": "h100", "batch": "a100"}
 PRIORITY = {"rag": 5, "chat": 1, "batch": 0}   # when the pool is short, rag is met first
 # About 22 req/s per H100 (TP1) at 1024/256 tokens within these SLOs: 70 req/s takes 4 of the pool's 5 H100s, 5 req/s one;

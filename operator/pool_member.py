@@ -30,6 +30,7 @@ class Membership:
     reason: str
     message: str
     cap_gpus: int | None        # the pool-assigned cap honoured this pass (None: none)
+    surge_gpus: int = 0         # with a cap: the GPUs the pool lets this member's own transition use beside it
 
 
 def membership(spec: TopologySpec, *, cluster: Cluster, namespace: str, labels: dict[str, str],
@@ -56,7 +57,8 @@ def membership(spec: TopologySpec, *, cluster: Cluster, namespace: str, labels: 
         return Membership(True, "AllocationIgnored", f"{head}; {ALLOCATION_ANNOTATION} ignored: {why}", None)
     cap = min(got.max_gpus, spec.hardware.maxGPUs)
     return Membership(True, "PoolAssigned", f"{head}; the pool assigns {got.max_gpus} {got.kind} GPUs (step {got.step or '-'}): plans keep "
-                      f"within {cap} (spec.hardware.maxGPUs {spec.hardware.maxGPUs})", cap)
+                      f"within {cap} (spec.hardware.maxGPUs {spec.hardware.maxGPUs}), a transition within {cap} + {got.surge_gpus} "
+                      "surge granted by the pool", cap, got.surge_gpus)
 
 
 def _ignored(got: Allocation, spec: TopologySpec, *, pool: str) -> str | None:
@@ -73,8 +75,11 @@ def _ignored(got: Allocation, spec: TopologySpec, *, pool: str) -> str | None:
     return None
 
 
-def capped(spec: TopologySpec, cap_gpus: int | None) -> TopologySpec:
-    """The spec with hardware.maxGPUs lowered to the pool's cap (unchanged without one)."""
-    if cap_gpus is None or cap_gpus >= spec.hardware.maxGPUs:
+def capped(spec: TopologySpec, member: Membership) -> TopologySpec:
+    """The spec with hardware.maxGPUs lowered to the pool's cap and policy.maxSurgeGPUs the surge the pool granted (the pool's
+    GPUs are shared: a member's own surge would take them from the others); unchanged without a cap."""
+    if member.cap_gpus is None:
         return spec
-    return spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"maxGPUs": cap_gpus})})
+    policy = spec.policy.model_copy(update={"maxSurgeGPUs": member.surge_gpus})
+    return spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"maxGPUs": min(member.cap_gpus, spec.hardware.maxGPUs)}),
+                                   "policy": policy})

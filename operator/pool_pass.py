@@ -232,12 +232,12 @@ def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nod
         return PoolPass(status, events)
     moves = [_move(m, a.gpus, held[m.request.name], kinds, pool=pool_name) for m, a in zip(found, d.members, strict=True)]
     step = next_pool_step(moves, inventory=inventory, surge_gpus=spec.surge)
-    allocations = tuple((c.name, _allocation(c.after, m.gpu_id, kinds, pool=pool_name, step=step))
+    allocations = tuple((c.name, _allocation(c.after, c.surge, m.gpu_id, kinds, pool=pool_name, step=step))
                         for c in step.changes for m in found if m.request.name == c.name)
     # Lists, not maps keyed by member: the status is written as a merge patch, which would keep a departed member's keys.
     status["move"] = {"step": step.kind.value, "reason": step.reason[:2000], "surge": spec.surge,
                       "members": [{"name": m.name, "held": dict(m.held), "cap": dict(m.cap) if m.cap is not None else None,
-                                   "target": dict(m.target), "moving": m.moving} for m in moves]}
+                                   "surge": dict(m.surge), "target": dict(m.target), "moving": m.moving} for m in moves]}
     was = (previous.get("move") or {})
     if step.kind in (PoolStepKind.GROW, PoolStepKind.SHRINK):
         events.append(("Normal", "PoolMoveStep", f"{step.kind.value}: {step.reason}"))
@@ -262,7 +262,9 @@ def _move(m: _Member, target: Mapping[str, int], held_by_gpu: Mapping[str, int],
     or its pods hold more than the cap."""
     status = m.body.get("status") or {}
     got = read_allocation((m.body.get("metadata") or {}).get("annotations") or {})
-    cap = {got.kind: got.max_gpus} if isinstance(got, Allocation) and got.pool == pool else None
+    mine = isinstance(got, Allocation) and got.pool == pool
+    cap = {got.kind: got.max_gpus} if isinstance(got, Allocation) and mine else None
+    surge = {got.kind: got.surge_gpus} if isinstance(got, Allocation) and mine and got.surge_gpus else {}
     held = _by_kind(held_by_gpu, kinds)
     plan = status.get("plan") or status.get("proposal") or {}
     transition = bool((status.get("replan") or {}).get("transition"))
@@ -272,11 +274,14 @@ def _move(m: _Member, target: Mapping[str, int], held_by_gpu: Mapping[str, int],
         planned = next((c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == "Planned"), {})
         failed = planned.get("status") == "False"
         moving = moving or (not failed and (plan.get("poolGPUs") != want or sum(held.values()) > sum(cap.values())))
-    return MemberMove(m.request.name, m.request.priority, cap, held, moving, dict(target))
+    return MemberMove(m.request.name, m.request.priority, cap, held, moving, dict(target), surge)
 
 
-def _allocation(after: Mapping[str, int], gpu_id: str, kinds: Sequence[GpuKind], *, pool: str, step: PoolStep) -> Allocation:
-    """The cap written into a member: its own kind's GPUs (an Auto pool plans a member on the kinds of its GPU only)."""
+def _allocation(after: Mapping[str, int], surge: Mapping[str, int], gpu_id: str, kinds: Sequence[GpuKind], *, pool: str,
+                step: PoolStep) -> Allocation:
+    """The cap written into a member: its own kind's GPUs (an Auto pool plans a member on the kinds of its GPU only), and the
+    surge granted for its own move."""
     own = [k for k in kinds if k.gpu.id == gpu_id]
     kind = next((k for k in own if after.get(k.name)), own[0])
-    return Allocation(pool, kind.name, gpu_id, int(sum(after.get(k.name, 0) for k in own)), step.kind.value)
+    return Allocation(pool, kind.name, gpu_id, int(sum(after.get(k.name, 0) for k in own)), step.kind.value,
+                      int(sum(surge.get(k.name, 0) for k in own)))

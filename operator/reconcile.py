@@ -176,7 +176,7 @@ def _pool_membership(p: PassState, spec: TopologySpec) -> TopologySpec:
     if p.set(ConditionType.POOL_MEMBER, member.status, member.reason, member.message) and member.status is False:
         p.event("Warning", member.reason, member.message)
     p.pool_gpus = member.cap_gpus
-    return capped(spec, member.cap_gpus)
+    return capped(spec, member)
 
 
 def _cap_changed(p: PassState, plan: PlanStatus | ProposalStatus | None) -> bool:

@@ -72,17 +72,20 @@ def pool_of(spec: Mapping[str, Any] | None, metadata: Mapping[str, Any]) -> Memb
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    """What an Auto pool assigned a member: the pool, the GPU kind and its catalog id, the cap in GPUs, and the move step."""
+    """What an Auto pool assigned a member: the pool, the GPU kind and its catalog id, the cap in GPUs, the move step, and
+    the GPUs its own transition may use beside the cap while it moves (granted by the pool; its policy.maxSurgeGPUs is
+    not used inside a pool)."""
 
     pool: str
     kind: str
     gpu: str
     max_gpus: int
     step: str
+    surge_gpus: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({"pool": self.pool, "kind": self.kind, "gpu": self.gpu, "maxGPUs": self.max_gpus, "step": self.step},
-                          sort_keys=True)
+        return json.dumps({"pool": self.pool, "kind": self.kind, "gpu": self.gpu, "maxGPUs": self.max_gpus, "step": self.step,
+                           "surgeGPUs": self.surge_gpus}, sort_keys=True)
 
 
 def read_allocation(annotations: Mapping[str, Any]) -> Allocation | str | None:
@@ -92,11 +95,12 @@ def read_allocation(annotations: Mapping[str, Any]) -> Allocation | str | None:
         return None
     try:
         data = json.loads(str(raw))
-        out = Allocation(str(data["pool"]), str(data["kind"]), str(data["gpu"]), int(data["maxGPUs"]), str(data.get("step", "")))
+        out = Allocation(str(data["pool"]), str(data["kind"]), str(data["gpu"]), int(data["maxGPUs"]), str(data.get("step", "")),
+                         int(data.get("surgeGPUs", 0)))
     except (ValueError, KeyError, TypeError) as exc:
         return f"{ALLOCATION_ANNOTATION} is not an allocation the pool writes ({type(exc).__name__}: {str(exc)[:120]})"
-    if out.max_gpus < 0:
-        return f"{ALLOCATION_ANNOTATION}: maxGPUs {out.max_gpus} < 0"
+    if out.max_gpus < 0 or out.surge_gpus < 0:
+        return f"{ALLOCATION_ANNOTATION}: maxGPUs {out.max_gpus} and surgeGPUs {out.surge_gpus} must be ≥ 0"
     return out
 
 

@@ -87,3 +87,23 @@ def test_an_unreadable_allocation_is_named_and_ignored() -> None:
     planner = ScriptedPlanner(decision(FOUR))
     run(obj, cluster, planner)
     assert cond(obj, "PoolMember")["reason"] == "AllocationIgnored" and planner.problems[0].max_gpus == 8
+
+
+def test_a_shape_change_under_a_smaller_cap_waits_without_surge_and_runs_within_the_surge_the_pool_grants() -> None:
+    tp2, tp1 = Layout.replicas(1, Parallelism(tp=2)), Layout.replicas(1, Parallelism(tp=1))
+    obj, cluster = _member(), FakeCluster()
+    _with_pool(cluster)
+    planner = ScriptedPlanner(decision(tp2), decision(tp1))
+    run(obj, cluster, planner)                               # alone: 1×TP2 on 2 GPUs
+    obj["metadata"]["annotations"] = {ALLOCATION_ANNOTATION: Allocation("fleet", "h100", "h100_sxm", 1, "Shrink").to_json()}
+    run(obj, cluster, planner, minutes=1)
+    assert cond(obj, "Planned")["reason"] == "TransitionBlocked" and cluster.gpus_held("default") == 2   # its own surge is not used
+    obj["metadata"]["annotations"] = {ALLOCATION_ANNOTATION: Allocation("fleet", "h100", "h100_sxm", 1, "Shrink", 2).to_json()}
+    peak = 0
+    for i in range(40):
+        run(obj, cluster, planner, minutes=2 + i)
+        peak = max(peak, cluster.gpus_held("default"))
+        if obj["status"]["plan"]["layout"] == "1×TP1" and not (obj["status"].get("replan") or {}).get("transition"):
+            break
+    assert obj["status"]["plan"]["layout"] == "1×TP1" and cluster.gpus_held("default") == 1
+    assert peak <= 1 + 2                                      # the cap plus the surge granted, never more
