@@ -33,8 +33,9 @@ import numpy.typing as npt
 
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Gpu
-from servingtopology.planner.layout import Layout
+from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.milp import MilpResult, MilpStatus, solve_milp
+from servingtopology.planner.service_split import PD_ROUTER_REPLICAS, PartLoad, service_split
 
 __all__ = ["PoolObjective", "GpuKind", "MemberOption", "PoolMember", "PoolProblem", "Part", "MemberAllocation", "Marginal",
            "Shortage", "SolverReport", "PoolDecision", "plan_pool", "objective_values", "priority_weights", "MAX_PARTS",
@@ -548,7 +549,19 @@ def _why(problem: PoolProblem, m: PoolMember, parts: tuple[Part, ...], cap: floa
                 + ("the inventory left" if problem.objective is PoolObjective.MIN_COST else "the inventory and budget left"))
     if len(parts) > 1:
         head += "; traffic split " + ":".join(f"{p.routing_weight:.0%}" for p in parts) + " by capacity"
+        entry = [_entry_pods(p.option) for p in parts]
+        if all(n > 0 for n in entry):   # behind one plain Service the split is per entry pod (planner.service_split)
+            split = service_split([PartLoad(p.option.group, n, p.option.capacity_rps) for p, n in zip(parts, entry, strict=True)])
+            head += f"; {split.reason}"
     return head
+
+
+def _entry_pods(option: MemberOption) -> int:
+    """Pods that take the part's client traffic: its aggregated engines, or a PD layout's two routers (0: no layout)."""
+    if option.layout is None:
+        return 0
+    agg = option.layout.roles.get(Role.AGGREGATED)
+    return agg.count if agg is not None else PD_ROUTER_REPLICAS
 
 
 def _marginals(problem: PoolProblem, f: _Flat, x: FloatArray, idle: IntArray, total_cost: float) -> tuple[Marginal, ...]:

@@ -39,6 +39,7 @@ from servingtopology.planner.engine_command import (
 )
 from servingtopology.planner.hardware import PRODUCT_LABEL, Gpu, Precision, product_label, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
+from servingtopology.planner.service_split import PD_ROUTER_REPLICAS
 from servingtopology.planner.transition import set_name as layout_set_name
 
 __all__ = [
@@ -537,7 +538,7 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": _metadata(bp, ROUTER),
         "spec": {
-            "replicas": 2,
+            "replicas": PD_ROUTER_REPLICAS,
             "selector": {"matchLabels": _selector(bp, ROUTER)},
             "template": template,
         },

@@ -6,14 +6,15 @@ operator/runtime/cluster_view.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from servingtopology.operator.render.manifests import Blueprint
 from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.transition import Phase, TransitionState
+from servingtopology.planner.transition import set_name as layout_set_name
 
-__all__ = ["Rendering", "BlueprintFor", "steady_rendering", "transition_rendering", "layout_at"]
+__all__ = ["Rendering", "BlueprintFor", "steady_rendering", "transition_rendering", "parts_rendering", "layout_at", "on_kind"]
 
 BlueprintFor = Callable[[Layout, str], Blueprint]   # (layout at its counts, set name) -> the builders' input
 
@@ -38,6 +39,23 @@ def layout_at(layout: Layout, counts: Mapping[Role, int]) -> Layout:
 def steady_rendering(layout: Layout, set_name: str, bp_for: BlueprintFor) -> Rendering:
     """One plan running alone as its set."""
     return Rendering((bp_for(layout, set_name),), (set_name,))
+
+
+def on_kind(layout: Layout, gpu: str) -> Layout:
+    """The layout with every role on GPU kind `gpu` (a catalog id): its pods select that kind's nodes."""
+    return Layout(layout.kind, {r: replace(rl, gpu=gpu) for r, rl in layout.roles.items()}, layout.precision)
+
+
+def parts_rendering(parts: Sequence[Layout], bp_for: BlueprintFor) -> Rendering:
+    """TwoKindsOneService: a member's parts (its replicas on two GPU kinds; each layout's roles name their kind) as one set
+    each, every set serving, so the one entry Service selects the entry pods of all of them (planner.service_split says
+    how it splits the traffic). Raises ValueError on no parts, a part naming no kind, or two parts on one set."""
+    if not parts or any(not lay.kinds_named for lay in parts):
+        raise ValueError(f"each part names its GPU kind: {[lay.label for lay in parts]}")
+    sets = tuple(bp_for(lay, layout_set_name(lay)) for lay in parts)
+    if len({bp.set for bp in sets}) != len(sets):
+        raise ValueError(f"two parts run as one set: {[lay.label for lay in parts]}")
+    return Rendering(sets, tuple(bp.set for bp in sets))
 
 
 def transition_rendering(state: TransitionState, bp_for: BlueprintFor) -> Rendering:

@@ -21,10 +21,13 @@ from servingtopology.operator.render.manifests import (
     KV_LINK_ANNOTATION,
     NIC_ANNOTATION,
     ROLE_LABEL,
+    SET_LABEL,
+    build_topology,
     build_workloads,
     kv_link_gbit,
     role_node_selector,
 )
+from servingtopology.operator.render.sets import on_kind, parts_rendering
 from servingtopology.operator.runtime.capacity import gpu_for_product
 from servingtopology.planner.hardware import PRODUCT_LABEL, gpu_catalog, product_label
 from servingtopology.planner.layout import Engine, Layout, Parallelism, Role, RoleLayout
@@ -157,3 +160,22 @@ def test_a_mixed_kind_plan_short_of_one_kind_names_that_kinds_shortfall_and_appl
     assert out.error == "InsufficientCapacity" and not cluster.objects
     short = next(c for c in out.status["conditions"] if c["type"] == "InsufficientCapacity")["message"]
     assert "1 a100_sxm GPUs are missing" in short and "h100_sxm GPUs are missing" not in short, short
+
+
+def test_replicas_on_two_kinds_run_as_two_sets_behind_the_one_entry_service() -> None:
+    parts = [on_kind(Layout.replicas(3, Parallelism(tp=1)), "h100_sxm"), on_kind(Layout.replicas(2, Parallelism(tp=1)), "a100_sxm")]
+    rendering = parts_rendering(parts, lambda lay, s: blueprint(Engine.VLLM, lay, gpu_id="h100_sxm", set_name=s))
+    objects = build_topology(rendering.sets, serving=rendering.serving)
+    engines = [o for o in objects if o["kind"] == "Deployment"]
+    assert [(o["spec"]["replicas"], o["spec"]["template"]["spec"]["nodeSelector"][PRODUCT_LABEL]) for o in engines] == [
+        (3, "NVIDIA-H100-80GB-HBM3"), (2, "NVIDIA-A100-SXM4-80GB")]
+    assert len({o["metadata"]["labels"][SET_LABEL] for o in engines}) == 2
+    services = [o for o in objects if o["kind"] == "Service"]
+    assert len(services) == 1
+    selector = services[0]["spec"]["selector"]
+    assert SET_LABEL not in selector
+    for o in engines:   # the one Service selects the pods of both sets
+        labels = o["spec"]["template"]["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in selector.items()), (selector, labels)
+    with pytest.raises(ValueError, match="names its GPU kind"):
+        parts_rendering([Layout.replicas(3, Parallelism(tp=1))], lambda lay, s: blueprint(Engine.VLLM, lay, set_name=s))

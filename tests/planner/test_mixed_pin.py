@@ -78,3 +78,13 @@ def test_a_ten_gigabit_link_is_refused_by_the_transfer_floor_with_its_figures() 
         decide(to_problem(parse_spec(_spec(nic_gbps=10, prompt=16_000))))
     assert err.value.field == "layout.decode.gpu"
     assert "(transfer-floor)" in err.value.message and "10 Gb/s" in err.value.message
+
+
+def test_a_mixed_pin_the_release_refuses_names_the_engine_rule() -> None:
+    # vLLM 0.11's NixlConnector refuses a decode TP below the prefill TP (found by the e2e scenario on the 0.11 image)
+    spec = _spec()
+    spec["engine"] = {"name": "vllm", "version": "0.11.0"}
+    spec["layout"]["prefill"]["tp"] = 2
+    with pytest.raises(InvalidSpec) as err:
+        decide(to_problem(parse_spec(spec)))
+    assert "(engine:decode_tp_below_prefill_tp)" in err.value.message and "nixl_connector.py" in err.value.message

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
+from servingtopology.planner.layout import Layout, Parallelism
 from servingtopology.planner.pool import (
     GREEDY_FLOORS_MISSED,
     MAX_PARTS,
@@ -153,6 +154,15 @@ def test_a_member_spans_two_kinds_with_routing_weights_by_capacity() -> None:
     d = plan_pool(PoolProblem(_kinds((1, 1), (3.0, 1.0)), (PoolMember("m", 4.0, opts),)))
     (a,) = d.members
     assert a.met and sorted(p.routing_weight for p in a.parts) == pytest.approx([0.25, 0.75])
+
+
+def test_a_two_kind_member_says_what_one_plain_service_carries_when_its_parts_have_layouts() -> None:
+    fast = MemberOption("fast", "1×TP1@fast", {"fast": 1}, 3.0, Layout.replicas(1, Parallelism(tp=1)))
+    cheap = MemberOption("cheap", "1×TP1@cheap", {"cheap": 1}, 1.0, Layout.replicas(1, Parallelism(tp=1)))
+    d = plan_pool(PoolProblem(_kinds((1, 1), (3.0, 1.0)), (PoolMember("m", 4.0, (fast, cheap)),)))
+    (a,) = d.members
+    # one pod each: 50 %:50 % per pod against 75 %:25 % by capacity; the cheap part binds at 1.0 / 0.5
+    assert "PerPodSplit" in a.why and "carries 2 req/s within the SLOs under this split, 4 req/s were it split by capacity" in a.why, a.why
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
