@@ -207,3 +207,15 @@ def test_a_member_whose_plan_failed_under_its_cap_is_not_waited_for_and_what_it_
     assert not next(m for m in move["members"] if m["name"] == "chat")["moving"]
     assert move["step"] == "Blocked" and "rag" in move["reason"] and "h100" in move["reason"], move
     assert [r for _, r, _ in out.events][-1] == "PoolMoveBlocked"
+
+
+def test_the_index_keeps_what_a_pool_reads_of_a_members_status_so_its_observed_traffic_reaches_the_plan() -> None:
+    index = TopologyIndex()
+    body = _joined("chat", 1.0, observed=12.0, cap=2)
+    body["status"]["conditions"] = [{"type": "Planned", "status": "True"}]
+    body["status"]["history"] = [{"layout": "2×TP1"}]                       # not read by a pool: not kept
+    index.seen("MODIFIED", body)
+    (kept,) = index.members("ns", "fleet")
+    assert set(kept["status"]) == {"observed", "plan", "conditions"} and kept["metadata"]["annotations"]
+    row = pool_pass(_pool(), [kept], NODES, now=NOW).status["members"][0]
+    assert (row["loadRps"], row["loadSource"]) == (12.0, "observed")
