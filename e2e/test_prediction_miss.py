@@ -9,7 +9,8 @@ says so, and status.calibration shows one missed move and the ×1.5 widening it 
 Then the traffic falls to 16 req/s: 2×TP1 is 50 % better, beyond the bar of the unwidened intervals (43–48 % at
 14–20 req/s) but within the widened one (70–80 %): nothing changes, one GainWithinError Event quotes the widening.
 The layouts and the bars were checked offline with the operator's planner and error gate at 14–20 req/s, uncalibrated
-and calibrated (weights ×1.5 to ×2, gemm ×1.2): the same outcome throughout.
+and calibrated (weights ×1.5 to ×2, gemm ×1.2): the same outcome throughout. By then the operator has calibrated
+itself on the steady intervals at 3×TP1 (status.calibration Applied, the weights term above 1: the slowdown learned).
 """
 
 from __future__ import annotations
@@ -110,9 +111,15 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         assert unwidened < 0.5 < bar, (unwidened, bar, message)   # would have moved before the miss; not now
         assert status()["plan"]["layout"] == "3×TP1"
         gated_s = time.monotonic() - fell_s
+        # Self-calibration: the steady intervals at 3×TP1 are its points; the fit learned the engines' slowdown.
+        cal = status()["calibration"]
+        assert cal["state"] == "Applied" and cal["pointsUsed"] >= cal["minimumPoints"] == 3, cal
+        assert cal["corrections"]["weights"] > 1.1 and cal["residualPercent"]["tpot"] < cal["uncalibratedResidualPercent"]["tpot"], cal
+        assert cal["fittedAt"] and "fitted on" in cal["message"], cal
         print(f"\nReady {ready_s:.0f} s after the apply; TransitionStarted at {moved_s:.0f} s; PredictionMissed at {judged_s:.0f} s "
               f"({move['errorPercent']:+.0f} %: {move['measuredTpotMs']} ms against [{tpot['low']:.1f}, {tpot['high']:.1f}]); "
-              f"GainWithinError {gated_s:.0f} s after the traffic fell (bar {unwidened:.0%} unwidened, {bar:.0%} widened)")
+              f"GainWithinError {gated_s:.0f} s after the traffic fell (bar {unwidened:.0%} unwidened, {bar:.0%} widened); "
+              f"calibration {cal['message']}")
     finally:
         emulator.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
 
