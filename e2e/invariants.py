@@ -31,6 +31,7 @@ from typing import Any
 from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.replan import ReplanMemory
 from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.live_calibration import combined
 from servingtopology.planner.replan_decision import capacity_of
 from servingtopology.planner.transition import Phase
 from servingtopology.spec import to_problem
@@ -287,7 +288,7 @@ def _pricing(spec: Mapping[str, Any], memory: ReplanMemory) -> _Pricing:
     state = memory.transition
     assert state is not None
     problem = to_problem(parse_topology_spec(dict(spec)))
-    problem = replace(problem, workload=memory.assumed or problem.workload, factors=memory.calibration.factors)
+    problem = replace(problem, workload=memory.assumed or problem.workload, factors=combined(problem.factors, memory.calibration.factors))
     return _Pricing(capacity=capacity_of(problem), shapes={state.from_set: state.source, state.to_set: state.target},
                     floor_rps=memory.transition_floor_rps)
 

@@ -50,6 +50,7 @@ from servingtopology.planner.live_calibration import (
     add_point,
     analytic_point,
     as_deployment_calibration,
+    combined,
     refit,
     residual_percent,
 )
@@ -431,7 +432,8 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     except InsufficientData as exc:
         conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, None, "InsufficientData", str(exc)))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc))
-    observed = replace(problem, workload=obs.workload.workload, current=current, factors=())
+    # `raw`: the running layout as the spec's model predicts it (its own factors only, none of the live fit's).
+    observed = replace(problem, workload=obs.workload.workload, current=current)
     raw = predict(observed, current) if current is not None else None
     cal = mem.calibration
     # SteadyPoints: calibrate only in steady state: an overloaded, queueing or shifting deployment says nothing about the
@@ -449,7 +451,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
             and obs.slo.tpot_ms is not None:
         mem, note = _judge_move(mem, obs.slo.tpot_ms)
         events.append(note)
-    observed = replace(observed, factors=cal.factors)
+    observed = replace(observed, factors=combined(problem.factors, cal.factors))   # StartsFromSpec (planner/live_calibration.py)
     status = observed_status(obs, at=at, raw=raw, ttft_percentile=problem.slo.ttft_percentile,
                              tpot_percentile=problem.slo.tpot_percentile)
     before = predict(observed, current) if current is not None else None
@@ -535,7 +537,7 @@ def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemor
 
 def _transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:
     """The spec's problem at the workload the transition was started for, with the calibration's factors."""
-    return replace(problem, workload=memory.assumed or problem.workload, factors=memory.calibration.factors)
+    return replace(problem, workload=memory.assumed or problem.workload, factors=combined(problem.factors, memory.calibration.factors))
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,8 @@ from servingtopology.planner.problem import Problem
 from servingtopology.planner.workload import Workload
 
 __all__ = ["LIVE_TERMS", "MIN_LIVE_POINTS", "MAX_LIVE_POINTS", "HALF_LIFE_S", "MAX_AGE_S", "CalibrationState", "LivePoint", "LiveFit",
-           "LiveCalibration", "PointPredictor", "analytic_point", "add_point", "refit", "deployment_of", "as_deployment_calibration", "residual_percent"]
+           "LiveCalibration", "PointPredictor", "analytic_point", "add_point", "refit", "combined",
+           "deployment_of", "as_deployment_calibration", "residual_percent"]
 
 MIN_LIVE_POINTS = 3          # MinimumPoints: steady intervals measured before anything is fitted
 MAX_LIVE_POINTS = 8          # BoundedPoints: the newest kept (a refit costs about 100 analytical predictions per point)
@@ -139,6 +140,15 @@ def add_point(cal: LiveCalibration, point: LivePoint) -> LiveCalibration:
     return replace(cal, points=(*kept, point)[-MAX_LIVE_POINTS:])
 
 
+def combined(base: Sequence[tuple[str, float]], live: Sequence[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """StartsFromSpec: the factors a replan predicts with: the spec's (`base`) times the live fit's, term by term (each
+    bounded by its own fit, so the product is within [1 / MAX_FACTOR², MAX_FACTOR²]); terms at 1 left out."""
+    out = dict(base)
+    for t, f in live:
+        out[t] = out.get(t, 1.0) * f
+    return tuple((t, round(float(f), 6)) for t, f in sorted(out.items()) if round(float(f), 6) != 1.0)
+
+
 def deployment_of(problem: Problem) -> Deployment:
     return Deployment(problem.model.name, problem.gpu.id, problem.engine.value, problem.engine_version,
                       problem.gpu.scaleup_link.value)
@@ -152,14 +162,16 @@ def _fit_points(cal: LiveCalibration, now_s: float) -> list[Point]:
 
 def refit(cal: LiveCalibration, problem: Problem, *, now_s: float, predict: PointPredictor = analytic_point) -> LiveCalibration:
     """Fit the factors to the points (MinimumPoints: none below `min_points`, the fit dropped). `problem` is the spec's
-    (model, GPU, engine); each point is predicted at its own workload and layout, without the problem's factors."""
+    (model, GPU, engine); each point is predicted at its own workload and layout. StartsFromSpec: the problem's own
+    factors (a `calibrate` file the spec names) are the base the live factors multiply (`combined`), so a deployment
+    calibrated by its users' benchmark client starts from that, and its live points correct what is left."""
     if len(cal.points) < cal.min_points:
         return replace(cal, fit=None)
-    base = replace(problem, factors=(), current=None, pinned=None)
+    base = replace(problem, current=None, pinned=None)
     points = cal.points
 
     def predict_all(factors: Mapping[str, float]) -> Any:
-        trial = tuple((t, float(f)) for t, f in factors.items() if f != 1.0)
+        trial = combined(problem.factors, tuple((t, float(f)) for t, f in factors.items()))
         return np.array([predict(replace(base, workload=p.workload, factors=trial), p.layout) for p in points], dtype=float)
 
     dc = fit(deployment_of(problem), _fit_points(cal, now_s), predict_all, half_life_s=HALF_LIFE_S, min_points=cal.min_points,

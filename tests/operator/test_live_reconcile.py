@@ -27,6 +27,7 @@ from servingtopology.operator.render.manifests import SET_LABEL
 from servingtopology.operator.replan import ReplanMemory
 from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Role
+from servingtopology.planner.live_calibration import combined
 from servingtopology.planner.observe import MetricSample
 from servingtopology.planner.problem import Decision, Problem
 from servingtopology.planner.replan_decision import capacity_of
@@ -106,7 +107,7 @@ def serving_capacity(obj: dict[str, Any], cluster: FakeCluster) -> float:
     assert state is not None
     spec = parse_topology_spec(obj["spec"])
     problem = to_problem(spec)
-    problem = replace(problem, workload=mem.assumed or problem.workload, factors=mem.calibration.factors)
+    problem = replace(problem, workload=mem.assumed or problem.workload, factors=combined(problem.factors, mem.calibration.factors))
     capacity = capacity_of(problem)
     entry = next(o for r, o in cluster.objects.items() if r.kind == "Service" and r.name == obj["metadata"]["name"])
     shapes = {state.from_set: state.source, state.to_set: state.target}

@@ -270,6 +270,22 @@ def test_steady_intervals_calibrate_the_model_only_from_the_minimum_points_and_r
     assert shown.residualPercent["ttft"] < 50.0 and shown.corrections["request_overhead"] == pytest.approx(factors["request_overhead"], abs=1e-3)
 
 
+def test_a_spec_calibration_is_where_the_operators_own_calibration_starts():
+    # The spec's calibration says TTFT is twice the model's, and it is: the live fit has nothing to add.
+    calibrated = replace(PROBLEM, factors=(("request_overhead", 2.0),))
+    memory, outs = ReplanMemory(), []
+    for i in range(1, 9):
+        out = replan(problem=calibrated, current=ONE, memory=memory, sample=sample(60.0 * i, ttft_ms=200.0), metrics_error=None,
+                     policy=policy(), now_s=60.0 * i, planner=refusing_planner, predict=fake_predict, at="", calibrate=fake_point)
+        memory = out.memory
+        outs.append(out)
+    cal = outs[-1].memory.calibration
+    assert cal.state is CalibrationState.APPLIED and cal.fit is not None and cal.fit.residual_before["ttft"] < 0.01
+    assert abs(dict(cal.factors).get("request_overhead", 1.0) - 1.0) < 0.02
+    assert outs[-1].observed is not None and outs[-1].observed.ttftError == pytest.approx(0.0)
+    assert outs[-1].before is not None and outs[-1].before.prediction.ttft_ms == pytest.approx(200.0, rel=0.02)
+
+
 def test_no_calibration_point_while_the_traffic_shifts():
     outs = feed([sample(60.0 * i, rate=9.0, ttft_ms=200.0) for i in range(1, 4)], planner=refusing_planner, pol=policy(persist_intervals=9))
     assert [len(o.memory.calibration.points) for o in outs] == [0, 0, 0]

@@ -22,6 +22,7 @@ from servingtopology.planner.live_calibration import (
     add_point,
     analytic_point,
     as_deployment_calibration,
+    combined,
     refit,
 )
 from servingtopology.planner.model import resolve_model
@@ -117,3 +118,22 @@ def test_a_problems_factors_apply_once_and_only_in_their_own_thread():
     assert slow[1] > seen[0][1] * 1.2
     with pytest.raises(ValueError, match="unknown calibration terms"), problem_factors((("nic", 1.2),)):
         pass
+
+
+def test_a_spec_calibration_is_the_base_the_live_fit_corrects():
+    # StartsFromSpec: points measured as the spec's calibrated model predicts them leave nothing for the live fit.
+    base = (("weights", 1.3),)
+    calibrated = replace(PROBLEM, factors=base)
+    cal = LiveCalibration()
+    for i in range(4):
+        w = replace(PROBLEM.workload, arrival_rate_rps=24.0 + i)
+        ttft, tpot = analytic_point(replace(calibrated, workload=w), LAYOUT)
+        cal = add_point(cal, LivePoint(i * 10.0, LAYOUT, w, ttft, tpot))
+    cal = refit(cal, calibrated, now_s=40.0)
+    assert cal.fit is not None and cal.fit.residual_before["tpot"] < 0.01
+    assert all(abs(f - 1.0) < 0.02 for f in cal.fit.factors.values()), cal.fit.factors
+    assert dict(combined(base, cal.factors)).get("weights") == pytest.approx(1.3, rel=0.02)
+    # Without the base the same points need the weights term: what the spec's file said, found again.
+    alone = refit(cal, PROBLEM, now_s=40.0)
+    assert alone.fit is not None and alone.fit.factors["weights"] > 1.15
+    assert combined((("weights", 1.3),), (("weights", 1 / 1.3), ("gemm", 1.1))) == (("gemm", 1.1),)
