@@ -1,7 +1,7 @@
 """A move whose measured result misses its prediction raises the next move's bar (issue #27 part 4), on the local stack.
 
 Llama-3.1-8B on TP1 replicas only, objective min-gpus, spec.policy.gainWithinError, planned for 70 req/s (2048 in,
-256 out): 6×TP1. The emulator serves 25 req/s with its engines slower than the model (EngineSlowdown: weights and
+256 out): 6×TP1. Once its six engines serve, the emulator serves 25 req/s with its engines slower than the model (EngineSlowdown: weights and
 per-step overhead ×1.4). The operator replans for the measured load: 3×TP1, 100 % better on min-gpus, beyond the
 combined uncertainty of the two TPOT intervals (45 %), so it moves, in place. The first steady interval after the move
 measures TPOT outside the interval predicted for 3×TP1: status.replan.move says by how much, a PredictionMissed Event
@@ -47,7 +47,9 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
     obj["spec"]["slo"]["tpotMs"] = {"p95": 100}
     obj["spec"]["search"] = {"layouts": ["replicas"], "tp": [1], "pp": [1]}
     obj["spec"]["policy"]["gainWithinError"] = True
-    emulator.set_profile({"phases": [{"rate_rps": 25, **TOKENS, "slowdown": SLOWDOWN}]})
+    # No traffic until all six engines serve: a pod Ready before its peers would take the whole rate for the emulator's
+    # first 20 s chunk and queue (a latency the layout never has).
+    emulator.set_profile({"phases": [{"rate_rps": 0, **TOKENS}]})
     started_s = time.monotonic()
 
     def status() -> dict[str, Any]:
@@ -64,6 +66,9 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         wait_until(lambda: (kube.condition(namespace, name, "Ready") or {}).get("status") == "True",
                    timeout_s=180, what="planned 6×TP1 Ready", on_timeout=why)
         assert (status()["plan"]["layout"], status()["plan"]["gpus"]) == ("6×TP1", 6), status()["plan"]
+        wait_until(lambda: sum(1 for k in emulator.status()["instances"] if k.startswith(f"{namespace}/")) == 6,
+                   timeout_s=60, what="six emulated engines serving", on_timeout=lambda: json.dumps(emulator.status())[-2000:])
+        emulator.set_profile({"phases": [{"rate_rps": 25, **TOKENS, "slowdown": SLOWDOWN}]})
         ready_s = time.monotonic() - started_s
 
         # The move: 6×TP1 → 3×TP1 for its gain, beyond the bar; its predicted TPOT interval is recorded.
