@@ -12,7 +12,7 @@ narrowed by its own points) but within the widened one (65–80 %): nothing chan
 widening. The layouts and the bars were checked offline with the operator's planner and error gate at 13–20 req/s,
 uncalibrated and calibrated (weights ×1.5 to ×2, gemm ×1.2). At 16 req/s the learned factors (gemm ×1.46, weights
 ×1.72) left 3×TP1 the best layout: PlanKept, not a gated move. By then the operator has calibrated
-itself on the steady intervals at 3×TP1 (status.calibration Applied, the weights term above 1: the slowdown learned).
+itself on the steady intervals at 3×TP1 (status.calibration Applied, a step term above 1: the slowdown learned).
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         # Self-calibration: the steady intervals at 3×TP1 are its points; the fit learned the engines' slowdown.
         cal = status()["calibration"]
         assert cal["state"] == "Applied" and cal["pointsUsed"] >= cal["minimumPoints"] == 3, cal
-        assert cal["corrections"]["weights"] > 1.1 and cal["residualPercent"]["tpot"] < cal["uncalibratedResidualPercent"]["tpot"], cal
+        # Slower steps learned (which of gemm and weights carries it, the points of one layout cannot tell apart: a run
+        # gave weights ×1.72 and gemm ×1.46, another gemm ×1.91 and weights at its ×0.5 bound), and TPOT fitted closer.
+        assert max(cal["corrections"]["gemm"], cal["corrections"]["weights"]) > 1.1, cal
+        assert cal["residualPercent"]["tpot"] < cal["uncalibratedResidualPercent"]["tpot"], cal
         assert cal["fittedAt"] and "fitted on" in cal["message"], cal
         print(f"\nReady {ready_s:.0f} s after the apply; TransitionStarted at {moved_s:.0f} s; PredictionMissed at {judged_s:.0f} s "
               f"({move['errorPercent']:+.0f} %: {move['measuredTpotMs']} ms against [{tpot['low']:.1f}, {tpot['high']:.1f}]); "
