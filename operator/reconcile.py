@@ -428,6 +428,12 @@ def _decide_within_capacity(p: PassState, ctx: PassContext, problem: Problem | N
         return decision
     message = (f"plan {best.layout.label} needs {best.layout.gpus} {gpu_id} GPUs; {missing} {gpu_id} GPUs are missing "
                f"({note}); nothing was applied")
+    return _insufficient_capacity(p, message)
+
+
+def _insufficient_capacity(p: PassState, message: str) -> Outcome:
+    """InsufficientCapacity: the plan does not fit the free GPUs; one Warning, Planned=False, nothing applied, the pass
+    comes back after CAPACITY_REQUEUE_S."""
     if p.set(ConditionType.INSUFFICIENT_CAPACITY, True, "InsufficientCapacity", message):
         p.event("Warning", "InsufficientCapacity", message)
     p.set(ConditionType.PLANNED, False, "InsufficientCapacity", message)
@@ -450,12 +456,7 @@ def _kinds_fit(p: PassState, ctx: PassContext, decision: Decision, capacity: Cap
         return decision
     short = ", ".join(f"{n} {k}" for k, n in missing.items())
     message = f"plan {best.layout.label} needs GPUs of {len(kinds)} kinds; {short} GPUs are missing ({note}); nothing was applied"
-    if p.set(ConditionType.INSUFFICIENT_CAPACITY, True, "InsufficientCapacity", message):
-        p.event("Warning", "InsufficientCapacity", message)
-    p.set(ConditionType.PLANNED, False, "InsufficientCapacity", message)
-    if p.status.plan is None:
-        p.set(ConditionType.READY, False, "InsufficientCapacity", message)
-    return p.outcome(plan=p.status.plan, proposal=p.status.proposal, requeue_after_s=CAPACITY_REQUEUE_S, error="InsufficientCapacity")
+    return _insufficient_capacity(p, message)
 
 
 def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None, current: Layout | None, run: _Run) -> Outcome | None:
