@@ -41,7 +41,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from servingtopology.operator.api.resource import (
     APPROVE_ANNOTATION,
@@ -68,6 +68,7 @@ from servingtopology.operator.pass_context import (
     PassState,
     Planner,
     blueprint_for,
+    build_problem,
     decide_or_outcome,
     engine_args_of,
     hold_unreadable,
@@ -86,6 +87,7 @@ from servingtopology.operator.plan_status import (
     predicted,
     proposal_status,
     timestamp,
+    with_intervals,
 )
 from servingtopology.operator.pool_member import capped, membership
 from servingtopology.operator.render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
@@ -112,7 +114,7 @@ from servingtopology.planner.decide import predict_layout
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout
-from servingtopology.planner.problem import Decision, Problem
+from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.transition import Phase, TransitionState
 from servingtopology.planner.transition import set_name as layout_set_name
 from servingtopology.spec import SpecError
@@ -253,17 +255,39 @@ def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy)
     return p.outcome(plan=p.status.plan, proposal=p.status.proposal, error="PodTemplateRefused")
 
 
+_Shown = TypeVar("_Shown", PlanStatus, ProposalStatus)
+
+
+def _with_intervals(shown: _Shown, problem: Problem | None, decision: Decision, p: PassState, *,
+                    before: Candidate | None = None) -> _Shown:
+    """IntervalsShown: a plan or proposal made for this generation with each prediction's nominal interval (the chosen
+    layout's under `predicted` and, calibrated, `uncalibrated`; the running layout's at the same load under `before`),
+    widened per missed move."""
+    if problem is None:
+        return shown
+    update: dict[str, Any] = {"predicted": with_intervals(shown.predicted, problem, decision.best, misses=p.memory.misses),
+                              "uncalibrated": with_intervals(shown.uncalibrated, problem, decision.uncalibrated, misses=p.memory.misses)}
+    if isinstance(shown, ProposalStatus):
+        update["before"] = with_intervals(shown.before, problem, before if before is not None else decision.current,
+                                          misses=p.memory.misses)
+    return shown.model_copy(update=update)
+
 def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
     proposal, history, decided = p.status.proposal, list(p.status.history), False
     if proposal is None or proposal.generation != p.generation or _cap_changed(p, proposal):
-        decision = decide_or_outcome(p, ctx.spec, ctx.planner, current)
+        try:
+            spec_problem: Problem | None = build_problem(p, ctx.spec, current)
+        except (InvalidSpec, SpecError):
+            spec_problem = None   # decide_or_outcome builds it again and reports the field
+        decision = decide_or_outcome(p, ctx.spec, ctx.planner, current, spec_problem)
         if isinstance(decision, Outcome):
             return decision
         best, decided = decision.best, True
         proposal = proposal_status(best, current=p.status.plan, before=decision.current.prediction if decision.current else None,
                                    args_of=engine_args_of(ctx.bp_for(p, best.layout)), reasons=decision.reasons, now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec))
-        proposal = p.numbered(with_calibration(proposal, decision, p)).model_copy(update={"poolGPUs": p.pool_gpus})
+        proposal = p.numbered(_with_intervals(with_calibration(proposal, decision, p), spec_problem, decision, p)).model_copy(
+            update={"poolGPUs": p.pool_gpus})
         p.event("Normal", "PlanProposed", f"proposal {proposal.id}: {proposal.message}")
         p.set(ConditionType.PLANNED, True, "PlanProposed", proposal.message)
         if p.status.plan is None:
@@ -475,8 +499,8 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
             p.event("Warning", "LeaderWorkerSetMissing", message)
         p.set(ConditionType.PLANNED, False, "LeaderWorkerSetMissing", message)
         return p.outcome(plan=plan, proposal=None, error="LeaderWorkerSetMissing")
-    new_plan = with_calibration(plan_status(best, args_of=engine_args_of(bp), reasons=decision.reasons, now=p.now, generation=p.generation),
-                                decision, p)
+    new_plan = _with_intervals(with_calibration(plan_status(best, args_of=engine_args_of(bp), reasons=decision.reasons, now=p.now,
+                                                            generation=p.generation), decision, p), problem, decision, p)
     reason = decision.reasons[0] if decision.reasons else (best.why or "best ranked layout under the SLOs")
     if ctx.spec.policy.mode is Mode.PINNED:
         reason = "policy.mode is Pinned"
@@ -495,7 +519,7 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
         proposal = proposal_status(best, current=plan, before=same_load.prediction if same_load is not None else None,
                                    args_of=engine_args_of(bp), reasons=[reason, *decision.reasons], now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec), load_rps=load_rps)
-        proposal = with_calibration(proposal, decision, p)
+        proposal = _with_intervals(with_calibration(proposal, decision, p), problem, decision, p, before=same_load)
         if started.started:
             _begin(p, ctx, run, proposal, started)
         else:

@@ -711,8 +711,8 @@ class Predicted(_Api):
     goodputRps: float = Field(description="requests per second served within the SLO at the load")
     meetsSlo: bool = Field(description="whether both latency bounds hold at the load")
     source: str = Field(default="analytical", description="what made the figures: analytical (the model) or simulated")
-    ttftInterval: IntervalBand | None = Field(default=None, description="ttftMs's nominal interval (proposals of a live replan)")
-    tpotInterval: IntervalBand | None = Field(default=None, description="tpotMs's nominal interval (proposals of a live replan)")
+    ttftInterval: IntervalBand | None = Field(default=None, description="ttftMs's nominal interval (plans and proposals)")
+    tpotInterval: IntervalBand | None = Field(default=None, description="tpotMs's nominal interval (plans and proposals)")
 
 
 class PlanStatus(_Api):

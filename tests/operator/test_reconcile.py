@@ -515,3 +515,25 @@ def test_engine_failures_name_the_pod_its_role_and_the_engines_own_message() -> 
     healthy = {"metadata": {"name": "ok"}, "status": {"containerStatuses": [{"name": "engine", "state": {"running": {}}}]}}
     assert engine_failures([healthy, pod("d-1", msg, 1), pod("d-2", msg, 1)]) == [f"d-1 (decode): exit 1: {msg}"]
     assert engine_failures([healthy, pod("d-3", "clean exit", 0)]) == []
+
+
+def test_plans_and_proposals_made_for_a_spec_edit_carry_each_predictions_interval() -> None:
+    # IntervalsShown: the chosen layout's TTFT/TPOT under `predicted`, the running layout's at the same load under
+    # `before`, each with the class's nominal interval around it (planner/error_bars.py), on the plan too.
+    obj, cluster = topology(), FakeCluster()
+    current = Candidate(REPLICAS, prediction(310, 30), score=0.5)
+    planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30),
+                              decision(Layout.pd(RoleLayout(1, Parallelism(tp=4)), RoleLayout(3, Parallelism(tp=2))),
+                                       ttft_ms=180, tpot_ms=25, current=current))
+    run(obj, cluster, planner)
+    plan = obj["status"]["plan"]["predicted"]
+    assert plan["ttftInterval"]["low"] < 310 < plan["ttftInterval"]["high"]
+    assert plan["tpotInterval"]["low"] < 30 < plan["tpotInterval"]["high"] and plan["tpotInterval"]["level"] == 0.8
+    bump(obj, policy={**obj["spec"]["policy"], "mode": "DryRun"})
+    run(obj, cluster, planner, minutes=3)
+    proposal = obj["status"]["proposal"]
+    after, before = proposal["predicted"], proposal["before"]
+    assert after["ttftInterval"]["low"] < 180 < after["ttftInterval"]["high"]
+    assert after["tpotInterval"]["low"] < 25 < after["tpotInterval"]["high"]
+    assert before["tpotInterval"]["low"] < 30 < before["tpotInterval"]["high"]
+    assert after["tpotInterval"]["classKey"].startswith("vllm") and before["tpotInterval"]["classKey"] != after["tpotInterval"]["classKey"]
