@@ -2,8 +2,9 @@
 gain beats the combined uncertainty of the before and after predictions.
 
 Llama-3.1-8B with objective min-gpus, planned for 44 req/s (2048 in, 256 out): 2×TP1·PP2, 4 GPUs. The emulator
-serves 28 req/s, 36 % under the plan: the operator detects the drift and replans for the measured load, whose best
-layout is 3×TP1 (one GPU fewer, 33 % better on min-gpus, above minImprovement 10 %). Its TPOT intervals (vLLM
+serves 29 req/s, 34 % under the plan: the operator detects the drift and replans for the measured load, whose best
+layout is 3×TP1 (from 24.3 to 36.3 req/s: a measured rate 16 % low or 25 % high still picks it; one GPU fewer,
+33 % better on min-gpus, above minImprovement 10 %). Its TPOT intervals (vLLM
 single-gpu and tp classes of planner/data/prediction_intervals.json) add up to a combined uncertainty of 37 %, so
 nothing changes: one `GainWithinError` Event names both intervals and every Deployment keeps its generation,
 replicas and engine command. Then the traffic falls to 10 req/s: every layout the replan can pick on the way down
@@ -55,7 +56,7 @@ def test_gain_within_error_changes_nothing_and_a_gain_beyond_it_moves(
                    replan_interval="10s", cooldown="10s", input_tokens=2048, output_tokens=256)
     obj["spec"]["objective"] = "min-gpus"
     obj["spec"]["policy"]["gainWithinError"] = True
-    emulator.set_profile({"phases": [{"rate_rps": 28, **TOKENS}]})
+    emulator.set_profile({"phases": [{"rate_rps": 29, **TOKENS}]})
     started_s = time.monotonic()
 
     def why() -> str:

@@ -1,13 +1,13 @@
 """A move whose measured result misses its prediction raises the next move's bar (issue #27 part 4), on the local stack.
 
 Llama-3.1-8B on TP1 replicas only, objective min-gpus, spec.policy.gainWithinError, planned for 70 req/s (2048 in,
-256 out): 6×TP1. Once its six engines serve, the emulator serves 25 req/s with its engines slower than the model (EngineSlowdown: weights and
+256 out): 6×TP1. Once its six engines serve, the emulator serves 30 req/s with its engines slower than the model (EngineSlowdown: weights and
 per-step overhead ×1.4). The operator replans for the measured load: 3×TP1, 100 % better on min-gpus, beyond the
 combined uncertainty of the two TPOT intervals (45 %), so it moves, in place. The first steady interval after the move
 measures TPOT outside the interval predicted for 3×TP1: status.replan.move says by how much, a PredictionMissed Event
 says so, and status.calibration shows one missed move and the ×1.5 widening it puts on every interval of the next bar.
-Then the traffic falls to 13 req/s: 2×TP1 is 50 % better (one TP1 carries 12.1 req/s uncalibrated, about 8 once the
-slowdown is learned, so 2×TP1 either way), beyond the bar of the unwidened intervals (39–48 %, the running layout's
+Then the traffic falls to 13.8 req/s: 2×TP1 is 50 % better (one TP1 carries 12.1 req/s uncalibrated, 7.9 to 10.8 with
+the factors runs on Poisson arrivals learned, so 2×TP1 either way), beyond the bar of the unwidened intervals (39–48 %, the running layout's
 narrowed by its own points) but within the widened one (65–80 %): nothing changes, one GainWithinError Event quotes the
 widening. The layouts and the bars were checked offline with the operator's planner and error gate at 13–20 req/s,
 uncalibrated and calibrated (weights ×1.5 to ×2, gemm ×1.2). At 16 req/s the learned factors (gemm ×1.46, weights
@@ -44,7 +44,7 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     name = "missed"
     obj = topology(name, namespace, prometheus_url=cluster.prometheus_url, arrival_rate=70, allowed_layouts=["replicas"],
-                   replan_interval="10s", cooldown="10s", **TOKENS)
+                   replan_interval="15s", cooldown="10s", **TOKENS)
     obj["spec"]["objective"] = "min-gpus"
     obj["spec"]["slo"]["tpotMs"] = {"p95": 100}
     obj["spec"]["search"] = {"layouts": ["replicas"], "tp": [1], "pp": [1]}
@@ -70,11 +70,16 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         assert (status()["plan"]["layout"], status()["plan"]["gpus"]) == ("6×TP1", 6), status()["plan"]
         wait_until(lambda: sum(1 for k in emulator.status()["instances"] if k.startswith(f"{namespace}/")) == 6,
                    timeout_s=60, what="six emulated engines serving", on_timeout=lambda: json.dumps(emulator.status())[-2000:])
-        emulator.set_profile({"phases": [{"rate_rps": 25, **TOKENS, "slowdown": SLOWDOWN}]})
+        # 30 req/s, in the middle of 3×TP1's band: 2×TP1 carries up to 24.2 req/s (−19 %), 3×TP1 36.3 (+21 %); a 15 s
+        # interval's measured rate strays by up to ±12 % after the onset's queue (a run: 27.1, 30.9, 27.9, 23.3, 25.6 at
+        # 27 req/s), the two a replan plans on (OnsetExcluded) a little less. At 25 req/s a run planned for 23.5 and moved
+        # to 2×TP1. The miss holds at any rate of that band: the slowed engines' p95 TPOT is 1.49-1.61× the model's at
+        # 26-34 req/s, the interval's upper bound 1.30×.
+        emulator.set_profile({"phases": [{"rate_rps": 30, **TOKENS, "slowdown": SLOWDOWN}]})
         ready_s = time.monotonic() - started_s
 
         # The move: 6×TP1 → 3×TP1 for its gain, beyond the bar; its predicted TPOT interval is recorded.
-        wait_until(lambda: bool(_mine(kube, namespace, name, "TransitionStarted")), timeout_s=180,
+        wait_until(lambda: bool(_mine(kube, namespace, name, "TransitionStarted")), timeout_s=240,
                    what="TransitionStarted to 3×TP1", interval_s=2.0, on_timeout=why)
         (started,) = _mine(kube, namespace, name, "TransitionStarted")
         assert "changing 6×TP1 → 3×TP1" in started["message"] and "beyond the combined uncertainty" in started["message"], started
@@ -83,7 +88,7 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
 
         # The miss: the first steady interval after the move measures TPOT outside the predicted interval.
         wait_until(lambda: bool(_mine(kube, namespace, name, "PredictionMissed") or _mine(kube, namespace, name, "PredictionHit")),
-                   timeout_s=150, what="the move judged (PredictionMissed)", interval_s=2.0, on_timeout=why)
+                   timeout_s=200, what="the move judged (PredictionMissed)", interval_s=2.0, on_timeout=why)
         assert not _mine(kube, namespace, name, "PredictionHit"), why()
         (missed,) = _mine(kube, namespace, name, "PredictionMissed")
         assert missed["type"] == "Warning" and "after the move to 3×TP1: TPOT measured" in missed["message"], missed
@@ -99,12 +104,16 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         assert shown.get("missedMoves") == 1 and shown.get("intervalWidening") == 1.5, shown   # the raised bar
         judged_s = time.monotonic() - started_s
 
-        # The raised bar: the traffic falls to 13 req/s, 2×TP1 would be 50 % better: beyond the unwidened intervals' bar,
-        # within the widened one: nothing changes, one GainWithinError.
-        emulator.set_profile({"phases": [{"rate_rps": 13, **TOKENS, "slowdown": SLOWDOWN}]})
+        # The raised bar: the traffic falls to 13.8 req/s, 2×TP1 would be 50 % better: beyond the unwidened intervals' bar,
+        # within the widened one: nothing changes, one GainWithinError. 13.8 req/s: 2×TP1 whether the self-calibration
+        # has been applied by then or not (1×TP1 carries 12.1 req/s uncalibrated, −12 %; 2×TP1 15.8 to 21.5 req/s with
+        # the factors runs on Poisson arrivals learned, gemm ×1.16 to ×1.91, +14 % or more). (With arrivals as regular
+        # as `--burstiness 16` the engines queue less than the model's Poisson arrivals: a run learned gemm ×0.56, so
+        # 1×TP1 carried 15.3 req/s and the operator moved there.)
+        emulator.set_profile({"phases": [{"rate_rps": 13.8, **TOKENS, "slowdown": SLOWDOWN}]})
         fell_s = time.monotonic()
         wait_until(lambda: bool(_mine(kube, namespace, name, "GainWithinError")) or len(_mine(kube, namespace, name, "TransitionStarted")) > 1,
-                   timeout_s=150, what="GainWithinError after the traffic fell", interval_s=2.0, on_timeout=why)
+                   timeout_s=240, what="GainWithinError after the traffic fell", interval_s=2.0, on_timeout=why)
         assert len(_mine(kube, namespace, name, "TransitionStarted")) == 1, why()
         (gated,) = _mine(kube, namespace, name, "GainWithinError")
         message = gated["message"]
@@ -118,9 +127,9 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         assert unwidened < 0.5 < bar, (unwidened, bar, message)   # would have moved before the miss; not now
         assert status()["plan"]["layout"] == "3×TP1"
         gated_s = time.monotonic() - fell_s
-        # Self-calibration: the steady intervals at 3×TP1 are its points (at 25 req/s after the move, at 13 once the
+        # Self-calibration: the steady intervals at 3×TP1 are its points (at 30 req/s after the move, at 13.8 once the
         # GainWithinError re-based the drift); the fit learned the engines' slowdown.
-        wait_until(lambda: (status().get("calibration") or {}).get("state") == "Applied", timeout_s=90,
+        wait_until(lambda: (status().get("calibration") or {}).get("state") == "Applied", timeout_s=150,
                    what="status.calibration Applied", interval_s=2.0, on_timeout=why)
         cal = status()["calibration"]
         assert cal["state"] == "Applied" and cal["pointsUsed"] >= cal["minimumPoints"] == 3, cal

@@ -399,8 +399,9 @@ def test_the_demo_at_its_steady_load_runs_ten_minutes_without_a_drift_warning(
         assert not warnings, warnings
         assert not drift, drift[:3]
         assert after["plan"]["layout"] == plan["layout"] and not after.get("proposal"), after.get("proposal")
-        # Every 15 s interval after the first minute read metrics: the quiet is not a silent metrics path.
-        assert len(reads) >= STEADY_S / 15.0 * 0.8, sorted(reads)
+        # The intervals kept reading metrics: the quiet is not a silent metrics path. Runs read 37-38 of the 40 nominal
+        # (a fetch every 15 s plus the operator's pass time, longer on a slower machine); a silent path reads none.
+        assert len(reads) >= STEADY_S / 15.0 * 0.6, sorted(reads)
         assert rates and all(3.0 <= r <= 5.0 for r in rates), rates
     finally:
         emulator.set_profile({"phases": [{"rate_rps": 2, "input_tokens": 1000, "output_tokens": 200}]})
@@ -470,8 +471,15 @@ def test_a_blocked_move_keeps_reading_metrics_and_starts_when_the_measured_load_
         def observed() -> dict[str, Any]:
             return dict(kube.topology(namespace, name).get("status", {}).get("observed") or {})
 
-        wait_until(lambda: (observed().get("arrivalRateRps") or 0) >= 3.3, timeout_s=180, what="4 req/s measured",
-                   on_timeout=lambda: json.dumps(observed()))
+        # 4 req/s measured over a window without the interval the traffic began in (6 reads after the first: the window's
+        # length), so the floor the move is judged by holds the whole rate (2×TP2 carries 2.95 req/s).
+        reads: set[str] = set()
+
+        def measured() -> bool:
+            o = observed()
+            reads.add(str(o.get("at")))
+            return len(reads) > 6 and (o.get("arrivalRateRps") or 0) >= 3.3
+        wait_until(measured, timeout_s=240, what="4 req/s measured", on_timeout=lambda: json.dumps(observed()))
         with PodSampler(cluster.kubeconfig, namespace, name) as sampler:
             _patch_spec(cluster, namespace, name, {"pinned": {"replicas": 2, "tp": 2}})
             generation = kube.topology(namespace, name)["metadata"]["generation"]

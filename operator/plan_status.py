@@ -22,8 +22,8 @@ from servingtopology.operator.api.resource import (
     RolePlan,
 )
 from servingtopology.operator.live.readout import ms_text, pd_ratio
-from servingtopology.planner.error_bars import LEVEL, Interval, figure_intervals, widened
-from servingtopology.planner.error_gate import widening
+from servingtopology.planner.error_bars import LEVEL, Interval
+from servingtopology.planner.error_gate import shown_intervals
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
 from servingtopology.planner.problem import Candidate, Prediction, Problem
@@ -62,14 +62,14 @@ def interval_band(iv: Interval) -> IntervalBand | None:
 def with_intervals(predicted_: Predicted | None, problem: Problem, candidate: Candidate | None, *, misses: int = 0) -> Predicted | None:
     """IntervalsShown for a plan made for a spec edit: `predicted_` (the candidate's figures) with the nominal intervals
     of its TTFT and TPOT (planner/error_bars.py `figure_intervals`, the class's width at the problem's load), widened 1.5×
-    per missed move as the error gate widens them (planner/error_gate.py `widening`); a live replan's proposal gets its
-    intervals from operator/replan.py `_intervals`, narrowed by the deployment's own calibration."""
+    per missed move as the error gate widens them (planner/error_gate.py `shown_intervals`, which a live replan's
+    proposal also uses, narrowed there by the deployment's own calibration)."""
     if predicted_ is None or candidate is None:
         return predicted_
-    factor = widening(misses)
-    ivs = figure_intervals(problem, candidate.layout, ttft_ms=candidate.prediction.ttft_ms, tpot_ms=candidate.prediction.tpot_ms)
-    return predicted_.model_copy(update={"ttftInterval": interval_band(widened(ivs["ttft"], factor)),
-                                         "tpotInterval": interval_band(widened(ivs["tpot"], factor))})
+    ivs = shown_intervals(problem, candidate.layout, ttft_ms=candidate.prediction.ttft_ms, tpot_ms=candidate.prediction.tpot_ms,
+                          misses=misses)
+    return predicted_.model_copy(update={"ttftInterval": interval_band(ivs["ttft"]), "tpotInterval": interval_band(ivs["tpot"])})
+
 
 def predicted(p: Prediction) -> Predicted:
     return Predicted(ttftMs=round(p.ttft_ms, 1), tpotMs=round(p.tpot_ms, 2), throughputTokS=round(p.throughput_tok_s, 1),

@@ -38,8 +38,8 @@ from servingtopology.operator.replan_status import Unreadable, validate_replan_s
 from servingtopology.planner.decide import predict_layout
 from servingtopology.planner.deployment_fit import DeploymentCalibration
 from servingtopology.planner.drift import DriftPolicy, DriftState, assess_drift, rebaseline, workload_shift
-from servingtopology.planner.error_bars import LEVEL, Interval, figure_intervals, widened
-from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, judge_move, widening
+from servingtopology.planner.error_bars import LEVEL, Interval
+from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, judge_move, shown_intervals, widening
 from servingtopology.planner.errors import Infeasible, InsufficientData
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.live_calibration import (
@@ -288,15 +288,11 @@ class _Figures(TypedDict, total=False):
 
 def _intervals(problem: Problem, before: Candidate | None, after: Candidate, *, calibration: CalibrationOf,
                misses: int) -> dict[str, dict[str, Interval]]:
-    """IntervalsShown: the nominal intervals of the before and after predictions (planner/error_bars.py `figure_intervals`,
-    narrowed by the deployment's own calibration of the layouts it measured), widened 1.5× per missed move as the error
-    gate widens them."""
-    factor = widening(misses)
-
+    """IntervalsShown for the before and after predictions of a replan (planner/error_gate.py `shown_intervals`,
+    narrowed by the deployment's own calibration of the layouts it measured)."""
     def of(c: Candidate) -> dict[str, Interval]:
-        ivs = figure_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms,
+        return shown_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms, misses=misses,
                                calibration=calibration(c.layout))
-        return {m: widened(iv, factor) for m, iv in ivs.items()}
     return {"after": of(after), **({"before": of(before)} if before is not None else {})}
 
 
@@ -399,12 +395,20 @@ def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: fl
 
 
 def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observation) -> Workload:
-    """The workload of the intervals that made the trigger persist (the whole window mixes in the old traffic);
-    the whole window's when those few hold too little data."""
-    try:
-        return observe(window[-policy.drift.persist_intervals:], min_samples=policy.drift.persist_intervals).workload.workload
-    except InsufficientData:
-        return obs.workload.workload
+    """The workload a replan plans for: that of the intervals that made the trigger persist, less the first (OnsetExcluded).
+
+    The whole window mixes in the old traffic. The first interval of the streak is, by construction, the one the change
+    began in (the interval before it was calm or not counted), so it holds part old traffic and part new: a step from
+    idle to 25 req/s, read with it, was planned for as 23.5 req/s (an e2e run on the emulator). The streak's later
+    intervals are the new traffic's own. With fewer than two of them (persist_intervals ≤ 2) or too little data in
+    them, the whole streak's workload; with too little there, the whole window's."""
+    n = policy.drift.persist_intervals
+    for recent in ((window[-(n - 1):],) if n >= 3 else ()) + (window[-n:],):
+        try:
+            return observe(recent, min_samples=len(recent)).workload.workload
+        except InsufficientData:
+            continue
+    return obs.workload.workload
 
 
 def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,

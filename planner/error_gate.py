@@ -13,9 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servingtopology.planner.error_bars import Interval, combined_uncertainty
+from servingtopology.planner.deployment_fit import DeploymentCalibration
+from servingtopology.planner.error_bars import Interval, combined_uncertainty, figure_intervals, widened
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.problem import Problem
 
-__all__ = ["GAIN_WITHIN_ERROR", "MOVE_HIT", "MOVE_MISS", "GateVerdict", "gate_move", "MoveJudgement", "judge_move", "widening"]
+__all__ = ["GAIN_WITHIN_ERROR", "MOVE_HIT", "MOVE_MISS", "GateVerdict", "gate_move", "MoveJudgement", "judge_move", "shown_intervals",
+           "widening"]
 
 GAIN_WITHIN_ERROR = "GainWithinError"
 MOVE_HIT = "PredictionHit"
@@ -38,6 +42,16 @@ class GateVerdict:
 def widening(misses: int) -> float:
     """The factor repeated misses put on a deployment's interval half-widths (1.5 per miss, at most 4)."""
     return float(min(1.5 ** max(misses, 0), 4.0))
+
+
+def shown_intervals(problem: Problem, layout: Layout, *, ttft_ms: float, tpot_ms: float, misses: int,
+                    calibration: DeploymentCalibration | None = None) -> dict[str, Interval]:
+    """IntervalsShown: a prediction's nominal intervals ("ttft", "tpot"; error_bars.figure_intervals, narrowed by the
+    deployment's `calibration` of that layout) widened by `widening(misses)` as the gate widens them: what status, the
+    Events and the proposals show, for a live replan's move and a spec edit's plan alike."""
+    factor = widening(misses)
+    ivs = figure_intervals(problem, layout, ttft_ms=ttft_ms, tpot_ms=tpot_ms, calibration=calibration)
+    return {m: widened(iv, factor) for m, iv in ivs.items()}
 
 
 def gate_move(gain: float, before: Interval, after: Interval, *, misses: int = 0, what: str = "the objective") -> GateVerdict:

@@ -18,7 +18,7 @@ import numpy as np
 from servingtopology.emulator.command_parser import EngineConfig
 from servingtopology.emulator.exposition import EngineMetrics
 from servingtopology.emulator.seam import EngineSimulator
-from servingtopology.emulator.traffic import Phase
+from servingtopology.emulator.traffic import Phase, arrival_gap_s
 from servingtopology.planner.layout import Role
 
 __all__ = ["EmulatedInstance", "Share"]
@@ -107,19 +107,21 @@ class EmulatedInstance:
         self.metrics.record(progress, self.simulator.gauges(), window_s=window_s)
 
     def _submit_arrivals(self, now_s: float) -> None:
-        """Poisson arrivals at the current share's rate, drawn up to now plus the simulator's lookahead."""
+        """Arrivals at the current share's rate (Poisson, or gamma gaps of the phase's burstiness), drawn up to now plus
+        the simulator's lookahead."""
         share = self.share(now_s)
         self.simulator.slowdown = dict(share.phase.slowdown)   # EngineSlowdown: what is simulated from now on
         rate_rps = share.phase.rate_rps * share.fraction
+        burstiness = share.phase.burstiness
         if rate_rps > 0:
             if self._next_arrival_s <= self._last_tick_s:
-                self._next_arrival_s = self._last_tick_s + float(self._rng.exponential(1.0 / rate_rps))
+                self._next_arrival_s = self._last_tick_s + arrival_gap_s(self._rng, rate_rps, burstiness)
             cached = int(share.phase.input_tokens * share.phase.prefix_hit_ratio)
             horizon_s = now_s + self.simulator.lookahead_s
             while self._next_arrival_s <= horizon_s:
                 self.simulator.submit(arrival_s=self._next_arrival_s, input_tokens=share.phase.input_tokens,
                                       output_tokens=share.phase.output_tokens, cached_tokens=cached)
-                self._next_arrival_s += float(self._rng.exponential(1.0 / rate_rps))
+                self._next_arrival_s += arrival_gap_s(self._rng, rate_rps, burstiness)
         self._last_tick_s = now_s
 
     def _run(self) -> None:

@@ -11,9 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from servingtopology.planner.perf import STEP_TERMS
 
-__all__ = ["Phase", "TrafficProfile", "TrafficProfileError"]
+__all__ = ["MAX_BURSTINESS", "Phase", "TrafficProfile", "TrafficProfileError", "arrival_gap_s"]
+
+MAX_BURSTINESS = 1000.0   # gaps' coefficient of variation 1/√1000 ≈ 0.03: all but regular; a bound on what a profile may ask
 
 
 class TrafficProfileError(ValueError):
@@ -33,6 +37,18 @@ class Phase:
     # (planner.perf.STEP_TERMS: gemm, weights, attention, communication, overhead); each factor at least 1, so the
     # emulator can be made slower than the model predicts, never faster (more lenient) than it.
     slowdown: tuple[tuple[str, float], ...] = ()
+    # Gamma-distributed gaps between arrivals of shape `burstiness`, as `vllm bench serve --burstiness` draws them
+    # (vllm/benchmarks/serve.py: gamma with shape = burstiness, scale = 1 / (rate × burstiness)): 1 is a Poisson process,
+    # below 1 burstier, above 1 more regular (the gaps' coefficient of variation is 1/√burstiness).
+    burstiness: float = 1.0
+
+
+def arrival_gap_s(rng: np.random.Generator, rate_rps: float, burstiness: float = 1.0) -> float:
+    """One gap (s) between arrivals at `rate_rps` (> 0): exponential for burstiness 1 (the draw Poisson arrivals always
+    made, so a seed gives the same arrivals as before), gamma of shape `burstiness` otherwise; the mean is 1 / rate."""
+    if burstiness == 1.0:
+        return float(rng.exponential(1.0 / rate_rps))
+    return float(rng.gamma(burstiness, 1.0 / (rate_rps * burstiness)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +106,16 @@ def _phase(index: int, raw: Any) -> Phase:
     where = f"phases[{index}]"
     if not isinstance(raw, Mapping):
         raise TrafficProfileError(f"{where}: must be a mapping")
-    known = {"rate_rps", "input_tokens", "output_tokens", "duration_s", "prefix_hit_ratio", "slowdown"}
+    known = {"rate_rps", "input_tokens", "output_tokens", "duration_s", "prefix_hit_ratio", "slowdown", "burstiness"}
     extra = sorted(set(raw) - known)
     if extra:
         raise TrafficProfileError(f"{where}: unknown field(s) {', '.join(extra)}; allowed: {', '.join(sorted(known))}")
     hit = _number(where, raw, "prefix_hit_ratio", minimum=0.0, default=0.0)
     if hit >= 1.0:
         raise TrafficProfileError(f"{where}.prefix_hit_ratio: must be below 1, got {hit}")
+    burstiness = _number(where, raw, "burstiness", minimum=0.01, default=1.0)
+    if burstiness > MAX_BURSTINESS:
+        raise TrafficProfileError(f"{where}.burstiness: must be at most {MAX_BURSTINESS:g}, got {burstiness:g}")
     duration = raw.get("duration_s")
     return Phase(
         rate_rps=_number(where, raw, "rate_rps", minimum=0.0),
@@ -105,6 +124,7 @@ def _phase(index: int, raw: Any) -> Phase:
         duration_s=None if duration is None else _number(where, raw, "duration_s", minimum=0.001),
         prefix_hit_ratio=hit,
         slowdown=_slowdown(where, raw.get("slowdown")),
+        burstiness=burstiness,
     )
 
 

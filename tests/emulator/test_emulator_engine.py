@@ -5,13 +5,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from servingtopology.emulator.command_parser import parse_engine_command
 from servingtopology.emulator.engine import BatchingEngine, SimulatorKind, build_simulator, gpu_for_label
 from servingtopology.emulator.exposition import EngineMetrics, Histogram
 from servingtopology.emulator.instance import EmulatedInstance, Share
-from servingtopology.emulator.traffic import Phase, TrafficProfile, TrafficProfileError
+from servingtopology.emulator.traffic import Phase, TrafficProfile, TrafficProfileError, arrival_gap_s
 from servingtopology.planner.layout import Role
 
 
@@ -129,10 +130,25 @@ def test_profile_phases_follow_each_other_then_hold_the_last() -> None:
      r"phases\[0\]\.slowdown\.weights: must be at least 1"),
     ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "slowdown": {"nic": 2}}]}, r"unknown step term\(s\) nic"),
     ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "slowdown": 2}]}, r"phases\[0\]\.slowdown: must be a mapping"),
+    ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "burstiness": 0}]}, r"phases\[0\]\.burstiness: must be at least"),
+    ({"phases": [{"rate_rps": 1, "input_tokens": 1, "output_tokens": 1, "burstiness": 1e6}]}, r"phases\[0\]\.burstiness: must be at most 1000"),
 ])
 def test_bad_profiles_name_the_field(raw: dict, message: str) -> None:
     with pytest.raises(TrafficProfileError, match=message):
         TrafficProfile.from_mapping(raw)
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 16.0])
+def test_arrival_gaps_keep_the_rate_and_spread_as_vllm_bench_serves_burstiness(burstiness: float) -> None:
+    # Gamma gaps of shape b and mean 1/rate (vllm bench serve --burstiness): coefficient of variation 1/√b.
+    assert TrafficProfile.from_mapping({"phases": [{"rate_rps": 4, "input_tokens": 1, "output_tokens": 1,
+                                                    "burstiness": burstiness}]}).phases[0].burstiness == burstiness
+    rng = np.random.default_rng(7)
+    gaps = np.array([arrival_gap_s(rng, 4.0, burstiness) for _ in range(40_000)])
+    assert gaps.mean() == pytest.approx(0.25, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0 / np.sqrt(burstiness), rel=0.05)
+    # Burstiness 1 draws the same exponential gaps as the emulator always did, so seeded runs are unchanged.
+    assert arrival_gap_s(np.random.default_rng(3), 2.0) == float(np.random.default_rng(3).exponential(0.5))
 
 
 def test_the_project_simulator_and_the_builtin_stepper_agree_on_an_unloaded_engine() -> None:

@@ -154,6 +154,19 @@ def test_dry_run_proposes_once_with_before_and_after_figures():
     assert cond(out, ConditionType.DRIFT_DETECTED).reason == "WorkloadShift"
 
 
+def test_the_interval_the_change_began_in_is_left_out_of_the_load_planned_for():
+    # OnsetExcluded: a step from 4 to 10 req/s that breaches the TTFT SLO at once; the first hot interval holds part old
+    # traffic and part new (7 req/s): the replan plans for the 10 req/s of the two intervals after it, not for 9.
+    samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=r, ttft_ms=50_000.0) for i, r in ((5, 7.0), (6, 10.0), (7, 10.0))]
+    outs = feed(samples)
+    out = outs[-1]
+    assert [o.verdict for o in outs[:-1]] == [Verdict.KEEP] * 6 and out.verdict is Verdict.PROPOSE, [o.message for o in outs]
+    assert "its SLO for 3 intervals" in out.message and out.load_rps == pytest.approx(10.0) and " at 10 req/s: " in out.message, out.message
+    # With a streak of two intervals both count: nothing would be left to plan on without the first.
+    two = feed(samples[:-1], pol=policy(persist_intervals=2))[-1]
+    assert two.verdict is Verdict.PROPOSE and two.load_rps == pytest.approx(8.5), two.message
+
+
 def test_a_proposal_and_its_event_carry_each_predictions_interval_as_plan_prints_it():
     samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=9.0) for i in range(5, 8)]
     out = feed(samples)[-1]
