@@ -539,8 +539,12 @@ def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemor
     return replace(mem, move=move, misses=misses), EventNote("Normal" if j.hit else "Warning", j.reason, text)
 
 
-def _transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:
-    """The spec's problem at the workload the transition was started for, with the calibration's factors."""
+def transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:
+    """OneCapacityModel: the problem a transition's capacity is judged by, at its start (operator/rollout.py
+    `start_for_change`, planner/replan_decision.py `choose_move` via the replan's observed problem) and at every step
+    (`transition_step`, `serving_floor`): the spec's at the workload the transition was started for, with the
+    calibration's factors. A start judged without the live factors once let a spec edit start a move whose every step
+    was then judged with them (weights ×1.8: 2×TP1 below the floor) and stalled it (an e2e run)."""
     return replace(problem, workload=memory.assumed or problem.workload, factors=combined(problem.factors, memory.calibration.factors))
 
 
@@ -559,7 +563,7 @@ def serving_floor(memory: ReplanMemory, view: ClusterView, *, problem: Problem) 
     state = memory.transition
     if state is None or state.phase in (Phase.DONE, Phase.FAILED):
         return None
-    capacity = serving_capacity_rps(state, view, capacity=capacity_of(_transition_problem(memory, problem)))
+    capacity = serving_capacity_rps(state, view, capacity=capacity_of(transition_problem(memory, problem)))
     return FloorCheck(held=capacity > 0 and capacity >= memory.transition_floor_rps - 1e-9, capacity_rps=capacity,
                       floor_rps=memory.transition_floor_rps)
 
@@ -583,7 +587,7 @@ def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem
     state = memory.transition
     if state is None or state.phase in (Phase.DONE, Phase.FAILED):
         return memory, None, ()
-    problem = _transition_problem(memory, problem)
+    problem = transition_problem(memory, problem)
     budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus, floor_rps=memory.transition_floor_rps,
                     ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s, keep_serving=memory.transition_keeps_serving)
     step = next_step(state, view, budget=budget, capacity=capacity_of(problem), now_s=now_s)

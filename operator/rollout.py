@@ -13,7 +13,7 @@ from datetime import datetime
 
 from servingtopology.operator.api.resource import PlanStatus, ProposalStatus
 from servingtopology.operator.plan_status import ArgsOf, layout_from_plan, plan_status
-from servingtopology.operator.replan import Predictor, ReplanMemory, ReplanPolicy
+from servingtopology.operator.replan import Predictor, ReplanMemory, ReplanPolicy, transition_problem
 from servingtopology.planner.errors import InsufficientData
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.observe import observe
@@ -86,7 +86,8 @@ def start_for_change(memory: ReplanMemory, *, problem: Problem, current: Layout,
     `policy.capacity_drop` (spec.policy.capacityDrop) allows; otherwise nothing starts (FloorWouldDrop, or OverBudget
     when no sequence exists at all) and the caller keeps the running layout, naming the GPUs the move needs.
     """
-    capacity = capacity_of(problem)
+    # OneCapacityModel: judged as every step of it will be (the live calibration's factors; `assumed` is reset below).
+    capacity = capacity_of(transition_problem(replace(memory, assumed=None), problem))
     budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus,
                     floor_rps=min(load_rps(memory, problem), capacity(current)),
                     ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
