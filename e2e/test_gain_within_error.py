@@ -2,9 +2,10 @@
 gain beats the combined uncertainty of the before and after predictions.
 
 Llama-3.1-8B with objective min-gpus, planned for 44 req/s (2048 in, 256 out): 2×TP1·PP2, 4 GPUs. The emulator
-serves 28 req/s once both engines serve, 36 % under the plan: the operator detects the drift and replans for the
+serves 26.5 req/s once both engines serve, 40 % under the plan: the operator detects the drift and replans for the
 measured load, whose best layout is 3×TP1 (one GPU fewer, 33 % better on min-gpus, above minImprovement 10 %). 3×TP1
-is picked from 24.3 req/s to about 32 (above it 4×TP1 is: 0 % better, PlanKept). Its TPOT intervals (vLLM
+is picked from 24.3 req/s to about 32 (above it 4×TP1 is: 0 % better, PlanKept); the measured rate reads 0-11 % high
+for the first intervals of a rise (28 req/s was planned as 31.0, 30 as 31.1, 27 as 27.4), so 26.5 sits mid-band. Its TPOT intervals (vLLM
 single-gpu and tp classes of planner/data/prediction_intervals.json) add up to a combined uncertainty of 37 %, so
 nothing changes: one `GainWithinError` Event names both intervals and every Deployment keeps its generation,
 replicas and engine command. Then the traffic falls to 10 req/s: every layout the replan can pick on the way down
@@ -76,7 +77,7 @@ def test_gain_within_error_changes_nothing_and_a_gain_beyond_it_moves(
         assert (plan["layout"], plan["gpus"]) == ("2×TP1·PP2", 4), plan
         wait_until(lambda: sum(1 for k in emulator.status()["instances"] if k.startswith(f"{namespace}/")) >= 2,
                    timeout_s=60, what="both emulated engines serving", on_timeout=lambda: json.dumps(emulator.status())[-2000:])
-        emulator.set_profile({"phases": [{"rate_rps": 28, **TOKENS}]})
+        emulator.set_profile({"phases": [{"rate_rps": 26.5, **TOKENS}]})
         before = _workloads(kube, namespace, name)
         assert before and sum(r for _, r, _ in before.values()) == 2, before
         ready_s = time.monotonic() - started_s
