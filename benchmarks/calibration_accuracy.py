@@ -1,4 +1,4 @@
-"""Accuracy of a deployment's own calibration (issue #27; planner.deployment_fit), never fitted on the rows it predicts.
+"""Accuracy of a deployment's own calibration (issue #27; planner.perf.deployment_fit), never fitted on the rows it predicts.
 
 A. Replays (shared/groundtruth/llmservingsim_vllm_refs): each recorded vLLM run's requests, by arrival, are split in
    halves. The calibration is fitted on the first half's measured latencies only (two points: the mean TTFT and TPOT
@@ -42,10 +42,10 @@ from servingtopology.cli.simulate import (
     load_replay,
     read_trace,
 )
-from servingtopology.planner.benchmark_cases import BenchmarkCase, Prediction, predict_cases
-from servingtopology.planner.deployment_fit import Deployment, Point, fit, with_factors
+from servingtopology.planner.fidelity.benchmark_cases import BenchmarkCase, Prediction, predict_cases
 from servingtopology.planner.layout import Role
-from servingtopology.planner.perf import fit_record, perf_params
+from servingtopology.planner.perf.deployment_fit import Deployment, Point, fit, with_factors
+from servingtopology.planner.perf.step import fit_record, perf_params
 from servingtopology.planner.sim import RequestSet, simulate
 from tests.groundtruth import GROUNDTRUTH
 

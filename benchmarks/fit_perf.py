@@ -45,12 +45,12 @@ import numpy as np
 from replay_refs import decode_ticks
 
 from servingtopology.cli.validate import Measurements, evaluate, load_measurements
-from servingtopology.planner.benchmark_cases import Prediction, Skip, predict_all, without_harness
-from servingtopology.planner.fidelity import summarize
+from servingtopology.planner.fidelity.benchmark_cases import Prediction, Skip, predict_all, without_harness
+from servingtopology.planner.fidelity.scores import summarize
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype, Role
-from servingtopology.planner.model import ModelArch
-from servingtopology.planner.perf import PerfParams, load_params, perf_params, step_time_s
+from servingtopology.planner.model.catalog import ModelArch
+from servingtopology.planner.perf.step import PerfParams, load_params, perf_params, step_time_s
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "groundtruth"
@@ -88,8 +88,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 _FLOOR: dict[str, float] = {}
 # Declared, not fitted (a fold that cannot pin a parameter must fall back to a sourced value, not drift): the
-# benchmark length where a caller does not state one (planner.benchmark_cases.UNSTATED's 10), the FP8 GEMM share and
-# the steady-state prompt collisions (sources beside their PerfParams defaults in planner/perf.py).
+# benchmark length where a caller does not state one (planner.fidelity.benchmark_cases.UNSTATED's 10), the FP8 GEMM share and
+# the steady-state prompt collisions (sources beside their PerfParams defaults in planner/perf/step.py).
 DECLARED = {"bench_requests_per_client": 10.0, "fp8_eff_scale": PerfParams().fp8_eff_scale, "arrival_burst": PerfParams().arrival_burst}
 
 
@@ -136,7 +136,7 @@ def _switches(specs: list[str]) -> dict[str, float]:
 
 def _pairs(m: Measurements) -> tuple[np.ndarray, np.ndarray]:
     """Index pairs of rows that a ranking compares: same model, precisions, system, backend, lengths and
-    concurrency, different topology (the groups of planner.fidelity.ranking_score)."""
+    concurrency, different topology (the groups of planner.fidelity.scores.ranking_score)."""
     groups: dict[tuple[object, ...], list[int]] = {}
     for i, c in enumerate(m.cases):
         groups.setdefault((c.model_path, c.precision, c.moe_precision, c.system, c.backend, c.isl, c.osl, c.concurrency), []).append(i)

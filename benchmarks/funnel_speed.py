@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from servingtopology.planner.decide import decide
+from servingtopology.planner.search.decide import decide
 from servingtopology.spec import parse_spec, to_problem
 
 SPEC = {

@@ -3,7 +3,7 @@
 Every vLLM and SGLang row of the shared silicon files is predicted by parameters that never saw its model family
 (lomo_decisions.lomo_predictions: the folds of planner/data/perf_params.json; Qwen3-32B by the shipped parameters).
 The residual of a row is log(measured / predicted) of its TTFT and of its TPOT; its class is (engine, layout kind,
-client bucket). planner.error_bars turns the classes' residuals into a symmetric nominal 80 % interval (the 80th
+client bucket). planner.live.error_bars turns the classes' residuals into a symmetric nominal 80 % interval (the 80th
 percentile of |residual| per class, pooled down all → engine → kind → bucket with PRIOR_ROWS rows of the parent, at
 least the engine's). One run counts once: rows of one engine, GPU, release, layout, lengths, clients and precision with
 the very same measured TTFT and TPOT are one run exported more than once (benchmark_cases.export_quirks' rule: two runs
@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lomo_decisions as lomo
 
-from servingtopology.planner import error_bars
-from servingtopology.planner.benchmark_cases import Prediction
+from servingtopology.planner.fidelity.benchmark_cases import Prediction
+from servingtopology.planner.live import error_bars
 from tests.groundtruth import GROUNDTRUTH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                "method": "per class, q = the 80th percentile of |log(measured / predicted)| of its leave-one-model-out rows (one "
                          "row per run); h pooled down all -> engine -> engine/kind -> engine/kind/bucket as "
                          "h^2 = (n q^2 + prior_rows h_parent^2) / (n + prior_rows), at least the engine's; interval "
-                         "[value / e^h, value · e^h] (planner/error_bars.py)",
+                         "[value / e^h, value · e^h] (planner/live/error_bars.py)",
                "provenance": {"command": "benchmarks/interval_coverage.py --write",
                               "sources": {f: _sha(GROUNDTRUTH / f) for f in lomo.FILES},
                               "perf_params_sha256": _sha(params), "rows": len(rows)},

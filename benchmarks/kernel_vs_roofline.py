@@ -1,10 +1,10 @@
-"""Measured kernel times (planner.kernels) against the roofline terms of the step model (planner.perf), per operation.
+"""Measured kernel times (planner.engines.kernels) against the roofline terms of the step model (planner.perf.step), per operation.
 
 For H100, H200 and B200 and the newest measured vLLM and SGLang release, at shapes of Llama-3.1-70B (TP8),
 Llama-3.1-8B (TP1) and DeepSeek-V3 (EP8 experts, TP8 MLA) steps: one layer's dense GEMMs at decode and prefill
 token counts, prefill and decode attention, DeepSeek-V3's routed experts and MLA decode, and the TP all-reduce.
 Prints the table time, the roofline time and their ratio (table / roofline; below 1: the roofline is slow).
-The roofline terms mirror planner/perf.py's `step_coefficients` and `evaluate_step_s` with the shipped fitted
+The roofline terms mirror planner/perf/step.py's `step_coefficients` and `evaluate_step_s` with the shipped fitted
 parameters (`perf_params()`); the all-reduce calls `perf.allreduce_s` itself.
 Run: .venv/bin/python benchmarks/kernel_vs_roofline.py [--gpus h100_sxm,h200_sxm,b200_sxm]
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servingtopology.planner import kernels as K
-from servingtopology.planner import perf
+from servingtopology.planner.engines import kernels as K
 from servingtopology.planner.hardware import Gpu, Precision, gpu_catalog
+from servingtopology.planner.perf.step import step as perf
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from servingtopology.cli.validate import Measurements, load_measurements
-from servingtopology.planner.benchmark_cases import BenchmarkCase, Prediction, Skip, predict_held_out
-from servingtopology.planner.fidelity import summarize
-from servingtopology.planner.perf import fit_record, perf_params
+from servingtopology.planner.fidelity.benchmark_cases import BenchmarkCase, Prediction, Skip, predict_held_out
+from servingtopology.planner.fidelity.scores import summarize
+from servingtopology.planner.perf.step import fit_record, perf_params
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "groundtruth"

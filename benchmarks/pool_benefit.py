@@ -1,4 +1,4 @@
-"""What planning a GPU pool together is worth (planner/pool.py), and where prefill on one kind with decode on another pays.
+"""What planning a GPU pool together is worth (planner/pool/plan.py), and where prefill on one kind with decode on another pays.
 
 1. Shifting traffic: four models share 24 H100 and 24 A100 through three phases of traffic. The pool plan (min-cost,
    re-planned each phase) against a static split: each model keeps the GPUs of the phase-0 pool plan plus a share of
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Role
-from servingtopology.planner.pool import GpuKind, PoolDecision, PoolObjective, PoolProblem, plan_pool
-from servingtopology.planner.pool_options import MemberRequest, build_pool
-from servingtopology.planner.pool_record import fleet_table, render_pool_record
+from servingtopology.planner.pool.options import MemberRequest, build_pool
+from servingtopology.planner.pool.plan import GpuKind, PoolDecision, PoolObjective, PoolProblem, plan_pool
+from servingtopology.planner.pool.record import fleet_table, render_pool_record
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim.stage import simulate_mixed
 from servingtopology.spec import parse_spec, to_problem

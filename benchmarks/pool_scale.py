@@ -1,4 +1,4 @@
-"""CPU seconds to plan a pool of 20 members on 512 GPUs of 3 kinds (planner/pool_options.py + planner/pool.py).
+"""CPU seconds to plan a pool of 20 members on 512 GPUs of 3 kinds (planner/pool/options.py + planner/pool/plan.py).
 
 Members cycle through five catalog models with loads from 2 to 60 req/s; kinds: 192 H100 ($2.99/h), 192 A100 ($1.60/h),
 128 L40S ($0.86/h, 100 Gb/s); mixed-kind PD on. Prints the CPU seconds of the options (every member's funnels and
@@ -16,8 +16,8 @@ import sys
 import time
 
 from servingtopology.planner.hardware import resolve_gpu
-from servingtopology.planner.pool import GpuKind, PoolObjective, plan_pool
-from servingtopology.planner.pool_options import MemberRequest, build_pool
+from servingtopology.planner.pool.options import MemberRequest, build_pool
+from servingtopology.planner.pool.plan import GpuKind, PoolObjective, plan_pool
 from servingtopology.spec import parse_spec, to_problem
 
 TARGET_CPU_S = 30.0

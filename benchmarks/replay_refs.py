@@ -18,8 +18,8 @@ import numpy as np
 
 from servingtopology.cli.simulate import Replay, compare, load_replay, run_replay
 from servingtopology.planner.layout import Role
-from servingtopology.planner.memory import kv_pool_tokens
-from servingtopology.planner.perf import InstancePerf
+from servingtopology.planner.perf.memory import kv_pool_tokens
+from servingtopology.planner.perf.step import InstancePerf
 
 REFS = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/shared/groundtruth/llmservingsim_vllm_refs")
 

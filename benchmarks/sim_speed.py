@@ -19,7 +19,7 @@ from pathlib import Path
 
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, RoleLayout
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.sim import SimResult, closed_loop, simulate
 from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 

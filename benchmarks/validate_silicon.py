@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from servingtopology.cli.validate import Measurements, evaluate, load_measurements, print_summary
-from servingtopology.planner.benchmark_cases import without_harness
-from servingtopology.planner.perf import fit_record, perf_params
+from servingtopology.planner.fidelity.benchmark_cases import without_harness
+from servingtopology.planner.perf.step import fit_record, perf_params
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "groundtruth"

@@ -102,7 +102,7 @@ REFUSED: tuple[Case, ...] = (
 )
 
 # Refused by the operator when it plans rather than when it parses the spec (the planner's own budget rule for a pin,
-# planner.tables.layout_rejection), so the parse-level parity test leaves them out.
+# planner.search.tables.layout_rejection), so the parse-level parity test leaves them out.
 REFUSED_WHEN_PLANNED: tuple[Case, ...] = (
     Case("pinned-4xtp8-over-8-gpus", (*_PINNED, ("spec.pinned", {"replicas": 4, "tp": 8})), "spec"),
     Case("pinned-pd-over-8-gpus", (*_PINNED, ("spec.pinned", {"kind": "pd", "prefill": {"count": 2, "tp": 4},

@@ -7,11 +7,11 @@ status, and keeps one `Sample`:
   its GPUs until it is gone) never exceed spec.hardware.maxGPUs + spec.policy.maxSurgeGPUs.
 - Serving floor: the pods that take client traffic are the Ready, not terminating pods that the entry Service
   (`<name>`) routes to (its set, or every set while it spans two). Their capacity in req/s, priced by the operator's own capacity function
-  (planner/replan_decision.py `capacity_of`, at the workload and calibration the transition is judged at, as
+  (planner/live/replan_decision.py `capacity_of`, at the workload and calibration the transition is judged at, as
   `transition_step` does), never falls below the floor the transition declared (status.replan
   transitionFloorRps). The floor holds from the change that started the transition (`mark_change`) to the next
   change: the first step may run in the pass whose status declares it, and a transition only finishes when its
-  target alone carries the floor (planner/transition.py).
+  target alone carries the floor (planner/live/transition.py).
 
 Sampling continues through faults (an API server that is down gives no sample; the gap is reported: nothing in
 the cluster can change while it is down). Used by e2e/test_faults.py; reads only, never writes.
@@ -31,9 +31,9 @@ from typing import Any
 from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.replan import ReplanMemory
 from servingtopology.planner.layout import Layout, Role
-from servingtopology.planner.live_calibration import combined
-from servingtopology.planner.replan_decision import capacity_of
-from servingtopology.planner.transition import Phase
+from servingtopology.planner.live.calibration import combined
+from servingtopology.planner.live.replan_decision import capacity_of
+from servingtopology.planner.live.transition import Phase
 from servingtopology.spec import to_problem
 
 GROUP, VERSION, PLURAL = "servingtopology.io", "v1alpha1", "servingtopologies"

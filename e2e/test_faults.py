@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from servingtopology.operator.replan import ReplanMemory
-from servingtopology.planner.transition import Phase, TransitionState
+from servingtopology.planner.live.transition import Phase, TransitionState
 
 from .cluster import LocalCluster
 from .conftest import Kube

@@ -28,8 +28,8 @@ from servingtopology.operator.api.resource import CalibrationSourceStatus, Condi
 from servingtopology.operator.pass_context import Outcome, PassState, build_problem
 from servingtopology.operator.plan_status import predicted, timestamp
 from servingtopology.operator.runtime.cluster import ObjectRef
-from servingtopology.planner.deployment_fit import CalibrationRefused, DeploymentCalibration
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.perf.deployment_fit import CalibrationRefused, DeploymentCalibration
 from servingtopology.planner.problem import Decision
 from servingtopology.spec import SpecError
 

@@ -37,9 +37,9 @@ from servingtopology.operator.replan import (
     replan,
 )
 from servingtopology.operator.runtime.cluster import Cluster, ClusterError, SecretNotOptedIn
-from servingtopology.planner.decide import predict_layout
 from servingtopology.planner.layout import Engine, Layout
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.search.decide import predict_layout
 
 __all__ = ["MetricsRequest", "MetricsFactory", "prometheus_source", "pooled_prometheus", "metrics_request", "run_live_replan",
            "QUERY_TIMEOUT_S"]

@@ -42,14 +42,14 @@ from servingtopology.operator.render.network import NetworkKnobs
 from servingtopology.operator.replan import Predictor, ReplanOutcome, ReplanPolicy, calibration_status, read_replan_status
 from servingtopology.operator.runtime.cluster import Cluster, ObjectRef
 from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded, blocking
-from servingtopology.planner.engine_caps import resolve_version
-from servingtopology.planner.engine_command import engine_command
+from servingtopology.planner.engines.caps import resolve_version
+from servingtopology.planner.engines.command import engine_command
 from servingtopology.planner.errors import Infeasible, InsufficientData, InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout, Role, RoleLayout
-from servingtopology.planner.model import model_catalog
+from servingtopology.planner.model.catalog import model_catalog
 from servingtopology.planner.problem import Decision, Problem
-from servingtopology.planner.tables import layout_rejection
+from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.spec import SpecError, model_identity, to_layout, to_problem
 
 __all__ = [

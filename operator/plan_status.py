@@ -22,10 +22,10 @@ from servingtopology.operator.api.resource import (
     RolePlan,
 )
 from servingtopology.operator.live.readout import ms_text, pd_ratio
-from servingtopology.planner.error_bars import LEVEL, Interval
-from servingtopology.planner.error_gate import shown_intervals
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
+from servingtopology.planner.live.error_bars import LEVEL, Interval
+from servingtopology.planner.live.error_gate import shown_intervals
 from servingtopology.planner.problem import Candidate, Prediction, Problem
 
 __all__ = [
@@ -61,8 +61,8 @@ def interval_band(iv: Interval) -> IntervalBand | None:
 
 def with_intervals(predicted_: Predicted | None, problem: Problem, candidate: Candidate | None, *, misses: int = 0) -> Predicted | None:
     """IntervalsShown for a plan made for a spec edit: `predicted_` (the candidate's figures) with the nominal intervals
-    of its TTFT and TPOT (planner/error_bars.py `figure_intervals`, the class's width at the problem's load), widened 1.5×
-    per missed move as the error gate widens them (planner/error_gate.py `shown_intervals`, which a live replan's
+    of its TTFT and TPOT (planner/live/error_bars.py `figure_intervals`, the class's width at the problem's load), widened 1.5×
+    per missed move as the error gate widens them (planner/live/error_gate.py `shown_intervals`, which a live replan's
     proposal also uses, narrowed there by the deployment's own calibration)."""
     if predicted_ is None or candidate is None:
         return predicted_

@@ -3,7 +3,7 @@ the next step of moving GPUs between members (status, Events, and the caps to wr
 
 Called by operator/runtime/pool_handlers.py on create, update, resume and a timer. Level-based: every pass reads the
 pool, its members (ServingTopologies of its namespace whose spec.pool names it, or labelled as before spec.pool) and the
-nodes, plans the pool (planner.pool_options.build_pool, planner.pool.plan_pool) and returns the status to write and
+nodes, plans the pool (planner.pool.options.build_pool, planner.pool.plan.plan_pool) and returns the status to write and
 the Events to post. Decisions, by name:
 - MemberLoad: a member's load is its observed arrival rate (status.observed, what its own metrics read) when it has
   one, else spec.workload's; the status row says which (loadSource);
@@ -13,7 +13,7 @@ the Events to post. Decisions, by name:
   $/hour); nothing that runs is changed;
 - Auto: each member is planned on the kinds of its own hardware.gpu (AutoKeepsMemberKind: its pods render for that
   kind) and keeps something serving (AutoKeepsEveryMemberServing); one `PoolRebalance` Event per changed target (before/
-  after per member and $/hour); the step (planner.pool_moves.next_pool_step: grow receivers inside spec.surge, then shrink
+  after per member and $/hour); the step (planner.pool.moves.next_pool_step: grow receivers inside spec.surge, then shrink
   donors) is returned as caps to write (`allocations`), with a `PoolMoveStep` Event, or a `PoolMoveBlocked` Warning.
 Pure apart from what it is given.
 """
@@ -31,9 +31,9 @@ from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.runtime.capacity import read_capacity
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import gpu_for_product, resolve_gpu
-from servingtopology.planner.pool import GpuKind, PoolDecision, plan_pool
-from servingtopology.planner.pool_moves import MemberMove, PoolStep, PoolStepKind, next_pool_step
-from servingtopology.planner.pool_options import MemberRequest, build_pool
+from servingtopology.planner.pool.moves import MemberMove, PoolStep, PoolStepKind, next_pool_step
+from servingtopology.planner.pool.options import MemberRequest, build_pool
+from servingtopology.planner.pool.plan import GpuKind, PoolDecision, plan_pool
 from servingtopology.spec import SpecError, to_problem
 
 __all__ = ["PoolPass", "pool_kinds", "pool_pass", "member_gpus", "AUTO_FLOOR_RPS"]

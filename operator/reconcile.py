@@ -110,13 +110,13 @@ from servingtopology.operator.runtime.capacity import GPU_PRODUCT_LABEL, Capacit
 from servingtopology.operator.runtime.cluster import Cluster, ObjectRef, owned_selector, ref_of
 from servingtopology.operator.runtime.cluster_view import read_cluster_view
 from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded
-from servingtopology.planner.decide import predict_layout
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout
+from servingtopology.planner.live.transition import Phase, TransitionState
+from servingtopology.planner.live.transition import set_name as layout_set_name
 from servingtopology.planner.problem import Candidate, Decision, Problem
-from servingtopology.planner.transition import Phase, TransitionState
-from servingtopology.planner.transition import set_name as layout_set_name
+from servingtopology.planner.search.decide import predict_layout
 from servingtopology.spec import SpecError
 
 __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]

@@ -1,6 +1,6 @@
 """Live replanning glue: metric samples → observation → drift → decide on the observed workload → keep,
 propose (DryRun) or start a transition (Auto); and one transition step per reconcile. The decisions are the
-planner's (planner/drift.py: when to replan; planner/replan_decision.py `choose_move`: keep, propose, blocked or
+planner's (planner/live/drift.py: when to replan; planner/live/replan_decision.py `choose_move`: keep, propose, blocked or
 a transition, as a typed ReplanChoice); this module executes them into memory, Conditions and Events.
 
 Called by the reconcile once per replan interval (`replan`) and on every pass while a transition runs
@@ -35,14 +35,9 @@ from servingtopology.operator.live.metrics import MetricsSource, MetricsUnavaila
 from servingtopology.operator.live.readout import ms_text
 from servingtopology.operator.plan_status import ArgsOf, interval_band, predicted, proposal_status, queueing_note, timestamp
 from servingtopology.operator.replan_status import Unreadable, validate_replan_status
-from servingtopology.planner.decide import predict_layout
-from servingtopology.planner.deployment_fit import DeploymentCalibration
-from servingtopology.planner.drift import DriftPolicy, DriftState, assess_drift, rebaseline, workload_shift
-from servingtopology.planner.error_bars import LEVEL, Interval
-from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, judge_move, shown_intervals, widening
 from servingtopology.planner.errors import Infeasible, InsufficientData
 from servingtopology.planner.layout import Layout
-from servingtopology.planner.live_calibration import (
+from servingtopology.planner.live.calibration import (
     LiveCalibration,
     LiveFit,
     LivePoint,
@@ -54,10 +49,12 @@ from servingtopology.planner.live_calibration import (
     refit,
     residual_percent,
 )
-from servingtopology.planner.observe import MetricSample, Observation, observe
-from servingtopology.planner.problem import Candidate, Decision, Problem
-from servingtopology.planner.replan_decision import CalibrationOf, Move, Predictor, capacity_of, choose_move
-from servingtopology.planner.transition import (
+from servingtopology.planner.live.drift import DriftPolicy, DriftState, assess_drift, rebaseline, workload_shift
+from servingtopology.planner.live.error_bars import LEVEL, Interval
+from servingtopology.planner.live.error_gate import GAIN_WITHIN_ERROR, judge_move, shown_intervals, widening
+from servingtopology.planner.live.observe import MetricSample, Observation, observe
+from servingtopology.planner.live.replan_decision import CalibrationOf, Move, Predictor, capacity_of, choose_move
+from servingtopology.planner.live.transition import (
     Action,
     Budget,
     CapacityDrop,
@@ -70,6 +67,9 @@ from servingtopology.planner.transition import (
     next_step,
     serving_capacity_rps,
 )
+from servingtopology.planner.perf.deployment_fit import DeploymentCalibration
+from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.search.decide import predict_layout
 from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 
 __all__ = [
@@ -167,7 +167,7 @@ class ReplanMemory:
 
     samples: tuple[MetricSample, ...] = ()
     drift: DriftState = field(default_factory=DriftState)
-    calibration: LiveCalibration = field(default_factory=LiveCalibration)   # the operator's own fit (planner/live_calibration.py)
+    calibration: LiveCalibration = field(default_factory=LiveCalibration)   # the operator's own fit (planner/live/calibration.py)
     assumed: Workload | None = None          # the workload the running plan was made for (None: the spec's)
     metrics_available: bool | None = None    # None until the first fetch
     last_fetch_s: float | None = None
@@ -288,7 +288,7 @@ class _Figures(TypedDict, total=False):
 
 def _intervals(problem: Problem, before: Candidate | None, after: Candidate, *, calibration: CalibrationOf,
                misses: int) -> dict[str, dict[str, Interval]]:
-    """IntervalsShown for the before and after predictions of a replan (planner/error_gate.py `shown_intervals`,
+    """IntervalsShown for the before and after predictions of a replan (planner/live/error_gate.py `shown_intervals`,
     narrowed by the deployment's own calibration of the layouts it measured)."""
     def of(c: Candidate) -> dict[str, Interval]:
         return shown_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms, misses=misses,
@@ -420,7 +420,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     `observe_only` (why: e.g. a spec change waits, TransitionBlocked) reads and records the figures and decides nothing,
     as under Pinned or during a transition; `metrics_reason` names a failed read in the MetricsAvailable condition and
     its Event (operator/live/prometheus_http.py's PrometheusFailure; an empty answer is always MetricsUnavailable);
-    `calibrate` predicts a calibration point (planner/live_calibration.py; None: the operator does not calibrate itself).
+    `calibrate` predicts a calibration point (planner/live/calibration.py; None: the operator does not calibrate itself).
     Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
     if metrics_error is not None or sample is None or sample.empty:
         why = metrics_error or "Prometheus returned no engine series for this ServingTopology"
@@ -455,7 +455,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
             and obs.slo.tpot_ms is not None:
         mem, note = _judge_move(mem, obs.slo.tpot_ms)
         events.append(note)
-    observed = replace(observed, factors=combined(problem.factors, cal.factors))   # StartsFromSpec (planner/live_calibration.py)
+    observed = replace(observed, factors=combined(problem.factors, cal.factors))   # StartsFromSpec (planner/live/calibration.py)
     status = observed_status(obs, at=at, raw=raw, ttft_percentile=problem.slo.ttft_percentile,
                              tpot_percentile=problem.slo.tpot_percentile)
     before = predict(observed, current) if current is not None else None
@@ -472,7 +472,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
     mem = replace(mem, drift=verdict.state)
     st = verdict.state
     conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, st.detected, st.trigger.value if st.trigger else "NoDrift", verdict.message))
-    if verdict.new_episode:   # one Warning per drift episode (planner/drift.py): never again while a fix's queue drains
+    if verdict.new_episode:   # one Warning per drift episode (planner/live/drift.py): never again while a fix's queue drains
         events.append(EventNote("Warning", "DriftDetected", verdict.message))
     if not verdict.replan:
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=verdict.message, **base)
@@ -484,7 +484,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
         mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
         return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc), **base)
     # SameLoadFigures: choice.before is the running layout at the load the planner chose `after` for, never at another.
-    def calibration(layout: Layout) -> DeploymentCalibration | None:   # NarrowMeasuredOnly (planner/live_calibration.py)
+    def calibration(layout: Layout) -> DeploymentCalibration | None:   # NarrowMeasuredOnly (planner/live/calibration.py)
         return as_deployment_calibration(cal, problem, now_s=now_s, layout=layout)
     choice = choose_move(observed, current, decision, predict=predict, min_improvement=policy.drift.min_improvement,
                          propose_only=policy.mode is Mode.DRY_RUN, surge_gpus=policy.max_surge_gpus,
@@ -529,7 +529,7 @@ def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sa
 
 def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemory, EventNote]:
     """The first steady interval after a gated move: its measured TPOT against the interval predicted for it (hit or miss,
-    by how much; planner.error_gate.judge_move). A miss is counted: it widens the intervals of the next move's bar."""
+    by how much; planner.live.error_gate.judge_move). A miss is counted: it widens the intervals of the next move's bar."""
     assert mem.move is not None
     t = mem.move["tpotMs"]
     j = judge_move("TPOT", measured_tpot_ms, Interval(t["value"], t["low"], t["high"], 0.0, "move", 0))
@@ -541,7 +541,7 @@ def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemor
 
 def transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:
     """OneCapacityModel: the problem a transition's capacity is judged by, at its start (operator/rollout.py
-    `start_for_change`, planner/replan_decision.py `choose_move` via the replan's observed problem) and at every step
+    `start_for_change`, planner/live/replan_decision.py `choose_move` via the replan's observed problem) and at every step
     (`transition_step`, `serving_floor`): the spec's at the workload the transition was started for, with the
     calibration's factors. A start judged without the live factors once let a spec edit start a move whose every step
     was then judged with them (weights ×1.8: 2×TP1 below the floor) and stalled it (an e2e run)."""

@@ -19,12 +19,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from servingtopology.planner.deployment_fit import MAX_FACTOR, TERMS
-from servingtopology.planner.drift import Trigger
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import KvDtype, LayoutKind, Role
-from servingtopology.planner.live_calibration import MAX_LIVE_POINTS, MIN_LIVE_POINTS
-from servingtopology.planner.transition import Mode, Phase
+from servingtopology.planner.live.calibration import MAX_LIVE_POINTS, MIN_LIVE_POINTS
+from servingtopology.planner.live.drift import Trigger
+from servingtopology.planner.live.transition import Mode, Phase
+from servingtopology.planner.perf.deployment_fit import MAX_FACTOR, TERMS
 from servingtopology.planner.workload import LengthKind
 
 __all__ = ["ReplanStatus", "Unreadable", "TRANSITION_SECTIONS", "validate_replan_status"]
@@ -40,7 +40,7 @@ class _Strict(BaseModel):
 
 
 class SampleStatus(_Strict):
-    """One metric interval (planner.observe.MetricSample's fields, in its own names)."""
+    """One metric interval (planner.live.observe.MetricSample's fields, in its own names)."""
 
     at_s: float
     interval_s: float = Field(gt=0)
@@ -190,7 +190,7 @@ class CalibrationFitStatus(_Strict):
 
 
 class LiveCalibrationStatus(_Strict):
-    """The operator's own calibration (planner/live_calibration.py): its points and its last fit. Status written by an
+    """The operator's own calibration (planner/live/calibration.py): its points and its last fit. Status written by an
     operator before it (the smoothed ratios ttftCorrection / tpotCorrection / samples) is read as no calibration."""
 
     points: list[CalibrationPointStatus] = Field(default_factory=list, max_length=MAX_LIVE_POINTS)

@@ -1,7 +1,7 @@
 """Transitions in the reconcile's terms: start one for a changed plan, name its sets after what really runs,
 and the plan a finished one leaves in status.
 
-Called by the reconcile (operator/reconcile.py); the steps themselves are planner/transition.py's, taken one
+Called by the reconcile (operator/reconcile.py); the steps themselves are planner/live/transition.py's, taken one
 per pass through operator/replan.py's `transition_step`. Pure: values in, values out (time in seconds is an
 argument); it never talks to the API server and never writes Events (it returns their wording).
 """
@@ -16,11 +16,11 @@ from servingtopology.operator.plan_status import ArgsOf, layout_from_plan, plan_
 from servingtopology.operator.replan import Predictor, ReplanMemory, ReplanPolicy, transition_problem
 from servingtopology.planner.errors import InsufficientData
 from servingtopology.planner.layout import Layout
-from servingtopology.planner.observe import observe
+from servingtopology.planner.live.observe import observe
+from servingtopology.planner.live.replan_decision import capacity_of
+from servingtopology.planner.live.transition import Budget, StartVerdict, start_requested
+from servingtopology.planner.live.transition import set_name as layout_set_name
 from servingtopology.planner.problem import Problem
-from servingtopology.planner.replan_decision import capacity_of
-from servingtopology.planner.transition import Budget, StartVerdict, start_requested
-from servingtopology.planner.transition import set_name as layout_set_name
 
 __all__ = ["Started", "running_set", "rebase_sets", "load_rps", "start_for_change", "finished_plan"]
 

@@ -1,6 +1,6 @@
 """What the planner knows of a decoder-only LLM: layer counts by kind, widths, experts, caches, checkpoint format.
 
-Built by planner.hf_config from a config.json (never by architecture name) and read by the memory and
+Built by planner.model.hf_config from a config.json (never by architecture name) and read by the memory and
 performance models. Counts are per model, not per rank. Pure values and arithmetic; no parsing here.
 
 Parameter formulas follow the engines' module shapes (vLLM model_executor/models: llama, deepseek_v2,
@@ -126,7 +126,7 @@ class ModelArch:
     # 'auto' to it; SGLang mamba2_state_dtype reads it too).
     state_ssm_fp32: bool = False
     # The config names the recurrent state's dtype (`mamba_ssm_dtype`, `mamba_ssm_cache_dtype`, or its model_type's code
-    # fixes one): the engines take it. Unnamed, each engine keeps its own default (planner.memory.state_bytes_per_seq).
+    # fixes one): the engines take it. Unnamed, each engine keeps its own default (planner.perf.memory.state_bytes_per_seq).
     state_ssm_dtype_given: bool = False
     # Cross-layer KV sharing: attention layers that read another layer's KV cache and allocate none of their own (vLLM
     # builds them with `kv_sharing_target_layer_name`, or for Hunyuan CLA as cross-attention over the previous layer's
@@ -142,7 +142,7 @@ class ModelArch:
     mtp_dedicated_embeddings: bool = False
     checkpoint: CheckpointQuant | None = None
     # Encoder towers of a multimodal checkpoint (vision, audio) and their projectors into the language model, which
-    # vLLM loads beside it by default (planner.towers). Weights only: never in the per-token FLOPs or the KV cache.
+    # vLLM loads beside it by default (planner.model.towers). Weights only: never in the per-token FLOPs or the KV cache.
     tower_params: int = 0
     tower_bytes_per_param: float = 2.0
     # What the config said that the planner did not use (warnings) and what it assumed (assumptions).

@@ -6,7 +6,7 @@
      └── InsufficientData   observations too thin to act on (retry later)
 
 The CLI maps InvalidSpec to exit code 2; the operator maps it to Ready=False, reason=InvalidSpec.
-Infeasible carries an `InfeasibleAdvice` (its values are here, the lowest module; planner.advice computes them).
+Infeasible carries an `InfeasibleAdvice` (its values are here, the lowest module; planner.search.advice computes them).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["PlannerError", "InvalidSpec", "Infeasible", "InsufficientData", "Inf
 
 
 def _ms(value: float) -> str:
-    """A latency as the closest miss prints it (planner.limits.miss_text): whole ms from 100 up, else one decimal."""
+    """A latency as the closest miss prints it (planner.search.limits.miss_text): whole ms from 100 up, else one decimal."""
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
@@ -37,7 +37,7 @@ class InvalidSpec(PlannerError):
 
 
 class Infeasible(PlannerError):
-    """No candidate survived; `stage` removed the last ones, `closest_miss` says by how much, `advice` (planner.advice)
+    """No candidate survived; `stage` removed the last ones, `closest_miss` says by how much, `advice` (planner.search.advice)
     what would make it feasible; the message carries all three, so a condition built from str(error) does too."""
 
     def __init__(self, stage: str, closest_miss: str, *, funnel: tuple[object, ...] = (), advice: InfeasibleAdvice | None = None) -> None:
@@ -85,7 +85,7 @@ class InfeasibleAdvice:
     feasible_load_layout: str | None
     needed_ttft_ms: float | None     # the SLOs the closest layout meets at this load (with the funnel's margin)
     needed_tpot_ms: float | None
-    floors: tuple[str, ...] = ()     # each SLO under its physical floor on this GPU kind (planner.limits.floor_lines)
+    floors: tuple[str, ...] = ()     # each SLO under its physical floor on this GPU kind (planner.search.limits.floor_lines)
 
     def lines(self) -> tuple[str, ...]:
         """The advice as sentences, most direct first: an SLO under its physical floor before anything else."""

@@ -34,7 +34,7 @@ class Precision(enum.StrEnum):
 
 
 class Link(enum.StrEnum):
-    """What carries traffic between the GPUs of one node (collectives are priced by it, planner.perf)."""
+    """What carries traffic between the GPUs of one node (collectives are priced by it, planner.perf.step)."""
 
     NVLINK = "nvlink"        # NVLink / NVSwitch (or AMD Infinity Fabric): GPUs load and store each other's memory
     PCIE_P2P = "pcie_p2p"    # PCIe with peer-to-peer DMA between the cards

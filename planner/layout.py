@@ -92,7 +92,7 @@ class EngineKnobs:
 @dataclass(frozen=True, slots=True)
 class RoleLayout:
     """`count` instances of one shape. `gpu`: the catalog id of the GPU kind this role runs on; empty: the problem's
-    GPU (the spec's hardware.gpu). A layout whose roles name different kinds is a mixed-kind layout (planner.mixed_pd)."""
+    GPU (the spec's hardware.gpu). A layout whose roles name different kinds is a mixed-kind layout (planner.perf.mixed_pd)."""
 
     count: int
     parallelism: Parallelism

@@ -9,9 +9,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from servingtopology.planner.arch import ModelArch
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype, Layout, LayoutKind, Parallelism
-from servingtopology.planner.model import ModelArch
 from servingtopology.planner.workload import Objective, Slo, Workload
 
 __all__ = ["SearchSpace", "Problem", "Prediction", "FunnelStage", "Candidate", "PdRatio", "Decision"]
@@ -48,10 +48,10 @@ class Problem:
     search: SearchSpace = field(default_factory=SearchSpace)
     pinned: Layout | None = None
     current: Layout | None = None
-    # A deployment calibration's bounded time factors, (term, factor) pairs of planner.deployment_fit.TERMS (the operator's
+    # A deployment calibration's bounded time factors, (term, factor) pairs of planner.perf.deployment_fit.TERMS (the operator's
     # own fit of its measurements, or a `calibrate` file): decide and predict_layout predict with them applied. () = none.
     factors: tuple[tuple[str, float], ...] = ()
-    # The engine release (planner/engine_caps.py); empty: the newest covered release of `engine`.
+    # The engine release (planner/engines/caps.py); empty: the newest covered release of `engine`.
     engine_version: str = ""
 
 

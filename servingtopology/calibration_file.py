@@ -3,7 +3,7 @@
 Shared by the CLI (`plan/simulate/sweep --calibration`, servingtopology/cli/calibration_io.py, which reads the file
 bounded from disk) and the operator (`spec.calibration`, a ConfigMap key the reconcile reads from the API server):
 both hand the bytes here. Every failure is an InvalidSpec naming the field; a calibration of another model, GPU,
-engine or release is a `CalibrationRefused` whose `reason` names it (planner/deployment_fit.py). No file or network
+engine or release is a `CalibrationRefused` whose `reason` names it (planner/perf/deployment_fit.py). No file or network
 I/O here.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import yaml
 
-from servingtopology.planner.deployment_fit import Deployment, DeploymentCalibration, refuse_other
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Layout
+from servingtopology.planner.perf.deployment_fit import Deployment, DeploymentCalibration, refuse_other
 from servingtopology.planner.problem import Problem
 
 __all__ = ["MAX_CALIBRATION_BYTES", "deployment_of", "parse_calibration", "check_calibration", "calibration_sha256", "factors_of"]

@@ -1,7 +1,7 @@
 """The pool spec: a GPU inventory by kind with prices, an objective, and members (inline planning specs or spec files).
 
 Read by `servingtopology plan --pool POOL.yaml` and the benchmarks. `load_pool` validates (pydantic, camelCase, every
-number bounded) and `to_pool_inputs` converts to the planner's values: the kinds (planner.pool.GpuKind) and, per
+number bounded) and `to_pool_inputs` converts to the planner's values: the kinds (planner.pool.plan.GpuKind) and, per
 member, its Problem (servingtopology.spec.to_problem) and its GPU cap. Errors are SpecError naming the dotted field.
 """
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
-from servingtopology.planner.pool import GpuKind, PoolObjective
+from servingtopology.planner.pool.plan import GpuKind, PoolObjective
 from servingtopology.planner.problem import Problem
 from servingtopology.spec import MAX_GPUS, MAX_RATE_RPS, SpecError, parse_spec, read_spec_data, to_problem
 

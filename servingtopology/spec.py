@@ -18,15 +18,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from servingtopology.planner.decide import context_rejection
-from servingtopology.planner.engine_caps import load_caps, resolve_version
+from servingtopology.planner.engines.caps import load_caps, resolve_version
+from servingtopology.planner.engines.role_knobs import DEFAULT_KNOBS
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
-from servingtopology.planner.model import ModelArch, catalog_hf_id, from_hf_config, resolve_model
+from servingtopology.planner.model.catalog import ModelArch, catalog_hf_id, from_hf_config, resolve_model
+from servingtopology.planner.model.towers import LANGUAGE_ONLY_FLAGS, language_only_flag
 from servingtopology.planner.problem import Problem, SearchSpace
-from servingtopology.planner.role_knobs import DEFAULT_KNOBS
-from servingtopology.planner.towers import LANGUAGE_ONLY_FLAGS, language_only_flag
+from servingtopology.planner.search.decide import context_rejection
 from servingtopology.planner.workload import LengthDist, LengthKind, Objective, Slo, Workload
 
 __all__ = [
@@ -702,7 +702,7 @@ def read_model_identity(spec: PlanSpec) -> ModelIdentity:
 
 def _towers_loaded(spec: PlanSpec, model: ModelArch, version: str) -> ModelArch:
     """A multimodal model's towers are counted unless the user's engine.extraArgs start the engine without them
-    (planner.towers.language_only_flag, for this engine release); the decision record says which."""
+    (planner.model.towers.language_only_flag, for this engine release); the decision record says which."""
     if not model.tower_params:
         return model
     engine = spec.engine.name.value
@@ -715,7 +715,7 @@ def _towers_loaded(spec: PlanSpec, model: ModelArch, version: str) -> ModelArch:
     named = [a for a in spec.engine.extraArgs if a.split("=", 1)[0] in ("--language-model-only", "--language-only")]
     if named:
         why = (f"not a flag of {engine} {version}" if engine in LANGUAGE_ONLY_FLAGS
-               else f"what {engine} skips with it is not settled (planner.towers)")
+               else f"what {engine} skips with it is not settled (planner.model.towers)")
         return replace(model, assumptions=(*model.assumptions, f"engine.extraArgs has {named[-1]}, {why}: the towers stay counted"))
     return model
 

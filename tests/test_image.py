@@ -106,5 +106,5 @@ def test_the_build_stage_wheel_carries_the_operator_and_its_entry_point(tmp_path
     assert "servingtopology-operator = servingtopology.operator.runtime.main:main" in entry_points
     for module in ("servingtopology/operator/runtime/main.py", "servingtopology/operator/runtime/capacity.py", "servingtopology/operator/api/crd.py",
                    "servingtopology/operator/render/manifests.py", "servingtopology/operator/live/metrics.py", "servingtopology/operator/reconcile.py",
-                   "servingtopology/planner/engine_command.py", "servingtopology/planner/decide.py", "servingtopology/planner/data/gpus.toml"):
+                   "servingtopology/planner/engines/command.py", "servingtopology/planner/search/decide.py", "servingtopology/planner/data/gpus.toml"):
         assert module in names, module

@@ -16,18 +16,18 @@ import pytest
 
 from servingtopology.operator.api.resource import Mode
 from servingtopology.operator.replan import ReplanMemory, ReplanPolicy, Verdict, replan, transition_step
-from servingtopology.planner.decide import decide
-from servingtopology.planner.drift import DriftPolicy
-from servingtopology.planner.funnel import SLO_MARGIN
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.observe import MetricSample
-from servingtopology.planner.perf import load_params, pinned_params
+from servingtopology.planner.live.drift import DriftPolicy
+from servingtopology.planner.live.observe import MetricSample
+from servingtopology.planner.live.transition import Action, ClusterView, Phase
+from servingtopology.planner.live.transition import Mode as TransitionMode
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.step import load_params, pinned_params
 from servingtopology.planner.problem import Problem, SearchSpace
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.funnel import SLO_MARGIN
 from servingtopology.planner.sim import simulate
-from servingtopology.planner.transition import Action, ClusterView, Phase
-from servingtopology.planner.transition import Mode as TransitionMode
 from servingtopology.planner.workload import LengthDist, Objective, Slo, Workload
 
 INTERVAL_S = 60.0

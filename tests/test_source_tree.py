@@ -18,7 +18,7 @@ RELATIVE = re.compile(r"^\s*from \.+[\w.]* import ", re.M)
 
 def test_repository_root_on_sys_path_starts_and_imports_the_package() -> None:
     code = (
-        "import operator, collections, servingtopology.operator.reconcile as r, servingtopology.planner.funnel;"
+        "import operator, collections, servingtopology.operator.reconcile as r, servingtopology.planner.search.funnel;"
         "print(operator.add(2, 3), operator.__file__.endswith('operator.py'), r.__name__)"
     )
     for cwd in (ROOT, ROOT.parent):

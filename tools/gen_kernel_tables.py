@@ -1,5 +1,5 @@
 """Generates planner/data/kernels/*.npz: measured kernel times per GPU and engine release, as compact
-interpolation grids the step model reads through planner/kernels.py. Run by a developer (`make kernel-tables`);
+interpolation grids the step model reads through planner/engines/kernels.py. Run by a developer (`make kernel-tables`);
 the output is committed, and the generator never runs in `make test` (it needs the network).
 
 Source: the `aiconfigurator-core` 0.12.0 wheel on PyPI (NVIDIA, Apache-2.0), which ships times measured per GPU

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from servingtopology.operator.api.crd import VERSION, structural_schema, write_generated
 from servingtopology.operator.api.resource import GROUP
-from servingtopology.planner.pool import PoolObjective
+from servingtopology.planner.pool.plan import PoolObjective
 from servingtopology.spec import MAX_GPUS, SpecError
 
 __all__ = ["POOL_KIND", "POOL_PLURAL", "POOL_SHORT_NAME", "POOL_LABEL", "PRIORITY_ANNOTATION", "ALLOCATION_ANNOTATION", "POOL_CRD_PATHS",

@@ -28,7 +28,7 @@ from pydantic.config import JsonDict
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import gpu_catalog, gpu_names, resolve_gpu
 from servingtopology.planner.layout import LayoutKind
-from servingtopology.planner.transition import CapacityDrop
+from servingtopology.planner.live.transition import CapacityDrop
 from servingtopology.spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
 
 __all__ = [
@@ -691,7 +691,7 @@ class RolePlan(_Api):
 
 
 class IntervalBand(_Api):
-    """A prediction's nominal interval (planner/error_bars.py): from the model's leave-one-model-out error on its class,
+    """A prediction's nominal interval (planner/live/error_bars.py): from the model's leave-one-model-out error on its class,
     narrowed by the deployment's own calibration residuals once fitted, widened 1.5× per missed move."""
 
     low: float = Field(description="lower end, in ms")
@@ -754,7 +754,7 @@ class CalibrationState(enum.StrEnum):
 
 
 class CalibrationStatus(_Api):
-    """The operator's own calibration of this deployment (planner/live_calibration.py): bounded factors fitted to the TTFT and
+    """The operator's own calibration of this deployment (planner/live/calibration.py): bounded factors fitted to the TTFT and
     TPOT measured in steady replan intervals, applied to every replan's predictions once there are enough points."""
 
     state: CalibrationState = Field(description="Collecting: fewer points than minimumPoints, the model's own figures are used; "

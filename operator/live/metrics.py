@@ -5,7 +5,7 @@ fallbacks) and SGLang, after shared/reference/engines.md §1.4, §2.3 and §6. T
 it comes from the router's own histogram where the router exports one (smg), else it is composed from the
 roles' metrics the way the router chains them (vLLM: prefill latency + decode TTFT; SGLang: decode TTFT); `PrometheusMetrics.fetch_sample`
 runs them through operator/live/prometheus_http.py (bounded reads of the one checked URL) and returns one
-`planner.observe.MetricSample`. The URL, bearer token and window come from the caller (the spec and its Secret);
+`planner.live.observe.MetricSample`. The URL, bearer token and window come from the caller (the spec and its Secret);
 every failure raises MetricsUnavailable with a named `reason` (operator/live/prometheus_http.py's PrometheusFailure).
 
 Rules it names:
@@ -28,11 +28,11 @@ from typing import Any, Protocol
 
 from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
 from servingtopology.operator.live.url_policy import PrometheusUrl, UrlRefused, parse_prometheus_url
+from servingtopology.planner.engines.metric_names import RouterMetric as R
+from servingtopology.planner.engines.metric_names import SglangMetric as S
+from servingtopology.planner.engines.metric_names import VllmMetric as V
 from servingtopology.planner.layout import Engine, Role
-from servingtopology.planner.metric_names import RouterMetric as R
-from servingtopology.planner.metric_names import SglangMetric as S
-from servingtopology.planner.metric_names import VllmMetric as V
-from servingtopology.planner.observe import MetricSample
+from servingtopology.planner.live.observe import MetricSample
 
 __all__ = [
     "Figure", "Query", "MetricsSource", "MetricsUnavailable", "PrometheusMetrics", "build_queries", "label_selector",

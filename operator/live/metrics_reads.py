@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servingtopology.operator.live.metrics import MetricsSource
-from servingtopology.planner.observe import MetricSample
+from servingtopology.planner.live.observe import MetricSample
 
 __all__ = ["MetricsPending", "MetricsReads", "READERS", "READ_WAIT_S", "KEEP_S"]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from servingtopology.operator.api.resource import ObservedStatus, PlanStatus, ProposalStatus, SummaryStatus
 from servingtopology.planner.layout import Layout, LayoutKind, Role
-from servingtopology.planner.transition import ClusterView, Mode, Phase, TransitionState
+from servingtopology.planner.live.transition import ClusterView, Mode, Phase, TransitionState
 
 __all__ = ["NONE", "ms_text", "pd_ratio", "pair_text", "error_text", "traffic_shares", "phase_text", "summary_status"]
 

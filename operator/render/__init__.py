@@ -2,4 +2,4 @@
 (pod_template.py), the network knobs (network.py), the tenancy pod policy (tenancy.py), the object size bound
 (object_size.py) and the serving sets a layout becomes (sets.py; what the cluster shows of them is
 runtime/cluster_view.py). The engine command lines themselves are pure and live in the planner
-(planner/engine_command.py). Nothing here imports the runtime or the reconcile (import-linter)."""
+(planner/engines/command.py). Nothing here imports the runtime or the reconcile (import-linter)."""

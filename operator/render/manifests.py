@@ -25,7 +25,7 @@ from servingtopology.operator.render.pod_template import (
     router_container_security,
     router_pod_security,
 )
-from servingtopology.planner.engine_command import (
+from servingtopology.planner.engines.command import (
     DEFAULT_ROUTER_IMAGES,
     ENGINE_PORT,
     NIXL_SIDE_CHANNEL_PORT,
@@ -39,8 +39,8 @@ from servingtopology.planner.engine_command import (
 )
 from servingtopology.planner.hardware import PRODUCT_LABEL, Gpu, Precision, product_label, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
-from servingtopology.planner.service_split import PD_ROUTER_REPLICAS
-from servingtopology.planner.transition import set_name as layout_set_name
+from servingtopology.planner.live.transition import set_name as layout_set_name
+from servingtopology.planner.pool.service_split import PD_ROUTER_REPLICAS
 
 __all__ = [
     "API_VERSION",
@@ -118,7 +118,7 @@ class Blueprint:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     transfer_backend: str = "nixl"
     shm_gib: int = 16
-    set_name: str = ""         # empty: derived from the layout's shapes (planner.transition.set_name)
+    set_name: str = ""         # empty: derived from the layout's shapes (planner.live.transition.set_name)
     engine_version: str = ""   # the engine release the commands are spelled for (empty: the newest covered)
     # spec.podTemplate (engine pods) and spec.rolePodTemplates (prefill, decode, router), as plain dicts.
     pod_template: Mapping[str, Any] = field(default_factory=dict)
@@ -182,7 +182,7 @@ def _nic_gbit(bp: Blueprint, gpu: Gpu) -> float:
 
 def kv_link_gbit(bp: Blueprint) -> float | None:
     """SlowerNicLink: the per-GPU link a mixed-kind PD layout's KV crosses, the slower of the two kinds' NICs (as
-    planner.mixed_pd prices it); None unless prefill and decode run on different kinds."""
+    planner.perf.mixed_pd prices it); None unless prefill and decode run on different kinds."""
     if bp.layout.kind is not LayoutKind.PD:
         return None
     p = role_gpu(bp, bp.layout.roles[Role.PREFILL])

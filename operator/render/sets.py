@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 from servingtopology.operator.render.manifests import Blueprint
 from servingtopology.planner.layout import Layout, Role
-from servingtopology.planner.transition import Phase, TransitionState
-from servingtopology.planner.transition import set_name as layout_set_name
+from servingtopology.planner.live.transition import Phase, TransitionState
+from servingtopology.planner.live.transition import set_name as layout_set_name
 
 __all__ = ["Rendering", "BlueprintFor", "steady_rendering", "transition_rendering", "parts_rendering", "layout_at", "on_kind"]
 
@@ -48,7 +48,7 @@ def on_kind(layout: Layout, gpu: str) -> Layout:
 
 def parts_rendering(parts: Sequence[Layout], bp_for: BlueprintFor) -> Rendering:
     """TwoKindsOneService: a member's parts (its replicas on two GPU kinds; each layout's roles name their kind) as one set
-    each, every set serving, so the one entry Service selects the entry pods of all of them (planner.service_split says
+    each, every set serving, so the one entry Service selects the entry pods of all of them (planner.pool.service_split says
     how it splits the traffic). Raises ValueError on no parts, a part naming no kind, or two parts on one set."""
     if not parts or any(not lay.kinds_named for lay in parts):
         raise ValueError(f"each part names its GPU kind: {[lay.label for lay in parts]}")
@@ -61,7 +61,7 @@ def parts_rendering(parts: Sequence[Layout], bp_for: BlueprintFor) -> Rendering:
 def transition_rendering(state: TransitionState, bp_for: BlueprintFor) -> Rendering:
     """Every set the transition state wants, at its desired counts; the old set first.
 
-    A finished transition renders its target alone; a failed one stays as it is (see planner/transition.py).
+    A finished transition renders its target alone; a failed one stays as it is (see planner/live/transition.py).
     """
     if state.phase is Phase.DONE:
         counts = state.desired.get(state.to_set, {r: rl.count for r, rl in state.target.roles.items()})

@@ -15,7 +15,7 @@ from servingtopology.operator.render.manifests import LWS_API_VERSION, MAX_LWS_N
 from servingtopology.operator.render.sets import Rendering
 from servingtopology.operator.runtime.cluster import Cluster, ObjectRef
 from servingtopology.planner.layout import Role
-from servingtopology.planner.transition import ClusterView
+from servingtopology.planner.live.transition import ClusterView
 
 __all__ = ["read_cluster_view"]
 

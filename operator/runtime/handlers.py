@@ -49,7 +49,7 @@ from servingtopology.operator.runtime.cluster import Cluster, ClusterError, Obje
 from servingtopology.operator.runtime.kopf_compat import timer_without_finalizer
 from servingtopology.operator.runtime.plan_worker import PlanPending
 from servingtopology.operator.runtime.telemetry import OperatorMetrics
-from servingtopology.planner.decide import predict_layout
+from servingtopology.planner.search.decide import predict_layout
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "retry_delay_s", "QuietRequeues", "QUIET_REQUEUES",
            "RETRY_DELAY_S", "RETRY_CAP_S", "DECISIONS_LOGGER", "QUIET_RETRIES", "KOPF_API_LOGGER"]

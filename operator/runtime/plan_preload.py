@@ -22,11 +22,11 @@ LOG = logging.getLogger(__name__)
 def warm() -> None:
     """Plan a small Problem of each engine once (never raises: a failed warm-up only costs the children time)."""
     try:
-        from servingtopology.planner.decide import decide
         from servingtopology.planner.hardware import Precision, resolve_gpu
         from servingtopology.planner.layout import Engine
-        from servingtopology.planner.model import resolve_model
+        from servingtopology.planner.model.catalog import resolve_model
         from servingtopology.planner.problem import Problem, SearchSpace
+        from servingtopology.planner.search.decide import decide
         from servingtopology.planner.sim.stage import stage6_figures
         from servingtopology.planner.workload import LengthDist, Slo, Workload
 

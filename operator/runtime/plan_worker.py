@@ -50,7 +50,7 @@ RESULT_TTL_S = 1800.0             # a finished plan is reused for 30 min (a pure
 MAX_RESULTS = 256
 # What the forkserver imports once, so that every child starts with the planner loaded (fork, not a fresh import);
 # plan_preload, last, runs a small plan (what plans load lazily) and freezes the collector's view of it all.
-PRELOAD = ("servingtopology.planner.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.runtime.plan_worker",
+PRELOAD = ("servingtopology.planner.search.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.runtime.plan_worker",
            "servingtopology.operator.runtime.plan_preload")
 
 
@@ -84,7 +84,7 @@ class PlanPending(Exception):
 
 def plan_with_simulator(problem: Problem) -> Decision:
     """The operator's planner: stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does."""
-    from servingtopology.planner.decide import decide
+    from servingtopology.planner.search.decide import decide
     from servingtopology.planner.sim.stage import stage6_figures
 
     return decide(problem, simulate=stage6_figures)

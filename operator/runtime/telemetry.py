@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from servingtopology.operator.reconcile import Outcome
-from servingtopology.planner.transition import Phase
+from servingtopology.planner.live.transition import Phase
 
 __all__ = ["OperatorMetrics", "new_metrics", "serve_metrics", "TOPOLOGY_LABELS", "TRANSITION_PHASES"]
 

@@ -20,9 +20,9 @@ import numpy as np
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role, RoleLayout
-from servingtopology.planner.memory import kv_pool_tokens
-from servingtopology.planner.model import ModelArch
-from servingtopology.planner.perf import InstancePerf, StepTimeModel, kv_transfer_s
+from servingtopology.planner.model.catalog import ModelArch
+from servingtopology.planner.perf.memory import kv_pool_tokens
+from servingtopology.planner.perf.step import InstancePerf, StepTimeModel, kv_transfer_s
 from servingtopology.planner.sim.cluster import EventLoop
 from servingtopology.planner.sim.instance import Instance
 from servingtopology.planner.sim.ledger import Ledger

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servingtopology.planner.layout import Engine, Role, RoleLayout
-from servingtopology.planner.perf import StepTimeModel
+from servingtopology.planner.perf.step import StepTimeModel
 from servingtopology.planner.sim.kvcache import KvPool
 from servingtopology.planner.sim.ledger import Ledger
 from servingtopology.planner.sim.rank import Rank, StepBatch, StepOutcome

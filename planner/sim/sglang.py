@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from servingtopology.planner.engine_caps import chunk_tokens_per_rank
+from servingtopology.planner.engines.caps import chunk_tokens_per_rank
 from servingtopology.planner.layout import Engine, EngineKnobs
 from servingtopology.planner.sim.rank import Rank
 from servingtopology.planner.sim.vllm import Planned, batch_of

@@ -6,13 +6,13 @@ CLI and the operator can hand it to `decide(problem, simulate=...)`. Pure, deter
 
 from __future__ import annotations
 
-from servingtopology.planner.decide import SimFigures
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
-from servingtopology.planner.mixed_pd import kv_link_transfer_s, kv_pool_of, mixed_kinds
-from servingtopology.planner.perf import InstancePerf
-from servingtopology.planner.predict import front_end_s
+from servingtopology.planner.perf.mixed_pd import kv_link_transfer_s, kv_pool_of, mixed_kinds
+from servingtopology.planner.perf.predict import front_end_s
+from servingtopology.planner.perf.step import InstancePerf
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.search.decide import SimFigures
 from servingtopology.planner.sim import RememberedSteps, simulate
 from servingtopology.planner.sim.requests import from_workload
 from servingtopology.planner.sim.results import SimResult
@@ -22,7 +22,7 @@ __all__ = ["simulate_problem", "simulate_mixed", "stage6_figures"]
 
 def simulate_problem(problem: Problem, layout: Layout, *, num_requests: int = 600, seed: int = 0) -> SimResult:
     """Simulate `layout` under the problem's workload (open loop at its rate, or its closed-loop clients); a PD layout
-    whose roles run on other GPU kinds runs each role on its own kind, the KV over the slower NIC (planner.mixed_pd)."""
+    whose roles run on other GPU kinds runs each role on its own kind, the KV over the slower NIC (planner.perf.mixed_pd)."""
     kinds = mixed_kinds(problem, layout)
     if kinds is not None:
         return simulate_mixed(problem, layout, prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu, link_gbit=kinds.link_gbit,

@@ -8,7 +8,7 @@ RESULTS are the files the benchmark clients people already run write, and record
   - a recorded run folder as `simulate --replay` takes it (requests.jsonl, meta.json, config.json): one point, the
     run's own requests, compared on the engine's clock.
 The deployment (model, GPU, engine and release, layout) is the spec's: a file of another model, GPU or engine is
-refused. The fit (planner.deployment_fit, the per-deployment correction; not planner.benchmark_cases, the engine-default
+refused. The fit (planner.perf.deployment_fit, the per-deployment correction; not planner.fidelity.benchmark_cases, the engine-default
 fit) writes CAL.yaml with the factors, the residuals before and after, and the provenance (each file's sha256 and the
 rows used). `plan`, `simulate` and `sweep` take it with `--calibration CAL.yaml`.
 
@@ -34,7 +34,10 @@ import yaml
 
 from servingtopology.cli.calibration_io import deployment_of, read_bytes
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
-from servingtopology.planner.deployment_fit import (
+from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.fidelity.deployment_points import PointFn, closed_loop_fn, predictor, simulated_fn
+from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.perf.deployment_fit import (
     DEFAULT_HALF_LIFE_S,
     MIN_POINTS,
     CalibrationRefused,
@@ -44,9 +47,6 @@ from servingtopology.planner.deployment_fit import (
     fit,
     refuse_other,
 )
-from servingtopology.planner.deployment_points import PointFn, closed_loop_fn, predictor, simulated_fn
-from servingtopology.planner.errors import Infeasible, InvalidSpec
-from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim import RequestSet
 from servingtopology.spec import SpecError, to_problem

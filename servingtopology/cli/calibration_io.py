@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from servingtopology.calibration_file import MAX_CALIBRATION_BYTES, check_calibration, deployment_of, parse_calibration
-from servingtopology.planner import error_bars
-from servingtopology.planner.deployment_fit import DeploymentCalibration
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Layout
+from servingtopology.planner.live import error_bars
+from servingtopology.planner.perf.deployment_fit import DeploymentCalibration
 from servingtopology.planner.problem import Problem
 
 __all__ = ["MAX_CALIBRATION_BYTES", "read_bytes", "read_calibration", "deployment_of", "prediction_intervals", "add_calibration_arg",
@@ -44,7 +44,7 @@ def read_calibration(path: str, problem: Problem, *, field: str = "--calibration
 
 def prediction_intervals(problem: Problem, layout: Layout, ttft_ms: float, tpot_ms: float,
                          calibration: DeploymentCalibration | None) -> dict[str, Any]:
-    """The nominal 80 % intervals of a TTFT and a TPOT prediction (planner.error_bars), JSON-ready."""
+    """The nominal 80 % intervals of a TTFT and a TPOT prediction (planner.live.error_bars), JSON-ready."""
     ivs = error_bars.figure_intervals(problem, layout, ttft_ms=ttft_ms, tpot_ms=tpot_ms, calibration=calibration)
     return {f"{m}_ms": iv.to_dict() for m, iv in ivs.items()}
 

@@ -1,6 +1,6 @@
 """Copy-pastable engine command lines for a planned layout: what `plan` prints and puts in its JSON.
 
-Rendered by the renderer the operator uses (planner/engine_command.py `engine_command`, the one that writes the engine
+Rendered by the renderer the operator uses (planner/engines/command.py `engine_command`, the one that writes the engine
 pods' command and args), so the printed line and a pod's command cannot drift: `vllm serve MODEL …` or
 `python3 -m sglang.launch_server --model-path MODEL …`, with the spec's engine.extraArgs last, shell-quoted
 (shlex.join: PD's `--kv-transfer-config {…}` stays one word). Used by `servingtopology plan`; owns no flags.
@@ -12,7 +12,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from servingtopology.planner.engine_command import engine_command
+from servingtopology.planner.engines.command import engine_command
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.problem import Problem
 from servingtopology.spec import PlanSpec, read_model_identity

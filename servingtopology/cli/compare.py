@@ -3,7 +3,7 @@
 Each layout is held to the spec's own validation (it is set as the spec's `layout:` and parsed, so the GPU budget and
 shape rules are the ones `plan` applies to a pin) and predicted exactly as `plan` predicts a pinned layout on the
 same work: the spec's load, request lengths and simulation seed, the step-level simulator where the layout carries
-the load (planner.decide.predict_layout with the stage-6 simulator). One table (or `--json`) and, with `--plot`, one
+the load (planner.search.decide.predict_layout with the stage-6 simulator). One table (or `--json`) and, with `--plot`, one
 figure: each layout at its SLO capacity on the serving-envelope axes, coloured by layout kind. Exit 0 done, 2 invalid
 input (naming `--layout[i]`).
 """
@@ -18,12 +18,12 @@ from typing import Any
 
 from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
-from servingtopology.planner.decide import predict_layout
 from servingtopology.planner.errors import InvalidSpec
-from servingtopology.planner.memory import kv_pool_tokens
-from servingtopology.planner.pd_ratio import RANK_TOLERANCE
+from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.problem import Candidate, Problem
-from servingtopology.planner.tables import layout_rejection
+from servingtopology.planner.search.decide import predict_layout
+from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
+from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.spec import SpecError, load_yaml, to_problem
 
 __all__ = ["add_parser", "run", "parse_layout", "Compared", "compare_layouts", "MAX_LAYOUTS"]

@@ -26,14 +26,14 @@ from servingtopology.cli.calibration_io import (
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
 from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
-from servingtopology.planner.advice import InfeasibleAdvice
-from servingtopology.planner.decide import decide
-from servingtopology.planner.engine_args import layout_engine_args
+from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
-from servingtopology.planner.record import engine_label, render_record
-from servingtopology.planner.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
+from servingtopology.planner.search.advice import InfeasibleAdvice
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.record import engine_label, render_record
+from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
 from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data, to_problem
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]

@@ -20,9 +20,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from servingtopology.planner.pd_ratio import RANK_TOLERANCE
 from servingtopology.planner.problem import Candidate, Decision, Problem
-from servingtopology.planner.record_facts import Family, family_of
+from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
+from servingtopology.planner.search.record_facts import Family, family_of
 from servingtopology.planner.workload import Slo
 
 __all__ = ["X_LABEL", "Y_LABEL", "ttft_label", "Point", "Series", "plan_figure", "compare_figure", "sweep_figure", "off_frontier_note",
@@ -112,7 +112,7 @@ def _frontier(points: Sequence[Point]) -> list[Point]:
     return out
 
 
-# One colour per layout family (planner.record_facts.Family), the same in every figure; candidates that miss an SLO
+# One colour per layout family (planner.search.record_facts.Family), the same in every figure; candidates that miss an SLO
 # are drawn hollow in their family's colour.
 FAMILY_COLOURS = {
     Family.REPLICAS: "tab:blue",

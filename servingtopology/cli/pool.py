@@ -15,9 +15,9 @@ from typing import Any
 
 from servingtopology.cli.spec_input import emit_spec_error
 from servingtopology.planner.errors import InvalidSpec
-from servingtopology.planner.pool import PoolDecision, PoolProblem, plan_pool
-from servingtopology.planner.pool_options import MemberRequest, build_pool
-from servingtopology.planner.pool_record import fleet_table, render_pool_record
+from servingtopology.planner.pool.options import MemberRequest, build_pool
+from servingtopology.planner.pool.plan import PoolDecision, PoolProblem, plan_pool
+from servingtopology.planner.pool.record import fleet_table, render_pool_record
 from servingtopology.pool_spec import load_pool, to_pool_inputs
 from servingtopology.spec import SpecError
 

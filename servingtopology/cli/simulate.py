@@ -33,7 +33,7 @@ from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spe
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
-from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
+from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.sim import (
     Percentiles,
     RequestSet,

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from servingtopology.cli.whatif import apply_overrides, flag_errors
-from servingtopology.planner.decide import Simulate
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.search.decide import Simulate
 from servingtopology.planner.sim.stage import stage6_figures
 from servingtopology.spec import DEFAULT_SPEC, PlanSpec, SpecError, parse_spec, read_spec_data, to_layout
 
@@ -47,7 +47,7 @@ def layout_for(spec: PlanSpec, problem: Problem) -> Layout:
     """
     if spec.layout is not None:
         return to_layout(spec, precision=problem.precision)
-    from servingtopology.planner.decide import decide
+    from servingtopology.planner.search.decide import decide
 
     return decide(problem, simulate=simulator_for(spec)).best.layout
 

@@ -106,7 +106,7 @@ def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, se
 
 
 def _add_intervals(problem: Problem, layout: Layout, points: list[dict[str, Any]], calibration: Any) -> None:
-    """Each point's nominal 80 % intervals of its p50 TTFT and mean TPOT (planner.error_bars; the load bucket is its clients)."""
+    """Each point's nominal 80 % intervals of its p50 TTFT and mean TPOT (planner.live.error_bars; the load bucket is its clients)."""
     for p in points:
         clients = replace(problem, workload=replace(problem.workload, arrival_rate_rps=None, concurrency=p["concurrency"]))
         ttft, tpot = p["ttft_ms"]["p50"], p["tpot_ms"]["mean"]
@@ -153,7 +153,7 @@ def _print_points(points: list[dict[str, Any]]) -> None:
 def _series(args: argparse.Namespace, concurrency: list[int], per_client: int) -> tuple[Slo, list[dict[str, Any]]]:
     """One sweep per --layout, each on the spec's work with that layout (compare's parsing and validation)."""
     from servingtopology.cli.compare import MAX_LAYOUTS, parse_layout
-    from servingtopology.planner.record_facts import family_of
+    from servingtopology.planner.search.record_facts import family_of
 
     if len(args.layout) > MAX_LAYOUTS:
         raise InvalidSpec("--layout", f"at most {MAX_LAYOUTS} layouts")
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if args.layout:
         if args.plot:
             from servingtopology.cli.plots import Series, save, sweep_figure
-            from servingtopology.planner.record_facts import Family
+            from servingtopology.planner.search.record_facts import Family
 
             many = [Series(s["name"], s["layout"], s["gpus"], Family[s["family"]], s["points"]) for s in series]
             save(sweep_figure(series[0]["layout"], series[0]["gpus"], series[0]["points"], slo, series=many), args.plot)

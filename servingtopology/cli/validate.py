@@ -2,7 +2,7 @@
 
 Reads a CSV in the aiconfigurator silicon schema, resolves each `model_path` as DIR/<org>/<name>/config.json
 (when --model-dir is given) or in the built-in catalog, simulates every row as the closed-loop benchmark
-it was (planner.benchmark_cases / planner.closed_loop) and prints per-row predicted against measured TTFT and
+it was (planner.fidelity.benchmark_cases / planner.perf.closed_loop) and prints per-row predicted against measured TTFT and
 TPOT, then a summary overall and per (backend, mode, system). All file reading lives here.
 """
 
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servingtopology.planner.benchmark_cases import (
+from servingtopology.planner.errors import PlannerError
+from servingtopology.planner.fidelity.benchmark_cases import (
     BACKENDS,
     EXPORT_QUIRK,
     BenchmarkCase,
@@ -35,11 +36,10 @@ from servingtopology.planner.benchmark_cases import (
     predict_held_out,
     without_harness,
 )
-from servingtopology.planner.errors import PlannerError
-from servingtopology.planner.fidelity import summarize
+from servingtopology.planner.fidelity.scores import summarize
 from servingtopology.planner.hardware import Gpu, resolve_gpu
-from servingtopology.planner.model import ModelArch, from_hf_config, resolve_model
-from servingtopology.planner.perf import PerfParams, fit_record, perf_params
+from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
+from servingtopology.planner.perf.step import PerfParams, fit_record, perf_params
 from servingtopology.spec import MAX_CONCURRENCY, MAX_GPUS, MAX_TOKENS, read_model_config
 
 __all__ = ["add_parser", "run", "load_measurements", "Measurements", "evaluate"]
@@ -94,7 +94,7 @@ def _resolve_gpu(system: str) -> Gpu | Skip:
 
 # A row's field longer than this is malformed (the longest in the shipped silicon CSV, silicon_data_source, is ~300).
 MAX_FIELD_CHARS = 4096
-_CONCURRENCY_TEXT = re.compile(r"silicon_concurrency=(\d+)")   # as planner/benchmark_cases.py reads it
+_CONCURRENCY_TEXT = re.compile(r"silicon_concurrency=(\d+)")   # as planner/fidelity/benchmark_cases.py reads it
 MALFORMED = "malformed row"
 _SURROGATE = re.compile("[\udc80-\udcff]")  # what surrogateescape decodes a non-UTF-8 byte to
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from servingtopology.planner.engine_caps import Argument, EngineCaps, load_caps, resolve_version
+from servingtopology.planner.engines.caps import Argument, EngineCaps, load_caps, resolve_version
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Engine, Role
 

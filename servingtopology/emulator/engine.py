@@ -15,12 +15,12 @@ from enum import StrEnum
 from servingtopology.emulator.command_parser import EngineArgsError, EngineConfig
 from servingtopology.emulator.replay import ChunkedReplay
 from servingtopology.emulator.seam import Completion, EngineSimulator, Gauges, Progress
-from servingtopology.planner.engine_defaults import max_running, memory_fraction, token_budget
+from servingtopology.planner.engines.defaults import max_running, memory_fraction, token_budget
 from servingtopology.planner.hardware import Gpu, Precision, gpu_for_product, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
-from servingtopology.planner.memory import kv_pool_tokens
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import InstancePerf, StepTimeModel, request_overhead_s
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.memory import kv_pool_tokens
+from servingtopology.planner.perf.step import InstancePerf, StepTimeModel, request_overhead_s
 
 __all__ = ["BatchingEngine", "Completion", "EngineSimulator", "Gauges", "Progress", "SimulatorKind", "build_simulator",
            "gpu_for_label"]
@@ -193,7 +193,7 @@ def build_simulator(config: EngineConfig, *, gpu: Gpu, kind: SimulatorKind = Sim
     attention_tp = config.tp // config.dp if (config.engine is Engine.SGLANG and config.dp_attention) else config.tp
     ranks = config.dp
     parallelism = Parallelism(tp=attention_tp, pp=config.pp, dp=config.dp)
-    # what the engine chooses for a flag the command leaves out (planner/engine_defaults.py: the one rule)
+    # what the engine chooses for a flag the command leaves out (planner/engines/defaults.py: the one rule)
     default_budget = int(token_budget(config.engine, gpu))  # the server's flag value; the step model splits it per DP rank
     default_fraction = memory_fraction(config.engine, gpu, release=config.version, tp=attention_tp, pp=config.pp,
                                        dp=config.dp if config.dp_attention else 1)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from servingtopology.emulator.command_parser import EngineConfig
 from servingtopology.emulator.seam import Gauges, Progress
-from servingtopology.planner.engine_caps import load_caps, resolve_version
+from servingtopology.planner.engines.caps import load_caps, resolve_version
+from servingtopology.planner.engines.metric_names import SglangMetric as S
+from servingtopology.planner.engines.metric_names import VllmMetric as V
 from servingtopology.planner.layout import Engine, Role
-from servingtopology.planner.metric_names import SglangMetric as S
-from servingtopology.planner.metric_names import VllmMetric as V
 
 __all__ = ["EngineMetrics", "Histogram"]
 

@@ -31,7 +31,7 @@ from servingtopology.emulator.engine import SimulatorKind, build_simulator, gpu_
 from servingtopology.emulator.instance import EmulatedInstance, Share
 from servingtopology.emulator.real_engine import RealEngineInstance, RealEngineRules, RealEngineRulesError
 from servingtopology.emulator.traffic import TrafficProfile
-from servingtopology.planner.engine_caps import load_caps
+from servingtopology.planner.engines.caps import load_caps
 from servingtopology.planner.layout import Role
 
 __all__ = ["Fleet", "PodView", "pod_view"]

@@ -20,8 +20,8 @@ import numpy.typing as npt
 from servingtopology.emulator.seam import Completion, Gauges, Progress
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, Layout
-from servingtopology.planner.model import ModelArch
-from servingtopology.planner.perf import request_overhead_s, scaled_terms
+from servingtopology.planner.model.catalog import ModelArch
+from servingtopology.planner.perf.step import request_overhead_s, scaled_terms
 from servingtopology.planner.sim import RequestSet, simulate
 
 __all__ = ["ChunkedReplay"]

@@ -56,7 +56,7 @@ class EngineSimulator(Protocol):
     """A simulated engine instance driven by the caller's clock (seconds since the instance started).
 
     `lookahead_s`: how far ahead of the clock arrivals must be submitted (a chunked replay simulates ahead).
-    `slowdown`: EngineSlowdown, the step terms (planner.perf.STEP_TERMS) this engine runs slower than the model in,
+    `slowdown`: EngineSlowdown, the step terms (planner.perf.step.STEP_TERMS) this engine runs slower than the model in,
     with their factors (each ≥ 1); set by the instance from the traffic profile's phase before it advances.
     """
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from servingtopology.planner.perf import STEP_TERMS
+from servingtopology.planner.perf.step import STEP_TERMS
 
 __all__ = ["MAX_BURSTINESS", "Phase", "TrafficProfile", "TrafficProfileError", "arrival_gap_s"]
 
@@ -34,7 +34,7 @@ class Phase:
     duration_s: float | None = None
     prefix_hit_ratio: float = 0.0
     # EngineSlowdown: the emulated engines run this many times slower than the model in these step terms
-    # (planner.perf.STEP_TERMS: gemm, weights, attention, communication, overhead); each factor at least 1, so the
+    # (planner.perf.step.STEP_TERMS: gemm, weights, attention, communication, overhead); each factor at least 1, so the
     # emulator can be made slower than the model predicts, never faster (more lenient) than it.
     slowdown: tuple[tuple[str, float], ...] = ()
     # Gamma-distributed gaps between arrivals of shape `burstiness`, as `vllm bench serve --burstiness` draws them
@@ -129,7 +129,7 @@ def _phase(index: int, raw: Any) -> Phase:
 
 
 def _slowdown(where: str, raw: Any) -> tuple[tuple[str, float], ...]:
-    """EngineSlowdown: `{term: factor ≥ 1}` over planner.perf.STEP_TERMS."""
+    """EngineSlowdown: `{term: factor ≥ 1}` over planner.perf.step.STEP_TERMS."""
     if raw is None:
         return ()
     if not isinstance(raw, Mapping):

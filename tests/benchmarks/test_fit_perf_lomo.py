@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from servingtopology.cli.validate import Measurements
-from servingtopology.planner.benchmark_cases import parse_row
+from servingtopology.planner.fidelity.benchmark_cases import parse_row
 from servingtopology.planner.hardware import resolve_gpu
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import PerfParams
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.step import PerfParams
 
 from ..planner.test_benchmark_cases import AGG
 

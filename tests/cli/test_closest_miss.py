@@ -6,8 +6,8 @@ import json
 import re
 
 from servingtopology.cli.main import main
-from servingtopology.planner.limits import slo_floors
-from servingtopology.planner.memory import language_model_bytes
+from servingtopology.planner.perf.memory import language_model_bytes
+from servingtopology.planner.search.limits import slo_floors
 from servingtopology.spec import load_spec, to_problem
 
 FLOOR = ("model: llama-3.1-8b\nhardware: {gpu: h100_sxm, maxGPUs: 8}\nworkload: {arrivalRate: 1, inputTokens: 8192, outputTokens: 100}\n"

@@ -95,7 +95,7 @@ def test_sweep_overlays_several_layouts_every_gpu_in_the_denominator(tmp_path, c
         for p in s["points"]:
             assert p["throughput_tok_s_per_gpu"] == pytest.approx(p["throughput_tok_s"] / s["gpus"], abs=0.11)   # all 8 GPUs
     from servingtopology.cli.plots import Series, sweep_figure
-    from servingtopology.planner.record_facts import Family
+    from servingtopology.planner.search.record_facts import Family
     from servingtopology.spec import load_spec, to_problem
 
     slo = to_problem(load_spec(None)).slo

@@ -10,7 +10,7 @@ import pytest
 
 from servingtopology import __version__
 from servingtopology.cli.main import main
-from servingtopology.planner.record import fmt_ms
+from servingtopology.planner.search.record import fmt_ms
 
 
 def _plan(capsys, *argv):

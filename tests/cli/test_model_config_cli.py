@@ -9,8 +9,8 @@ import pytest
 
 from servingtopology.cli.simulate import load_replay
 from servingtopology.cli.validate import evaluate, load_measurements
-from servingtopology.planner.benchmark_cases import Prediction
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.fidelity.benchmark_cases import Prediction
 from tests.groundtruth import GROUNDTRUTH
 
 CONFIGS = Path(__file__).resolve().parents[1] / "planner" / "data" / "model_configs"
@@ -110,7 +110,7 @@ def test_plan_of_a_hybrid_model_from_its_config_json_records_what_was_assumed(tm
 
 def test_a_modelopt_checkpoints_hf_quant_config_json_sets_its_format(tmp_path):
     from servingtopology.planner.hardware import Precision
-    from servingtopology.planner.model import from_hf_config
+    from servingtopology.planner.model.catalog import from_hf_config
     from servingtopology.spec import read_model_config
 
     cfg = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())  # a BF16 config, as NVIDIA's FP4 repositories ship it

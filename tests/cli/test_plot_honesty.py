@@ -5,8 +5,8 @@ colour, the axes start at 0 (a 3 % spread stays a 3 % spread), and a pinned layo
 import dataclasses
 
 from servingtopology.cli.plots import FAMILY_COLOURS, HEADROOM, plan_figure, plan_points
-from servingtopology.planner.decide import decide
-from servingtopology.planner.record_facts import Family, family_of
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.record_facts import Family, family_of
 from servingtopology.spec import load_spec, parse_spec, to_problem
 
 from .test_decision_record import PINNED

@@ -5,7 +5,7 @@ import json
 from servingtopology.cli.main import main
 from servingtopology.cli.plots import LABEL_GAP, X_LABEL, Y_LABEL, plan_figure, plan_points, sweep_figure
 from servingtopology.cli.sweep import sweep_points
-from servingtopology.planner.decide import decide
+from servingtopology.planner.search.decide import decide
 from servingtopology.spec import load_spec, to_problem
 
 from .test_json_keys import SPEC

@@ -10,7 +10,7 @@ import pytest
 
 from servingtopology.cli.main import main
 from servingtopology.cli.validate import evaluate, load_measurements
-from servingtopology.planner.benchmark_cases import Prediction
+from servingtopology.planner.fidelity.benchmark_cases import Prediction
 
 CONFIGS = Path(__file__).resolve().parents[1] / "planner" / "data" / "model_configs"
 FIELDS = ["id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",

@@ -10,8 +10,8 @@ import pytest
 
 from servingtopology.cli.commands import role_commands
 from servingtopology.emulator.command_parser import engine_argv
-from servingtopology.planner.decide import predict_layout
-from servingtopology.planner.engine_caps import available_versions
+from servingtopology.planner.engines.caps import available_versions
+from servingtopology.planner.search.decide import predict_layout
 from servingtopology.spec import parse_spec, to_layout, to_problem
 
 from .test_engine_parsers import Line, run_real_parsers

@@ -23,11 +23,11 @@ import pytest
 
 from servingtopology.emulator.command_parser import EngineArgsError, engine_argv, parse_engine_command
 from servingtopology.operator.render.manifests import Blueprint, build_workloads
-from servingtopology.planner.engine_caps import available_versions, load_caps
-from servingtopology.planner.engine_command import RAY_MULTINODE_SCRIPT
+from servingtopology.planner.engines.caps import available_versions, load_caps
+from servingtopology.planner.engines.command import RAY_MULTINODE_SCRIPT
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
-from servingtopology.planner.towers import LANGUAGE_ONLY_FLAGS
+from servingtopology.planner.model.towers import LANGUAGE_ONLY_FLAGS
 from tests.operator.cases import BLUEPRINTS, UID
 
 pytestmark = pytest.mark.conformance
@@ -111,7 +111,7 @@ def generated() -> Iterator[Line]:
             }
             for name, (layout, model) in layouts.items():
                 yield from lines_of(_bp(engine, version, layout, model=model), f"{engine.value} {version} {name}")
-            # A multimodal model served text-only: the user's flag the planner honours (planner.towers.LANGUAGE_ONLY_FLAGS)
+            # A multimodal model served text-only: the user's flag the planner honours (planner.model.towers.LANGUAGE_ONLY_FLAGS)
             # where the release's parser has it.
             for flag in LANGUAGE_ONLY_FLAGS.get(engine.value, ()):
                 if load_caps(engine.value, version).has(flag):

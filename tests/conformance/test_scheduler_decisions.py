@@ -55,7 +55,7 @@ import pytest
 
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.sim import RequestSet, simulate
 
 pytestmark = pytest.mark.conformance

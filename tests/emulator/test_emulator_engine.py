@@ -201,7 +201,7 @@ def test_the_reported_ttft_counts_the_front_end_as_the_planner_predicts_it(kind:
     # The engine's TTFT histogram runs from the request's arrival at its front end, so an idle SGLang engine
     # reports at least perf.request_overhead_s (about 0.15 s), the latency the planner adds to its predictions.
     from servingtopology.planner.layout import Engine
-    from servingtopology.planner.perf import request_overhead_s
+    from servingtopology.planner.perf.step import request_overhead_s
 
     config = parse_engine_command(["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct"])
     simulator = build_simulator(config, gpu=gpu_for_label("H100"), kind=kind)
@@ -228,7 +228,7 @@ def _families(text: str) -> dict[str, tuple[str, set[str]]]:
     ["python3", "-m", "sglang.launch_server", "--model-path", "qwen3-30b-a3b", "--tp-size", "8", "--attn-dp-size", "4"],
 ])
 def test_emulated_metrics_carry_the_names_types_and_labels_of_the_release(argv: list[str]) -> None:
-    from servingtopology.planner.engine_caps import load_caps
+    from servingtopology.planner.engines.caps import load_caps
 
     config = parse_engine_command(argv)
     caps = load_caps(config.engine.value, config.version)
@@ -277,8 +277,8 @@ def test_the_emulated_gpu_is_the_one_the_planner_maps_the_label_to_else_an_h100(
 ])
 def test_emulated_metrics_are_current_names_of_the_shared_vocabulary(argv: list[str]) -> None:
     """The exposition spells no metric name of its own: every family it renders is a current (not LEGACY) name of
-    planner/metric_names.py, the vocabulary the operator's PromQL reads."""
-    from servingtopology.planner.metric_names import LEGACY, vocabulary
+    planner/engines/metric_names.py, the vocabulary the operator's PromQL reads."""
+    from servingtopology.planner.engines.metric_names import LEGACY, vocabulary
 
     config = parse_engine_command(argv)
     names = set(vocabulary(config.engine)) - LEGACY
@@ -296,12 +296,12 @@ def test_emulated_metrics_are_current_names_of_the_shared_vocabulary(argv: list[
 def test_flags_left_out_get_the_engines_own_defaults_from_the_one_rule(product: str, engine: str, argv: list[str]) -> None:
     # The emulator must not give an engine more room than the engine gives itself: SGLang's computed
     # --mem-fraction-static (0.835 on an H100 at TP1, not a flat 0.88) and its chunk by GPU memory (8192 on an L40S).
-    from servingtopology.planner.engine_defaults import max_running, memory_fraction, token_budget
+    from servingtopology.planner.engines.defaults import max_running, memory_fraction, token_budget
     from servingtopology.planner.hardware import Precision
     from servingtopology.planner.layout import Engine as PlannerEngine
     from servingtopology.planner.layout import EngineKnobs, Parallelism
-    from servingtopology.planner.memory import kv_pool_tokens
-    from servingtopology.planner.model import resolve_model
+    from servingtopology.planner.model.catalog import resolve_model
+    from servingtopology.planner.perf.memory import kv_pool_tokens
 
     config = parse_engine_command(argv)
     gpu = gpu_for_label(product)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from servingtopology.operator.render.manifests import Blueprint
 from servingtopology.operator.render.network import NetworkKnobs
-from servingtopology.planner.engine_caps import resolve_version
+from servingtopology.planner.engines.caps import resolve_version
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, RoleLayout
 from servingtopology.planner.problem import Candidate, Decision, Prediction
@@ -75,7 +75,7 @@ BLUEPRINTS: dict[str, Blueprint] = {
 def planned(spec: dict[str, object]) -> Layout:
     """The layout the planner decides for a spec (its pin checked by the planner's own rules, predicted analytically):
     a golden built through the planner cannot hold a shape the planner refuses."""
-    from servingtopology.planner.decide import decide
+    from servingtopology.planner.search.decide import decide
     from servingtopology.spec import parse_spec, to_problem
 
     return decide(to_problem(parse_spec(spec))).best.layout

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from servingtopology.planner.perf import PerfParams, load_params, pinned_params
+from servingtopology.planner.perf.step import PerfParams, load_params, pinned_params
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 SCENARIO_PARAMS = load_params(json.loads((Path(__file__).parents[1] / "data" / "scenario_perf_params.json").read_text()))

@@ -19,8 +19,8 @@ from servingtopology.cli.main import main
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.operator.runtime.cluster import ObjectRef
 from servingtopology.operator.runtime.plan_worker import PlanPending
-from servingtopology.planner.decide import decide
 from servingtopology.planner.problem import Decision, Problem
+from servingtopology.planner.search.decide import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "calibration"

@@ -17,7 +17,7 @@ import yaml
 from test_chart import CHART, helm_template
 
 from servingtopology.operator.runtime.telemetry import TOPOLOGY_LABELS, new_metrics
-from servingtopology.planner.engine_caps import available_versions, load_caps
+from servingtopology.planner.engines.caps import available_versions, load_caps
 
 DASHBOARD = CHART / "dashboards" / "servingtopology.json"
 

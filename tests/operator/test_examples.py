@@ -21,8 +21,8 @@ from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.pass_context import blueprint_for
 from servingtopology.operator.reconcile import reconcile
 from servingtopology.operator.render.manifests import build_workloads
-from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Layout, Parallelism
+from servingtopology.planner.search.decide import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.37.0"

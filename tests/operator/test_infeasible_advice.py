@@ -1,4 +1,4 @@
-"""An infeasible resource's Planned condition and PlanInfeasible Event carry the planner's advice (planner.advice):
+"""An infeasible resource's Planned condition and PlanInfeasible Event carry the planner's advice (planner.search.advice):
 the real planner, through the real reconcile, against the in-memory cluster."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fake_cluster import FakeCluster
 from test_reconcile import cond, topology
 
 from servingtopology.operator.reconcile import reconcile
-from servingtopology.planner.decide import decide
+from servingtopology.planner.search.decide import decide
 
 
 def test_an_infeasible_plan_says_what_would_make_it_feasible() -> None:

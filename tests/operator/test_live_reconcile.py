@@ -25,13 +25,13 @@ from servingtopology.operator.live_replan import MetricsRequest
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.operator.render.manifests import SET_LABEL
 from servingtopology.operator.replan import ReplanMemory
-from servingtopology.planner.decide import decide
 from servingtopology.planner.layout import Role
-from servingtopology.planner.live_calibration import combined
-from servingtopology.planner.observe import MetricSample
+from servingtopology.planner.live.calibration import combined
+from servingtopology.planner.live.observe import MetricSample
+from servingtopology.planner.live.replan_decision import capacity_of
+from servingtopology.planner.live.transition import layout_from_state
 from servingtopology.planner.problem import Decision, Problem
-from servingtopology.planner.replan_decision import capacity_of
-from servingtopology.planner.transition import layout_from_state
+from servingtopology.planner.search.decide import decide
 from servingtopology.spec import to_problem
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

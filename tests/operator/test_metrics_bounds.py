@@ -21,7 +21,7 @@ from servingtopology.operator.live.prometheus_http import BoundedPrometheus, Pro
 from servingtopology.operator.live.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList, parse_prometheus_url
 from servingtopology.operator.live_replan import MetricsRequest, prometheus_source
 from servingtopology.planner.layout import Engine
-from servingtopology.planner.observe import MetricSample
+from servingtopology.planner.live.observe import MetricSample
 
 DEFAULT = UrlAllowList.of(DEFAULT_PROMETHEUS_URLS)
 M = {"namespace": "ml", "servingtopology_io_topology": "chat"}

@@ -159,7 +159,7 @@ def test_an_empty_prometheus_gives_an_empty_sample_and_a_dead_one_raises():
 
 def test_the_router_ttft_metric_is_the_one_the_covered_smg_release_exports() -> None:
     from servingtopology.operator.live.metrics import SMG_PD_TTFT, SMG_TTFT
-    from servingtopology.planner.engine_caps import available_versions, load_caps
+    from servingtopology.planner.engines.caps import available_versions, load_caps
 
     names = {m.name for m in load_caps("smg", available_versions("smg")[-1]).metrics}
     assert SMG_PD_TTFT in names and SMG_TTFT in names
@@ -231,7 +231,7 @@ def test_every_metric_the_operator_queries_is_one_a_covered_release_exports(engi
     """The PromQL's names against the capability data generated from the released packages (planner/data/engine_caps):
     each name some covered release of the engine (or of its PD routers) exports, and the first expression of every
     figure one the newest covered release exports."""
-    from servingtopology.planner.engine_caps import available_versions, load_caps
+    from servingtopology.planner.engines.caps import available_versions, load_caps
 
     kinds = {"vllm": ("vllm", "vllm-router"), "sglang": ("sglang", "smg", "sglang-router")}[engine.value]
     by_release = {(k, v): {m.name for m in load_caps(k, v).metrics} for k in kinds for v in available_versions(k)}
@@ -249,10 +249,10 @@ def test_every_metric_the_operator_queries_is_one_a_covered_release_exports(engi
 
 @pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
 def test_every_metric_the_operator_queries_is_a_name_of_the_shared_vocabulary(engine):
-    """The PromQL spells no metric name of its own: each series it reads is one of planner/metric_names.py's (a
+    """The PromQL spells no metric name of its own: each series it reads is one of planner/engines/metric_names.py's (a
     histogram's `_bucket`, `_sum` or `_count` series of one), the vocabulary the emulator's exposition reads too and
     tests/planner/test_metric_names.py holds to every covered release."""
-    from servingtopology.planner.metric_names import HISTOGRAM_SUFFIXES, vocabulary
+    from servingtopology.planner.engines.metric_names import HISTOGRAM_SUFFIXES, vocabulary
 
     names = set(vocabulary(engine))
     for by_role in (True, False):

@@ -31,8 +31,8 @@ from servingtopology.operator.render.sets import on_kind, parts_rendering
 from servingtopology.operator.runtime.capacity import gpu_for_product
 from servingtopology.planner.hardware import PRODUCT_LABEL, gpu_catalog, product_label
 from servingtopology.planner.layout import Engine, Layout, Parallelism, Role, RoleLayout
+from servingtopology.planner.live.transition import in_place, set_name
 from servingtopology.planner.problem import Candidate, Decision, Problem
-from servingtopology.planner.transition import in_place, set_name
 
 MIXED = Layout.pd(RoleLayout(1, Parallelism(tp=2), gpu="h100_sxm"), RoleLayout(2, Parallelism(tp=1), gpu="a100_sxm"))
 ONE_KIND = Layout.pd(RoleLayout(1, Parallelism(tp=2)), RoleLayout(2, Parallelism(tp=1)))

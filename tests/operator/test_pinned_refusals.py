@@ -14,7 +14,7 @@ from test_capacity import node, pod
 from test_reconcile import ROOT
 
 from servingtopology.operator.reconcile import reconcile
-from servingtopology.planner.decide import decide
+from servingtopology.planner.search.decide import decide
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -17,8 +17,8 @@ from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, RoleLayout
+from servingtopology.planner.live.transition import set_name
 from servingtopology.planner.problem import Candidate, Decision, Problem
-from servingtopology.planner.transition import set_name
 from servingtopology.spec import to_layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -519,7 +519,7 @@ def test_engine_failures_name_the_pod_its_role_and_the_engines_own_message() -> 
 
 def test_plans_and_proposals_made_for_a_spec_edit_carry_each_predictions_interval() -> None:
     # IntervalsShown: the chosen layout's TTFT/TPOT under `predicted`, the running layout's at the same load under
-    # `before`, each with the class's nominal interval around it (planner/error_bars.py), on the plan too.
+    # `before`, each with the class's nominal interval around it (planner/live/error_bars.py), on the plan too.
     obj, cluster = topology(), FakeCluster()
     current = Candidate(REPLICAS, prediction(310, 30), score=0.5)
     planner = ScriptedPlanner(decision(REPLICAS, ttft_ms=310, tpot_ms=30),

@@ -7,7 +7,7 @@ from fake_cluster import FakeCluster
 from test_tenancy import REPLICAS, cond, run, topology
 
 from servingtopology.operator.reconcile import refused_pods
-from servingtopology.planner.transition import set_name
+from servingtopology.planner.live.transition import set_name
 
 POD_SECURITY = ('pods "llama-8b-x-aggregated-5d9f-abcde" is forbidden: violates PodSecurity "restricted:latest": '
                 'runAsNonRoot != true (pod or container "engine" must set securityContext.runAsNonRoot=true)')

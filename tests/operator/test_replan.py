@@ -24,17 +24,17 @@ from servingtopology.operator.replan import (
     replan,
     transition_step,
 )
-from servingtopology.planner.deployment_fit import MAX_FACTOR
-from servingtopology.planner.drift import DriftPolicy
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
-from servingtopology.planner.live_calibration import MAX_LIVE_POINTS, CalibrationState
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.observe import MetricSample
+from servingtopology.planner.live.calibration import MAX_LIVE_POINTS, CalibrationState
+from servingtopology.planner.live.drift import DriftPolicy
+from servingtopology.planner.live.observe import MetricSample
+from servingtopology.planner.live.transition import Action, ClusterView, Phase
+from servingtopology.planner.live.transition import Mode as TransitionMode
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.deployment_fit import MAX_FACTOR
 from servingtopology.planner.problem import Candidate, Decision, Prediction, Problem
-from servingtopology.planner.transition import Action, ClusterView, Phase
-from servingtopology.planner.transition import Mode as TransitionMode
 from servingtopology.planner.workload import LengthDist, Slo, Workload
 
 PROBLEM = Problem(model=resolve_model("llama-3.1-8b"), gpu=resolve_gpu("h100_sxm"), engine=Engine.VLLM, precision=Precision.BF16,
@@ -371,7 +371,7 @@ def _gated(gain: float, misses: int = 0):  # type: ignore[no-untyped-def]
 
 def _bar(misses: int = 0) -> float:
     """The combined uncertainty the gate asks of 1×TP1 → 2×TP1 here (their TPOT classes in the shipped interval table)."""
-    from servingtopology.planner import error_bars
+    from servingtopology.planner.live import error_bars
 
     def h(kind: str, tpot: float) -> float:
         return error_bars.half_width("tpot", engine="vllm", kind=kind, clients=4.6 * (0.1 + 200 * tpot / 1e3))[0]
@@ -431,7 +431,7 @@ def test_after_a_move_the_measured_result_is_judged_in_status_and_a_miss_raises_
     back = ReplanMemory.from_dict(json.loads(json.dumps(mem.to_dict())))
     assert back.misses == 1 and back.move == mem.move
     # The recorded miss widens the intervals of the next decision: a gain that cleared the bar before no longer does.
-    from servingtopology.planner.replan_decision import error_gate
+    from servingtopology.planner.live.replan_decision import error_gate
 
     c1 = fake_predict(PROBLEM, ONE)
     c2 = planner(replace(PROBLEM, current=ONE)).best

@@ -14,8 +14,8 @@ from test_reconcile import PD8, REPLICAS, ScriptedPlanner, bump, cond, decision,
 from servingtopology.operator.replan import ReplanMemory, ReplanStatusError, read_replan_status
 from servingtopology.operator.replan_status import validate_replan_status
 from servingtopology.planner.layout import Layout, Parallelism
-from servingtopology.planner.live_calibration import LiveCalibration
-from servingtopology.planner.transition import Budget, CapacityDrop, StartVerdict, start_requested
+from servingtopology.planner.live.calibration import LiveCalibration
+from servingtopology.planner.live.transition import Budget, CapacityDrop, StartVerdict, start_requested
 
 
 def _mid_transition() -> tuple[dict[str, Any], FakeCluster, ScriptedPlanner]:
@@ -118,11 +118,11 @@ def test_a_requested_change_lowers_the_floor_only_as_far_as_it_must_and_only_whe
 
 
 def test_the_sample_schema_names_every_field_of_the_planners_metric_sample_and_no_other() -> None:
-    # SampleStatus mirrors planner.observe.MetricSample field by field (a schema at the status trust boundary):
+    # SampleStatus mirrors planner.live.observe.MetricSample field by field (a schema at the status trust boundary):
     # a field added to one and not the other would be dropped or refused on the next pass.
     import dataclasses
 
     from servingtopology.operator.replan_status import SampleStatus
-    from servingtopology.planner.observe import MetricSample
+    from servingtopology.planner.live.observe import MetricSample
 
     assert list(SampleStatus.model_fields) == [f.name for f in dataclasses.fields(MetricSample)]

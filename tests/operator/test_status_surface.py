@@ -27,8 +27,8 @@ from servingtopology.operator.plan_status import change_message, predicted
 from servingtopology.operator.reconcile import reconcile
 from servingtopology.operator.replan import METRICS_GRACE_MIN_S, ReplanMemory, _change
 from servingtopology.planner.layout import Layout, Parallelism, Role
+from servingtopology.planner.live.transition import ClusterView, Mode, Phase, TransitionState
 from servingtopology.planner.problem import Candidate
-from servingtopology.planner.transition import ClusterView, Mode, Phase, TransitionState
 
 UNIT = re.compile(r"^(-|[0-9.]+(ms|s)) / (-|[0-9.]+(ms|s))$")
 

@@ -12,14 +12,14 @@ import pytest
 from servingtopology.operator.api.resource import Mode
 from servingtopology.operator.replan import ReplanMemory, ReplanPolicy, transition_problem
 from servingtopology.operator.rollout import start_for_change
-from servingtopology.planner.drift import DriftPolicy
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, Parallelism
-from servingtopology.planner.live_calibration import LiveCalibration, LiveFit
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.live.calibration import LiveCalibration, LiveFit
+from servingtopology.planner.live.drift import DriftPolicy
+from servingtopology.planner.live.replan_decision import capacity_of
+from servingtopology.planner.live.transition import Budget, Phase, StartVerdict, run_ideal
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.problem import Problem
-from servingtopology.planner.replan_decision import capacity_of
-from servingtopology.planner.transition import Budget, Phase, StartVerdict, run_ideal
 from servingtopology.planner.workload import LengthDist, Slo, Workload
 
 CURRENT, TARGET = Layout.replicas(4, Parallelism()), Layout.replicas(2, Parallelism(tp=2))

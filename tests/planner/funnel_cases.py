@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import Infeasible
-from servingtopology.planner.funnel import LADDER, run_funnel
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, LayoutKind, layout_to_dict
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import PerfParams, load_params, pinned_params
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.step import PerfParams, load_params, pinned_params
 from servingtopology.planner.problem import Problem, SearchSpace
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.funnel import LADDER, run_funnel
 from servingtopology.planner.workload import LengthDist, Slo, Workload
 from servingtopology.spec import load_spec, parse_spec, to_problem
 

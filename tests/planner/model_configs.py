@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from servingtopology.planner.arch import ModelArch
-from servingtopology.planner.model import from_hf_config
+from servingtopology.planner.model.catalog import from_hf_config
 
 CONFIGS = Path(__file__).parent / "data" / "model_configs"
 BF16, FP8 = 2, 1   # bytes a cached value

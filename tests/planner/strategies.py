@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, LayoutKind, Parallelism
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.problem import Problem, SearchSpace
 from servingtopology.planner.workload import LengthDist, Slo, Workload
 

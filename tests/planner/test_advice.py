@@ -1,13 +1,13 @@
-"""Infeasible plans say what would make them feasible (planner.advice), and each piece of advice is true: planning
+"""Infeasible plans say what would make them feasible (planner.search.advice), and each piece of advice is true: planning
 with it applied passes the funnel, and one step short of it does not."""
 
 from dataclasses import replace
 
 import pytest
 
-from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import Infeasible
-from servingtopology.planner.funnel import run_funnel
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.funnel import run_funnel
 from servingtopology.planner.workload import Slo
 from servingtopology.spec import parse_spec, to_problem
 

@@ -4,10 +4,10 @@ from collections import Counter
 
 import pytest
 
-from servingtopology.planner.benchmark_cases import INFERENCEX, UNSTATED, Prediction, Skip, fill_from_twins, harness_of, parse_row, predict_all
-from servingtopology.planner.fidelity import ape_stats, ranking_score, summarize, tokens_per_gpu_s
+from servingtopology.planner.fidelity.benchmark_cases import INFERENCEX, UNSTATED, Prediction, Skip, fill_from_twins, harness_of, parse_row, predict_all
+from servingtopology.planner.fidelity.scores import ape_stats, ranking_score, summarize, tokens_per_gpu_s
 from servingtopology.planner.hardware import resolve_gpu
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 
 AGG = {
     "id": "a", "silicon_data_source": "x; silicon_concurrency=32; y", "backend": "vllm", "model_path": "meta-llama/Llama-3.1-70B",

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import Infeasible
+from servingtopology.planner.search.decide import decide
 
 from .funnel_cases import _wide
 from .strategies import problems
@@ -57,9 +57,9 @@ def test_the_objective_is_non_decreasing_in_the_budget(problem, factor):
 
 @pytest.mark.parametrize("budget", [64, 1024])
 def test_survivors_come_fewest_gpus_first_and_tie_with_the_best_of_them(budget):
-    from servingtopology.planner.funnel import LOAD_MARGIN, run_funnel
-    from servingtopology.planner.pd_ratio import RANK_TOLERANCE
-    from servingtopology.planner.predict import slo_capacity_rps
+    from servingtopology.planner.perf.predict import slo_capacity_rps
+    from servingtopology.planner.search.funnel import LOAD_MARGIN, run_funnel
+    from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
     from servingtopology.planner.slo import SLO_MARGIN
 
     problem = _wide(budget)

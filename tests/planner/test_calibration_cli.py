@@ -77,7 +77,7 @@ def test_validate_json_carries_the_recorded_leave_one_model_out_figures_for_the_
 
 
 def test_validate_json_scores_the_rows_held_out_now_with_each_familys_own_fold(tmp_path, capsys):
-    from servingtopology.planner.perf import fit_record
+    from servingtopology.planner.perf.step import fit_record
 
     fold = next(f for f in fit_record()["leave_one_model_out"]["folds"] if "meta-llama/Llama-3.1-70B" in f["models"])
     other = {**AGG, "id": "q", "model_path": "Qwen/Qwen3-32B-not-fitted", "tp_size": "2", "moe_tp_size": "2"}

@@ -6,7 +6,7 @@ import pytest
 
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Precision, gpu_catalog, gpu_for_product, resolve_gpu
-from servingtopology.planner.model import from_hf_config, model_catalog, resolve_model
+from servingtopology.planner.model.catalog import from_hf_config, model_catalog, resolve_model
 from tests.groundtruth import GROUNDTRUTH
 
 SHARED_MODELS = GROUNDTRUTH / "models"

@@ -6,7 +6,7 @@ Each pair (config.json and index of the same repository; tests/planner/data/mode
 their commits) was read from the public search index; only `total_size` is taken from the index. total_size counts every
 stored tensor: norms and biases (which the planner leaves out: under 0.1 % here), vision towers and
 multi-token-prediction layers. A multimodal checkpoint is compared whole: vLLM loads its towers beside the language
-model unless started with `--language-model-only`, and the planner prices them (planner.towers). Where vLLM does not
+model unless started with `--language-model-only`, and the planner prices them (planner.model.towers). Where vLLM does not
 load a stored tensor set into GPU memory for plain serving, or loads it in another dtype, the case says which rule and
 source, and the bytes it takes off are spelt from the config's own numbers, never from the planner. The planner's figure
 is `weight_bytes_total(model, model.checkpoint_precision)`: what the memory model charges for one copy of the weights.
@@ -20,14 +20,14 @@ import pytest
 
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs
-from servingtopology.planner.memory import (
+from servingtopology.planner.model.catalog import from_hf_config
+from servingtopology.planner.perf.memory import (
     kv_pool_bytes,
     language_model_bytes,
     tower_bytes,
     weight_bytes_per_gpu,
     weight_bytes_total,
 )
-from servingtopology.planner.model import from_hf_config
 from tests.planner.model_configs import load, raw
 
 TOL = 0.005  # ±0.5 %: every case below lands within 0.05 % once the rule it states is applied
@@ -55,7 +55,7 @@ def _without_mimo_mtp_layer(cfg: dict[str, Any], total: int) -> float:
 def _siglip_tower_bytes(cfg: dict[str, Any]) -> float:
     """Gemma-3 (Gemma3ForConditionalGeneration) stores a SigLIP vision tower and its projector beside the language model;
     vLLM's gemma3_mm.py builds both whenever the model serves images (the default). Spelt here from transformers'
-    modeling_siglip.py, independently of planner.towers: per layer q, k, v, o (d x d with biases), fc1/fc2 (d x i with
+    modeling_siglip.py, independently of planner.model.towers: per layer q, k, v, o (d x d with biases), fc1/fc2 (d x i with
     biases), two LayerNorms; a patch conv (3 x p x p -> d), (image/p)^2 position embeddings, a final LayerNorm; the
     projector (Gemma3MultiModalProjector) is a d x text_hidden matrix and an RMSNorm of d. BF16."""
     v, text = cfg["vision_config"], cfg["text_config"]
@@ -125,7 +125,7 @@ CHECKPOINTS = [
                what="GraniteMoE stored in FP32, tied"),
     Checkpoint("ckpt-mimo-7b", 15_666_819_072, _without_mimo_mtp_layer, what="MiMo: Qwen2 shape plus a stored MTP layer"),
     Checkpoint("ckpt-medgemma-27b-it", 54_864_813_280,
-               what="Gemma-3 27B with its SigLIP tower and projector (planner.towers); sliding-window layers, tied"),
+               what="Gemma-3 27B with its SigLIP tower and projector (planner.model.towers); sliding-window layers, tied"),
     Checkpoint("ckpt-minimax-m1", 912_210_767_872, what="MiniMax-M1: lightning (linear) attention + 1 softmax layer in 8, 32 experts"),
     Checkpoint("ckpt-phi-tiny-moe", 7_510_440_576, what="PhiMoE: 16 experts, attention and LM-head biases"),
     Checkpoint("ckpt-cogito-qwen2.5-14b", 29_531_895_808, what="Qwen2.5-14B fine-tune: q/k/v biases, GQA 8, untied"),

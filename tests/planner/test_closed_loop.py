@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servingtopology.planner.closed_loop import aggregated, disaggregated
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import PerfParams, step_time_s
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.closed_loop import aggregated, disaggregated
+from servingtopology.planner.perf.step import PerfParams, step_time_s
 
 MODEL = resolve_model("llama-3.1-70b")
 GPU = resolve_gpu("h200_sxm")

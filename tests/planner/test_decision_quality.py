@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servingtopology.planner.benchmark_cases import Prediction, lockstep_closed_loop, parse_row, predict_all
-from servingtopology.planner.closed_loop import aggregated
-from servingtopology.planner.engine_caps import release_key
-from servingtopology.planner.fidelity import decision_quality, e2e_latency_ms, ranking_score
+from servingtopology.planner.engines.caps import release_key
+from servingtopology.planner.fidelity.benchmark_cases import Prediction, lockstep_closed_loop, parse_row, predict_all
+from servingtopology.planner.fidelity.scores import decision_quality, e2e_latency_ms, ranking_score
 from servingtopology.planner.hardware import resolve_gpu
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.closed_loop import aggregated
 
 ROW = {
     "id": "a", "silicon_data_source": "x; silicon_concurrency=32; y", "backend": "vllm", "backend_version": "0.12.0",
@@ -138,7 +138,7 @@ def test_an_engine_that_admits_on_the_prompt_moves_part_of_the_kv_wait_into_the_
 
 
 def test_sglang_sizes_its_static_memory_as_its_release_does():
-    from servingtopology.planner.engine_defaults import sglang_mem_fraction as sglang_default_mem_fraction
+    from servingtopology.planner.engines.defaults import sglang_mem_fraction as sglang_default_mem_fraction
 
     h100, h200, b200 = (resolve_gpu(g) for g in ("h100_sxm", "h200_sxm", "b200_sxm"))
     # 0.5.3 on: (memory − reserved) / memory in MiB; H100 TP1 reserves 512 + 1.5·8192 + 2·256 + 1024/8 = 13,440 MiB.

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from servingtopology.planner.decide import decide, predict_layout
-from servingtopology.planner.deployment_fit import with_factors
-from servingtopology.planner.perf import perf_params
+from servingtopology.planner.perf.deployment_fit import with_factors
+from servingtopology.planner.perf.step import perf_params
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.search.decide import decide, predict_layout
 from servingtopology.spec import PlanSpec, to_problem
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "calibration"

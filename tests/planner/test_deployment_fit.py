@@ -1,4 +1,4 @@
-"""planner.deployment_fit / deployment_points / error_bars: a deployment's bounded correction and its intervals (issue #27)."""
+"""planner.perf.deployment_fit / deployment_points / error_bars: a deployment's bounded correction and its intervals (issue #27)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import math
 
 import pytest
 
-from servingtopology.planner import error_bars
-from servingtopology.planner.deployment_fit import (
+from servingtopology.planner.fidelity.deployment_points import closed_loop_fn, predictor
+from servingtopology.planner.hardware import Precision, resolve_gpu
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism
+from servingtopology.planner.live import error_bars
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.deployment_fit import (
     MAX_FACTOR,
     CalibrationRefused,
     Deployment,
@@ -18,11 +22,7 @@ from servingtopology.planner.deployment_fit import (
     refuse_other,
     with_factors,
 )
-from servingtopology.planner.deployment_points import closed_loop_fn, predictor
-from servingtopology.planner.hardware import Precision, resolve_gpu
-from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import perf_params, step_time_s
+from servingtopology.planner.perf.step import perf_params, step_time_s
 
 MODEL = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
 GPU = resolve_gpu("h100")
@@ -174,7 +174,7 @@ def test_the_shipped_interval_table_has_both_engines_and_its_provenance() -> Non
 
 
 def test_a_gain_within_the_combined_error_moves_nothing_and_misses_raise_the_bar() -> None:
-    from servingtopology.planner.error_gate import GAIN_WITHIN_ERROR, MOVE_MISS, gate_move, judge_move
+    from servingtopology.planner.live.error_gate import GAIN_WITHIN_ERROR, MOVE_MISS, gate_move, judge_move
 
     data = {"classes": {"vllm": {"rows": 400, "ttft": 0.4, "tpot": 0.2}}}
     before = error_bars.interval("tpot", 20.0, engine="vllm", kind="tp", clients=8, data=data)

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servingtopology.planner.drift import (
+from servingtopology.planner.layout import Layout, Parallelism
+from servingtopology.planner.live.drift import (
     DriftPolicy,
     DriftState,
     Trigger,
@@ -17,8 +18,7 @@ from servingtopology.planner.drift import (
     workload_shift,
     worth_switching,
 )
-from servingtopology.planner.layout import Layout, Parallelism
-from servingtopology.planner.observe import ObservedSlo
+from servingtopology.planner.live.observe import ObservedSlo
 from servingtopology.planner.problem import Candidate, Prediction
 from servingtopology.planner.workload import LengthDist, Objective, Slo, Workload
 
@@ -154,7 +154,7 @@ def test_shift_reports_its_dominant_part():
 
 
 def test_a_fixed_prompt_read_through_1_2_5_histogram_buckets_is_not_a_tail_shift():
-    from servingtopology.planner.observe import length_dist
+    from servingtopology.planner.live.observe import length_dist
 
     assumed = Workload(LengthDist.fixed(2048), LengthDist.fixed(256), arrival_rate_rps=4.0)
     # Every request 2,048 tokens: histogram_quantile(0.99) over the (2000, 5000] bucket reads 2000 + 0.99 x 3000.

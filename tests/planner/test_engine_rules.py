@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from servingtopology.planner.decide import decide
-from servingtopology.planner.engine_caps import load_caps, pd_rule_violation, resolve_version
+from servingtopology.planner.engines.caps import load_caps, pd_rule_violation, resolve_version
 from servingtopology.planner.errors import Infeasible, InvalidSpec
-from servingtopology.planner.funnel import run_funnel
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Parallelism, Role, RoleLayout
 from servingtopology.planner.problem import Problem, SearchSpace
-from servingtopology.planner.record import render_record
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.funnel import run_funnel
+from servingtopology.planner.search.record import render_record
 
 from .strategies import problems
 
@@ -48,7 +48,7 @@ def test_no_vllm_0_11_plan_has_decode_tp_below_prefill_tp_or_pipeline_stages_in_
 
 def _pd_problem(version: str) -> Problem:
     from servingtopology.planner.hardware import Precision, resolve_gpu
-    from servingtopology.planner.model import resolve_model
+    from servingtopology.planner.model.catalog import resolve_model
     from servingtopology.planner.workload import LengthDist, Slo, Workload
 
     from .strategies import GPUS  # noqa: F401  (the same catalog the properties draw from)

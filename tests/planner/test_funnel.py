@@ -2,11 +2,11 @@
 
 import pytest
 
-from servingtopology.planner.decide import decide, predict_layout
 from servingtopology.planner.errors import Infeasible
-from servingtopology.planner.funnel import run_funnel, shape_rejection
 from servingtopology.planner.layout import EngineKnobs, LayoutKind, Parallelism
 from servingtopology.planner.layout import Layout as L
+from servingtopology.planner.search.decide import decide, predict_layout
+from servingtopology.planner.search.funnel import run_funnel, shape_rejection
 from servingtopology.spec import load_spec, parse_spec, to_problem
 
 
@@ -35,7 +35,7 @@ def test_the_default_scenario_plans_within_the_budget_and_slos():
     assert d.best.prediction.meets_slo
     assert d.best.prediction.ttft_ms <= 200 and d.best.prediction.tpot_ms <= 35
     assert d.kv_bytes_per_token == 524_288
-    # Stages 1–7, with the engine release's PD rules as stages 2a, 2b… (planner.funnel.engine_ladder).
+    # Stages 1–7, with the engine release's PD rules as stages 2a, 2b… (planner.search.funnel.engine_ladder).
     assert [s.stage[0] for s in d.funnel if not s.stage[1].isalpha()] == list("1234567")
 
 
@@ -114,7 +114,7 @@ def test_predicted_ttft_counts_the_front_end_overhead_of_the_engine(engine):
     from dataclasses import replace
 
     from servingtopology.planner.layout import Engine
-    from servingtopology.planner.perf import perf_params, pinned_params, request_overhead_s
+    from servingtopology.planner.perf.step import perf_params, pinned_params, request_overhead_s
 
     p = _problem(engine=engine)
     layout = L.replicas(2, Parallelism(tp=1), EngineKnobs(256, 8192, 0.9))

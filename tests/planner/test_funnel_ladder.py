@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from servingtopology.planner.decide import decide
-from servingtopology.planner.funnel import LADDER, reject_pd_shapes, run_funnel
 from servingtopology.planner.layout import LayoutKind, Role
-from servingtopology.planner.pd_ratio import balanced_per_gpu, choose_pd_ratio
-from servingtopology.planner.perf import pinned_params
+from servingtopology.planner.perf.step import pinned_params
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.funnel import LADDER, reject_pd_shapes, run_funnel
+from servingtopology.planner.search.pd_ratio import balanced_per_gpu, choose_pd_ratio
 from servingtopology.planner.workload import Objective
 
 from .funnel_cases import GOLDEN, _wide, cases, golden_params, summarise
@@ -97,7 +97,7 @@ def test_a_rule_stage_counts_what_it_rejects_and_no_survivor_breaks_it():
     base = run_funnel(problem, ladder=LADDER)
     units = [(tp, pp, dp, c) for tp in problem.search.tp for pp in problem.search.pp for dp in problem.search.dp
              for c in range(1, max(1, problem.max_gpus // (tp * pp * dp)) + 1)]
-    from servingtopology.planner.funnel import shape_rejection
+    from servingtopology.planner.search.funnel import shape_rejection
     ok = [u for u in units if shape_rejection(problem, *u[:3]) is None]
     knobs = (len(problem.search.max_num_batched_tokens) * len(problem.search.max_num_seqs) * len(problem.search.memory_fraction)
              * len(problem.search.kv_dtypes))
@@ -159,8 +159,8 @@ def test_the_balanced_bound_is_the_best_capacity_per_gpu_of_any_ratio():
 
 def test_a_load_change_rescales_the_pd_roles_in_place():
     # Replanning when only the load moved: the running roles at new counts, a counts-only (in-place) change.
-    from servingtopology.planner.pd_ratio import rescale_pd
-    from servingtopology.planner.transition import in_place
+    from servingtopology.planner.live.transition import in_place
+    from servingtopology.planner.search.pd_ratio import rescale_pd
 
     problem = _wide(64)
     current = decide(_wide(32)).best.layout                      # 3P(TP1·PP8)·1D(TP8) for 40 req/s

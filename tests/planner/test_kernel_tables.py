@@ -1,4 +1,4 @@
-"""The measured kernel tables (planner/data/kernels, planner/kernels.py) and what their generator may read.
+"""The measured kernel tables (planner/data/kernels, planner/engines/kernels.py) and what their generator may read.
 
 The generator (tools/gen_kernel_tables.py) needs the network and never runs here: its member filter is tested on a
 fake listing, its committed output on its provenance, and the lookups against raw parquet rows quoted below.
@@ -17,7 +17,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from servingtopology.planner import kernels as K
+from servingtopology.planner.engines import kernels as K
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "planner" / "data" / "kernels"

@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from servingtopology.planner import kernels
+from servingtopology.planner.engines import kernels
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import PerfParams, measured_allreduce, measured_terms, step_coefficients
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.step import PerfParams, measured_allreduce, measured_terms, step_coefficients
 
 LLAMA70 = resolve_model("meta-llama/Llama-3.1-70B")
 ON = replace(PerfParams(), measured_allreduce=1.0)
@@ -63,9 +63,9 @@ def test_measured_terms_name_their_table_and_the_nearest_release():
 
 def test_the_decision_record_names_the_measured_terms_of_the_chosen_layout():
     from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, Role, RoleLayout
-    from servingtopology.planner.perf import pinned_params
+    from servingtopology.planner.perf.step import pinned_params
     from servingtopology.planner.problem import Problem
-    from servingtopology.planner.record import step_terms_line
+    from servingtopology.planner.search.record import step_terms_line
     from servingtopology.planner.workload import LengthDist, Slo, Workload
 
     problem = Problem(model=LLAMA70, gpu=resolve_gpu("h100_sxm"), engine=Engine.VLLM, precision=Precision.BF16, max_gpus=8,
@@ -87,7 +87,7 @@ def _deepseek():
 
 
 def test_the_measured_moe_term_reads_the_fused_moe_table_at_the_tokens_each_gpu_computes():
-    from servingtopology.planner.perf import _moe_table_s
+    from servingtopology.planner.perf.step import _moe_table_s
 
     ds = _deepseek()
     on = replace(PerfParams(), measured_moe=1.0)
@@ -117,7 +117,7 @@ def test_moe_tables_stay_off_without_the_switch_and_for_dense_models_and_uncover
 @pytest.mark.parametrize("params", [OFF, replace(OFF, measured_moe=1.0, measured_allreduce=1.0)])
 def test_one_instance_steps_with_and_without_the_measured_terms(params):
     from servingtopology.planner.layout import Parallelism
-    from servingtopology.planner.perf import InstancePerf, pinned_params
+    from servingtopology.planner.perf.step import InstancePerf, pinned_params
 
     ds = _deepseek()
     with pinned_params(params):
@@ -125,7 +125,7 @@ def test_one_instance_steps_with_and_without_the_measured_terms(params):
         t = inst.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=32.0, decode_context_tokens=32 * 2000.0)
         arr = step_coefficients(ds, resolve_gpu("h200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
                                 tp=np.array([8.0]), pp=1.0, dp=1.0, params=params)
-    from servingtopology.planner.perf import evaluate_step_s
+    from servingtopology.planner.perf.step import evaluate_step_s
     vec = evaluate_step_s(arr, prefill_tokens=np.array([0.0]), prefill_pairs=np.array([0.0]), decode_tokens=np.array([32.0]),
                           decode_context_tokens=np.array([64000.0]))
     assert math.isfinite(t) and t == pytest.approx(float(vec[0]), rel=1e-9)

@@ -1,7 +1,7 @@
 """Collectives priced by the link the GPUs share: NVLink, PCIe with or without peer-to-peer, a NIC.
 
 The PCIe figures are checked against published nccl-tests and kernel measurements of PCIe-only cards (sources in
-planner/perf.py and benchmarks/README.md, "Communication over PCIe")."""
+planner/perf/step.py and benchmarks/README.md, "Communication over PCIe")."""
 
 from dataclasses import replace
 
@@ -10,8 +10,8 @@ import pytest
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Link, Precision, gpu_catalog, pcie_gbps, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import allreduce_s, perf_params, step_time_s
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.step import allreduce_s, perf_params, step_time_s
 
 PRO6000 = resolve_gpu("rtx_pro_6000")
 RTX4090 = resolve_gpu("rtx_4090")

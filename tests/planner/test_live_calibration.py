@@ -1,4 +1,4 @@
-"""The operator's own calibration (planner/live_calibration.py): the minimum points, the bound on points and factors,
+"""The operator's own calibration (planner/live/calibration.py): the minimum points, the bound on points and factors,
 age decay, and the factors a Problem carries (applied once, per thread)."""
 
 from __future__ import annotations
@@ -8,11 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from servingtopology.planner.decide import predict_layout
-from servingtopology.planner.deployment_fit import MAX_FACTOR, problem_factors
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, Parallelism
-from servingtopology.planner.live_calibration import (
+from servingtopology.planner.live.calibration import (
     HALF_LIFE_S,
     MAX_LIVE_POINTS,
     MIN_LIVE_POINTS,
@@ -25,9 +23,11 @@ from servingtopology.planner.live_calibration import (
     combined,
     refit,
 )
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import perf_params
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.deployment_fit import MAX_FACTOR, problem_factors
+from servingtopology.planner.perf.step import perf_params
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.search.decide import predict_layout
 from servingtopology.planner.workload import LengthDist, Slo, Workload
 
 PROBLEM = Problem(model=resolve_model("llama-3.1-8b"), gpu=resolve_gpu("h100_sxm"), engine=Engine.VLLM, precision=Precision.BF16,

@@ -4,7 +4,8 @@ import pytest
 
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Parallelism
-from servingtopology.planner.memory import (
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.memory import (
     kv_bytes_per_token,
     kv_pool_bytes,
     kv_pool_tokens,
@@ -14,7 +15,6 @@ from servingtopology.planner.memory import (
     weight_bytes_per_gpu,
     weight_bytes_total,
 )
-from servingtopology.planner.model import resolve_model
 
 KIB = 1024
 

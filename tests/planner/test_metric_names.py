@@ -1,4 +1,4 @@
-"""The one metric vocabulary (planner/metric_names.py) against the capability data generated from the released
+"""The one metric vocabulary (planner/engines/metric_names.py) against the capability data generated from the released
 packages (planner/data/engine_caps), release by release; the operator's PromQL and the emulator's exposition read
 only names of it (tests/operator/test_metrics_promql.py, tests/emulator/test_emulator_engine.py)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from servingtopology.planner.engine_caps import available_versions, load_caps
+from servingtopology.planner.engines.caps import available_versions, load_caps
+from servingtopology.planner.engines.metric_names import LEGACY, RouterMetric, SglangMetric, VllmMetric, vocabulary
 from servingtopology.planner.layout import Engine
-from servingtopology.planner.metric_names import LEGACY, RouterMetric, SglangMetric, VllmMetric, vocabulary
 
 
 def exported(series: str, declared: set[str]) -> bool:

@@ -9,9 +9,9 @@ import pytest
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import EngineKnobs, Layout, Parallelism, Role, RoleLayout
-from servingtopology.planner.mixed_pd import mixed_figures, mixed_refusal
-from servingtopology.planner.pool import GpuKind, PoolObjective
-from servingtopology.planner.pool_options import MemberRequest, build_pool
+from servingtopology.planner.perf.mixed_pd import mixed_figures, mixed_refusal
+from servingtopology.planner.pool.options import MemberRequest, build_pool
+from servingtopology.planner.pool.plan import GpuKind, PoolObjective
 from servingtopology.planner.sim.stage import simulate_mixed
 from servingtopology.spec import parse_spec, to_problem
 

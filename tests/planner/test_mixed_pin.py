@@ -1,5 +1,5 @@
 """A spec that pins prefill on one GPU kind and decode on another: both roles named, predicted and simulated with each
-role on its own kind (planner.mixed_pd), refused with the rule's name where the link or memory forbids it."""
+role on its own kind (planner.perf.mixed_pd), refused with the rule's name where the link or memory forbids it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from servingtopology.planner.decide import decide, predict_layout
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Role, layout_to_dict
-from servingtopology.planner.mixed_pd import mixed_kinds
+from servingtopology.planner.perf.mixed_pd import mixed_kinds
+from servingtopology.planner.search.decide import decide, predict_layout
 from servingtopology.planner.sim.stage import simulate_problem, stage6_figures
 from servingtopology.spec import parse_spec, to_layout, to_problem
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from servingtopology.planner.arch import ModuleGroup, StateKind
 from servingtopology.planner.hardware import GIB, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Parallelism
-from servingtopology.planner.memory import (
+from servingtopology.planner.model.catalog import from_hf_config
+from servingtopology.planner.perf.memory import (
     attention_read_bytes,
     kv_bytes_per_token,
     kv_pool_bytes,
@@ -26,8 +27,7 @@ from servingtopology.planner.memory import (
     state_bytes_per_seq,
     weight_bytes_total,
 )
-from servingtopology.planner.model import from_hf_config
-from servingtopology.planner.perf import evaluate_step_s, step_coefficients
+from servingtopology.planner.perf.step import evaluate_step_s, step_coefficients
 from tests.planner.model_configs import BF16, CONFIGS, FP8, full_attention_bytes, load, raw
 from tests.planner.strategies import hf_configs
 
@@ -240,7 +240,7 @@ def test_state_bytes_are_vectorised_over_candidates():
 
 
 def test_tp_must_divide_the_state_space_heads(tmp_path):
-    from servingtopology.planner.funnel import shape_rejection
+    from servingtopology.planner.search.funnel import shape_rejection
     from servingtopology.spec import parse_spec, to_problem
 
     cfg = raw("nemotron-h-8b")

@@ -9,7 +9,8 @@ import pytest
 from servingtopology.planner.arch import ModuleGroup, StateKind
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, KvDtype
-from servingtopology.planner.memory import (
+from servingtopology.planner.model.catalog import from_hf_config
+from servingtopology.planner.perf.memory import (
     attention_read_bytes,
     fixed_bytes_per_seq,
     group_bytes_per_param,
@@ -17,7 +18,6 @@ from servingtopology.planner.memory import (
     state_bytes_per_seq,
     weight_bytes_total,
 )
-from servingtopology.planner.model import from_hf_config
 from tests.planner.model_configs import BF16, full_attention_bytes, load, raw
 
 FP32 = 4

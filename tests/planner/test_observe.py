@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servingtopology.planner.errors import InsufficientData
-from servingtopology.planner.observe import (
+from servingtopology.planner.live.observe import (
     MetricSample,
     estimate_workload,
     length_dist,

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from servingtopology.planner.decide import decide
-from servingtopology.planner.funnel import LADDER
 from servingtopology.planner.layout import LayoutKind, Role
-from servingtopology.planner.perf import pinned_params
+from servingtopology.planner.perf.step import pinned_params
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.funnel import LADDER
 
 from .funnel_cases import GOLDEN, cases, golden_params
 

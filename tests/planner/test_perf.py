@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype, Parallelism
-from servingtopology.planner.model import model_catalog, resolve_model
-from servingtopology.planner.perf import InstancePerf, PerfParams, kv_transfer_s, perf_params, pinned_params, step_time_s
+from servingtopology.planner.model.catalog import model_catalog, resolve_model
+from servingtopology.planner.perf.step import InstancePerf, PerfParams, kv_transfer_s, perf_params, pinned_params, step_time_s
 
 from .strategies import gpus, models
 
@@ -128,7 +128,7 @@ def test_pinned_parameters_apply_inside_the_block_only():
 
 
 def test_the_expected_busiest_of_n_gpus_is_the_mean_plus_the_expected_maximum_of_n_normals():
-    from servingtopology.planner.perf import _max_normal_z
+    from servingtopology.planner.perf.step import _max_normal_z
     assert _max_normal_z(1) == 0.0
     assert float(_max_normal_z(8)) == pytest.approx(1.4236, abs=0.02)  # E[max of 8 standard normals]; Blom is within 0.02
     assert np.allclose(_max_normal_z(np.array([1, 2, 8, 8])), [0.0, _max_normal_z(2), _max_normal_z(8), _max_normal_z(8)])
@@ -137,7 +137,7 @@ def test_the_expected_busiest_of_n_gpus_is_the_mean_plus_the_expected_maximum_of
 def test_expert_parallel_decode_waits_for_the_gpu_that_drew_the_most_experts():
     from dataclasses import replace
 
-    from servingtopology.planner.perf import evaluate_step_s, step_coefficients
+    from servingtopology.planner.perf.step import evaluate_step_s, step_coefficients
     c = step_coefficients(DSV3, resolve_gpu("b200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
                           tp=8, pp=1, dp=1, moe_ep=8)
     args = dict(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=4.0, decode_context_tokens=4 * 2048.0)
@@ -150,7 +150,7 @@ def test_expert_parallel_decode_waits_for_the_gpu_that_drew_the_most_experts():
 
 
 def test_a_measured_matmul_throughput_replaces_the_fitted_share_of_the_peak():
-    from servingtopology.planner.perf import _gemm_eff
+    from servingtopology.planner.perf.step import _gemm_eff
     p = PerfParams(gemm_eff_max=0.8)
     assert _gemm_eff(p, resolve_gpu("rtx_4090"), Precision.BF16) == pytest.approx(164.8 / 165)
     assert _gemm_eff(p, H200, Precision.BF16) == pytest.approx(0.8)
@@ -162,7 +162,7 @@ def test_a_measured_matmul_throughput_replaces_the_fitted_share_of_the_peak():
 
 
 def test_decode_rows_beside_a_prefill_chunk_reread_kv_where_the_gpu_says_so():
-    from servingtopology.planner.perf import step_coefficients
+    from servingtopology.planner.perf.step import step_coefficients
     llama8 = resolve_model("llama-3.1-8b")
 
     def coeffs(gpu, model=llama8):
@@ -181,7 +181,7 @@ def test_decode_rows_beside_a_prefill_chunk_reread_kv_where_the_gpu_says_so():
 def test_expert_parallel_under_tp_attention_exchanges_nothing_beyond_the_tp_all_reduce():
     # SGLang's and vLLM's EP without DP attention: every GPU holds every token, computes its local experts and the
     # outputs are summed by the same all-reduce TP experts use; no dispatch/combine. Under DP attention they exchange.
-    from servingtopology.planner.perf import step_coefficients
+    from servingtopology.planner.perf.step import step_coefficients
     b200 = resolve_gpu("b200_sxm")
 
     def coeffs(dp, ep):

@@ -2,11 +2,11 @@
 
 import pytest
 
-from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import InvalidSpec
-from servingtopology.planner.funnel import shape_rejection
 from servingtopology.planner.layout import Layout, Parallelism, RoleLayout
-from servingtopology.planner.tables import layout_rejection
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.funnel import shape_rejection
+from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.spec import parse_spec, to_problem
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout, Parallelism
-from servingtopology.planner.pool import (
+from servingtopology.planner.pool.plan import (
     GREEDY_FLOORS_MISSED,
     MAX_PARTS,
     GpuKind,

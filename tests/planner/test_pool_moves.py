@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servingtopology.planner.pool_moves import MemberMove, PoolStepKind, next_pool_step
+from servingtopology.planner.pool.moves import MemberMove, PoolStepKind, next_pool_step
 
 
 def _m(name: str, cap: Mapping[str, int] | None, target: Mapping[str, int], *, held: Mapping[str, int] | None = None,

@@ -5,11 +5,11 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine
-from servingtopology.planner.memory import kv_bytes_per_token, kv_pool_tokens, weight_bytes_per_gpu
+from servingtopology.planner.perf.memory import kv_bytes_per_token, kv_pool_tokens, weight_bytes_per_gpu
+from servingtopology.planner.search.decide import decide
 
 from .strategies import gpus, knobs, kv_dtypes, models, parallelisms, problems
 

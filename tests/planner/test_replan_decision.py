@@ -1,4 +1,4 @@
-"""The pure replan decision (planner/replan_decision.py `choose_move`): keep, propose, blocked or a transition that
+"""The pure replan decision (planner/live/replan_decision.py `choose_move`): keep, propose, blocked or a transition that
 holds min(observed load, running capacity), with a stand-in predictor (each instance carries 5 req/s)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, Parallelism, Role
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.live.replan_decision import Move, capacity_of, choose_move
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.problem import Candidate, Decision, Prediction, Problem
-from servingtopology.planner.replan_decision import Move, capacity_of, choose_move
 from servingtopology.planner.workload import LengthDist, Slo, Workload
 
 ONE = Layout.replicas(1, Parallelism())

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servingtopology.planner.service_split import PartLoad, service_split
+from servingtopology.planner.pool.service_split import PartLoad, service_split
 
 
 @pytest.mark.parametrize(("parts", "shares", "capacity_rps"), [

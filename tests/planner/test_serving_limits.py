@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 
-from servingtopology.planner.decide import decide
 from servingtopology.planner.errors import InvalidSpec
-from servingtopology.planner.tables import shape_rejection
+from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.tables import shape_rejection
 from servingtopology.spec import parse_spec, to_problem
 
 
@@ -105,10 +105,10 @@ def test_the_search_offers_tp16_over_two_nodes_when_allowed():
 def test_the_analytic_prefill_of_sglang_under_attention_dp_takes_the_per_rank_chunk():
     # A 2,000-token prompt: one chunk under a 2,048 or 8,192 budget per rank, but SGLang at attention DP 4 gives a rank
     # 512 (four chunks) or 2,048 (one chunk) of them; vLLM gives every DP rank the whole budget.
-    from servingtopology.planner.analytic import estimate_prefill, load_shape
     from servingtopology.planner.hardware import Precision, resolve_gpu
     from servingtopology.planner.layout import Engine, KvDtype
-    from servingtopology.planner.model import resolve_model
+    from servingtopology.planner.model.catalog import resolve_model
+    from servingtopology.planner.perf.analytic import estimate_prefill, load_shape
     from servingtopology.planner.workload import LengthDist, Workload
 
     shape = load_shape(Workload(LengthDist.fixed(2000), LengthDist.fixed(100), arrival_rate_rps=0.001), ttft_percentile=95, tpot_percentile=95)
@@ -160,7 +160,7 @@ def test_vllm_block_sizes_must_be_multiples_of_16(block, refused):
 
 
 def test_the_search_never_picks_vllm_knobs_the_engine_refuses():
-    from servingtopology.planner.engine_caps import knob_rejection, problem_caps
+    from servingtopology.planner.engines.caps import knob_rejection, problem_caps
 
     p = _problem(search={"maxNumSeqs": [512, 1024], "maxNumBatchedTokens": [256, 2048], "layouts": ["replicas", "pd"]},
                  workload={"arrivalRate": 2, "inputTokens": 200, "outputTokens": 50})
@@ -171,7 +171,7 @@ def test_the_search_never_picks_vllm_knobs_the_engine_refuses():
 
 
 def test_sglang_gets_no_block_size_and_each_attention_dp_rank_its_planned_running_requests():
-    from servingtopology.planner.engine_args import engine_args
+    from servingtopology.planner.engines.args import engine_args
     from servingtopology.planner.hardware import Precision
     from servingtopology.planner.layout import Engine, EngineKnobs, Parallelism, Role, RoleLayout
     from servingtopology.spec import EngineArgsSpec
@@ -189,7 +189,7 @@ def test_sglang_gets_no_block_size_and_each_attention_dp_rank_its_planned_runnin
 
 
 def test_the_record_states_the_longest_request_planned_against_the_context():
-    from servingtopology.planner.record import render_record
+    from servingtopology.planner.search.record import render_record
 
     p = _problem(workload={"arrivalRate": 0.1, "inputTokens": 120_000, "outputTokens": 1_000})
     record = render_record(p, decide(p))
@@ -221,7 +221,7 @@ def test_a_workload_observed_live_past_the_context_is_planned_not_refused_as_a_s
     ({"rope_type": "dynamic", "factor": 1.0}, "llama", 4_096),
 ])
 def test_the_context_counts_rope_scaling_as_the_engines_derive_it(rope, model_type, context):
-    from servingtopology.planner.model import from_hf_config
+    from servingtopology.planner.model.catalog import from_hf_config
 
     cfg = {"model_type": model_type, "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8,
            "intermediate_size": 1024, "vocab_size": 32000, "max_position_embeddings": 4096, "rope_scaling": rope}

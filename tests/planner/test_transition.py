@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.layout import EngineKnobs, Layout, LayoutKind, Parallelism, Role, RoleLayout
-from servingtopology.planner.transition import (
+from servingtopology.planner.live.transition import (
     Action,
     Budget,
     CapacityDrop,
@@ -27,7 +27,7 @@ from servingtopology.planner.transition import (
     start_requested,
     start_transition,
 )
-from servingtopology.planner.transition import StartVerdict as V
+from servingtopology.planner.live.transition import StartVerdict as V
 
 
 def capacity(layout: Layout) -> float:

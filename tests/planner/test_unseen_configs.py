@@ -13,7 +13,8 @@ import pytest
 from servingtopology.planner.arch import ModuleGroup, StateKind
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Parallelism
-from servingtopology.planner.memory import (
+from servingtopology.planner.model.catalog import from_hf_config
+from servingtopology.planner.perf.memory import (
     fixed_bytes_per_seq,
     kv_bytes_per_token,
     kv_pool_bytes,
@@ -21,7 +22,6 @@ from servingtopology.planner.memory import (
     state_bytes_per_seq,
     weight_bytes_total,
 )
-from servingtopology.planner.model import from_hf_config
 from tests.planner.model_configs import BF16, FP8, full_attention_bytes, load, raw
 
 # (config, published total in billions, published active in billions or None, relative tolerance on the total)

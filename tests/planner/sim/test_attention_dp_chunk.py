@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from servingtopology.planner.engine_caps import chunk_tokens_per_rank
+from servingtopology.planner.engines.caps import chunk_tokens_per_rank
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.sim import RequestSet, simulate
 
 MOE = resolve_model("qwen3-30b-a3b")

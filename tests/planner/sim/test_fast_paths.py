@@ -13,7 +13,7 @@ import pytest
 
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.sim import SimResult, closed_loop, simulate
 from servingtopology.planner.sim import instance as instance_mod
 from servingtopology.planner.sim import vllm as vllm_mod

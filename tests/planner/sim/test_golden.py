@@ -17,7 +17,7 @@ import pytest
 
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role, RoleLayout
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.sim import RouterPolicy, Sessions, SimResult, simulate
 from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 

@@ -22,7 +22,7 @@ import pytest
 from servingtopology.cli.simulate import load_replay, run_replay
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role, RoleLayout
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.sim import SimResult, closed_loop, simulate
 from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 from tests.groundtruth import GROUNDTRUTH

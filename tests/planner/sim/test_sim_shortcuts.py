@@ -11,8 +11,8 @@ import pytest
 
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, Layout, Parallelism, Role, RoleLayout
-from servingtopology.planner.model import resolve_model
-from servingtopology.planner.perf import InstancePerf, kv_transfer_s
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.step import InstancePerf, kv_transfer_s
 from servingtopology.planner.sim import RememberedSteps, simulate
 from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 

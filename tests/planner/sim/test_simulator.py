@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role, RoleLayout
-from servingtopology.planner.memory import kv_bytes_per_token, transfer_floor_s
-from servingtopology.planner.model import resolve_model
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.perf.memory import kv_bytes_per_token, transfer_floor_s
 from servingtopology.planner.sim import RequestSet, RouterPolicy, Sessions, closed_loop, simulate
 from servingtopology.planner.workload import LengthDist, LengthKind, Slo, Workload
 

@@ -1,0 +1,78 @@
+"""What an engine chooses for a knob its command line leaves out: one rule per knob, read by every caller.
+
+Read by planner/fidelity/benchmark_cases.py (the public rows ran with the engines' defaults) and by the emulator
+(servingtopology/emulator/engine.py `build_simulator`, which must choose what the real engine would: never more room than
+the engine gives). Pure; `gpu` is the catalog entry, every count may be a numpy array.
+
+Sources (shared/reference/engines.md sections 1.1 and 2.1):
+- vLLM V1, `vllm serve` (EngineArgs._set_default_args, OpenAI API server usage context): max_num_batched_tokens 8192
+  and max_num_seqs 1024 on a GPU of at least 70 GiB, else 2048 and 256; gpu_memory_utilization 0.9.
+- SGLang (server_args.py): chunked_prefill_size 2048 under 35 GiB, 8192 under 160 GiB, 16384 above, split across the
+  DP-attention ranks (at least 1024 each); --mem-fraction-static computed from the memory left after its reservations
+  since 0.5.3 (sgl-project/sglang PR #10975, `_handle_gpu_memory_settings`), a table by TP size before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from servingtopology.planner.engines.caps import release_key
+from servingtopology.planner.hardware import Gpu
+from servingtopology.planner.layout import Engine
+
+__all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_LARGE_GPU_GIB", "max_running", "memory_fraction", "sglang_mem_fraction", "token_budget"]
+
+VLLM_LARGE_GPU_GIB = 70.0
+VLLM_MEMORY_FRACTION = 0.9
+
+# SGLang --mem-fraction-static when it is not given (first in 0.5.3): in MiB,
+# reserved = 512 + 1.5·max(chunked-prefill size, 2048) + 2·cuda_graph_max_bs + 1024·tp·pp/8, plus
+# 3·cuda_graph_max_bs·dp under DP attention (and 1.5·cuda_graph_max_bs·dp more when that batch size is over 300), at
+# least 10 GiB on GPUs over 60 GiB; fraction = round((memory − reserved)/memory, 3). cuda_graph_max_bs is 256 below
+# TP 4 and 512 from it under 160 GiB, 512 above. Releases before it used a table by TP size (0.88, 0.87 from TP 2,
+# 0.85 from 4, 0.81 from 8, 0.79 from 16).
+SGLANG_AUTO_MEM_FRACTION_SINCE = (0, 5, 3)
+
+
+def token_budget(engine: Engine, gpu: Gpu, dp: Any = 1) -> Any:
+    """Tokens one scheduler step may hold (vLLM max_num_batched_tokens; SGLang chunked_prefill_size per DP rank)."""
+    dp = np.asarray(dp, dtype=float)
+    if engine is Engine.SGLANG:
+        total = 2048 if gpu.memory_gib < 35 else (8192 if gpu.memory_gib < 160 else 16384)
+        return np.maximum(total / dp, 1024.0)
+    return (8192.0 if gpu.memory_gib >= VLLM_LARGE_GPU_GIB else 2048.0) + 0.0 * dp
+
+
+def max_running(engine: Engine, gpu: Gpu) -> int:
+    """Requests one instance may run at once when not stated (vLLM max_num_seqs; SGLang's own cap is the KV pool's,
+    which the pool computation applies: 256 here is the emulator's ceiling below it, not SGLang's rule)."""
+    if engine is Engine.VLLM:
+        return 1024 if gpu.memory_gib >= VLLM_LARGE_GPU_GIB else 256
+    return 256
+
+
+def sglang_mem_fraction(gpu: Gpu, release: str, tp: Any, pp: Any, dp: Any) -> Any:
+    """The --mem-fraction-static an SGLang server of `release` chose on `gpu` for attention TP `tp` × DP `dp` (arrays)."""
+    tp, pp, dp = (np.asarray(v, dtype=float) for v in (tp, pp, dp))
+    size = tp * dp  # SGLang's --tp-size counts every GPU of the instance; --dp-size splits attention
+    rel = release_key(release)
+    if rel and rel < SGLANG_AUTO_MEM_FRACTION_SINCE:
+        return np.select([size * pp >= 16, size * pp >= 8, size * pp >= 4, size * pp >= 2], [0.79, 0.81, 0.85, 0.87], 0.88)
+    mem = gpu.memory_gib * 1024.0
+    if mem < 60 * 1024:
+        return 0.85 + 0.0 * size
+    chunk = 8192.0 if mem < 160 * 1024 else 16384.0
+    graph_bs = np.where((mem < 160 * 1024) & (size < 4), 256.0, 512.0)
+    reserved = 512.0 + 1.5 * max(chunk, 2048.0) + 2.0 * graph_bs + 1024.0 * size * pp / 8.0
+    reserved = reserved + np.where(dp > 1, graph_bs * dp * 3.0 + np.where(graph_bs > 300, graph_bs * dp * 1.5, 0.0), 0.0)
+    reserved = np.maximum(reserved, 10 * 1024.0)
+    return np.round((mem - reserved) / mem, 3)
+
+
+def memory_fraction(engine: Engine, gpu: Gpu, *, release: str = "", tp: int = 1, pp: int = 1, dp: int = 1) -> float:
+    """The share of GPU memory the engine takes for weights, activations and KV when not stated."""
+    if engine is Engine.SGLANG:
+        return float(sglang_mem_fraction(gpu, release, tp, pp, dp))
+    return VLLM_MEMORY_FRACTION

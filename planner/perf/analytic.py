@@ -1,0 +1,202 @@
+"""Vectorised analytical estimate of one role's latency and capacity at a load (the funnel's stage 4).
+
+Called by the funnel on numpy arrays of role configurations (one row per distinct instance shape,
+count and knobs) and by `decide` on a handful of rows for the SLO-capacity search. It uses the same
+`perf.step_time_s` as the simulator. Steady-state queueing formulas, no simulation, no I/O.
+
+Model, per attention-DP rank with per-rank arrival rate λ (requests/s), mean computed prompt I'
+(after prefix hits), full prompt I, output O:
+- aggregated (chunked prefill mixed with decodes): the step time t solves t = f(prefill = λ·I'·t,
+  decode = λ·O·t) (fixed point); capacity is reached when the decode batch hits min(max_num_seqs,
+  KV pool / mean context) or the token budget leaves no room for prefill;
+- prefill role: prompts batched up to the token budget, capacity = budget tokens per step time / I';
+- decode role: the fixed point with no prefill, capped the same way.
+TTFT adds a Kingman-style wait (with the arrival CV) at the SLO percentile to the unloaded prefill
+time: for replicas the servers are the step's spare token budget and the decode slots (service time
+one step); for prefill instances the instance itself (service time one prefill). TPOT at a
+percentile adds a spread for chunked-prefill interference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from servingtopology.planner.engines.caps import chunk_tokens_per_rank
+from servingtopology.planner.hardware import Gpu, Precision
+from servingtopology.planner.layout import Engine, KvDtype
+from servingtopology.planner.model.catalog import ModelArch
+from servingtopology.planner.perf.step import StepCoefficients, evaluate_step_s, step_coefficients
+from servingtopology.planner.workload import Workload
+
+__all__ = ["RoleEstimate", "LoadShape", "load_shape", "estimate_aggregated", "estimate_prefill", "estimate_decode",
+           "FIXED_POINT_ITERATIONS"]
+
+FIXED_POINT_ITERATIONS = 8
+# Relative spread of per-request mean TPOT per unit of the normal quantile (chunked-prefill steps are
+# longer than pure-decode ones; requests that overlap more prefills see a higher mean).
+TPOT_SPREAD_PER_Z = 0.06
+
+
+@dataclass(frozen=True, slots=True)
+class LoadShape:
+    """Scalars of the workload the formulas need (tokens; the quantiles at the SLO percentiles)."""
+
+    input_tokens: float
+    computed_input_tokens: float
+    output_tokens: float
+    input_tokens_at_ttft_pct: float
+    longest_request_tokens: float
+    longest_prompt_tokens: float
+    arrival_cv: float
+    z_tpot: float
+    ttft_q: float
+
+
+def load_shape(workload: Workload, *, ttft_percentile: float, tpot_percentile: float) -> LoadShape:
+    """Summarise a workload for the analytical formulas."""
+    from statistics import NormalDist
+
+    i = workload.input_tokens.expected_tokens
+    share = workload.prefix_share
+    q_in = workload.input_tokens.quantile(ttft_percentile / 100.0)
+    return LoadShape(
+        input_tokens=i,
+        computed_input_tokens=max(1.0, i * (1.0 - share)),
+        output_tokens=max(1.0, workload.output_tokens.expected_tokens),
+        input_tokens_at_ttft_pct=max(1.0, q_in * (1.0 - share)),
+        longest_request_tokens=workload.input_tokens.p99_tokens + workload.output_tokens.p99_tokens,
+        longest_prompt_tokens=workload.input_tokens.p99_tokens,
+        arrival_cv=workload.arrival_cv,
+        z_tpot=NormalDist().inv_cdf(min(tpot_percentile, 99.99) / 100.0),
+        ttft_q=ttft_percentile / 100.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RoleEstimate:
+    """Per-row arrays: latency at the SLO percentiles (s), capacity (requests/s for the whole role)."""
+
+    ttft_s: Any
+    tpot_s: Any
+    tpot_mean_s: Any
+    capacity_rps: Any
+    utilisation: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    model: ModelArch
+    gpu: Gpu
+    precision: Precision
+    engine: Engine
+
+
+def _coefficients(c: _Ctx, kv: KvDtype, tp: Any, pp: Any, dp: Any) -> StepCoefficients:
+    """The step model's constants for these rows, folded once per estimate (each estimate evaluates a dozen steps)."""
+    # The funnel's layouts run MoE experts expert-parallel over tp × dp exactly when attention is data-parallel
+    # (Parallelism.ep), as the simulator's InstancePerf does; otherwise the experts are tensor-sharded.
+    moe_ep = np.where(np.asarray(dp) > 1, np.asarray(tp) * np.asarray(dp), 1) if c.model.is_moe else 1
+    return step_coefficients(c.model, c.gpu, precision=c.precision, kv_dtype=kv, engine=c.engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep)
+
+
+def _f(co: StepCoefficients, pf: Any, pairs: Any, dec: Any, ctx: Any) -> Any:
+    """perf.step_time_s on folded coefficients (the same arithmetic)."""
+    return evaluate_step_s(co, prefill_tokens=np.asarray(pf, dtype=float), prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx)
+
+
+def _wait_quantile_s(rho: Any, service_s: Any, cv: float, q: float) -> Any:
+    """Waiting time at quantile q of an M/G/1-like queue (Kingman mean, exponential tail)."""
+    rho = np.clip(rho, 0.0, 0.999)
+    mean_wait = rho / (1.0 - rho) * (1.0 + cv**2) / 2.0 * service_s
+    cond = mean_wait / np.maximum(rho, 1e-9)  # mean wait given that one waits at all
+    tail = np.log(np.maximum(rho / (1.0 - q), 1.0))
+    return cond * tail
+
+
+def _pairs(pf: Any, shape: LoadShape) -> Any:
+    """Attention work of `pf` prefill tokens from prompts of the workload's shape (cached prefix first)."""
+    cached = shape.input_tokens - shape.computed_input_tokens
+    return pf * (cached + shape.computed_input_tokens / 2.0)
+
+
+def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
+                        rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any,
+                        max_num_batched_tokens: Any, pool_tokens: Any) -> RoleEstimate:
+    """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank."""
+    c = _Ctx(model, gpu, precision, engine)
+    co = _coefficients(c, kv, tp, pp, dp)
+    max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
+    ip, o, ctx_mean = shape.computed_input_tokens, shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
+    lam = rate_rps / (count * dp)
+    b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
+    # Saturation: decode batch at its cap, prefill tokens in proportion, inside the token budget.
+    pf_sat = np.minimum(b_cap * ip / o, np.maximum(max_num_batched_tokens - b_cap, 1.0))
+    t_sat = _f(co, pf_sat, _pairs(pf_sat, shape), b_cap, b_cap * ctx_mean)
+    per_step = np.minimum(b_cap / o, pf_sat / ip)
+    mu = per_step / t_sat
+    # Load: fixed point of the mixed step time.
+    t = _f(co, 0.0, 0.0, 1.0, ctx_mean)
+    for _ in range(FIXED_POINT_ITERATIONS):
+        b = np.minimum(lam * o * t, b_cap)
+        pf = np.minimum(lam * ip * t, max_num_batched_tokens)
+        t = _f(co, pf, _pairs(pf, shape), np.maximum(b, 1.0), np.maximum(b, 1.0) * ctx_mean)
+    rho = lam / mu
+    b = np.maximum(np.minimum(lam * o * t, b_cap), 1.0)
+    t_dec = _f(co, 0.0, 0.0, b, b * ctx_mean)
+    # Unloaded prefill at the percentile's prompt length, chunked by the budget left by decodes.
+    room = np.maximum(max_num_batched_tokens - b, 16.0)
+    iq = shape.input_tokens_at_ttft_pct
+    chunk = np.minimum(iq, room)
+    n_chunks = np.ceil(iq / chunk)
+    t_chunk = _f(co, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), b, b * ctx_mean)
+    ttft0 = n_chunks * t_chunk + t / 2.0
+    # Requests wait for a step with room: the prefill budget and the decode slots are the servers.
+    rho_wait = np.maximum(lam * ip * t / room, b / b_cap)
+    ttft = ttft0 + _wait_quantile_s(np.maximum(rho_wait, rho * (rho >= 1.0)), t, shape.arrival_cv, shape.ttft_q)
+    tpot_mean = np.maximum(t, t_dec)
+    tpot = tpot_mean + (tpot_mean - t_dec + tpot_mean * TPOT_SPREAD_PER_Z) * max(shape.z_tpot, 0.0)
+    return RoleEstimate(ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpot_mean, capacity_rps=mu * count * dp, utilisation=rho)
+
+
+def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
+                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any) -> RoleEstimate:
+    """Prefill-only instances of a PD layout: TTFT here excludes the KV transfer and the first decode step."""
+    c = _Ctx(model, gpu, precision, engine)
+    co = _coefficients(c, kv, tp, pp, dp)
+    max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
+    ip = shape.computed_input_tokens
+    lam = rate_rps / (count * dp)
+    batch = np.minimum(max_num_batched_tokens, np.maximum(ip, max_num_batched_tokens // max(ip, 1.0) * ip))
+    t_batch = _f(co, batch, _pairs(batch, shape), 0.0, 0.0)
+    mu = batch / ip / t_batch
+    iq = shape.input_tokens_at_ttft_pct
+    chunk = np.minimum(iq, max_num_batched_tokens)
+    t_chunk = _f(co, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), 0.0, 0.0)
+    ttft0 = np.ceil(iq / chunk) * t_chunk
+    rho = lam / mu
+    ttft = ttft0 + _wait_quantile_s(rho, ttft0, shape.arrival_cv, shape.ttft_q)
+    zero = 0.0 * ttft
+    return RoleEstimate(ttft_s=ttft, tpot_s=zero, tpot_mean_s=zero, capacity_rps=mu * count * dp, utilisation=rho)
+
+
+def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
+                    rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any) -> RoleEstimate:
+    """Decode-only instances of a PD layout: `ttft_s` holds their first step (added to the prefill side)."""
+    c = _Ctx(model, gpu, precision, engine)
+    co = _coefficients(c, kv, tp, pp, dp)
+    o, ctx_mean = shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
+    lam = rate_rps / (count * dp)
+    b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
+    t_sat = _f(co, 0.0, 0.0, b_cap, b_cap * ctx_mean)
+    mu = b_cap / o / t_sat
+    t = _f(co, 0.0, 0.0, 1.0, ctx_mean)
+    for _ in range(FIXED_POINT_ITERATIONS):
+        b = np.maximum(np.minimum(lam * o * t, b_cap), 1.0)
+        t = _f(co, 0.0, 0.0, b, b * ctx_mean)
+    tpot = t * (1.0 + TPOT_SPREAD_PER_Z * max(shape.z_tpot, 0.0))
+    return RoleEstimate(ttft_s=t, tpot_s=tpot, tpot_mean_s=t, capacity_rps=mu * count * dp, utilisation=lam / mu)
+
+

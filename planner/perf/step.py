@@ -1,0 +1,790 @@
+"""Performance model: the time of one engine step from FLOPs, bytes and links, with fitted efficiencies.
+
+`StepTimeModel` is the seam the simulator calls once per step; `InstancePerf` implements it for one
+engine instance (model, GPU, precision, parallelism). The funnel calls the same arithmetic on numpy
+arrays (`step_time_s` accepts arrays for every batch argument and for tp/pp/dp/moe_ep), so the analytical
+stage and the simulator cannot drift apart. Efficiency parameters come from data/perf_params.json,
+written by benchmarks/fit_perf.py with its provenance; none is keyed by model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields, replace
+from functools import cache
+from importlib import resources
+from statistics import NormalDist
+from typing import Any, Protocol
+
+import numpy as np
+
+from servingtopology.planner.engines import kernels
+from servingtopology.planner.hardware import Gpu, Link, Precision
+from servingtopology.planner.layout import Engine, KvDtype, Parallelism
+from servingtopology.planner.model.catalog import ModelArch
+from servingtopology.planner.perf.memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
+
+__all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
+           "kv_transfer_s", "StepCoefficients",
+           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_terms",
+           "KERNEL_ENGINES", "PCIE_BUS_EFF"]
+
+
+class StepTimeModel(Protocol):
+    """Duration of one engine step (one forward pass over the scheduled batch), in seconds.
+
+    prefill_tokens: new prompt tokens computed this step (after prefix-cache hits).
+    prefill_pairs: Σ over prefill chunks of chunk × (cached context before it + chunk / 2): attention work.
+    decode_tokens: sequences decoding one token this step.
+    decode_context_tokens: Σ of those sequences' context lengths (KV read).
+    """
+
+    def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
+                    decode_context_tokens: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PerfParams:
+    """Global efficiency curves (fitted, see benchmarks/fit_perf.py); times in seconds.
+
+    Step-time terms come first. The TTFT terms (`*ttft*`, result delay, PD admission) are latency a request
+    sees off the GPU's step loop; `*bench_requests_per_client`, `arrival_burst` and `queue_factor` describe
+    the closed-loop benchmarks the rows were measured with. Those are read by planner.perf.closed_loop and
+    planner.fidelity.benchmark_cases, not by `step_time_s`.
+    """
+
+    gemm_eff_max: float = 0.70          # best fraction of dense BF16 peak FLOP/s a GEMM reaches
+    gemm_half_tokens: float = 64.0      # tokens per step at which GEMM compute efficiency is half its best
+    # FP8 GEMMs reach this share of the BF16 efficiency. Declared from measurements, not fitted: on Hopper (1,979 TFLOP/s
+    # FP8 dense peak) DeepGEMM's block-scaled FP8 GEMMs reach "1350+ FP8 TFLOPS" (deepseek-ai/DeepGEMM README), 0.68 of
+    # the peak, against the 0.8 share a large BF16 GEMM reaches (`gemm_eff_max`, the MAMF pin): 0.68 / 0.8 = 0.85.
+    # (Per-tensor cuBLASLt FP8 at 8192³ reaches ~1,610 TFLOP/s, 0.81 of the peak, so 0.85 is the block-scaled floor.)
+    # Fitted, it was pinned only by the one dense FP8 family: MoE families pin the product fp8 × `moe_eff_scale`, so
+    # with Llama-3.1-70B left out the fold drifted to 0.44 and predicted its TTFT 69 % high.
+    fp8_eff_scale: float = 0.85
+    fp4_eff_scale: float = 0.60         # FP4 GEMMs likewise (block scales, immature kernels)
+    moe_eff_scale: float = 0.70         # grouped expert GEMMs relative to dense GEMMs
+    mem_eff: float = 0.80               # fraction of HBM bandwidth reached streaming weights
+    roofline_sharpness: float = 2.0     # p of the p-norm joining compute and memory time (∞ = max)
+    narrow_width_cols: float = 64.0     # GEMMs whose per-GPU output width is w columns run (1 + this / w) slower
+    attn_prefill_eff: float = 0.45      # fraction of BF16 peak FLOP/s reached by prefill attention
+    attn_decode_mem_eff: float = 0.70   # fraction of HBM bandwidth reached reading KV in decode
+    link_eff: float = 0.75              # fraction of link bandwidth reached by collectives
+    allreduce_latency_s: float = 10e-6  # fixed cost of one TP all-reduce over NVLink (two GPUs' worth: see the next)
+    allreduce_peer_latency_s: float = 0.0  # NVLink: added per GPU beyond two (each rank signals and reads every peer)
+    a2a_latency_s: float = 20e-6        # fixed cost of one expert-parallel dispatch or combine
+    layer_overhead_s: float = 15e-6     # per layer and step: norms, rotary, activations, launches
+    step_overhead_s: float = 1.5e-3     # scheduling, launch, sampling setup per step
+    per_seq_overhead_s: float = 8e-6    # CPU time per scheduled sequence per step, overlapped with the GPU's work
+    sglang_overhead_scale: float = 0.8  # SGLang's per-step overhead relative to vLLM's
+    trtllm_overhead_scale: float = 0.5  # TensorRT-LLM's (C++ runtime) relative to vLLM's; used by calibration only
+    ttft_overhead_s: float = 0.03       # per request before its first token: HTTP, tokenizer, scheduler hand-off (vLLM)
+    sglang_ttft_overhead_s: float = 0.1
+    trtllm_ttft_overhead_s: float = 0.05
+    disagg_ttft_overhead_s: float = 0.05  # PD: bootstrap and KV-transfer handshake on top of the bytes
+    ttft_s_per_input_token: float = 2e-6  # per prompt token off the GPU: tokenizing, prefix hashing, payload (vLLM, TRT-LLM)
+    sglang_ttft_s_per_input_token: float = 5e-6  # SGLang: the radix-tree match and insert walk the prompt in Python
+    result_delay_steps: float = 1.0     # steps between a token's compute and its delivery (overlapped output processing)
+    pd_admission_steps: float = 2.0     # PD: decode steps before a transferred request joins the decode batch
+    bench_requests_per_client: float = 10.0  # benchmark length: requests each client sends (start-up wave weight) where the
+                                             # caller does not say (planner.fidelity.benchmark_cases states it per harness)
+    # Share of a rank's clients whose prefills collide in one step beyond what the token budget admits. Declared 0,
+    # not fitted: the start-up wave is weighed in separately (planner.perf.closed_loop), and the wave's prompts enter
+    # through the budget a step at a time, so in steady state their re-arrivals stay spread over steps as the
+    # budget spread them (a step's prefill batch is the arriving tokens, at least one prompt's chunk). Fitted, it
+    # sat on its floor in the fit on every row and in four of five folds, and in the fifth drifted to 0.2.
+    arrival_burst: float = 0.0
+    queue_factor: float = 1.0           # scale of the prefill queueing delay
+    # 1: a TP all-reduce inside an NVLink node costs what the engine's custom all-reduce measured (planner/engines/kernels.py,
+    # the aiconfigurator-core tables) wherever a table covers the GPU, engine and group; 0: the fitted roofline line
+    # (allreduce_latency_s, link_eff) everywhere. A switch, not fitted: the ablation in benchmarks/README flips it.
+    measured_allreduce: float = 0.0
+    # 1: a MoE layer's routed experts cost what the engine's fused-MoE kernel measured at the layer's configuration
+    # (hidden, expert width, top-k, experts, MoE TP, MoE EP) and weight format, interpolated in the tokens each GPU
+    # computes, where a table covers them (kernels.moe_s); 0: the fitted roofline (moe_eff_scale, mem_eff).
+    measured_moe: float = 0.0
+    source: str = "defaults (unfitted)"
+
+
+def load_params(raw: dict[str, Any]) -> PerfParams:
+    """Parameters from a parsed parameter file (the layout benchmarks/fit_perf.py writes); unknown keys are ignored."""
+    known = {f.name for f in fields(PerfParams)} - {"source"}
+    values = {k: float(v) for k, v in raw.get("params", {}).items() if k in known}
+    return PerfParams(**values, source=str(raw.get("source", "")))
+
+
+@cache
+def fit_record() -> dict[str, Any]:
+    """The shipped parameter file as written by benchmarks/fit_perf.py (provenance and the fit's own figures,
+    leave-one-model-out included); empty when there is none."""
+    path = resources.files("servingtopology.planner").joinpath("data/perf_params.json")
+    if not path.is_file():
+        return {}
+    raw: dict[str, Any] = json.loads(path.read_text())
+    return raw
+
+
+@cache
+def _fitted_params() -> PerfParams:
+    raw = fit_record()
+    return load_params(raw) if raw else PerfParams()
+
+
+# The innermost pinned parameters and term scales, per thread and asyncio task (context variables): the operator
+# predicts on several reconcile threads at once, each resource with its own deployment calibration.
+_PINNED: ContextVar[tuple[PerfParams, ...]] = ContextVar("pinned_params", default=())
+
+
+@contextmanager
+def pinned_params(params: PerfParams) -> Iterator[PerfParams]:
+    """Use `params` wherever the fitted parameters would be read, inside the block.
+
+    For callers that must not follow a refit: tests of the operator's mechanics whose scenarios were
+    written against one calibration, or a comparison of a site's own calibration with the shipped one.
+    Per thread (and asyncio task): another thread's block never sees `params`.
+    """
+    token = _PINNED.set((*_PINNED.get(), params))
+    try:
+        yield params
+    finally:
+        _PINNED.reset(token)
+
+
+def perf_params() -> PerfParams:
+    """The parameters in use: the innermost `pinned_params`, else data/perf_params.json, else the defaults."""
+    pinned = _PINNED.get()
+    return pinned[-1] if pinned else _fitted_params()
+
+
+# A deployment's measured correction of the step model (planner.perf.deployment_fit): a time factor per group of terms of
+# `StepCoefficients`, applied to every coefficient `step_coefficients` folds while `scaled_terms` is in effect.
+STEP_TERMS: dict[str, tuple[str, ...]] = {
+    "gemm": ("lin_flop_s", "moe_flop_s"),
+    "weights": ("lin_mem_s", "moe_mem_s"),
+    "attention": ("attn_pair_s", "attn_ctx_s", "attn_mixed_ctx_s", "attn_capped_pair_s", "attn_capped_ctx_s", "attn_seq_s"),
+    "communication": ("a2a_s_per_token", "a2a_fixed_s", "tp_s_per_token", "tp_fixed_s", "handoff_s_per_token", "handoff_fixed_s"),
+    "overhead": ("layer_fixed_s", "step_fixed_s", "per_seq_s"),
+}
+_TERM_SCALES: ContextVar[tuple[Mapping[str, float], ...]] = ContextVar("scaled_terms", default=())
+
+
+@contextmanager
+def scaled_terms(scales: Mapping[str, float]) -> Iterator[Mapping[str, float]]:
+    """Multiply the step model's term groups (`STEP_TERMS`) by `scales` inside the block (1 = as modelled).
+
+    The measured MoE curve (`measured_moe`) is scaled with "gemm". Per thread, like `pinned_params`.
+    """
+    unknown = set(scales) - set(STEP_TERMS)
+    if unknown:
+        raise ValueError(f"unknown step terms {sorted(unknown)}; known: {sorted(STEP_TERMS)}")
+    token = _TERM_SCALES.set((*_TERM_SCALES.get(), dict(scales)))
+    try:
+        yield scales
+    finally:
+        _TERM_SCALES.reset(token)
+
+
+def _apply_term_scales(c: StepCoefficients, scales: Mapping[str, float]) -> StepCoefficients:
+    changed: dict[str, Any] = {}
+    for term, f in scales.items():
+        if f != 1.0:
+            for name in STEP_TERMS[term]:
+                changed[name] = getattr(c, name) * f
+    if "gemm" in scales and scales["gemm"] != 1.0 and c.moe_log_curve is not None:
+        changed["moe_log_curve"] = c.moe_log_curve + math.log(scales["gemm"])
+    return replace(c, **changed) if changed else c
+
+
+# Collectives over PCIe (planner.hardware.Link), set from published measurements rather than fitted: the
+# calibration rows all ran on NVLink systems. benchmarks/README.md ("Communication over PCIe") checks them.
+# Bus bandwidth of a large NCCL all-reduce over a PCIe link: 37.6–41.7 GB/s on 7–8 RTX PRO 6000 over PCIe 5.0 x16
+# (63 GB/s; voipmonitor/rtx6kpro hardware/pcie-bandwidth.md, nccl-tests all_reduce_perf), 0.63 of the link.
+PCIE_BUS_EFF = 0.63
+# Small-message NCCL all-reduce over PCIe peer-to-peer, a + b·n for n GPUs: 15.9 µs on 4 RTX A5000 (NVIDIA/nccl issue
+# #757, 8 B), ≈ 22 µs on 4 PCIe cards (flashinfer-ai/flashinfer PR #5023: NCCL reduce-scatter 8.3 + all-gather 13.6 µs
+# for one 4096-wide BF16 row), 24 µs on 8 RTX PRO 6000 (rtx6kpro, 256 B–64 KB), 36 µs on 16 (local-inference-lab/b12x
+# PR #139, one 7168-wide row).
+PCIE_P2P_AR_BASE_S = 14e-6
+PCIE_P2P_AR_PER_GPU_S = 1.4e-6
+# Without peer-to-peer NCCL stages every exchange in pinned host memory (SHM transport): one exchange between two
+# RTX 4090 takes 11.9 µs (tinygrad/open-gpu-kernel-modules issue #17, alltoall_perf 8 B, P2P disabled), so an
+# all-reduce (reduce-scatter + all-gather) ≈ 24 µs on 2; 42 µs on 8 RTX 4090 (NVIDIA/nccl issue #1530, 8 B).
+PCIE_HOST_AR_BASE_S = 18e-6
+PCIE_HOST_AR_PER_GPU_S = 3e-6
+# vLLM's and SGLang's custom all-reduce (one-shot, every GPU reads its peers) runs over PCIe peer-to-peer only on
+# exactly two GPUs: vLLM custom_all_reduce.py disables it "on more than two PCIe-only GPUs" (vllm-project/vllm issue
+# #56128). 7.5 µs for 256 B–1 KB with a PCIe one-shot kernel (rtx6kpro, "Custom Allreduce vs NCCL").
+PCIE_CUSTOM_AR_S = 7.5e-6
+
+
+def _link_bps(gpu: Gpu, group: Any, p: PerfParams) -> Any:
+    """Bytes/s a collective over `group` GPUs moves per GPU and direction: the scale-up link inside a node (NVLink at
+    the fitted `link_eff`, PCIe at the measured bus efficiency), the NIC beyond."""
+    intra = gpu.nvlink_gbps * p.link_eff if gpu.scaleup_link is Link.NVLINK else gpu.pcie_gbps * PCIE_BUS_EFF
+    return np.where(group <= gpu.gpus_per_node, intra, gpu.nic_gbit / 8.0 * p.link_eff) * 1e9
+
+
+def _allreduce_latency_s(gpu: Gpu, group: Any, p: PerfParams) -> Any:
+    """Fixed cost of one small all-reduce over `group` GPUs, by the link they share.
+
+    NVLink: the one-shot custom all-reduce (vLLM/SGLang custom_all_reduce) has every rank write a flag to and read
+    the buffer of each of its n − 1 peers, and NCCL's NVLS/ring steps grow with the ranks too, so the cost is the
+    fitted `allreduce_latency_s` on two GPUs plus the fitted `allreduce_peer_latency_s` per GPU beyond two (an
+    H100 NVSwitch node measures ≈ 6 µs on 2 GPUs and more on 8 with NVLS, NVIDIA/nccl issue #1259; the same
+    straight line in n as the PCIe constants below). PCIe: the custom
+    all-reduce on two peer-to-peer GPUs, else NCCL, whose cost grows with the GPUs (constants above). Across nodes
+    each doubling beyond one node adds a tree hop.
+    """
+    n = np.minimum(group, gpu.gpus_per_node)
+    link = gpu.scaleup_link
+    if link is Link.NVLINK:
+        intra = p.allreduce_latency_s + p.allreduce_peer_latency_s * np.maximum(n - 2.0, 0.0)
+    elif link is Link.PCIE_P2P:
+        intra = np.where(n <= 2, PCIE_CUSTOM_AR_S, PCIE_P2P_AR_BASE_S + PCIE_P2P_AR_PER_GPU_S * n)
+    else:
+        intra = PCIE_HOST_AR_BASE_S + PCIE_HOST_AR_PER_GPU_S * n
+    hops = 1.0 + np.log2(np.maximum(group / gpu.gpus_per_node, 1.0))
+    return intra * hops
+
+
+def _exchange_latency_s(gpu: Gpu, group: Any, p: PerfParams) -> Any:
+    """Fixed cost of one point-to-point or all-to-all exchange (EP dispatch or combine, a PP hand-off): the fitted
+    `a2a_latency_s` on NVLink, half an all-reduce (one of its two phases) over PCIe."""
+    if gpu.scaleup_link is Link.NVLINK:
+        return p.a2a_latency_s + 0.0 * np.asarray(group, dtype=float)
+    return 0.5 * _allreduce_latency_s(gpu, np.maximum(group, 2), p)
+
+
+# Message sizes (in tokens of BF16 activations) through which the measured all-reduce line is drawn: one token (the
+# latency a decode step of few sequences sees) and 2,048 (a prefill chunk), so a step's tokens interpolate between them.
+_AR_LINE_TOKENS = (1.0, 2048.0)
+KERNEL_ENGINES = {Engine.VLLM: "vllm", Engine.SGLANG: "sglang"}
+
+
+@cache
+def _measured_allreduce_line(gpu_id: str, engine: str, release: str, n: int, hidden: int) -> tuple[float, float, str]:
+    """(fixed s, s per token, source) of one all-reduce over n GPUs from the measured custom all-reduce table of the
+    engine's nearest measured release; NaN where no table covers it (the caller keeps the roofline)."""
+    if n < 2:
+        return 0.0, 0.0, ""
+    lo, hi = (t * hidden * 2.0 for t in _AR_LINE_TOKENS)
+    got = kernels.allreduce_s(gpu_id, engine, release or None, gpus=np.array([n, n], dtype=float), message_bytes=np.array([lo, hi]))
+    t_lo, t_hi = (float(x) for x in got.time_s)
+    if not (math.isfinite(t_lo) and math.isfinite(t_hi)) or got.source is None:
+        return math.nan, math.nan, ""
+    return t_lo, max(t_hi - t_lo, 0.0) / (_AR_LINE_TOKENS[1] - _AR_LINE_TOKENS[0]), got.source.describe()
+
+
+def measured_allreduce(gpu: Gpu, engine: Engine | None, release: str | None, tp: Any, hidden: int) -> tuple[Any, Any]:
+    """Measured (fixed, per-token) time of one TP all-reduce per element of `tp`; NaN where no table covers it: another
+    engine, a GPU without tables, a group beyond one node or over PCIe."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    arr = np.asarray(tp, dtype=float)
+    fixed, per_tok = np.full(arr.shape, np.nan), np.full(arr.shape, np.nan)
+    if name is None or gpu.scaleup_link is not Link.NVLINK:
+        return fixed, per_tok
+    for n in np.unique(arr):
+        if not (2 <= n <= gpu.gpus_per_node):
+            continue
+        f, t, _ = _measured_allreduce_line(gpu.id, name, release or "", int(n), int(hidden))
+        fixed = np.where(arr == n, f, fixed)
+        per_tok = np.where(arr == n, t, per_tok)
+    return fixed, per_tok
+
+
+def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None, *,
+                   model: ModelArch | None = None, moe_precision: Precision | None = None, dp: int = 1, moe_ep: int = 1) -> dict[str, str]:
+    """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline.
+    `model` (with its experts' precision and the instance's dp and EP degree) adds the MoE term."""
+    p = params or perf_params()
+    out: dict[str, str] = {}
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    if name is None:
+        return out
+    if p.measured_allreduce >= 0.5 and tp >= 2 and gpu.scaleup_link is Link.NVLINK and tp <= gpu.gpus_per_node:
+        f, _, source = _measured_allreduce_line(gpu.id, name, release or "", int(tp), int(hidden))
+        if math.isfinite(f):
+            out["tp_allreduce"] = source
+    if p.measured_moe >= 0.5 and model is not None and model.is_moe:
+        group = tp * dp
+        ep = min(moe_ep, group)
+        _, source = measured_moe_curve(model, gpu, engine, release, moe_precision or Precision.BF16, group // max(ep, 1), ep)
+        if source:
+            out["moe"] = source
+    return out
+
+
+def allreduce_s(gpu: Gpu, group: Any, nbytes: Any, params: PerfParams | None = None) -> Any:
+    """Time of one all-reduce of `nbytes` per GPU over `group` GPUs (ring: 2(n−1)/n of the bytes cross each link),
+    exactly as the step model charges it."""
+    p = params or perf_params()
+    n = np.asarray(group, dtype=float)
+    return np.where(n > 1, _allreduce_latency_s(gpu, n, p) + nbytes * 2.0 * (n - 1) / n / _link_bps(gpu, n, p), 0.0)
+
+
+def _compute_peak(gpu: Gpu, precision: Precision) -> float:
+    """FLOP/s a GEMM in `precision` can use: native peak, or BF16 for weight-only formats (FP4 on Hopper)."""
+    native = float(getattr(gpu, f"{precision.value}_tflops", 0.0)) if precision is not Precision.INT4 else 0.0
+    return (native if native > 0 else gpu.bf16_tflops) * 1e12
+
+
+def _gemm_eff(p: PerfParams, gpu: Gpu, precision: Precision) -> float:
+    """Share of the peak a large GEMM reaches: measured where gpus.toml has it, else the fitted `gemm_eff_max`."""
+    native = precision is not Precision.BF16 and float(getattr(gpu, f"{precision.value}_tflops", 0.0)) > 0
+    scale = {Precision.FP8: p.fp8_eff_scale, Precision.FP4: p.fp4_eff_scale}.get(precision, 1.0) if native else 1.0
+    best = gpu.matmul_bf16_tflops / gpu.bf16_tflops if gpu.matmul_bf16_tflops > 0 else p.gemm_eff_max
+    return best * scale
+
+
+def _narrow_cols(p: PerfParams, precision: Precision) -> float:
+    """Per-GPU GEMM width (columns) at which a slice runs twice as slow as a wide one, for `precision`.
+
+    Tensor-core tiles are a fixed number of bytes deep (128 B of K per stage on Hopper and Blackwell:
+    64 BF16, 128 FP8 or 256 FP4 elements), so a slice narrower than a few tiles wastes more of each tile the
+    fewer bits its weights have: the width is counted in bytes and `narrow_width_cols` is its BF16 value.
+    """
+    return p.narrow_width_cols * 2.0 / max(precision.weight_bytes, 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCoefficients:
+    """Per-instance constants of the step-time formula (floats or arrays, one per candidate).
+
+    Times are seconds per token, per pair, per context token or per step, for one pipeline stage.
+    """
+
+    lin_flop_s: Any        # dense GEMM compute time per token at full efficiency
+    lin_mem_s: Any         # dense weight streaming time per step
+    moe_flop_s: Any        # routed-expert compute time per routed token (dp ranks' tokens all arrive)
+    moe_mem_s: Any         # time to stream one active local expert in all MoE layers
+    local_experts: Any     # routed experts held per GPU (E / ep)
+    ep_z: Any              # expected maximum of ep standard normals (0 without EP): the busiest GPU's excess load
+    dp: Any
+    experts: float
+    topk: float
+    a2a_s_per_token: Any   # EP/DP dispatch+combine bytes time per token of this rank
+    a2a_fixed_s: Any
+    attn_pair_s: Any       # prefill attention time per (query, key) pair
+    attn_ctx_s: Any        # decode attention time per context token
+    attn_mixed_ctx_s: Any  # extra decode attention time per context token when a prefill chunk shares the step
+    attn_capped_pair_s: Any  # prefill attention time per pair, at most `attn_cap_tokens` keys per query (window, DSA top-k)
+    attn_capped_ctx_s: Any  # decode attention time per context token, at most `attn_cap_tokens` per sequence
+    attn_cap_tokens: float
+    attn_seq_s: Any        # decode time per sequence that does not grow with context (fixed state read and written)
+    tp_s_per_token: Any    # TP all-reduce bandwidth time per token
+    tp_fixed_s: Any
+    handoff_s_per_token: Any
+    handoff_fixed_s: Any
+    layer_fixed_s: Any
+    pp: Any
+    step_fixed_s: float
+    per_seq_s: float
+    gemm_half_tokens: float
+    sharp: float
+    # ln(seconds) of all MoE layers' routed experts at 2^i tokens (i = 0 … MOE_GRID − 1) per candidate, measured
+    # (kernels.moe_s); NaN where no table covers the candidate or the token count. None: the roofline everywhere.
+    moe_log_curve: Any = None
+
+
+# Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
+MOE_GRID = 16
+_MOE_DTYPES = {Precision.BF16: ("bfloat16",), Precision.FP8: ("fp8_block", "fp8"), Precision.INT4: ("int4_wo",)}
+
+
+def _moe_dtypes(model: ModelArch, mp: Precision) -> tuple[str, ...]:
+    """The measured kernel variants a checkpoint's routed experts run as, most specific first."""
+    if mp is Precision.FP4:
+        ck = model.checkpoint
+        return ("w4a16_mxfp4",) if ck is not None and ck.method == "mxfp4" else ("nvfp4",)
+    return _MOE_DTYPES.get(mp, ())
+
+
+@cache
+def _moe_curve_scalar(gpu_id: str, engine: str, release: str, dtypes: tuple[str, ...], config: tuple[int, ...]) -> tuple[tuple[float, ...], str]:
+    """ln(seconds) of one MoE layer at 2^i tokens from the first measured variant of `dtypes` that covers `config`."""
+    tokens = np.exp2(np.arange(MOE_GRID, dtype=float))
+    for dtype in dtypes:
+        got = kernels.moe_s(gpu_id, engine, release or None, dtype=dtype, hidden=config[0], inter=config[1], topk=config[2],
+                            experts=config[3], moe_tp=config[4], moe_ep=config[5], tokens=tokens)
+        if got.source is not None and np.isfinite(got.time_s[0]):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return tuple(float(v) for v in np.log(got.time_s)), f"{got.source.describe()}, {dtype}"
+    return tuple([math.nan] * MOE_GRID), ""
+
+
+def measured_moe_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, mp: Precision, moe_tp: Any,
+                       moe_ep: Any) -> tuple[Any, str]:
+    """ln(seconds) of all of a stage's MoE layers at 2^i tokens per candidate (rows of NaN where not covered), and the
+    source of the first covered row ("" when none)."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    tp_arr, ep_arr = np.broadcast_arrays(np.asarray(moe_tp, dtype=float), np.asarray(moe_ep, dtype=float))
+    curve = np.full((*tp_arr.shape, MOE_GRID), np.nan)
+    dtypes = _moe_dtypes(model, mp)
+    source = ""
+    if name is None or not model.is_moe or not dtypes:
+        return curve, source
+    layers = float(model.num_moe_layers)
+    for mt, me in {(float(a), float(b)) for a, b in zip(tp_arr.ravel(), ep_arr.ravel(), strict=True)}:
+        config = (model.hidden_size, model.moe_intermediate_size, model.experts_per_token, model.num_experts, int(mt), int(me))
+        values, where = _moe_curve_scalar(gpu.id, name, release or "", dtypes, config)
+        if where:
+            source = source or where
+            curve[(tp_arr == mt) & (ep_arr == me)] = np.asarray(values) + math.log(layers)
+    return curve, source
+
+
+def _moe_table_s(curve: Any, tokens: Any) -> Any:
+    """exp of the curve interpolated linearly in log2(tokens) (NaN outside the measured grid or the table)."""
+    pos = np.log2(np.maximum(np.asarray(tokens, dtype=float), 1.0))
+    inside = pos <= MOE_GRID - 1
+    pos = np.minimum(pos, MOE_GRID - 1 - 1e-9)
+    i = np.floor(pos).astype(np.int64)
+    frac = pos - i
+    c = np.asarray(curve, dtype=float)
+    if c.ndim == 1:
+        lo, hi = c[i], c[i + 1]
+    else:
+        i_b = np.broadcast_to(i, c.shape[:-1])
+        lo = np.take_along_axis(c, i_b[..., None], axis=-1)[..., 0]
+        hi = np.take_along_axis(c, i_b[..., None] + 1, axis=-1)[..., 0]
+        frac = np.broadcast_to(frac, c.shape[:-1])
+        inside = np.broadcast_to(inside, c.shape[:-1])
+    return np.where(inside, np.exp(lo * (1.0 - frac) + hi * frac), np.nan)
+
+
+def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
+                      tp: Any, pp: Any, dp: Any, moe_ep: Any = 1, moe_precision: Precision | None = None,
+                      overhead_scale: float | None = None, params: PerfParams | None = None,
+                      release: str | None = None, kernel_engine: Engine | None = None) -> StepCoefficients:
+    """Fold model, GPU and parallelism into the constants `evaluate_step_s` needs (arrays broadcast).
+
+    `kernel_engine` and `release`: whose measured kernel tables price the terms they cover (`measured_terms`);
+    None: the engine's own tables, of its newest measured release. An engine without tables (TRT-LLM in calibration)
+    passes `overhead_scale` and gets the roofline unless `kernel_engine` names one.
+    `moe_ep` is the expert-parallel degree of the expert layers (1 = experts tensor-sharded over tp × dp).
+    `overhead_scale` overrides the engine's per-step overhead scale (an engine outside `Engine`, e.g. TRT-LLM).
+    """
+    p = params or perf_params()
+    mp = moe_precision or precision
+    frac = 1.0 / pp
+    peak = _compute_peak(gpu, precision) * _gemm_eff(p, gpu, precision)
+    peak16 = gpu.bf16_tflops * 1e12
+    hbm = gpu.hbm_gbps * 1e9
+
+    # Dense linear layers (attention projections, dense/shared FFN, router) and the LM head, TP-sharded.
+    linear_params = (model.non_expert_params - model.embedding_params) + model.vocab_size * model.hidden_size
+    # Sharding narrows each GPU's slice of a GEMM; thin slices waste tensor-core tiles and bandwidth.
+    narrow = 1.0 + _narrow_cols(p, precision) / (model.hidden_size / tp)
+    lin_flop_s = 2.0 * linear_params * frac / tp / peak * narrow
+    lin_mem_s = linear_weight_bytes(model, precision) * frac / tp / (hbm * p.mem_eff) * narrow
+
+    group = tp * dp
+    ep = np.minimum(moe_ep, group)
+    moe_tp = group / ep
+    zero = 0.0 * group
+    if model.is_moe:
+        moe_layers = model.num_moe_layers * frac
+        moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
+        moe_narrow = 1.0 + _narrow_cols(p, mp) / (model.moe_intermediate_size / moe_tp)
+        moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak * moe_narrow
+        moe_mem_s = expert_weight_bytes(model, precision, mp) * moe_layers / moe_tp / (hbm * p.mem_eff) * moe_narrow
+        # EP under DP attention: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the
+        # distinct remote GPUs holding its k experts. DP attention without EP: tokens are all-gathered and
+        # reduce-scattered (BF16). EP under TP attention (dp = 1) exchanges nothing of its own: every GPU already
+        # holds every token, computes its local experts and the outputs are summed by the TP all-reduce that TP
+        # experts use too (SGLang FusedMoE.forward: `if reduce_results and (moe_tp_size > 1 or moe_ep_size > 1):
+        # tensor_model_parallel_all_reduce`, sgl-project/sglang python/sglang/srt/layers/moe/fused_moe_triton/layer.py;
+        # vLLM likewise uses its all2all manager only when data_parallel_size > 1).
+        k = model.experts_per_token
+        exchanged = (ep > 1) & (dp > 1)
+        remote = np.where(exchanged, ep * (1.0 - (1.0 - 1.0 / np.maximum(ep, 1)) ** k) * (ep - 1) / np.maximum(ep, 1), 0.0)
+        gathered = np.where((ep <= 1) & (dp > 1), 2.0 * 2.0 * (dp - 1) / dp, 0.0)
+        a2a_tok = moe_layers * model.hidden_size * (3.0 * remote + gathered) / _link_bps(gpu, group, p)
+        a2a_fixed = np.where(dp > 1, moe_layers * 2.0 * _exchange_latency_s(gpu, group, p), zero)
+        local = model.num_experts / ep
+    else:
+        moe_flop_s = moe_mem_s = a2a_tok = a2a_fixed = zero
+        local = zero
+    ep_z = _max_normal_z(ep) if model.is_moe else zero
+
+    # Attention: prefill is compute (pairs of query and key tokens), decode reads the KV cache. Sliding-window
+    # layers and DSA's sparse attention see at most `cap` keys per query (planner.perf.memory.attention_read_bytes);
+    # fixed-state layers read and write their state once per sequence and step.
+    heads = np.maximum(model.num_heads / tp, 1.0)
+    qk_v_dim = (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) if model.is_mla else 2 * model.head_dim
+    read = attention_read_bytes(model, kv_dtype, tp=tp, pp=pp, engine=engine)
+    capped_layers = (model.num_attention_layers if model.has_indexer else model.num_sliding_layers) * frac
+    full_layers = (0 if model.has_indexer else model.num_full_attention_layers) * frac
+    attn_pair_s = 2.0 * heads * qk_v_dim * full_layers / (peak16 * p.attn_prefill_eff)
+    attn_capped_pair_s = 2.0 * heads * qk_v_dim * capped_layers / (peak16 * p.attn_prefill_eff)
+    if model.has_indexer:  # the indexer scores every (query, key) pair: index heads × index dim, in FP8
+        attn_pair_s = 2.0 * model.index_n_heads * model.index_head_dim * model.num_indexer_layers * frac / (
+            _compute_peak(gpu, Precision.FP8) * p.attn_prefill_eff) + 0.0 * heads
+    attn_ctx_s = read.per_context_token / (hbm * p.attn_decode_mem_eff)
+    attn_capped_ctx_s = read.capped_per_token / (hbm * p.attn_decode_mem_eff)
+    attn_seq_s = read.per_sequence / (hbm * p.attn_decode_mem_eff)
+    if model.is_mla:  # absorbed MLA decode multiplies every local head against the latent: compute can dominate
+        mla_s = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_attention_layers * frac / (peak16 * p.attn_prefill_eff)
+        if model.has_indexer:
+            attn_capped_ctx_s = np.maximum(attn_capped_ctx_s, mla_s)
+        else:
+            attn_ctx_s = np.maximum(attn_ctx_s, mla_s)
+        attn_mixed_ctx_s = zero
+    else:  # beside a prefill chunk, each query head of a GQA group may read the group's KV again (see gpus.toml)
+        attn_mixed_ctx_s = attn_ctx_s * gpu.mixed_kv_reread * (model.num_heads / max(model.num_kv_heads, 1) - 1.0)
+
+    # Two all-reduces per layer under TP (ring: 2(n−1)/n of the activations cross each link); in MoE layers
+    # whose experts are expert-parallel under DP attention the combine replaces the second one.
+    layers = model.num_layers * frac
+    reduces = 2.0 * layers - np.where((ep > 1) & (dp > 1), model.num_moe_layers * frac, 0.0)
+    # The link is the one the tp GPUs share (planner.hardware.Link): NVLink, PCIe with or without peer-to-peer, a NIC.
+    tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / _link_bps(gpu, tp, p), zero)
+    tp_fixed = np.where(tp > 1, reduces * _allreduce_latency_s(gpu, tp, p), zero)
+    # Whose measured kernel tables price the terms they cover: an engine given only by its overhead scale has none.
+    tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
+    if p.measured_allreduce >= 0.5:  # the engine's measured custom all-reduce where a table covers it
+        m_fixed, m_tok = measured_allreduce(gpu, tables_for, release, tp, model.hidden_size)
+        tp_fixed = np.where(np.isfinite(m_fixed), reduces * np.nan_to_num(m_fixed), tp_fixed)
+        tp_tok = np.where(np.isfinite(m_tok), reduces * np.nan_to_num(m_tok), tp_tok)
+    handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / _link_bps(gpu, tp * dp * pp, p), zero)
+    handoff_fixed = np.where(pp > 1, np.where(gpu.scaleup_link is Link.NVLINK, 2.0 * p.allreduce_latency_s,
+                                              _exchange_latency_s(gpu, tp * dp * pp, p)), zero)
+    moe_curve = None
+    if p.measured_moe >= 0.5 and model.is_moe:
+        curve, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
+        if np.isfinite(curve).any():
+            # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
+            moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
+    scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)
+    coeffs = StepCoefficients(
+        lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
+        experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), a2a_s_per_token=a2a_tok,
+        a2a_fixed_s=a2a_fixed, ep_z=ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, attn_mixed_ctx_s=attn_mixed_ctx_s,
+        attn_capped_pair_s=attn_capped_pair_s, attn_capped_ctx_s=attn_capped_ctx_s, attn_cap_tokens=min(read.cap_tokens, 1e15),
+        attn_seq_s=attn_seq_s,
+        tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
+        handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
+        pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
+        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve,
+    )
+    scales = _TERM_SCALES.get()
+    return _apply_term_scales(coeffs, scales[-1]) if scales else coeffs
+
+
+def _fmax(a: float, b: float) -> float:
+    return a if a > b else b
+
+
+def _fmin(a: float, b: float) -> float:
+    return a if a < b else b
+
+
+@cache
+def _max_normal_z_scalar(n: int) -> float:
+    """Expected maximum of n independent standard normals (Blom's approximation; 0 for n ≤ 1)."""
+    return 0.0 if n <= 1 else NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def _max_normal_z(n: Any) -> Any:
+    """`_max_normal_z_scalar` over a scalar or an array of group sizes (few distinct values)."""
+    arr = np.asarray(n)
+    if arr.ndim == 0:
+        return _max_normal_z_scalar(int(arr))
+    values, inverse = np.unique(arr.astype(np.int64), return_inverse=True)
+    return np.array([_max_normal_z_scalar(int(v)) for v in values])[inverse].reshape(arr.shape)
+
+
+def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any,
+                    decode_context_tokens: Any, maximum: Callable[[Any, Any], Any] = np.maximum,
+                    minimum: Callable[[Any, Any], Any] = np.minimum) -> Any:
+    """Step time from folded coefficients; plain arithmetic so floats and arrays both work.
+
+    Pipeline parallelism splits the batch into pp micro-batches over pp stages: the step takes pp stage
+    times of a micro-batch (coefficients are per stage) plus pp − 1 activation hand-offs.
+    Linear time is the p-norm of compute and weight-streaming time (a smooth roofline).
+    """
+    base, handoff = token_terms(c, prefill_tokens + decode_tokens, maximum=maximum, minimum=minimum)
+    return step_from_token_terms(c, base, handoff, prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs,
+                                 decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens,
+                                 maximum=maximum, minimum=minimum)
+
+
+def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any], Any] = np.maximum,
+                minimum: Callable[[Any, Any], Any] = np.minimum) -> tuple[Any, Any]:
+    """The part of `evaluate_step_s` that depends on the step's token count only: the stage's linear, expert and
+    communication time (their sum, in that order) and the pipeline hand-offs. A scalar step model remembers it per
+    token count (`InstancePerf`); `step_from_token_terms` adds the rest, so the sum is `evaluate_step_s`'s own."""
+    micro = maximum(tokens / c.pp, 1.0)
+    k = c.sharp
+    t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
+    t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
+    routed = micro * c.dp
+    # Distinct local experts hit by `routed` tokens choosing top-k of E (uniform routing), and the routed tokens a GPU
+    # computes: under EP each GPU's share is random and the step waits for the busiest one, mean + z·σ over ep GPUs.
+    hit = 1.0 - (1.0 - c.topk / c.experts) ** routed
+    mean_active = c.local_experts * hit
+    active = minimum(mean_active + c.ep_z * (mean_active * (1.0 - hit)) ** 0.5, c.local_experts)
+    busiest = 1.0 + c.ep_z * (c.experts / maximum(c.local_experts, 1.0) - 1.0) ** 0.5 / maximum(routed * c.topk, 1.0) ** 0.5
+    t_moe_c = c.moe_flop_s * (routed * busiest + c.gemm_half_tokens)
+    t_moe_m = c.moe_mem_s * active
+    t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
+    if c.moe_log_curve is not None:
+        # Measured where a table covers it. The tables' token count is per EP rank with every rank's tokens dispatched
+        # (each GPU computes its share of tokens × top-k pairs): the tokens all DP ranks route, over the EP degree, as
+        # the busiest rank sees them.
+        measured = _moe_table_s(c.moe_log_curve, routed * c.local_experts / c.experts * busiest)
+        t_moe = np.where(np.isfinite(measured), measured, t_moe)
+    t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
+    handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
+    return t_linear + t_moe + t_comm, handoff
+
+
+def step_from_token_terms(c: StepCoefficients, base: Any, handoff: Any, prefill_tokens: Any, prefill_pairs: Any,
+                          decode_tokens: Any, decode_context_tokens: Any, maximum: Callable[[Any, Any], Any] = np.maximum,
+                          minimum: Callable[[Any, Any], Any] = np.minimum) -> Any:
+    """`evaluate_step_s` given `token_terms` of the step's tokens: attention, fixed costs and the scheduler's CPU."""
+    mixed = (prefill_tokens > 0) * 1.0  # 1 when the step carries a prefill chunk
+    t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
+    t_attn = t_attn + (c.attn_capped_pair_s * minimum(prefill_pairs, c.attn_cap_tokens * prefill_tokens)
+                       + c.attn_capped_ctx_s * minimum(decode_context_tokens, c.attn_cap_tokens * decode_tokens)
+                       + c.attn_seq_s * decode_tokens) / c.pp
+    stage = base + t_attn + c.layer_fixed_s
+    seqs = decode_tokens + mixed  # a prefill finishing this step samples one more token
+    # The scheduler's per-sequence CPU work (batch bookkeeping, detokenizing, streaming) runs while the GPU
+    # computes (vLLM's async scheduling, SGLang's overlap scheduler): the step is the longer of the two.
+    return maximum(c.pp * stage + handoff, c.per_seq_s * seqs) + c.step_fixed_s
+
+
+def step_time_s(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
+                tp: Any, pp: Any, dp: Any, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any,
+                decode_context_tokens: Any, params: PerfParams | None = None, moe_ep: Any = 1,
+                moe_precision: Precision | None = None, overhead_scale: float | None = None) -> Any:
+    """Step time of one instance for a batch, per attention-DP rank (ranks run in lockstep).
+
+    Batch arguments are per DP rank; the expert layers see all dp ranks' tokens. Vectorised: every
+    argument after `engine` may be a numpy array (broadcast together).
+    """
+    c = step_coefficients(model, gpu, precision=precision, kv_dtype=kv_dtype, engine=engine, tp=tp, pp=pp, dp=dp,
+                          moe_ep=moe_ep, moe_precision=moe_precision, overhead_scale=overhead_scale, params=params)
+    return evaluate_step_s(c, prefill_tokens=np.asarray(prefill_tokens, dtype=float), prefill_pairs=prefill_pairs,
+                           decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
+
+
+def request_overhead_s(engine: Engine, input_tokens: Any, *, disaggregated: bool = False, params: PerfParams | None = None) -> Any:
+    """Latency a request sees before its first token off the GPU's step loop: HTTP, tokenizing, the hand-off
+    to the scheduler, prefix matching over the prompt, and for PD the bootstrap of the KV transfer.
+
+    Fitted on the silicon benchmarks, which time TTFT at the client; the planner adds it to the TTFT it
+    predicts so a plan's figures and `servingtopology validate` mean the same thing. The simulator's own
+    TTFT is the engine's (from queued to first token, as vLLM's request records time it).
+    """
+    p = params or perf_params()
+    if engine is Engine.SGLANG:
+        base, per_token = p.sglang_ttft_overhead_s, p.sglang_ttft_s_per_input_token
+    else:
+        base, per_token = p.ttft_overhead_s, p.ttft_s_per_input_token
+    return base + per_token * input_tokens + (p.disagg_ttft_overhead_s if disaggregated else 0.0)
+
+
+def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any, same_node: bool, params: PerfParams | None = None) -> Any:
+    """Time to move one request's KV from a prefill to a decode instance (whole-model bytes at TP 1)."""
+    p = params or perf_params()
+    nbytes = tokens * kv_bytes_per_token(model, kv_dtype, tp=1, pp=1)
+    bps = _link_bps(gpu, 1 if same_node else gpu.gpus_per_node + 1, p)
+    return nbytes / bps + 50e-6
+
+
+def _scalar(x: Any) -> Any:
+    """A one-instance coefficient as a float (the measured MoE curve stays a 1-D array; None stays None)."""
+    if x is None:
+        return None
+    return float(x) if np.ndim(x) == 0 else x
+
+
+TOKEN_TERMS_ENTRIES = 1 << 14  # token counts whose `token_terms` one InstancePerf remembers
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePerf:
+    """`StepTimeModel` for one engine instance; folds the coefficients once so each step costs a few µs."""
+
+    model: ModelArch
+    gpu: Gpu
+    precision: Precision
+    kv_dtype: KvDtype
+    engine: Engine
+    parallelism: Parallelism
+    params: PerfParams | None = None
+    moe_ep: int | None = None
+    _coeffs: StepCoefficients | None = field(default=None, init=False, repr=False, compare=False)
+    # token count -> `token_terms` (the pow-heavy part of a step, the same floats for every batch of that many tokens)
+    _terms: dict[float, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # `step_from_token_terms`' constants of a pure decode step (no prefill tokens or pairs), folded once (`decode_s`)
+    _decode: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        par = self.parallelism
+        ep = self.moe_ep if self.moe_ep is not None else (par.tp * par.dp if par.ep else 1)
+        c = step_coefficients(self.model, self.gpu, precision=self.precision, kv_dtype=self.kv_dtype, engine=self.engine,
+                              tp=par.tp, pp=par.pp, dp=par.dp, moe_ep=ep, params=self.params)
+        scalar = StepCoefficients(**{f.name: _scalar(getattr(c, f.name)) for f in fields(StepCoefficients)})
+        object.__setattr__(self, "_coeffs", scalar)
+        c = scalar
+        # the terms of step_from_token_terms that a pure decode step (prefill_tokens = prefill_pairs = 0.0, so mixed = 0.0)
+        # multiplies by zero, evaluated here with the same operations: decode_s's floats are _step_s's, bit for bit
+        mixed = (0.0 > 0) * 1.0
+        object.__setattr__(self, "_decode", (
+            c.attn_pair_s * 0.0 / c.pp, c.attn_ctx_s + mixed * c.attn_mixed_ctx_s,
+            c.attn_capped_pair_s * _fmin(0.0, c.attn_cap_tokens * 0.0), c.attn_capped_ctx_s, c.attn_cap_tokens, c.attn_seq_s,
+            c.pp, c.layer_fixed_s, c.per_seq_s, c.step_fixed_s, mixed))
+
+    def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
+                    decode_context_tokens: float) -> float:
+        return self._step_s(float(prefill_tokens), float(prefill_pairs), float(decode_tokens), float(decode_context_tokens))
+
+    def decode_s(self, decoding_tokens: float, context_tokens: float) -> float:
+        """`step_time_s` of a pure decode step (the simulator's decode-burst probes): `_step_s(0.0, 0.0, d, context)` with the
+        terms a decode step zeroes folded at construction (`_decode`), the rest the same operations in the same order."""
+        d, ctx = float(decoding_tokens), float(context_tokens)
+        tokens = 0.0 + d
+        terms = self._terms.get(tokens)
+        if terms is None:
+            return self._step_s(0.0, 0.0, d, ctx)
+        z_pairs, k_ctx, z_capped_pairs, capped_ctx_s, cap, seq_s, pp, layer_fixed_s, per_seq_s, step_fixed_s, mixed = self._decode
+        capped = cap * d
+        t_attn = z_pairs + k_ctx * ctx / pp
+        t_attn = t_attn + (z_capped_pairs + capped_ctx_s * (ctx if ctx < capped else capped) + seq_s * d) / pp  # _fmin
+        stage = terms[0] + t_attn + layer_fixed_s
+        busy = pp * stage + terms[1]
+        cpu = per_seq_s * (d + mixed)
+        value = float((busy if busy > cpu else cpu) + step_fixed_s)  # _fmax
+        return value if math.isfinite(value) else float("inf")
+
+    def _step_s(self, prefill_tokens: float, prefill_pairs: float, decode_tokens: float, decode_context_tokens: float) -> float:
+        """`evaluate_step_s` on floats, its token-count part remembered (the same arithmetic, so the same float)."""
+        c = self._coeffs
+        assert c is not None
+        tokens = prefill_tokens + decode_tokens
+        terms = self._terms.get(tokens)
+        if terms is None:
+            if len(self._terms) >= TOKEN_TERMS_ENTRIES:
+                self._terms.clear()
+            terms = self._terms[tokens] = token_terms(c, tokens, maximum=_fmax, minimum=_fmin)
+        # step_from_token_terms(c, terms[0], terms[1], ..., _fmax, _fmin) written out: the same operations in the same order
+        # (so the same float), without its three min/max calls
+        mixed = (prefill_tokens > 0) * 1.0
+        t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
+        cap_pairs = c.attn_cap_tokens * prefill_tokens
+        cap_ctx = c.attn_cap_tokens * decode_tokens
+        t_attn = t_attn + (c.attn_capped_pair_s * (prefill_pairs if prefill_pairs < cap_pairs else cap_pairs)
+                           + c.attn_capped_ctx_s * (decode_context_tokens if decode_context_tokens < cap_ctx else cap_ctx)
+                           + c.attn_seq_s * decode_tokens) / c.pp
+        stage = terms[0] + t_attn + c.layer_fixed_s
+        busy = c.pp * stage + terms[1]
+        cpu = c.per_seq_s * (decode_tokens + mixed)
+        value = float((busy if busy > cpu else cpu) + c.step_fixed_s)
+        return value if math.isfinite(value) else float("inf")
