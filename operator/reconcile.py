@@ -93,6 +93,7 @@ from servingtopology.operator.pool_member import capped, membership
 from servingtopology.operator.render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from servingtopology.operator.render.network import network_capabilities
 from servingtopology.operator.render.object_size import oversized
+from servingtopology.operator.render.pod_template import ENGINE_CONTAINER, ROUTER_CONTAINER
 from servingtopology.operator.render.sets import Rendering, steady_rendering, transition_rendering
 from servingtopology.operator.render.tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
 from servingtopology.operator.replan import (
@@ -236,12 +237,15 @@ def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy)
     def given(t: Any) -> dict[str, Any] | None:
         return t.model_dump(mode="json", exclude_none=True) if t is not None else None
 
-    # Routers get no spec.network, and keep their own ServiceAccount token (they discover the engine pods).
+    # Routers get no spec.network, keep their own ServiceAccount token (they discover the engine pods), and their
+    # container is `router`, not `engine`.
     dicts = [TemplateInput("spec.podTemplate", given(spec.podTemplate), caps),
              *(TemplateInput(f"spec.rolePodTemplates.{r}", given(getattr(roles, r) if roles is not None else None),
-                             caps if r != "router" else (), rendered_token=r == "router") for r in ("prefill", "decode", "router"))]
+                             caps if r != "router" else (), rendered_token=r == "router",
+                             rendered_containers=(ROUTER_CONTAINER,) if r == "router" else (ENGINE_CONTAINER,))
+               for r in ("prefill", "decode", "router"))]
     found = pod_template_refusals(dicts, granted=tenancy.pod_grants)
-    if found and tenancy.namespace_grants:
+    if tenancy.namespace_grants and any(r.grant is not None for r in found):
         found = pod_template_refusals(dicts, granted=tenancy.grants_for(p.cluster.namespace_labels(p.namespace)))
     if not found:
         return None

@@ -293,10 +293,12 @@ class ResourceRequirements(_Api):
     """Compute resources of a container, merged over the rendered ones."""
 
     requests: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=MAX_MAP,
-                                                   description="cpu, memory, ephemeral-storage, rdma/... requests "
-                                                               "(merged over the operator's: GPUs from the plan, CPU and memory sized from it)")
+                                                   description="cpu, memory, ephemeral-storage, hugepages-<size> requests (merged over "
+                                                               "the operator's: CPU and memory sized from the plan); GPUs and every other "
+                                                               "extended resource are the plan's and spec.network's (PodTemplateRefused)")
     limits: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=MAX_MAP,
-                                                 description="limits, merged over the operator's (nvidia.com/gpu is the plan's)")
+                                                 description="cpu, memory, ephemeral-storage, hugepages-<size> limits, merged over the "
+                                                             "operator's (nvidia.com/gpu is the plan's)")
 
 
 class ContainerTemplate(_Api):
@@ -382,8 +384,10 @@ class PodSpecTemplate(_Api):
                                                  description="core/v1 Containers run before the engine "
                                                  "(e.g. a model download into the cache), merged by name", json_schema_extra=_OPEN_ITEMS)
     volumes: list[Volume] = Field(default_factory=list, max_length=MAX_ITEMS,
-                                  description="volumes merged by name: a model-cache PVC, Secrets; hostPath is refused "
-                                              "unless the operator's podTemplatePolicy grants HostPath")
+                                  description="volumes merged by name: emptyDir, configMap, secret, persistentVolumeClaim, "
+                                              "downwardAPI, ephemeral, csi, projected (configMap, secret, downwardAPI); hostPath "
+                                              "and a projected serviceAccountToken need the podTemplatePolicy's HostPath and "
+                                              "ServiceAccount grants; other kinds are refused")
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_MAP,
                                                      description="node labels the pods require, added to hardware.nodeSelector")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_ITEMS, description="tolerations added to hardware.tolerations")
@@ -396,10 +400,15 @@ class PodSpecTemplate(_Api):
     automountServiceAccountToken: bool | None = Field(default=None, description="mount the ServiceAccount token; default false on engine pods; true is "
                                                          "refused unless the operator's podTemplatePolicy grants ServiceAccount")
     securityContext: dict[str, Any] | None = _open("a core/v1 PodSecurityContext (runAsUser, fsGroup, ...), merged over the rendered one")
-    priorityClassName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN, description="the pods' PriorityClass")
+    priorityClassName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN,
+                                          description="the pods' PriorityClass; refused unless the operator's podTemplatePolicy "
+                                                      "grants Priority, and a system-* class always")
     runtimeClassName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN,
-                                         description="the pods' RuntimeClass (e.g. nvidia)")
-    schedulerName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME, description="the scheduler that places the pods")
+                                         description="the pods' RuntimeClass (e.g. nvidia); refused unless the operator's "
+                                                     "podTemplatePolicy grants RuntimeClass")
+    schedulerName: str | None = Field(default=None, max_length=MAX_OBJECT_NAME,
+                                      description="the scheduler that places the pods; refused unless the operator's "
+                                                  "podTemplatePolicy grants Scheduler")
     terminationGracePeriodSeconds: int | None = Field(default=None, ge=0, le=MAX_GRACE_S,
                                                       description="seconds to drain before the pod is killed")
     hostIPC: bool | None = Field(default=None, description="share the node's IPC namespace; refused unless the operator's "
@@ -409,9 +418,11 @@ class PodSpecTemplate(_Api):
 class PodTemplate(_Api):
     """Merged into rendered pods like a strategic-merge patch: maps merge, containers/env/volumes merge by name. Creating a
     ServingTopology creates these pods in its namespace. By default a template may not ask for more than the pods the
-    operator renders: privileged or escalating containers (init containers and sidecars too), hostPath volumes,
-    hostNetwork/hostPID/hostIPC/hostPort, capabilities beyond spec.network's IPC_LOCK, a ServiceAccount or its token are
-    refused (Ready=False, reason PodTemplateRefused, naming the field) unless the operator's podTemplatePolicy grants them."""
+    operator renders: GPUs or any extended resource or resource claim (the plan's, in any container), volume kinds
+    beyond the restricted ones, privileged or escalating containers and Unconfined profiles (fields or annotations),
+    hostPath volumes, hostNetwork/hostPID/hostIPC/hostPort, capabilities beyond spec.network's IPC_LOCK, a
+    ServiceAccount or its token, a priority class, scheduler or RuntimeClass are refused (Ready=False, reason
+    PodTemplateRefused, naming the field) unless the operator's podTemplatePolicy grants them; some never are."""
 
     metadata: PodMetadataTemplate = Field(default_factory=PodMetadataTemplate, description="labels and annotations of the pods")
     spec: PodSpecTemplate = Field(default_factory=PodSpecTemplate, description="pod spec fields merged into the rendered pods")
@@ -599,9 +610,9 @@ class TopologySpec(PlanSpec):
                                         "re-planning; default: plan from spec.workload only")
     podTemplate: PodTemplate | None = Field(default=None, description="merged into every engine pod (aggregated, prefill, decode, "
                                             "multi-node workers): env, Secrets, volumes, resources, placement, security. "
-                                            "Privileged containers, hostPath, host namespaces, extra capabilities and a "
-                                            "ServiceAccount are refused (PodTemplateRefused) unless the operator's "
-                                            "podTemplatePolicy grants them")
+                                            "GPUs and other extended resources (the plan's), privileged containers, hostPath, "
+                                            "host namespaces, extra capabilities, a ServiceAccount, a priority class are refused "
+                                            "(PodTemplateRefused) unless the operator's podTemplatePolicy grants them")
     network: NetworkSpec | None = Field(default=None, description="RDMA devices, IPC_LOCK and the NICs for KV transfer and NCCL")
     rolePodTemplates: RolePodTemplates | None = Field(default=None, description="per-role templates for PD: prefill, decode, router")
     pool: PoolRef | None = Field(default=None, description="join a ServingPool of this namespace: the pool plans its members "

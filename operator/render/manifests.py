@@ -19,6 +19,9 @@ from typing import Any
 from servingtopology.operator.api.resource import API_VERSION, GROUP, KIND
 from servingtopology.operator.render.network import NetworkKnobs, network_args, network_capabilities, network_env, network_resources
 from servingtopology.operator.render.pod_template import (
+    ENGINE_CONTAINER,
+    GPU_RESOURCE,
+    ROUTER_CONTAINER,
     engine_container_security,
     engine_pod_security,
     merge_pod_template,
@@ -350,15 +353,14 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
     link = kv_link_gbit(bp) if role is not Role.AGGREGATED else None
     if link is not None:
         annotations[KV_LINK_ANNOTATION] = f"{link:g}"
-    gpus = str(gpus_per_pod)
+    plan_resources = {GPU_RESOURCE: str(gpus_per_pod), **network_resources(bp.network)}
     container: dict[str, Any] = {
-        "name": "engine",
+        "name": ENGINE_CONTAINER,
         "image": bp.image,
         "command": list(command),
         "args": list(args),
         "ports": _engine_ports(bp, role),
-        "resources": {"requests": {**engine_host_resources(bp, gpus_per_pod), "nvidia.com/gpu": gpus, **network_resources(bp.network)},
-                      "limits": {"nvidia.com/gpu": gpus, **network_resources(bp.network)}},
+        "resources": {"requests": {**engine_host_resources(bp, gpus_per_pod), **plan_resources}, "limits": dict(plan_resources)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
         # An engine that refuses its arguments exits with the error on stderr: the kubelet keeps its last
         # lines as the container's termination message, which the operator reports in the conditions.
@@ -387,7 +389,19 @@ def build_engine_pod_template(bp: Blueprint, role: Role, *, args: tuple[str, ...
     if bp.tolerations:
         spec["tolerations"] = [dict(t) for t in bp.tolerations]
     rendered = {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
-    return _with_templates(rendered, bp.pod_template, bp.role_templates.get(role.value))
+    return _plan_resources_on_top(_with_templates(rendered, bp.pod_template, bp.role_templates.get(role.value)), plan_resources)
+
+
+def _plan_resources_on_top(pod: dict[str, Any], plan_resources: Mapping[str, str]) -> dict[str, Any]:
+    """PlanOwnsGpus: the engine container's GPUs (and spec.network's RDMA devices) requested and limited as the plan says,
+    whatever a template merged in. The tenancy policy refuses such templates before anything is rendered
+    (operator/render/tenancy.py); this keeps the engine's count the plan's on every other path too."""
+    for c in pod["spec"]["containers"]:
+        if c.get("name") == ENGINE_CONTAINER:
+            resources = c.setdefault("resources", {})
+            for key in ("requests", "limits"):
+                resources[key] = {**(resources.get(key) or {}), **plan_resources}
+    return pod
 
 
 def engine_extra_args(bp: Blueprint, role: Role) -> tuple[str, ...]:
@@ -510,7 +524,7 @@ def build_router_deployment(bp: Blueprint) -> dict[str, Any]:
         decode_selector=_label_selector({**_selector(bp, Role.DECODE.value), **serving}),
     )
     container = {
-        "name": ROUTER,
+        "name": ROUTER_CONTAINER,
         "image": bp.router_image or DEFAULT_ROUTER_IMAGES[router_kind(bp.engine)],
         "command": list(cmd.command),
         "args": list(cmd.args),

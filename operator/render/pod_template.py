@@ -21,7 +21,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["merge_pod_template", "FIXED_CONTAINER_FIELDS", "engine_pod_security", "engine_container_security",
-           "router_pod_security", "router_container_security", "NON_ROOT_UID"]
+           "router_pod_security", "router_container_security", "NON_ROOT_UID", "ENGINE_CONTAINER", "ROUTER_CONTAINER",
+           "OPERATOR_CONTAINERS", "GPU_RESOURCE"]
+
+# The containers the operator renders (a template container of the same name is merged into it) and the GPU resource
+# of the NVIDIA device plugin, whose count per engine pod is the plan's.
+ENGINE_CONTAINER = "engine"
+ROUTER_CONTAINER = "router"
+OPERATOR_CONTAINERS = (ENGINE_CONTAINER, ROUTER_CONTAINER)
+GPU_RESOURCE = "nvidia.com/gpu"
 
 # The security contexts of the pods the operator renders, against the Kubernetes Pod Security Standards
 # (kubernetes.io/docs/concepts/security/pod-security-standards). A pod template may change any of them.

@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=8, help="threads running reconcile passes (a pass never waits on a plan)")
     parser.add_argument("--allow-pod-template", action="append", default=[], metavar="GRANT",
                         help="what every namespace's pod templates may ask for (repeatable): Privileged, HostPath, HostNamespaces, "
-                             "Capabilities, ServiceAccount or All; default: none (operator/render/tenancy.py)")
+                             "Capabilities, ServiceAccount, Priority, Scheduler, RuntimeClass or All; default: none (operator/render/tenancy.py)")
     parser.add_argument("--allow-pod-template-in", action="append", default=[], metavar="KEY=VALUE:GRANT,...",
                         help="grants for the namespaces carrying the label KEY=VALUE (repeatable)")
     parser.add_argument("--metrics-token-label", default="=".join(TOKEN_SECRET_LABEL), metavar="KEY=VALUE",
