@@ -95,7 +95,7 @@ from servingtopology.operator.render.network import network_capabilities
 from servingtopology.operator.render.object_size import oversized
 from servingtopology.operator.render.pod_template import ENGINE_CONTAINER, ROUTER_CONTAINER
 from servingtopology.operator.render.sets import Rendering, steady_rendering, transition_rendering
-from servingtopology.operator.render.tenancy import STRICT, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
+from servingtopology.operator.render.tenancy import STRICT, Refusal, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
 from servingtopology.operator.replan import (
     FloorCheck,
     Predictor,
@@ -124,7 +124,8 @@ __all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
 
 PROGRESS_REQUEUE_S = 15.0
 CAPACITY_REQUEUE_S = 15.0   # look again for freed GPUs
-REFUSALS_SHOWN = 8          # refused template fields named in a condition (the rest are counted)
+REFUSALS_SHOWN = 8          # refused template fields named in a condition at most (the rest are counted)
+CONDITION_MESSAGE_CHARS = 1024   # a condition's message is cut there (api/resource.py Condition.message)
 
 
 def reconcile(obj: Mapping[str, Any], *, cluster: Cluster, planner: Planner, now: datetime, gpus_per_node_default: int = 8,
@@ -249,14 +250,26 @@ def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy)
         found = pod_template_refusals(dicts, granted=tenancy.grants_for(p.cluster.namespace_labels(p.namespace)))
     if not found:
         return None
-    more = f"; and {len(found) - REFUSALS_SHOWN} more" if len(found) > REFUSALS_SHOWN else ""
-    message = (f"{'; '.join(str(r) for r in found[:REFUSALS_SHOWN])}{more}. Creating a ServingTopology creates pods in namespace {p.namespace}; the "
-               f"operator's pod-template policy grants {tenancy.allowed_words()} (chart values operator.podTemplatePolicy.allow "
-               "and .namespaces). Nothing was applied; running workloads are left as they are")
+    tail = (f". Creating a ServingTopology creates pods in namespace {p.namespace}; the operator's pod-template policy grants "
+            f"{tenancy.allowed_words()} (chart values operator.podTemplatePolicy.allow and .namespaces). Nothing was applied; "
+            "running workloads are left as they are")
+    shown = _refusals_within(found, chars=CONDITION_MESSAGE_CHARS - len(tail))
+    message = "; ".join(shown) + (f"; and {len(found) - len(shown)} more" if len(found) > len(shown) else "") + tail
     if p.set(ConditionType.READY, False, "PodTemplateRefused", message):
         p.event("Warning", "PodTemplateRefused", message)
     p.set(ConditionType.PLANNED, False, "PodTemplateRefused", message)
     return p.outcome(plan=p.status.plan, proposal=p.status.proposal, error="PodTemplateRefused")
+
+
+def _refusals_within(found: list[Refusal], *, chars: int) -> list[str]:
+    """The first refusals, at most REFUSALS_SHOWN, that fit in `chars` with the count of the rest (the first always)."""
+    shown: list[str] = []
+    for r in found[:REFUSALS_SHOWN]:
+        text = str(r)
+        if shown and len("; ".join([*shown, text])) + len(f"; and {len(found)} more") > chars:
+            break
+        shown.append(text)
+    return shown
 
 
 _Shown = TypeVar("_Shown", PlanStatus, ProposalStatus)

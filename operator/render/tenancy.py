@@ -103,12 +103,16 @@ class TenancyPolicy:
 
     def allowed_words(self) -> str:
         """How an administrator allows more, for the refusal's message."""
-        parts = [f"cluster-wide {sorted(self.pod_grants)}" if self.pod_grants else "none cluster-wide"]
-        parts += [f"{sorted(g.grants)} in namespaces labelled {g.label_key}={g.label_value}" for g in self.namespace_grants]
+        parts = [f"cluster-wide {_names(self.pod_grants)}" if self.pod_grants else "none cluster-wide"]
+        parts += [f"{_names(g.grants)} in namespaces labelled {g.label_key}={g.label_value}" for g in self.namespace_grants]
         return "; ".join(parts)
 
 
 STRICT = TenancyPolicy()   # the chart's default
+
+
+def _names(grants: Iterable[PodGrant]) -> str:
+    return "[" + ", ".join(sorted(g.value for g in grants)) + "]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,9 +312,9 @@ def _resources(scan: _Scan, resources: Mapping[str, Any], path: str) -> None:
         if key in ("requests", "limits"):
             for name, quantity in _mapping(value).items():
                 if name not in HOST_RESOURCES and not str(name).startswith(HUGEPAGES_PREFIX):
-                    what = ("GPUs are the plan's (the layout's GPUs per pod, within hardware.maxGPUs)" if name == GPU_RESOURCE
-                            else "an extended resource; those are the plan's (GPUs) and spec.network's (its RDMA device)")
-                    scan.never(f"{path}.{key}{_key(name)}", f"{quantity} ({what})", "cpu, memory, ephemeral-storage, hugepages-<size>")
+                    what = ("GPUs are the plan's: the layout's GPUs per pod, within hardware.maxGPUs" if name == GPU_RESOURCE
+                            else "an extended resource: only the plan (GPUs) and spec.network (its RDMA device) request them")
+                    scan.never(f"{path}.{key}{_key(name)}", f"{quantity}, {what}", "cpu, memory, ephemeral-storage, hugepages-<size>")
         elif key == "claims":
             scan.never(f"{path}.claims", "resource claims hand the container devices the plan does not count",
                        "none (GPUs come from the layout, RDMA devices from spec.network)")
