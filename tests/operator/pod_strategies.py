@@ -144,7 +144,7 @@ def pod_templates(draw: st.DrawFn) -> dict[str, Any]:
             spec[key] = d.pick(benign, hostile)
     annotations = {}
     for _ in range(draw(st.integers(0, 2))):
-        key = d.pick(PROFILE_ANNOTATION_KEYS + ["example.com/team"], HOSTILE_ANNOTATION_KEYS + PROFILE_ANNOTATION_KEYS)
+        key = d.pick([*PROFILE_ANNOTATION_KEYS, "example.com/team"], HOSTILE_ANNOTATION_KEYS + PROFILE_ANNOTATION_KEYS)
         annotations[key] = d.pick(SAFE_PROFILE_VALUES, HOSTILE_PROFILE_VALUES)
     out: dict[str, Any] = {"spec": spec}
     if annotations:
