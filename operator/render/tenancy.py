@@ -192,7 +192,6 @@ PROFILE_TYPES = ("RuntimeDefault", "Localhost")
 APPARMOR_ANNOTATION_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
 SECCOMP_POD_ANNOTATION = "seccomp.security.alpha.kubernetes.io/pod"
 SECCOMP_CONTAINER_ANNOTATION_PREFIX = "container.seccomp.security.alpha.kubernetes.io/"
-_UNCONFINED_ANNOTATION = "unconfined"
 _APPARMOR_VALUES = ("runtime/default", "localhost/<profile>", "unconfined with grant Privileged")
 _SECCOMP_VALUES = ("runtime/default", "docker/default", "localhost/<profile>", "unconfined with grant Privileged")
 # RuntimeAnnotations: prefixes the container runtimes read settings from (CRI-O's allowed annotations: devices, user
@@ -262,9 +261,10 @@ def _unknown(scan: _Scan, keys: Iterable[str], known: Iterable[str], path: str, 
 
 
 def _profile(scan: _Scan, sc: Mapping[str, Any], key: str, path: str) -> None:
+    """A seccomp or AppArmor profile's type, as the API server spells it (ProfileSpellings)."""
+    kind = _mapping(sc.get(key)).get("type")
     if key not in sc:
         return
-    kind = _mapping(sc.get(key)).get("type")
     if kind == "Unconfined":
         scan.add(f"{path}.{key}.type", "Unconfined", PodGrant.PRIVILEGED)
     elif kind not in PROFILE_TYPES:
@@ -331,8 +331,7 @@ def _handler_host(scan: _Scan, handler: Mapping[str, Any], path: str) -> None:
 
 
 def _container(scan: _Scan, c: Mapping[str, Any], path: str) -> None:
-    _unknown(scan, c, _FREE_CONTAINER_FIELDS | {"env", "ports", "resources", "securityContext", "lifecycle", *_HANDLER_FIELDS},
-             path, "a container")
+    _unknown(scan, c, _FREE_CONTAINER_FIELDS | {"env", "ports", "resources", "securityContext", "lifecycle", *_HANDLER_FIELDS}, path, "a container")
     _container_security(scan, _mapping(c.get("securityContext")), f"{path}.securityContext")
     _resources(scan, _mapping(c.get("resources")), f"{path}.resources")
     for i, port in enumerate(_items(c.get("ports"))):
@@ -398,9 +397,9 @@ def _annotations(scan: _Scan, annotations: Mapping[str, Any]) -> None:
             if key.startswith(RUNTIME_ANNOTATION_PREFIXES):
                 scan.add(path, f"{value!r} (read by the container runtime)", PodGrant.PRIVILEGED)
             continue
-        if value == _UNCONFINED_ANNOTATION:
+        if value == "unconfined":
             scan.add(path, "unconfined (the field's Unconfined)", PodGrant.PRIVILEGED)
-        elif value.lower() == _UNCONFINED_ANNOTATION or not (value in spellings or value.startswith("localhost/")):
+        elif value.lower() == "unconfined" or not (value in spellings or value.startswith("localhost/")):
             scan.never(path, f"{value!r} is not a profile the API server takes", ", ".join(spellings))
 
 
@@ -419,20 +418,20 @@ def _priority_class(scan: _Scan, name: Any) -> None:
         scan.never("spec.priorityClassName", f"{name!r} is a system priority (the node's and the cluster's critical pods, "
                    "which preempt every other)", "with grant Priority, a PriorityClass not named system-*")
     else:
-        scan.add("spec.priorityClassName", repr(name), PodGrant.PRIORITY)
+        scan.add("spec.priorityClassName", f"{name!r} (preempts other namespaces' pods)", PodGrant.PRIORITY)
 
 
-# Pod fields that need a grant when set: field -> (whether this value asks for it, the grant).
-_GRANTED_POD_FIELDS: dict[str, tuple[Callable[[Any], bool], PodGrant]] = {
-    "hostNetwork": (lambda v: v is True, PodGrant.HOST_NAMESPACES),
-    "hostPID": (lambda v: v is True, PodGrant.HOST_NAMESPACES),
-    "hostIPC": (lambda v: v is True, PodGrant.HOST_NAMESPACES),
-    "serviceAccountName": (bool, PodGrant.SERVICE_ACCOUNT),
-    "serviceAccount": (bool, PodGrant.SERVICE_ACCOUNT),
-    "priority": (lambda v: v is not None, PodGrant.PRIORITY),
-    "preemptionPolicy": (bool, PodGrant.PRIORITY),
-    "schedulerName": (bool, PodGrant.SCHEDULER),
-    "runtimeClassName": (bool, PodGrant.RUNTIME_CLASS),
+# Pod fields that need a grant when set: field -> (whether this value asks for it, the grant, why).
+_GRANTED_POD_FIELDS: dict[str, tuple[Callable[[Any], bool], PodGrant, str]] = {
+    "hostNetwork": (lambda v: v is True, PodGrant.HOST_NAMESPACES, "the node's network"),
+    "hostPID": (lambda v: v is True, PodGrant.HOST_NAMESPACES, "the node's processes"),
+    "hostIPC": (lambda v: v is True, PodGrant.HOST_NAMESPACES, "the node's IPC"),
+    "serviceAccountName": (bool, PodGrant.SERVICE_ACCOUNT, "API credentials the engines do not have"),
+    "serviceAccount": (bool, PodGrant.SERVICE_ACCOUNT, "API credentials the engines do not have"),
+    "priority": (lambda v: v is not None, PodGrant.PRIORITY, "preempts other namespaces' pods"),
+    "preemptionPolicy": (bool, PodGrant.PRIORITY, "preempts other namespaces' pods"),
+    "schedulerName": (bool, PodGrant.SCHEDULER, "another scheduler need not fit the plan's GPUs, taints or quotas"),
+    "runtimeClassName": (bool, PodGrant.RUNTIME_CLASS, "a runtime handler can leave the cluster's sandbox or read its own device list"),
 }
 _READ_POD_FIELDS = frozenset({"containers", "initContainers", "volumes", "securityContext", "automountServiceAccountToken", "priorityClassName"})
 POD_FIELDS = _FREE_POD_FIELDS | _READ_POD_FIELDS | set(_GRANTED_POD_FIELDS)
@@ -445,7 +444,8 @@ def _pod_spec(scan: _Scan, spec: Mapping[str, Any]) -> None:
         elif key not in POD_FIELDS:
             scan.never(f"spec.{key}", "not a field of a pod spec a pod template may set", ", ".join(sorted(POD_FIELDS)))
         elif key in _GRANTED_POD_FIELDS and _GRANTED_POD_FIELDS[key][0](value):
-            scan.add(f"spec.{key}", repr(value), _GRANTED_POD_FIELDS[key][1])
+            _, grant, why = _GRANTED_POD_FIELDS[key]
+            scan.add(f"spec.{key}", f"{json.dumps(value) if isinstance(value, bool) else repr(value)} ({why})", grant)
     _container_names(scan, spec)
     for key in ("containers", "initContainers"):
         for i, c in enumerate(_items(spec.get(key))):
