@@ -1,30 +1,28 @@
-"""Live replanning glue: metric samples → observation → drift → decide on the observed workload → keep,
-propose (DryRun) or start a transition (Auto); and one transition step per reconcile. The decisions are the
-planner's (planner/live/drift.py: when to replan; planner/live/replan_decision.py `choose_move`: keep, propose, blocked or
-a transition, as a typed ReplanChoice); this module executes them into memory, Conditions and Events.
+"""The replan loop in the operator's terms: the loop's memory as status.replan, the spec's policy as planner values,
+one replan interval worded as conditions, Events and status.observed (`replan`), one transition step per reconcile
+(`transition_step`), and the proposal a replan shows.
 
-Called by the reconcile once per replan interval (`replan`) and on every pass while a transition runs
-(`transition_step`). Pure functions over values: the metrics fetch happens before (`fetch_sample`), the
-Conditions and Events it returns are written by the caller, and its memory is a JSON dict kept in status.
-Metrics down or empty → everything stays as it is, MetricsAvailable=False, one Event per outage, no replans.
+The decisions are the planner's: planner/live/loop.py `step` runs the whole ladder of one interval (observe, calibrate,
+drift, the load to plan for, decide, the move) and returns typed effects (planner/live/effects.py); this module calls it
+once per interval and words each effect. Called by the reconcile (operator/live_replan.py, operator/reconcile.py). Pure
+functions over values: the metrics fetch happens before (`fetch_sample`, operator/live_replan.py), the Conditions and
+Events it returns are written by the caller, and its memory is a JSON dict kept in status.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any
 
 from servingtopology.operator.api.resource import (
     CalibrationState,
     CalibrationStatus,
     ConditionType,
-    Mode,
     ObservedStatus,
     PlanStatus,
     PolicySpec,
@@ -35,29 +33,44 @@ from servingtopology.operator.live.metrics import MetricsSource, MetricsUnavaila
 from servingtopology.operator.live.readout import ms_text
 from servingtopology.operator.plan_status import ArgsOf, interval_band, predicted, proposal_status, queueing_note, timestamp
 from servingtopology.operator.replan_status import Unreadable, validate_replan_status
-from servingtopology.planner.errors import Infeasible, InsufficientData
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.live.calibration import (
     LiveCalibration,
     LiveFit,
     LivePoint,
     PointPredictor,
-    add_point,
     analytic_point,
-    as_deployment_calibration,
     combined,
-    refit,
     residual_percent,
 )
-from servingtopology.planner.live.drift import DriftPolicy, DriftState, assess_drift, rebaseline, workload_shift
+from servingtopology.planner.live.drift import DriftPolicy, DriftState
+from servingtopology.planner.live.effects import (
+    AwaitingMetrics,
+    CalibrationChanged,
+    DriftAssessed,
+    GainWithinError,
+    Held,
+    MetricsFlowing,
+    MetricsMissing,
+    MoveJudged,
+    PlanKept,
+    Proposed,
+    ReplanInfeasible,
+    TooLittleData,
+    TransitionBlocked,
+    TransitionStarted,
+    Verdict,
+)
 from servingtopology.planner.live.error_bars import LEVEL, Interval
-from servingtopology.planner.live.error_gate import GAIN_WITHIN_ERROR, judge_move, shown_intervals, widening
-from servingtopology.planner.live.observe import MetricSample, Observation, observe
-from servingtopology.planner.live.replan_decision import CalibrationOf, Move, Predictor, capacity_of, choose_move
+from servingtopology.planner.live.error_gate import GAIN_WITHIN_ERROR, widening
+from servingtopology.planner.live.loop import LoopStep, NoSample, step
+from servingtopology.planner.live.memory import LoopMemory
+from servingtopology.planner.live.observe import MetricSample, Observation
+from servingtopology.planner.live.policy import ReplanPolicy
+from servingtopology.planner.live.replan_decision import Predictor, capacity_of
 from servingtopology.planner.live.transition import (
     Action,
     Budget,
-    CapacityDrop,
     ClusterView,
     Phase,
     Step,
@@ -67,7 +80,6 @@ from servingtopology.planner.live.transition import (
     next_step,
     serving_capacity_rps,
 )
-from servingtopology.planner.perf.deployment_fit import DeploymentCalibration
 from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.search.decide import predict_layout
 from servingtopology.planner.workload import LengthDist, LengthKind, Workload
@@ -80,20 +92,6 @@ __all__ = [
 ]
 
 Planner = Callable[[Problem], Decision]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplanPolicy:
-    mode: Mode
-    interval_s: float
-    drift: DriftPolicy
-    max_surge_gpus: int = 0
-    capacity_drop: CapacityDrop = CapacityDrop.NEVER   # how far a spec edit's transition may lower the floor
-    window_intervals: int = 6        # samples kept for the estimate (the last N intervals)
-    ready_timeout_s: float = 900.0
-    drain_s: float = 60.0
-    error_gate: bool = False         # spec.policy.gainWithinError: a gain within the combined uncertainty changes nothing
-    error_misses: int = 0            # moves that missed their predicted interval (widen the intervals 1.5× each)
 
 
 def policy_from_spec(policy: PolicySpec, *, persist_intervals: int = 3) -> ReplanPolicy:
@@ -162,20 +160,10 @@ def calibration_status(cal: LiveCalibration, *, misses: int = 0) -> CalibrationS
 
 
 @dataclass(frozen=True, slots=True)
-class ReplanMemory:
-    """What replanning keeps between passes, as `status.replan` (a JSON object)."""
-
-    samples: tuple[MetricSample, ...] = ()
-    drift: DriftState = field(default_factory=DriftState)
-    calibration: LiveCalibration = field(default_factory=LiveCalibration)   # the operator's own fit (planner/live/calibration.py)
-    assumed: Workload | None = None          # the workload the running plan was made for (None: the spec's)
-    metrics_available: bool | None = None    # None until the first fetch
-    last_fetch_s: float | None = None
-    transition: TransitionState | None = None
-    transition_floor_rps: float = 0.0        # min(load, running capacity) when the transition started
-    transition_keeps_serving: bool = True    # serving capacity stays above zero (False: started under capacityDrop Any)
-    move: dict[str, Any] | None = None       # the last gain-motivated move and its predicted TPOT interval (MoveStatus)
-    misses: int = 0                          # moves whose measured TPOT missed the interval: each widens the next bar
+class ReplanMemory(LoopMemory):
+    """The replan loop's memory (planner/live/memory.py `LoopMemory`) as `status.replan` keeps it, a JSON object:
+    `to_dict` writes it, `from_dict` reads it strictly. The loop returns the memory it was given, updated, so a pass that
+    read a ReplanMemory writes one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,14 +183,6 @@ class ReplanMemory:
         if unreadable is not None:
             raise ReplanStatusError(unreadable)
         return memory
-
-    def due(self, now_s: float, interval_s: float) -> bool:
-        """Whether a replan interval has passed since the last fetch."""
-        return self.last_fetch_s is None or now_s - self.last_fetch_s >= interval_s
-
-    @property
-    def transitioning(self) -> bool:
-        return self.transition is not None and self.transition.phase not in (Phase.DONE, Phase.FAILED)
 
 
 class ReplanStatusError(ValueError):
@@ -238,12 +218,6 @@ def read_replan_status(d: Mapping[str, Any] | None) -> tuple[ReplanMemory, Unrea
     return memory, unreadable
 
 
-class Verdict(enum.StrEnum):
-    KEEP = "Keep"                # nothing to change (or not enough data, or metrics down)
-    PROPOSE = "Propose"          # DryRun: write status.proposal, Event PlanProposed
-    TRANSITION = "Transition"    # Auto: a transition was started (memory.transition); run its steps
-
-
 @dataclass(frozen=True, slots=True)
 class ConditionNote:
     type: ConditionType
@@ -274,26 +248,6 @@ class ReplanOutcome:
     load_rps: float | None = None            # the arrival rate `after` (and the decision's current) were predicted at
     # The nominal intervals of `before`'s and `after`'s TTFT and TPOT ("before"/"after" → "ttft"/"tpot"), as the Events quote them.
     intervals: Mapping[str, Mapping[str, Interval]] = field(default_factory=dict)
-
-
-class _Figures(TypedDict, total=False):
-    """What every ReplanOutcome past the observation carries: the figures read and the running layout's prediction."""
-
-    observation: Observation
-    observed: ObservedStatus
-    before: Candidate | None
-    load_rps: float
-    intervals: Mapping[str, Mapping[str, Interval]]
-
-
-def _intervals(problem: Problem, before: Candidate | None, after: Candidate, *, calibration: CalibrationOf,
-               misses: int) -> dict[str, dict[str, Interval]]:
-    """IntervalsShown for the before and after predictions of a replan (planner/live/error_gate.py `shown_intervals`,
-    narrowed by the deployment's own calibration of the layouts it measured)."""
-    def of(c: Candidate) -> dict[str, Interval]:
-        return shown_intervals(problem, c.layout, ttft_ms=c.prediction.ttft_ms, tpot_ms=c.prediction.tpot_ms, misses=misses,
-                               calibration=calibration(c.layout))
-    return {"after": of(after), **({"before": of(before)} if before is not None else {})}
 
 
 def fetch_sample(source: MetricsSource, *, at_s: float, interval_s: float) -> tuple[MetricSample | None, str | None]:
@@ -346,21 +300,6 @@ def metrics_grace(memory: ReplanMemory, *, ready_since_s: float | None, now_s: f
     return None
 
 
-def _awaiting_metrics(memory: ReplanMemory, why: str, grace: str, now_s: float) -> ReplanOutcome:
-    """Inside the grace period: MetricsAvailable=Unknown with the reason, no Event, nothing else changes."""
-    mem = replace(memory, last_fetch_s=now_s)
-    return ReplanOutcome(Verdict.KEEP, mem, (ConditionNote(ConditionType.METRICS_AVAILABLE, None, "AwaitingMetrics", f"{grace} ({why})"),),
-                         message=why)
-
-
-def _metrics_down(memory: ReplanMemory, why: str, now_s: float, reason: str = "MetricsUnavailable") -> ReplanOutcome:
-    events = () if memory.metrics_available is False else (
-        EventNote("Warning", reason, f"{why}; keeping the current plan, no replans until metrics return"),)
-    mem = replace(memory, metrics_available=False, last_fetch_s=now_s)
-    return ReplanOutcome(Verdict.KEEP, mem, (ConditionNote(ConditionType.METRICS_AVAILABLE, False, reason, why),), events,
-                         message=why)
-
-
 def _bounds(iv: Interval) -> str:
     return f"[{ms_text(iv.low)}, {ms_text(iv.high)}]" if math.isfinite(iv.low) and math.isfinite(iv.high) else "[no interval]"
 
@@ -394,149 +333,97 @@ def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: fl
             f"TPOT {ms_text(b.tpotMs)}→{ms_text(a.tpotMs)}, GPUs {before.layout.gpus}→{after.layout.gpus}{bars}" + (f"; {note}" if note else ""))
 
 
-def _recent(window: tuple[MetricSample, ...], policy: ReplanPolicy, obs: Observation) -> Workload:
-    """The workload a replan plans for: that of the intervals that made the trigger persist, less the first (OnsetExcluded).
-
-    The whole window mixes in the old traffic. The first interval of the streak is, by construction, the one the change
-    began in (the interval before it was calm or not counted), so it holds part old traffic and part new: a step from
-    idle to 25 req/s, read with it, was planned for as 23.5 req/s (an e2e run on the emulator). The streak's later
-    intervals are the new traffic's own. With fewer than two of them (persist_intervals ≤ 2) or too little data in
-    them, the whole streak's workload; with too little there, the whole window's."""
-    n = policy.drift.persist_intervals
-    for recent in ((window[-(n - 1):],) if n >= 3 else ()) + (window[-n:],):
-        try:
-            return observe(recent, min_samples=len(recent)).workload.workload
-        except InsufficientData:
-            continue
-    return obs.workload.workload
-
-
 def replan(*, problem: Problem, current: Layout | None, memory: ReplanMemory, sample: MetricSample | None, metrics_error: str | None,
            policy: ReplanPolicy, now_s: float, planner: Planner, predict: Predictor = predict_layout, at: str = "",
            grace: str | None = None, observe_only: str | None = None, metrics_reason: str = "MetricsUnavailable",
            calibrate: PointPredictor | None = analytic_point) -> ReplanOutcome:
-    """One replan interval. `problem` is the spec's (its workload is what the first plan assumed); `current`
-    the running layout; `grace` (from `metrics_grace`) holds back a MetricsUnavailable while metrics cannot exist yet;
-    `observe_only` (why: e.g. a spec change waits, TransitionBlocked) reads and records the figures and decides nothing,
-    as under Pinned or during a transition; `metrics_reason` names a failed read in the MetricsAvailable condition and
-    its Event (operator/live/prometheus_http.py's PrometheusFailure; an empty answer is always MetricsUnavailable);
-    `calibrate` predicts a calibration point (planner/live/calibration.py; None: the operator does not calibrate itself).
-    Raises only what `planner` raises besides Infeasible (InvalidSpec: the caller's)."""
+    """One replan interval: the planner's loop (planner/live/loop.py `step`) called once, its effects worded as
+    conditions, Events and status.observed (`at`: its timestamp). `grace` (from `metrics_grace`) holds back a
+    MetricsUnavailable while metrics cannot exist yet; `metrics_reason` names a failed read in the MetricsAvailable
+    condition and its Event (operator/live/prometheus_http.py's PrometheusFailure; an empty answer is always
+    MetricsUnavailable); the other arguments are `step`'s. Raises only what `planner` raises besides Infeasible."""
+    read: MetricSample | NoSample
     if metrics_error is not None or sample is None or sample.empty:
-        why = metrics_error or "Prometheus returned no engine series for this ServingTopology"
-        if grace is not None:
-            return _awaiting_metrics(memory, why, grace, now_s)
-        return _metrics_down(memory, why, now_s, metrics_reason if metrics_error is not None else "MetricsUnavailable")
-    conds = [ConditionNote(ConditionType.METRICS_AVAILABLE, True, "MetricsFlowing", "engine metrics are being read")]
-    events = [] if memory.metrics_available is not False else [EventNote("Normal", "MetricsAvailable", "engine metrics are back")]
-    window = (*memory.samples, sample)[-policy.window_intervals:]
-    mem = replace(memory, samples=window, metrics_available=True, last_fetch_s=now_s)
-    try:
-        obs = observe(window)
-    except InsufficientData as exc:
-        conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, None, "InsufficientData", str(exc)))
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc))
-    # `raw`: the running layout as the spec's model predicts it (its own factors only, none of the live fit's).
-    observed = replace(problem, workload=obs.workload.workload, current=current)
-    raw = predict(observed, current) if current is not None else None
-    cal = mem.calibration
-    # SteadyPoints: calibrate only in steady state: an overloaded, queueing or shifting deployment says nothing about the
-    # model's error (its latencies are the queue's). Steady: no transition, no drift streak, confident figures, the load
-    # under the running layout's capacity and the measured latencies within the SLO.
-    steady = (raw is not None and not mem.transitioning and mem.drift.streak == 0 and obs.workload.confidence >= policy.drift.min_confidence
-              and (obs.workload.workload.arrival_rate_rps or 0.0) < raw.prediction.capacity_rps)
-    within_slo = (obs.slo.ttft_ms is not None and obs.slo.tpot_ms is not None and obs.slo.ttft_ms <= problem.slo.ttft_ms
-                  and obs.slo.tpot_ms <= problem.slo.tpot_ms)
-    if current is not None and steady and within_slo and calibrate is not None and obs.slo.ttft_ms is not None and obs.slo.tpot_ms is not None:
-        cal = refit(add_point(cal, LivePoint(now_s, current, obs.workload.workload, obs.slo.ttft_ms, obs.slo.tpot_ms)), problem,
-                    now_s=now_s, predict=calibrate)
-    mem = replace(mem, calibration=cal)
-    if steady and mem.move is not None and mem.move.get("hit") is None and current is not None and mem.move.get("layout") == current.label \
-            and obs.slo.tpot_ms is not None:
-        mem, note = _judge_move(mem, obs.slo.tpot_ms)
-        events.append(note)
-    observed = replace(observed, factors=combined(problem.factors, cal.factors))   # StartsFromSpec (planner/live/calibration.py)
-    status = observed_status(obs, at=at, raw=raw, ttft_percentile=problem.slo.ttft_percentile,
-                             tpot_percentile=problem.slo.tpot_percentile)
-    before = predict(observed, current) if current is not None else None
-    base = _Figures(observation=obs, observed=status, before=before)
-    held = ("policy.mode is Pinned" if policy.mode is Mode.PINNED else "a transition is in progress" if mem.transitioning
-            else observe_only)
-    if held:
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=f"observed only: {held}", **base)
-    assumed = mem.assumed or problem.workload
-    verdict = assess_drift(mem.drift, shift=workload_shift(assumed, obs.workload.workload), observed_slo=obs.slo, slo=problem.slo,
-                           observed_rate_rps=obs.workload.workload.arrival_rate_rps or 0.0,
-                           capacity_rps=before.prediction.capacity_rps if before is not None else None,
-                           confidence=obs.workload.confidence, now_s=now_s, policy=policy.drift)
-    mem = replace(mem, drift=verdict.state)
-    st = verdict.state
-    conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, st.detected, st.trigger.value if st.trigger else "NoDrift", verdict.message))
-    if verdict.new_episode:   # one Warning per drift episode (planner/live/drift.py): never again while a fix's queue drains
-        events.append(EventNote("Warning", "DriftDetected", verdict.message))
-    if not verdict.replan:
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=verdict.message, **base)
-    observed = replace(observed, workload=_recent(window, policy, obs))
-    try:
-        decision = planner(observed)
-    except Infeasible as exc:
-        events.append(EventNote("Warning", "ReplanInfeasible", f"{exc}; keeping {current.label if current else 'nothing'}"))
-        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), message=str(exc), **base)
-    # SameLoadFigures: choice.before is the running layout at the load the planner chose `after` for, never at another.
-    def calibration(layout: Layout) -> DeploymentCalibration | None:   # NarrowMeasuredOnly (planner/live/calibration.py)
-        return as_deployment_calibration(cal, problem, now_s=now_s, layout=layout)
-    choice = choose_move(observed, current, decision, predict=predict, min_improvement=policy.drift.min_improvement,
-                         propose_only=policy.mode is Mode.DRY_RUN, surge_gpus=policy.max_surge_gpus,
-                         ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s, now_s=now_s,
-                         gain_within_error=policy.error_gate, error_misses=policy.error_misses + mem.misses,
-                         calibration=calibration)
-    after, why, gate = choice.after, choice.why, choice.gate
-    shown = _intervals(observed, choice.before, after, calibration=calibration, misses=policy.error_misses + mem.misses)
-    base = _Figures(observation=obs, observed=status, before=choice.before, load_rps=choice.load_rps, intervals=shown)
-    if choice.move is Move.WITHIN_ERROR:
-        # GainWithinError: the gain is smaller than what the two predictions' intervals can tell apart; nothing changes.
-        # The gate's message quotes the TPOT intervals it judged by; the TTFT intervals follow (IntervalsShown).
-        assert choice.before is not None   # the gate judges a move from a running layout only
-        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
-        message = f"kept {choice.before.layout.label} over {after.layout.label}: {why}; {_interval_clause(shown, ('ttft',)).removeprefix(', ')}"
-        events.append(EventNote("Normal", GAIN_WITHIN_ERROR, message))
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
-    if choice.move is Move.KEEP:
-        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False), assumed=observed.workload)
-        events.append(EventNote("Normal", "PlanKept", f"{verdict.message}; kept {current.label if current else '-'}: {why}"))
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=why, **base)
-    change = _change(choice.before, after, problem.slo.ttft_percentile, choice.load_rps, shown)
-    if choice.move is Move.PROPOSE:
-        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload)
-        message = f"would change {change}, because {why} ({verdict.message})"
-        events.append(EventNote("Normal", "PlanProposed", message))
-        return ReplanOutcome(Verdict.PROPOSE, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
-    if choice.move is Move.BLOCKED or choice.transition is None or choice.floor_rps is None:
-        mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=False))
-        events.append(EventNote("Warning", "TransitionBlocked", f"would change {change}, but {why}"))
-        return ReplanOutcome(Verdict.KEEP, mem, tuple(conds), tuple(events), decision=decision, after=after, message=why, **base)
-    state = choice.transition
-    mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload, transition=state,
-                  transition_floor_rps=choice.floor_rps, transition_keeps_serving=True,
-                  move=({"layout": after.layout.label, "tpotMs": {"value": gate.after.value, "low": gate.after.low, "high": gate.after.high}}
-                        if gate is not None else mem.move))
-    message = f"changing {change}, because {why} ({verdict.message}); {state.mode.value} transition"
-    events.append(EventNote("Normal", "TransitionStarted", message))
-    conds.append(ConditionNote(ConditionType.PROGRESSING, True, "Transition", message))
-    return ReplanOutcome(Verdict.TRANSITION, mem, tuple(conds), tuple(events), decision=decision, after=after, message=message, **base)
+        read = NoSample(metrics_error or "Prometheus returned no engine series for this ServingTopology",
+                        metrics_reason if metrics_error is not None else "MetricsUnavailable", grace)
+    else:
+        read = sample
+    result = step(memory, read, now_s=now_s, problem=problem, current=current, policy=policy, plan=planner, predict=predict,
+                  calibrate=calibrate, observe_only=observe_only)
+    return _worded(result, problem=problem, current=current, at=at)
 
 
-def _judge_move(mem: ReplanMemory, measured_tpot_ms: float) -> tuple[ReplanMemory, EventNote]:
-    """The first steady interval after a gated move: its measured TPOT against the interval predicted for it (hit or miss,
-    by how much; planner.live.error_gate.judge_move). A miss is counted: it widens the intervals of the next move's bar."""
-    assert mem.move is not None
-    t = mem.move["tpotMs"]
-    j = judge_move("TPOT", measured_tpot_ms, Interval(t["value"], t["low"], t["high"], 0.0, "move", 0))
-    move = {**mem.move, "measuredTpotMs": round(measured_tpot_ms, 3), "errorPercent": round(j.error * 100.0, 1), "hit": j.hit}
-    misses = mem.misses + (0 if j.hit else 1)
-    text = f"after the move to {mem.move['layout']}: {j.message}" + ("" if j.hit else f"; {misses} missed moves widen the next move's bar")
-    return replace(mem, move=move, misses=misses), EventNote("Normal" if j.hit else "Warning", j.reason, text)
+def _worded(result: LoopStep[ReplanMemory], *, problem: Problem, current: Layout | None, at: str) -> ReplanOutcome:
+    """The loop's effects as the conditions, Events and message of a ReplanOutcome, in the order the loop produced them."""
+    conds: list[ConditionNote] = []
+    events: list[EventNote] = []
+    message = ""
+    r = result
+
+    def change() -> str:
+        assert r.after is not None and r.load_rps is not None
+        return _change(r.before, r.after, problem.slo.ttft_percentile, r.load_rps, r.intervals)
+
+    for e in r.effects:
+        match e:
+            case AwaitingMetrics():
+                conds.append(ConditionNote(ConditionType.METRICS_AVAILABLE, None, "AwaitingMetrics", f"{e.grace} ({e.why})"))
+                message = e.why
+            case MetricsMissing():
+                if e.first:
+                    events.append(EventNote("Warning", e.reason, f"{e.why}; keeping the current plan, no replans until metrics return"))
+                conds.append(ConditionNote(ConditionType.METRICS_AVAILABLE, False, e.reason, e.why))
+                message = e.why
+            case MetricsFlowing():
+                conds.append(ConditionNote(ConditionType.METRICS_AVAILABLE, True, "MetricsFlowing", "engine metrics are being read"))
+                if e.back:
+                    events.append(EventNote("Normal", "MetricsAvailable", "engine metrics are back"))
+            case TooLittleData():
+                conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, None, "InsufficientData", e.why))
+                message = e.why
+            case CalibrationChanged():
+                pass   # status.calibration shows it, from the memory (PassState.outcome)
+            case MoveJudged():
+                j = e.judgement
+                text = f"after the move to {e.layout}: {j.message}" + ("" if j.hit else f"; {e.misses} missed moves widen the next move's bar")
+                events.append(EventNote("Normal" if j.hit else "Warning", j.reason, text))
+            case Held():
+                message = f"observed only: {e.why}"
+            case DriftAssessed():
+                v = e.verdict
+                conds.append(ConditionNote(ConditionType.DRIFT_DETECTED, v.state.detected,
+                                           v.state.trigger.value if v.state.trigger else "NoDrift", v.message))
+                if v.new_episode:   # one Warning per drift episode (planner/live/drift.py): never again while a fix's queue drains
+                    events.append(EventNote("Warning", "DriftDetected", v.message))
+                message = v.message
+            case ReplanInfeasible():
+                events.append(EventNote("Warning", "ReplanInfeasible", f"{e.why}; keeping {current.label if current else 'nothing'}"))
+                message = e.why
+            case GainWithinError():
+                # The gate's message quotes the TPOT intervals it judged by; the TTFT intervals follow (IntervalsShown).
+                assert r.before is not None and r.after is not None
+                message = (f"kept {r.before.layout.label} over {r.after.layout.label}: {e.why}; "
+                           f"{_interval_clause(r.intervals, ('ttft',)).removeprefix(', ')}")
+                events.append(EventNote("Normal", GAIN_WITHIN_ERROR, message))
+            case PlanKept():
+                events.append(EventNote("Normal", "PlanKept", f"{e.drift}; kept {current.label if current else '-'}: {e.why}"))
+                message = e.why
+            case Proposed():
+                message = f"would change {change()}, because {e.why} ({e.drift})"
+                events.append(EventNote("Normal", "PlanProposed", message))
+            case TransitionBlocked():
+                events.append(EventNote("Warning", "TransitionBlocked", f"would change {change()}, but {e.why}"))
+                message = e.why
+            case TransitionStarted():
+                message = f"changing {change()}, because {e.why} ({e.drift}); {e.transition.mode.value} transition"
+                events.append(EventNote("Normal", "TransitionStarted", message))
+                conds.append(ConditionNote(ConditionType.PROGRESSING, True, "Transition", message))
+    observed = None if r.observation is None else observed_status(
+        r.observation, at=at, raw=r.running_by_spec, ttft_percentile=problem.slo.ttft_percentile,
+        tpot_percentile=problem.slo.tpot_percentile)
+    return ReplanOutcome(r.verdict, r.memory, tuple(conds), tuple(events), observation=r.observation, observed=observed,
+                         decision=r.decision, before=r.before, after=r.after, message=message, load_rps=r.load_rps,
+                         intervals=r.intervals)
 
 
 def transition_problem(memory: ReplanMemory, problem: Problem) -> Problem:

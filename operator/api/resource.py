@@ -28,6 +28,7 @@ from pydantic.config import JsonDict
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import gpu_catalog, gpu_names, resolve_gpu
 from servingtopology.planner.layout import LayoutKind
+from servingtopology.planner.live.policy import Mode
 from servingtopology.planner.live.transition import CapacityDrop
 from servingtopology.spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
 
@@ -125,12 +126,6 @@ def duration_s(text: str) -> int:
     if m is None:
         raise ValueError(f"duration {text!r} must look like 90s, 10m or 1h")
     return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-class Mode(enum.StrEnum):
-    AUTO = "Auto"        # plan and apply
-    DRY_RUN = "DryRun"   # plan, write status.proposal and an Event; never touch workloads
-    PINNED = "Pinned"    # apply spec.pinned as is; still report its predicted figures
 
 
 class Approval(enum.StrEnum):
