@@ -1,9 +1,10 @@
 """Live metrics for the reconcile: builds the topology's metrics source from its spec (Prometheus URL, bearer
 token Secret, label selector, SLO percentiles, replan interval) and runs one replan interval when it is due.
 
-Called by the reconcile (operator/reconcile.py) once per pass; the decisions are operator/replan.py's, the
-PromQL operator/live/metrics.py's. The only I/O here is reading the token Secret and the fetch through the source;
-a Secret that cannot be read counts as metrics being down, never as a failed pass.
+Called by the reconcile (operator/reconcile.py) once per pass; the decisions are the planner's loop's
+(planner/live/loop.py `step`, worded by operator/replan.py `replan`), the PromQL operator/live/metrics.py's. The only
+I/O here is reading the token Secret and the fetch through the source; a Secret that cannot be read counts as metrics
+being down, never as a failed pass.
 
 The URL is read once (operator/live/url_policy.py): the reading the allow-list checked is the one the client connects
 to. In the operator the source reads in operator/live/metrics_reads.py's pool, so a pass never waits on a slow server;

@@ -398,7 +398,7 @@ def problem_or_none(p: PassState, ctx: PassContext, current: Layout | None) -> P
 def observe_live(p: PassState, ctx: PassContext, problem: Problem, current: Layout | None, *,
                  observe_only: str | None = None) -> ReplanOutcome | None:
     """One replan interval when due: write its conditions, Events, observed figures and memory (`observe_only`: why
-    this interval may read and record but not decide, see operator/replan.py `replan`)."""
+    this interval may read and record but not decide, see planner/live/loop.py `step`)."""
     if ctx.metrics is None:
         return None
     try:

@@ -26,8 +26,8 @@ The steps of one pass, in order (`reconcile`, then `_dry_run` or `_enact`, then 
 6. A new generation: plan it (`_decide_within_capacity`: the cluster's free GPUs, `runtime/capacity.py`), then
    apply the first plan at once or start a transition to the new one (`rollout.start_for_change`), or wait while a
    blocked one cannot start; the pass that starts a transition only declares it in status.
-7. Otherwise, steady: read the live metrics when the interval is due (`live_replan.run_live_replan`, deciding in
-   `replan.replan`); drift that is worth a move starts a transition (declared, as in 6).
+7. Otherwise, steady: read the live metrics when the interval is due (`live_replan.run_live_replan`; the planner's
+   loop decides, `planner/live/loop.py` `step`, and `replan.replan` words its effects); drift that is worth a move starts a transition (declared, as in 6).
 8. Render and apply: the sets the plan or the transition wants (`render/sets.py`, `render/manifests.py`), each
    object's size checked (`render/object_size.py`), applied server-side with ownership checked and the rest pruned
    (`runtime/cluster.py`).

@@ -1,7 +1,7 @@
 """The operator's own calibration of a running deployment (issue #27): the TTFT and TPOT it measures at the observed load
 become points of planner.perf.deployment_fit, fitted into the bounded factors a Problem carries (`Problem.factors`).
 
-Called by operator/replan.py once per steady replan interval (`add_point`, then `refit`); its state is a small frozen
+Called by the replan loop (planner/live/loop.py `step`) once per steady replan interval (`add_point`, then `refit`); its state is a small frozen
 value the operator keeps in status.replan.calibration and shows as status.calibration. Pure: time is an argument, the
 predictor of a point is given (the analytical model by default, as the operator predicts the running layout).
 

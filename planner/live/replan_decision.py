@@ -2,8 +2,8 @@
 and how: keep it, propose the new one, or start a transition to it that holds the serving floor.
 
 Beside drift.py (which says when to replan) and transition.py (which moves one step at a time). Called by the
-operator's replanning (operator/replan.py `replan`), which executes the returned ReplanChoice: the memory it keeps in
-status, the Events and conditions it writes. Pure: time is an argument, predictions come from the `predict` given.
+replan loop (planner/live/loop.py `step`), which turns the returned ReplanChoice into the memory and the effects the
+operator words (operator/replan.py `replan`). Pure: time is an argument, predictions come from the `predict` given.
 
 Rules it names:
 - PreferInPlace: a new layout of the running kind and per-role parallelism keeps the running engine knobs when that

@@ -1,5 +1,7 @@
-"""The replanning glue with a fake planner and predictor: metrics down, thin data, steady traffic, DryRun, Auto,
-Pinned, minImprovement, infeasible replans, calibration and the memory kept in status."""
+"""The replan loop as the operator words it, with a fake planner and predictor: the conditions, Events, status.observed,
+status.proposal and status.calibration of metrics down, thin data, steady traffic, DryRun, Auto, minImprovement,
+infeasible and blocked replans, calibration and the error gate, and the memory kept in status. The loop's decisions
+themselves are tests/planner/live/test_loop.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from servingtopology.operator.api.resource import ConditionType, Mode, PolicySpe
 from servingtopology.operator.live.readout import ms_text
 from servingtopology.operator.replan import (
     ReplanMemory,
-    ReplanPolicy,
     ReplanStatusError,
     Verdict,
     calibration_status,
@@ -24,81 +25,35 @@ from servingtopology.operator.replan import (
     replan,
     transition_step,
 )
-from servingtopology.planner.errors import Infeasible
-from servingtopology.planner.hardware import Precision, resolve_gpu
-from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
+from servingtopology.planner.layout import Layout, Parallelism, Role
 from servingtopology.planner.live.calibration import MAX_LIVE_POINTS, CalibrationState
-from servingtopology.planner.live.drift import DriftPolicy
-from servingtopology.planner.live.observe import MetricSample
 from servingtopology.planner.live.transition import Action, ClusterView, Phase
 from servingtopology.planner.live.transition import Mode as TransitionMode
-from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.perf.deployment_fit import MAX_FACTOR
-from servingtopology.planner.problem import Candidate, Decision, Prediction, Problem
-from servingtopology.planner.workload import LengthDist, Slo, Workload
-
-PROBLEM = Problem(model=resolve_model("llama-3.1-8b"), gpu=resolve_gpu("h100_sxm"), engine=Engine.VLLM, precision=Precision.BF16,
-                  max_gpus=8, workload=Workload(LengthDist.fixed(1000), LengthDist.fixed(200), arrival_rate_rps=4.0),
-                  slo=Slo(ttft_ms=500.0, tpot_ms=40.0))
-PER_INSTANCE_RPS = 5.0
-PREDICTED_TTFT_MS = 100.0
-
-
-def fake_point(problem: Problem, layout: Layout) -> tuple[float, float]:
-    """TTFT 100 ms times the request-overhead factor, TPOT 20 ms times the weights factor (the problem's calibration)."""
-    factors = dict(problem.factors)
-    return PREDICTED_TTFT_MS * factors.get("request_overhead", 1.0), 20.0 * factors.get("weights", 1.0)
-
-
-def fake_predict(problem: Problem, layout: Layout) -> Candidate:
-    """Each instance carries 5 req/s; TTFT 100 ms and TPOT 20 ms before the calibration's factors (`fake_point`)."""
-    n = layout.roles[Role.AGGREGATED].count
-    rate = problem.workload.arrival_rate_rps or 0.0
-    cap = PER_INSTANCE_RPS * n
-    ttft, tpot = fake_point(problem, layout)
-    pred = Prediction(ttft_ms=ttft, tpot_ms=tpot, throughput_tok_s=rate * 200, capacity_rps=cap, goodput_rps=rate, goodput_per_gpu=cap / n,
-                      tokens_per_s_per_user=1000 / tpot, kv_pool_tokens=10**5, max_request_tokens=10**5,
-                      meets_slo=rate <= cap and ttft <= problem.slo.ttft_ms and tpot <= problem.slo.tpot_ms)
-    return Candidate(layout, pred, pred.goodput_per_gpu)
+from tests.planner.live.loop_fakes import (
+    ONE,
+    PREDICTED_TTFT_MS,
+    PROBLEM,
+    fake_planner,
+    fake_point,
+    fake_predict,
+    infeasible_planner,
+    policy,
+    refusing_planner,
+    sample,
+)
+from tests.planner.live.loop_fakes import gainful_planner as _gainful_planner
+from tests.planner.live.loop_fakes import predict_knobs as _predict_knobs
 
 
-def fake_planner(problem: Problem) -> Decision:
-    """The fewest replicas that carry the load."""
-    n = max(1, math.ceil((problem.workload.arrival_rate_rps or 0.0) / PER_INSTANCE_RPS))
-    best = fake_predict(problem, Layout.replicas(n, Parallelism()))
-    current = fake_predict(problem, problem.current) if problem.current is not None else None
-    return Decision(best=best, alternatives=(), funnel=(), candidates_total=1, kv_bytes_per_token=1, weight_bytes=1.0, current=current)
-
-
-def refusing_planner(problem: Problem) -> Decision:
-    raise AssertionError("the planner must not be called here")
-
-
-def infeasible_planner(problem: Problem) -> Decision:
-    raise Infeasible("5 SLO and load feasibility", "8×TP1 on 8 GPUs: 40% short")
-
-
-def sample(at_s: float, rate: float = 4.0, *, ttft_ms: float = 100.0, tpot_ms: float = 20.0) -> MetricSample:
-    return MetricSample(at_s=at_s, interval_s=60.0, request_rate_rps=rate, input_tokens_mean=1000.0, output_tokens_mean=200.0,
-                        ttft_ms=ttft_ms, tpot_ms=tpot_ms, running=3.0, waiting=0.0)
-
-
-def policy(mode: Mode = Mode.DRY_RUN, **drift) -> ReplanPolicy:
-    return ReplanPolicy(mode=mode, interval_s=60.0, drift=DriftPolicy(**{"persist_intervals": 3, "cooldown_s": 600.0, **drift}),
-                        max_surge_gpus=2)
-
-
-ONE = Layout.replicas(1, Parallelism())
-
-
-def feed(samples, *, memory=None, planner=fake_planner, pol=None, current=ONE, errors=None):
+def feed(samples, *, memory=None, planner=fake_planner, pol=None, current=ONE, errors=None, problem=PROBLEM):
     """Run replan over a list of samples (None = metrics down); return the outcomes."""
     memory = memory or ReplanMemory()
     pol = pol or policy()
     outs = []
     for i, s in enumerate(samples):
         at = s.at_s if s is not None else 60.0 * (i + 1)
-        out = replan(problem=PROBLEM, current=current, memory=memory, sample=s, metrics_error=(errors or {}).get(i), policy=pol,
+        out = replan(problem=problem, current=current, memory=memory, sample=s, metrics_error=(errors or {}).get(i), policy=pol,
                      now_s=at, planner=planner, predict=fake_predict, at="2026-11-30T12:00:00Z", calibrate=fake_point)
         memory = out.memory
         outs.append(out)
@@ -154,19 +109,6 @@ def test_dry_run_proposes_once_with_before_and_after_figures():
     assert cond(out, ConditionType.DRIFT_DETECTED).reason == "WorkloadShift"
 
 
-def test_the_interval_the_change_began_in_is_left_out_of_the_load_planned_for():
-    # OnsetExcluded: a step from 4 to 10 req/s that breaches the TTFT SLO at once; the first hot interval holds part old
-    # traffic and part new (7 req/s): the replan plans for the 10 req/s of the two intervals after it, not for 9.
-    samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=r, ttft_ms=50_000.0) for i, r in ((5, 7.0), (6, 10.0), (7, 10.0))]
-    outs = feed(samples)
-    out = outs[-1]
-    assert [o.verdict for o in outs[:-1]] == [Verdict.KEEP] * 6 and out.verdict is Verdict.PROPOSE, [o.message for o in outs]
-    assert "its SLO for 3 intervals" in out.message and out.load_rps == pytest.approx(10.0) and " at 10 req/s: " in out.message, out.message
-    # With a streak of two intervals both count: nothing would be left to plan on without the first.
-    two = feed(samples[:-1], pol=policy(persist_intervals=2))[-1]
-    assert two.verdict is Verdict.PROPOSE and two.load_rps == pytest.approx(8.5), two.message
-
-
 def test_a_proposal_and_its_event_carry_each_predictions_interval_as_plan_prints_it():
     samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=9.0) for i in range(5, 8)]
     out = feed(samples)[-1]
@@ -190,30 +132,20 @@ def test_a_proposal_and_its_event_carry_each_predictions_interval_as_plan_prints
     assert proposal.before.ttftInterval is not None and proposal.before.ttftInterval.high == pytest.approx(before["ttft"].high, abs=1e-3)
 
 
-def test_once_calibrated_the_intervals_narrow_and_each_missed_move_widens_them():
-    steady = [sample(60.0 * i) for i in range(1, 8)]
-    shifted = [sample(60.0 * i, rate=9.0) for i in range(8, 14)]
-
-    def proposed(outs):
-        (out,) = [o for o in outs if o.verdict is Verdict.PROPOSE]
-        return out
-    plain = proposed(feed(steady[:3] + shifted))               # no steady point: the class's intervals
-    calibrated = proposed(feed(steady + shifted))              # 5 steady points: narrowed by the deployment's own residuals
-    missed = proposed(feed(steady + shifted, memory=ReplanMemory(misses=2)))
-    assert calibrated.memory.calibration.state is CalibrationState.APPLIED
-
-    def half(out, which):
-        iv = out.intervals[which]["tpot"]
-        return math.log(iv.high / iv.value)
-    # NarrowMeasuredOnly: the running 1×TP1 (5 points) is narrowed, the 2×TP1 it never ran keeps its class's interval.
-    assert calibrated.intervals["before"]["tpot"].calibrated and not plain.intervals["before"]["tpot"].calibrated
-    assert not calibrated.intervals["after"]["tpot"].calibrated
-    assert half(calibrated, "before") < 0.8 * half(plain, "before")
-    assert half(missed, "before") == pytest.approx(half(calibrated, "before") * 1.5 ** 2, rel=1e-6)
-    assert half(missed, "after") == pytest.approx(half(calibrated, "after") * 1.5 ** 2, rel=1e-6)
-    shown = calibration_status(missed.memory.calibration, misses=missed.memory.misses)
+def test_status_calibration_counts_the_missed_moves_and_the_widening_they_put_on_the_next_bar():
+    # The widening itself: tests/planner/live/test_loop.py (the intervals narrow once calibrated, widen 1.5× per miss).
+    shown = calibration_status(ReplanMemory(misses=2).calibration, misses=2)
     assert shown is not None and shown.missedMoves == 2 and shown.intervalWidening == pytest.approx(2.25)
+    assert shown.state.value == "Collecting" and shown.pointsUsed == 0
+    assert calibration_status(ReplanMemory().calibration) is None   # nothing to show before a point or a miss
 
+
+def test_a_blocked_move_is_one_warning_naming_the_change_and_the_closest_miss():
+    samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=9.0) for i in range(5, 8)]
+    out = feed(samples, pol=replace(policy(Mode.AUTO), max_surge_gpus=0), problem=replace(PROBLEM, max_gpus=1))[-1]
+    (event,) = [e for e in out.events if e.reason == "TransitionBlocked"]
+    assert event.type == "Warning" and event.message.startswith("would change 1×TP1 → 2×TP1 at 9 req/s: p95 TTFT 100ms→100ms")
+    assert event.message.endswith(f", but {out.message}") and out.message and out.verdict is Verdict.KEEP
 
 def test_auto_starts_one_transition_and_replans_nothing_while_it_runs():
     samples = [sample(60.0 * i) for i in range(1, 5)] + [sample(60.0 * i, rate=9.0) for i in range(5, 16)]
@@ -235,12 +167,6 @@ def test_auto_starts_one_transition_and_replans_nothing_while_it_runs():
     assert done is not None and done.action is Action.DONE and done_mem.transition is not None
     assert done_mem.transition.phase is Phase.DONE and not done_mem.transitioning
     assert transition_step(done_mem, ClusterView(ready={}), problem=PROBLEM, policy=policy(Mode.AUTO), now_s=1030.0)[1] is None
-
-
-def test_pinned_only_observes():
-    samples = [sample(60.0 * i, rate=9.0) for i in range(1, 8)]
-    outs = feed(samples, planner=refusing_planner, pol=policy(Mode.PINNED))
-    assert all(o.verdict is Verdict.KEEP and o.observed is not None for o in outs[2:])
 
 
 def test_a_gain_under_min_improvement_keeps_the_plan_and_adopts_the_observed_workload():
@@ -283,28 +209,6 @@ def test_steady_intervals_calibrate_the_model_only_from_the_minimum_points_and_r
     assert shown.residualPercent["ttft"] < 50.0 and shown.corrections["request_overhead"] == pytest.approx(factors["request_overhead"], abs=1e-3)
 
 
-def test_a_spec_calibration_is_where_the_operators_own_calibration_starts():
-    # The spec's calibration says TTFT is twice the model's, and it is: the live fit has nothing to add.
-    calibrated = replace(PROBLEM, factors=(("request_overhead", 2.0),))
-    memory, outs = ReplanMemory(), []
-    for i in range(1, 9):
-        out = replan(problem=calibrated, current=ONE, memory=memory, sample=sample(60.0 * i, ttft_ms=200.0), metrics_error=None,
-                     policy=policy(), now_s=60.0 * i, planner=refusing_planner, predict=fake_predict, at="", calibrate=fake_point)
-        memory = out.memory
-        outs.append(out)
-    cal = outs[-1].memory.calibration
-    assert cal.state is CalibrationState.APPLIED and cal.fit is not None and cal.fit.residual_before["ttft"] < 0.01
-    assert abs(dict(cal.factors).get("request_overhead", 1.0) - 1.0) < 0.02
-    assert outs[-1].observed is not None and outs[-1].observed.ttftError == pytest.approx(0.0)
-    assert outs[-1].before is not None and outs[-1].before.prediction.ttft_ms == pytest.approx(200.0, rel=0.02)
-
-
-def test_no_calibration_point_while_the_traffic_shifts():
-    outs = feed([sample(60.0 * i, rate=9.0, ttft_ms=200.0) for i in range(1, 4)], planner=refusing_planner, pol=policy(persist_intervals=9))
-    assert [len(o.memory.calibration.points) for o in outs] == [0, 0, 0]
-    assert calibration_status(outs[-1].memory.calibration) is None
-
-
 def test_the_memory_survives_status_as_json_and_garbage_is_named_not_dropped():
     samples = [sample(60.0 * i) for i in range(1, 4)] + [sample(60.0 * i, rate=9.0) for i in range(4, 8)]
     mem = feed(samples, pol=policy(Mode.AUTO))[-1].memory
@@ -320,41 +224,6 @@ def test_the_memory_survives_status_as_json_and_garbage_is_named_not_dropped():
 def test_the_spec_policy_becomes_seconds_and_fractions():
     p = policy_from_spec(PolicySpec(mode=Mode.AUTO, replanInterval="2m", cooldown="1h", minImprovement=0.2, maxSurgeGPUs=4))
     assert (p.interval_s, p.drift.cooldown_s, p.drift.min_improvement, p.max_surge_gpus, p.mode) == (120.0, 3600.0, 0.2, 4, Mode.AUTO)
-
-
-def test_other_engine_knobs_with_the_same_shapes_are_scaled_in_place_when_that_meets_the_slo():
-    other = EngineKnobs(max_num_seqs=64)
-
-    def knob_planner(problem: Problem) -> Decision:
-        d = fake_planner(problem)
-        return Decision(best=fake_predict(problem, Layout.replicas(2, Parallelism(), other)), alternatives=(), funnel=(),
-                        candidates_total=1, kv_bytes_per_token=1, weight_bytes=1.0, current=d.current)
-
-    samples = [sample(60.0 * i, rate=9.0) for i in range(1, 6)]
-    out = next(o for o in feed(samples, planner=knob_planner) if o.verdict is Verdict.PROPOSE)
-    assert out.after is not None
-    assert out.after.layout.roles[Role.AGGREGATED].knobs == EngineKnobs() and out.after.layout.label == "2×TP1"
-
-
-def _gainful_planner(gain: float):  # type: ignore[no-untyped-def]
-    """A planner whose best is 2×TP1 with `gain` more goodput per GPU than the running 1×TP1, which meets the SLO: the
-    move would be made for its gain alone."""
-    def planner(problem: Problem) -> Decision:
-        current = fake_predict(problem, problem.current or ONE)
-        layout = Layout.replicas(2, Parallelism())
-        c = fake_predict(problem, layout)
-        better = Candidate(layout, replace(c.prediction, goodput_per_gpu=current.prediction.goodput_per_gpu * (1 + gain),
-                                           tpot_ms=c.prediction.tpot_ms / (1 + gain)), c.score * (1 + gain))
-        return Decision(best=better, alternatives=(), funnel=(), candidates_total=1, kv_bytes_per_token=1, weight_bytes=1.0, current=current)
-    return planner
-
-
-def _predict_knobs(planner):  # type: ignore[no-untyped-def]
-    def predict(problem: Problem, layout: Layout) -> Candidate:
-        if layout.roles[Role.AGGREGATED].count == 2:
-            return planner(problem).best
-        return fake_predict(problem, layout)
-    return predict
 
 
 def _gated(gain: float, misses: int = 0):  # type: ignore[no-untyped-def]
@@ -387,18 +256,6 @@ def test_a_gain_within_the_combined_error_changes_nothing_and_posts_one_gain_wit
     assert f"20% better on goodput-per-gpu is within the combined uncertainty {_bar():.0%}" in msg
     assert msg.count("[") == 4 and "before 20.0 [" in msg and "after 16.7 [" in msg and "nothing changes" in msg
     assert "; nominal 80% intervals TTFT [" in msg and "TPOT [" not in msg   # TPOT's are the gate's, quoted once
-
-
-def test_a_gain_beyond_the_error_moves_and_missed_moves_raise_the_bar():
-    gain = 2 * _bar()
-    moved = _gated(gain)
-    started = [o for o in moved if o.verdict is Verdict.TRANSITION]
-    assert len(started) == 1 and "beyond the combined uncertainty" in started[0].message
-    assert not any(e.reason == "GainWithinError" for o in moved for e in o.events)
-    held = _gated(gain, misses=3)   # three misses widen each interval 3.4×: the same gain no longer clears the bar
-    assert _bar(3) > gain
-    assert not any(o.verdict is Verdict.TRANSITION for o in held)
-    assert any(e.reason == "GainWithinError" for o in held for e in o.events)
 
 
 def test_the_gate_is_the_spec_policy_s():
