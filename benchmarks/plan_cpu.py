@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from servingtopology.operator.api.resource import parse_topology_spec
-from servingtopology.operator.runtime.plan_worker import PlanWorker, plan_with_simulator
+from servingtopology.operator.cluster.plan_worker import PlanWorker, plan_with_simulator
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.problem import Problem
 from servingtopology.spec import to_problem

@@ -205,7 +205,7 @@ class TopologyWatch:
         pinned_set = None if selector is None else selector.get(SET_LABEL)
         for pod in pods:
             if (pod.status.phase or "") in ("Succeeded", "Failed"):
-                continue   # a finished pod no longer holds its GPUs (as the operator counts, operator/runtime/cluster_view.py)
+                continue   # a finished pod no longer holds its GPUs (as the operator counts, operator/cluster/cluster_view.py)
             for container in pod.spec.containers:
                 limits = (container.resources.limits or {}) if container.resources else {}
                 gpus += int(limits.get(GPU, 0))

@@ -26,7 +26,7 @@ from .processes import Child, free_port, http_ok, wait_until
 CHART = REPO_ROOT / "charts" / "servingtopology"
 OPERATOR_NAMESPACE = "servingtopology-system"
 RELEASE = "st"
-PRIORITY_ABOVE_RANDOM = 1 << 30   # operator/runtime/main.py draws a replica's random peering priority below this
+PRIORITY_ABOVE_RANDOM = 1 << 30   # operator/entry/main.py draws a replica's random peering priority below this
 
 
 def _venv_script(name: str) -> str:

@@ -53,7 +53,7 @@ PLAN_P95_LIMIT_S = 60.0           # the issue's target, on 2 cores free for the 
 REFERENCE_PLAN_CPU_S = 0.86
 TARGET_CORES = 2
 PLANNED_TIMEOUT_S = 600.0         # however busy the machine, all 50 are planned by then (a stalled plan queue fails)
-DISCOVERY_TTL_S = 300.0            # operator/runtime/cluster.py DISCOVERY_TTL_S
+DISCOVERY_TTL_S = 300.0            # operator/cluster/cluster.py DISCOVERY_TTL_S
 FULL_DISCOVERY_REQUESTS = 30       # /api, /apis and one per group-version on this cluster (~25), rounded up
 
 

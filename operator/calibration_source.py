@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 
 from servingtopology.calibration_file import calibration_sha256, check_calibration, factors_of, parse_calibration
 from servingtopology.operator.api.resource import CalibrationSourceStatus, ConditionType, PlanStatus, TopologySpec
+from servingtopology.operator.cluster.cluster import ObjectRef
 from servingtopology.operator.pass_context import Outcome, PassState, build_problem
 from servingtopology.operator.plan_status import predicted, timestamp
-from servingtopology.operator.runtime.cluster import ObjectRef
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.perf.deployment_fit import CalibrationRefused, DeploymentCalibration
 from servingtopology.planner.problem import Decision

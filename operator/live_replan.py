@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from servingtopology.operator.api.resource import ConditionType, TopologySpec
+from servingtopology.operator.cluster.cluster import Cluster, ClusterError, SecretNotOptedIn
 from servingtopology.operator.live.metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
 from servingtopology.operator.live.metrics_reads import MetricsPending, MetricsReads
 from servingtopology.operator.live.prometheus_http import PrometheusFailure
@@ -37,7 +38,6 @@ from servingtopology.operator.replan import (
     metrics_grace,
     replan,
 )
-from servingtopology.operator.runtime.cluster import Cluster, ClusterError, SecretNotOptedIn
 from servingtopology.planner.layout import Engine, Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import predict_layout

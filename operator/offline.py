@@ -1,7 +1,7 @@
 """What the operator would apply for a ServingTopology, computed without a cluster: `servingtopology plan --manifests`.
 
 Called by the CLI. Runs the reconcile's own steps for a resource seen for the first time: the problem as a pass builds
-it (pass_context.problem_from_spec: the pin, policy.allowedLayouts), the operator's planner (runtime/plan_worker:
+it (pass_context.problem_from_spec: the pin, policy.allowedLayouts), the operator's planner (cluster/plan_worker:
 stage 6 as the operator runs it), the blueprint (pass_context.blueprint_for) and the builders
 (render/manifests.build_workloads). Never talks to a cluster; the only difference from the applied objects is the
 owner reference, which names the resource's uid, unknown until the resource exists.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from servingtopology.operator.api.resource import Mode, TopologySpec
+from servingtopology.operator.cluster.plan_worker import plan_with_simulator
 from servingtopology.operator.pass_context import blueprint_for, problem_from_spec
 from servingtopology.operator.render.manifests import build_workloads
-from servingtopology.operator.runtime.plan_worker import plan_with_simulator
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Decision, Problem
 

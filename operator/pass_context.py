@@ -33,6 +33,8 @@ from servingtopology.operator.api.resource import (
     TopologySpec,
     TopologyStatus,
 )
+from servingtopology.operator.cluster.cluster import Cluster, ObjectRef
+from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded, blocking
 from servingtopology.operator.live.readout import summary_status
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory, run_live_replan
@@ -40,8 +42,6 @@ from servingtopology.operator.plan_status import condition, set_condition
 from servingtopology.operator.render.manifests import Blueprint, engine_extra_args, role_nodes
 from servingtopology.operator.render.network import NetworkKnobs
 from servingtopology.operator.replan import Predictor, ReplanOutcome, ReplanPolicy, calibration_status, read_replan_status
-from servingtopology.operator.runtime.cluster import Cluster, ObjectRef
-from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded, blocking
 from servingtopology.planner.engines.caps import resolve_version
 from servingtopology.planner.engines.command import engine_command
 from servingtopology.planner.errors import Infeasible, InsufficientData, InvalidSpec
@@ -356,7 +356,7 @@ def decide_or_outcome(p: PassState, spec: TopologySpec, planner: Planner, curren
         return invalid_outcome(p, str(exc), plan=plan, proposal=proposal)
     except (Infeasible, PlanBudgetExceeded) as exc:
         # Infeasible: no layout meets the spec. PlanBudgetExceeded: the worker stopped the plan; it is tried again
-        # after a back-off (operator/runtime/plan_worker.py), not every pass. Either way the running workloads stay.
+        # after a back-off (operator/cluster/plan_worker.py), not every pass. Either way the running workloads stay.
         reason, event, nothing = (("Infeasible", "PlanInfeasible", "no feasible layout") if isinstance(exc, Infeasible)
                                   else ("PlanBudgetExceeded", "PlanBudgetExceeded", "no plan within the planning budget"))
         message = f"{exc}; running workloads are left as they are"

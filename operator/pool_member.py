@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from servingtopology.operator.api.pool import ALLOCATION_ANNOTATION, POOL_KIND, Allocation, pool_of, read_allocation
 from servingtopology.operator.api.resource import API_VERSION, TopologySpec
-from servingtopology.operator.runtime.cluster import Cluster, ObjectRef
+from servingtopology.operator.cluster.cluster import Cluster, ObjectRef
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 

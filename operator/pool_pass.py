@@ -1,7 +1,7 @@
 """One pass of a ServingPool: its members, the nodes' GPUs and the pods in; the pool planner's plan out, and in Auto
 the next step of moving GPUs between members (status, Events, and the caps to write into members).
 
-Called by operator/runtime/pool_handlers.py on create, update, resume and a timer. Level-based: every pass reads the
+Called by operator/entry/pool_handlers.py on create, update, resume and a timer. Level-based: every pass reads the
 pool, its members (ServingTopologies of its namespace whose spec.pool names it, or labelled as before spec.pool) and the
 nodes, plans the pool (planner.pool.options.build_pool, planner.pool.plan.plan_pool) and returns the status to write and
 the Events to post. Decisions, by name:
@@ -28,7 +28,7 @@ from typing import Any
 
 from servingtopology.operator.api.pool import Allocation, PoolMode, ServingPoolSpec, parse_pool_spec, pool_of, read_allocation
 from servingtopology.operator.api.resource import parse_topology_spec
-from servingtopology.operator.runtime.capacity import read_capacity
+from servingtopology.operator.cluster.capacity import read_capacity
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import gpu_for_product, resolve_gpu
 from servingtopology.planner.pool.moves import MemberMove, PoolStep, PoolStepKind, next_pool_step

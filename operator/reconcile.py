@@ -1,6 +1,6 @@
 """The reconcile: one idempotent, level-based pass over a ServingTopology (create, update, resume, timer).
 
-Called by the kopf handlers (operator/runtime/handlers.py) and by the tests with an in-memory Cluster. It reads
+Called by the kopf handlers (operator/entry/handlers.py) and by the tests with an in-memory Cluster. It reads
 the CR, plans (or reuses the plan of this generation), replans from live metrics when due, drives a transition
 one step, renders and applies the workloads or proposes, and returns the new status; the pass state and the
 shared planning steps are operator/pass_context.py's. It never relies on a diff and never reads the clock:
@@ -22,17 +22,17 @@ The steps of one pass, in order (`reconcile`, then `_dry_run` or `_enact`, then 
    source (`live_replan.py`).
 4. DryRun: plan once per generation into status.proposal, observe the running layout, propose a replan. Stop here.
 5. Auto/Pinned, a transition running: advance it one step (`replan.transition_step` over the cluster view
-   `runtime/cluster_view.py` reads); finish it (the plan it ends on, `rollout.finished_plan`) or roll back.
-6. A new generation: plan it (`_decide_within_capacity`: the cluster's free GPUs, `runtime/capacity.py`), then
+   `cluster/cluster_view.py` reads); finish it (the plan it ends on, `rollout.finished_plan`) or roll back.
+6. A new generation: plan it (`_decide_within_capacity`: the cluster's free GPUs, `cluster/capacity.py`), then
    apply the first plan at once or start a transition to the new one (`rollout.start_for_change`), or wait while a
    blocked one cannot start; the pass that starts a transition only declares it in status.
 7. Otherwise, steady: read the live metrics when the interval is due (`live_replan.run_live_replan`; the planner's
    loop decides, `planner/live/loop.py` `step`, and `replan.replan` words its effects); drift that is worth a move starts a transition (declared, as in 6).
 8. Render and apply: the sets the plan or the transition wants (`render/sets.py`, `render/manifests.py`), each
    object's size checked (`render/object_size.py`), applied server-side with ownership checked and the rest pruned
-   (`runtime/cluster.py`).
+   (`cluster/cluster.py`).
 9. Report: readiness, Degraded, refused or failing pods, traffic shares, the summary; the new status and the requeue
-   are the Outcome the kopf handler writes (`runtime/handlers.py`).
+   are the Outcome the kopf handler writes (`entry/handlers.py`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ from servingtopology.operator.api.resource import (
     parse_topology_spec,
 )
 from servingtopology.operator.calibration_source import admit_calibration, with_calibration
+from servingtopology.operator.cluster.capacity import GPU_PRODUCT_LABEL, Capacity, layout_pod_gpus, missing_by_kind, read_capacity, unplaced_gpus
+from servingtopology.operator.cluster.cluster import Cluster, ObjectRef, owned_selector, ref_of
+from servingtopology.operator.cluster.cluster_view import read_cluster_view
+from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded
 from servingtopology.operator.live.readout import phase_text, traffic_shares
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory
@@ -107,10 +111,6 @@ from servingtopology.operator.replan import (
     transition_step,
 )
 from servingtopology.operator.rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
-from servingtopology.operator.runtime.capacity import GPU_PRODUCT_LABEL, Capacity, layout_pod_gpus, missing_by_kind, read_capacity, unplaced_gpus
-from servingtopology.operator.runtime.cluster import Cluster, ObjectRef, owned_selector, ref_of
-from servingtopology.operator.runtime.cluster_view import read_cluster_view
-from servingtopology.operator.runtime.plan_worker import PlanBudgetExceeded
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout
@@ -485,7 +485,7 @@ def _insufficient_capacity(p: PassState, message: str) -> Outcome:
 
 def _kinds_fit(p: PassState, ctx: PassContext, decision: Decision, capacity: Capacity, gpu_id: str) -> Decision | Outcome:
     """PerKindFit: a layout whose roles name GPU kinds fits when each kind's pods fit that kind's free GPUs node by
-    node (runtime/capacity.py `missing_by_kind`); otherwise InsufficientCapacity names each kind's shortfall and nothing
+    node (cluster/capacity.py `missing_by_kind`); otherwise InsufficientCapacity names each kind's shortfall and nothing
     is applied."""
     best = decision.best
     capacity = _capacity(p, ctx, every_kind=True) or capacity

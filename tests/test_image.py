@@ -103,8 +103,8 @@ def test_the_build_stage_wheel_carries_the_operator_and_its_entry_point(tmp_path
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
         entry_points = whl.read(f"servingtopology-{VERSION}.dist-info/entry_points.txt").decode()
-    assert "servingtopology-operator = servingtopology.operator.runtime.main:main" in entry_points
-    for module in ("servingtopology/operator/runtime/main.py", "servingtopology/operator/runtime/capacity.py", "servingtopology/operator/api/crd.py",
+    assert "servingtopology-operator = servingtopology.operator.entry.main:main" in entry_points
+    for module in ("servingtopology/operator/entry/main.py", "servingtopology/operator/cluster/capacity.py", "servingtopology/operator/api/crd.py",
                    "servingtopology/operator/render/manifests.py", "servingtopology/operator/live/metrics.py", "servingtopology/operator/reconcile.py",
                    "servingtopology/planner/engines/command.py", "servingtopology/planner/search/decide.py", "servingtopology/planner/data/gpus.toml"):
         assert module in names, module

@@ -1,6 +1,6 @@
 """Metrics reads off the reconcile threads: a bounded pool of readers, at most one read in flight per resource.
 
-Called by operator/live_replan.py (the production metrics factory) and built once per Runtime by operator/runtime/handlers.py.
+Called by operator/live_replan.py (the production metrics factory) and built once per Runtime by operator/entry/handlers.py.
 A Prometheus URL is a resource author's: its server may be slow on purpose. A pass therefore never waits on a read
 longer than `wait_s`; a read still running raises `MetricsPending`, the pass goes on without a sample (nothing is
 written about metrics), and a later pass of the same resource takes the finished read. Must not decide anything.

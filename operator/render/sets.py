@@ -1,7 +1,7 @@
 """Workload sets: which sets a plan or a running transition renders (one, or two side by side).
 
 Called by the reconcile (operator/reconcile.py) on every pass. Pure: what the cluster shows of the sets is read by
-operator/runtime/cluster_view.py.
+operator/cluster/cluster_view.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a ServingTopology's author may make the operator do in their namespace: the administrator's policy, as grants.
 
 Called by operator/reconcile.py at the start of every pass, before anything is planned or applied (pod templates, metrics
-selector), and by operator/runtime/cluster.py when it reads a token Secret; operator/runtime/main.py builds the policy from
+selector), and by operator/cluster/cluster.py when it reads a token Secret; operator/entry/main.py builds the policy from
 the chart's flags. Pure: the spec's templates and labels in, refusals (field path, what was found, the grant it needs or
 what is allowed) out; it never reads the cluster itself. Creating a ServingTopology creates pods in its namespace, so a
 template is read against what it may set, not against a list of what it may not: a field this policy does not know is

@@ -1,7 +1,7 @@
 """`servingtopology operator`: runs the ServingTopology operator (the same code as `servingtopology-operator`).
 
 Called by the CLI dispatcher (servingtopology/cli/main.py). Only parses flags and hands over to
-servingtopology.operator.runtime.main; imports kopf lazily so other subcommands do not pay for it.
+servingtopology.operator.entry.main; imports kopf lazily so other subcommands do not pay for it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> None:
-    from servingtopology.operator.runtime.main import add_arguments
+    from servingtopology.operator.entry.main import add_arguments
 
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "operator", help="run the Kubernetes operator", description="Run the ServingTopology operator (kopf).")
@@ -21,6 +21,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from servingtopology.operator.runtime.main import run as run_operator
+    from servingtopology.operator.entry.main import run as run_operator
 
     return run_operator(args)

@@ -16,9 +16,9 @@ import yaml
 from fake_cluster import FakeCluster
 
 from servingtopology.cli.main import main
+from servingtopology.operator.cluster.cluster import ObjectRef
+from servingtopology.operator.cluster.plan_worker import PlanPending
 from servingtopology.operator.reconcile import Outcome, reconcile
-from servingtopology.operator.runtime.cluster import ObjectRef
-from servingtopology.operator.runtime.plan_worker import PlanPending
 from servingtopology.planner.problem import Decision, Problem
 from servingtopology.planner.search.decide import decide
 

@@ -10,7 +10,7 @@ from cases import decision
 from fake_cluster import FakeCluster
 from test_reconcile import REPLICAS, cond, reasons, run, topology
 
-from servingtopology.operator.runtime.capacity import gpu_for_product, layout_pod_gpus, read_capacity, unplaced_gpus
+from servingtopology.operator.cluster.capacity import gpu_for_product, layout_pod_gpus, read_capacity, unplaced_gpus
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.layout import Layout, Parallelism
 from servingtopology.planner.problem import Decision, Problem

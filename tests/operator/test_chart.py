@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from servingtopology.operator.api.crd import render_crd_yaml
-from servingtopology.operator.runtime.main import _warn_when_the_limit_is_below_the_budget, add_arguments, memory_needed_mib
+from servingtopology.operator.entry.main import _warn_when_the_limit_is_below_the_budget, add_arguments, memory_needed_mib
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "servingtopology"
@@ -256,8 +256,8 @@ def test_pod_monitors_are_rendered_only_where_their_crd_is_served_and_the_notes_
 
 
 def test_the_tenancy_policy_renders_from_the_values_and_defaults_to_the_strict_one() -> None:
+    from servingtopology.operator.entry.main import tenancy_policy
     from servingtopology.operator.render.tenancy import NamespaceGrant, PodGrant, TenancyPolicy
-    from servingtopology.operator.runtime.main import tenancy_policy
 
     args, _ = _operator_args()
     assert tenancy_policy(args) == TenancyPolicy()

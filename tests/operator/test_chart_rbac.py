@@ -14,8 +14,8 @@ import yaml
 from test_chart import CHART, HELM, helm_template
 from test_pod_security import violations
 
+from servingtopology.operator.entry.main import add_arguments
 from servingtopology.operator.live.url_policy import DEFAULT_PROMETHEUS_URLS
-from servingtopology.operator.runtime.main import add_arguments
 
 WRITES = {"create", "patch", "update", "delete"}
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from test_chart import CHART, helm_template
 
-from servingtopology.operator.runtime.telemetry import TOPOLOGY_LABELS, new_metrics
+from servingtopology.operator.entry.telemetry import TOPOLOGY_LABELS, new_metrics
 from servingtopology.planner.engines.caps import available_versions, load_caps
 
 DASHBOARD = CHART / "dashboards" / "servingtopology.json"

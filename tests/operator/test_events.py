@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from servingtopology.operator.runtime.cluster import build_event
+from servingtopology.operator.cluster.cluster import build_event
 
 OWNER = {"metadata": {"name": "llama", "namespace": "team-a", "uid": "u-1"}}
 

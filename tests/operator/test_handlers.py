@@ -16,10 +16,10 @@ from fake_cluster import FakeCluster
 from prometheus_client import generate_latest
 from test_reconcile import topology
 
+from servingtopology.operator.cluster.cluster import ClusterError
+from servingtopology.operator.entry.handlers import MIN_REQUEUE_S, QUIET_REQUEUES, Requeue, Runtime, register, requeue_delay_s
+from servingtopology.operator.entry.telemetry import new_metrics
 from servingtopology.operator.reconcile import PROGRESS_REQUEUE_S, Outcome
-from servingtopology.operator.runtime.cluster import ClusterError
-from servingtopology.operator.runtime.handlers import MIN_REQUEUE_S, QUIET_REQUEUES, Requeue, Runtime, register, requeue_delay_s
-from servingtopology.operator.runtime.telemetry import new_metrics
 from servingtopology.planner.layout import Layout, Parallelism
 
 LOG = logging.getLogger("test")

@@ -14,6 +14,7 @@ from fake_cluster import FakeCluster
 from test_capacity import node, pod
 from test_reconcile import T0, topology
 
+from servingtopology.operator.cluster.capacity import gpu_for_product
 from servingtopology.operator.plan_status import layout_from_plan, plan_status
 from servingtopology.operator.reconcile import reconcile
 from servingtopology.operator.render.manifests import (
@@ -28,7 +29,6 @@ from servingtopology.operator.render.manifests import (
     role_node_selector,
 )
 from servingtopology.operator.render.sets import on_kind, parts_rendering
-from servingtopology.operator.runtime.capacity import gpu_for_product
 from servingtopology.planner.hardware import PRODUCT_LABEL, gpu_catalog, product_label
 from servingtopology.planner.layout import Engine, Layout, Parallelism, Role, RoleLayout
 from servingtopology.planner.live.transition import in_place, set_name

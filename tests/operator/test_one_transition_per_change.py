@@ -1,4 +1,4 @@
-"""One transition per change, whatever kopf delivers: the operator's Runtime (operator/runtime/handlers.py) against the
+"""One transition per change, whatever kopf delivers: the operator's Runtime (operator/entry/handlers.py) against the
 in-memory cluster with the real planner and scripted live metrics, fed the way kopf feeds it under load: every pass
 duplicated (a change handler and the timer queued for the same object), the duplicate holding a stale copy of the
 object (the spec and status before the previous pass), and some passes' status written by "kopf" only after the
@@ -22,8 +22,8 @@ from test_handlers import LOG, Patch
 from test_live_reconcile import NS, T0, CountingPlanner, ScriptedMetrics, deployments, live_topology
 from test_runtime import stored
 
-from servingtopology.operator.runtime.handlers import Runtime
-from servingtopology.operator.runtime.telemetry import new_metrics
+from servingtopology.operator.entry.handlers import Runtime
+from servingtopology.operator.entry.telemetry import new_metrics
 
 
 class Kopf:

@@ -10,8 +10,8 @@ from typing import Any
 from fake_cluster import FakeCluster
 from test_reconcile import PD8, REPLICAS, R, ScriptedPlanner, cond, decision, run, topology
 
+from servingtopology.operator.cluster.cluster import ObjectRef
 from servingtopology.operator.render.manifests import MANAGED_BY, TOPOLOGY_LABEL
-from servingtopology.operator.runtime.cluster import ObjectRef
 
 ENTRY = ObjectRef("v1", "Service", "default", "llama-8b")
 

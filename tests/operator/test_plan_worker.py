@@ -13,7 +13,7 @@ import pytest
 from test_reconcile import topology
 
 from servingtopology.operator.api.resource import parse_topology_spec
-from servingtopology.operator.runtime.plan_worker import (
+from servingtopology.operator.cluster.plan_worker import (
     FAILURE_BACKOFF_S,
     ChildFailed,
     PlanBudget,

@@ -11,7 +11,7 @@ from fake_cluster import FakeCluster
 from test_reconcile import ScriptedPlanner, cond, reasons, run, settle, topology
 
 from servingtopology.operator.api.pool import ALLOCATION_ANNOTATION, Allocation
-from servingtopology.operator.runtime.cluster import ObjectRef
+from servingtopology.operator.cluster.cluster import ObjectRef
 from servingtopology.planner.layout import Layout, Parallelism
 
 FOUR, TWO = Layout.replicas(4, Parallelism(tp=1)), Layout.replicas(2, Parallelism(tp=1))

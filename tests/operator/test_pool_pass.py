@@ -16,8 +16,8 @@ from servingtopology.operator.api.pool import (
     Allocation,
     render_pool_crd_yaml,
 )
+from servingtopology.operator.entry.pool_handlers import TopologyIndex
 from servingtopology.operator.pool_pass import pool_pass
-from servingtopology.operator.runtime.pool_handlers import TopologyIndex
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -19,9 +19,9 @@ from fake_cluster import FakeCluster
 from test_handlers import LOG, Patch, registered, runtime
 from test_reconcile import topology
 
-from servingtopology.operator.render.manifests import API_VERSION, KIND
-from servingtopology.operator.runtime.cluster import ClusterError, ObjectRef
-from servingtopology.operator.runtime.handlers import (
+from servingtopology.operator.cluster.cluster import ClusterError, ObjectRef
+from servingtopology.operator.cluster.plan_worker import PlanBudget, PlanPending, PlanWorker
+from servingtopology.operator.entry.handlers import (
     DECISIONS_LOGGER,
     QUIET_REQUEUES,
     RETRY_CAP_S,
@@ -29,8 +29,8 @@ from servingtopology.operator.runtime.handlers import (
     register,
     retry_delay_s,
 )
-from servingtopology.operator.runtime.plan_worker import PlanBudget, PlanPending, PlanWorker
-from servingtopology.operator.runtime.telemetry import new_metrics
+from servingtopology.operator.entry.telemetry import new_metrics
+from servingtopology.operator.render.manifests import API_VERSION, KIND
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -193,7 +193,7 @@ def test_kopf_stops_the_timer_of_a_deleted_resource_through_its_public_filter() 
 
 
 def test_the_kopf_adapter_fails_at_start_up_naming_the_version_when_kopf_changes() -> None:
-    from servingtopology.operator.runtime.kopf_compat import KOPF_CHECKED, KopfInternalsChanged, timer_without_finalizer
+    from servingtopology.operator.entry.kopf_compat import KOPF_CHECKED, KopfInternalsChanged, timer_without_finalizer
 
     class Moved:
         _spawning = object()      # a registry whose spawning handlers are no longer a `_handlers` list
@@ -296,7 +296,7 @@ def test_a_pass_that_runs_before_kopf_wrote_the_previous_status_does_not_plan_ag
 
 
 def test_a_retried_api_request_at_start_up_is_a_warning_and_an_escalation_stays_an_error() -> None:
-    from servingtopology.operator.runtime.handlers import KOPF_API_LOGGER, QUIET_RETRIES
+    from servingtopology.operator.entry.handlers import KOPF_API_LOGGER, QUIET_RETRIES
 
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord(KOPF_API_LOGGER, logging.ERROR, __file__, 1, message, None, None)

@@ -14,8 +14,8 @@ from fake_cluster import FakeCluster
 from prometheus_client import generate_latest
 from test_reconcile import topology
 
-from servingtopology.operator.runtime.handlers import Runtime
-from servingtopology.operator.runtime.telemetry import new_metrics
+from servingtopology.operator.entry.handlers import Runtime
+from servingtopology.operator.entry.telemetry import new_metrics
 from servingtopology.planner.layout import Layout, Parallelism
 
 LOG = logging.getLogger("test")

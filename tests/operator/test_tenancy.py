@@ -15,6 +15,8 @@ import yaml
 from cases import decision
 from fake_cluster import FakeCluster
 
+from servingtopology.operator.cluster.cluster import SecretNotOptedIn
+from servingtopology.operator.entry.main import add_arguments, tenancy_policy
 from servingtopology.operator.reconcile import Outcome, reconcile
 from servingtopology.operator.render.tenancy import (
     NamespaceGrant,
@@ -25,8 +27,6 @@ from servingtopology.operator.render.tenancy import (
     pod_template_refusals,
     secret_refusal,
 )
-from servingtopology.operator.runtime.cluster import SecretNotOptedIn
-from servingtopology.operator.runtime.main import add_arguments, tenancy_policy
 from servingtopology.planner.layout import Layout, Parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,7 +254,7 @@ def test_many_refused_fields_are_named_up_to_a_bound_and_the_rest_counted() -> N
 
 
 def test_the_operator_refuses_to_start_with_a_grant_it_cannot_read(capsys: pytest.CaptureFixture[str]) -> None:
-    from servingtopology.operator.runtime.main import main
+    from servingtopology.operator.entry.main import main
 
     assert main(["--allow-pod-template", "Root"]) == 2
     assert "'Root' is not a pod-template grant" in capsys.readouterr().err

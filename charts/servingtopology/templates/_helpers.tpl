@@ -50,7 +50,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- divf $bytes 1048576.0 -}}
 {{- end -}}
 
-{{/* The memory the operator may use with its plan processes at their budgets, in MiB (operator/runtime/main.py,
+{{/* The memory the operator may use with its plan processes at their budgets, in MiB (operator/entry/main.py,
      memory_needed_mib): slots x (plan budget + 64 MiB a plan process may copy) + 64 MiB planner processes + 192 MiB
      the operator's own resident size. */}}
 {{- define "servingtopology.memoryNeededMiB" -}}

@@ -2,18 +2,18 @@
 peering and probes; each outcome becomes a status patch, metrics, log lines for its decisions, and a requeue when
 the pass asks for one.
 
-Called by operator/runtime/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only broad
+Called by operator/entry/main.py (`register`). Thin on purpose: the logic is operator/reconcile.py; the only broad
 `except` of the operator is here. The timer is the heartbeat of live replanning (metrics are fetched once
 spec.policy.replanInterval has passed, a transition advances one step a pass): keep it under the shortest interval.
 
 What this layer guarantees, whatever a resource holds:
-- a pass never waits on a plan: plans run in operator/runtime/plan_worker.py's children; a pass whose plan is not done is
+- a pass never waits on a plan: plans run in operator/cluster/plan_worker.py's children; a pass whose plan is not done is
   requeued (status `Planned=Unknown, Planning`), so other resources' passes go on;
 - each pass reads the object again under its lock, so a queued pass with a stale copy does not plan twice;
 - every failure ends in a condition (`Reconciled=False` with the reason) and a retry with capped exponential back-off,
   logged once at WARNING/ERROR and then at DEBUG; kopf's routine success lines are DEBUG, decisions INFO;
 - no finalizer: kopf's timer would put one on every object (kopf issue #833); deletion does not wait on the operator
-  (owner references garbage-collect the workloads). The timer is re-registered without it by operator/runtime/kopf_compat.py
+  (owner references garbage-collect the workloads). The timer is re-registered without it by operator/entry/kopf_compat.py
   (kopf has no public switch; the adapter fails at start-up if kopf changes), and the timer of a deleted object is
   stopped by kopf itself through the timer's public `when=` filter, False once the DELETED event was seen;
 - liveness fails when no pass completed for `stall_s` while resources exist.
@@ -37,6 +37,10 @@ import kopf
 
 from servingtopology.operator.api.crd import PLURAL, VERSION
 from servingtopology.operator.api.resource import Condition, ConditionType, TopologyStatus
+from servingtopology.operator.cluster.cluster import Cluster, ClusterError, ObjectRef
+from servingtopology.operator.cluster.plan_worker import PlanPending
+from servingtopology.operator.entry.kopf_compat import timer_without_finalizer
+from servingtopology.operator.entry.telemetry import OperatorMetrics
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory, pooled_prometheus
 from servingtopology.operator.pass_context import PassState
@@ -45,10 +49,6 @@ from servingtopology.operator.reconcile import Outcome, Planner, reconcile
 from servingtopology.operator.render.manifests import API_VERSION, GROUP, KIND
 from servingtopology.operator.render.tenancy import STRICT, TenancyPolicy
 from servingtopology.operator.replan import Predictor
-from servingtopology.operator.runtime.cluster import Cluster, ClusterError, ObjectRef
-from servingtopology.operator.runtime.kopf_compat import timer_without_finalizer
-from servingtopology.operator.runtime.plan_worker import PlanPending
-from servingtopology.operator.runtime.telemetry import OperatorMetrics
 from servingtopology.planner.search.decide import predict_layout
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "retry_delay_s", "QuietRequeues", "QUIET_REQUEUES",

@@ -2,7 +2,7 @@
 observed traffic, plan, proposal, transition) fed by their watch events, and one pool pass (operator/pool_pass.py) per
 pool on create, update, resume and the timer.
 
-Registered by operator/runtime/main.py beside the ServingTopology handlers. The pass runs on the Runtime's threads;
+Registered by operator/entry/main.py beside the ServingTopology handlers. The pass runs on the Runtime's threads;
 its status goes through kopf's patch, its Events and (Auto) the members' caps through the Cluster seam. Owns no planning.
 """
 
@@ -19,10 +19,10 @@ import kopf
 from servingtopology.operator.api.crd import PLURAL, VERSION
 from servingtopology.operator.api.pool import ALLOCATION_ANNOTATION, POOL_PLURAL, pool_of
 from servingtopology.operator.api.resource import API_VERSION, GROUP, KIND
+from servingtopology.operator.cluster.cluster import ObjectRef
+from servingtopology.operator.entry.handlers import Runtime
+from servingtopology.operator.entry.kopf_compat import timer_without_finalizer
 from servingtopology.operator.pool_pass import pool_pass
-from servingtopology.operator.runtime.cluster import ObjectRef
-from servingtopology.operator.runtime.handlers import Runtime
-from servingtopology.operator.runtime.kopf_compat import timer_without_finalizer
 
 __all__ = ["TopologyIndex", "register_pool"]
 

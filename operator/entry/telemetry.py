@@ -2,7 +2,7 @@
 and per ServingTopology the plan (layout, P:D instances, GPUs), its predicted and measured TTFT/TPOT, the prediction
 error and the transition phase, which the chart's Grafana dashboard draws.
 
-Created once by operator/runtime/main.py (one registry per operator process, served on its own port) and fed by the kopf
+Created once by operator/entry/main.py (one registry per operator process, served on its own port) and fed by the kopf
 handlers after each reconcile (`observe`, then `record` with the status the pass staged). Not the engines' metrics
 (those are read from Prometheus by the live-replanning code); this module never decides anything.
 

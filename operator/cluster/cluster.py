@@ -1,7 +1,7 @@
 """The `Cluster` seam: the few API verbs the reconcile uses, and their implementation over the
 Kubernetes dynamic client (server-side apply with one field manager, owned-object listing, Events).
 
-Called by the kopf handlers (operator/runtime/handlers.py), which pass a `KubeCluster` to the reconcile; tests
+Called by the kopf handlers (operator/entry/handlers.py), which pass a `KubeCluster` to the reconcile; tests
 pass an in-memory fake with the same protocol. The only module that calls the Kubernetes client for
 workloads; it decides nothing.
 """

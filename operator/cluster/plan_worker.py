@@ -1,7 +1,7 @@
 """Planning off the operator's threads: every plan runs in a child process of its own, with a wall-time and a
 memory budget, so one resource's plan can fail (or be killed) without taking the operator or another resource down.
 
-Called by operator/runtime/handlers.py (the Runtime's planner) and operator/runtime/main.py (which builds the worker). The reconcile
+Called by operator/entry/handlers.py (the Runtime's planner) and operator/entry/main.py (which builds the worker). The reconcile
 sees a plain `Planner` (Problem -> Decision) and three outcomes besides a Decision:
 
 - `PlanPending`: the plan runs (or waits for a slot) in the worker; the pass stops and is requeued, so the handler
@@ -50,8 +50,8 @@ RESULT_TTL_S = 1800.0             # a finished plan is reused for 30 min (a pure
 MAX_RESULTS = 256
 # What the forkserver imports once, so that every child starts with the planner loaded (fork, not a fresh import);
 # plan_preload, last, runs a small plan (what plans load lazily) and freezes the collector's view of it all.
-PRELOAD = ("servingtopology.planner.search.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.runtime.plan_worker",
-           "servingtopology.operator.runtime.plan_preload")
+PRELOAD = ("servingtopology.planner.search.decide", "servingtopology.planner.sim.stage", "servingtopology.operator.cluster.plan_worker",
+           "servingtopology.operator.entry.plan_preload")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""What the plan worker's forkserver does once, before it forks any plan (operator/runtime/plan_worker.py PRELOAD).
+"""What the plan worker's forkserver does once, before it forks any plan (operator/cluster/plan_worker.py PRELOAD).
 
 Every plan runs in a child forked from the forkserver, so whatever a plan loads lazily is loaded again in each child
 unless the forkserver has it already: numpy's random and masked-array modules (imported on first use), the engine

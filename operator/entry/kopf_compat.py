@@ -1,12 +1,12 @@
 """The one place the operator reaches into kopf's internals, checked when the handlers are registered.
 
-Called by operator/runtime/handlers.py (`register`). kopf marks every timer and daemon as needing a finalizer
+Called by operator/entry/handlers.py (`register`). kopf marks every timer and daemon as needing a finalizer
 (`requires_finalizer=True` in kopf.on.timer/daemon, kopf 1.45 `on.py`), so that it can stop them before the object
 goes; unlike `kopf.on.delete(optional=True)` there is no public switch for timers (kopf issue #1074 asks for one;
 `settings.persistence.finalizer` only renames the marker). With the finalizer, `kubectl delete` waits on a running
 operator; this operator has nothing to do before deletion (owner references garbage-collect the workloads), so the
 timer's handler is re-registered with `requires_finalizer=False`. That is the only internal left: stopping the timer
-of a deleted object uses kopf's public `when=` filter (operator/runtime/handlers.py), which kopf re-evaluates on every watch
+of a deleted object uses kopf's public `when=` filter (operator/entry/handlers.py), which kopf re-evaluates on every watch
 event, DELETED included, and stops a timer whose filter no longer matches.
 
 If a kopf release changes the registry's shape, `timer_without_finalizer` raises `KopfInternalsChanged` at start-up,
@@ -31,7 +31,7 @@ class KopfInternalsChanged(RuntimeError):
 
     def __init__(self, what: str) -> None:
         version = getattr(kopf, "__version__", "unknown")
-        super().__init__(f"kopf {version}: {what}; operator/runtime/kopf_compat.py was checked against kopf{KOPF_CHECKED}. "
+        super().__init__(f"kopf {version}: {what}; operator/entry/kopf_compat.py was checked against kopf{KOPF_CHECKED}. "
                          f"Install a kopf in that range, or update the adapter (it removes the finalizer kopf puts on "
                          f"every object for a timer)")
 

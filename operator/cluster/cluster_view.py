@@ -11,9 +11,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from servingtopology.operator.cluster.cluster import Cluster, ObjectRef
 from servingtopology.operator.render.manifests import LWS_API_VERSION, MAX_LWS_NAME, ROLE_LABEL, SET_LABEL, Blueprint, object_name, role_nodes
 from servingtopology.operator.render.sets import Rendering
-from servingtopology.operator.runtime.cluster import Cluster, ObjectRef
 from servingtopology.planner.layout import Role
 from servingtopology.planner.live.transition import ClusterView
 

@@ -1,7 +1,7 @@
 """`servingtopology-operator` / `servingtopology operator`: parses flags, loads Kubernetes credentials,
 builds the runtime (cluster seam, planner, metrics) and runs kopf with peering and a liveness endpoint.
 
-The entry point the Helm chart's Deployment runs. Does no reconciling itself (operator/runtime/handlers.py and
+The entry point the Helm chart's Deployment runs. Does no reconciling itself (operator/entry/handlers.py and
 operator/reconcile.py do); reads the environment only for kopf's and the client's own configuration.
 """
 
@@ -25,7 +25,7 @@ LOG = logging.getLogger(__name__)
 # What the operator's container holds besides the plans' own budgets (measured on CPython 3.11, kopf 1.45, the
 # kubernetes client 31): the operator process's resident size was 101 MiB after passes over examples/ (imports 92 MiB),
 # at most 137 MiB in four full e2e suites (50 resources at once included), 283 MiB with its plan processes; the
-# forkserver 48 MiB (after operator/runtime/plan_preload.py's warm-up) and multiprocessing's resource tracker 13 MiB; a plan
+# forkserver 48 MiB (after operator/entry/plan_preload.py's warm-up) and multiprocessing's resource tracker 13 MiB; a plan
 # process starts as a copy-on-write fork of the forkserver and may copy up to its 48 MiB besides its budget (the
 # examples' plans grew 7-14 MiB of address space, 13-19 MiB resident).
 OPERATOR_RESIDENT_MIB = 192   # 101-137 measured, allowed for the watch caches and many resources
@@ -142,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
+    from servingtopology.operator.cluster.cluster import KubeCluster
+    from servingtopology.operator.cluster.plan_worker import PlanBudget, PlanWorker
+    from servingtopology.operator.entry.handlers import RETRY_CAP_S, Runtime, register
+    from servingtopology.operator.entry.telemetry import new_metrics, serve_metrics
     from servingtopology.operator.live.url_policy import DEFAULT_PROMETHEUS_URLS, UrlAllowList
-    from servingtopology.operator.runtime.cluster import KubeCluster
-    from servingtopology.operator.runtime.handlers import RETRY_CAP_S, Runtime, register
-    from servingtopology.operator.runtime.plan_worker import PlanBudget, PlanWorker
-    from servingtopology.operator.runtime.telemetry import new_metrics, serve_metrics
 
     kopf.configure(debug=args.log_level == "DEBUG", quiet=args.log_level in ("WARNING", "ERROR"))
     logging.getLogger().setLevel(getattr(logging, args.log_level))
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     kopf.on.login(registry=registry)(kopf.login_via_client)
     clusterwide = not args.namespace
     register(registry, runtime, timer_interval_s=timer_interval_s, peering_name=args.peering_name, clusterwide=clusterwide)
-    from servingtopology.operator.runtime.pool_handlers import register_pool
+    from servingtopology.operator.entry.pool_handlers import register_pool
 
     register_pool(registry, runtime, timer_interval_s=timer_interval_s)   # ServingPools (DryRun proposals)
     asyncio.run(kopf.operator(
