@@ -3,6 +3,7 @@
     PlannerError
      ├── InvalidSpec        the input names something unknown or impossible (permanent)
      ├── Infeasible         the input is valid but no layout meets it (says which stage, closest miss)
+     │    └── PinRefused    the pinned layout fails a check the search applies (names the stage, the field and the figures)
      └── InsufficientData   observations too thin to act on (retry later)
 
 The CLI maps InvalidSpec to exit code 2; the operator maps it to Ready=False, reason=InvalidSpec.
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from servingtopology.planner.slo import SLO_MARGIN as SLO_MARGIN_ADVICE  # slo imports only the workload values: no cycle
 
-__all__ = ["PlannerError", "InvalidSpec", "Infeasible", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
+__all__ = ["PlannerError", "InvalidSpec", "Infeasible", "PinRefused", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
 
 
 def _ms(value: float) -> str:
@@ -49,6 +50,17 @@ class Infeasible(PlannerError):
         self.closest_miss = closest_miss
         self.funnel = funnel  # the FunnelStage rows, so a caller can still print the table
         self.advice = advice
+
+
+class PinRefused(Infeasible):
+    """A pinned layout the search would have removed at `stage` (a role's rank pool shorter than what it must hold):
+    valid input that cannot run, so the CLI exits 1 and the operator applies nothing. `field` names the role."""
+
+    def __init__(self, stage: str, field: str, message: str) -> None:
+        super().__init__(stage, f"{field}: {message}")
+        self.args = (f"the pinned layout cannot run (the search's stage '{stage}' refuses it): {field}: {message}",)
+        self.field = field
+        self.message = message
 
 
 class InsufficientData(PlannerError):

@@ -26,6 +26,7 @@ from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.perf.analytic import estimate_decode, estimate_prefill, load_shape
 from servingtopology.planner.perf.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
+from servingtopology.planner.perf.memory_fit import memory_refusal
 from servingtopology.planner.perf.predict import BISECTION_STEPS, front_end_s
 from servingtopology.planner.perf.step import perf_params
 from servingtopology.planner.problem import Problem
@@ -113,10 +114,9 @@ def mixed_refusal(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode_
     rule = pd_rule_violation(problem_caps(problem), layout)
     if rule is not None:
         return MixedRefusal(f"engine:{rule.id}", f"{problem_caps(problem).label} refuses it: {rule.reason} ({rule.source})")
-    if _pool(problem, prefill_gpu, layout, Role.PREFILL) < shape.longest_prompt_tokens:
-        return MixedRefusal("memory", f"the prefill instances on {prefill_gpu.id} cannot hold the longest prompt")
-    if _pool(problem, decode_gpu, layout, Role.DECODE) < shape.longest_request_tokens:
-        return MixedRefusal("memory", f"the decode instances on {decode_gpu.id} cannot hold the longest request")
+    short = memory_refusal(problem, layout, gpus={Role.PREFILL: prefill_gpu, Role.DECODE: decode_gpu})
+    if short is not None:   # the one memory test, each role on its own kind
+        return MixedRefusal("memory", f"{short.field}: {short.reason}")
     tokens = shape.input_tokens_at_ttft_pct
     nbytes = kv_bytes_per_request(problem, tokens)
     floor_s = transfer_floor_s(nbytes, link_gbit=link_gbit)

@@ -15,21 +15,22 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from servingtopology.planner.engines.caps import pd_rule_violation, problem_caps
-from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.perf.deployment_fit import problem_factors
 from servingtopology.planner.perf.memory import kv_bytes_per_token, weight_bytes_total
+from servingtopology.planner.perf.memory_fit import Longest, memory_refusal
 from servingtopology.planner.perf.mixed_pd import MixedKinds, mixed_figures, mixed_kinds, mixed_refusal, mixed_slo_capacity_rps
 from servingtopology.planner.perf.predict import predict_figures, slo_capacity_rps, to_prediction
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
 from servingtopology.planner.search.advice import infeasible_advice
-from servingtopology.planner.search.funnel import Clock, Progress, Stage, Survivor, no_clock, run_funnel
+from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress, Stage, Survivor, no_clock, run_funnel
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
 from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from servingtopology.planner.workload import Objective
 
-__all__ = ["SimFigures", "Simulate", "context_rejection", "decide", "predict_layout"]
+__all__ = ["SimFigures", "Simulate", "context_rejection", "decide", "predict_layout", "refuse_pin"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,28 @@ def _mixed_pin_refusal(problem: Problem, layout: Layout) -> tuple[str, str] | No
     if refused is None:
         return None
     return "layout.decode.gpu", f"prefill on {kinds.prefill_gpu.id}, decode on {kinds.decode_gpu.id} is refused ({refused.rule}): {refused.reason}"
+
+
+def refuse_pin(problem: Problem, layout: Layout, *, longest: Longest | None = None) -> None:
+    """Raise when a pinned layout fails a check the search applies to every candidate (PinHeldToTheSearch).
+
+    InvalidSpec: a role's shape, the GPU budget or an engine's start-up rule on the knobs (stages 1–2,
+    tables.layout_rejection), a mixed-kind layout mixed_pd refuses. PinRefused: a role's rank pool that cannot hold what
+    that role must (stage 3, planner.perf.memory_fit: the prefill rank the longest prompt, the decode or aggregated rank
+    the longest request; `longest`: the search's p99s unless a trace says otherwise). `decide`, `simulate` and `compare`
+    call it, so a pin they print figures for is one the search would have kept.
+    """
+    rejected = layout_rejection(problem, layout)
+    if rejected is not None:
+        raise InvalidSpec(*rejected)
+    kinds = mixed_kinds(problem, layout)
+    gpus = {Role.PREFILL: kinds.prefill_gpu, Role.DECODE: kinds.decode_gpu} if kinds is not None else None
+    short = memory_refusal(problem, layout, longest=longest, gpus=gpus)
+    if short is not None:
+        raise PinRefused(MEMORY_STAGE, short.field, short.reason)
+    mixed = _mixed_pin_refusal(problem, layout)
+    if mixed is not None:
+        raise InvalidSpec(*mixed)
 
 
 def _pipeline_depth(layout: Layout) -> int:
@@ -242,10 +265,8 @@ def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress |
             ladder: Sequence[tuple[str, Stage]] | None) -> Decision:
     if problem.workload.arrival_rate_rps is None:
         raise InvalidSpec("workload.arrivalRate", "planning needs an arrival rate in requests/s (concurrency is for simulate/sweep)")
-    rejected = layout_rejection(problem, problem.pinned) if problem.pinned is not None else None
-    rejected = rejected or (_mixed_pin_refusal(problem, problem.pinned) if problem.pinned is not None else None)
-    if rejected is not None:   # a pin is held to the search's own shape and budget rules, a mixed-kind one to mixed_pd's
-        raise InvalidSpec(*rejected)
+    if problem.pinned is not None:
+        refuse_pin(problem, problem.pinned)
     kv_dtype = problem.search.kv_dtypes[0]
     kv_tok = int(kv_bytes_per_token(problem.model, kv_dtype, tp=1, pp=1))
     weights = weight_bytes_total(problem.model, problem.precision)

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from servingtopology.planner.engines.caps import PdRule, pd_shapes_rejected, problem_caps
-from servingtopology.planner.layout import Layout, LayoutKind
+from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.perf.analytic import LoadShape, estimate_aggregated, load_shape
+from servingtopology.planner.perf.memory_fit import MemoryShortfall, longest_of, shortfall, tokens_to_hold
 from servingtopology.planner.perf.predict import front_end_s, slo_capacity_rps
 from servingtopology.planner.problem import FunnelStage, Problem
 from servingtopology.planner.search.limits import miss_text
@@ -44,7 +45,7 @@ from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, load_within, me
 from servingtopology.planner.workload import Objective
 
 __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "CLOSEST_KEPT", "Survivor", "Miss", "FunnelResult", "Sieve", "Tally", "Stage",
-           "LADDER", "engine_ladder",
+           "LADDER", "MEMORY_STAGE", "engine_ladder",
            "run_funnel", "shape_rejection", "reject_pd_shapes", "Progress", "Clock", "no_clock"]
 
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
@@ -212,11 +213,11 @@ def memory_and_context(s: Sieve) -> tuple[Sieve, Tally]:
             per_shape[i] = pool_tokens(p, kv, u.shape_tp[sh], u.shape_pp[sh], u.shape_dp[sh], kn.max_num_batched_tokens[b], kn.max_num_seqs[q],
                                        kn.memory_fraction[f])
         pool = per_shape[r.k, ((u.shape[r.unit] * nb + r.b) * nq + r.q) * nf + r.f]
-        no_room = pool <= 0
-        short = ~no_room & (pool < s.load.longest_request_tokens)
+        # The one memory test (planner.perf.memory_fit), as a pinned layout meets it in decide.refuse_pin.
+        no_room, short = shortfall(pool, tokens_to_hold(Role.AGGREGATED, longest_of(p)))
         budget = ~no_room & ~short & (mnbt < mns) & (p.engine.value == "vllm")
-        add_reason(reasons, "weights and activations leave no KV pool", int(no_room.sum()))
-        add_reason(reasons, "KV pool shorter than the longest request", int(short.sum()))
+        add_reason(reasons, MemoryShortfall.NO_POOL, int(no_room.sum()))
+        add_reason(reasons, MemoryShortfall.SHORT, int(short.sum()))
         add_reason(reasons, "max_num_batched_tokens below max_num_seqs (vLLM refuses)", int(budget.sum()))
         alive = r.alive & ~(no_room | short | budget)
         replicas = replace(r, pool_tokens=pool, alive=alive, gpus=u.gpus[r.unit])
@@ -224,11 +225,11 @@ def memory_and_context(s: Sieve) -> tuple[Sieve, Tally]:
     pd = s.pd
     if pd is not None:
         entering = pd.count()
-        pd = pd.with_memory(s.problem, s.load)
+        pd = pd.with_memory(s.problem)
         after = pd.count()
         no_pool = pd.count(d_mask=s.pd.d_alive & (pd.d_pool <= 0) if s.pd is not None else None, p_mask=s.pd.p_alive if s.pd else None)
-        add_reason(reasons, "weights and activations leave no KV pool", no_pool)
-        add_reason(reasons, "KV pool shorter than the longest request", entering - after - no_pool)
+        add_reason(reasons, MemoryShortfall.NO_POOL, no_pool)
+        add_reason(reasons, MemoryShortfall.SHORT, entering - after - no_pool)
         admitted += after
     return replace(s, replicas=replicas, pd=pd), Tally(admitted, reasons)
 
@@ -310,10 +311,12 @@ def slo_and_load(s: Sieve) -> tuple[Sieve, Tally]:
     return s, Tally(ok_n, reasons)
 
 
+MEMORY_STAGE = "3 memory and context"   # a pinned layout's memory refusal names it too (decide.refuse_pin)
+
 LADDER: tuple[tuple[str, Stage], ...] = (
     ("1 shape arithmetic", shape_arithmetic),
     ("2 GPU budget and node fit", gpu_budget),
-    ("3 memory and context", memory_and_context),
+    (MEMORY_STAGE, memory_and_context),
     ("4 analytical estimate", analytical_estimate),
     ("5 SLO and load feasibility", slo_and_load),
 )

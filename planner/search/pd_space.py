@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from servingtopology.planner.engines.role_knobs import decode_max_num_batched_tokens, prefill_max_num_seqs
+from servingtopology.planner.layout import Role
 from servingtopology.planner.perf.analytic import LoadShape, estimate_decode, estimate_prefill
 from servingtopology.planner.perf.memory import kv_pool_bytes, pool_tokens_from_bytes
+from servingtopology.planner.perf.memory_fit import longest_of, shortfall, tokens_to_hold
 from servingtopology.planner.perf.step import kv_transfer_s
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.pd_ratio import balanced_per_gpu
@@ -219,8 +221,9 @@ class PdSpace:
                             capacity_rps=np.minimum(self.p_capacity_rps[up, b, k], self.d_capacity_rps[ud, q, f, k]))
 
     # ------------------------------------------------------------ stage updates
-    def with_memory(self, problem: Problem, load: LoadShape) -> PdSpace:
-        """Pools per row; a prefill row must hold the longest prompt, a decode row the longest request."""
+    def with_memory(self, problem: Problem) -> PdSpace:
+        """Pools per row; a prefill row must hold the longest prompt, a decode row the longest request (the one memory
+        test, planner.perf.memory_fit, as a pinned layout meets it)."""
         u, kn = self.units, self.knobs
         n_units = len(u.count)
         nb, nq, nf, nk = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes)
@@ -234,8 +237,9 @@ class PdSpace:
             for qi, qv in enumerate(kn.max_num_seqs):
                 for fi, fv in enumerate(kn.memory_fraction):
                     d_pool[:, qi, fi, ki] = pool_tokens(problem, kv, tp, pp, dp, decode_max_num_batched_tokens(qv), qv, fv)
-        p_ok = (p_pool > 0) & (p_pool >= load.longest_prompt_tokens)   # prompts stay until their KV moves
-        d_ok = (d_pool > 0) & (d_pool >= load.longest_request_tokens)
+        longest = longest_of(problem)
+        p_ok = ~np.logical_or(*shortfall(p_pool, tokens_to_hold(Role.PREFILL, longest)))
+        d_ok = ~np.logical_or(*shortfall(d_pool, tokens_to_hold(Role.DECODE, longest)))
         return replace(self, p_pool=p_pool, d_pool=d_pool, p_memory_ok=self.p_alive & p_ok, d_memory_ok=self.d_alive & d_ok,
                        p_alive=self.p_alive & p_ok, d_alive=self.d_alive & d_ok)
 

@@ -115,7 +115,7 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
         f"- **Max prompt P:** {f.longest_prompt_tokens:,} tokens (the workload's p99 prompt; mean {f.mean_prompt_tokens:,.0f}) → "
         f"{f.longest_prompt_kv_bytes / 2**20:,.0f} MiB KV.",
         f"- **Longest request:** {f.longest_request_tokens:,} tokens (p99 prompt + p99 output) of the model's {m.max_context_tokens:,}-token "
-        f"context; the {chosen_word.lower()} layout holds {best.prediction.max_request_tokens:,} per request.",
+        f"context; the {chosen_word.lower()} layout holds {_holds(best, f, m.max_context_tokens)}.",
         f"- **Workload:** {w.arrival_rate_rps:g} req/s, prompts of {f.mean_prompt_tokens:,.0f} tokens on average, outputs of "
         f"{w.output_tokens.expected_tokens:,.0f}, prefix share {w.prefix_share:.0%}.",
         f"- **Hardware:** up to {problem.max_gpus} × {g.name} ({g.memory_gib:g} GiB, {g.hbm_gbps:g} GB/s), {g.gpus_per_node} per node.",
@@ -214,3 +214,13 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
         f"- **Approval sign-off:** {BLANK * 3}  **Date:** {BLANK * 2}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _holds(best: Candidate, f: RecordFacts, context_tokens: int) -> str:
+    """What one request may take on the layout: per request on a decode or aggregated rank and, for PD, the prompt a
+    prefill rank holds (its pool, at most the context), so neither role's limit is left out (the stage-3 test)."""
+    held = f"{best.prediction.max_request_tokens:,} per request"
+    prefill = f.kv_pool_tokens.get(Role.PREFILL.value)
+    if prefill is None:
+        return held
+    return f"{held} on a decode rank and prompts of up to {min(prefill, context_tokens):,} on a prefill rank"

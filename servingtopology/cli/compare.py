@@ -5,7 +5,7 @@ shape rules are the ones `plan` applies to a pin) and predicted exactly as `plan
 same work: the spec's load, request lengths and simulation seed, the step-level simulator where the layout carries
 the load (planner.search.decide.predict_layout with the stage-6 simulator). One table (or `--json`) and, with `--plot`, one
 figure: each layout at its SLO capacity on the serving-envelope axes, coloured by layout kind. Exit 0 done, 2 invalid
-input (naming `--layout[i]`).
+input (naming `--layout[i]`), 1 a layout that cannot run (a role's rank pool short of the longest request).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
-from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.errors import InvalidSpec, PinRefused
 from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.problem import Candidate, Problem
-from servingtopology.planner.search.decide import predict_layout
+from servingtopology.planner.search.decide import predict_layout, refuse_pin
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
-from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.spec import SpecError, load_yaml, to_problem
 
 __all__ = ["add_parser", "run", "parse_layout", "Compared", "compare_layouts", "MAX_LAYOUTS"]
@@ -108,9 +108,12 @@ def compare_layouts(spec_path: str | None, layouts: list[str], overrides: dict[s
             raise SpecError([(f"{field} ({f})" if f.startswith("layout") else f, m) for f, m in exc.errors]) from None
         problem = to_problem(spec)
         assert problem.pinned is not None
-        rejected = layout_rejection(problem, problem.pinned)
-        if rejected is not None:
-            raise InvalidSpec(f"{field} ({rejected[0]})", rejected[1])
+        try:   # held to every check the search applies, as `plan` holds a pin
+            refuse_pin(problem, problem.pinned)
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"{field} ({exc.field})", exc.message) from None
+        except PinRefused as exc:
+            raise PinRefused(exc.stage, f"{field} ({exc.field})", exc.message) from None
         label = name or problem.pinned.label
         if label in names:
             raise InvalidSpec(field, f"the name {label!r} is given twice; name each layout once (NAME=LAYOUT)")
@@ -189,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
         problem, compared = compare_layouts(args.spec, list(args.layout), whatif_overrides(args))
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
+    except PinRefused as exc:
+        if args.json:
+            print(json.dumps({"error": "infeasible", "stage": exc.stage, "field": exc.field, "message": exc.message}))
+        print(f"{exc.field}: cannot run (the search's stage '{exc.stage}' would refuse it): {exc.message}", file=sys.stderr)
+        return 1
     rows = rows_json(problem, compared)
     if args.plot:
         from servingtopology.cli.plots import compare_figure, save

@@ -27,7 +27,7 @@ from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
 from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.engines.args import layout_engine_args
-from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.search.advice import InfeasibleAdvice
@@ -228,7 +228,12 @@ def run(args: argparse.Namespace) -> int:
         if bar:
             bar.close()
         funnel = [s for s in exc.funnel if isinstance(s, FunnelStage)]
-        if args.json:
+        if isinstance(exc, PinRefused):   # the pinned layout fails a check of the search's: no funnel ran
+            if args.json:
+                print(json.dumps({"error": "infeasible", "pinned": True, "stage": exc.stage, "field": exc.field, "message": exc.message}))
+            else:
+                print(f"The pinned layout cannot run: the search's stage '{exc.stage}' would refuse it.\n{exc.field}: {exc.message}")
+        elif args.json:
             print(json.dumps({"error": "infeasible", "stage": exc.stage, "closest_miss": exc.closest_miss,
                               "advice": advice_json(exc.advice), "funnel": funnel_json(funnel)}))
         else:

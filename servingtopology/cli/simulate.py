@@ -34,6 +34,8 @@ from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
+from servingtopology.planner.perf.memory_fit import Longest
+from servingtopology.planner.search.decide import refuse_pin
 from servingtopology.planner.sim import (
     Percentiles,
     RequestSet,
@@ -455,10 +457,16 @@ def _run_spec(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
     problem = to_problem(spec)
     layout = layout_for(spec, problem)
+    longest = None
     if args.trace:
         requests = _trace_requests(Path(args.trace))
+        longest = Longest(prompt_tokens=float(requests.prompt_tokens.max()),
+                          request_tokens=float((requests.prompt_tokens + requests.output_tokens).max()), source="the trace's longest")
     else:
         requests = from_workload(problem.workload, num_requests=spec.simulation.requests, seed=spec.simulation.seed)
+    # Held to the search's checks as `plan` holds a pin (the trace's own requests where there is one): a role whose rank
+    # pool cannot hold them is refused by name, never simulated into requests that cannot finish.
+    refuse_pin(problem, layout, longest=longest)
     calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
     warmup = 0 if args.trace else min(spec.simulation.warmupRequests, len(requests) // 2)  # a trace is measured whole
 
