@@ -24,7 +24,9 @@ from servingtopology.planner.perf.mixed_pd import MixedKinds, mixed_figures, mix
 from servingtopology.planner.perf.predict import predict_figures, slo_capacity_rps, to_prediction
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
 from servingtopology.planner.search.advice import infeasible_advice
+from servingtopology.planner.search.figure_text import against_pinned_text, ms_text, per_gpu_text, rps_text
 from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress, Stage, Survivor, no_clock, run_funnel
+from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
 from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
@@ -47,11 +49,16 @@ Simulate = Callable[[Problem, Layout], SimFigures]
 
 def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidate, ...]) -> tuple[str, ...]:
     p, slo = best.prediction, problem.slo
-    out = [
-        f"{best.layout.label} meets p{slo.ttft_percentile:g} TTFT {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and "
-        f"p{slo.tpot_percentile:g} TPOT {p.tpot_ms:.1f} ≤ {slo.tpot_ms:g} ms at {problem.workload.arrival_rate_rps:g} req/s",
-        f"it carries up to {p.capacity_rps:.1f} req/s within the SLOs on {best.layout.gpus} GPUs ({p.goodput_per_gpu:.2f} req/s per GPU)",
-    ]
+    tt, tp, rate = f"p{slo.ttft_percentile:g} TTFT", f"p{slo.tpot_percentile:g} TPOT", problem.workload.arrival_rate_rps
+    if p.meets_slo:
+        verdict = f"{best.layout.label} meets {tt} {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and {tp} {p.tpot_ms:.1f} ≤ {slo.tpot_ms:g} ms at {rate:g} req/s"
+    else:   # only a pin is chosen while missing; say so, never "meets 7.4 ≤ 6 ms"
+        verdict = (f"{best.layout.label} misses the SLOs at {rate:g} req/s: {tt} {ms_text(p.ttft_ms)} ms (SLO {slo.ttft_ms:g}), "
+                   f"{tp} {ms_text(p.tpot_ms)} ms (SLO {slo.tpot_ms:g})")
+    carries = (f"it carries up to {rps_text(p.capacity_rps)} req/s within the SLOs on {best.layout.gpus} GPUs "
+               f"({per_gpu_text(p.goodput_per_gpu)} req/s per GPU)" if p.capacity_rps > 0
+               else f"it carries nothing within the SLOs on {best.layout.gpus} GPUs: {idle_miss(problem, best.layout)}")
+    out = [verdict, carries]
     for alt in alternatives[:3]:
         out.append(f"{alt.layout.label}: {alt.why}")
     return tuple(out)
@@ -61,8 +68,8 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
     a, b = alt.prediction, best.prediction
     if problem.pinned is not None and best.layout == problem.pinned and a.goodput_per_gpu > b.goodput_per_gpu * (1.0 + RANK_TOLERANCE):
         # Better than the pin by more than the tie band: say so, never "within 3 %" of a worse layout.
-        return (f"{a.goodput_per_gpu:.2f} req/s per GPU within the SLOs, {a.goodput_per_gpu / max(b.goodput_per_gpu, 1e-12):.1f}× "
-                f"the pinned layout's {b.goodput_per_gpu:.2f}; not chosen: the spec pins the layout")
+        return (f"{per_gpu_text(a.goodput_per_gpu)} req/s per GPU within the SLOs, {against_pinned_text(a.goodput_per_gpu, b.goodput_per_gpu)}; "
+                "not chosen: the spec pins the layout")
     if problem.objective is Objective.MIN_GPUS and alt.layout.gpus > best.layout.gpus:
         return f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
     if a.goodput_per_gpu < b.goodput_per_gpu * (1.0 - RANK_TOLERANCE):
@@ -194,8 +201,13 @@ def _refine(problem: Problem, survivors: list[Survivor]) -> list[Candidate]:
     return out
 
 
-def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate | None, clock: Clock) -> tuple[list[Candidate], FunnelStage]:
+def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate | None, clock: Clock, *,
+                  entering: int) -> tuple[list[Candidate], FunnelStage]:
+    """Stage 6: simulate the top K distinct structures. Its row counts from what stage 5 admitted (`entering`), so the
+    funnel's counts only ever fall: those stage 5 did not hand on (their bound cannot tie the best) and the simulated
+    misses are its rejections; what stands after it is every handed-on candidate that did not miss (StageCountsFall)."""
     t0 = clock()
+    not_handed_on = max(entering - len(ranked), 0)
     # The top K distinct structures (knob variants of one structure would say the same thing).
     top: list[int] = []
     seen: set[str] = set()
@@ -206,8 +218,10 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
             if len(top) >= problem.search.top_k:
                 break
     k = len(top)
+    handed = {"not handed on by stage 5 (only the fewest-GPU candidates whose bound can tie the best go on)": not_handed_on} if not_handed_on else {}
     if simulate is None or k == 0:
-        return ranked, FunnelStage("6 simulation of the top K", k, 0, clock() - t0, {"not simulated: analytical figures kept": k} if k else {})
+        note = {"not simulated: analytical figures kept": len(ranked)} if ranked else {}
+        return ranked, FunnelStage("6 simulation of the top K", len(ranked), not_handed_on, clock() - t0, {**handed, **note})
     out, rejected = [], 0
     chosen = set(top)
     for c in (ranked[i] for i in top):
@@ -219,8 +233,11 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
         pred = replace(pred, meets_slo=meets, goodput_rps=pred.goodput_rps if meets else 0.0)
         rejected += not meets
         out.append(Candidate(c.layout, pred, c.score))
-    reasons = {"simulated SLO miss": rejected} if rejected else {}
-    return out + [c for i, c in enumerate(ranked) if i not in chosen], FunnelStage("6 simulation of the top K", k - rejected, rejected, clock() - t0, reasons)
+    reasons = {**handed, **({"simulated SLO miss": rejected} if rejected else {})}
+    if len(ranked) > k:
+        reasons["beyond the top K, not simulated: analytical figures kept"] = len(ranked) - k
+    return (out + [c for i, c in enumerate(ranked) if i not in chosen],
+            FunnelStage("6 simulation of the top K", len(ranked) - rejected, not_handed_on + rejected, clock() - t0, reasons))
 
 
 def context_rejection(problem: Problem) -> None:
@@ -277,7 +294,7 @@ def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress |
     if not result.survivors and problem.pinned is None:
         raise Infeasible(result.last_stage, result.closest_miss, funnel=tuple(stages), advice=infeasible_advice(problem, result, ladder=ladder))
     ranked = _rank(problem, _refine(problem, result.survivors))
-    ranked, stage6 = _simulate_top(problem, ranked, simulate, clock)
+    ranked, stage6 = _simulate_top(problem, ranked, simulate, clock, entering=stages[-1].admitted if stages else len(ranked))
     stages.append(stage6)
     ranked = _rank(problem, ranked)
     if problem.pinned is not None:
@@ -301,7 +318,8 @@ def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress |
     reasons = _reasons_for(problem, best, tuple(alternatives))
     if ratio is not None:
         reasons = (*reasons[:2], f"P:D {ratio.label}: {ratio.reason}", *reasons[2:])
-    stages.append(FunnelStage("7 ranking by objective", len(ranked), 0, clock() - t0 - stage6.seconds, {}))
+    # Ranking rejects nothing: it orders what stage 6 left standing (a simulated miss stays ranked last, not admitted).
+    stages.append(FunnelStage("7 ranking by objective", stage6.admitted, 0, clock() - t0 - stage6.seconds, {}))
     return Decision(
         best=best, alternatives=tuple(alternatives), funnel=tuple(stages), candidates_total=result.candidates_total,
         kv_bytes_per_token=kv_tok, weight_bytes=weights, reasons=reasons, current=current, evaluated=tuple(ranked), pd_ratio=ratio,

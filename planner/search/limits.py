@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from servingtopology.planner.layout import Layout
 from servingtopology.planner.perf.memory import language_model_bytes
+from servingtopology.planner.perf.predict import predict_figures
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.search.figure_text import ms_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
 
-__all__ = ["SloFloors", "slo_floors", "miss_text", "floor_lines"]
+__all__ = ["SloFloors", "slo_floors", "miss_text", "floor_lines", "idle_miss"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +107,20 @@ def floor_lines(problem: Problem, floors: SloFloors | None = None) -> tuple[str,
         out.append(f"p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms is under the physical floor of {f.ttft_floor_ms:,.1f} ms on "
                    f"{problem.gpu.id}: {f.ttft_reason()}")
     return tuple(out)
+
+
+IDLE_RPS = 1e-6   # the load "idle" is predicted at: one request at a time, no queue
+
+
+def idle_miss(problem: Problem, layout: Layout) -> str:
+    """Why a layout carries nothing within the SLOs (its SLO capacity is 0): the SLOs it misses even idle, each figure
+    against its limit (analytical: one request alone, no queue), or that it saturates before any load it could carry."""
+    slo = problem.slo
+    f = predict_figures(problem, [layout], [IDLE_RPS])
+    ttft_ms, tpot_ms = float(f.ttft_s[0]) * 1e3, float(f.tpot_s[0]) * 1e3
+    misses = [f"p{pct:g} {name} {ms_text(ms)} ms against the {limit:g} ms SLO"
+              for name, pct, ms, limit in (("TTFT", slo.ttft_percentile, ttft_ms, slo.ttft_ms), ("TPOT", slo.tpot_percentile, tpot_ms, slo.tpot_ms))
+              if not ms <= limit]
+    if misses:
+        return "even idle (one request alone, predicted) its " + " and ".join(misses)
+    return "it meets the SLOs only with no load at all: any rate it could carry pushes a percentile over its SLO"

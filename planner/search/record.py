@@ -19,6 +19,7 @@ from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.perf.memory import state_bytes_per_seq
 from servingtopology.planner.perf.step import measured_terms
 from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.search.figure_text import ms_text, per_gpu_text, rps_text, share_text
 from servingtopology.planner.search.record_facts import BLANK, LINKS_GBIT, MeasuredBaseline, RecordFacts, measured_binding, record_facts
 
 __all__ = ["render_record", "fmt_ms", "engine_label", "LINKS_GBIT"]
@@ -42,8 +43,8 @@ def engine_label(problem: Problem) -> str:
 def _cand_row(c: Candidate, head: str) -> str:
     p = c.prediction
     why = f"{head}: {c.why}" if head and c.why and c.why != "pinned by the spec" else (head or c.why)
-    return (f"| {c.layout.label} | {c.layout.gpus} | {p.ttft_ms:.0f} | {p.tpot_ms:.1f} | {p.capacity_rps:.1f} | "
-            f"{p.goodput_per_gpu:.2f} | {p.source} | {why} |")
+    return (f"| {c.layout.label} | {c.layout.gpus} | {ms_text(p.ttft_ms)} | {ms_text(p.tpot_ms)} | {rps_text(p.capacity_rps)} | "
+            f"{per_gpu_text(p.goodput_per_gpu)} | {p.source} | {why} |")
 
 
 def _model_notes(m: ModelArch) -> list[str]:
@@ -119,7 +120,7 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
         f"- **Workload:** {w.arrival_rate_rps:g} req/s, prompts of {f.mean_prompt_tokens:,.0f} tokens on average, outputs of "
         f"{w.output_tokens.expected_tokens:,.0f}, prefix share {w.prefix_share:.0%}.",
         f"- **Hardware:** up to {problem.max_gpus} × {g.name} ({g.memory_gib:g} GiB, {g.hbm_gbps:g} GB/s), {g.gpus_per_node} per node.",
-        "- **Single-GPU rate:** " + (f"{f.single_gpu_rps:.2f} req/s within the SLOs (predicted for {f.single_gpu_layout}, per GPU); "
+        "- **Single-GPU rate:** " + (f"{per_gpu_text(f.single_gpu_rps)} req/s within the SLOs (predicted for {f.single_gpu_layout}, per GPU); "
                                     if f.single_gpu_rps is not None else "no one-GPU replica meets the SLOs (predicted); ")
         + f"measured: {_b(f.baseline.load_rps if f.baseline.ttft_ms is not None else None, 'g')} req/s (baseline date: {f.baseline.at or BLANK}).",
         f"- **SLOs (client-observed):** {tt} ≤ {slo.ttft_ms:g} ms, {tp} ≤ {slo.tpot_ms:g} ms; objective {problem.objective.value}.",
@@ -130,13 +131,15 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
     b = f.binding
     if b is not None:
         with_margin = "" if b.margin == 1.0 else f" (× {b.margin:g} planning margin)"
-        limit = {"TTFT": f"{tt} reaches {b.ttft_ms:,.0f} ms{with_margin} against the {slo.ttft_ms:g} ms SLO",
-                 "TPOT": f"{tp} reaches {b.tpot_ms:,.1f} ms{with_margin} against the {slo.tpot_ms:g} ms SLO",
-                 "load": f"the load reaches {b.load_share:.0%} of what the layout can serve at all"}[b.slo]
+        limit = {"TTFT": f"{tt} reaches {ms_text(b.ttft_ms)} ms{with_margin} against the {slo.ttft_ms:g} ms SLO",
+                 "TPOT": f"{tp} reaches {ms_text(b.tpot_ms)} ms{with_margin} against the {slo.tpot_ms:g} ms SLO",
+                 "load": f"the load reaches {share_text(b.load_share, 'what the layout can serve at all')}"}[b.slo]
         nearer = "TTFT" if b.planned_ttft_share >= b.planned_tpot_share else "TPOT"
-        lines.append(f"- **Binding SLO (predicted):** {b.slo}: just past the SLO capacity of {b.at_rps:.1f} req/s, {limit}; at the "
-                     f"planned {w.arrival_rate_rps:g} req/s {nearer} is the nearer ({tt} at {b.planned_ttft_share:.0%} of its SLO, "
-                     f"{tp} at {b.planned_tpot_share:.0%}).")
+        where = (f"just past the SLO capacity of {rps_text(b.at_rps)} req/s" if b.at_rps > 0
+                 else "it carries nothing within the SLOs: even at the lightest load")
+        lines.append(f"- **Binding SLO (predicted):** {b.slo}: {where}, {limit}; at the planned {w.arrival_rate_rps:g} req/s {nearer} is "
+                     f"{'the nearer' if max(b.planned_ttft_share, b.planned_tpot_share) <= 1 else 'over its SLO'} ({tt} at "
+                     f"{share_text(b.planned_ttft_share, 'its SLO')}, {tp} at {share_text(b.planned_tpot_share, 'its SLO')}).")
     lines += [
         f"- **Interconnect:** {'NVLink' if g.nvlink_gbps > 0 else 'PCIe'} {g.scaleup_gbps:g} GB/s per GPU inside a node; NIC "
         f"{g.nic_gbit:g} Gb/s per GPU.",
@@ -168,16 +171,16 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
     for row in f.families:
         mark = "x" if row.evaluated or row.best else " "
         plural = "s" if row.best_gpus != 1 else ""
-        head = (f"best {row.best} on {row.best_gpus} GPU{plural} ({row.best_goodput_per_gpu:.2f} req/s per GPU)" if row.best
-                else "none meets the SLOs" if row.searched else "not searched")
+        head = (f"best {row.best} on {row.best_gpus} GPU{plural} ({per_gpu_text(row.best_goodput_per_gpu)} req/s per GPU)" if row.best
+                else "none meets the SLOs" if row.evaluated else "none reached the ranking" if row.searched else "not searched")
         if not row.searched:
             lines.append(f"- [ ] {_cap(row.family.value)}: {row.why}.")
             continue
         lines.append(f"- [{mark}] {_cap(row.family.value)} ({row.evaluated:,} evaluated): {head}: {row.why}.")
     lines += ["", "## Decision", "",
               f"- **Decision:** {'pinned by the spec: ' if f.pinned else ''}**{f.decision}** on {f.decision_gpus} GPUs "
-              f"({best.prediction.source} prediction: {tt} {best.prediction.ttft_ms:.0f} ms, {tp} {best.prediction.tpot_ms:.1f} ms, "
-              f"{best.prediction.capacity_rps:.1f} req/s within the SLOs, {best.prediction.goodput_per_gpu:.2f} per GPU).",
+              f"({best.prediction.source} prediction: {tt} {ms_text(best.prediction.ttft_ms)} ms, {tp} {ms_text(best.prediction.tpot_ms)} ms, "
+              f"{rps_text(best.prediction.capacity_rps)} req/s within the SLOs, {per_gpu_text(best.prediction.goodput_per_gpu)} per GPU).",
               "- **KV pool per rank:** " + ", ".join(f"{role} {tokens:,} tokens" for role, tokens in f.kv_pool_tokens.items()) + ".",
               "- **Rationale:**"]
     lines += [f"  - {r}" for r in decision.reasons]
@@ -194,7 +197,7 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
         lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{shlex.join(args)}`")
     if decision.current is not None:
         c = decision.current
-        lines += ["", f"Current layout {c.layout.label}: {tt} {c.prediction.ttft_ms:.0f} ms, {tp} {c.prediction.tpot_ms:.1f} ms, "
+        lines += ["", f"Current layout {c.layout.label}: {tt} {ms_text(c.prediction.ttft_ms)} ms, {tp} {ms_text(c.prediction.tpot_ms)} ms, "
                   f"{c.layout.gpus} GPUs."]
     lines += ["", "## Alternatives", "", "| layout | GPUs | TTFT ms | TPOT ms | SLO capacity req/s | req/s per GPU | source | why not |",
               "|---|---|---|---|---|---|---|---|", _cand_row(best, "pinned" if f.pinned else "chosen")]

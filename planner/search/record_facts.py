@@ -19,7 +19,8 @@ from servingtopology.planner.errors import PlannerError
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.perf.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
 from servingtopology.planner.perf.predict import predict_figures
-from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.problem import Candidate, Decision, Problem, SearchSpace
+from servingtopology.planner.search.figure_text import against_pinned_text, per_gpu_text, rps_text
 from servingtopology.planner.search.funnel import run_funnel
 from servingtopology.planner.search.limits import SloFloors, slo_floors
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
@@ -212,14 +213,29 @@ def _searched(problem: Problem, family: Family) -> bool:
             Family.TP_PP: any(p > 1 for p in s.pp)}[family]
 
 
-def _kind_miss(problem: Problem, kind: LayoutKind) -> str:
-    """Why no layout of `kind` passed the funnel: the stage that removed the last ones and the closest miss."""
+def _family_search(problem: Problem, family: Family) -> SearchSpace:
+    """The problem's search narrowed to one family (family_of's rule: PP > 1, else DP > 1, else TP > 1, else one GPU)."""
+    s = problem.search
+    if family is Family.PD:
+        return replace(s, layouts=(LayoutKind.PD,))
+    above = {Family.REPLICAS: ((1,), (1,), (1,)), Family.TP: (tuple(t for t in s.tp if t > 1), (1,), (1,)),
+             Family.DP: (s.tp, (1,), tuple(d for d in s.dp if d > 1)), Family.TP_PP: (s.tp, tuple(p for p in s.pp if p > 1), s.dp)}
+    tp, pp, dp = above[family]
+    return replace(s, layouts=(LayoutKind.REPLICAS,), tp=tp, pp=pp, dp=dp)
+
+
+def _family_miss(problem: Problem, family: Family) -> str:
+    """Why no layout of `family` reached the ranking, from the funnel run on that family alone: the stage that removed
+    its last candidates and the closest miss, or, where some passed stages 1–5, that none was handed on (stage 5 hands
+    on the fewest-GPU candidates whose bound can tie the best of all families)."""
     try:
-        result = run_funnel(replace(problem, search=replace(problem.search, layouts=(kind,)), pinned=None), keep=1)
+        result = run_funnel(replace(problem, search=_family_search(problem, family), pinned=None), keep=1)
     except (PlannerError, ValueError) as exc:
         return f"the funnel refused it ({exc})"
     if result.survivors:
-        return "passed the funnel but was outranked before stage 6 kept it"
+        passed = result.stages[-1].admitted
+        return (f"{passed:,} candidate{'s' if passed != 1 else ''} of it passed stages 1–5, but none could tie the best on its "
+                "analytical bound, so stage 5 handed none on to be simulated and ranked")
     return f"no layout passed stage '{result.last_stage}'; closest miss: {result.closest_miss}"
 
 
@@ -240,9 +256,9 @@ def _families(problem: Problem, decision: Decision, *, pinned: bool) -> tuple[Fa
         elif top is not None:
             a = top.prediction.goodput_per_gpu
             if pinned and a > b * (1.0 + RANK_TOLERANCE):
-                why = f"{a:.2f} req/s per GPU within the SLOs, {a / max(b, 1e-12):.1f}× the pinned layout's {b:.2f}; not chosen: the spec pins the layout"
+                why = f"{per_gpu_text(a)} req/s per GPU within the SLOs, {against_pinned_text(a, b)}; not chosen: the spec pins the layout"
             elif a < b * (1.0 - RANK_TOLERANCE):
-                why = f"{a:.2f} req/s per GPU within the SLOs against {b:.2f} ({1 - a / b:.0%} less)"
+                why = f"{per_gpu_text(a)} req/s per GPU within the SLOs against {per_gpu_text(b)} ({1 - a / b:.0%} less)"
             else:
                 alt = next((c for c in decision.alternatives if c.layout.structure == top.layout.structure), None)
                 why = alt.why if alt is not None and alt.why else f"within {RANK_TOLERANCE:.0%} ({a:.2f} against {b:.2f}), lost the tie-break"
@@ -250,15 +266,14 @@ def _families(problem: Problem, decision: Decision, *, pinned: bool) -> tuple[Fa
             why = "not searched (search.layouts, tp, pp and dp leave it out)"
         elif members:
             why = f"its {len(members)} candidates that passed the funnel missed an SLO in the step-level simulation"
-        elif fam is Family.PD or not any(family_of(c.layout) is not Family.PD for c in decision.evaluated):
-            kind = LayoutKind.PD if fam is Family.PD else LayoutKind.REPLICAS
-            why = _kind_miss(problem, kind)
         elif fam is Family.REPLICAS and not decision.weight_bytes < problem.gpu.memory_bytes:
             why = (f"one copy of the weights ({decision.weight_bytes / 1e9:,.1f} GB) does not fit one {problem.gpu.id} "
                    f"({problem.gpu.memory_gib:g} GiB)")
-        else:
-            why = "no candidate of it passed the funnel's stages 1–5 (budget, memory or the SLOs at the load)"
-        rows.append(FamilyRow(fam, searched, len(members), top.layout.label if top else None, top.layout.gpus if top else 0,
+        else:   # the family's own funnel says which stage removed it, never a stage that rejected nothing
+            why = _family_miss(problem, fam)
+        # The chosen (or pinned) layout was evaluated too, though a pin is not among the search's candidates.
+        count = len(members) + (top is best and not any(c.layout == best.layout for c in members))
+        rows.append(FamilyRow(fam, searched, count, top.layout.label if top else None, top.layout.gpus if top else 0,
                               top.prediction.goodput_per_gpu if top else 0.0, why))
     return tuple(rows)
 
@@ -295,7 +310,7 @@ def _measurements(problem: Problem, decision: Decision, pools: Mapping[str, int]
     out.append(f"Client-observed p{slo.ttft_percentile:g} TTFT and p{slo.tpot_percentile:g} TPOT of {best.layout.label} under an "
                f"open-loop benchmark at {w.arrival_rate_rps:g} req/s with the production prompt and output lengths (prediction error "
                "above 20 % invalidates the ranking).")
-    out.append(f"The load at which the SLOs break, against the predicted {p.capacity_rps:.1f} req/s.")
+    out.append(f"The load at which the SLOs break, against the predicted {rps_text(p.capacity_rps)} req/s.")
     if any(a.layout.kind is not best.layout.kind for a in decision.alternatives):
         out.append("The best alternative of the other layout kind at the same load, since the choice between kinds rests on the model.")
     return tuple(out)

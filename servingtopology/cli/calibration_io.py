@@ -17,6 +17,7 @@ from servingtopology.planner.layout import Layout
 from servingtopology.planner.live import error_bars
 from servingtopology.planner.perf.deployment_fit import DeploymentCalibration
 from servingtopology.planner.problem import Problem
+from servingtopology.planner.search.figure_text import UNBOUNDED
 
 __all__ = ["MAX_CALIBRATION_BYTES", "read_bytes", "read_calibration", "deployment_of", "prediction_intervals", "add_calibration_arg",
            "calibration_summary", "interval_text"]
@@ -64,7 +65,10 @@ def calibration_summary(cal: DeploymentCalibration, path: str) -> dict[str, Any]
 
 
 def interval_text(iv: Mapping[str, Any]) -> str:
-    lo, hi = iv.get("low"), iv.get("high")
+    """`55.5 [35.4–87.1]`; a figure with no finite value (nothing finished, or a queue without end) reads `unbounded`."""
+    value, lo, hi = iv.get("value"), iv.get("low"), iv.get("high")
+    if value is None or not math.isfinite(value):
+        return f"{UNBOUNDED} [no interval]"
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"{iv['value']:.1f} [no interval]"
+        return f"{value:.1f} [no interval]"
     return f"{iv['value']:.1f} [{lo:.1f}–{hi:.1f}]"

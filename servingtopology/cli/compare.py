@@ -23,6 +23,7 @@ from servingtopology.planner.errors import InvalidSpec, PinRefused
 from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.problem import Candidate, Problem
 from servingtopology.planner.search.decide import predict_layout, refuse_pin
+from servingtopology.planner.search.figure_text import finite_json, json_number, ms_text, per_gpu_text, ratio_text, rps_text
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
 from servingtopology.spec import SpecError, load_yaml, to_problem
 
@@ -142,10 +143,12 @@ def _verdicts(rows: list[Compared]) -> dict[str, str]:
         elif r is top:
             out[r.name] = "most req/s per GPU within the SLOs"
         elif p.goodput_per_gpu >= best * (1.0 - RANK_TOLERANCE):
-            out[r.name] = f"within {RANK_TOLERANCE:.0%} of {top.name} ({p.goodput_per_gpu:.2f} against {best:.2f} req/s per GPU): a tie"
+            out[r.name] = (f"within {RANK_TOLERANCE:.0%} of {top.name} ({per_gpu_text(p.goodput_per_gpu)} against {per_gpu_text(best)} "
+                           "req/s per GPU): a tie")
         else:
-            out[r.name] = (f"{p.goodput_per_gpu:.2f} req/s per GPU against {top.name}'s {best:.2f} "
-                           f"({top.name} carries {best / max(p.goodput_per_gpu, 1e-12):.2f}× as much per GPU)")
+            ratio = ratio_text(best, p.goodput_per_gpu)
+            out[r.name] = (f"{per_gpu_text(p.goodput_per_gpu)} req/s per GPU against {top.name}'s {per_gpu_text(best)} "
+                           + (f"({top.name} carries {ratio} as much per GPU)" if ratio else "(it carries next to nothing within the SLOs)"))
     return out
 
 
@@ -160,7 +163,7 @@ def rows_json(problem: Problem, rows: list[Compared]) -> list[dict[str, Any]]:
         c, p = r.candidate, r.candidate.prediction
         out.append({
             "name": r.name, "label": c.layout.label, "kind": c.layout.kind.value, "gpus": c.layout.gpus,
-            "ttft_ms": round(p.ttft_ms, 3), "tpot_ms": round(p.tpot_ms, 3), "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
+            "ttft_ms": json_number(p.ttft_ms, 3), "tpot_ms": json_number(p.tpot_ms, 3), "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
             "slo_capacity_rps": round(p.capacity_rps, 3), "goodput_per_gpu": round(p.goodput_per_gpu, 4),
             "slo_capacity_tok_s_per_gpu": _tok_s_per_gpu(problem, c), "throughput_tok_s": round(p.throughput_tok_s, 1),
             "meets_slo": p.meets_slo, "source": p.source, "kv_pool_tokens": r.pools,
@@ -176,8 +179,9 @@ def _print(problem: Problem, rows: list[dict[str, Any]]) -> None:
     print(f"{'name':<10} {'layout':<24} {'GPUs':>4} {f'p{slo.ttft_percentile:g} TTFT ms':>13} {f'p{slo.tpot_percentile:g} TPOT ms':>13} "
           f"{'tok/s/user':>10} {'SLO cap. req/s':>14} {'req/s/GPU':>9} {'tok/s/GPU':>9} {'SLOs':>5} {'source':>10}")
     for r in rows:
-        print(f"{r['name']:<10} {r['label']:<24} {r['gpus']:>4} {r['ttft_ms']:>13,.0f} {r['tpot_ms']:>13.1f} {r['tokens_per_s_per_user']:>10.1f} "
-              f"{r['slo_capacity_rps']:>14.1f} {r['goodput_per_gpu']:>9.2f} {r['slo_capacity_tok_s_per_gpu']:>9.0f} "
+        print(f"{r['name']:<10} {r['label']:<24} {r['gpus']:>4} {ms_text(r['ttft_ms']):>13} {ms_text(r['tpot_ms']):>13} "
+              f"{r['tokens_per_s_per_user']:>10.1f} {rps_text(r['slo_capacity_rps']):>14} {per_gpu_text(r['goodput_per_gpu']):>9} "
+              f"{r['slo_capacity_tok_s_per_gpu']:>9.0f} "
               f"{'met' if r['meets_slo'] else 'MISS':>5} {r['source']:>10}")
     print(f"   SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; SLO cap. = the "
           "highest load within both SLOs, as plan states it for a pinned layout (without the search's 10 % planning margin);\n"
@@ -203,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
         save(compare_figure(problem, [(r.name, r.candidate) for r in compared]), args.plot)
     if args.json:
-        print(json.dumps({"load_rps": problem.workload.arrival_rate_rps, "layouts": rows, **({"plot": args.plot} if args.plot else {})},
+        print(json.dumps(finite_json({"load_rps": problem.workload.arrival_rate_rps, "layouts": rows, **({"plot": args.plot} if args.plot else {})}),
                          indent=1))
         return 0
     _print(problem, rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.search.advice import InfeasibleAdvice
 from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.figure_text import UNBOUNDED, finite_json, json_number, ms_text, per_gpu_text, rps_text
+from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.record import engine_label, render_record
 from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
 from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data, to_problem
@@ -84,7 +87,7 @@ def candidate_json(problem: Problem, c: Candidate, spec: PlanSpec | None = None)
         "layout_spec": layout_to_dict(c.layout),
         "kv_cache_dtype": next(iter(c.layout.roles.values())).knobs.kv_dtype.value,
         "prediction": {
-            "ttft_ms": round(p.ttft_ms, 3), "tpot_ms": round(p.tpot_ms, 3), "throughput_tok_s": round(p.throughput_tok_s, 1),
+            "ttft_ms": json_number(p.ttft_ms, 3), "tpot_ms": json_number(p.tpot_ms, 3), "throughput_tok_s": round(p.throughput_tok_s, 1),
             "slo_capacity_rps": round(p.capacity_rps, 3), "slo_capacity_tok_s_per_gpu": _tok_s_per_gpu(p.capacity_rps, out_tokens, c.layout.gpus),
             "goodput_rps": round(p.goodput_rps, 3), "goodput_per_gpu": round(p.goodput_per_gpu, 4),
             "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
@@ -138,8 +141,9 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
           f"{'tok/s/user':>10} {'SLO cap. req/s':>14} {'req/s/GPU':>9} {'tok/s/GPU':>9} {'source':>10}")
     for i, c in enumerate((d.best, *d.alternatives)):
         p = c.prediction
-        print(f"{i + 1:>2} {c.layout.label:<28} {c.layout.gpus:>4} {p.ttft_ms:>13.0f} {p.tpot_ms:>13.1f} {p.tokens_per_s_per_user:>10.1f} "
-              f"{p.capacity_rps:>14.1f} {p.goodput_per_gpu:>9.2f} {_tok_s_per_gpu(p.capacity_rps, out_tokens, c.layout.gpus):>9.0f} {p.source:>10}")
+        print(f"{i + 1:>2} {c.layout.label:<28} {c.layout.gpus:>4} {_cell(p.ttft_ms, '.0f'):>13} {_cell(p.tpot_ms, '.1f'):>13} "
+              f"{p.tokens_per_s_per_user:>10.1f} {rps_text(p.capacity_rps):>14} {per_gpu_text(p.goodput_per_gpu):>9} "
+              f"{_tok_s_per_gpu(p.capacity_rps, out_tokens, c.layout.gpus):>9.0f} {p.source:>10}")
     print(f"   at the load of {problem.workload.arrival_rate_rps:g} req/s; tok/s/user = 1000 / mean TPOT ms; SLO cap. = the highest load "
           "within both SLOs;\n   req/s/GPU and tok/s/GPU (output tokens) at that capacity, per GPU")
     print()
@@ -153,6 +157,11 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
     if any(rc.nodes > 1 for rc in commands):
         print(f"  {MULTINODE_NOTE}")
     print()
+
+
+def _cell(value: float, fmt: str) -> str:
+    """A table cell: the figure, or `unbounded` where it has none (never `inf`)."""
+    return f"{value:{fmt}}" if math.isfinite(value) else UNBOUNDED
 
 
 def _print_intervals(problem: Problem, d: Decision, uncalibrated: Decision | None, calibration: Any, with_intervals: Any) -> None:
@@ -265,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
                  "uncalibrated": {"best": with_intervals(uncalibrated.best, None),
                                   "alternatives": [with_intervals(c, None) for c in uncalibrated.alternatives]}}
     if args.json:
-        print(json.dumps({
+        print(json.dumps(finite_json({
             **({"plot": args.plot} if args.plot else {}),
             "funnel": funnel_json(decision.funnel),
             "candidates_total": decision.candidates_total,
@@ -277,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
             "reasons": list(decision.reasons),
             "decision_record": facts_json(facts),
             "record": record,
-        }, indent=1))
+        }), indent=1))
         return 0
     _print_funnel(decision.funnel, decision.candidates_total)
     _print_best(spec, problem, decision)
@@ -320,12 +329,17 @@ def _print_summary(problem: Problem, d: Decision, facts: RecordFacts) -> None:
     slo, best = problem.slo, d.best
     p = best.prediction
     word = "Pinned" if facts.pinned else "Decision"
-    print(f"{word}: {best.layout.label} on {best.layout.gpus} GPUs: p{slo.ttft_percentile:g} TTFT {p.ttft_ms:,.0f} ms of "
-          f"{slo.ttft_ms:g}, p{slo.tpot_percentile:g} TPOT {p.tpot_ms:,.1f} ms of {slo.tpot_ms:g} at {problem.workload.arrival_rate_rps:g} req/s; "
-          f"{p.capacity_rps:.1f} req/s within the SLOs ({p.goodput_per_gpu:.2f} per GPU)")
+    carries = (f"{rps_text(p.capacity_rps)} req/s within the SLOs ({per_gpu_text(p.goodput_per_gpu)} per GPU)" if p.capacity_rps > 0
+               else f"it carries nothing within the SLOs: {idle_miss(problem, best.layout)}")
+    unfinished = "" if math.isfinite(p.ttft_ms) and math.isfinite(p.tpot_ms) else (
+        f" ({p.source}: requests do not finish at this load, so no percentile is finite)")
+    print(f"{word}: {best.layout.label} on {best.layout.gpus} GPUs: p{slo.ttft_percentile:g} TTFT {ms_text(p.ttft_ms)} of "
+          f"{slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT {ms_text(p.tpot_ms)} of {slo.tpot_ms:g} ms at {problem.workload.arrival_rate_rps:g} "
+          f"req/s{unfinished}; {carries}")
     b = facts.binding
     if b is not None:
-        print(f"Binding SLO: {b.slo} (what stops it just past {b.at_rps:.1f} req/s)")
+        print(f"Binding SLO: {b.slo} " + (f"(what stops it just past {rps_text(b.at_rps)} req/s)" if b.at_rps > 0
+                                          else "(missed even at the lightest load)"))
     for row in facts.families:
         if row.best != facts.decision and row.searched:
             print(f"  {row.family.value}: {row.why}")

@@ -36,6 +36,7 @@ from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout,
 from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.perf.memory_fit import Longest
 from servingtopology.planner.search.decide import refuse_pin
+from servingtopology.planner.search.figure_text import finite_json
 from servingtopology.planner.sim import (
     Percentiles,
     RequestSet,
@@ -382,27 +383,30 @@ def run_replay(rep: Replay) -> SimResult:
     return simulate(rep.layout, model=rep.model, gpu=rep.gpu, engine=rep.engine, requests=rep.requests, pool_tokens=pools)
 
 
-def compare(result: SimResult, recorded: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    """Predicted against recorded mean/p50/p90/p99 of TTFT, TPOT and latency, with the error in %."""
+def compare(result: SimResult, recorded: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Predicted against recorded mean/p50/p90/p99 of TTFT, TPOT and latency, with the error in % (None where a side has no
+    finite figure: no request finished)."""
     s = result.summary()
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
     for metric in METRICS:
         pred: Percentiles = getattr(s, metric)
         rec = percentiles(recorded[metric])
         out[metric] = {}
         for stat in STATS:
             p, r = getattr(pred, stat), getattr(rec, stat)
-            err = (p - r) / r * 100.0 if r else math.nan
-            out[metric][stat] = {"predicted": round(p, 3), "recorded": round(r, 3), "error_pct": round(err, 2)}
+            err = _num((p - r) / r * 100.0) if r and math.isfinite(p) and math.isfinite(r) else None   # None: no error to state
+            out[metric][stat] = {"predicted": _num(p), "recorded": _num(r), "error_pct": err}
     return out
 
 
-def _print_compare(table: Mapping[str, Mapping[str, Mapping[str, float]]], title: str) -> None:
+def _print_compare(table: Mapping[str, Mapping[str, Mapping[str, float | None]]], title: str) -> None:
     print(title)
     print(f"{'metric':<14}{'predicted':>14}{'recorded':>14}{'error %':>10}")
     for metric, stats in table.items():
         for stat, v in stats.items():
-            print(f"{metric.removesuffix('_ms') + ' ' + stat:<14}{v['predicted']:>14.1f}{v['recorded']:>14.1f}{v['error_pct']:>+10.1f}")
+            cells = [f"{v[k]:>{w}{f}}" if v[k] is not None else f"{'-':>{w}}" for k, w, f in
+                     (("predicted", 14, ".1f"), ("recorded", 14, ".1f"), ("error_pct", 10, "+.1f"))]
+            print(f"{metric.removesuffix('_ms') + ' ' + stat:<14}" + "".join(cells))
 
 
 # ---- one layout from a spec ----------------------------------------------------------------------------
@@ -429,19 +433,26 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def _print_summary(out: Mapping[str, Any], slo: Slo | None = None, rate_rps: float | None = None) -> None:
+def _print_summary(out: Mapping[str, Any], slo: Slo | None = None, rate_rps: float | None = None) -> bool:
+    """Print one run's summary; False when no measured request finished (then there are no latencies to show, and it
+    says so in words instead of a table of nan)."""
     print(f"layout {out['layout']} on {out['gpus']} GPUs: {out['finished']} of {out['requests']} requests finished "
           f"({out['unfinished']} unfinished), {out['preemptions']} preemptions, simulated in {out['wall_s']:.2f} s")
+    if not out["finished"]:
+        print(f"no measured request finished, so no latency or throughput can be stated: the {out['unfinished']} left were still "
+              "waiting or running when the simulation could go no further (a queue that never drains, or requests the ranks "
+              "cannot admit)")
+        return False
     print(f"{'ms':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}")
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "queue_ms"):
         row = out[key]
-        print(f"{key.removesuffix('_ms'):<10}" + "".join(f"{(row[k] if row[k] is not None else math.nan):>10.1f}"
+        print(f"{key.removesuffix('_ms'):<10}" + "".join(f"{row[k]:>10.1f}" if row[k] is not None else f"{'-':>10}"
                                                          for k in ("mean", "p50", "p90", "p95", "p99")))
     print(f"throughput {out['throughput_tok_s']:,.1f} output tok/s ({out['throughput_tok_s_per_gpu']:,.1f} per GPU) and "
           f"{out['request_rps']:.2f} req/s finished over the {out['duration_s']:.1f} s from the first arrival to the last finish; "
           f"KV in use {out['kv_utilisation_mean']:.0%} on average")
     if slo is None or out.get("goodput_rps") is None:
-        return
+        return True
     ttft, tpot = out["ttft_ms"].get(f"p{slo.ttft_percentile:g}"), out["tpot_ms"].get(f"p{slo.tpot_percentile:g}")
     met = ttft is not None and tpot is not None and ttft <= slo.ttft_ms and tpot <= slo.tpot_ms
     drawn = f" (the spec's {rate_rps:g} req/s, as drawn)" if rate_rps else ""
@@ -451,6 +462,7 @@ def _print_summary(out: Mapping[str, Any], slo: Slo | None = None, rate_rps: flo
     print(f"goodput {out['goodput_rps']:.1f} req/s: requests that each met both targets ({out['slo_attainment']:.1%} of them) per "
           f"second of the {out['duration_s']:.1f} s run, the drain after the last arrival included (vLLM's benchmark definition), "
           f"so below the offered rate even when every request meets its targets")
+    return True
 
 
 def _run_spec(args: argparse.Namespace) -> int:
@@ -486,18 +498,18 @@ def _run_spec(args: argparse.Namespace) -> int:
             out["calibrated"] = one(calibration)
         out["calibration"] = calibration_summary(calibration, args.calibration)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(finite_json(out)))
     else:
-        _print_summary(out, problem.slo, None if args.trace else problem.workload.arrival_rate_rps)
-        iv = out["intervals"]
-        print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % intervals "
-              f"(class {iv['ttft_ms_mean']['class']})")
+        if _print_summary(out, problem.slo, None if args.trace else problem.workload.arrival_rate_rps):
+            iv = out["intervals"]
+            print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % "
+                  f"intervals (class {iv['ttft_ms_mean']['class']})")
         if calibration is not None:
             print(f"\ncalibrated ({args.calibration}: {calibration.points_used} points):")
-            _print_summary(out["calibrated"], problem.slo, None if args.trace else problem.workload.arrival_rate_rps)
-            iv = out["calibrated"]["intervals"]
-            print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % "
-                  "intervals, with the deployment's own residual")
+            if _print_summary(out["calibrated"], problem.slo, None if args.trace else problem.workload.arrival_rate_rps):
+                iv = out["calibrated"]["intervals"]
+                print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % "
+                      "intervals, with the deployment's own residual")
     return 0
 
 
@@ -507,7 +519,7 @@ def run(args: argparse.Namespace) -> int:
             rep = load_replay(Path(args.replay), model_config=Path(args.model_config) if args.model_config else None)
             table = compare(run_replay(rep), rep.recorded)
             if args.json:
-                print(json.dumps(table))
+                print(json.dumps(finite_json(table)))
             else:
                 _print_compare(table, f"replay of {args.replay}: {rep.layout.label} on {rep.gpu.id}, {len(rep.requests)} requests")
             return 0
