@@ -263,7 +263,9 @@ def _families(problem: Problem, decision: Decision, *, pinned: bool) -> tuple[Fa
                 alt = next((c for c in decision.alternatives if c.layout.structure == top.layout.structure), None)
                 why = alt.why if alt is not None and alt.why else f"within {RANK_TOLERANCE:.0%} ({a:.2f} against {b:.2f}), lost the tie-break"
         elif not searched:
-            why = "not searched (search.layouts, tp, pp and dp leave it out)"
+            # Hidden, not listed as an alternative: a kind the search leaves out (a resource's policy.allowedLayouts narrows
+            # search.layouts) is never offered, so no alternative of it can stand beside the decision (DisallowedHidden).
+            why = "not searched: search.layouts (narrowed by a resource's policy.allowedLayouts), tp, pp and dp leave it out"
         elif members:
             why = f"its {len(members)} candidates that passed the funnel missed an SLO in the step-level simulation"
         elif fam is Family.REPLICAS and not decision.weight_bytes < problem.gpu.memory_bytes:

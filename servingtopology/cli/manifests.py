@@ -1,20 +1,26 @@
 """`servingtopology plan SPEC --manifests DIR`: the objects the operator would apply for SPEC, one YAML file each.
 
-Called by cli/plan.py. SPEC is a ServingTopology resource (its metadata names the objects) or its spec alone (named
-`servingtopology` in `default`). The plan and the objects come from the operator's own steps (operator/offline.py),
-so a GitOps review sees what the operator would apply; `kubectl apply --dry-run=server -f DIR` checks them.
+Called by cli/plan.py, which then prints the same plan. SPEC is a ServingTopology resource (its metadata names the
+objects) or its spec alone (named `servingtopology` in `default`). The plan and the objects come from the operator's
+own steps (operator/offline.py), so a GitOps review sees what the operator would apply; `kubectl apply
+--dry-run=server -f DIR` checks them.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.problem import Decision, Problem
 from servingtopology.spec import SpecError, read_spec_data
+
+if TYPE_CHECKING:
+    from servingtopology.operator.api.resource import TopologySpec
+    from servingtopology.operator.offline import OfflinePlan
 
 __all__ = ["write_manifests", "DEFAULT_NAME", "DEFAULT_NAMESPACE"]
 
@@ -29,26 +35,21 @@ def _resource(data: Any) -> tuple[str, str, Any]:
     return DEFAULT_NAME, DEFAULT_NAMESPACE, data
 
 
-def write_manifests(spec_path: str | None, directory: str) -> int:
-    """Plan as the operator would and write its objects to `directory` (created; files of an earlier run are replaced).
+def write_manifests(spec_path: str | None, spec: TopologySpec, directory: str, *,
+                    planner: Callable[[Problem], Decision]) -> OfflinePlan:
+    """Plan `spec` (read from `spec_path`, what-if flags applied) as the operator would, with `planner`, and write its
+    objects to `directory` (created; files of an earlier run are replaced). The returned plan is the one `plan` then
+    prints, so the table, the record and the objects are one decision (OneDecision).
 
-    Returns 0, 1 (no feasible layout) or 2 (invalid spec; the message names the field), the plan command's codes."""
-    from servingtopology.cli.spec_input import emit_spec_error
-    from servingtopology.operator.api.resource import check_resource_name, parse_topology_spec
+    Raises SpecError or InvalidSpec (nothing written; the message names the field) and Infeasible (nothing written)."""
+    from servingtopology.operator.api.resource import check_resource_name
     from servingtopology.operator.offline import file_name, plan_offline
 
     if spec_path is None:
-        return emit_spec_error(SpecError([("spec", "--manifests needs a ServingTopology (or its spec) to render")]))
-    try:
-        name, namespace, raw = _resource(read_spec_data(spec_path))
-        check_resource_name(name)
-        spec = parse_topology_spec(raw)
-        offline = plan_offline(spec, name=name, namespace=namespace)
-    except (SpecError, InvalidSpec) as exc:
-        return emit_spec_error(exc)
-    except Infeasible as exc:
-        print(f"No feasible layout: nothing written to {directory}. Closest miss: {exc.closest_miss}", file=sys.stderr)
-        return 1
+        raise SpecError([("spec", "--manifests needs a ServingTopology (or its spec) to render")])
+    name, namespace, _ = _resource(read_spec_data(spec_path))
+    check_resource_name(name)
+    offline = plan_offline(spec, name=name, namespace=namespace, planner=planner)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("[0-9][0-9]-*.yaml"):
@@ -60,4 +61,4 @@ def write_manifests(spec_path: str | None, directory: str) -> int:
         (out / file_name(i, obj)).write_text(header + yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))
     print(f"wrote {len(offline.objects)} objects for {offline.layout.label} to {out}/ (check them with "
           f"kubectl apply --dry-run=server -f {out})", file=sys.stderr)
-    return 0
+    return offline

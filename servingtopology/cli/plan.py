@@ -25,7 +25,7 @@ from servingtopology.cli.calibration_io import (
     read_calibration,
 )
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
-from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
+from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
@@ -37,7 +37,7 @@ from servingtopology.planner.search.figure_text import UNBOUNDED, finite_json, j
 from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.record import engine_label, render_record
 from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
-from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data, to_problem
+from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]
 
@@ -198,16 +198,14 @@ def run(args: argparse.Namespace) -> int:
         from servingtopology.cli.pool import run_pool
 
         return run_pool(args)
-    if getattr(args, "manifests", None):
-        from servingtopology.cli.manifests import write_manifests
-
-        written = write_manifests(args.spec, args.manifests)
-        if written:
-            return written
+    manifests = getattr(args, "manifests", None)
     try:
         check_record_path(args.record)
-        spec = read_spec(args.spec, whatif_overrides(args))
-        problem = to_problem(spec)
+        if manifests and getattr(args, "calibration", None):
+            raise InvalidSpec("--calibration", "not with --manifests: the operator applies a resource's own spec.calibration, so "
+                                               "the objects written could not be the calibrated plan printed")
+        spec = read_spec(args.spec, whatif_overrides(args), as_resource=bool(manifests))
+        problem = plan_problem(spec)
         read_model_identity(spec)   # the plan renders engine commands: what they load and serve is named before planning
         calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
         baseline = read_baseline(args.baseline)
@@ -227,7 +225,19 @@ def run(args: argparse.Namespace) -> int:
             bar.refresh()
     uncalibrated: Decision | None = None
     try:
-        decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress, clock=time.perf_counter)
+        if manifests:
+            # One decision: the objects written and everything printed below come from this one plan, made as the
+            # operator makes it (its stage 6), or without stage 6 where --no-simulate says so.
+            from servingtopology.cli.manifests import write_manifests
+            from servingtopology.operator.api.resource import TopologySpec
+            from servingtopology.operator.runtime.plan_worker import plan_with_simulator
+
+            assert isinstance(spec, TopologySpec)
+            offline = write_manifests(args.spec, spec, manifests, planner=(lambda p: decide(p, progress=progress, clock=time.perf_counter))
+                                      if args.no_simulate else plan_with_simulator)
+            problem, decision = offline.problem, offline.decision
+        else:
+            decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress, clock=time.perf_counter)
         if calibration is not None:
             # The same search with the deployment's correction applied; the uncalibrated decision is shown beside it.
             uncalibrated = decision
@@ -237,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         if bar:
             bar.close()
         funnel = [s for s in exc.funnel if isinstance(s, FunnelStage)]
+        if manifests:
+            print(f"nothing written to {manifests}", file=sys.stderr)
         if isinstance(exc, PinRefused):   # the pinned layout fails a check of the search's: no funnel ran
             if args.json:
                 print(json.dumps({"error": "infeasible", "pinned": True, "stage": exc.stage, "field": exc.field, "message": exc.message}))
@@ -253,7 +265,9 @@ def run(args: argparse.Namespace) -> int:
                 for line in exc.advice.lines():
                     print(f"  - {line}")
         return 1
-    except InvalidSpec as exc:
+    except (SpecError, InvalidSpec) as exc:
+        if bar:
+            bar.close()
         return emit_spec_error(exc, as_json=args.json)
     if bar:
         bar.close()

@@ -17,27 +17,43 @@ from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import Simulate
 from servingtopology.planner.sim.stage import stage6_figures
-from servingtopology.spec import DEFAULT_SPEC, PlanSpec, SpecError, parse_spec, read_spec_data, to_layout
+from servingtopology.spec import DEFAULT_SPEC, PlanSpec, SpecError, parse_spec, read_spec_data, to_layout, to_problem
 
-__all__ = ["emit_spec_error", "read_spec", "layout_for", "simulator_for"]
+__all__ = ["emit_spec_error", "read_spec", "plan_problem", "layout_for", "simulator_for"]
 
 
-def read_spec(path: str | None, overrides: Mapping[str, Any] | None = None) -> PlanSpec:
+def read_spec(path: str | None, overrides: Mapping[str, Any] | None = None, *, as_resource: bool = False) -> PlanSpec:
     """A planning spec from a file (None: the embedded default scenario); a ServingTopology resource (kind:
-    ServingTopology) is read from its `spec`. `overrides` (cli/whatif.py: dotted field → value) are set before the
-    spec is validated, and an error in a field a flag set names the flag."""
+    ServingTopology) is read from its `spec`, as the resource's TopologySpec (so its policy, the pin and
+    allowedLayouts, is planned as the operator plans it: `plan_problem`); `as_resource` reads a bare spec so too
+    (`--manifests`). `overrides` (cli/whatif.py: dotted field → value) are set before the spec is validated, and an
+    error in a field a flag set names the flag."""
     ov = dict(overrides or {})
     data = json.loads(json.dumps(DEFAULT_SPEC)) if path is None else read_spec_data(path)  # bounded: size, UTF-8, depth
     try:
-        if isinstance(data, dict) and data.get("kind") == "ServingTopology":
+        resource = isinstance(data, dict) and data.get("kind") == "ServingTopology"
+        if resource or as_resource:
             from servingtopology.operator.api.resource import parse_topology_spec
 
-            return parse_topology_spec(apply_overrides(data.get("spec"), ov))
+            return parse_topology_spec(apply_overrides(data.get("spec") if resource else data, ov))
         return parse_spec(apply_overrides(data, ov))
     except SpecError as exc:
         if not ov:
             raise
         raise SpecError(flag_errors(list(exc.errors), ov)) from None
+
+
+def plan_problem(spec: PlanSpec) -> Problem:
+    """The Problem `plan` decides for `spec`: a resource's as the operator builds it (operator/pass_context
+    `problem_from_spec`: policy.mode Pinned pins spec.pinned, policy.allowedLayouts narrows the search), so the table,
+    the record and `--manifests` show the one decision the operator would make (OneDecision); a bare spec's `to_problem`."""
+    from servingtopology.operator.api.resource import TopologySpec
+
+    if isinstance(spec, TopologySpec):
+        from servingtopology.operator.pass_context import problem_from_spec
+
+        return problem_from_spec(spec, None)
+    return to_problem(spec)
 
 
 def layout_for(spec: PlanSpec, problem: Problem) -> Layout:

@@ -4,6 +4,7 @@ commands are the ones `plan --json` prints for the same resource; a bad spec wri
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -52,3 +53,40 @@ def test_a_bad_spec_writes_nothing_and_names_the_field(tmp_path: Path, capsys: p
     assert main(["plan", str(bad), "--manifests", str(tmp_path / "out")]) == 2
     assert "spec.hardware.gpu" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def _manifest_layout(directory: Path) -> str:
+    """The layout the written objects render, from their header."""
+    header = sorted(directory.glob("*.yaml"))[0].read_text().splitlines()[0]
+    return header.split(" (", 1)[1].rsplit(", ", 1)[0]
+
+
+@pytest.mark.parametrize(("example", "flags"), [
+    # a Pinned resource: the table and record are its pin (9 objects for 1P2D@TP2), never a searched 2×TP1
+    ("vllm-pinned-pd.yaml", ["--no-simulate"]),
+    # allowedLayouts [replicas]: what is written is what is printed, with the operator's stage 6
+    ("vllm-replicas.yaml", []),
+    # a what-if flag moves both: the objects are planned at the load the table states
+    ("vllm-replicas.yaml", ["--no-simulate", "--rate", "90"]),
+])
+def test_the_printed_plan_and_the_written_objects_are_one_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str], example: str,
+                                                                   flags: list[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / example), "--manifests", str(out), "--json", "--no-progress", *flags]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["best"]["label"] == _manifest_layout(out)
+    assert plan["decision_record"]["decision"] == plan["best"]["label"]
+    if "--rate" in flags:
+        assert "at 90 req/s" in plan["reasons"][0]
+
+
+def test_a_resource_planned_alone_honours_its_policy_as_its_manifests_do(capsys: pytest.CaptureFixture[str]) -> None:
+    # allowedLayouts [replicas]: no PD layout is offered, as an alternative or at all; the record says why it is absent
+    assert main(["plan", str(EXAMPLES / "vllm-replicas.yaml"), "--json", "--no-simulate", "--no-progress"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    kinds = {plan["best"]["layout_spec"]["kind"], *(a["layout_spec"]["kind"] for a in plan["alternatives"])}
+    assert kinds == {"replicas"}
+    assert "narrowed by a resource's policy.allowedLayouts" in plan["record"]
+    # policy.mode Pinned pins spec.pinned without --manifests too
+    assert main(["plan", str(EXAMPLES / "vllm-pinned-pd.yaml"), "--json", "--no-simulate", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]["label"] == "1P2D@TP2"
