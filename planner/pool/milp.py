@@ -41,6 +41,17 @@ class MilpResult:
     nodes: int
 
 
+class _QuietHighs(highspy.Highs):
+    """highspy's solver with its log off before its first call (QuietSolver). The wrapper's constructor enables its
+    callbacks, a HiGHS call that prints the banner ("Running HiGHS …") on stdout while output_flag still has its default
+    (highspy 1.16): on `plan --pool --json` that banner came before the JSON. Setting the option is the one call that
+    logs nothing, so it goes first."""
+
+    def enableCallbacks(self) -> None:
+        self.setOptionValue("output_flag", False)
+        super().enableCallbacks()  # type: ignore[no-untyped-call]
+
+
 def solve_milp(cost: FloatArray, rows: FloatArray, row_lower: FloatArray, row_upper: FloatArray, *, col_lower: FloatArray,
                col_upper: FloatArray, integer: npt.NDArray[np.bool_], maximize: bool, node_limit: int = 20_000,
                relax: bool = False) -> MilpResult:
@@ -50,7 +61,7 @@ def solve_milp(cost: FloatArray, rows: FloatArray, row_lower: FloatArray, row_up
     ±inf. Rows are dense (n_rows × n_cols); the pool planner's models have a few thousand columns and rows.
     """
     n_rows, n_cols = rows.shape
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
+    h = _QuietHighs()  # type: ignore[no-untyped-call]
     for key, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("mip_rel_gap", 0.0), ("mip_abs_gap", 1e-9),
                        ("mip_max_nodes", int(node_limit))):
         h.setOptionValue(key, value)

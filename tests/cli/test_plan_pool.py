@@ -69,3 +69,16 @@ def test_plan_pool_record_alone_prints_the_record(tmp_path: Path, capsys: pytest
     assert main(["plan", "--pool", str(_pool(tmp_path)), "--record"]) == 0
     out = capsys.readouterr().out
     assert "# Pool decision record" in out and "## Short" in out
+
+
+def test_plan_pool_json_is_json_alone_on_stdout_as_a_pipe_reads_it(tmp_path: Path) -> None:
+    # `plan --pool --json | python -m json.tool`: the solver library writes below Python's sys.stdout, so only a real
+    # process's stdout shows a banner ahead of the JSON (highspy's constructor printed one before output_flag was off).
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "servingtopology", "plan", "--pool", str(_pool(tmp_path)), "--json"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["members"]
+    assert "HiGHS" not in done.stdout + done.stderr
