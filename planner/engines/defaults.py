@@ -5,8 +5,9 @@ Read by planner/fidelity/benchmark_cases.py (the public rows ran with the engine
 the engine gives). Pure; `gpu` is the catalog entry, every count may be a numpy array.
 
 Sources (shared/reference/engines.md sections 1.1 and 2.1):
-- vLLM V1, `vllm serve` (EngineArgs._set_default_args, OpenAI API server usage context): max_num_batched_tokens 8192
-  and max_num_seqs 1024 on a GPU of at least 70 GiB, else 2048 and 256; gpu_memory_utilization 0.9.
+- vLLM V1, `vllm serve` (EngineArgs.get_batch_defaults, OpenAI API server usage context): max_num_batched_tokens 8192
+  and max_num_seqs 1024 on a GPU of at least 70 GiB that is not an A100 by name (`vllm_large_gpu`), else 2048 and 256;
+  gpu_memory_utilization 0.9.
 - SGLang (server_args.py): chunked_prefill_size 2048 under 35 GiB, 8192 under 160 GiB, 16384 above, split across the
   DP-attention ranks (at least 1024 each); --mem-fraction-static computed from the memory left after its reservations
   since 0.5.3 (sgl-project/sglang PR #10975, `_handle_gpu_memory_settings`), a table by TP size before.
@@ -22,7 +23,7 @@ from servingtopology.planner.engines.caps import release_key
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Engine
 
-__all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_LARGE_GPU_GIB", "max_running", "memory_fraction", "sglang_mem_fraction", "token_budget"]
+__all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_LARGE_GPU_GIB", "max_running", "vllm_large_gpu", "memory_fraction", "sglang_mem_fraction", "token_budget"]
 
 VLLM_LARGE_GPU_GIB = 70.0
 VLLM_MEMORY_FRACTION = 0.9
@@ -36,20 +37,28 @@ VLLM_MEMORY_FRACTION = 0.9
 SGLANG_AUTO_MEM_FRACTION_SINCE = (0, 5, 3)
 
 
+def vllm_large_gpu(gpu: Gpu) -> bool:
+    """Whether vLLM's server takes its large batch defaults on `gpu` (EngineArgs.get_batch_defaults: `device_memory >=
+    70 * GiB_bytes and "a100" not in device_name`, the name as the driver reports it, lower-cased): an A100-80GB is left
+    out by name, since a large token budget lowered its throughput (vLLM PR #17885). `gpu.name` is the catalog's
+    NVML name."""
+    return gpu.memory_gib >= VLLM_LARGE_GPU_GIB and "a100" not in gpu.name.lower()
+
+
 def token_budget(engine: Engine, gpu: Gpu, dp: Any = 1) -> Any:
     """Tokens one scheduler step may hold (vLLM max_num_batched_tokens; SGLang chunked_prefill_size per DP rank)."""
     dp = np.asarray(dp, dtype=float)
     if engine is Engine.SGLANG:
         total = 2048 if gpu.memory_gib < 35 else (8192 if gpu.memory_gib < 160 else 16384)
         return np.maximum(total / dp, 1024.0)
-    return (8192.0 if gpu.memory_gib >= VLLM_LARGE_GPU_GIB else 2048.0) + 0.0 * dp
+    return (8192.0 if vllm_large_gpu(gpu) else 2048.0) + 0.0 * dp
 
 
 def max_running(engine: Engine, gpu: Gpu) -> int:
     """Requests one instance may run at once when not stated (vLLM max_num_seqs; SGLang's own cap is the KV pool's,
     which the pool computation applies: 256 here is the emulator's ceiling below it, not SGLang's rule)."""
     if engine is Engine.VLLM:
-        return 1024 if gpu.memory_gib >= VLLM_LARGE_GPU_GIB else 256
+        return 1024 if vllm_large_gpu(gpu) else 256
     return 256
 
 

@@ -30,6 +30,7 @@ from servingtopology.cli.calibration_io import (
     read_calibration,
 )
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
+from servingtopology.planner.engines.defaults import max_running, memory_fraction, token_budget
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
@@ -350,13 +351,14 @@ def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
     gpu = _gpu_for(folder, meta, cluster)
     model = _model_for(folder, name, config, model_config)
     engine = Engine.SGLANG if "sglang_version" in meta_raw or "server_args" in meta_raw else Engine.VLLM
-    big = gpu.memory_gib >= 70 and not gpu.id.startswith("a100")  # vLLM's per-device defaults (arg_utils)
     kv_dtype = KvDtype.FP8 if kw.text("kv_cache_dtype", "auto").startswith("fp8") else KvDtype.AUTO
     block = kv.count("block_size", low=1, high=MAX_BLOCK_SIZE) or kw.count("block_size", low=1, high=MAX_BLOCK_SIZE) or 16
+    # A knob the run left out is what vLLM chose (the run's files name vLLM's knobs): planner.engines.defaults, the one
+    # home of those rules (an A100-80GB is left out of the large defaults by name there).
     knobs = EngineKnobs(
-        max_num_seqs=kw.count("max_num_seqs", low=1, high=MAX_NUM_SEQS) or (1024 if big else 256),
-        max_num_batched_tokens=kw.count("max_num_batched_tokens", low=1, high=MAX_BATCHED_TOKENS) or (8192 if big else 2048),
-        memory_fraction=kv.fraction("gpu_memory_utilization") or kw.fraction("gpu_memory_utilization") or 0.9,
+        max_num_seqs=kw.count("max_num_seqs", low=1, high=MAX_NUM_SEQS) or max_running(Engine.VLLM, gpu),
+        max_num_batched_tokens=kw.count("max_num_batched_tokens", low=1, high=MAX_BATCHED_TOKENS) or int(token_budget(Engine.VLLM, gpu)),
+        memory_fraction=kv.fraction("gpu_memory_utilization") or kw.fraction("gpu_memory_utilization") or memory_fraction(Engine.VLLM, gpu),
         kv_dtype=kv_dtype,
         block_size_tokens=block,
         enable_prefix_caching=kv.flag("enable_prefix_caching", kw.flag("enable_prefix_caching", True)),
