@@ -36,8 +36,9 @@ def _resource(data: Any) -> tuple[str, str, Any]:
 
 
 def write_manifests(spec_path: str | None, spec: TopologySpec, directory: str, *,
-                    planner: Callable[[Problem], Decision]) -> OfflinePlan:
-    """Plan `spec` (read from `spec_path`, what-if flags applied) as the operator would, with `planner`, and write its
+                    planner: Callable[[Problem], Decision] | None = None) -> OfflinePlan:
+    """Plan `spec` (read from `spec_path`, what-if flags applied) as the operator would, with `planner` (None: the
+    operator's own, stage 6 included), and write its
     objects to `directory` (created; files of an earlier run are replaced). The returned plan is the one `plan` then
     prints, so the table, the record and the objects are one decision (OneDecision).
 
@@ -49,7 +50,8 @@ def write_manifests(spec_path: str | None, spec: TopologySpec, directory: str, *
         raise SpecError([("spec", "--manifests needs a ServingTopology (or its spec) to render")])
     name, namespace, _ = _resource(read_spec_data(spec_path))
     check_resource_name(name)
-    offline = plan_offline(spec, name=name, namespace=namespace, planner=planner)
+    offline = (plan_offline(spec, name=name, namespace=namespace) if planner is None
+               else plan_offline(spec, name=name, namespace=namespace, planner=planner))
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("[0-9][0-9]-*.yaml"):

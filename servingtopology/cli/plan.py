@@ -230,11 +230,10 @@ def run(args: argparse.Namespace) -> int:
             # operator makes it (its stage 6), or without stage 6 where --no-simulate says so.
             from servingtopology.cli.manifests import write_manifests
             from servingtopology.operator.api.resource import TopologySpec
-            from servingtopology.operator.runtime.plan_worker import plan_with_simulator
 
             assert isinstance(spec, TopologySpec)
             offline = write_manifests(args.spec, spec, manifests, planner=(lambda p: decide(p, progress=progress, clock=time.perf_counter))
-                                      if args.no_simulate else plan_with_simulator)
+                                      if args.no_simulate else None)
             problem, decision = offline.problem, offline.decision
         else:
             decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress, clock=time.perf_counter)
