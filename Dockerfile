@@ -26,7 +26,10 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
     HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m pip install --no-index --find-links /wheels "servingtopology==${VERSION}" \
-    && groupadd --gid 65532 operator && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin operator
+    && groupadd --gid 65532 servingtopology \
+    && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin servingtopology
+# The account is `servingtopology`: Debian's base system (and so the official Python images) already has a group
+# named `operator` (gid 37), and groupadd refuses a second.
 LABEL org.opencontainers.image.title="servingtopology-operator" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
