@@ -1,20 +1,23 @@
 """Leave-one-model-out accuracy and decision quality on every shared measurement (issue #24).
 
-Reads shared/groundtruth/silicon_calibration.csv and silicon_qwen3_32b.csv (vLLM and SGLang rows) and predicts
-each model family's rows with parameters fitted without that family:
+Reads shared/groundtruth/silicon_calibration.csv, silicon_qwen3_32b.csv and silicon_minimax_m25.csv (vLLM and SGLang
+rows) and predicts each model family's rows with parameters fitted without that family:
   - the families of silicon_calibration.csv with their own fold of `planner/data/perf_params.json`
     (`fit_perf.py --lomo --lomo-from-defaults`: each fold started from `PerfParams()` defaults);
-  - Qwen3-32B (and its NVFP4 export) with the shipped parameters, which were fitted on silicon_calibration.csv only and
-    never saw it.
+  - Qwen3-32B (and its NVFP4 export) and MiniMax-M2.5 with the shipped parameters, which were fitted on
+    silicon_calibration.csv only and never saw them.
 No row's inputs are filled from measured outcomes (twins are matched on inputs only, `calibration.fill_from_twins`).
 
 Prints TTFT, TPOT and end-to-end (TTFT + (osl − 1)·TPOT) median absolute percentage errors, and decision quality:
 within each benchmark group of one engine release, the share of groups whose predicted best topology measured
 within 5 % of the measured best, for tokens/s per GPU and for TPOT, beside the trivial rules (fewest GPUs; most
 GPUs; ties averaged), with median and worst regrets. Broken down by engine, release, layout kind and client bucket.
+Layouts of equal GPU count within one release (issue #35: plain TP, TP·EP, DP attention, PD) are compared pair by
+pair (`scores.equal_gpu_pairs`): the predicted ratio of their TPOT and of their tokens/s per GPU against the measured
+ratio, and the order of the pairs whose measured figures differ by more than 5 %; by family and by the kinds compared.
 Exits 1 when a target of the issue is missed (`--no-fail` prints only).
 
-    .venv/bin/python benchmarks/lomo_decisions.py [--json] [--no-fail]
+    .venv/bin/python benchmarks/lomo_decisions.py [--json] [--no-fail] [--files silicon_minimax_m25.csv]
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from typing import Any
 
 from servingtopology.cli.validate import Measurements, load_measurements
 from servingtopology.planner.fidelity.benchmark_cases import BenchmarkCase, Prediction, Skip, predict_held_out
-from servingtopology.planner.fidelity.scores import summarize
+from servingtopology.planner.fidelity.scores import layout_kind, summarize
 from servingtopology.planner.perf.step import fit_record, perf_params
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "groundtruth"
-FILES = ("silicon_calibration.csv", "silicon_qwen3_32b.csv")
+FILES = ("silicon_calibration.csv", "silicon_qwen3_32b.csv")  # shared_lomo_predictions' rows (error bars, calibration)
+SCORED_FILES = (*FILES, "silicon_minimax_m25.csv")  # this script's rows
 # Issue #24's "done when", on leave-one-model-out vLLM + SGLang rows.
 TARGETS = {"ttft_median_ape": 15.0, "tpot_median_ape": 7.0, "e2e_median_ape": 6.0,
            "tokens_per_gpu_margin_over_rule": 0.03, "tpot_margin_over_rule": 0.03}
@@ -84,17 +88,6 @@ def shared_lomo_predictions(shared: Path) -> tuple[Measurements, list[Prediction
     return m, results, used
 
 
-def layout_kind(c: BenchmarkCase) -> str:
-    if c.mode == "disagg":
-        return "pd"
-    assert c.agg is not None
-    if c.agg.dp > 1:
-        return "dp-attention"
-    if c.agg.moe_ep > 1:
-        return "tp+ep"
-    return "tp" if c.agg.tp * c.agg.pp > 1 else "single-gpu"
-
-
 def client_bucket(c: BenchmarkCase) -> str:
     n = c.concurrency
     return "1-16" if n <= 16 else "17-64" if n <= 64 else "65-256" if n <= 256 else ">256"
@@ -117,6 +110,13 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
             "tpot_pick": dq["tpot"]["within_5pct"], "tpot_rule": dq["tpot"]["rule_within_5pct"]}
 
 
+def _pairs_line(name: str, e: dict[str, Any]) -> str:
+    def v(x: Any, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+    return (f"  {name:34s} {e['pairs']:5d}  {v(e['tpot_ratio_error_pct'], '6.1f')} {v(e['tokens_per_gpu_ratio_error_pct'], '6.1f')}"
+            f"  {e['ordered_pairs']:5d} {v(e['order_right'], '6.2f')}")
+
+
 def _line(name: str, f: dict[str, Any]) -> str:
     def v(x: Any, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -130,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fail", action="store_true", help="print the figures; exit 0 even when a target is missed")
     ap.add_argument("--folds", type=Path, nargs="+", default=None, metavar="FILE",
                     help="fit_perf.py --lomo outputs whose folds replace the shipped ones for the families they hold")
+    ap.add_argument("--files", nargs="+", default=list(SCORED_FILES), metavar="CSV",
+                    help=f"shared files to predict (default: {' '.join(SCORED_FILES)})")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="set a parameter in every fold, e.g. measured_allreduce=0 (the roofline all-reduce)")
     args = ap.parse_args(argv)
     t0 = time.process_time()
-    parts = [load_measurements(SHARED / f, model_dir=SHARED / "models", backends=("vllm", "sglang")) for f in FILES]
+    files = tuple(args.files)
+    parts = [load_measurements(SHARED / f, model_dir=SHARED / "models", backends=("vllm", "sglang")) for f in files]
     fitted_file = fit_record().get("data_file")
-    fitted = {c.model_path for f, part in zip(FILES, parts, strict=True) if f == fitted_file for c in part.cases}
+    fitted = {c.model_path for f, part in zip(files, parts, strict=True) if f == fitted_file for c in part.cases}
     m = _merge(parts)
     overrides = {k: float(v) for k, v in (a.split("=", 1) for a in args.set)}
     records = [json.loads(f.read_text()) for f in args.folds] if args.folds else None
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         out["breakdowns"][name] = {}
         for k in keys:
             idx = [i for i, c in enumerate(m.cases) if key(c) == k]
-            out["breakdowns"][name][k] = figures(summarize([m.cases[i] for i in idx], [results[i] for i in idx]))
+            block = summarize([m.cases[i] for i in idx], [results[i] for i in idx])
+            out["breakdowns"][name][k] = figures(block) | {"equal_gpu": block["ranking"]["equal_gpu"]}
     cpu = time.process_time() - t0
     dq = overall["ranking"]["decision_quality"]
     got = {"ttft_median_ape": overall["ttft"]["median_ape"], "tpot_median_ape": overall["tpot"]["median_ape"],
@@ -159,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out | {"targets": TARGETS, "got": got, "missed": missed, "cpu_s": round(cpu, 2)}))
     else:
-        print(f"vLLM + SGLang rows of {', '.join(FILES)}, leave-one-model-out ({cpu:.1f} CPU s)")
+        print(f"vLLM + SGLang rows of {', '.join(files)}, leave-one-model-out ({cpu:.1f} CPU s)")
         print(f"  predicted {overall['predicted']} of {overall['rows']}; skipped {overall['skipped']['by_reason']}")
         print(f"  {'':34s} {'rows':>5s} {'TTFT%':>6s} {'TPOT%':>6s} {'e2e%':>6s}  {'grps':>4s}  tok/GPU pick/rule  TPOT pick/rule")
         print(_line("overall (within one release)", figures(overall)))
@@ -176,6 +180,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  groups that mix releases, reported not targeted: {overall['ranking']['cross_release_groups']}; over all "
               f"{mixed['groups']} groups: tok/GPU {mixed['tokens_per_gpu']['within_5pct']} (rule {mixed['tokens_per_gpu']['rule_within_5pct']}), "
               f"TPOT {mixed['tpot']['within_5pct']} (rule {mixed['tpot']['rule_within_5pct']})")
+        eq = overall["ranking"]["equal_gpu"]
+        print(f"  equal-GPU layouts within one release: {eq['groups']} groups, {eq['pairs']} pairs; median |predicted ratio / "
+              f"measured ratio − 1| (%), order right on pairs differing > 5 % (TPOT {eq['order_right_tpot']}, tok/GPU "
+              f"{eq['order_right_tokens_per_gpu']})")
+        print(f"  {'':34s} {'pairs':>5s}  {'TPOT%':>6s} {'tok/G%':>6s}  {'>5%':>5s} {'order':>6s}")
+        print(_pairs_line("all", eq))
+        for k, e in eq["by_kinds"].items():
+            print(_pairs_line("  " + k, e))
+        for k, f in out["breakdowns"]["family"].items():
+            if f["equal_gpu"]["pairs"]:
+                print(_pairs_line("  " + k, f["equal_gpu"]))
+        edq = eq["decision_quality"]
+        print(f"  equal-GPU picks within 5 % of the best: tok/GPU {edq['tokens_per_gpu']['within_5pct']} (rule, ties averaged, "
+              f"{edq['tokens_per_gpu']['rule_within_5pct']}), TPOT {edq['tpot']['within_5pct']} (rule {edq['tpot']['rule_within_5pct']})")
         for k, t in TARGETS.items():
             ok = k not in missed
             print(f"  {k:34s} {got[k]!s:>8s}  target {'≥' if 'margin' in k else '≤'} {t}  {'met' if ok else 'NOT met'}")

@@ -29,7 +29,8 @@ import numpy as np
 
 from servingtopology.planner.fidelity.benchmark_cases import BenchmarkCase, Prediction, Skip
 
-__all__ = ["ape_stats", "decision_quality", "e2e_latency_ms", "ranking_score", "summarize", "tokens_per_gpu_s"]
+__all__ = ["ape_stats", "decision_quality", "e2e_latency_ms", "equal_gpu_pairs", "layout_kind", "ranking_score", "summarize",
+           "tokens_per_gpu_s"]
 
 Result = Prediction | Skip
 _NEAR = 0.05
@@ -128,6 +129,84 @@ def _group_by_benchmark(cases: Sequence[BenchmarkCase], results: Sequence[Result
     return [topos for topos in groups.values() if len(topos) >= 2]
 
 
+def layout_kind(case: BenchmarkCase) -> str:
+    """The layout family a row ran: pd, dp-attention, tp+ep, tp (TP and/or PP) or single-gpu."""
+    if case.mode == "disagg":
+        return "pd"
+    assert case.agg is not None
+    if case.agg.dp > 1:
+        return "dp-attention"
+    if case.agg.moe_ep > 1:
+        return "tp+ep"
+    return "tp" if case.agg.tp * case.agg.pp > 1 else "single-gpu"
+
+
+def _equal_gpu_groups(groups: Sequence[dict[str, list[tuple[BenchmarkCase, Prediction]]]]
+                      ) -> list[dict[str, list[tuple[BenchmarkCase, Prediction]]]]:
+    """Each group split by GPU count, keeping the parts of two topologies or more: layouts a GPU-count rule ties."""
+    out: list[dict[str, list[tuple[BenchmarkCase, Prediction]]]] = []
+    for topos in groups:
+        by_gpus: dict[int, dict[str, list[tuple[BenchmarkCase, Prediction]]]] = {}
+        for t, v in topos.items():
+            by_gpus.setdefault(v[0][0].gpus, {})[t] = v
+        out.extend(part for part in by_gpus.values() if len(part) >= 2)
+    return out
+
+
+def equal_gpu_pairs(groups: Sequence[dict[str, list[tuple[BenchmarkCase, Prediction]]]]) -> dict[str, Any]:
+    """Pairs of layouts at equal GPU count within a group (plain TP, TP·EP, DP attention, PD): how well the prediction
+    says how much better one is than the other, where a rule of thumb has nothing to go on.
+
+    Per objective (TPOT; tokens/s per GPU): the median of |predicted ratio / measured ratio − 1| over every pair, and
+    the share of pairs whose measured figures differ by more than 5 % that the prediction orders as measured
+    (`order_right`, both objectives pooled, with its count `ordered_pairs`; `order_right_tpot`,
+    `order_right_tokens_per_gpu`). `by_kinds` splits the pairs by the two layout kinds compared ("tp|tp+ep");
+    `decision_quality` scores the picks on the equal-GPU sub-groups beside the rules (which tie there, so score their
+    average).
+    """
+    parts = _equal_gpu_groups(groups)
+    errors: dict[str, list[float]] = {o: [] for o in OBJECTIVES}
+    kinds: dict[str, dict[str, list[float]]] = {}
+    order: dict[str, list[float]] = {o: [] for o in OBJECTIVES}
+    for topos in parts:
+        figures = _group_figures(topos)
+        kind = {t: layout_kind(v[0][0]) for t, v in topos.items()}
+        names = sorted(topos)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                key = "|".join(sorted((kind[a], kind[b])))
+                slot = kinds.setdefault(key, {"tpot": [], "tokens_per_gpu": [], "order": []})
+                for objective in OBJECTIVES:
+                    meas, pred = figures[objective]
+                    r_meas, r_pred = meas[a] / meas[b], pred[a] / pred[b]
+                    err = abs(r_pred / r_meas - 1.0)
+                    errors[objective].append(err)
+                    slot[objective].append(err)
+                    if abs(r_meas - 1.0) > _NEAR:
+                        ok = float((r_pred > 1.0) == (r_meas > 1.0))
+                        order[objective].append(ok)
+                        slot["order"].append(ok)
+
+    def med(xs: list[float]) -> float | None:
+        return round(float(np.median(xs)) * 100, 2) if xs else None
+
+    def share(xs: list[float]) -> float | None:
+        return round(float(np.mean(xs)), 4) if xs else None
+
+    return {
+        "groups": len(parts), "pairs": len(errors["tpot"]),
+        "tpot_ratio_error_pct": med(errors["tpot"]), "tokens_per_gpu_ratio_error_pct": med(errors["tokens_per_gpu"]),
+        "ordered_pairs": len(order["tpot"]) + len(order["tokens_per_gpu"]),
+        "order_right": share(order["tpot"] + order["tokens_per_gpu"]),
+        "order_right_tpot": share(order["tpot"]), "order_right_tokens_per_gpu": share(order["tokens_per_gpu"]),
+        "by_kinds": {k: {"pairs": len(v["tpot"]), "tpot_ratio_error_pct": med(v["tpot"]),
+                         "tokens_per_gpu_ratio_error_pct": med(v["tokens_per_gpu"]), "ordered_pairs": len(v["order"]),
+                         "order_right": share(v["order"])}
+                     for k, v in sorted(kinds.items())},
+        "decision_quality": decision_quality(parts),
+    }
+
+
 def _score(groups: Sequence[dict[str, list[tuple[BenchmarkCase, Prediction]]]]) -> dict[str, Any]:
     hits_tpot = hits_tput = near = 0
     n = len(groups)
@@ -168,6 +247,8 @@ def _score(groups: Sequence[dict[str, list[tuple[BenchmarkCase, Prediction]]]]) 
 def ranking_score(cases: Sequence[BenchmarkCase], results: Sequence[Result]) -> dict[str, Any]:
     """Top-1 agreement over topology groups, for lowest TPOT and for highest tokens/s per GPU.
 
+    `equal_gpu`: layouts of equal GPU count within one release compared pair by pair (`equal_gpu_pairs`).
+
     Beside the figures: `cross_release_groups`, the groups whose topologies were measured on more than one recorded
     engine release (a release left blank counts as one more), and `same_release`, the same scores over groups that
     also share the engine release, where a ranking compares topologies and not releases.
@@ -177,7 +258,8 @@ def ranking_score(cases: Sequence[BenchmarkCase], results: Sequence[Result]) -> 
     by_release = _group_by_benchmark(cases, results, by_release=True)
     same = _score(by_release)
     return _score(groups) | {"cross_release_groups": crossing, "same_release": same,
-                             "decision_quality": decision_quality(by_release), "decision_quality_mixed_releases": decision_quality(groups)}
+                             "decision_quality": decision_quality(by_release), "decision_quality_mixed_releases": decision_quality(groups),
+                             "equal_gpu": equal_gpu_pairs(by_release)}
 
 
 def _block(cases: Sequence[BenchmarkCase], results: Sequence[Result], skipped_at_parse: Counter[str]) -> dict[str, Any]:

@@ -150,3 +150,37 @@ def test_sglang_sizes_its_static_memory_as_its_release_does():
     # An unrecorded release takes today's rule; releases before 0.5.3 the table by TP size.
     assert float(sglang_default_mem_fraction(h200, "", 8, 1, 1)) == float(sglang_default_mem_fraction(h200, "0.5.9", 8, 1, 1))
     assert float(sglang_default_mem_fraction(h100, "0.5.1.post1", 2, 1, 1)) == 0.87
+
+
+def _ep_pair(tp_tpot: list[float], ep_tpot: list[float], pred_tp: list[float], pred_ep: list[float]) -> dict:
+    # TP4 and TP4·EP4 of one release at two client counts: pairs of equal GPU count.
+    base = {**ROW, "model_path": "Qwen/Qwen3-235B-A22B-FP8"}
+    cases, preds = [], []
+    for clients, (a, b, pa, pb) in zip((16, 32), zip(tp_tpot, ep_tpot, pred_tp, pred_ep, strict=True), strict=True):
+        src = f"x; silicon_concurrency={clients}; y"
+        for ep, tpot, pred in ((1, a, pa), (4, b, pb)):
+            row = {**base, "silicon_data_source": src, "moe_tp_size": str(4 // ep), "moe_ep_size": str(ep), "silicon_tpot_ms": str(tpot)}
+            c = parse_row(row)
+            cases.append(c)
+            preds.append(Prediction(ttft_ms=c.ttft_ms, tpot_ms=pred, throughput_rps=1.0))
+    return ranking_score(cases, preds)["equal_gpu"]
+
+
+def test_layouts_of_equal_gpu_count_are_scored_by_their_ratio_and_their_order():
+    # TP·EP measured 10 % slower than TP; predicted 5 % faster: the order is wrong and the ratio off by 1.05 × 1.10 − 1.
+    eq = _ep_pair([10.0, 12.0], [11.0, 13.2], [10.0, 12.0], [9.5, 11.4])
+    assert eq["groups"] == 2 and eq["pairs"] == 2
+    assert eq["order_right"] == 0.0 and eq["ordered_pairs"] == 4  # TPOT and tokens/s per GPU, both pairs
+    assert eq["tpot_ratio_error_pct"] == pytest.approx((1.0 / 0.95 * 1.1 - 1.0) * 100, abs=0.01)  # TP over TP·EP, as sorted
+    assert set(eq["by_kinds"]) == {"tp|tp+ep"}
+    assert eq["decision_quality"]["tpot"]["within_5pct"] == 0.0 and eq["decision_quality"]["tpot"]["rule_within_5pct"] == 0.5
+    # Predicted right: order 1, ratio error 0, and the picks beat the rules' coin flip.
+    good = _ep_pair([10.0, 12.0], [11.0, 13.2], [10.0, 12.0], [11.0, 13.2])
+    assert good["order_right"] == 1.0 and good["tpot_ratio_error_pct"] == 0.0
+    assert good["decision_quality"]["tpot"]["margin_over_rule"] == 0.5
+
+
+def test_pairs_within_five_percent_are_scored_by_ratio_but_not_ordered():
+    eq = _ep_pair([10.0, 12.0], [10.2, 12.1], [10.0, 12.0], [9.0, 11.0])
+    assert eq["pairs"] == 2 and eq["ordered_pairs"] == 0 and eq["order_right"] is None
+    assert eq["tpot_ratio_error_pct"] > 5.0
