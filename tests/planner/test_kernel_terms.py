@@ -129,3 +129,36 @@ def test_one_instance_steps_with_and_without_the_measured_terms(params):
     vec = evaluate_step_s(arr, prefill_tokens=np.array([0.0]), prefill_pairs=np.array([0.0]), decode_tokens=np.array([32.0]),
                           decode_context_tokens=np.array([64000.0]))
     assert math.isfinite(t) and t == pytest.approx(float(vec[0]), rel=1e-9)
+
+
+def _minimax():
+    from servingtopology.cli.validate import _resolve_model
+    from tests.groundtruth import GROUNDTRUTH
+
+    return _resolve_model("MiniMaxAI/MiniMax-M2.5", GROUNDTRUTH / "models")
+
+
+def test_an_expert_sliced_over_tp_streams_at_the_cost_of_whole_experts_as_the_fused_moe_tables_measure():
+    # The tables time an expert sliced over n GPUs as fast as n GPUs holding whole experts (balanced routing), so the
+    # roofline charges no narrow-slice penalty to MoE TP: TP4's weight time per expert is a quarter of TP1's.
+    ds = _deepseek()
+    c = step_coefficients(ds, resolve_gpu("h200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM,
+                          tp=np.array([1.0, 4.0, 8.0]), pp=1.0, dp=1.0, params=OFF)
+    assert c.moe_mem_s[1] == pytest.approx(c.moe_mem_s[0] / 4, rel=1e-12)
+    assert c.moe_mem_s[2] == pytest.approx(c.moe_mem_s[0] / 8, rel=1e-12)
+    assert c.moe_flop_s[2] == pytest.approx(c.moe_flop_s[0] / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("tokens", [4.0, 16.0, 64.0, 256.0])
+def test_tp_with_expert_parallelism_decodes_slower_than_plain_tp_on_the_same_gpus(tokens):
+    # Under EP each GPU holds E / ep whole experts and the step waits for the busiest one (more distinct experts hit, more
+    # routed pairs than the mean); plain TP spreads every expert's work evenly. MiniMax-M2.5 on B200, vLLM, TP attention:
+    # measured 4-5 % slower with EP at 16-64 clients (silicon_minimax_m25.csv, 0.19.0); predicted faster before the
+    # expert width stopped depending on the MoE TP.
+    from servingtopology.planner.perf.step import step_time_s
+
+    mm = _minimax()
+    t = step_time_s(mm, resolve_gpu("b200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM,
+                    tp=np.array([4.0, 4.0]), pp=1.0, dp=1.0, moe_ep=np.array([1.0, 4.0]), prefill_tokens=np.zeros(2),
+                    prefill_pairs=0.0, decode_tokens=tokens, decode_context_tokens=tokens * 1500.0, params=OFF)
+    assert t[1] > t[0]
