@@ -342,10 +342,12 @@ def moe_s(gpu: str, engine: str, version: str | None, *, dtype: str, hidden: int
           moe_tp: int, moe_ep: int, tokens: ArrayLike) -> KernelTimes:
     """Time of one MoE layer's routed experts (fused kernel, balanced routing) on one GPU.
 
-    `tokens` is the measured `num_tokens`. With moe_ep = 1 it is the tokens the layer sees; with moe_ep > 1 the times
-    match each GPU computing tokens · topk routed pairs (DeepSeek-V3 fp8 on H200, 8,192 tokens: EP1 8.0 ms, EP2 8.0,
-    EP4 6.1, EP8 5.1; TP8 1.9), i.e. `tokens` per attention-DP rank with moe_ep ranks' tokens dispatched to each
-    GPU's E / moe_ep experts. Covered only for the configurations measured (hidden, moe intermediate size, top-k, experts, MoE TP, MoE EP:
+    `tokens` is the measured `num_tokens`. With moe_ep = 1 it is the tokens the layer sees. With moe_ep > 1 the engines'
+    tables differ: vLLM's route `tokens` over all E experts and time the rank holding E / moe_ep of them (the collector
+    passes vLLM's expert_map to fused_experts), so `tokens` is every token the rank's layer sees; SGLang's match each GPU
+    computing tokens · topk routed pairs (DeepSeek-V3 fp8 on H200, 8,192 tokens: EP1 8.0 ms, EP2 8.0, EP4 6.1, EP8 5.1;
+    TP8 1.9), i.e. `tokens` per EP rank with every rank's tokens dispatched to each GPU's E / moe_ep experts
+    (planner.perf.step's `moe_table_share`). Covered only for the configurations measured (hidden, moe intermediate size, top-k, experts, MoE TP, MoE EP:
     those of DeepSeek-V3, Qwen3, Mixtral, gpt-oss and other public MoE models); dtype "bfloat16", "fp8_block",
     "fp8", "nvfp4", "w4a16_mxfp4", "int4_wo" as measured.
     """

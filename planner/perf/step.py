@@ -388,6 +388,10 @@ class StepCoefficients:
     # ln(seconds) of all MoE layers' routed experts at 2^i tokens (i = 0 … MOE_GRID − 1) per candidate, measured
     # (kernels.moe_s); NaN where no table covers the candidate or the token count. None: the roofline everywhere.
     moe_log_curve: Any = None
+    # Share of the tokens all DP ranks route that the measured table's token count is (kernels.moe_s): 1 for vLLM's
+    # tables, which route every token over all experts and time one rank's E / ep of them (expert_map); 1 / ep for
+    # SGLang's, which time one EP rank computing its dispatched tokens × top-k pairs.
+    moe_table_share: Any = 1.0
 
 
 # Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
@@ -564,6 +568,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         if np.isfinite(curve).any():
             # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
             moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
+    table_share = (1.0 + zero) if tables_for is Engine.VLLM else 1.0 / np.maximum(ep, 1)
     scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)
     coeffs = StepCoefficients(
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
@@ -574,7 +579,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
-        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve,
+        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve, moe_table_share=table_share,
     )
     scales = _TERM_SCALES.get()
     return _apply_term_scales(coeffs, scales[-1]) if scales else coeffs
@@ -638,10 +643,11 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     t_moe_m = c.moe_mem_s * active
     t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
     if c.moe_log_curve is not None:
-        # Measured where a table covers it. The tables' token count is per EP rank with every rank's tokens dispatched
-        # (each GPU computes its share of tokens × top-k pairs): the tokens all DP ranks route, over the EP degree, as
-        # the busiest rank sees them.
-        measured = _moe_table_s(c.moe_log_curve, routed * c.local_experts / c.experts * busiest)
+        # Measured where a table covers it, at the tokens the table counts (`moe_table_share` of the tokens every DP rank
+        # routes). The tables route tokens evenly over the experts; the busiest EP rank of a real step does more: the
+        # measured time is scaled by the busiest rank's roofline over an even rank's (1 without EP).
+        t_even = ((c.moe_flop_s * (routed + c.gemm_half_tokens))**k + (c.moe_mem_s * minimum(mean_active, c.local_experts))**k) ** (1.0 / k)
+        measured = _moe_table_s(c.moe_log_curve, routed * c.moe_table_share) * (t_moe / maximum(t_even, 1e-30))
         t_moe = np.where(np.isfinite(measured), measured, t_moe)
     t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)

@@ -162,3 +162,40 @@ def test_tp_with_expert_parallelism_decodes_slower_than_plain_tp_on_the_same_gpu
                     tp=np.array([4.0, 4.0]), pp=1.0, dp=1.0, moe_ep=np.array([1.0, 4.0]), prefill_tokens=np.zeros(2),
                     prefill_pairs=0.0, decode_tokens=tokens, decode_context_tokens=tokens * 1500.0, params=OFF)
     assert t[1] > t[0]
+
+
+def test_vllm_moe_tables_are_read_at_every_token_the_rank_sees_and_sglangs_at_its_dispatched_share():
+    mm = _minimax()
+    on = replace(OFF, measured_moe=1.0)
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, tp=np.array([4.0, 4.0]), pp=1.0, dp=1.0,
+              moe_ep=np.array([1.0, 4.0]), params=on)
+    vllm = step_coefficients(mm, resolve_gpu("b200_sxm"), engine=Engine.VLLM, release="0.19.0", **kw)
+    sglang = step_coefficients(mm, resolve_gpu("h200_sxm"), engine=Engine.SGLANG, release="0.5.10", **kw)
+    assert np.all(vllm.moe_table_share == 1.0)
+    assert np.allclose(sglang.moe_table_share, [1.0, 0.25])
+
+
+def test_the_measured_moe_term_of_an_ep_rank_is_the_even_table_time_scaled_to_the_busiest_rank():
+    # vLLM's table (even routing) at 16 tokens for EP4, scaled by the roofline's busiest rank over an even one (> 1).
+    from servingtopology.planner.perf.step import token_terms
+
+    mm = _minimax()
+    on = replace(OFF, measured_moe=1.0)
+    gpu = resolve_gpu("b200_sxm")
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=4.0, pp=1.0, dp=1.0, moe_ep=4.0, release="0.19.0")
+    measured, _ = token_terms(step_coefficients(mm, gpu, params=on, **kw), 16.0)
+    roofline, _ = token_terms(step_coefficients(mm, gpu, params=OFF, **kw), 16.0)
+    table = kernels.moe_s("b200_sxm", "vllm", "0.19.0", dtype="fp8_block", hidden=mm.hidden_size, inter=mm.moe_intermediate_size,
+                          topk=mm.experts_per_token, experts=mm.num_experts, moe_tp=1, moe_ep=4, tokens=np.array([16.0]))
+    even_table_s = mm.num_moe_layers * float(table.time_s[0])
+    # Same linear and communication terms, so the difference is the MoE term's.
+    c = step_coefficients(mm, gpu, params=OFF, **kw)
+    routed, k = 16.0, c.sharp
+    hit = 1.0 - (1.0 - c.topk / c.experts) ** routed
+    mean_active = c.local_experts * hit
+    even = ((c.moe_flop_s * (routed + c.gemm_half_tokens)) ** k + (c.moe_mem_s * mean_active) ** k) ** (1.0 / k)
+    active = min(mean_active + c.ep_z * (mean_active * (1.0 - hit)) ** 0.5, c.local_experts)
+    busiest = 1.0 + c.ep_z * (c.experts / c.local_experts - 1.0) ** 0.5 / (routed * c.topk) ** 0.5
+    busy = ((c.moe_flop_s * (routed * busiest + c.gemm_half_tokens)) ** k + (c.moe_mem_s * active) ** k) ** (1.0 / k)
+    assert busy / even > 1.05
+    assert float(measured) - float(roofline) == pytest.approx(even_table_s * busy / even - busy, rel=1e-9)
