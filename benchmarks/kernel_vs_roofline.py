@@ -6,7 +6,11 @@ token counts, prefill and decode attention, DeepSeek-V3's routed experts and MLA
 Prints the table time, the roofline time and their ratio (table / roofline; below 1: the roofline is slow).
 The roofline terms mirror planner/perf/step.py's `step_coefficients` and `evaluate_step_s` with the shipped fitted
 parameters (`perf_params()`); the all-reduce calls `perf.allreduce_s` itself.
-Run: .venv/bin/python benchmarks/kernel_vs_roofline.py [--gpus h100_sxm,h200_sxm,b200_sxm]
+`--moe-slicing` prints instead how the measured fused-MoE kernels price slicing experts over TP (issue #35): for every vLLM
+table whose configuration was measured both as MoE TP n and as EP n (balanced routing), the time of TP n over EP n at 8–64
+tokens, with the per-byte width constant it implies for a (1 + c / width) slicing penalty (the step model's dense GEMMs
+pay c = 2·`narrow_width_cols` bytes).
+Run: .venv/bin/python benchmarks/kernel_vs_roofline.py [--gpus h100_sxm,h200_sxm,b200_sxm] [--moe-slicing]
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 
 from servingtopology.planner.engines import kernels as K
 from servingtopology.planner.hardware import Gpu, Precision, gpu_catalog
-from servingtopology.planner.perf.step import step as perf
+from servingtopology.planner.perf import step as perf
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,52 @@ def _row(label: str, xs: list[int], table: np.ndarray, roof: np.ndarray, unit: f
     print(f"    {label:<34} " + "  ".join(cells))
 
 
+_MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "nvfp4": 0.5}
+
+
+def moe_slicing() -> None:
+    """Print TP n / EP n of the measured fused-MoE kernels per vLLM table, and the width constant it implies."""
+    tokens = np.array([8.0, 16.0, 32.0, 64.0])
+    pooled_ratio: list[float] = []
+    pooled_c: list[float] = []
+    print("vLLM fused MoE, balanced routing, 8-64 tokens: time of MoE TP n over EP n (median [quartiles]), implied c bytes")
+    for gid, engine, version, kinds in K.coverage():
+        if engine != "vllm" or "moe" not in kinds:
+            continue
+        for dtype, wbytes in _MOE_WEIGHT_BYTES.items():
+            ratios: list[float] = []
+            consts: list[float] = []
+            for h, inter, topk, experts, n in _sliced_and_whole(gid, version, dtype):
+                kw = dict(dtype=dtype, hidden=h, inter=inter, topk=topk, experts=experts, tokens=tokens)
+                tp = K.moe_s(gid, engine, version, moe_tp=n, moe_ep=1, **kw).time_s
+                ep = K.moe_s(gid, engine, version, moe_tp=1, moe_ep=n, **kw).time_s
+                r = tp / ep
+                ok = np.isfinite(r)
+                ratios += r[ok].tolist()
+                consts += (inter * wbytes * (r[ok] - 1.0) / (n - r[ok])).tolist()
+            if ratios:
+                q = np.percentile(ratios, [25, 50, 75])
+                print(f"  {gid} {version} {dtype:<10} {len(ratios):4d} points  {q[1]:.3f} [{q[0]:.3f} {q[2]:.3f}]  c {np.median(consts):6.1f} B")
+                pooled_ratio += ratios
+                pooled_c += consts
+    print(f"  all: {len(pooled_ratio)} points, median ratio {np.median(pooled_ratio):.3f}, median c {np.median(pooled_c):.1f} B "
+          f"(dense GEMM slices: {2 * perf.perf_params().narrow_width_cols:.0f} B)")
+
+
+def _sliced_and_whole(gid: str, version: str, dtype: str) -> list[tuple[int, int, int, int, int]]:
+    """(hidden, inter, top-k, experts, n) of the configurations measured both as MoE TP n (EP 1) and EP n (TP 1)."""
+    configs = set(K.moe_configs(gid, "vllm", version, dtype=dtype))
+    return sorted((h, i, k, e, tp) for h, i, k, e, tp, ep in configs if tp > 1 and ep == 1 and (h, i, k, e, 1, tp) in configs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--gpus", default="h100_sxm,h200_sxm,b200_sxm")
+    ap.add_argument("--moe-slicing", action="store_true", help="the measured cost of slicing experts over TP against EP")
     args = ap.parse_args()
+    if args.moe_slicing:
+        moe_slicing()
+        return
     catalog = gpu_catalog()
     print("cells are  shape: table µs / roofline µs = ratio   ('-': no table covers the shape; the roofline stays)")
     for gid in args.gpus.split(","):

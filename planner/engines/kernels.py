@@ -37,6 +37,7 @@ __all__ = [
     "mla_generation_s",
     "mla_bmm_s",
     "moe_s",
+    "moe_configs",
     "allreduce_s",
     "nccl_s",
 ]
@@ -353,6 +354,17 @@ def moe_s(gpu: str, engine: str, version: str | None, *, dtype: str, hidden: int
     """
     return _lookup(gpu, engine, version, KernelOp.MOE, [tokens], {"dtype": _dtype(dtype)},
                    config=(hidden, inter, topk, experts, moe_tp, moe_ep))
+
+
+def moe_configs(gpu: str, engine: str, version: str, *, dtype: str) -> tuple[tuple[int, ...], ...]:
+    """The (hidden, inter, top-k, experts, MoE TP, MoE EP) configurations one release's MoE table measured in `dtype`
+    with balanced routing (what `moe_s` covers), sorted; empty when none."""
+    found: set[tuple[int, ...]] = set()
+    for table in _release(gpu, engine, version).tables:
+        if table.kind == KernelOp.MOE.value and table.variant.get("dtype") == _dtype(dtype) \
+                and table.variant.get("distribution", "balanced") == "balanced" and table.configs is not None:
+            found |= {tuple(int(x) for x in row) for row in table.configs}
+    return tuple(sorted(found))
 
 
 def allreduce_s(gpu: str, engine: str, version: str | None, *, gpus: ArrayLike, message_bytes: ArrayLike, graph: bool = True) -> KernelTimes:

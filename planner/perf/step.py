@@ -495,7 +495,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
         # An expert's GEMMs are charged the width of the whole expert, whatever the MoE TP: the measured fused-MoE
         # kernels (planner/data/kernels, balanced routing, 8–64 tokens) run an expert sliced over n GPUs as fast as
-        # n GPUs holding whole experts (MoE TP n against EP n: median ratio 1.02 over 4,160 vLLM shapes; the width
+        # n GPUs holding whole experts (MoE TP n against EP n: median ratio 1.02 over 4,476 vLLM shape points; the width
         # constant it implies is 14 B, against the 132 B a dense FP8 GEMM's slices pay). A grouped GEMM tiles over
         # tokens × experts, not over one expert's columns, so the dense slices' tile waste does not apply to it.
         moe_narrow = 1.0 + _narrow_cols(p, mp) / model.moe_intermediate_size + 0.0 * moe_tp

@@ -232,3 +232,14 @@ def test_an_unmeasured_release_uses_the_nearest_measured_one_and_says_so() -> No
     # a variant the nearest release did not measure comes from the next nearest that did (int8 weight-only GEMMs)
     got = K.gemm_time_s("h100_sxm", "sglang", "0.5.14", dtype="int8_wo", m=16, n=4096, k=4096)
     assert got.source is not None and got.source.version == "0.5.6.post2" and got.covered
+
+
+def test_moe_configs_lists_what_moe_s_covers_and_nothing_else():
+    configs = K.moe_configs("b200_sxm", "vllm", "0.19.0", dtype="fp8_block")
+    assert (3072, 1536, 8, 256, 4, 1) in configs and (3072, 1536, 8, 256, 1, 4) in configs  # MoE TP4 and EP4 of one layer
+    for config in configs[:5]:
+        h, i, topk, e, tp, ep = config
+        got = K.moe_s("b200_sxm", "vllm", "0.19.0", dtype="fp8_block", hidden=h, inter=i, topk=topk, experts=e, moe_tp=tp,
+                      moe_ep=ep, tokens=np.array([16.0]))
+        assert got.source is not None and got.source.version == "0.19.0"
+    assert K.moe_configs("b200_sxm", "vllm", "0.19.0", dtype="no-such-dtype") == ()
