@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from servingtopology.planner.arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
@@ -419,10 +419,69 @@ def _rope_scaled_context(cfg: Mapping[str, Any], model_type: str, max_ctx: int, 
 def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "modelConfig") -> ModelArch:
     """Build a ModelArch from a parsed config.json of any decoder-only LLM.
 
-    Raises InvalidSpec only when the sizes that define a transformer are missing (layers and hidden size).
+    Raises InvalidSpec only when the sizes that define a transformer are missing (layers and hidden size). The steps,
+    in order (each notes what it assumed, in that order, in the ModelArch's `assumptions` and `warnings`):
+    `_language_model` (the text model inside a wrapper, nested blocks, fields a model type implies), `_sizes` (layers,
+    hidden size, heads, context, vocabulary), the layer kinds (`_mixers`, `_apply_sliding`, `_ffn_kinds`), `_mlp_matrices`,
+    `_state_layers`, `_attention_extras` (per-layer heads, compressed and sparse attention), `_mtp_layers`, `_ffn_widths`,
+    the KV reuse and checkpoint quantisation, the towers, and `_warn_unread` (shape fields nobody read).
     """
     warnings: list[str] = []
     assumptions: list[str] = []
+    inner, r = _language_model(cfg, assumptions)
+    sz = _sizes(r, inner, field, assumptions)
+    num_experts = r.num("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", "n_experts")
+    mix, given_ffn = _mixers(r, sz.layers, warnings.append, assumptions)
+    window = _apply_sliding(r, mix, sz.max_ctx, assumptions)
+    ffn = _ffn_kinds(r, len(mix), given_ffn, num_experts > 0)
+    matrices = _mlp_matrices(r, assumptions)
+    state = _state_layers(r, mix, sz, warnings.append, assumptions)
+    if sz.heads <= 0 and any(m in ("full", "sliding", "parallel") for m in mix):
+        raise InvalidSpec(field, "config.json has attention layers but no num_attention_heads")
+    att = _attention_extras(r, mix, sz, warnings.append, assumptions)
+    mtp, mtp_dedicated = _mtp_layers(r, assumptions)
+    w = _ffn_widths(r, ffn, num_experts, sz.hidden, assumptions)
+    reuse_full, reuse_sliding, reuse_drops_kv = _kv_reuse(r, mix, warnings.append, assumptions)
+    checkpoint = parse_quantization(inner.get("quantization_config") or cfg.get("quantization_config") or inner.get("compression_config"),
+                                    _representatives(mix, ffn, shared=bool(w.n_shared or w.shared_width)), warnings.append, assumptions)
+    checkpoint = _expert_dtype(r, checkpoint, num_experts > 0 and "moe" in ffn, warnings.append, assumptions)
+    heads, kv_heads = sz.heads, sz.kv_heads
+    arch = ModelArch(
+        name=name or str(inner.get("_name_or_path") or (list(inner.get("architectures") or []) or ["custom"])[0]),
+        num_layers=len(mix), hidden_size=sz.hidden, num_heads=max(heads, 1), num_kv_heads=max(min(kv_heads, max(heads, 1)), 1),
+        head_dim=max(sz.head_dim, 1), intermediate_size=w.dense_inter, vocab_size=sz.vocab, max_context_tokens=sz.max_ctx,
+        tie_embeddings=bool(r.get("tie_word_embeddings", "tie_embedding", default=False)),
+        num_experts=num_experts,
+        experts_per_token=_per_layer(r, ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "moe_k", "moe_topk"),
+                                     w.moe_idx, len(ffn), assumptions) if num_experts else 0,
+        moe_intermediate_size=w.moe_inter, num_shared_experts=w.n_shared, shared_expert_intermediate_size=w.shared_width if num_experts else 0,
+        num_dense_layers=sum(1 for f in ffn if f == "dense"), num_moe_ffn_layers=sum(1 for f in ffn if f == "moe"),
+        ffn_matrices=matrices,
+        kv_lora_rank=att.kv_lora, qk_rope_head_dim=r.num("qk_rope_head_dim"), qk_nope_head_dim=r.num("qk_nope_head_dim"),
+        v_head_dim=r.num("v_head_dim"), q_lora_rank=r.num("q_lora_rank"), attn_output_gate=bool(r.get("attn_output_gate", default=False)),
+        query_heads_total=att.query_heads_total,
+        compressed_kv_values_per_token=att.compressed_values, compressed_indexer_keys_per_token=att.compressed_index_keys,
+        kv_shared_vector=att.compressed_index_layers >= 0, o_lora_rank=r.num("o_lora_rank"), o_groups=r.num("o_groups"),
+        index_n_heads=r.num("index_n_heads") if att.index_topk else 0, index_head_dim=r.num("index_head_dim") if att.index_topk else 0,
+        index_topk=att.index_topk, num_indexer_layers=att.n_indexer,
+        sliding_window=window, num_sliding_layers=sum(1 for m in mix if m == "sliding"),
+        num_linear_layers=sum(1 for m in mix if m == "state"), num_mixerless_layers=sum(1 for m in mix if m == "none"),
+        state_kind=state.kind, linear_mixer_params=state.n_state * state.mixer_params, state_conv_values=state.conv_values,
+        state_ssm_values=state.ssm_values, state_heads=state.state_heads, num_parallel_state_layers=sum(1 for m in mix if m == "parallel"),
+        state_ssm_fp32=state.kind is StateKind.KDA or state.ssm_fp32, state_ssm_dtype_given=state.ssm_given,
+        kv_reuse_full_layers=reuse_full, kv_reuse_sliding_layers=reuse_sliding, kv_reuse_drops_kv_proj=reuse_drops_kv,
+        num_mtp_layers=mtp, mtp_dedicated_embeddings=mtp_dedicated, checkpoint=checkpoint,
+    )
+    towers = read_towers(cfg, sz.hidden, warnings.append, assumptions)
+    if towers is not None:
+        arch = replace(arch, tower_params=towers.params, tower_bytes_per_param=towers.bytes_per_param)
+    _warn_unread(inner, r, warnings.append)
+    return replace(arch, warnings=tuple(warnings), assumptions=tuple(assumptions))
+
+
+def _language_model(cfg: Mapping[str, Any], assumptions: list[str]) -> tuple[dict[str, Any], _Reader]:
+    """The text model's fields (inside a multimodal wrapper, nested blocks merged, the fields its model type implies
+    filled in where absent) and a reader over them."""
     inner, wrapper = text_config(cfg)
     if wrapper:
         assumptions.append(f"language model read from {wrapper}")
@@ -445,6 +504,24 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         assumptions.append("tie_word_embeddings absent: the LM head is taken as a separate matrix (untied)")
     r = _Reader(inner)
     r.read.update(nested)
+    return inner, r
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """The sizes every decoder has: layers as configured, hidden size, query and KV heads, head size, context, vocabulary."""
+
+    layers: int
+    hidden: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    max_ctx: int
+    vocab: int
+
+
+def _sizes(r: _Reader, inner: Mapping[str, Any], field: str, assumptions: list[str]) -> _Sizes:
+    """Layers, hidden size, heads, context and vocabulary; InvalidSpec without layers and a hidden size."""
     layers = r.num("num_hidden_layers", "num_layers", "n_layer", "n_layers")
     hidden = r.num("hidden_size", "d_model", "n_embd", "n_embed", "dim", "block_dim")
     if layers <= 0 or hidden <= 0:
@@ -464,16 +541,16 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         max_ctx = 4096
         assumptions.append("no max_position_embeddings: a 4096-token context assumed")
     else:
-        max_ctx = _rope_scaled_context(inner, model_type, max_ctx, assumptions)
+        max_ctx = _rope_scaled_context(inner, str(inner.get("model_type") or ""), max_ctx, assumptions)
     vocab = r.num("vocab_size", "padded_vocab_size")
     if vocab <= 0:
         vocab = 32000
         assumptions.append("no vocab_size: 32000 assumed")
-    num_experts = r.num("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", "n_experts")
-    mix, given_ffn = _mixers(r, layers, warnings.append, assumptions)
-    layers = len(mix)
-    window = _apply_sliding(r, mix, max_ctx, assumptions)
-    ffn = _ffn_kinds(r, layers, given_ffn, num_experts > 0)
+    return _Sizes(layers, hidden, heads, head_dim, kv_heads, max_ctx, vocab)
+
+
+def _mlp_matrices(r: _Reader, assumptions: list[str]) -> int:
+    """Matrices of each MLP: 3 (gate, up, down) unless the activation or a field says the MLP is plain (2)."""
     act_field = r.get("mlp_hidden_act", "hidden_act", "hidden_activation", "activation_function", "ffn_act_fn", default="silu")
     act = str(act_field.get("name", "silu") if isinstance(act_field, Mapping) else act_field).lower()
     gated = r.get("mlp_gated", "block_use_swiglu", "use_swiglu")
@@ -485,35 +562,69 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         # do not; vLLM and transformers build the module their architecture class names): say which one was taken.
         assumptions.append(f"hidden_act {act} with no field saying whether the MLP is gated: taken as gated (gate, up, "
                            "down); a plain GELU MLP has two matrices (set mlp_gated: false)")
+    return matrices
 
-    kind, mixer_params, conv_values, ssm_values, state_heads = (StateKind.NONE, 0, 0, 0, 0)
-    ssm_fp32 = ssm_given = False
+
+@dataclass(frozen=True, slots=True)
+class _StateLayers:
+    """The layers that keep a fixed state per sequence (Mamba, linear attention): their kind and sizes."""
+
+    n_state: int
+    kind: StateKind = StateKind.NONE
+    mixer_params: int = 0
+    conv_values: int = 0
+    ssm_values: int = 0
+    state_heads: int = 0
+    ssm_fp32: bool = False
+    ssm_given: bool = False
+
+
+def _state_layers(r: _Reader, mix: list[str], sz: _Sizes, warn: Callable[[str], None], assumptions: list[str]) -> _StateLayers:
+    """The state layers' kind, per-layer parameters and state sizes, and the dtype their recurrent state is kept in."""
     n_state = sum(1 for m in mix if m in ("state", "parallel"))
-    if n_state:
-        kind, mixer_params, conv_values, ssm_values, state_heads = _state(r, hidden, heads, head_dim)
-        ssm_fp32 = _ssm_state_fp32(r, kind, warnings.append)
-        ssm_given = kind is StateKind.KDA or r.get("mamba_ssm_dtype", "mamba_ssm_cache_dtype") is not None
-        assumptions.append(f"{n_state} {kind.value} layers keep a fixed state per sequence, stored in the model dtype "
-                           + ("with the recurrent state in FP32 (vLLM kda_state_dtype)" if kind is StateKind.KDA
-                              else "with the recurrent state in FP32 (the config's mamba_ssm_dtype, which vLLM's "
-                                   "--mamba-ssm-cache-dtype 'auto' takes)" if ssm_fp32
-                              else "(vLLM mamba_ssm_cache_dtype 'auto'; SGLang keeps a Mamba-2 or Gated DeltaNet "
-                                   "recurrent state in FP32 unless the config names its dtype)"))
-    if heads <= 0 and any(m in ("full", "sliding", "parallel") for m in mix):
-        raise InvalidSpec(field, "config.json has attention layers but no num_attention_heads")
+    if not n_state:
+        return _StateLayers(0)
+    kind, mixer_params, conv_values, ssm_values, state_heads = _state(r, sz.hidden, sz.heads, sz.head_dim)
+    ssm_fp32 = _ssm_state_fp32(r, kind, warn)
+    ssm_given = kind is StateKind.KDA or r.get("mamba_ssm_dtype", "mamba_ssm_cache_dtype") is not None
+    assumptions.append(f"{n_state} {kind.value} layers keep a fixed state per sequence, stored in the model dtype "
+                       + ("with the recurrent state in FP32 (vLLM kda_state_dtype)" if kind is StateKind.KDA
+                          else "with the recurrent state in FP32 (the config's mamba_ssm_dtype, which vLLM's "
+                               "--mamba-ssm-cache-dtype 'auto' takes)" if ssm_fp32
+                          else "(vLLM mamba_ssm_cache_dtype 'auto'; SGLang keeps a Mamba-2 or Gated DeltaNet "
+                               "recurrent state in FP32 unless the config names its dtype)"))
+    return _StateLayers(n_state, kind, mixer_params, conv_values, ssm_values, state_heads, ssm_fp32, ssm_given)
 
+
+@dataclass(frozen=True, slots=True)
+class _AttentionExtras:
+    """What the attention layers add beyond heads × head_dim: per-layer query heads, MLA's latent, compressed and
+    sparse (indexer) attention."""
+
+    query_heads_total: int
+    kv_lora: int
+    compressed_values: float
+    compressed_index_keys: float
+    compressed_index_layers: int
+    index_topk: int
+    n_indexer: int
+
+
+def _attention_extras(r: _Reader, mix: list[str], sz: _Sizes, warn: Callable[[str], None], assumptions: list[str]) -> _AttentionExtras:
+    """Per-layer query heads, MLA's latent rank, DeepSeek-V4's compressed entries and a sparse-attention indexer."""
     per_layer_heads = r.get("num_attention_heads_per_layer")
     query_heads_total = 0
     if isinstance(per_layer_heads, list) and len(per_layer_heads) == len(mix):
         query_heads_total = sum(int(h) for h, m in zip(per_layer_heads, mix, strict=True) if m in ("full", "sliding", "parallel"))
         assumptions.append(f"num_attention_heads_per_layer: {query_heads_total} query heads over the attention layers "
-                           f"({min(per_layer_heads)}-{max(per_layer_heads)} a layer); KV heads stay {kv_heads}")
+                           f"({min(per_layer_heads)}-{max(per_layer_heads)} a layer); KV heads stay {sz.kv_heads}")
     elif per_layer_heads is not None:
-        warnings.append(f"num_attention_heads_per_layer has {len(per_layer_heads) if isinstance(per_layer_heads, list) else '?'} "
-                        f"entries for {len(mix)} layers; num_attention_heads {heads} was used for every layer")
+        warn(f"num_attention_heads_per_layer has {len(per_layer_heads) if isinstance(per_layer_heads, list) else '?'} "
+             f"entries for {len(mix)} layers; num_attention_heads {sz.heads} was used for every layer")
     kv_lora = r.num("kv_lora_rank")
     compressed_values, compressed_index_keys, compressed_index_layers = 0.0, 0.0, -1
     ratios = r.get("compress_ratios")
+    head_dim = sz.head_dim
     if isinstance(ratios, list) and len(ratios) >= len(mix) and not kv_lora:
         # DeepSeek-V4 (vLLM models/deepseek_v4/attention.py): a window of `sliding_window` tokens in every layer, one
         # compressed head_dim entry per r tokens in layers of ratio r > 1, an indexer in the ratio-4 layers; the list may
@@ -526,8 +637,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
                            f"{'/'.join(str(x) for x in sorted({x for x in rs if x > 1}))} tokens beside their window, "
                            f"{compressed_index_layers} with an indexer (vLLM deepseek_v4)")
     elif ratios is not None:
-        warnings.append(f"compress_ratios has {len(ratios) if isinstance(ratios, list) else '?'} entries for {len(mix)} layers "
-                        "and was not used: compressed attention not priced")
+        warn(f"compress_ratios has {len(ratios) if isinstance(ratios, list) else '?'} entries for {len(mix)} layers "
+             "and was not used: compressed attention not priced")
     index_topk = r.num("index_topk")
     indexer_types = r.get("indexer_types")
     n_attention = sum(1 for m in mix if m in ("full", "sliding", "parallel"))
@@ -538,6 +649,13 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
             n_indexer = compressed_index_layers
         assumptions.append(f"sparse attention: each query reads its top {index_topk} tokens; the indexer keeps its own FP8 key "
                            f"cache in {n_indexer} layers")
+    return _AttentionExtras(query_heads_total, kv_lora, compressed_values, compressed_index_keys, compressed_index_layers,
+                            index_topk, n_indexer)
+
+
+def _mtp_layers(r: _Reader, assumptions: list[str]) -> tuple[int, bool]:
+    """Multi-token-prediction layers (loaded only with MTP speculative decoding) and whether they carry their own
+    embedding and LM head."""
     mtp = r.num("num_nextn_predict_layers", "mtp_num_hidden_layers")
     if not mtp and r.get("use_mtp"):
         mtp = r.num("num_mtp_modules", default=1) * r.num("mtp_transformer_layers", default=1)
@@ -547,7 +665,22 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         assumptions.append(f"{mtp} multi-token-prediction layers are loaded only with MTP speculative decoding; not counted in the weights"
                            + ("; they store their own embedding and LM heads" if mtp_dedicated
                               else "; they read the main model's embedding and LM head"))
+    return mtp, mtp_dedicated
 
+
+@dataclass(frozen=True, slots=True)
+class _FfnWidths:
+    """The MLP and expert widths: the MoE layers' indices, an expert's width, a dense MLP's, the shared experts'."""
+
+    moe_idx: list[int]
+    moe_inter: int
+    dense_inter: int
+    shared_width: int
+    n_shared: int
+
+
+def _ffn_widths(r: _Reader, ffn: list[str], num_experts: int, hidden: int, assumptions: list[str]) -> _FfnWidths:
+    """Widths of the dense MLPs, the routed experts and the shared experts, with the model families' own rules."""
     moe_idx = [i for i, f in enumerate(ffn) if f == "moe"]
     moe_inter = _per_layer(r, ("moe_intermediate_size", "expert_intermediate_size"), moe_idx, len(ffn), assumptions) if num_experts else 0
     dense_inter = r.num("intermediate_size_mlp", "block_ff_dim", "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
@@ -578,39 +711,11 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         # vLLM hunyuan_v1.py HunYuanSparseMoeBlock: the shared MLP is intermediate_size x num_shared_expert wide (when that
         # is the experts' width, n_shared x moe_intermediate_size says the same).
         shared_width = r.num("intermediate_size") * n_shared
-    reuse_full, reuse_sliding, reuse_drops_kv = _kv_reuse(r, mix, warnings.append, assumptions)
-    checkpoint = parse_quantization(inner.get("quantization_config") or cfg.get("quantization_config") or inner.get("compression_config"),
-                                    _representatives(mix, ffn, shared=bool(n_shared or shared_width)), warnings.append, assumptions)
-    checkpoint = _expert_dtype(r, checkpoint, num_experts > 0 and "moe" in ffn, warnings.append, assumptions)
-    arch = ModelArch(
-        name=name or str(inner.get("_name_or_path") or (list(inner.get("architectures") or []) or ["custom"])[0]),
-        num_layers=layers, hidden_size=hidden, num_heads=max(heads, 1), num_kv_heads=max(min(kv_heads, max(heads, 1)), 1),
-        head_dim=max(head_dim, 1), intermediate_size=dense_inter, vocab_size=vocab, max_context_tokens=max_ctx,
-        tie_embeddings=bool(r.get("tie_word_embeddings", "tie_embedding", default=False)),
-        num_experts=num_experts,
-        experts_per_token=_per_layer(r, ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_experts_per_token", "moe_k", "moe_topk"),
-                                     moe_idx, len(ffn), assumptions) if num_experts else 0,
-        moe_intermediate_size=moe_inter, num_shared_experts=n_shared, shared_expert_intermediate_size=shared_width if num_experts else 0,
-        num_dense_layers=sum(1 for f in ffn if f == "dense"), num_moe_ffn_layers=sum(1 for f in ffn if f == "moe"),
-        ffn_matrices=matrices,
-        kv_lora_rank=kv_lora, qk_rope_head_dim=r.num("qk_rope_head_dim"), qk_nope_head_dim=r.num("qk_nope_head_dim"),
-        v_head_dim=r.num("v_head_dim"), q_lora_rank=r.num("q_lora_rank"), attn_output_gate=bool(r.get("attn_output_gate", default=False)),
-        query_heads_total=query_heads_total,
-        compressed_kv_values_per_token=compressed_values, compressed_indexer_keys_per_token=compressed_index_keys,
-        kv_shared_vector=compressed_index_layers >= 0, o_lora_rank=r.num("o_lora_rank"), o_groups=r.num("o_groups"),
-        index_n_heads=r.num("index_n_heads") if index_topk else 0, index_head_dim=r.num("index_head_dim") if index_topk else 0,
-        index_topk=index_topk, num_indexer_layers=n_indexer,
-        sliding_window=window, num_sliding_layers=sum(1 for m in mix if m == "sliding"),
-        num_linear_layers=sum(1 for m in mix if m == "state"), num_mixerless_layers=sum(1 for m in mix if m == "none"),
-        state_kind=kind, linear_mixer_params=n_state * mixer_params, state_conv_values=conv_values, state_ssm_values=ssm_values,
-        state_heads=state_heads, num_parallel_state_layers=sum(1 for m in mix if m == "parallel"),
-        state_ssm_fp32=kind is StateKind.KDA or ssm_fp32, state_ssm_dtype_given=ssm_given,
-        kv_reuse_full_layers=reuse_full, kv_reuse_sliding_layers=reuse_sliding, kv_reuse_drops_kv_proj=reuse_drops_kv,
-        num_mtp_layers=mtp, mtp_dedicated_embeddings=mtp_dedicated, checkpoint=checkpoint,
-    )
-    towers = read_towers(cfg, hidden, warnings.append, assumptions)
-    if towers is not None:
-        arch = replace(arch, tower_params=towers.params, tower_bytes_per_param=towers.bytes_per_param)
+    return _FfnWidths(moe_idx, moe_inter, dense_inter, shared_width, n_shared)
+
+
+def _warn_unread(inner: Mapping[str, Any], r: _Reader, warn: Callable[[str], None]) -> None:
+    """A warning for every field that looks like a shape and that no step read."""
     r.read.update(("intermediate_size", "num_hidden_layers"))
     for key in sorted(set(inner) - r.read - _NEUTRAL):
         value = inner[key]
@@ -621,8 +726,7 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "", field: str = "mode
         if key.endswith(_SCALAR_SUFFIXES):
             continue
         if any(h in key.lower() for h in _SHAPE_HINTS):
-            warnings.append(f"field {key!r} is not understood by the planner and was ignored")
-    return replace(arch, warnings=tuple(warnings), assumptions=tuple(assumptions))
+            warn(f"field {key!r} is not understood by the planner and was ignored")
 
 
 def _kv_reuse(r: _Reader, mix: list[str], warn: Callable[[str], None], assume: list[str]) -> tuple[int, int, bool]:
