@@ -38,6 +38,7 @@ The steps of one pass, in order (`reconcile`, then `_dry_run` or `_enact`, then 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -94,7 +95,7 @@ from servingtopology.operator.plan_status import (
     with_intervals,
 )
 from servingtopology.operator.pool_member import capped, membership
-from servingtopology.operator.render.manifests import KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
+from servingtopology.operator.render.manifests import API_VERSION, KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
 from servingtopology.operator.render.network import network_capabilities
 from servingtopology.operator.render.object_size import oversized
 from servingtopology.operator.render.pod_template import ENGINE_CONTAINER, ROUTER_CONTAINER
@@ -120,7 +121,7 @@ from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.search.decide import predict_layout
 from servingtopology.spec import SpecError
 
-__all__ = ["Planner", "Outcome", "reconcile", "blueprint_for"]
+__all__ = ["Planner", "Outcome", "reconcile", "blueprint_for", "ApprovalRefusal", "approval_refusal"]
 
 PROGRESS_REQUEUE_S = 15.0
 CAPACITY_REQUEUE_S = 15.0   # look again for freed GPUs
@@ -195,8 +196,8 @@ def _gated(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
     - the annotation names the current proposal (not yet applied): this pass plans this generation again pinned to the
       proposal's layout and applies it as Auto would (at once, or through a transition within the surge budget);
       Approved=True, a ProposalApproved Event, status.approval records it;
-    - the annotation names anything else (an older proposal, one of a past generation, a typo): nothing is applied;
-      Approved=False, reason ProposalStale, one Warning naming the current proposal's id;
+    - the annotation names anything else: refused and disarmed (`_disarm`, ApprovalOfWhatWasShown), so it can never
+      apply a proposal made after it was written;
     - after an approval, while its plan is the running one for this generation (or its transition runs), each pass
       keeps it reconciled as Auto would and reads live metrics, but drift only proposes (policy as DryRun);
     - otherwise: the DryRun pass (plan once per generation into status.proposal, nothing applied).
@@ -214,17 +215,50 @@ def _gated(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
             # next pass approves again): one Event per approval.
             p.event("Normal", "ProposalApproved", message)
             return applied
-        now = (f"the current proposal is {proposal.id} ({proposal.layout}, {_gpus(proposal.gpus)})" if proposal is not None and proposal.id
-               else "there is no current proposal")
-        message = (f"{APPROVE_ANNOTATION}={asked} names no current proposal: {now}; nothing was applied. Approve the current "
-                   f"one with kubectl annotate stopo {p.name} -n {p.namespace} --overwrite {APPROVE_ANNOTATION}=<id>")
-        if p.set(ConditionType.APPROVED, False, "ProposalStale", message):
-            p.event("Warning", "ProposalStale", message)
+        _disarm(p, asked, proposal)
     approval = p.approval
     plan = p.status.plan
     if approval is not None and (p.memory.transitioning or (plan is not None and plan.generation == p.generation == approval.generation)):
         return _enact(p, gated, current)
     return _dry_run(p, ctx, current)
+
+
+class ApprovalRefusal(enum.StrEnum):
+    """Why an approve annotation was refused (the Approved=False reason)."""
+
+    STALE = "ProposalStale"          # it names a proposal shown earlier and since replaced (another generation, a newer id)
+    NOT_SHOWN = "ProposalNotShown"   # it names no proposal shown so far: a future id (armed before the proposal existed), a typo
+
+
+def approval_refusal(asked: str, *, proposals_shown: int) -> ApprovalRefusal:
+    """ProposalStale for p1 … p<proposals_shown> (ids this resource has shown), ProposalNotShown for anything else."""
+    number = asked[1:] if asked.startswith("p") else ""
+    shown = number.isdigit() and not number.startswith("0") and 1 <= int(number) <= proposals_shown
+    return ApprovalRefusal.STALE if shown else ApprovalRefusal.NOT_SHOWN
+
+
+def _disarm(p: PassState, asked: str, proposal: ProposalStatus | None) -> None:
+    """ApprovalOfWhatWasShown: an approve annotation counts only for the proposal current when the operator first reads
+    it. Any other value is refused (Approved=False, ProposalStale or ProposalNotShown, one Warning per refusal) and
+    removed from the resource in the same pass, before this pass can publish a new proposal: an id written ahead of its
+    proposal (approve=p2 while p1 is current) would otherwise apply p2, which nobody reviewed, once the next edit made it.
+
+    The removal tests the value first (a JSON patch `test` + `remove`), so an annotation rewritten since this pass read
+    it is left for the next pass to judge. A failed removal fails the pass (ClusterError, retried with back-off) before
+    anything is planned or applied. What it cannot tell apart: an annotation written while the pass that publishes a new
+    proposal runs (after its read, before its status write) is read by the next pass as written after it was shown.
+    """
+    removed = p.cluster.remove_annotation(ObjectRef(API_VERSION, KIND, p.namespace, p.name), APPROVE_ANNOTATION, value=asked)
+    reason = approval_refusal(asked, proposals_shown=p.proposals)
+    now = (f"the current proposal is {proposal.id} ({proposal.layout}, {_gpus(proposal.gpus)})"
+           if proposal is not None and proposal.id and proposal.generation == p.generation else "there is no current proposal")
+    what = ("names no current proposal" if reason is ApprovalRefusal.STALE
+            else "names no proposal shown so far (an approval counts only for the proposal current when it is set)")
+    disarmed = ("the annotation was removed" if removed else "the annotation has changed since and is judged on the next pass")
+    message = (f"{APPROVE_ANNOTATION}={asked} {what}: {now}; nothing was applied and {disarmed}. Approve the current "
+               f"one once it is shown: kubectl annotate stopo {p.name} -n {p.namespace} --overwrite {APPROVE_ANNOTATION}=<id>")
+    p.set(ConditionType.APPROVED, False, reason.value, message)
+    p.event("Warning", reason.value, message)
 
 
 def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy) -> Outcome | None:

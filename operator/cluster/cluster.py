@@ -121,6 +121,11 @@ class Cluster(Protocol):
         """Merge `annotations` into an object's metadata (a JSON merge patch; the object's spec and status untouched)."""
         ...
 
+    def remove_annotation(self, ref: ObjectRef, key: str, *, value: str) -> bool:
+        """Remove one annotation only while it still holds `value`; True when removed, False when it holds another value
+        by now or the object is gone."""
+        ...
+
 
 class KubeCluster:
     """`Cluster` over kubernetes.dynamic.DynamicClient (sync; the handlers run passes on the Runtime's threads).
@@ -216,6 +221,21 @@ class KubeCluster:
     def annotate(self, ref: ObjectRef, annotations: Mapping[str, str]) -> None:
         self._call(self._client.patch, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace,
                    body={"metadata": {"annotations": dict(annotations)}}, content_type="application/merge-patch+json")
+
+    def remove_annotation(self, ref: ObjectRef, key: str, *, value: str) -> bool:
+        # A JSON patch whose `test` fails (the value was rewritten since it was read) is refused as a whole: 422.
+        from kubernetes.dynamic import exceptions
+
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        try:
+            got = self._call(self._client.patch, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace,
+                             body=[{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}],
+                             content_type="application/json-patch+json")
+        except ClusterError as exc:
+            if isinstance(exc.__cause__, exceptions.DynamicApiError) and exc.__cause__.status == 422:
+                return False
+            raise
+        return got is not None
 
     def delete(self, ref: ObjectRef) -> None:
         self._call(self._client.delete, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace,

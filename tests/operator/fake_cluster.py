@@ -45,6 +45,7 @@ class FakeCluster:
     applies: int = 0
     reads: list[ObjectRef] = field(default_factory=list)   # every GET, in order
     lists: int = 0                                          # owned_objects() calls (a LIST per kind each)
+    removed_annotations: list[tuple[ObjectRef, str, str]] = field(default_factory=list)   # (object, key, the value tested)
     _version: int = 0
 
     def apply(self, obj: Mapping[str, Any]) -> bool:
@@ -95,6 +96,15 @@ class FakeCluster:
         obj = self.objects.get(ref)
         if obj is not None:
             obj["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def remove_annotation(self, ref: ObjectRef, key: str, *, value: str) -> bool:
+        """Recorded in `removed_annotations` (the resource itself is not among `objects`: tests hand it to the reconcile)."""
+        self.removed_annotations.append((ref, key, value))
+        obj = self.objects.get(ref)
+        annotations = obj["metadata"].get("annotations", {}) if obj is not None else {}
+        if obj is not None and annotations.get(key) == value:
+            del annotations[key]
+        return True
 
     def delete(self, ref: ObjectRef) -> None:
         before = self._pods_of(ref)

@@ -37,6 +37,9 @@ class FakeApi(BaseHTTPRequestHandler):
     hang = False
     paths: ClassVar[list[str]] = []
     bodies: ClassVar[list[dict[str, Any]]] = []
+    patches: ClassVar[list[tuple[str, str, str, Any]]] = []      # (path, query, content type, body)
+    refusals: ClassVar[dict[str, dict[str, Any]]] = {}           # object name -> the Status a PATCH of it is answered with
+    annotations: ClassVar[dict[str, str]] = {}                   # the ServingTopology's annotations, for JSON patch tests
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -84,6 +87,20 @@ class FakeApi(BaseHTTPRequestHandler):
             return self._send({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
         return self._send({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}, 404)
 
+    def do_PATCH(self) -> None:
+        path, _, query = self.path.partition("?")
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).patches.append((path, query, self.headers["Content-Type"], body))
+        name = path.rsplit("/", 1)[1]
+        if name in type(self).refusals:
+            return self._send(type(self).refusals[name], int(type(self).refusals[name]["code"]))
+        if self.headers["Content-Type"] == "application/json-patch+json":
+            test = body[0]
+            if type(self).annotations.get(test["path"].rsplit("/", 1)[1].replace("~1", "/")) != test["value"]:
+                return self._send({"kind": "Status", "status": "Failure", "code": 422, "reason": "Invalid",
+                                   "message": f"the server rejected our request due to an error in our request: testing value {test['path']} failed"}, 422)
+        self._send({"apiVersion": "v1", "kind": "Thing", "metadata": {"name": name, "namespace": "default", "resourceVersion": "7"}})
+
     def do_POST(self) -> None:
         type(self).paths.append(self.path)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -93,7 +110,7 @@ class FakeApi(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def api() -> Iterator[str]:
-    FakeApi.hang, FakeApi.paths, FakeApi.bodies = False, [], []
+    FakeApi.hang, FakeApi.paths, FakeApi.bodies, FakeApi.patches, FakeApi.refusals, FakeApi.annotations = False, [], [], [], {}, {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -200,3 +217,15 @@ def test_a_token_secret_without_the_opt_in_label_is_not_read_unless_the_policy_a
 def test_a_namespace_s_labels_are_read_for_the_pod_template_policy(api: str) -> None:
     assert kube(api).namespace_labels("default") == {"team": "a"}
     assert kube(api).namespace_labels("absent") is None
+
+
+def test_an_approval_is_removed_only_while_it_still_holds_the_value_the_pass_read(api: str) -> None:
+    ref = ObjectRef("servingtopology.io/v1alpha1", "ServingTopology", "default", "llama")
+    FakeApi.annotations = {"servingtopology.io/approve": "p2"}
+    assert kube(api).remove_annotation(ref, "servingtopology.io/approve", value="p2") is True
+    path, _, content_type, body = FakeApi.patches[-1]
+    assert path.endswith("/servingtopologies/llama") and content_type == "application/json-patch+json"
+    assert body == [{"op": "test", "path": "/metadata/annotations/servingtopology.io~1approve", "value": "p2"},
+                    {"op": "remove", "path": "/metadata/annotations/servingtopology.io~1approve"}]
+    FakeApi.annotations = {"servingtopology.io/approve": "p3"}          # rewritten since the pass read it
+    assert kube(api).remove_annotation(ref, "servingtopology.io/approve", value="p2") is False

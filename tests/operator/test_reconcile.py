@@ -14,7 +14,7 @@ from cases import decision, prediction
 from fake_cluster import FakeCluster
 
 from servingtopology.operator.api.resource import parse_topology_spec
-from servingtopology.operator.reconcile import Outcome, reconcile
+from servingtopology.operator.reconcile import Outcome, approval_refusal, reconcile
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.layout import Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.live.transition import set_name
@@ -57,6 +57,11 @@ def run(obj: dict[str, Any], cluster: FakeCluster, planner: ScriptedPlanner, *, 
     """One reconcile, then write its status back the way kopf's status patch would."""
     out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=planner, now=T0 + timedelta(minutes=minutes))
     obj["status"] = {k: v for k, v in out.status.items() if v is not None}
+    annotations = obj["metadata"].get("annotations", {})
+    for ref, key, value in cluster.removed_annotations:   # what the API server does with the operator's guarded patch
+        if ref.name == obj["metadata"]["name"] and annotations.get(key) == value:
+            del annotations[key]
+    cluster.removed_annotations.clear()
     return out
 
 
@@ -304,6 +309,56 @@ def test_a_stale_id_is_refused_with_a_named_condition_and_one_warning() -> None:
     assert "servingtopology.io/approve=p1 names no current proposal: the current proposal is p2 (4×TP2, 8 GPUs)" in approved["message"]
     assert reasons(cluster).count("ProposalStale") == 1 and cluster.objects == {} and "plan" not in obj["status"]
     assert next(e for e in cluster.events if e.reason == "ProposalStale").type == "Warning"
+    assert APPROVE not in obj["metadata"]["annotations"] and "the annotation was removed" in approved["message"]
+
+
+def test_an_approval_armed_for_a_future_id_is_refused_removed_and_never_applies_that_proposal() -> None:
+    obj, cluster = topology("DryRun"), FakeCluster()
+    planner = ScriptedPlanner(decision(PD), decision(REPLICAS))
+    run(obj, cluster, planner)
+    assert obj["status"]["proposal"]["id"] == "p1"
+    approve(obj, "p2")                                  # p2 does not exist yet: nobody has seen it
+    run(obj, cluster, planner, minutes=1)
+    refused = cond(obj, "Approved")
+    assert (refused["status"], refused["reason"]) == ("False", "ProposalNotShown")
+    assert refused["message"].startswith("servingtopology.io/approve=p2 names no proposal shown so far (an approval counts only "
+                                         "for the proposal current when it is set): the current proposal is p1 (2P3D@TP4, 20 GPUs); "
+                                         "nothing was applied and the annotation was removed")
+    assert APPROVE not in obj["metadata"]["annotations"]
+    assert [e.type for e in cluster.events if e.reason == "ProposalNotShown"] == ["Warning"]
+    bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 5})   # the next edit makes p2
+    for minute in range(2, 6):
+        run(obj, cluster, planner, minutes=minute)
+    assert obj["status"]["proposal"]["id"] == "p2"
+    assert cluster.objects == {} and cluster.applies == 0 and "plan" not in obj["status"] and "approval" not in obj["status"]
+    assert "ProposalApproved" not in reasons(cluster)
+
+
+def test_a_future_id_written_with_the_spec_edit_that_makes_it_is_refused_too() -> None:
+    obj, cluster = topology("DryRun"), FakeCluster()
+    planner = ScriptedPlanner(decision(PD), decision(REPLICAS))
+    run(obj, cluster, planner)
+    bump(obj, workload={**obj["spec"]["workload"], "arrivalRate": 5})
+    approve(obj, "p2")                                  # one apply: the edit and the id it will get
+    for minute in range(1, 4):
+        run(obj, cluster, planner, minutes=minute)
+    assert obj["status"]["proposal"]["id"] == "p2" and cond(obj, "Approved")["reason"] == "ProposalNotShown"
+    assert cluster.objects == {} and APPROVE not in obj["metadata"]["annotations"]
+    approve(obj, "p2")                                  # approved once it is shown: it runs
+    run(obj, cluster, planner, minutes=5)
+    assert obj["status"]["plan"]["layout"] == "4×TP2" and cond(obj, "Approved")["reason"] == "ProposalApproved"
+
+
+@pytest.mark.parametrize(("asked", "shown", "reason"), [
+    ("p1", 2, "ProposalStale"),       # shown, then replaced
+    ("p2", 2, "ProposalStale"),       # the latest id, but of another generation or already replaced
+    ("p3", 2, "ProposalNotShown"),    # the next id: armed before it exists
+    ("p0", 2, "ProposalNotShown"),    # never an id
+    ("p01", 2, "ProposalNotShown"),   # not how ids are written
+    ("latest", 2, "ProposalNotShown"),
+])
+def test_a_refused_id_is_stale_only_when_this_resource_showed_it(asked: str, shown: int, reason: str) -> None:
+    assert approval_refusal(asked, proposals_shown=shown).value == reason
 
 
 def test_auto_with_approval_required_proposes_and_applies_only_what_is_approved() -> None:
