@@ -60,10 +60,6 @@ from servingtopology.operator.api.resource import (
     parse_topology_spec,
 )
 from servingtopology.operator.calibration_source import admit_calibration, with_calibration
-from servingtopology.operator.cluster.capacity import GPU_PRODUCT_LABEL, Capacity, layout_pod_gpus, missing_by_kind, read_capacity, unplaced_gpus
-from servingtopology.operator.cluster.cluster import Cluster, ObjectRef, owned_selector, ref_of
-from servingtopology.operator.cluster.cluster_view import read_cluster_view
-from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded
 from servingtopology.operator.live.readout import phase_text, traffic_shares
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory
@@ -112,6 +108,11 @@ from servingtopology.operator.replan import (
     transition_step,
 )
 from servingtopology.operator.rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
+from servingtopology.operator.cluster.admission import AdmissionRefusal
+from servingtopology.operator.cluster.capacity import GPU_PRODUCT_LABEL, Capacity, layout_pod_gpus, missing_by_kind, read_capacity, unplaced_gpus
+from servingtopology.operator.cluster.cluster import AdmissionRefused, Cluster, ObjectRef, owned_selector, ref_of
+from servingtopology.operator.cluster.cluster_view import read_cluster_view
+from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout
@@ -733,7 +734,9 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
             p.event("Warning", "ObjectTooLarge", message)
         return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error="ObjectTooLarge")
     objects = _unchanged(p, rendering) if run.hold else _apply(p, rendering, rendered)
-    if objects is None:
+    if objects is NothingApplied.ADMISSION_REFUSED:
+        return p.outcome(plan=plan, proposal=run.proposal, history=run.history, decided=run.decided, error=objects.value)
+    if isinstance(objects, NothingApplied):
         conflict = condition(p.conditions, ConditionType.CONFLICT)
         if p.status.plan is None or condition(p.conditions, ConditionType.READY) is None:
             p.set(ConditionType.READY, False, "ObjectNotOwned", conflict.message if conflict else "objects not owned")
@@ -897,9 +900,37 @@ def _unchanged(p: PassState, rendering: Rendering) -> list[dict[str, Any]]:
     return build_topology(rendering.sets, serving=rendering.serving)
 
 
-def _apply(p: PassState, rendering: Rendering, objects: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Apply the rendering's objects and prune what no set needs; None when an object to apply exists and is not this
-    resource's: then nothing of the pass is applied or pruned, and Conflict=True names the objects.
+class NothingApplied(enum.StrEnum):
+    """Why a pass applied and pruned nothing (the reason of its Ready condition and Outcome.error)."""
+
+    OBJECT_NOT_OWNED = "ObjectNotOwned"        # an object to apply exists and is someone else's (Conflict=True)
+    ADMISSION_REFUSED = "AdmissionRefused"     # the API server's dry-run refused a rendered object
+
+
+def _admission_refused(p: PassState, rendering: Rendering, refusals: list[AdmissionRefusal]) -> None:
+    """AdmissionRefused: the API server's own validation or an admission plugin (Pod Security, a quota, a webhook, a
+    policy) refused a rendered object in the server-side dry-run that precedes every apply. Nothing of the pass is
+    applied or pruned, running workloads stay as they are, and Ready=False names each object with the server's reason
+    and message (one Warning when it changes). The pass completes, so it is not retried as a failure: the verdict is
+    remembered per rendered object (cluster/admission.py) and checked again when the spec changes what is rendered, or
+    with back-off in case the cluster's admission changed."""
+    tail = (f". The API server refused what {' + '.join(bp.layout.label for bp in rendering.sets)} renders (a server-side "
+            "dry-run before anything is applied): nothing was applied; running workloads are left as they are. Checked "
+            "again when the spec changes, and with back-off (1 to 15 min) in case the cluster's admission changed")
+    shown = "; ".join(str(r) for r in refusals)
+    if len(shown) > CONDITION_MESSAGE_CHARS - len(tail):
+        shown = shown[:CONDITION_MESSAGE_CHARS - len(tail) - 1] + "…"
+    message = shown + tail
+    if p.set(ConditionType.READY, False, NothingApplied.ADMISSION_REFUSED.value, message):
+        p.event("Warning", NothingApplied.ADMISSION_REFUSED.value, message)
+
+
+def _apply(p: PassState, rendering: Rendering, objects: list[dict[str, Any]]) -> list[dict[str, Any]] | NothingApplied:
+    """Apply the rendering's objects and prune what no set needs; NothingApplied when the pass applied or pruned nothing:
+
+    - OBJECT_NOT_OWNED: an object to apply exists and is not this resource's; Conflict=True names the objects;
+    - ADMISSION_REFUSED: the API server refused an object in the server-side dry-run every object goes through before
+      the first apply (`Cluster.admit`, once per change of the object), or in the apply itself.
 
     Server-side apply with force would take such an object over (its selector overwritten, an owner reference added,
     and garbage collection deleting it with this resource); the check is before the first apply, so a pass is all
@@ -913,12 +944,19 @@ def _apply(p: PassState, rendering: Rendering, objects: list[dict[str, Any]]) ->
                    f"{'it' if len(foreign) == 1 else 'them'}, or rename this resource")
         if p.set(ConditionType.CONFLICT, True, "ObjectNotOwned", message):
             p.event("Warning", "ObjectNotOwned", message)
-        return None
+        return NothingApplied.OBJECT_NOT_OWNED
     if condition(p.conditions, ConditionType.CONFLICT) is not None:
         p.set(ConditionType.CONFLICT, False, "AllOwned", "every object this resource renders is its own")
-    for obj in objects:
-        if p.cluster.apply(obj):
-            p.applied.append(str(ref_of(obj)))
+    refusals = [r for obj in objects if (r := p.cluster.admit(obj)) is not None]
+    try:
+        for obj in objects if not refusals else ():
+            if p.cluster.apply(obj):
+                p.applied.append(str(ref_of(obj)))
+    except AdmissionRefused as exc:
+        refusals = [exc.refusal]
+    if refusals:
+        _admission_refused(p, rendering, refusals)
+        return NothingApplied.ADMISSION_REFUSED
     desired = {ref_of(o) for o in objects}
     for ref, live in listed.items():
         if ref not in desired and owned_by(live, p.uid):

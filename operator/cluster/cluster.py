@@ -9,6 +9,7 @@ workloads; it decides nothing.
 from __future__ import annotations
 
 import base64
+import logging
 import threading
 import time
 import uuid
@@ -21,11 +22,14 @@ from urllib.parse import urlsplit
 
 from servingtopology.operator.render.manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
 from servingtopology.operator.render.tenancy import STRICT, TenancyPolicy, secret_refusal
+from servingtopology.operator.cluster.admission import REFUSAL_CODES, AdmissionMemo, AdmissionRefusal, object_digest, refusal_from_answer
 
-__all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "SecretNotOptedIn", "KubeCluster", "ref_of", "owned_selector",
-           "build_event"]
+__all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "SecretNotOptedIn", "AdmissionRefused", "KubeCluster",
+           "ref_of", "owned_selector", "build_event", "ADMISSION_LOGGER"]
 
 FIELD_MANAGER = "servingtopology-operator"
+ADMISSION_LOGGER = "servingtopology.operator.admission"
+LOG = logging.getLogger(ADMISSION_LOGGER)
 # Every request's (connect, read) timeout: a hung API server fails the pass (ClusterError, retried with back-off)
 # instead of holding its thread and the resource's lock for ever.
 REQUEST_TIMEOUT_S = (5.0, 30.0)
@@ -74,9 +78,25 @@ class SecretNotOptedIn(ClusterError):
     reason = "TokenSecretNotOptedIn"
 
 
+class AdmissionRefused(ClusterError):
+    """The API server refused to apply an object (validation or an admission plugin): not transient; the reconcile
+    reports `refusal` (the server's reason and message) as Ready=False AdmissionRefused."""
+
+    def __init__(self, refusal: AdmissionRefusal) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
 class Cluster(Protocol):
     def apply(self, obj: Mapping[str, Any]) -> bool:
-        """Server-side apply with the operator's field manager; True when the object was created or changed."""
+        """Server-side apply with the operator's field manager; True when the object was created or changed.
+        Raises AdmissionRefused when the API server refuses the object."""
+        ...
+
+    def admit(self, obj: Mapping[str, Any]) -> AdmissionRefusal | None:
+        """The API server's verdict on applying `obj`, from a server-side dry-run (validation and every admission the
+        cluster runs); None when admitted. Remembered per rendered object (cluster/admission.py AdmissionMemo): one
+        dry-run per change of the object, a refusal checked again with back-off. Raises ClusterError when transient."""
         ...
 
     def read(self, ref: ObjectRef) -> Mapping[str, Any] | None: ...
@@ -157,6 +177,8 @@ class KubeCluster:
         self._instance = reporting_instance or f"{FIELD_MANAGER}-{uuid.uuid4().hex[:8]}"
         self._ttl, self._clock, self._monotonic = discovery_ttl_s, clock, monotonic
         self._lws: tuple[bool, float] | None = None
+        self._admission = AdmissionMemo()
+        self.dry_runs: Counter[str] = Counter()   # server-side dry-runs made, by verdict ("admitted", "refused")
 
     @property
     def _client(self) -> Any:
@@ -201,7 +223,7 @@ class KubeCluster:
         except exceptions.NotFoundError:
             return None
         except exceptions.DynamicApiError as exc:
-            raise ClusterError(str(exc)) from exc
+            raise ClusterError(_api_error_text(exc)) from exc
         except (ApiException, HTTPError, OSError) as exc:
             raise ClusterError(_short(exc)) from exc
 
@@ -209,10 +231,40 @@ class KubeCluster:
         ref = ref_of(obj)
         res = self._resource(ref.api_version, ref.kind)
         before = self._call(self._client.get, res, name=ref.name, namespace=ref.namespace)
-        after = self._call(self._client.server_side_apply, res, body=dict(obj), namespace=ref.namespace,
-                           field_manager=FIELD_MANAGER, force_conflicts=True)
+        try:
+            after = self._call(self._client.server_side_apply, res, body=dict(obj), namespace=ref.namespace,
+                               field_manager=FIELD_MANAGER, force_conflicts=True)
+        except ClusterError as exc:
+            refusal = _refusal(exc, ref)
+            if refusal is None:
+                raise
+            # Admitted by an earlier dry-run, refused now: the cluster's admission changed. Remembered as refused.
+            self._admission.record(object_digest(obj), refusal, now_s=self._monotonic())
+            raise AdmissionRefused(refusal) from None
         old_version = before.metadata.resourceVersion if before is not None else None
         return after is None or after.metadata.resourceVersion != old_version
+
+    def admit(self, obj: Mapping[str, Any]) -> AdmissionRefusal | None:
+        digest = object_digest(obj)
+        standing, refusal = self._admission.standing(digest, now_s=self._monotonic())
+        if standing:
+            return refusal
+        ref = ref_of(obj)
+        res = self._resource(ref.api_version, ref.kind)
+        try:
+            self._call(self._client.server_side_apply, res, body=dict(obj), namespace=ref.namespace, field_manager=FIELD_MANAGER,
+                       force_conflicts=True, dry_run="All")
+            refusal = None
+        except ClusterError as exc:
+            refusal = _refusal(exc, ref)
+            if refusal is None:
+                raise
+        self._admission.record(digest, refusal, now_s=self._monotonic())
+        with self._count_lock:
+            self.dry_runs["admitted" if refusal is None else "refused"] += 1
+        if refusal is not None:
+            LOG.info("%s/%s: server-side dry-run refused: %s", ref.namespace, ref.name, refusal)
+        return refusal
 
     def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:
         got = self._call(self._client.get, self._resource(ref.api_version, ref.kind), name=ref.name, namespace=ref.namespace)
@@ -311,6 +363,22 @@ class KubeCluster:
         event = build_event(owner, type=type, reason=reason, message=message, now=self._clock(), instance=self._instance)
         meta = owner["metadata"]
         self._call(self._client.create, self._resource("v1", "Event"), body=event, namespace=meta["namespace"])
+
+
+def _refusal(exc: ClusterError, ref: ObjectRef) -> AdmissionRefusal | None:
+    """The API server's refusal of `ref` when `exc` is one (a Status with a code of REFUSAL_CODES), else None."""
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    cause = exc.__cause__
+    if not isinstance(cause, DynamicApiError) or cause.status not in REFUSAL_CODES:
+        return None
+    return refusal_from_answer(str(ref), code=int(cause.status), http_reason=str(cause.reason or ""), body=cause.body)
+
+
+def _api_error_text(exc: Any) -> str:
+    """An API error in one line: its code, reason and the Status message (never its HTTP headers, body or traceback)."""
+    answer = refusal_from_answer("", code=int(exc.status or 0), http_reason=str(exc.reason or ""), body=exc.body)
+    return f"{answer.code} {answer.reason}: {answer.message}" if answer.message != f"{answer.code} {answer.reason}" else answer.message
 
 
 def _short(exc: BaseException) -> str:

@@ -115,7 +115,8 @@ def _kube_api_client() -> object:
 
 
 def _runtime_metrics(registry: Any, cluster: Any, worker: Any) -> None:
-    """servingtopology_api_requests_total{kind="discovery"|"api"} (the requests of the operator's client) and the plan
+    """servingtopology_api_requests_total{kind="discovery"|"api"} (the requests of the operator's client),
+    servingtopology_admission_dry_runs_total{verdict="admitted"|"refused"}, and the plan
     worker's servingtopology_plans_started_total, _plans_over_budget_total, _plan_cpu_seconds_total, _plans_pending."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -125,6 +126,11 @@ def _runtime_metrics(registry: Any, cluster: Any, worker: Any) -> None:
             for kind in ("discovery", "api"):
                 family.add_metric([kind], float(cluster.requests.get(kind, 0)))
             yield family
+            dry_runs = CounterMetricFamily("servingtopology_admission_dry_runs", "Server-side dry-runs of rendered objects before they "
+                                           "are applied (once per change of an object), by verdict", labels=["verdict"])
+            for verdict in ("admitted", "refused"):
+                dry_runs.add_metric([verdict], float(getattr(cluster, "dry_runs", {}).get(verdict, 0)))
+            yield dry_runs
             yield CounterMetricFamily("servingtopology_plans_started", "Plans started in the plan worker", value=worker.plans_started)
             yield CounterMetricFamily("servingtopology_plans_failed", "Plans over budget or whose process died", value=worker.plans_failed)
             yield CounterMetricFamily("servingtopology_plan_cpu_seconds", "CPU seconds of the plan processes", value=worker.plans_cpu_s)

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from servingtopology.operator.cluster.cluster import MANAGED_KINDS, ObjectRef, ref_of
 from servingtopology.operator.render.manifests import LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
+from servingtopology.operator.cluster.admission import AdmissionRefusal
+from servingtopology.operator.cluster.cluster import MANAGED_KINDS, ObjectRef, ref_of
 
 
 @dataclass
@@ -45,6 +46,8 @@ class FakeCluster:
     applies: int = 0
     reads: list[ObjectRef] = field(default_factory=list)   # every GET, in order
     lists: int = 0                                          # owned_objects() calls (a LIST per kind each)
+    admission_refusals: dict[str, tuple[str, str]] = field(default_factory=dict)   # object name -> (reason, message) its dry-run gets
+    dry_runs: list[ObjectRef] = field(default_factory=list)                       # every admit() call, in order
     removed_annotations: list[tuple[ObjectRef, str, str]] = field(default_factory=list)   # (object, key, the value tested)
     _version: int = 0
 
@@ -86,6 +89,13 @@ class FakeCluster:
                     out["status"] = {"readyReplicas": 0, "updatedReplicas": 0, "observedGeneration": out["metadata"]["generation"],
                                      "conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": why}]}
         return out
+
+    def admit(self, obj: Mapping[str, Any]) -> AdmissionRefusal | None:
+        """The API server's dry-run: refused when the object's name is in `admission_refusals` (no memo: every call counts)."""
+        ref = ref_of(obj)
+        self.dry_runs.append(ref)
+        found = self.admission_refusals.get(ref.name)
+        return AdmissionRefusal(str(ref), 422, found[0], found[1]) if found is not None else None
 
     def read(self, ref: ObjectRef) -> Mapping[str, Any] | None:
         self.reads.append(ref)

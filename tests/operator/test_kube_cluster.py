@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import pytest
 from kubernetes import client
 
-from servingtopology.operator.cluster.cluster import ClusterError, KubeCluster, ObjectRef, SecretNotOptedIn
 from servingtopology.operator.render.tenancy import TenancyPolicy
+from servingtopology.operator.cluster.cluster import AdmissionRefused, ClusterError, KubeCluster, ObjectRef, SecretNotOptedIn
 
 CORE = [("pods", "Pod"), ("configmaps", "ConfigMap"), ("events", "Event"), ("nodes", "Node"), ("services", "Service"),
         ("serviceaccounts", "ServiceAccount"), ("secrets", "Secret"), ("namespaces", "Namespace")]
@@ -229,3 +229,52 @@ def test_an_approval_is_removed_only_while_it_still_holds_the_value_the_pass_rea
                     {"op": "remove", "path": "/metadata/annotations/servingtopology.io~1approve"}]
     FakeApi.annotations = {"servingtopology.io/approve": "p3"}          # rewritten since the pass read it
     assert kube(api).remove_annotation(ref, "servingtopology.io/approve", value="p2") is False
+
+
+def _deployment(name: str, replicas: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"replicas": replicas}}
+
+
+INVALID = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+           "message": 'Deployment.apps "bad" is invalid: spec.template.spec.containers[0].env[0].name: Invalid value: "A=B"'}
+
+
+def test_an_object_is_dry_run_once_per_change_and_a_refusal_again_only_after_its_back_off(api: str) -> None:
+    now = [0.0]
+    cluster = kube(api, monotonic=lambda: now[0])
+    FakeApi.refusals = {"bad": INVALID}
+    refusal = cluster.admit(_deployment("bad"))
+    assert refusal is not None and str(refusal) == f"Deployment/bad: Invalid (422): {INVALID['message']}"
+    path, query, content_type, _ = FakeApi.patches[-1]
+    assert path == "/apis/apps/v1/namespaces/default/deployments/bad" and "dryRun=All" in query
+    assert content_type == "application/apply-patch+yaml"
+    assert cluster.admit(_deployment("good")) is None
+    for _ in range(10):                               # every pass of the next minute: no request
+        assert cluster.admit(_deployment("bad")) == refusal and cluster.admit(_deployment("good")) is None
+    assert len(FakeApi.patches) == 2 and cluster.dry_runs == {"refused": 1, "admitted": 1}
+    assert cluster.admit(_deployment("bad", replicas=2)) == refusal   # changed: checked at once
+    now[0] = 60.0
+    cluster.admit(_deployment("bad"))                 # the back-off is over: checked again
+    assert len(FakeApi.patches) == 4
+
+
+def test_an_apply_the_server_refuses_is_an_admission_refusal_not_the_raw_exception(api: str) -> None:
+    cluster = kube(api)
+    FakeApi.refusals = {"bad": INVALID}
+    with pytest.raises(AdmissionRefused) as refused:
+        cluster.apply(_deployment("bad"))
+    assert refused.value.refusal.reason == "Invalid" and "HTTP response" not in str(refused.value)
+    FakeApi.patches.clear()
+    assert cluster.admit(_deployment("bad")) == refused.value.refusal and not FakeApi.patches   # remembered
+
+
+def test_a_server_error_in_a_dry_run_is_transient_and_says_only_its_code_and_message(api: str) -> None:
+    cluster = kube(api)
+    FakeApi.refusals = {"x": {"kind": "Status", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is down"}}
+    with pytest.raises(ClusterError) as failed:
+        cluster.admit(_deployment("x"))
+    assert not isinstance(failed.value, AdmissionRefused)
+    assert str(failed.value) == "500 InternalError: etcd is down"          # no headers, body or traceback
+    with pytest.raises(ClusterError):
+        cluster.admit(_deployment("x"))                                  # not remembered: tried again next pass
