@@ -1,11 +1,13 @@
 """Approving a proposal (issue 29) on the real API server: a DryRun resource shows its proposal's id and predicted figures
-in Ready and in `kubectl get`; `kubectl annotate stopo NAME servingtopology.io/approve=<id>` with a stale id is refused
-(Approved=False, ProposalStale, one Warning, nothing applied); with the current id exactly that proposal is applied
-(its layout, its engine Deployments) and stays applied; Auto with `policy.approval: Required` waits for the same.
+in Ready and in `kubectl get`; `kubectl annotate stopo NAME servingtopology.io/approve=<id>` with an id not shown is refused
+(Approved=False, ProposalNotShown, one Warning, nothing applied, the annotation removed); with the current id exactly that
+proposal is applied (its layout, its engine Deployments) and stays applied; Auto with `policy.approval: Required` waits for
+the same. An approval armed for a future id (p2 while p1 is current) never applies p2 once an edit makes it (issue 38).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import yaml
@@ -52,13 +54,14 @@ def test_a_dry_run_proposal_is_applied_only_by_its_current_id(cluster: LocalClus
         "False", "AwaitingApproval", f"{proposal['layout']} (proposed)", f"{proposal['id']}: {proposal['layout']}"), row
     assert row["TTFT"].startswith("- / ") and row["TTFT"] != "- / -", row   # the proposal's predicted figure
 
-    # A stale id (no such proposal): refused by name, nothing applied.
+    # An id never shown (no such proposal): refused by name, nothing applied, the annotation removed.
     _annotate(cluster, namespace, "dry", "p99")
     kube.wait_condition(namespace, "dry", "Approved", "False", timeout_s=120, log=operator.log_tail)
     stale = kube.condition(namespace, "dry", "Approved") or {}
-    assert stale["reason"] == "ProposalStale" and f"the current proposal is {proposal['id']}" in stale["message"], stale
-    warnings = [e for e in kube.events(namespace, reason="ProposalStale") if e.get("type") == "Warning"]
+    assert stale["reason"] == "ProposalNotShown" and f"the current proposal is {proposal['id']}" in stale["message"], stale
+    warnings = [e for e in kube.events(namespace, reason="ProposalNotShown") if e.get("type") == "Warning"]
     assert len(warnings) == 1 and not kube.items("deployments", namespace)
+    assert APPROVE not in (kube.topology(namespace, "dry")["metadata"].get("annotations") or {})
 
     # The current id: exactly that proposal runs.
     _annotate(cluster, namespace, "dry", proposal["id"])
@@ -85,3 +88,32 @@ def test_auto_with_approval_required_waits_for_the_approval(cluster: LocalCluste
     _annotate(cluster, namespace, "gated", proposal["id"])
     kube.wait_condition(namespace, "gated", "Ready", "True", timeout_s=180, log=operator.log_tail)
     assert kube.topology(namespace, "gated")["status"]["plan"]["layout"] == proposal["layout"]
+
+
+def test_an_approval_armed_for_a_future_id_never_applies_the_proposal_an_edit_makes_later(
+        cluster: LocalCluster, operator: Operator, kube: Kube, namespace: str) -> None:
+    started = time.monotonic()
+    obj = topology("armed", namespace, prometheus_url=cluster.prometheus_url, mode="DryRun", arrival_rate=4, allowed_layouts=["replicas"])
+    _apply(cluster, obj)
+    first = _proposal(kube, namespace, "armed")
+    assert first["id"] == "p1", first
+    _annotate(cluster, namespace, "armed", "p2")         # nobody has seen p2: it does not exist yet
+    kube.wait_condition(namespace, "armed", "Approved", "False", timeout_s=60, log=operator.log_tail)
+    refused = kube.condition(namespace, "armed", "Approved") or {}
+    assert refused["reason"] == "ProposalNotShown" and "the current proposal is p1" in refused["message"], refused
+    assert "the annotation was removed" in refused["message"], refused
+    wait_until(lambda: APPROVE not in (kube.topology(namespace, "armed")["metadata"].get("annotations") or {}), timeout_s=30,
+               what="the armed approval removed")
+
+    # The next edit makes p2: it waits for an approval like any proposal.
+    obj["spec"]["workload"]["arrivalRate"] = 6
+    _apply(cluster, obj)
+    wait_until(lambda: (kube.topology(namespace, "armed").get("status", {}).get("proposal") or {}).get("id") == "p2", timeout_s=60,
+               what="proposal p2", on_timeout=operator.log_tail)
+    time.sleep(3 * operator.timer_interval_s)           # passes that would have applied it
+    status = kube.topology(namespace, "armed")["status"]
+    assert "plan" not in status and "approval" not in status, status
+    assert not kube.items("deployments", namespace) and not kube.events(namespace, reason="ProposalApproved")
+    assert (kube.condition(namespace, "armed", "Ready") or {}).get("reason") == "AwaitingApproval"
+    print(f"\napprove=p2 armed while p1 was current: refused and removed; p2 proposed and left waiting "
+          f"({time.monotonic() - started:.0f} s)")
