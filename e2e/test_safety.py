@@ -169,7 +169,7 @@ def test_a_one_gpu_tenant_s_seven_gpu_sidecar_at_system_priority_is_refused_by_n
         cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
 
 
-DRY_RUN_REFUSED = "server-side dry-run refused"   # operator/runtime/cluster.py logs each dry-run the API server refused
+DRY_RUN_REFUSED = "server-side dry-run refused"   # operator/cluster/cluster.py logs each dry-run the API server refused
 
 
 def _operator_lines(operator: Operator, *needles: str) -> int:

@@ -60,6 +60,11 @@ from servingtopology.operator.api.resource import (
     parse_topology_spec,
 )
 from servingtopology.operator.calibration_source import admit_calibration, with_calibration
+from servingtopology.operator.cluster.admission import AdmissionRefusal
+from servingtopology.operator.cluster.capacity import GPU_PRODUCT_LABEL, Capacity, layout_pod_gpus, missing_by_kind, read_capacity, unplaced_gpus
+from servingtopology.operator.cluster.cluster import AdmissionRefused, Cluster, ObjectRef, owned_selector, ref_of
+from servingtopology.operator.cluster.cluster_view import read_cluster_view
+from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded
 from servingtopology.operator.live.readout import phase_text, traffic_shares
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory
@@ -108,11 +113,6 @@ from servingtopology.operator.replan import (
     transition_step,
 )
 from servingtopology.operator.rollout import Started, finished_plan, rebase_sets, running_set, start_for_change
-from servingtopology.operator.cluster.admission import AdmissionRefusal
-from servingtopology.operator.cluster.capacity import GPU_PRODUCT_LABEL, Capacity, layout_pod_gpus, missing_by_kind, read_capacity, unplaced_gpus
-from servingtopology.operator.cluster.cluster import AdmissionRefused, Cluster, ObjectRef, owned_selector, ref_of
-from servingtopology.operator.cluster.cluster_view import read_cluster_view
-from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout

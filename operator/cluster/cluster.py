@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from servingtopology.operator.cluster.admission import REFUSAL_CODES, AdmissionMemo, AdmissionRefusal, object_digest, refusal_from_answer
 from servingtopology.operator.render.manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
 from servingtopology.operator.render.tenancy import STRICT, TenancyPolicy, secret_refusal
-from servingtopology.operator.cluster.admission import REFUSAL_CODES, AdmissionMemo, AdmissionRefusal, object_digest, refusal_from_answer
 
 __all__ = ["FIELD_MANAGER", "MANAGED_KINDS", "ObjectRef", "Cluster", "ClusterError", "SecretNotOptedIn", "AdmissionRefused", "KubeCluster",
            "ref_of", "owned_selector", "build_event", "ADMISSION_LOGGER"]

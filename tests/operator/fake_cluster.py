@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from servingtopology.operator.render.manifests import LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
 from servingtopology.operator.cluster.admission import AdmissionRefusal
 from servingtopology.operator.cluster.cluster import MANAGED_KINDS, ObjectRef, ref_of
+from servingtopology.operator.render.manifests import LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
 
 
 @dataclass

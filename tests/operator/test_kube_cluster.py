@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import pytest
 from kubernetes import client
 
-from servingtopology.operator.render.tenancy import TenancyPolicy
 from servingtopology.operator.cluster.cluster import AdmissionRefused, ClusterError, KubeCluster, ObjectRef, SecretNotOptedIn
+from servingtopology.operator.render.tenancy import TenancyPolicy
 
 CORE = [("pods", "Pod"), ("configmaps", "ConfigMap"), ("events", "Event"), ("nodes", "Node"), ("services", "Service"),
         ("serviceaccounts", "ServiceAccount"), ("secrets", "Secret"), ("namespaces", "Namespace")]
