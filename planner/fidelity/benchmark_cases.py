@@ -212,6 +212,15 @@ def _topology(row: Mapping[str, str], prefix: str, *, workers: bool) -> Topology
         # SGLang rows that record `--tp N --ep N` as tp = N × N (their figures equal the tp = N, ep = N rows'):
         # the engine ran N GPUs with experts expert-parallel over them.
         tp, moe_tp = moe_ep, 1
+    if dp > 1 and dp == tp and moe_tp <= 1 and moe_ep == tp * dp:
+        # Attention DP over all of tp's GPUs, exported in the launch's own terms: InferenceX's `tp: N, ep: N, dp-attn: true`
+        # runs vLLM as `--tensor-parallel-size 1 --data-parallel-size N --enable-expert-parallel` (SemiAnalysisAI/InferenceX
+        # benchmarks/single_node/*.sh, `DP_ATTENTION`), as SGLang's `--tp N --dp N --enable-dp-attention` is N GPUs with
+        # attention TP N / N = 1. The export wrote tp N, attention DP N and EP N × N, which read literally is N × N GPUs.
+        # The figures side with N: MiniMax-M2.5's TP4 · DP4 · EP16 rows measure within 2 % of TP4·EP4 on 4 GPUs in most
+        # groups, and its TP2 · DP2 · EP4 rows within 3 % of TP2·EP2 on 2 GPUs, where 16 (or 4) GPUs would be far faster.
+        # So such a row is N GPUs: attention DP N at attention TP 1, experts expert-parallel over the N.
+        tp, moe_ep = 1, dp
     if workers and not (row.get(f"{prefix}num_workers") or "").strip():
         # Lossy disagg exports drop the worker counts and put each worker's GPUs in tp_size; predicting them with an
         # assumed worker count would complete the row's inputs by guess (fill_from_twins restores those it can).
@@ -435,9 +444,9 @@ def _stepper(model: ModelArch, gpu: Gpu, case: BenchmarkCase, d: _EngineDefaults
                                moe_ep=ep, moe_precision=case.moe_precision, overhead_scale=d.overhead_scale, params=p,
                                release=case.engine_release or None)
 
-    def step(*, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any) -> Any:
+    def step(*, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any, moe_tokens: Any = None) -> Any:
         return evaluate_step_s(coeffs, prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
-                               decode_context_tokens=decode_context_tokens)
+                               decode_context_tokens=decode_context_tokens, moe_tokens=moe_tokens)
     return step
 
 

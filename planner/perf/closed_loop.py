@@ -23,9 +23,11 @@ _RHO_MAX = 0.97
 
 
 class BatchStepTime(Protocol):
-    """Vectorised step time (s) of one DP rank for batches given per rank."""
+    """Vectorised step time (s) of one DP rank for batches given per rank. `moe_tokens` (passed only where attention-DP
+    ranks step together): the tokens every rank routes to the experts, where the ranks' batches differ (step.token_terms)."""
 
-    def __call__(self, *, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any) -> Any: ...
+    def __call__(self, *, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any,
+                 moe_tokens: Any = None) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,8 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     ctx = isl + 0.5 * n_d
     recv = np.maximum(np.asarray(recv_interval, dtype=float), 1.0)
     colliding = 1.0 + p.arrival_burst * (np.minimum(clients, np.maximum(budget / isl, 1.0)) - 1.0)
+    r = np.asarray(ranks, dtype=float)
+    lockstep_dp = mixed_batches and bool(np.any(r > 1.0))
 
     def state(b: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
         d = b * n_d / life
@@ -110,7 +114,16 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
         f = p_bar / q  # prefill steps per decode step (above 1: SGLang runs several prefill batches between decodes)
         pairs = q * isl / 2.0
         t_d = step(prefill_tokens=0.0 * d, prefill_pairs=0.0 * d, decode_tokens=d, decode_context_tokens=d * ctx)
-        if mixed_batches:
+        if lockstep_dp:
+            # Attention-DP ranks step in lockstep: a step in which any of the r ranks carries a prefill chunk takes that
+            # rank's time on every rank (1 − (1 − f)^r of the steps, not f), and its experts see the chunk beside the
+            # other ranks' own decodes (a prefill step runs eagerly, unpadded: q + d + (r − 1)·d tokens gathered).
+            t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=d, decode_context_tokens=d * ctx,
+                       moe_tokens=q + d + (r - 1.0) * d)
+            fm = 1.0 - (1.0 - np.minimum(f, 1.0)) ** r
+            tau = (1.0 - fm) * t_d + fm * t_p
+            residual = ((1.0 - fm) * t_d * t_d + fm * t_p * t_p) / (2.0 * tau)
+        elif mixed_batches:
             t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=d, decode_context_tokens=d * ctx)
             fm = np.minimum(f, 1.0)
             tau = (1.0 - fm) * t_d + fm * t_p

@@ -30,7 +30,7 @@ from servingtopology.planner.perf.memory import attention_read_bytes, expert_wei
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
-           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_terms",
+           "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_exchange", "measured_terms",
            "KERNEL_ENGINES", "PCIE_BUS_EFF"]
 
 
@@ -107,6 +107,11 @@ class PerfParams:
     # (hidden, expert width, top-k, experts, MoE TP, MoE EP) and weight format, interpolated in the tokens each GPU
     # computes, where a table covers them (kernels.moe_s); 0: the fitted roofline (moe_eff_scale, mem_eff).
     measured_moe: float = 0.0
+    # 1: under attention DP, a MoE layer's exchange (the all-gather of every DP rank's tokens before the experts and the
+    # reduce-scatter of their outputs after, vLLM's default DP + EP dispatch) costs what NCCL measured for those messages
+    # (planner/engines/kernels.py `nccl_s`) wherever a table covers the GPU and the group; 0: the fitted exchange
+    # (a2a_latency_s, link_eff) everywhere. A switch, not fitted.
+    measured_exchange: float = 1.0
     source: str = "defaults (unfitted)"
 
 
@@ -296,6 +301,51 @@ def measured_allreduce(gpu: Gpu, engine: Engine | None, release: str | None, tp:
     return fixed, per_tok
 
 
+# The NCCL collectives of one MoE layer's exchange under attention DP, in the order a step runs them.
+_EXCHANGE_OPS = ("all_gather", "reduce_scatter")
+
+
+@cache
+def _measured_exchange_line(gpu_id: str, dp: int, hidden: int) -> tuple[float, float, str]:
+    """(fixed s, s per token of one rank, source) of one MoE layer's exchange over `dp` attention-DP ranks: an all-gather
+    of every rank's BF16 activations (dp × tokens × hidden × 2 bytes gathered, each rank padded to the largest rank's
+    tokens) and a reduce-scatter of the experts' outputs, from NCCL's measured tables at 1 and 2,048 tokens a rank;
+    NaN where no table covers them."""
+    per_rank = np.array([t * dp * hidden * 2.0 for t in _AR_LINE_TOKENS])
+    total = np.zeros(2)
+    source = ""
+    for op in _EXCHANGE_OPS:
+        got = kernels.nccl_s(gpu_id, op=op, gpus=np.array([dp, dp], dtype=float), message_bytes=per_rank)
+        if got.source is None or not np.isfinite(got.time_s).all():
+            return math.nan, math.nan, ""
+        total = total + got.time_s
+        source = source or got.source.describe()
+    t_lo, t_hi = (float(x) for x in total)
+    return t_lo, max(t_hi - t_lo, 0.0) / (_AR_LINE_TOKENS[1] - _AR_LINE_TOKENS[0]), source
+
+
+def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any, hidden: int) -> tuple[Any, Any]:
+    """Measured (fixed, per-token) time of one MoE layer's attention-DP exchange per candidate; NaN where no table covers
+    it: an engine without tables, no attention DP, experts not expert-parallel, an instance beyond one node or off NVLink,
+    a GPU NCCL was not measured on.
+
+    Only DP with EP: that exchange is the all-gather and reduce-scatter (vLLM's `allgather_reducescatter` all-to-all
+    backend). DP without EP shards every expert over the tp × dp GPUs and exchanges otherwise (each rank's tokens sent to
+    all, the outputs all-reduced), which these two tables do not time; it keeps the fitted exchange."""
+    t_arr, d_arr, e_arr = np.broadcast_arrays(np.asarray(tp, dtype=float), np.asarray(dp, dtype=float), np.asarray(ep, dtype=float))
+    fixed, per_tok = np.full(t_arr.shape, np.nan), np.full(t_arr.shape, np.nan)
+    if engine not in KERNEL_ENGINES or gpu.scaleup_link is not Link.NVLINK:
+        return fixed, per_tok
+    for d in np.unique(d_arr):
+        if d < 2:
+            continue
+        f, t, _ = _measured_exchange_line(gpu.id, int(d), int(hidden))
+        inside = (d_arr == d) & (e_arr > 1) & (t_arr * d_arr <= gpu.gpus_per_node)
+        fixed = np.where(inside, f, fixed)
+        per_tok = np.where(inside, t, per_tok)
+    return fixed, per_tok
+
+
 def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None, *,
                    model: ModelArch | None = None, moe_precision: Precision | None = None, dp: int = 1, moe_ep: int = 1) -> dict[str, str]:
     """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline.
@@ -309,6 +359,11 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
         f, _, source = _measured_allreduce_line(gpu.id, name, release or "", int(tp), int(hidden))
         if math.isfinite(f):
             out["tp_allreduce"] = source
+    if p.measured_exchange >= 0.5 and model is not None and model.is_moe and dp >= 2 and moe_ep >= 2 \
+            and tp * dp <= gpu.gpus_per_node and gpu.scaleup_link is Link.NVLINK:
+        _, _, source = _measured_exchange_line(gpu.id, int(dp), int(hidden))
+        if source:
+            out["dp_exchange"] = source
     if p.measured_moe >= 0.5 and model is not None and model.is_moe:
         group = tp * dp
         ep = min(moe_ep, group)
@@ -562,6 +617,12 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / _link_bps(gpu, tp * dp * pp, p), zero)
     handoff_fixed = np.where(pp > 1, np.where(gpu.scaleup_link is Link.NVLINK, 2.0 * p.allreduce_latency_s,
                                               _exchange_latency_s(gpu, tp * dp * pp, p)), zero)
+    if p.measured_exchange >= 0.5 and model.is_moe:
+        # Measured where NCCL's tables cover the group: each DP rank's tokens (padded to the largest rank's) gathered to
+        # every expert rank and the outputs reduce-scattered back, per MoE layer, in place of the fitted exchange.
+        x_fixed, x_tok = measured_exchange(gpu, tables_for, tp, dp, ep, model.hidden_size)
+        a2a_fixed = np.where(np.isfinite(x_fixed), model.num_moe_layers * frac * np.nan_to_num(x_fixed), a2a_fixed)
+        a2a_tok = np.where(np.isfinite(x_tok), model.num_moe_layers * frac * np.nan_to_num(x_tok), a2a_tok)
     moe_curve = None
     if p.measured_moe >= 0.5 and model.is_moe:
         curve, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
@@ -610,29 +671,36 @@ def _max_normal_z(n: Any) -> Any:
 
 def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any,
                     decode_context_tokens: Any, maximum: Callable[[Any, Any], Any] = np.maximum,
-                    minimum: Callable[[Any, Any], Any] = np.minimum) -> Any:
+                    minimum: Callable[[Any, Any], Any] = np.minimum, moe_tokens: Any = None) -> Any:
     """Step time from folded coefficients; plain arithmetic so floats and arrays both work.
 
     Pipeline parallelism splits the batch into pp micro-batches over pp stages: the step takes pp stage
     times of a micro-batch (coefficients are per stage) plus pp − 1 activation hand-offs.
     Linear time is the p-norm of compute and weight-streaming time (a smooth roofline).
+    `moe_tokens`: the tokens every attention-DP rank together routes to the experts this step (see `token_terms`).
     """
-    base, handoff = token_terms(c, prefill_tokens + decode_tokens, maximum=maximum, minimum=minimum)
+    base, handoff = token_terms(c, prefill_tokens + decode_tokens, maximum=maximum, minimum=minimum, moe_tokens=moe_tokens)
     return step_from_token_terms(c, base, handoff, prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs,
                                  decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens,
                                  maximum=maximum, minimum=minimum)
 
 
 def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any], Any] = np.maximum,
-                minimum: Callable[[Any, Any], Any] = np.minimum) -> tuple[Any, Any]:
+                minimum: Callable[[Any, Any], Any] = np.minimum, moe_tokens: Any = None) -> tuple[Any, Any]:
     """The part of `evaluate_step_s` that depends on the step's token count only: the stage's linear, expert and
     communication time (their sum, in that order) and the pipeline hand-offs. A scalar step model remembers it per
-    token count (`InstancePerf`); `step_from_token_terms` adds the rest, so the sum is `evaluate_step_s`'s own."""
+    token count (`InstancePerf`); `step_from_token_terms` adds the rest, so the sum is `evaluate_step_s`'s own.
+
+    Attention-DP ranks run in lockstep and the step is the slowest rank's: `tokens` is that rank's batch, which sets the
+    dense GEMMs. The experts see every rank's tokens, gathered: by default dp × `tokens` (every rank padded to the
+    largest rank's tokens, as vLLM pads a step it runs as a CUDA graph, and the closed form for ranks holding equal
+    batches); `moe_tokens` gives the gathered count where the ranks' batches differ and are not padded (a step with a
+    prefill chunk on one rank runs eagerly: the others route only their own decodes)."""
     micro = maximum(tokens / c.pp, 1.0)
     k = c.sharp
     t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
     t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
-    routed = micro * c.dp
+    routed = micro * c.dp if moe_tokens is None else maximum(moe_tokens / c.pp, 1.0)
     # Distinct local experts hit by `routed` tokens choosing top-k of E (uniform routing), and the routed tokens a GPU
     # computes: under EP each GPU's share is random and the step waits for the busiest one, mean + z·σ over ep GPUs.
     hit = 1.0 - (1.0 - c.topk / c.experts) ** routed
@@ -649,7 +717,8 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
         t_even = ((c.moe_flop_s * (routed + c.gemm_half_tokens))**k + (c.moe_mem_s * minimum(mean_active, c.local_experts))**k) ** (1.0 / k)
         measured = _moe_table_s(c.moe_log_curve, routed * c.moe_table_share) * (t_moe / maximum(t_even, 1e-30))
         t_moe = np.where(np.isfinite(measured), measured, t_moe)
-    t_comm = c.a2a_s_per_token * micro + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
+    exchanged = micro if moe_tokens is None else routed / c.dp  # the exchange's bytes: a rank's share of the gathered tokens
+    t_comm = c.a2a_s_per_token * exchanged + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     return t_linear + t_moe + t_comm, handoff
 

@@ -40,6 +40,22 @@ def test_tp_recorded_as_tp_times_ep_is_read_as_expert_parallel():
     assert (c.agg.tp, c.agg.moe_ep, c.gpus) == (8, 8, 8)
 
 
+@pytest.mark.parametrize(("n", "ep"), [
+    (4, 16),  # MiniMax-M2.5's "TP4 · DP4 · EP16" rows: InferenceX's `tp: 4, ep: 4, dp-attn: true`
+    (2, 4),   # its "TP2 · DP2 · EP4" rows
+])
+def test_attention_dp_over_all_of_tp_exported_in_launch_terms_is_tp_gpus(n, ep):
+    c = parse_row({**AGG, "tp_size": str(n), "attention_dp_size": str(n), "moe_tp_size": "1", "moe_ep_size": str(ep)})
+    assert (c.agg.tp, c.agg.dp, c.agg.moe_ep, c.gpus) == (1, n, n, n)
+
+
+def test_attention_dp_with_attention_tp_and_a_consistent_expert_grid_is_read_literally():
+    # tp 2 · attention DP 2 with EP 4 = tp × dp is a 4-GPU layout in the schema's own terms (dp ≠ tp or moe_ep ≠ tp × dp
+    # never matches the launch-terms reading).
+    c = parse_row({**AGG, "tp_size": "2", "attention_dp_size": "4", "moe_tp_size": "1", "moe_ep_size": "8"})
+    assert (c.agg.tp, c.agg.dp, c.agg.moe_ep, c.gpus) == (2, 4, 8, 8)
+
+
 def test_disagg_row_counts_workers_and_falls_back_to_decode_batch():
     c = parse_row(DISAGG)
     assert c.prefill.workers == 2 and c.decode.workers == 1

@@ -124,3 +124,23 @@ def test_a_long_prefill_step_lengthens_the_wait_of_a_new_request_beyond_half_a_m
     # One step in 16 is a ~1 s prefill among ~25 ms decodes: the mean step (the TPOT) is ~85 ms, but a random
     # arrival waits E[S²]/(2·E[S]) ≈ 0.4 s, several mean steps (half a mean step before).
     assert wait > 2.0 * float(one.tpot_s[0])
+
+
+def test_a_prefill_on_any_attention_dp_rank_stalls_every_rank():
+    # Ranks step in lockstep: with r ranks a step carries some rank's prefill chunk 1 − (1 − f)^r of the time, so each
+    # rank's decodes run at prefill-step speed more often than its own chunks alone would make them.
+    seen = []
+
+    def step(*, prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens, moe_tokens=None):
+        seen.append(moe_tokens)
+        return _step()(prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
+                       decode_context_tokens=decode_context_tokens)
+
+    def run(ranks):
+        return aggregated(step, clients_per_rank=np.array([16.0]), isl=1024, osl=256, token_budget=8192, max_running=1024.0,
+                          mixed_batches=True, ranks=ranks, params=PARAMS)
+
+    one, four = run(1.0), run(4.0)
+    assert float(four.tpot_s[0]) > 1.05 * float(one.tpot_s[0])
+    assert any(m is not None for m in seen)  # the chunk's step routes the chunk beside the other ranks' own decodes
+

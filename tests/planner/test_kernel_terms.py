@@ -199,3 +199,33 @@ def test_the_measured_moe_term_of_an_ep_rank_is_the_even_table_time_scaled_to_th
     busy = ((c.moe_flop_s * (routed * busiest + c.gemm_half_tokens)) ** k + (c.moe_mem_s * active) ** k) ** (1.0 / k)
     assert busy / even > 1.05
     assert float(measured) - float(roofline) == pytest.approx(even_table_s * busy / even - busy, rel=1e-9)
+
+
+def test_the_dp_exchange_of_an_expert_parallel_layer_is_nccls_all_gather_and_reduce_scatter():
+    # Attention DP 4 with EP 4 on one H200 node: per MoE layer an all-gather of the four ranks' BF16 activations and a
+    # reduce-scatter of the outputs, timed from NCCL's tables at one token a rank; the fitted exchange latency is not used.
+    mm = _minimax()
+    gpu = resolve_gpu("h200_sxm")
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=1.0, pp=1.0, dp=4.0, moe_ep=4.0)
+    on = step_coefficients(mm, gpu, params=replace(PerfParams(), a2a_latency_s=1e-3), **kw)
+    off = step_coefficients(mm, gpu, params=replace(PerfParams(), a2a_latency_s=1e-3, measured_exchange=0.0), **kw)
+    nbytes = np.array([4.0 * mm.hidden_size * 2.0])
+    one = sum(float(kernels.nccl_s("h200_sxm", op=op, gpus=np.array([4.0]), message_bytes=nbytes).time_s[0])
+              for op in ("all_gather", "reduce_scatter"))
+    assert float(on.a2a_fixed_s) == pytest.approx(mm.num_moe_layers * one, rel=1e-9)
+    assert float(off.a2a_fixed_s) == pytest.approx(mm.num_moe_layers * 2.0 * 1e-3, rel=1e-9)
+    assert measured_terms(gpu, Engine.VLLM, "0.19.0", 1, mm.hidden_size, model=mm, dp=4, moe_ep=4)["dp_exchange"].startswith("nccl")
+
+
+@pytest.mark.parametrize(("gpu", "dp", "ep"), [
+    ("b300_sxm", 4.0, 4.0),   # NCCL was not measured on it
+    ("h200_sxm", 4.0, 1.0),   # DP without EP: experts sharded over every GPU, another exchange
+    ("h200_sxm", 1.0, 4.0),   # EP under TP attention: no exchange of its own
+])
+def test_the_fitted_exchange_stays_where_no_nccl_table_times_it(gpu, dp, ep):
+    mm = _minimax()
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=1.0 if dp > 1 else 4.0, pp=1.0, dp=dp, moe_ep=ep)
+    on = step_coefficients(mm, resolve_gpu(gpu), params=PerfParams(), **kw)
+    off = step_coefficients(mm, resolve_gpu(gpu), params=replace(PerfParams(), measured_exchange=0.0), **kw)
+    assert float(on.a2a_fixed_s) == float(off.a2a_fixed_s) and float(on.a2a_s_per_token) == float(off.a2a_s_per_token)
+
