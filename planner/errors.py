@@ -12,16 +12,26 @@ Infeasible carries an `InfeasibleAdvice` (its values are here, the lowest module
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from servingtopology.planner.slo import SLO_MARGIN as SLO_MARGIN_ADVICE  # slo imports only the workload values: no cycle
 
-__all__ = ["PlannerError", "InvalidSpec", "Infeasible", "PinRefused", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
+__all__ = ["did_you_mean", "PlannerError", "InvalidSpec", "Infeasible", "PinRefused", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
 
 
 def _ms(value: float) -> str:
     """A latency as the closest miss prints it (planner.search.limits.miss_text): whole ms from 100 up, else one decimal."""
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def did_you_mean(word: str, allowed: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` naming the allowed word closest to `word` (difflib, case-insensitive), or '' when none
+    is close: an unknown id or field is most often a typo of a known one (DidYouMean)."""
+    by_lower = {a.lower(): a for a in allowed}
+    hit = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[hit[0]]!r}?)" if hit else ""
 
 
 class PlannerError(Exception):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
-from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.errors import InvalidSpec, did_you_mean
 
 __all__ = ["Precision", "Gpu", "Link", "gpu_catalog", "gpu_names", "resolve_gpu", "gpu_for_product", "product_label", "PRODUCT_LABEL", "GIB", "pcie_gbps"]
 
@@ -164,7 +164,7 @@ def resolve_gpu(name: str, *, field: str = "hardware.gpu", nvlink_gbps: float | 
     gid = _aliases().get(_norm(name))
     if gid is None:
         allowed = ", ".join(sorted(gpu_catalog()))
-        raise InvalidSpec(field, f"unknown GPU {name!r}; allowed: {allowed} (or an alias such as H100, h100-sxm)")
+        raise InvalidSpec(field, f"unknown GPU {name!r}{did_you_mean(name, gpu_catalog())}; allowed: {allowed} (or an alias such as H100, h100-sxm)")
     gpu = gpu_catalog()[gid]
     if nvlink_gbps is not None:
         gpu = replace(gpu, nvlink_gbps=nvlink_gbps)

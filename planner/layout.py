@@ -62,11 +62,19 @@ class Parallelism:
 
     @property
     def label(self) -> str:
-        parts = [f"TP{self.tp}"]
+        """The planner's own label, vLLM's spelling: `TP1·DP4` is `-tp 1 -dp 4`."""
+        return self.label_for(Engine.VLLM)
+
+    def label_for(self, engine: Engine) -> str:
+        """The label in the engine's own words (EngineNamed). vLLM: `TP1·DP4` (`-tp 1 -dp 4`). SGLang counts the whole
+        attention-DP group as its TP size: the same four GPUs are `TP4·DP4-attn` (`--tp-size 4` with attention split
+        four ways, `--enable-dp-attention`), as its users write "TP4/DP4 attention"."""
+        sglang_dp = engine is Engine.SGLANG and self.dp > 1
+        parts = [f"TP{self.tp * self.dp if sglang_dp else self.tp}"]
         if self.pp > 1:
             parts.append(f"PP{self.pp}")
         if self.dp > 1:
-            parts.append(f"DP{self.dp}")
+            parts.append(f"DP{self.dp}-attn" if sglang_dp else f"DP{self.dp}")
         if self.ep:
             parts.append("EP")
         return "·".join(parts)
@@ -137,14 +145,20 @@ class Layout:
     @property
     def label(self) -> str:
         """Short human label: `4×TP2`, `2P3D@TP4`, `2P(TP2)·3D(TP4)`; roles on named GPU kinds add them:
-        `4×TP2@a100_sxm`, `1P(TP2)·2D(TP1)@h100_sxm→a100_sxm`."""
+        `4×TP2@a100_sxm`, `1P(TP2)·2D(TP1)@h100_sxm→a100_sxm`. In vLLM's words; `label_for` in the engine's."""
+        return self.label_for(Engine.VLLM)
+
+    def label_for(self, engine: Engine) -> str:
+        """`label` with each instance named as `engine` names it (Parallelism.label_for): a user reads the layout in
+        the words of the engine the plan is for."""
         if self.kind is LayoutKind.REPLICAS:
             r = self.roles[Role.AGGREGATED]
-            return f"{r.count}×{r.parallelism.label}{self._kinds_suffix()}"
+            return f"{r.count}×{r.parallelism.label_for(engine)}{self._kinds_suffix()}"
         p, d = self.roles[Role.PREFILL], self.roles[Role.DECODE]
         if p.parallelism == d.parallelism and not self.kinds_named:
-            return f"{p.count}P{d.count}D@{p.parallelism.label}"
-        return f"{p.count}P({p.parallelism.label})·{d.count}D({d.parallelism.label}){self._kinds_suffix()}"
+            return f"{p.count}P{d.count}D@{p.parallelism.label_for(engine)}"
+        return (f"{p.count}P({p.parallelism.label_for(engine)})·{d.count}D({d.parallelism.label_for(engine)})"
+                f"{self._kinds_suffix()}")
 
     @property
     def structure(self) -> str:

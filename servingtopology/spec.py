@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -20,7 +20,7 @@ from pydantic.config import JsonDict
 
 from servingtopology.planner.engines.caps import load_caps, resolve_version
 from servingtopology.planner.engines.role_knobs import DEFAULT_KNOBS
-from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.errors import InvalidSpec, did_you_mean
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.model.catalog import ModelArch, catalog_hf_id, from_hf_config, resolve_model
@@ -36,6 +36,7 @@ __all__ = [
     "PlanSpec",
     "SpecError",
     "load_spec",
+    "unknown_field_hint",
     "parse_spec",
     "read_spec_data",
     "load_yaml",
@@ -286,6 +287,12 @@ def _slo_schema() -> dict[str, Any]:
                  "message": "the percentile key must look like p50, p90, p95, p99, p99.9"}]}
 
 
+_DP_ATTENTION = ("true: dp splits the attention of the tp GPUs, as SGLang and Dynamo write it (tp 4, dp 4: four GPUs, "
+                 "SGLang --tp-size 4 --attn-dp-size 4, or --dp-size 4 --enable-dp-attention where a release has no "
+                 "--attn-dp-size; vLLM runs the same as -tp 1 -dp 4), so dp must divide tp; false: each of the dp ranks has "
+                 "its own tp GPUs (tp x dp GPUs, vLLM's -tp and -dp)")
+
+
 class RoleSpec(_Base):
     """One role (prefill or decode) of a pd layout: its instances and their shape."""
 
@@ -293,14 +300,15 @@ class RoleSpec(_Base):
     tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel GPUs per instance")
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline stages per instance")
     dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="data-parallel ranks per instance")
+    dpAttention: bool | None = Field(default=None, description=_DP_ATTENTION + "; default: the layout's dpAttention")
     engineArgs: EngineArgsSpec | None = Field(default=None, description="this role's engine knobs, over the layout's engineArgs")
     gpu: str | None = Field(default=None, min_length=1, max_length=MAX_ID,
                             description="the GPU kind this role runs on (a catalog id or alias, as hardware.gpu), for prefill on "
                             "one kind and decode on another, the KV moving over the slower kind's NIC; default: hardware.gpu")
 
-    @property
-    def gpus(self) -> int:
-        return self.count * self.tp * self.pp * self.dp
+    def gpus(self, *, dp_attention: bool) -> int:
+        """GPUs of this role: count × tp × pp, times dp unless dp splits the tp GPUs' attention (`dp_attention`)."""
+        return self.count * self.tp * self.pp * (1 if dp_attention else self.dp)
 
 
 class LayoutSpec(_Base):
@@ -312,26 +320,69 @@ class LayoutSpec(_Base):
     kind: LayoutKind = Field(default=LayoutKind.REPLICAS, description="replicas (identical aggregated engines) or pd (prefill "
                              "and decode roles, both required)")
     replicas: int = Field(default=1, ge=1, le=MAX_GPUS, description="engine instances (kind replicas)")
+    count: int | None = Field(default=None, ge=1, le=MAX_GPUS, description="the same as replicas, in the word a pd role uses "
+                              "(kind replicas; give one of the two)")
     tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel GPUs per instance (kind replicas)")
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline stages per instance (kind replicas)")
     dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="data-parallel ranks per instance (kind replicas)")
+    dpAttention: bool = Field(default=False, description=_DP_ATTENTION + " (kind replicas; with kind pd, each role's default)")
     ep: bool = Field(default=False, description="expert parallelism across the instance's GPUs (MoE models)")
     prefill: RoleSpec | None = Field(default=None, description="the prefill role (kind pd)")
     decode: RoleSpec | None = Field(default=None, description="the decode role (kind pd)")
     engineArgs: EngineArgsSpec = Field(default_factory=EngineArgsSpec, description="engine knobs of every instance (a role's "
                                        "own engineArgs override them)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _count_is_replicas(cls, data: Any) -> Any:
+        """CountIsReplicas: `count` (the word a pd role uses) means replicas in kind replicas; a clash is refused after."""
+        if isinstance(data, dict) and "count" in data and "replicas" not in data and data.get("kind", "replicas") == "replicas":
+            return {**data, "replicas": data["count"]}
+        return data
+
     @model_validator(mode="after")
     def _roles(self) -> LayoutSpec:
         if self.kind is LayoutKind.PD and (self.prefill is None or self.decode is None):
             raise ValueError("kind pd needs both 'prefill' and 'decode' ({count, tp, pp})")
+        if self.count is not None and self.kind is LayoutKind.PD:
+            raise ValueError("count: kind pd counts each role: prefill.count and decode.count")
+        if self.count is not None and self.count != self.replicas:
+            raise ValueError(f"count: the same as replicas, given twice with different values (replicas {self.replicas}, "
+                             f"count {self.count}); give one")
+        for where, tp, dp, attention in self.shapes():
+            if attention and tp % dp:
+                raise ValueError(f"{where + '.' if where else ''}dp: with dpAttention, dp splits the attention of the tp GPUs, so "
+                                 f"it must divide tp (tp 4, dp 4: four GPUs, attention split four ways); got tp {tp}, dp {dp}")
         return self
 
+    def role_attention(self, role: RoleSpec) -> bool:
+        """Whether `role`'s dp splits its tp GPUs' attention: the role's dpAttention, else the layout's."""
+        return self.dpAttention if role.dpAttention is None else role.dpAttention
+
+    def shapes(self) -> list[tuple[str, int, int, bool]]:
+        """(where, tp, dp, dpAttention) of each instance shape: '' for kind replicas, 'prefill' and 'decode' for pd."""
+        if self.kind is LayoutKind.REPLICAS:
+            return [("", self.tp, self.dp, self.dpAttention)]
+        return [(name, r.tp, r.dp, self.role_attention(r)) for name, r in (("prefill", self.prefill), ("decode", self.decode))
+                if r is not None]
+
     def gpus(self) -> int:
-        """GPUs this layout occupies (replicas x tp x pp x dp, or the sum over the PD roles)."""
+        """GPUs this layout occupies (replicas x tp x pp x dp, dp left out under dpAttention; or the sum over the PD roles)."""
         if self.kind is LayoutKind.PD and self.prefill is not None and self.decode is not None:
-            return self.prefill.gpus + self.decode.gpus
-        return self.replicas * self.tp * self.pp * self.dp
+            return sum(r.gpus(dp_attention=self.role_attention(r)) for r in (self.prefill, self.decode))
+        return self.replicas * self.tp * self.pp * (1 if self.dpAttention else self.dp)
+
+    def dp_attention_hint(self) -> str:
+        """DpAttentionHint: when a shape reads as tp × dp GPUs but tp is a multiple of dp, the user may mean SGLang's and
+        Dynamo's spelling (`--tp-size 4 --dp-size 4 --enable-dp-attention` is four GPUs); say how to write it, and the
+        GPUs it would take."""
+        if not any(dp > 1 and tp % dp == 0 and not attention for _, tp, dp, attention in self.shapes()):
+            return ""
+        as_attention = self.model_copy(update={"dpAttention": True, **{
+            name: r.model_copy(update={"dpAttention": True}) for name, r in (("prefill", self.prefill), ("decode", self.decode))
+            if r is not None and r.dp > 1 and r.tp % r.dp == 0}})
+        return (f"; tp × dp GPUs per instance were counted: if tp is the engine's TP size with attention split dp ways (SGLang "
+                f"--tp-size T --dp-size D --enable-dp-attention), set dpAttention: true, which takes {as_attention.gpus():,} GPUs")
 
 
 class SimulationSpec(_Base):
@@ -431,7 +482,7 @@ class PlanSpec(_Base):
         # simulated 16.7M GPUs (issue #17). `hardware` is validated first (declared before `layout`).
         hw = info.data.get("hardware")
         if v is not None and isinstance(hw, HardwareSpec) and v.gpus() > hw.maxGPUs:
-            raise ValueError(f"the layout takes {v.gpus():,} GPUs, over hardware.maxGPUs ({hw.maxGPUs})")
+            raise ValueError(f"the layout takes {v.gpus():,} GPUs, over hardware.maxGPUs ({hw.maxGPUs}){v.dp_attention_hint()}")
         return v
 
 
@@ -460,7 +511,30 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts) or "spec"
 
 
-_SUBFIELD = re.compile(r"^([a-z][A-Za-z]{1,30}): ")
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (through Optional, unions, lists, dicts and Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def unknown_field_hint(root: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """`unknown field` said with the nearest field of the section it sits in (DidYouMean): `hardware.maxGpus` → maxGPUs,
+    and `layout.count` of kind replicas → replicas. The section is found by walking `loc` through the models' fields."""
+    models = [root]
+    for part in loc[:-1]:
+        if isinstance(part, int) or part.startswith(("function-", "constrained-")):
+            continue
+        inner = [m for model in models if part in model.model_fields for m in _models_in(model.model_fields[part].annotation)]
+        if not inner:
+            break
+        models = inner
+    key = str(loc[-1])
+    fields = sorted({f for model in models for f in model.model_fields})
+    return f"unknown field{did_you_mean(key, fields)}; allowed here: {', '.join(fields)}"
+
+
+_SUBFIELD = re.compile(r"^([a-z][A-Za-z.]{1,30}): ")
 
 
 def parse_spec(data: Any) -> PlanSpec:
@@ -476,7 +550,7 @@ def parse_spec(data: Any) -> PlanSpec:
                 continue  # the number branch of "number | distribution" when a distribution was given
             msg = str(e["msg"]).removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
-                msg = "unknown field"
+                msg = unknown_field_hint(PlanSpec, tuple(e["loc"]))
             if "input" in e and e["type"] not in ("missing", "extra_forbidden") and not isinstance(e["input"], dict | list):
                 got = repr(e["input"])
                 msg += f" (got {got if len(got) <= 80 else got[:60] + f'... ({len(got):,} characters)'})"
@@ -563,15 +637,34 @@ def read_spec_data(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise SpecError([("spec", f"{path} is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})")]) from None
     try:
-        data = load_yaml(text)
+        documents = [d for d in yaml.load_all(text, Loader=_UniqueKeyLoader) if d is not None]  # a SafeLoader subclass
+        for d in documents:
+            _check_shape(d)
+        data = _spec_document(documents, path)
     except DuplicateKey as exc:
         raise SpecError([("spec", f"{exc} in {path}: give each key once")]) from None
     except yaml.YAMLError as exc:
         raise SpecError([("spec", f"not valid YAML: {str(exc)[:500]}")]) from None
     except RecursionError:
         raise SpecError([("spec", f"nested deeper than {MAX_SPEC_DEPTH} levels (the schema nests 5)")]) from None
-    _check_shape(data)
     return data
+
+
+def _spec_document(documents: list[Any], path: str | Path) -> Any:
+    """SpecDocument: the one document of a file, or of several (a manifest with a Secret and a PersistentVolumeClaim
+    beside the resource, as `kubectl apply -f` takes) the one ServingTopology, else the one without a `kind` (a bare
+    spec). Anything else is a SpecError naming the kinds found."""
+    if len(documents) <= 1:
+        return documents[0] if documents else None
+    kinds = [d.get("kind") if isinstance(d, dict) else None for d in documents]
+    for wanted in ("ServingTopology", None):
+        hits = [d for d, k in zip(documents, kinds, strict=True) if k == wanted]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise SpecError([("spec", f"{path} holds {len(hits)} {wanted or 'bare spec'} documents; give one per file")])
+    found = ", ".join(str(k) for k in kinds)
+    raise SpecError([("spec", f"{path} holds {len(documents)} YAML documents ({found}) and none is a ServingTopology or a bare spec")])
 
 
 def load_spec(path: str | Path | None) -> PlanSpec:
@@ -747,15 +840,22 @@ def to_layout(spec: PlanSpec, layout: LayoutSpec | None = None, *, precision: Pr
     if ls is None:
         raise InvalidSpec("layout", "no layout given (kind: replicas|pd with replicas/tp/pp or prefill/decode)")
     if ls.kind is LayoutKind.REPLICAS:
-        par = Parallelism(tp=ls.tp, pp=ls.pp, dp=ls.dp, ep=ls.ep)
+        par = _parallelism(tp=ls.tp, pp=ls.pp, dp=ls.dp, ep=ls.ep, dp_attention=ls.dpAttention)
         return Layout.replicas(ls.replicas, par, _knobs(None, ls.engineArgs, spec.kvCacheDtype), prec)
     assert ls.prefill is not None and ls.decode is not None
     kinds = _role_kinds(spec, ls)
     roles = []
     for name, r in (("prefill", ls.prefill), ("decode", ls.decode)):
-        roles.append(RoleLayout(r.count, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=ls.ep), _knobs(r.engineArgs, ls.engineArgs, spec.kvCacheDtype),
-                                kinds.get(name, "")))
+        par = _parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=ls.ep, dp_attention=ls.role_attention(r))
+        roles.append(RoleLayout(r.count, par, _knobs(r.engineArgs, ls.engineArgs, spec.kvCacheDtype), kinds.get(name, "")))
     return Layout.pd(roles[0], roles[1], prec)
+
+
+def _parallelism(*, tp: int, pp: int, dp: int, ep: bool, dp_attention: bool) -> Parallelism:
+    """One instance's shape in the planner's terms (vLLM's: `tp` GPUs per attention rank, `dp` ranks). Under dpAttention
+    the user's tp is the engine's TP size, the whole group whose attention dp splits (SGLang's --tp-size): tp 4, dp 4 is
+    Parallelism(tp=1, dp=4), which SGLang renders back as --tp-size 4 (planner.engines.args)."""
+    return Parallelism(tp=tp // dp if dp_attention else tp, pp=pp, dp=dp, ep=ep)
 
 
 def _role_kinds(spec: PlanSpec, ls: LayoutSpec) -> dict[str, str]:

@@ -30,7 +30,21 @@ from servingtopology.planner.hardware import gpu_catalog, gpu_names, resolve_gpu
 from servingtopology.planner.layout import LayoutKind
 from servingtopology.planner.live.policy import Mode
 from servingtopology.planner.live.transition import CapacityDrop
-from servingtopology.spec import MAX_ARG, MAX_ARGS, MAX_GPUS, MAX_ID, MAX_IMAGE, MAX_LIST, MAX_PATH, EngineSpec, HardwareSpec, LayoutSpec, PlanSpec, SpecError
+from servingtopology.spec import (
+    MAX_ARG,
+    MAX_ARGS,
+    MAX_GPUS,
+    MAX_ID,
+    MAX_IMAGE,
+    MAX_LIST,
+    MAX_PATH,
+    EngineSpec,
+    HardwareSpec,
+    LayoutSpec,
+    PlanSpec,
+    SpecError,
+    unknown_field_hint,
+)
 
 __all__ = [
     "GROUP", "VERSION", "API_VERSION", "KIND",
@@ -652,7 +666,8 @@ def parse_topology_spec(data: Any) -> TopologySpec:
         errors = []
         for e in exc.errors():
             loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "constrained-"))) or "spec"
-            msg = "unknown field" if e["type"] == "extra_forbidden" else str(e["msg"]).removeprefix("Value error, ")
+            msg = (unknown_field_hint(TopologySpec, tuple(e["loc"])) if e["type"] == "extra_forbidden"
+                   else str(e["msg"]).removeprefix("Value error, "))
             errors.append((f"spec.{loc}" if loc != "spec" else loc, msg))
         raise SpecError(errors) from None
 

@@ -14,7 +14,7 @@ from functools import cache
 from importlib import resources
 
 from servingtopology.planner.arch import CheckpointQuant, ModelArch, ModuleGroup, StateKind
-from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.errors import InvalidSpec, did_you_mean
 from servingtopology.planner.model.hf_config import from_hf_config
 
 __all__ = ["ModelArch", "CheckpointQuant", "ModuleGroup", "StateKind", "from_hf_config", "model_catalog", "resolve_model", "catalog_hf_id"]
@@ -53,7 +53,8 @@ def resolve_model(name: str, *, field: str = "model") -> ModelArch:
     hit = _catalog_index().get(_norm(name)) or _catalog_index().get(_norm(name.split("/")[-1]))
     if hit is None:
         allowed = ", ".join(sorted(model_catalog()))
-        raise InvalidSpec(field, f"unknown model {name!r}; use a catalog id ({allowed}) or give modelConfig: a config.json path")
+        near = did_you_mean(name, [*model_catalog(), *(h for h in map(catalog_hf_id, model_catalog()) if h)])
+        raise InvalidSpec(field, f"unknown model {name!r}{near}; use a catalog id ({allowed}) or give modelConfig: a config.json path")
     return _load_catalog_model(*hit)
 
 

@@ -94,7 +94,7 @@ def memory_refusal(problem: Problem, layout: Layout, *, longest: Longest | None 
         field = "layout" if layout.kind is LayoutKind.REPLICAS else f"layout.{role.value}"
         what = "prompt" if role is Role.PREFILL else "request (prompt + output)"
         who = "engine" if role is Role.AGGREGATED else role.value
-        rank = f"each {who} rank ({r.parallelism.label}, memoryFraction {r.knobs.memory_fraction:g}, on {gpu.id})"
+        rank = f"each {who} rank ({r.parallelism.label_for(problem.engine)}, memoryFraction {r.knobs.memory_fraction:g}, on {gpu.id})"
         has = (f"{rank} has no KV pool: its weights and activations take all the memory the fraction leaves" if no_pool
                else f"{rank} holds {pool:,} KV tokens")
         stays = " (its KV stays on the prefill rank until it moves to decode)" if role is Role.PREFILL else ""

@@ -51,16 +51,17 @@ def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidat
     p, slo = best.prediction, problem.slo
     tt, tp, rate = f"p{slo.ttft_percentile:g} TTFT", f"p{slo.tpot_percentile:g} TPOT", problem.workload.arrival_rate_rps
     if p.meets_slo:
-        verdict = f"{best.layout.label} meets {tt} {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and {tp} {p.tpot_ms:.1f} ≤ {slo.tpot_ms:g} ms at {rate:g} req/s"
+        verdict = (f"{best.layout.label_for(problem.engine)} meets {tt} {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and {tp} {p.tpot_ms:.1f} ≤ "
+                   f"{slo.tpot_ms:g} ms at {rate:g} req/s")
     else:   # only a pin is chosen while missing; say so, never "meets 7.4 ≤ 6 ms"
-        verdict = (f"{best.layout.label} misses the SLOs at {rate:g} req/s: {tt} {ms_text(p.ttft_ms)} ms (SLO {slo.ttft_ms:g}), "
+        verdict = (f"{best.layout.label_for(problem.engine)} misses the SLOs at {rate:g} req/s: {tt} {ms_text(p.ttft_ms)} ms (SLO {slo.ttft_ms:g}), "
                    f"{tp} {ms_text(p.tpot_ms)} ms (SLO {slo.tpot_ms:g})")
     carries = (f"it carries up to {rps_text(p.capacity_rps)} req/s within the SLOs on {best.layout.gpus} GPUs "
                f"({per_gpu_text(p.goodput_per_gpu)} req/s per GPU)" if p.capacity_rps > 0
                else f"it carries nothing within the SLOs on {best.layout.gpus} GPUs: {idle_miss(problem, best.layout)}")
     out = [verdict, carries]
     for alt in alternatives[:3]:
-        out.append(f"{alt.layout.label}: {alt.why}")
+        out.append(f"{alt.layout.label_for(problem.engine)}: {alt.why}")
     return tuple(out)
 
 

@@ -15,7 +15,7 @@ from servingtopology.planner.arch import ModelArch
 from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.engines.caps import load_caps, resolve_version
 from servingtopology.planner.hardware import GIB
-from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.layout import Engine, Layout, Role
 from servingtopology.planner.perf.memory import state_bytes_per_seq
 from servingtopology.planner.perf.step import measured_terms
 from servingtopology.planner.problem import Candidate, Decision, Problem
@@ -40,10 +40,10 @@ def engine_label(problem: Problem) -> str:
     return load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine)).label
 
 
-def _cand_row(c: Candidate, head: str) -> str:
+def _cand_row(c: Candidate, head: str, engine: Engine) -> str:
     p = c.prediction
     why = f"{head}: {c.why}" if head and c.why and c.why != "pinned by the spec" else (head or c.why)
-    return (f"| {c.layout.label} | {c.layout.gpus} | {ms_text(p.ttft_ms)} | {ms_text(p.tpot_ms)} | {rps_text(p.capacity_rps)} | "
+    return (f"| {c.layout.label_for(engine)} | {c.layout.gpus} | {ms_text(p.ttft_ms)} | {ms_text(p.tpot_ms)} | {rps_text(p.capacity_rps)} | "
             f"{per_gpu_text(p.goodput_per_gpu)} | {p.source} | {why} |")
 
 
@@ -188,8 +188,8 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
     lines.append(f"  - {step_terms_line(problem, best.layout)}")
     if decision.pd_ratio is not None:
         r = decision.pd_ratio
-        lines += ["", f"Prefill:decode ratio {r.label} ({r.prefill_count} prefill × {r.prefill.label}, {r.decode_count} decode × "
-                  f"{r.decode.label}; {r.prefill_rps_per_instance:.2f} and {r.decode_rps_per_instance:.2f} req/s per instance, "
+        lines += ["", f"Prefill:decode ratio {r.label} ({r.prefill_count} prefill × {r.prefill.label_for(problem.engine)}, {r.decode_count} decode × "
+                  f"{r.decode.label_for(problem.engine)}; {r.prefill_rps_per_instance:.2f} and {r.decode_rps_per_instance:.2f} req/s per instance, "
                   f"balanced at {r.balanced:.2f} prefill per decode). The {chosen_word.lower()} layout runs "
                   f"{best.layout.roles[Role.PREFILL].count}:{best.layout.roles[Role.DECODE].count}."]
     lines += ["", "Engine arguments:", ""]
@@ -197,11 +197,11 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
         lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{shlex.join(args)}`")
     if decision.current is not None:
         c = decision.current
-        lines += ["", f"Current layout {c.layout.label}: {tt} {ms_text(c.prediction.ttft_ms)} ms, {tp} {ms_text(c.prediction.tpot_ms)} ms, "
+        lines += ["", f"Current layout {c.layout.label_for(problem.engine)}: {tt} {ms_text(c.prediction.ttft_ms)} ms, {tp} {ms_text(c.prediction.tpot_ms)} ms, "
                   f"{c.layout.gpus} GPUs."]
     lines += ["", "## Alternatives", "", "| layout | GPUs | TTFT ms | TPOT ms | SLO capacity req/s | req/s per GPU | source | why not |",
-              "|---|---|---|---|---|---|---|---|", _cand_row(best, "pinned" if f.pinned else "chosen")]
-    lines += [_cand_row(a, "") for a in decision.alternatives]
+              "|---|---|---|---|---|---|---|---|", _cand_row(best, "pinned" if f.pinned else "chosen", problem.engine)]
+    lines += [_cand_row(a, "", problem.engine) for a in decision.alternatives]
     lines += ["", "## Funnel", "", f"{decision.candidates_total:,} candidates.", "", "| stage | admitted | rejected | seconds | main reasons |",
               "|---|---|---|---|---|"]
     for st in decision.funnel:

@@ -275,7 +275,7 @@ def _families(problem: Problem, decision: Decision, *, pinned: bool) -> tuple[Fa
             why = _family_miss(problem, fam)
         # The chosen (or pinned) layout was evaluated too, though a pin is not among the search's candidates.
         count = len(members) + (top is best and not any(c.layout == best.layout for c in members))
-        rows.append(FamilyRow(fam, searched, count, top.layout.label if top else None, top.layout.gpus if top else 0,
+        rows.append(FamilyRow(fam, searched, count, top.layout.label_for(problem.engine) if top else None, top.layout.gpus if top else 0,
                               top.prediction.goodput_per_gpu if top else 0.0, why))
     return tuple(rows)
 
@@ -309,7 +309,7 @@ def _measurements(problem: Problem, decision: Decision, pools: Mapping[str, int]
     if best.layout.kind is LayoutKind.PD or any(a.layout.kind is LayoutKind.PD for a in decision.alternatives):
         out.append(f"The achieved KV transfer bandwidth and serialization time between prefill and decode pods for the longest prompt "
                    f"({longest_kv_bytes / 2**20:,.0f} MiB) against the floors above.")
-    out.append(f"Client-observed p{slo.ttft_percentile:g} TTFT and p{slo.tpot_percentile:g} TPOT of {best.layout.label} under an "
+    out.append(f"Client-observed p{slo.ttft_percentile:g} TTFT and p{slo.tpot_percentile:g} TPOT of {best.layout.label_for(problem.engine)} under an "
                f"open-loop benchmark at {w.arrival_rate_rps:g} req/s with the production prompt and output lengths (prediction error "
                "above 20 % invalidates the ranking).")
     out.append(f"The load at which the SLOs break, against the predicted {rps_text(p.capacity_rps)} req/s.")
@@ -343,7 +343,7 @@ def record_facts(problem: Problem, decision: Decision, *, engine_release: str, p
         single_gpu_layout=single_layout, single_gpu_rps=single_rps, kv_pool_tokens=pools,
         families=_families(problem, decision, pinned=pinned), candidates_evaluated=len(decision.evaluated),
         candidates_total=decision.candidates_total, simulated=sum(c.prediction.source == "simulated" for c in decision.evaluated),
-        decision=best.layout.label, decision_gpus=best.layout.gpus, pinned=pinned,
+        decision=best.layout.label_for(problem.engine), decision_gpus=best.layout.gpus, pinned=pinned,
         measurements=_measurements(problem, decision, pools, longest_kv), engine_release=engine_release,
         planner_version=planner_version, date=date, baseline=baseline or MeasuredBaseline(),
     )

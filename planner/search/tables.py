@@ -84,10 +84,10 @@ def layout_rejection(problem: Problem, layout: Layout) -> tuple[str, str] | None
         if why is not None:
             where = "layout" if layout.kind is LayoutKind.REPLICAS else f"layout.{role.value}"
             m, gpus_per_node = problem.model, problem.gpu.gpus_per_node
-            return where, (f"{par.label} (TP {par.tp}, PP {par.pp}, DP {par.dp}): {why} (the model has {m.num_heads} attention "
+            return where, (f"{par.label_for(problem.engine)} (TP {par.tp}, PP {par.pp}, DP {par.dp}): {why} (the model has {m.num_heads} attention "
                            f"and {m.num_kv_heads} KV heads, {m.num_layers} layers; {gpus_per_node} GPUs per node)")
     if layout.gpus > problem.max_gpus:
-        return "layout", f"{layout.label} needs {layout.gpus} GPUs, over the budget of {problem.max_gpus} (hardware.maxGPUs)"
+        return "layout", f"{layout.label_for(problem.engine)} needs {layout.gpus} GPUs, over the budget of {problem.max_gpus} (hardware.maxGPUs)"
     caps = problem_caps(problem)
     for role, rl in layout.roles.items():
         knob = knob_rejection(caps, rl.knobs)

@@ -30,7 +30,7 @@ from servingtopology.spec import SpecError, load_yaml, to_problem
 __all__ = ["add_parser", "run", "parse_layout", "Compared", "compare_layouts", "MAX_LAYOUTS"]
 
 MAX_LAYOUTS = 16
-_PAR = r"TP(\d+)(?:[·.*]PP(\d+))?(?:[·.*]DP(\d+))?"
+_PAR = r"TP(\d+)(?:[·.*]PP(\d+))?(?:[·.*]DP(\d+)(-attn)?)?"   # `-attn`: SGLang's spelling, dp splits the TP GPUs' attention
 _REPLICAS = re.compile(rf"^(?:(\d+)\s*[x×*]\s*)?{_PAR}$", re.I)
 _PD_SHAPED = re.compile(rf"^(\d+)P\({_PAR}\)\s*[·.*,]?\s*(\d+)D\({_PAR}\)$", re.I)
 _PD_SAME = re.compile(r"^(\d+)P\s*[·.*,]?\s*(\d+)D(?:@TP(\d+))?$", re.I)
@@ -43,15 +43,16 @@ def add_parser(sub: Any) -> None:
                                    "seed), side by side.")
     p.add_argument("spec", nargs="?", help="planning spec (YAML); omit for the embedded default scenario")
     p.add_argument("--layout", action="append", default=[], metavar="[NAME=]LAYOUT",
-                   help="a layout: 8xTP1, 4xTP2, 2xTP2·PP2, 2P6D (TP1 roles), 2P6D@TP2, 1P(TP2)·3D(TP1), or a spec layout "
+                   help="a layout: 8xTP1, 4xTP2, 2xTP2·PP2, 1xTP4·DP4-attn (SGLang's TP4 with DP attention),"
+                        " 2P6D (TP1 roles), 2P6D@TP2, 1P(TP2)·3D(TP1), or a spec layout "
                         "mapping such as '{kind: pd, prefill: {count: 2}, decode: {count: 6}}'; NAME= names it (A=8xTP1). Repeat.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the layouts at their SLO capacity (the axes of plan --plot)")
     add_whatif_flags(p)
 
 
-def _role(count: str, tp: str | None, pp: str | None, dp: str | None) -> dict[str, int]:
-    return {"count": int(count), "tp": int(tp or 1), "pp": int(pp or 1), "dp": int(dp or 1)}
+def _role(count: str, tp: str | None, pp: str | None, dp: str | None, attn: str | None = None) -> dict[str, Any]:
+    return {"count": int(count), "tp": int(tp or 1), "pp": int(pp or 1), "dp": int(dp or 1), **({"dpAttention": True} if attn else {})}
 
 
 def parse_layout(text: str, *, field: str) -> tuple[str | None, dict[str, Any]]:
@@ -70,15 +71,16 @@ def parse_layout(text: str, *, field: str) -> tuple[str | None, dict[str, Any]]:
             raise InvalidSpec(field, "expected a layout mapping such as {kind: replicas, replicas: 4, tp: 2}")
         return name, data
     if r := _REPLICAS.match(text):
-        count, tp, pp, dp = r.groups()
-        return name, {"kind": "replicas", "replicas": int(count or 1), "tp": int(tp), "pp": int(pp or 1), "dp": int(dp or 1)}
+        count, tp, pp, dp, attn = r.groups()
+        return name, {"kind": "replicas", "replicas": int(count or 1), "tp": int(tp), "pp": int(pp or 1), "dp": int(dp or 1),
+                      **({"dpAttention": True} if attn else {})}
     if r := _PD_SHAPED.match(text):
         g = r.groups()
-        return name, {"kind": "pd", "prefill": _role(g[0], g[1], g[2], g[3]), "decode": _role(g[4], g[5], g[6], g[7])}
+        return name, {"kind": "pd", "prefill": _role(*g[0:5]), "decode": _role(*g[5:10])}
     if r := _PD_SAME.match(text):
         p, d, tp = r.groups()
         return name, {"kind": "pd", "prefill": _role(p, tp, None, None), "decode": _role(d, tp, None, None)}
-    raise InvalidSpec(field, f"{text[:80]!r} is not a layout; allowed: NxTPt[·PPp][·DPd] (8xTP1, 4xTP2), mPnD[@TPt] (2P6D), "
+    raise InvalidSpec(field, f"{text[:80]!r} is not a layout; allowed: NxTPt[·PPp][·DPd[-attn]] (8xTP1, 4xTP2, 1xTP4·DP4-attn), mPnD[@TPt] (2P6D), "
                              "mP(TPa)·nD(TPb), or a spec layout mapping in braces")
 
 
@@ -115,7 +117,7 @@ def compare_layouts(spec_path: str | None, layouts: list[str], overrides: dict[s
             raise InvalidSpec(f"{field} ({exc.field})", exc.message) from None
         except PinRefused as exc:
             raise PinRefused(exc.stage, f"{field} ({exc.field})", exc.message) from None
-        label = name or problem.pinned.label
+        label = name or problem.pinned.label_for(problem.engine)
         if label in names:
             raise InvalidSpec(field, f"the name {label!r} is given twice; name each layout once (NAME=LAYOUT)")
         names.add(label)
@@ -162,7 +164,7 @@ def rows_json(problem: Problem, rows: list[Compared]) -> list[dict[str, Any]]:
     for r in rows:
         c, p = r.candidate, r.candidate.prediction
         out.append({
-            "name": r.name, "label": c.layout.label, "kind": c.layout.kind.value, "gpus": c.layout.gpus,
+            "name": r.name, "label": c.layout.label_for(problem.engine), "kind": c.layout.kind.value, "gpus": c.layout.gpus,
             "ttft_ms": json_number(p.ttft_ms, 3), "tpot_ms": json_number(p.tpot_ms, 3), "tokens_per_s_per_user": round(p.tokens_per_s_per_user, 2),
             "slo_capacity_rps": round(p.capacity_rps, 3), "goodput_per_gpu": round(p.goodput_per_gpu, 4),
             "slo_capacity_tok_s_per_gpu": _tok_s_per_gpu(problem, c), "throughput_tok_s": round(p.throughput_tok_s, 1),

@@ -56,11 +56,11 @@ def write_manifests(spec_path: str | None, spec: TopologySpec, directory: str, *
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("[0-9][0-9]-*.yaml"):
         old.unlink()
-    header = (f"# What the ServingTopology operator would apply for {namespace}/{name} ({offline.layout.label}, "
+    header = (f"# What the ServingTopology operator would apply for {namespace}/{name} ({offline.layout.label_for(spec.engine.name)}, "
               f"{offline.layout.gpus} GPUs): `servingtopology plan --manifests`.\n"
               "# The operator also sets an ownerReference to the ServingTopology (its uid exists once it is applied).\n")
     for i, obj in enumerate(offline.objects, start=1):
         (out / file_name(i, obj)).write_text(header + yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))
-    print(f"wrote {len(offline.objects)} objects for {offline.layout.label} to {out}/ (check them with "
+    print(f"wrote {len(offline.objects)} objects for {offline.layout.label_for(spec.engine.name)} to {out}/ (check them with "
           f"kubectl apply --dry-run=server -f {out})", file=sys.stderr)
     return offline

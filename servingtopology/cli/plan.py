@@ -82,7 +82,7 @@ def candidate_json(problem: Problem, c: Candidate, spec: PlanSpec | None = None)
     p = c.prediction
     out_tokens = problem.workload.output_tokens.expected_tokens
     out: dict[str, Any] = {
-        "label": c.layout.label,
+        "label": c.layout.label_for(problem.engine),
         "gpus": c.layout.gpus,
         "layout_spec": layout_to_dict(c.layout),
         "kv_cache_dtype": next(iter(c.layout.roles.values())).knobs.kv_dtype.value,
@@ -141,7 +141,7 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
           f"{'tok/s/user':>10} {'SLO cap. req/s':>14} {'req/s/GPU':>9} {'tok/s/GPU':>9} {'source':>10}")
     for i, c in enumerate((d.best, *d.alternatives)):
         p = c.prediction
-        print(f"{i + 1:>2} {c.layout.label:<28} {c.layout.gpus:>4} {_cell(p.ttft_ms, '.0f'):>13} {_cell(p.tpot_ms, '.1f'):>13} "
+        print(f"{i + 1:>2} {c.layout.label_for(problem.engine):<28} {c.layout.gpus:>4} {_cell(p.ttft_ms, '.0f'):>13} {_cell(p.tpot_ms, '.1f'):>13} "
               f"{p.tokens_per_s_per_user:>10.1f} {rps_text(p.capacity_rps):>14} {per_gpu_text(p.goodput_per_gpu):>9} "
               f"{_tok_s_per_gpu(p.capacity_rps, out_tokens, c.layout.gpus):>9.0f} {p.source:>10}")
     print(f"   at the load of {problem.workload.arrival_rate_rps:g} req/s; tok/s/user = 1000 / mean TPOT ms; SLO cap. = the highest load "
@@ -173,7 +173,8 @@ def _print_intervals(problem: Problem, d: Decision, uncalibrated: Decision | Non
         print(f"  {'layout':<28} {head[0]:>26} {head[1]:>24}")
         for c in (d.best, *d.alternatives):
             iv = with_intervals(c, None)["prediction"]["intervals"]
-            print(f"  {c.layout.label:<28} {interval_text(iv['ttft_ms']):>26} {interval_text(iv['tpot_ms']):>24}  class {iv['ttft_ms']['class']}")
+            label = c.layout.label_for(problem.engine)
+            print(f"  {label:<28} {interval_text(iv['ttft_ms']):>26} {interval_text(iv['tpot_ms']):>24}  class {iv['ttft_ms']['class']}")
         print()
         return
     dep = calibration.deployment
@@ -183,7 +184,8 @@ def _print_intervals(problem: Problem, d: Decision, uncalibrated: Decision | Non
     for name, dec, cal in (("uncalibrated", uncalibrated, None), ("calibrated", d, calibration)):
         for i, c in enumerate((dec.best, *dec.alternatives)):
             iv = with_intervals(c, cal)["prediction"]["intervals"]
-            print(f"  {name if i == 0 else '':14}{c.layout.label:<28} {interval_text(iv['ttft_ms']):>26} {interval_text(iv['tpot_ms']):>24}")
+            label = c.layout.label_for(problem.engine)
+            print(f"  {name if i == 0 else '':14}{label:<28} {interval_text(iv['ttft_ms']):>26} {interval_text(iv['tpot_ms']):>24}")
     print()
 
 
@@ -346,7 +348,7 @@ def _print_summary(problem: Problem, d: Decision, facts: RecordFacts) -> None:
                else f"it carries nothing within the SLOs: {idle_miss(problem, best.layout)}")
     unfinished = "" if math.isfinite(p.ttft_ms) and math.isfinite(p.tpot_ms) else (
         f" ({p.source}: requests do not finish at this load, so no percentile is finite)")
-    print(f"{word}: {best.layout.label} on {best.layout.gpus} GPUs: p{slo.ttft_percentile:g} TTFT {ms_text(p.ttft_ms)} of "
+    print(f"{word}: {best.layout.label_for(problem.engine)} on {best.layout.gpus} GPUs: p{slo.ttft_percentile:g} TTFT {ms_text(p.ttft_ms)} of "
           f"{slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT {ms_text(p.tpot_ms)} of {slo.tpot_ms:g} ms at {problem.workload.arrival_rate_rps:g} "
           f"req/s{unfinished}; {carries}")
     b = facts.binding

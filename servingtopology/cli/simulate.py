@@ -412,10 +412,10 @@ def _print_compare(table: Mapping[str, Mapping[str, Mapping[str, float | None]]]
 
 
 # ---- one layout from a spec ----------------------------------------------------------------------------
-def summary_json(s: SimSummary, *, layout: Layout, wall_s: float) -> dict[str, Any]:
-    """The `simulate --json` object."""
+def summary_json(s: SimSummary, *, layout: Layout, wall_s: float, engine: Engine = Engine.VLLM) -> dict[str, Any]:
+    """The `simulate --json` object (the layout named as `engine` names it)."""
     d = s.as_dict()
-    out: dict[str, Any] = {"layout": layout.label, "gpus": layout.gpus}
+    out: dict[str, Any] = {"layout": layout.label_for(engine), "gpus": layout.gpus}
     for key in ("requests", "finished", "unfinished", "ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "queue_ms",
                 "throughput_tok_s", "throughput_tok_s_per_gpu", "input_tok_s", "request_rps", "goodput_rps",
                 "kv_utilisation_mean", "kv_utilisation_max", "preemptions", "cached_token_share", "duration_s"):
@@ -488,7 +488,8 @@ def _run_spec(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         result = simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
                           precision=problem.precision, seed=spec.simulation.seed)
-        out = summary_json(result.summary(problem.slo, warmup_requests=warmup), layout=layout, wall_s=time.perf_counter() - t0)
+        out = summary_json(result.summary(problem.slo, warmup_requests=warmup), layout=layout, wall_s=time.perf_counter() - t0,
+                           engine=problem.engine)
         out["offered_rps"] = _num(result.offered_rps(warmup_requests=warmup))
         out["slo_attainment"] = _num(result.slo_attainment(problem.slo, warmup_requests=warmup))
         out["intervals"] = {f"{m}_mean": iv for m, iv in zip(("ttft_ms", "tpot_ms"), prediction_intervals(

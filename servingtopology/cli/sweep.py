@@ -126,14 +126,14 @@ def _print_intervals(points: list[dict[str, Any]], calibrated: list[dict[str, An
         print(line)
 
 
-def _plot(path: str, layout: Layout, points: list[dict[str, Any]], slo: Slo) -> None:
+def _plot(path: str, label: str, layout: Layout, points: list[dict[str, Any]], slo: Slo) -> None:
     from servingtopology.cli.plots import save, sweep_figure
 
-    save(sweep_figure(layout.label, layout.gpus, points, slo), path)
+    save(sweep_figure(label, layout.gpus, points, slo), path)
 
 
-def _print(layout: Layout, points: list[dict[str, Any]]) -> None:
-    print(f"serving envelope of {layout.label} on {layout.gpus} GPUs (closed loop: each client sends its next request when the last ends)")
+def _print(label: str, layout: Layout, points: list[dict[str, Any]]) -> None:
+    print(f"serving envelope of {label} on {layout.gpus} GPUs (closed loop: each client sends its next request when the last ends)")
     _print_points(points)
 
 
@@ -169,7 +169,8 @@ def _series(args: argparse.Namespace, concurrency: list[int], per_client: int) -
         problem = to_problem(spec)
         layout = layout_for(spec, problem)
         slo = problem.slo
-        out.append({"name": name or layout.label, "layout": layout.label, "gpus": layout.gpus, "kind": layout.kind.value,
+        named = layout.label_for(problem.engine)
+        out.append({"name": name or named, "layout": named, "gpus": layout.gpus, "kind": layout.kind.value,
                     "family": family_of(layout).name,
                     "points": sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client)})
     assert slo is not None
@@ -226,17 +227,18 @@ def run(args: argparse.Namespace) -> int:
                 print(f"plot written to {args.plot}")
         return 0
     if args.plot:
-        _plot(args.plot, layout, points, problem.slo)
+        _plot(args.plot, layout.label_for(problem.engine), layout, points, problem.slo)
     extra: dict[str, Any] = {}
     if calibration is not None and calibrated is not None:
         extra = {"calibrated_points": calibrated, "calibration": calibration_summary(calibration, args.calibration)}
     if args.json:
-        print(json.dumps({"layout": layout.label, "gpus": layout.gpus, "points": points, **extra, **({"plot": args.plot} if args.plot else {})}))
+        plot = {"plot": args.plot} if args.plot else {}
+        print(json.dumps({"layout": layout.label_for(problem.engine), "gpus": layout.gpus, "points": points, **extra, **plot}))
     else:
-        _print(layout, points)
+        _print(layout.label_for(problem.engine), layout, points)
         if calibrated is not None:
             print(f"\ncalibrated ({args.calibration}):")
-            _print(layout, calibrated)
+            _print(layout.label_for(problem.engine), layout, calibrated)
         _print_intervals(points, calibrated)
         if args.plot:
             print(f"plot written to {args.plot}")
