@@ -53,6 +53,9 @@ class Problem:
     factors: tuple[tuple[str, float], ...] = ()
     # The engine release (planner/engines/caps.py); empty: the newest covered release of `engine`.
     engine_version: str = ""
+    # The release the spec named when the capability data does not cover it and `engine_version` is the nearest covered
+    # one it is planned at (caps.nearest_covered); empty otherwise. The record says so.
+    engine_version_requested: str = ""
 
 
 @dataclass(frozen=True, slots=True)

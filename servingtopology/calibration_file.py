@@ -25,8 +25,9 @@ MAX_CALIBRATION_BYTES = 4 * 1024 * 1024   # CAL.yaml; `calibrate` writes a few K
 
 
 def deployment_of(problem: Problem, layout: Layout | None) -> Deployment:
-    """The deployment a problem plans (model, GPU, engine, release, link; the layout's label when given)."""
-    return Deployment(problem.model.name, problem.gpu.id, problem.engine.value, problem.engine_version or "",
+    """The deployment a problem plans (model, GPU, engine, release, link; the layout's label when given); the release is the
+    one the spec names, the one measured, even when it is planned at the nearest covered release."""
+    return Deployment(problem.model.name, problem.gpu.id, problem.engine.value, problem.engine_version_requested or problem.engine_version or "",
                       problem.gpu.scaleup_link.value, layout.label if layout is not None else "")
 
 

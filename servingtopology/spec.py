@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from servingtopology.planner.engines.caps import load_caps, resolve_version
+from servingtopology.planner.engines.caps import load_caps, resolve_version, uncovered_release
 from servingtopology.planner.engines.role_knobs import DEFAULT_KNOBS
 from servingtopology.planner.errors import InvalidSpec, did_you_mean
 from servingtopology.planner.hardware import Precision, resolve_gpu
@@ -911,6 +911,7 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
     hw = spec.hardware
     gpu = resolve_gpu(hw.gpu, nvlink_gbps=hw.nvlinkGBps, nic_gbit=hw.nicGbps, gpus_per_node=hw.gpusPerNode)
     version = resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image)
+    requested = uncovered_release(spec.engine.name, version=spec.engine.version, image=spec.engine.image)
     model = _towers_loaded(spec, _model(spec), version)
     precision = serving_precision(spec, model)
     if "precision" in spec.model_fields_set and not gpu.supports(precision):
@@ -934,7 +935,7 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         pinned = replace(pinned, precision=precision)  # a layout built before the model was read (the operator's pin)
     problem = Problem(
         model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
-        engine_version=version,
+        engine_version=version, engine_version_requested=requested,
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
         pinned=pinned, current=current,
     )

@@ -31,7 +31,10 @@ __all__ = [
     "available_versions",
     "load_caps",
     "resolve_version",
+    "nearest_covered",
+    "uncovered_release",
     "version_from_image",
+    "release_of",
     "pd_rule_violation",
     "pd_shapes_rejected",
     "problem_caps",
@@ -172,10 +175,17 @@ def version_from_image(image: str) -> str | None:
     return m.group(0) if m else None
 
 
+def release_of(text: str) -> str:
+    """The X.Y[.Z] of a version an engine or a result file records (`0.32.0+cpu` → `0.32.0`), '' when it holds none."""
+    m = _VERSION.search(text)
+    return m.group(0) if m else ""
+
+
 def resolve_version(engine: Engine, *, version: str | None = None, image: str | None = None) -> str:
     """The covered release an engine spec means: `version` (exact, or X.Y for its newest covered patch), else
-    the image tag's version (exact), else the newest covered release. An uncovered release raises InvalidSpec
-    naming the field and the covered ones: set engine.version to the covered release that matches the image."""
+    the image tag's version (exact), else the newest covered release; a release between covered ones, the nearest
+    covered (`nearest_covered`; `uncovered_release` says which was asked for). A release outside the covered range
+    raises InvalidSpec naming the field and the covered ones."""
     kind = engine.value
     covered = available_versions(kind)
     wanted, field_name = (version, "engine.version") if version else (version_from_image(image or ""), "engine.image")
@@ -187,8 +197,37 @@ def resolve_version(engine: Engine, *, version: str | None = None, image: str | 
     same_minor = [v for v in covered if release_key(v)[:2] == release_key(wanted)[:2]]
     if same_minor and len(release_key(wanted)) == 2:
         return same_minor[-1]
+    nearest = nearest_covered(engine, wanted)
+    if nearest is not None:
+        return nearest
     raise InvalidSpec(field_name, f"{ENGINE_LABELS[kind]} {wanted} is not covered by the engine capability data; "
-                      f"covered: {', '.join(covered)} (tools/gen_engine_caps.py adds releases)")
+                      f"covered: {', '.join(covered)}; a release between two covered ones is planned at the nearest, one outside them is "
+                      "refused (tools/gen_engine_caps.py adds releases)")
+
+
+def nearest_covered(engine: Engine, wanted: str) -> str | None:
+    """NearestCovered: the covered release a release between the oldest and the newest covered ones is planned at (vLLM
+    0.19.0 between 0.11.0 and 0.32.0), by the rule the kernel tables use (planner.engines.kernels.resolve_release: the
+    smallest difference in the first component that differs, ties to the newer); None for a covered release and for one
+    outside the covered range (a newer release may have flags and rules no data holds, so it is refused by name)."""
+    covered = available_versions(engine.value)
+    want = release_key(wanted)
+    if not covered or wanted in covered or not release_key(covered[0]) < want < release_key(covered[-1]):
+        return None
+
+    def distance(v: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        key = release_key(v)
+        width = max(len(key), len(want))
+        a, b = key + (0,) * (width - len(key)), want + (0,) * (width - len(want))
+        return tuple(abs(x - y) for x, y in zip(a, b, strict=True)), tuple(-x for x in a)
+
+    return min(covered, key=distance)
+
+
+def uncovered_release(engine: Engine, *, version: str | None = None, image: str | None = None) -> str:
+    """The release a spec names when it is planned at the nearest covered one instead (`nearest_covered`), else ''."""
+    wanted = (version or version_from_image(image or "") or "").lstrip("v")
+    return wanted if wanted and nearest_covered(engine, wanted) is not None else ""
 
 
 def pd_rule_violation(caps: EngineCaps, layout: Layout) -> PdRule | None:

@@ -36,8 +36,14 @@ def fmt_ms(seconds: float) -> str:
 
 
 def engine_label(problem: Problem) -> str:
-    """The engine release the plan is for: `vLLM 0.11.0`."""
-    return load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine)).label
+    """The engine release the plan is for: `vLLM 0.11.0`; a release the data does not cover says which covered one it
+    was planned at: `vLLM 0.19.0 planned as 0.11.0 (the nearest covered release; the capability data does not hold 0.19.0)`."""
+    label = load_caps(problem.engine.value, problem.engine_version or resolve_version(problem.engine)).label
+    if not problem.engine_version_requested:
+        return label
+    name, _, version = label.rpartition(" ")
+    return (f"{name} {problem.engine_version_requested} planned as {version} (the nearest covered release; the capability data "
+            f"does not hold {problem.engine_version_requested})")
 
 
 def _cand_row(c: Candidate, head: str, engine: Engine) -> str:

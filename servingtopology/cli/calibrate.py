@@ -7,10 +7,12 @@ RESULTS are the files the benchmark clients people already run write, and record
     concurrent strategy);
   - a recorded run folder as `simulate --replay` takes it (requests.jsonl, meta.json, config.json): one point, the
     run's own requests, compared on the engine's clock.
-The deployment (model, GPU, engine and release, layout) is the spec's: a file of another model, GPU or engine is
-refused. The fit (planner.perf.deployment_fit, the per-deployment correction; not planner.fidelity.benchmark_cases, the engine-default
-fit) writes CAL.yaml with the factors, the residuals before and after, and the provenance (each file's sha256 and the
-rows used). `plan`, `simulate` and `sweep` take it with `--calibration CAL.yaml`.
+The deployment (model, GPU, engine, layout) is the spec's: a file of another model, GPU or engine is refused. The
+release is the results' own where they record it (a recorded run's meta.json; a vllm bench file run with `--metadata
+engine_version=X.Y.Z`), else the spec's, and the output says which. The fit (planner.perf.deployment_fit, the
+per-deployment correction; not planner.fidelity.benchmark_cases, the engine-default fit) writes CAL.yaml with the
+factors, the residuals before and after, and the provenance (each file's sha256 and the rows used). `plan`, `simulate`
+(a recorded run's replay too) and `sweep` take it with `--calibration CAL.yaml`.
 
 Every file is read bounded (size, UTF-8, JSON shape, each number finite and in range); any failure exits 2 naming the
 file and the field; nothing is written then. Exit 0 written.
@@ -25,6 +27,7 @@ import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ import yaml
 
 from servingtopology.cli.calibration_io import deployment_of, read_bytes
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
+from servingtopology.planner.engines.caps import release_of, version_from_image
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.fidelity.deployment_points import PointFn, closed_loop_fn, predictor, simulated_fn
 from servingtopology.planner.layout import Layout, Role
@@ -49,7 +53,7 @@ from servingtopology.planner.perf.deployment_fit import (
 )
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim import RequestSet
-from servingtopology.spec import SpecError, to_problem
+from servingtopology.spec import PlanSpec, SpecError, to_problem
 
 __all__ = ["add_parser", "run", "read_results", "MAX_RESULT_BYTES"]
 
@@ -184,7 +188,10 @@ def _vllm_bench(path: Path, doc: Mapping[str, Any], raw: bytes, out: _Read, now:
     model = model_id[:256] if isinstance(model_id, str) else ""
     backend = str(doc.get("backend") or "")
     engine = backend if backend in ("vllm", "sglang") else ""
-    out.named.append((Deployment(model, "", engine), f"{where} model_id/backend"))
+    # vllm bench serve records no server release of its own (its files hold the client's settings and figures); a run
+    # that passes `--metadata engine_version=X.Y.Z` has it at the top level, and that is the server's word.
+    release = release_of(str(doc.get("engine_version") or "")[:64])
+    out.named.append((Deployment(model, "", engine, release), f"{where} model_id/backend{'/engine_version' if release else ''}"))
     out.sources.append(Source(str(path), _sha(raw), (point.row,), "vllm bench serve", str(doc.get("vllm_version") or "")))
 
 
@@ -315,7 +322,7 @@ def _replay(path: Path, out: _Read) -> None:
     out.points.append(point)
     out.requests.append(None)
     out.replays.append(rep)
-    out.named.append((Deployment(rep.model.name, rep.gpu.id, rep.engine.value, "", "", rep.layout.label), f"{path.name}/meta.json"))
+    out.named.append((Deployment(rep.model.name, rep.gpu.id, rep.engine.value, rep.release, "", rep.layout.label), f"{path.name}/meta.json"))
     digest = hashlib.sha256()
     for name in ("requests.jsonl", "meta.json", "config.json"):
         f = path / name
@@ -366,6 +373,32 @@ def _fns(read: _Read, problem: Problem, layout: Layout) -> list[PointFn]:
     return fns
 
 
+def _stated_release(spec: PlanSpec) -> bool:
+    """Whether the spec names its engine release (engine.version, or the image's tag) rather than taking the default."""
+    return bool(spec.engine.version or version_from_image(spec.engine.image or ""))
+
+
+def _measured_release(mine: Deployment, read: _Read, *, stated: bool) -> tuple[Deployment, str]:
+    """ReleaseFromResults: the release a calibration is labelled with, and where it came from. The results' own word
+    (a recorded run's meta.json, a vllm bench file's engine_version) first: files that disagree are refused by name; a
+    spec that names another release is refused by refuse_other. With no result recording one, the spec's release,
+    said to be the spec's (its default when it names none)."""
+    said = [(named.release, field) for named, field in read.named if named.release]
+    releases = {r for r, _ in said}
+    if len(releases) > 1:
+        raise CalibrationRefused("OtherRelease", said[0][1], "the results record different engine releases: "
+                                 + ", ".join(f"{r} ({f})" for r, f in said) + "; calibrate one release at a time")
+    if said:
+        release, field = said[0]
+        if stated:
+            return mine, f"{mine.release}, as the spec names it and {field} records it"
+        return replace(mine, release=release), f"{release}, as {field} records it (the spec names none)"
+    if stated:
+        return mine, f"{mine.release}, as the spec names it (no result records the server's release)"
+    return mine, (f"{mine.release}, the spec's default (no result records the server's release; set engine.version to the "
+                  "release measured)")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if args.min_points < 1 or not ((args.half_life_days > 0 and math.isfinite(args.half_life_days)) or args.half_life_days == math.inf):
@@ -373,8 +406,8 @@ def run(args: argparse.Namespace) -> int:
         spec = read_spec(args.spec)
         problem = to_problem(spec)
         layout = layout_for(spec, problem)
-        mine = deployment_of(problem, layout)
         read = read_results(args.results)
+        mine, release_from = _measured_release(deployment_of(problem, layout), read, stated=_stated_release(spec))
         aliases = [x for x in (spec.model, spec.servedModelName, spec.modelSource) if x]
         for named, field in read.named:
             refuse_other(mine, named, field=field, model_aliases=aliases)
@@ -390,11 +423,12 @@ def run(args: argparse.Namespace) -> int:
     doc = cal.to_dict()
     Path(args.out).write_text(yaml.safe_dump(doc, sort_keys=False))
     if args.json:
-        print(json.dumps(doc | {"out": args.out, "cpu_s": round(cpu, 2)}))
+        print(json.dumps(doc | {"out": args.out, "cpu_s": round(cpu, 2), "release_from": release_from}))
         return 0
     d = cal.deployment
     print(f"calibration of {d.model} on {d.gpu} ({d.link}), {d.engine} {d.release or '(release not given)'}, {d.layout}: "
           f"{cal.points_used} points from {len(cal.sources)} files, fitted in {cpu:.1f} CPU s")
+    print(f"  release {release_from}")
     print(f"  {'point':<48}{'TTFT ms':>10}{'TPOT ms':>10}")
     for p in cal.points:
         print(f"  {(Path(p.source).name + ' ' + p.row)[:47]:<48}{p.ttft_ms:>10.2f}{p.tpot_ms:>10.2f}")

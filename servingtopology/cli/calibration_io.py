@@ -15,11 +15,11 @@ from servingtopology.calibration_file import MAX_CALIBRATION_BYTES, check_calibr
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.live import error_bars
-from servingtopology.planner.perf.deployment_fit import DeploymentCalibration
+from servingtopology.planner.perf.deployment_fit import Deployment, DeploymentCalibration, refuse_other
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.figure_text import UNBOUNDED
 
-__all__ = ["MAX_CALIBRATION_BYTES", "read_bytes", "read_calibration", "deployment_of", "prediction_intervals", "add_calibration_arg",
+__all__ = ["MAX_CALIBRATION_BYTES", "read_bytes", "read_calibration", "read_calibration_of", "deployment_of", "prediction_intervals", "add_calibration_arg",
            "calibration_summary", "interval_text"]
 
 
@@ -36,10 +36,21 @@ def read_bytes(path: Path, cap: int, field: str) -> bytes:
 
 def read_calibration(path: str, problem: Problem, *, field: str = "--calibration") -> DeploymentCalibration:
     """A CAL.yaml, bounded, checked against the problem's deployment (model, GPU, engine, release): the reader the
-    operator's spec.calibration shares (servingtopology/calibration_file.py)."""
+    operator's spec.calibration shares (servingtopology/calibration_file.py). A file that is missing or unreadable is
+    an InvalidSpec naming `field` and the path (exit 2), never a prediction without it."""
     raw = read_bytes(Path(path), MAX_CALIBRATION_BYTES, field)
     cal = parse_calibration(raw, name=Path(path).name, field=field)
     check_calibration(cal, problem, name=Path(path).name, field=field)
+    return cal
+
+
+def read_calibration_of(path: str, deployment: Deployment, *, field: str = "--calibration") -> DeploymentCalibration:
+    """`read_calibration` for a deployment without a spec (a recorded run's, `simulate --replay`): refused when the file
+    is of another model, GPU, engine or release (planner.perf.deployment_fit.refuse_other)."""
+    raw = read_bytes(Path(path), MAX_CALIBRATION_BYTES, field)
+    cal = parse_calibration(raw, name=Path(path).name, field=field)
+    d = cal.deployment
+    refuse_other(deployment, Deployment(d.model, d.gpu, d.engine, d.release), field=f"{field} {Path(path).name} deployment")
     return cal
 
 

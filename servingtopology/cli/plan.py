@@ -147,7 +147,10 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
     print(f"   at the load of {problem.workload.arrival_rate_rps:g} req/s; tok/s/user = 1000 / mean TPOT ms; SLO cap. = the highest load "
           "within both SLOs;\n   req/s/GPU and tok/s/GPU (output tokens) at that capacity, per GPU")
     print()
-    print(f"Engine commands ({problem.engine.value} {problem.engine_version or 'newest covered release'}, as the engine pods run them):")
+    release = problem.engine_version or "newest covered release"
+    if problem.engine_version_requested:   # NearestCovered: the release asked for is not in the capability data
+        release = f"{release}, the nearest covered release to the {problem.engine_version_requested} asked for"
+    print(f"Engine commands ({problem.engine.value} {release}, as the engine pods run them):")
     commands = role_commands(spec, problem, d.best.layout)
     for rc in commands:
         print(f"  {rc.role.value} × {rc.count}" + (f", each on {rc.nodes} nodes" if rc.nodes > 1 else "") + ":")

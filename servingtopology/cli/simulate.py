@@ -28,13 +28,16 @@ from servingtopology.cli.calibration_io import (
     prediction_intervals,
     read_bytes,
     read_calibration,
+    read_calibration_of,
 )
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
+from servingtopology.planner.engines.caps import release_of
 from servingtopology.planner.engines.defaults import max_running, memory_fraction, token_budget
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
+from servingtopology.planner.perf.deployment_fit import Deployment
 from servingtopology.planner.perf.memory_fit import Longest
 from servingtopology.planner.search.decide import refuse_pin
 from servingtopology.planner.search.figure_text import finite_json
@@ -150,9 +153,10 @@ class Replay:
     """A recorded run turned into simulator inputs."""
 
     def __init__(self, *, layout: Layout, model: ModelArch, gpu: Gpu, engine: Engine, requests: RequestSet,
-                 recorded: dict[str, Any], pool_tokens: int | None) -> None:
+                 recorded: dict[str, Any], pool_tokens: int | None, release: str = "") -> None:
         self.layout, self.model, self.gpu, self.engine = layout, model, gpu, engine
         self.requests, self.recorded, self.pool_tokens = requests, recorded, pool_tokens
+        self.release = release   # the engine's own record of its release (meta.json vllm_version / sglang_version); '' if none
 
 
 # Bounds of what a recorded run's files may say (the spec's own bounds where it has them): a count past them is an
@@ -351,6 +355,7 @@ def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
     gpu = _gpu_for(folder, meta, cluster)
     model = _model_for(folder, name, config, model_config)
     engine = Engine.SGLANG if "sglang_version" in meta_raw or "server_args" in meta_raw else Engine.VLLM
+    release = release_of(meta.text(f"{engine.value}_version"))
     kv_dtype = KvDtype.FP8 if kw.text("kv_cache_dtype", "auto").startswith("fp8") else KvDtype.AUTO
     block = kv.count("block_size", low=1, high=MAX_BLOCK_SIZE) or kw.count("block_size", low=1, high=MAX_BLOCK_SIZE) or 16
     # A knob the run left out is what vLLM chose (the run's files name vLLM's knobs): planner.engines.defaults, the one
@@ -376,7 +381,7 @@ def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
     blocks = kv.count("num_gpu_blocks", low=1, high=MAX_GPU_BLOCKS)
     requests, recorded = _replay_requests(folder, knobs)
     return Replay(layout=layout, model=model, gpu=gpu, engine=engine, requests=requests, recorded=recorded,
-                  pool_tokens=blocks * block if blocks else None)
+                  pool_tokens=blocks * block if blocks else None, release=release)
 
 
 def run_replay(rep: Replay) -> SimResult:
@@ -406,8 +411,8 @@ def _print_compare(table: Mapping[str, Mapping[str, Mapping[str, float | None]]]
     print(f"{'metric':<14}{'predicted':>14}{'recorded':>14}{'error %':>10}")
     for metric, stats in table.items():
         for stat, v in stats.items():
-            cells = [f"{v[k]:>{w}{f}}" if v[k] is not None else f"{'-':>{w}}" for k, w, f in
-                     (("predicted", 14, ".1f"), ("recorded", 14, ".1f"), ("error_pct", 10, "+.1f"))]
+            cells = [format(v[k], f">{sign}{w}.1f") if v[k] is not None else f"{'-':>{w}}" for k, w, sign in
+                     (("predicted", 14, ""), ("recorded", 14, ""), ("error_pct", 10, "+"))]
             print(f"{metric.removesuffix('_ms') + ' ' + stat:<14}" + "".join(cells))
 
 
@@ -516,16 +521,35 @@ def _run_spec(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_replay(args: argparse.Namespace) -> int:
+    """A recorded run predicted and set beside its own figures; with --calibration (of this run's model, GPU, engine and
+    release, else refused by name) the calibrated prediction too, as `simulate SPEC --calibration` shows it."""
+    rep = load_replay(Path(args.replay), model_config=Path(args.model_config) if args.model_config else None)
+    calibration = None
+    if getattr(args, "calibration", None):
+        calibration = read_calibration_of(args.calibration, Deployment(rep.model.name, rep.gpu.id, rep.engine.value, rep.release))
+    table: dict[str, Any] = compare(run_replay(rep), rep.recorded)
+    title = f"replay of {args.replay}: {rep.layout.label_for(rep.engine)} on {rep.gpu.id}, {len(rep.requests)} requests"
+    calibrated = None
+    if calibration is not None:
+        with calibration.applied():
+            calibrated = compare(run_replay(rep), rep.recorded)
+    if args.json:
+        extra = {} if calibrated is None or calibration is None else {
+            "calibrated": calibrated, "calibration": calibration_summary(calibration, args.calibration)}
+        print(json.dumps(finite_json({**table, **extra})))
+        return 0
+    _print_compare(table, title + (" (uncalibrated)" if calibrated is not None else ""))
+    if calibrated is not None and calibration is not None:
+        print()
+        _print_compare(calibrated, f"calibrated ({args.calibration}: {calibration.points_used} points)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if args.replay:
-            rep = load_replay(Path(args.replay), model_config=Path(args.model_config) if args.model_config else None)
-            table = compare(run_replay(rep), rep.recorded)
-            if args.json:
-                print(json.dumps(finite_json(table)))
-            else:
-                _print_compare(table, f"replay of {args.replay}: {rep.layout.label} on {rep.gpu.id}, {len(rep.requests)} requests")
-            return 0
+            return _run_replay(args)
         if not args.spec:
             print("simulate: give a SPEC.yaml or --replay DIR", file=sys.stderr)
             return 2

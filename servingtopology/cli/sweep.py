@@ -192,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
         check_requests(concurrency, per_client)
         calibration = calibrated = None
         if args.layout:
+            if getattr(args, "calibration", None):   # refused by name, never dropped: the series are figured uncalibrated
+                raise InvalidSpec("--calibration", "not with --layout: sweep one layout (the spec's, or the planner's best) to see "
+                                                   "it calibrated beside uncalibrated")
             slo, series = _series(args, concurrency, per_client)
         else:
             spec = read_spec(args.spec, whatif_overrides(args))
