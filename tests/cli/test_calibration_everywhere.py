@@ -113,5 +113,5 @@ def test_an_uncovered_release_between_covered_ones_is_planned_at_the_nearest_and
 
 
 def test_a_release_past_the_newest_covered_is_refused_by_name() -> None:
-    with pytest.raises(InvalidSpec, match="engine.version: vLLM 0.40.0 is not covered"):
+    with pytest.raises(InvalidSpec, match=r"engine\.version: vLLM 0\.40\.0 is not covered"):
         resolve_version(Engine.VLLM, version="0.40.0")
