@@ -51,6 +51,7 @@ from servingtopology.planner.model.catalog import model_catalog
 from servingtopology.planner.problem import Decision, Problem
 from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.spec import SpecError, model_identity, to_layout, to_problem
+from servingtopology.spec import engine_extra_args as spec_extra_args
 
 __all__ = [
     "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_from_spec", "problem_or_none",
@@ -241,7 +242,7 @@ def blueprint_for(spec: TopologySpec, layout: Layout, *, name: str, namespace: s
     return Blueprint(
         name=name, namespace=namespace, uid=uid, engine=spec.engine.name, image=spec.engine.image, model=identity.source,
         served_model_name=identity.served_name, layout=layout, gpus_per_node=gpus_per_node,
-        router_image=spec.engine.routerImage or "", extra_args=tuple(spec.engine.extraArgs),
+        router_image=spec.engine.routerImage or "", extra_args=spec_extra_args(spec),
         node_selector=dict(hw.nodeSelector),
         tolerations=tuple(t.model_dump(exclude_none=True) for t in hw.tolerations),
         transfer_backend=spec.engine.transferBackend, set_name=set_name,

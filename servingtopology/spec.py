@@ -44,6 +44,10 @@ __all__ = [
     "to_layout",
     "to_problem",
     "serving_precision",
+    "CONTEXT_FLAGS",
+    "context_flag_tokens",
+    "served_context",
+    "engine_extra_args",
     "read_model_config",
     "ModelIdentity",
     "model_identity",
@@ -437,6 +441,11 @@ class PlanSpec(_Base):
                                  description="weight precision the engines serve: bf16, fp8, fp4 or int4; default: the "
                                              "checkpoint's own (its quantization_config), bf16 for an unquantized one")
     kvCacheDtype: KvDtype = Field(default=KvDtype.AUTO, description="KV cache dtype: auto (the model's dtype), bf16 or fp8")
+    contextLength: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="the longest request (prompt + output) the "
+                                      "engines accept, in tokens, passed as vLLM --max-model-len or SGLang --context-length; at "
+                                      "most the model's own context; it sets what a request may ask for, not the KV memory to "
+                                      "hold it (the plan checks that per rank); default: the model's context, or the flag in "
+                                      "engine.extraArgs")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="the serving engine (vllm or sglang) and its release")
     hardware: HardwareSpec = Field(description="the GPU type, the GPU budget and the node shape")
     workload: WorkloadSpec = Field(description="the expected traffic: load (arrivalRate or concurrency) and request lengths")
@@ -813,6 +822,63 @@ def _towers_loaded(spec: PlanSpec, model: ModelArch, version: str) -> ModelArch:
     return model
 
 
+# The engine flag that sets the served context (engines.md: vLLM --max-model-len, SGLang --context-length).
+CONTEXT_FLAGS = {Engine.VLLM: "--max-model-len", Engine.SGLANG: "--context-length"}
+_HUMAN_INT = re.compile(r"^(\d+)([kKmM]?)$")
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The last value of `flag` in argparse's forms (`--flag N`, `--flag=N`): the one the engine keeps."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def context_flag_tokens(spec: PlanSpec) -> int | None:
+    """The served context engine.extraArgs sets (vLLM --max-model-len, which takes 32k / 1M too; SGLang --context-length),
+    or None; InvalidSpec on engine.extraArgs when the value is not a token count."""
+    flag = CONTEXT_FLAGS[spec.engine.name]
+    text = _flag_value(list(spec.engine.extraArgs), flag)
+    if text is None:
+        return None
+    m = _HUMAN_INT.match(text.strip())
+    if m is None or int(m.group(1)) < 1:
+        raise InvalidSpec("engine.extraArgs", f"{flag} {text[:40]!r} is not a token count (e.g. 32768 or 32k); set contextLength instead")
+    return int(m.group(1)) * {"": 1, "k": 1000, "m": 1_000_000}[m.group(2).lower()]
+
+
+def served_context(spec: PlanSpec, model: ModelArch) -> int | None:
+    """ServedContext: the context the engines are told to serve (contextLength, else the engine flag in engine.extraArgs),
+    or None for the model's own. Refused by name: one above the model's context (both engines refuse a --max-model-len /
+    --context-length past what the config derives unless an environment override is set), and contextLength beside an
+    engine.extraArgs flag of another value (the flag would win at start-up and the plan would check the wrong one)."""
+    flagged, given = context_flag_tokens(spec), spec.contextLength
+    flag = CONTEXT_FLAGS[spec.engine.name]
+    if given is not None and flagged is not None and given != flagged:
+        raise InvalidSpec("engine.extraArgs", f"{flag} {flagged:,} and contextLength {given:,} disagree (the flag would win at "
+                                              f"start-up); give contextLength alone")
+    context = given if given is not None else flagged
+    if context is not None and context > model.max_context_tokens:
+        field = "contextLength" if given is not None else "engine.extraArgs"
+        raise InvalidSpec(field, f"{context:,} tokens is over the model's context of {model.max_context_tokens:,} ({model.name}: its "
+                                 f"max_position_embeddings with any RoPE scaling); {spec.engine.name.value} refuses a longer "
+                                 f"{flag}: at most {model.max_context_tokens:,}")
+    return context
+
+
+def engine_extra_args(spec: PlanSpec) -> tuple[str, ...]:
+    """The flags appended to the planned command line, for the CLI's commands and the operator's pods alike: the served
+    context's flag (contextLength; not again when engine.extraArgs sets it), then engine.extraArgs as given."""
+    flag = CONTEXT_FLAGS[spec.engine.name]
+    if spec.contextLength is None or context_flag_tokens(spec) is not None:
+        return tuple(spec.engine.extraArgs)
+    return (flag, str(spec.contextLength), *spec.engine.extraArgs)
+
+
 def serving_precision(spec: PlanSpec, model: ModelArch) -> Precision:
     """The spec's precision; when the spec leaves it out, the precision the checkpoint's weights are stored in
     (an FP8 or NVFP4 checkpoint is served as stored: vLLM and SGLang read its quantization_config)."""
@@ -913,6 +979,11 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
     version = resolve_version(spec.engine.name, version=spec.engine.version, image=spec.engine.image)
     requested = uncovered_release(spec.engine.name, version=spec.engine.version, image=spec.engine.image)
     model = _towers_loaded(spec, _model(spec), version)
+    context, own_context = served_context(spec, model), model.max_context_tokens
+    if context is not None and context < model.max_context_tokens:
+        note = (f"the engines serve a {context:,}-token context ({CONTEXT_FLAGS[spec.engine.name]}), below the model's "
+                f"{model.max_context_tokens:,}: longer requests are refused, as the engines refuse them")
+        model = replace(model, max_context_tokens=context, assumptions=(*model.assumptions, note))
     precision = serving_precision(spec, model)
     if "precision" in spec.model_fields_set and not gpu.supports(precision):
         raise InvalidSpec("precision", f"{gpu.id} has no {precision.value} tensor cores; allowed here: "
@@ -939,5 +1010,12 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
         pinned=pinned, current=current,
     )
-    context_rejection(problem)   # a request longer than the model's context: no layout serves it
+    try:
+        context_rejection(problem)   # a request longer than the model's context: no layout serves it
+    except InvalidSpec as exc:
+        if context is None or context >= own_context:
+            raise
+        field = "contextLength" if spec.contextLength is not None else "engine.extraArgs"
+        raise InvalidSpec(exc.field, f"{exc.message.split(';')[0]}; the engines are told to serve {context:,} tokens ({field}): raise "
+                                     f"it, up to the model's {own_context:,}, or shorten the requests") from None
     return problem

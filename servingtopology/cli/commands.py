@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from servingtopology.planner.engines.command import engine_command
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.problem import Problem
-from servingtopology.spec import PlanSpec, read_model_identity
+from servingtopology.spec import PlanSpec, engine_extra_args, read_model_identity
 
 __all__ = ["RoleCommand", "engine_model", "role_commands", "MULTINODE_NOTE"]
 
@@ -54,7 +54,7 @@ def role_commands(spec: PlanSpec, problem: Problem, layout: Layout) -> list[Role
         rl = layout.roles[role]
         nodes = max(1, math.ceil(rl.parallelism.gpus / problem.gpu.gpus_per_node))
         cmd = engine_command(engine=problem.engine, model=model, served_name=served, role=role, par=rl.parallelism, knobs=rl.knobs,
-                             precision=layout.precision, extra_args=tuple(spec.engine.extraArgs), nodes=nodes,
+                             precision=layout.precision, extra_args=engine_extra_args(spec), nodes=nodes,
                              version=problem.engine_version)
         workers = tuple(_on_node(shlex.join([*cmd.command, *cmd.worker_args]), index=i, nodes=nodes)
                         for i in range(1, nodes)) if cmd.worker_args else ()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from servingtopology.cli.compare import parse_layout
 from servingtopology.cli.main import main
@@ -130,3 +131,52 @@ def test_a_multi_document_file_without_a_spec_names_the_kinds_it_holds(tmp_path,
     path.write_text("kind: Secret\nmetadata: {name: a}\n---\nkind: PersistentVolumeClaim\nmetadata: {name: b}\n")
     assert main(["plan", str(path), "--no-progress"]) == 2
     assert "Secret, PersistentVolumeClaim" in capsys.readouterr().err
+
+
+def _context_spec(tmp_path, *, engine="vllm", input_tokens=3000, **extra):
+    return _write(tmp_path, {"model": "llama-3.1-8b", "engine": engine, "hardware": {"gpu": "h100_sxm", "maxGPUs": 8},
+                             "workload": {"arrivalRate": 2, "inputTokens": input_tokens, "outputTokens": 200},
+                             "slo": {"ttftMs": {"p95": 5000}, "tpotMs": {"p95": 100}}, **extra})
+
+
+@pytest.mark.parametrize("engine, flag", [("vllm", "--max-model-len 4096"), ("sglang", "--context-length 4096")])
+def test_context_length_is_passed_to_the_engine_as_its_flag(tmp_path, capsys, engine, flag):
+    assert main(["plan", _context_spec(tmp_path, engine=engine, contextLength=4096), "--no-simulate", "--no-progress"]) == 0
+    assert capsys.readouterr().out.count(flag) == 1
+
+
+@pytest.mark.parametrize("extra, field, needle", [
+    # the context set is shorter than the requests: refused, naming what set it
+    ({"contextLength": 4096}, "workload.inputTokens", "told to serve 4,096 tokens (contextLength)"),
+    # SGLang's own flag in extraArgs is read by the check, not only passed on
+    ({"engine": {"name": "sglang", "extraArgs": ["--context-length", "4096"]}}, "workload.inputTokens", "(engine.extraArgs)"),
+    ({"engine": {"name": "vllm", "extraArgs": ["--max-model-len=4k"]}}, "workload.inputTokens", "told to serve 4,000 tokens"),
+    # over the model's own context: the engines refuse it
+    ({"contextLength": 400_000, "input_tokens": 300}, "contextLength", "over the model's context of 131,072"),
+    # two values for one setting
+    ({"contextLength": 8192, "engine": {"name": "vllm", "extraArgs": ["--max-model-len", "4096"]}, "input_tokens": 300},
+     "engine.extraArgs", "disagree"),
+])
+def test_a_context_the_requests_or_the_model_cannot_keep_is_refused_by_name(tmp_path, capsys, extra, field, needle):
+    extra = dict(extra)
+    spec = _context_spec(tmp_path, input_tokens=extra.pop("input_tokens", 6000), **extra)
+    assert main(["plan", spec, "--no-simulate", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: " in err and needle in err
+
+
+def test_context_length_given_in_extra_args_is_not_passed_twice(tmp_path, capsys):
+    spec = _context_spec(tmp_path, contextLength=4096, engine={"name": "vllm", "extraArgs": ["--max-model-len", "4096"]})
+    assert main(["plan", spec, "--no-simulate", "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("--max-model-len") == 1
+
+
+def test_the_operators_pods_run_the_context_length(tmp_path, capsys):
+    resource = yaml.safe_load((ROOT / "examples/vllm-replicas.yaml").read_text())
+    resource["spec"]["contextLength"] = 4096
+    path = tmp_path / "cr.yaml"
+    path.write_text(yaml.safe_dump(resource))
+    assert main(["plan", str(path), "--no-simulate", "--no-progress", "--manifests", str(tmp_path / "out")]) == 0
+    args = [c.get("args", []) for f in sorted((tmp_path / "out").glob("*.yaml")) for obj in [yaml.safe_load(f.read_text())]
+            if obj["kind"] == "Deployment" for c in obj["spec"]["template"]["spec"]["containers"]]
+    assert any(a[i:i + 2] == ["--max-model-len", "4096"] for a in args for i in range(len(a)))
