@@ -25,6 +25,7 @@ from servingtopology.cli.calibration_io import (
     read_calibration,
 )
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
+from servingtopology.cli.progress import StageBar, wanted
 from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.engines.args import layout_engine_args
@@ -32,7 +33,7 @@ from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.search.advice import InfeasibleAdvice
-from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.decide import Simulate, decide
 from servingtopology.planner.search.figure_text import UNBOUNDED, finite_json, json_number, ms_text, per_gpu_text, rps_text
 from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.record import engine_label, render_record
@@ -216,18 +217,17 @@ def run(args: argparse.Namespace) -> int:
         baseline = read_baseline(args.baseline)
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
-    bar = None
+    bar = StageBar(enabled=wanted(args))
     progress = None
-    if not args.json and not args.no_progress and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=5, desc="funnel", unit="stage", file=sys.stderr, leave=False)
-
+    if wanted(args):
         def progress(stage: str, fraction: float) -> None:
-            assert bar is not None
-            bar.set_postfix_str(stage)
-            bar.n = round(fraction * 5)
-            bar.refresh()
+            bar.stage("funnel", 5, unit="stage")
+            bar.at(round(fraction * 5), stage)
+
+    def simulator() -> Simulate | None:
+        """Stage 6's simulator, each candidate it simulates counted on the bar (the funnel's stages take a second; the
+        simulations of a large model take the minutes)."""
+        return None if args.no_simulate else bar.simulating(simulator_for(spec))
     uncalibrated: Decision | None = None
     try:
         if manifests:
@@ -241,15 +241,14 @@ def run(args: argparse.Namespace) -> int:
                                       if args.no_simulate else None)
             problem, decision = offline.problem, offline.decision
         else:
-            decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), progress=progress, clock=time.perf_counter)
+            decision = decide(problem, simulate=simulator(), progress=progress, clock=time.perf_counter)
         if calibration is not None:
             # The same search with the deployment's correction applied; the uncalibrated decision is shown beside it.
             uncalibrated = decision
             with calibration.applied():
-                decision = decide(problem, simulate=None if args.no_simulate else simulator_for(spec), clock=time.perf_counter)
+                decision = decide(problem, simulate=simulator(), clock=time.perf_counter)
     except Infeasible as exc:
-        if bar:
-            bar.close()
+        bar.close()
         funnel = [s for s in exc.funnel if isinstance(s, FunnelStage)]
         if manifests:
             print(f"nothing written to {manifests}", file=sys.stderr)
@@ -270,11 +269,9 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  - {line}")
         return 1
     except (SpecError, InvalidSpec) as exc:
-        if bar:
-            bar.close()
-        return emit_spec_error(exc, as_json=args.json)
-    if bar:
         bar.close()
+        return emit_spec_error(exc, as_json=args.json)
+    bar.close()
     facts = record_facts(problem, decision, engine_release=engine_label(problem), planner_version=__version__,
                          date=datetime.datetime.now(datetime.UTC).date().isoformat(), baseline=baseline)
     record = render_record(problem, decision, facts=facts)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from servingtopology.cli.calibration_io import add_calibration_arg, calibration_summary, prediction_intervals, read_calibration
+from servingtopology.cli.progress import StageBar, wanted
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import Infeasible, InvalidSpec
@@ -42,6 +43,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
     p.add_argument("--requests-per-client", type=int, default=8, help="requests each client sends (default 8; at least 200 in all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (drawn on a terminal's stderr only)")
     p.add_argument("--plot", metavar="FILE.png", help="draw output tokens/s per GPU against tokens/s per user, and TTFT, with the SLOs "
                    "(the axes of plan --plot)")
     add_calibration_arg(p)
@@ -76,10 +78,14 @@ def _r(x: float, nd: int = 3) -> float | None:
     return round(x, nd) if math.isfinite(x) else None
 
 
-def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, seed: int, per_client: int) -> list[dict[str, Any]]:
-    """One closed-loop simulation per concurrency; the first `c` requests (the ramp) are left out."""
+def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, seed: int, per_client: int,
+                 bar: StageBar | None = None, stage: str = "sweep") -> list[dict[str, Any]]:
+    """One closed-loop simulation per concurrency; the first `c` requests (the ramp) are left out. `bar` counts the points."""
     points = []
-    for c in concurrency:
+    for i, c in enumerate(concurrency):
+        if bar is not None:
+            bar.stage(stage, len(concurrency), unit="point")
+            bar.at(i, f"{c} clients")
         n = max(per_client * c, 200)
         workload = replace(problem.workload, arrival_rate_rps=None, concurrency=c)
         requests = from_workload(workload, num_requests=n, seed=seed)
@@ -102,6 +108,8 @@ def sweep_points(problem: Problem, layout: Layout, concurrency: list[int], *, se
             "unfinished": s.unfinished,
             "wall_s": round(wall, 4),
         })
+        if bar is not None:
+            bar.at(i + 1, f"{c} clients")
     return points
 
 
@@ -150,7 +158,7 @@ def _print_points(points: list[dict[str, Any]]) -> None:
           "per second of the run")
 
 
-def _series(args: argparse.Namespace, concurrency: list[int], per_client: int) -> tuple[Slo, list[dict[str, Any]]]:
+def _series(args: argparse.Namespace, concurrency: list[int], per_client: int, bar: StageBar) -> tuple[Slo, list[dict[str, Any]]]:
     """One sweep per --layout, each on the spec's work with that layout (compare's parsing and validation)."""
     from servingtopology.cli.compare import MAX_LAYOUTS, parse_layout
     from servingtopology.planner.search.record_facts import family_of
@@ -172,7 +180,8 @@ def _series(args: argparse.Namespace, concurrency: list[int], per_client: int) -
         named = layout.label_for(problem.engine)
         out.append({"name": name or named, "layout": named, "gpus": layout.gpus, "kind": layout.kind.value,
                     "family": family_of(layout).name,
-                    "points": sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client)})
+                    "points": sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client, bar=bar,
+                                           stage=f"sweep {named}")})
     assert slo is not None
     return slo, out
 
@@ -187,6 +196,7 @@ def _print_series(series: list[dict[str, Any]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     per_client = max(1, args.requests_per_client)
+    bar = StageBar(enabled=wanted(args))
     try:
         concurrency = parse_concurrency(args.concurrency)
         check_requests(concurrency, per_client)
@@ -195,17 +205,18 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, "calibration", None):   # refused by name, never dropped: the series are figured uncalibrated
                 raise InvalidSpec("--calibration", "not with --layout: sweep one layout (the spec's, or the planner's best) to see "
                                                    "it calibrated beside uncalibrated")
-            slo, series = _series(args, concurrency, per_client)
+            slo, series = _series(args, concurrency, per_client, bar)
         else:
             spec = read_spec(args.spec, whatif_overrides(args))
             problem = to_problem(spec)
             layout = layout_for(spec, problem)
             calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
-            points = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client)
+            points = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client, bar=bar)
             _add_intervals(problem, layout, points, None)
             if calibration is not None:
                 with calibration.applied():
-                    calibrated = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client)
+                    calibrated = sweep_points(problem, layout, concurrency, seed=spec.simulation.seed, per_client=per_client, bar=bar,
+                                              stage="sweep, calibrated")
                 _add_intervals(problem, layout, calibrated, calibration)
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
@@ -215,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"infeasible: {exc}")
         return 1
+    finally:
+        bar.close()
     if args.layout:
         if args.plot:
             from servingtopology.cli.plots import Series, save, sweep_figure
