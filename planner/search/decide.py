@@ -204,24 +204,18 @@ def _refine(problem: Problem, survivors: list[Survivor]) -> list[Candidate]:
 
 def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate | None, clock: Clock, *,
                   entering: int) -> tuple[list[Candidate], FunnelStage]:
-    """Stage 6: simulate the top K distinct structures. Its row counts from what stage 5 admitted (`entering`), so the
+    """Stage 6: simulate the top K distinct structures, or with a pin only the replica baseline (PinSimulatesThePin: the
+    pin itself is simulated by predict_layout). Its row counts from what stage 5 admitted (`entering`), so the
     funnel's counts only ever fall: those stage 5 did not hand on (their bound cannot tie the best) and the simulated
     misses are its rejections; what stands after it is every handed-on candidate that did not miss (StageCountsFall)."""
     t0 = clock()
     not_handed_on = max(entering - len(ranked), 0)
-    # The top K distinct structures (knob variants of one structure would say the same thing).
-    top: list[int] = []
-    seen: set[str] = set()
-    for i, c in enumerate(ranked):
-        if c.layout.structure not in seen:
-            seen.add(c.layout.structure)
-            top.append(i)
-            if len(top) >= problem.search.top_k:
-                break
+    top = _pinned_baseline(ranked) if problem.pinned is not None else _top_structures(ranked, problem.search.top_k)
     k = len(top)
     handed = {"not handed on by stage 5 (only the fewest-GPU candidates whose bound can tie the best go on)": not_handed_on} if not_handed_on else {}
     if simulate is None or k == 0:
-        note = {"not simulated: analytical figures kept": len(ranked)} if ranked else {}
+        why = PIN_MAKES_SEARCH_MOOT if simulate is not None and problem.pinned is not None else "not simulated: analytical figures kept"
+        note = {why: len(ranked)} if ranked else {}
         return ranked, FunnelStage("6 simulation of the top K", len(ranked), not_handed_on, clock() - t0, {**handed, **note})
     out, rejected = [], 0
     chosen = set(top)
@@ -236,9 +230,36 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
         out.append(Candidate(c.layout, pred, c.score))
     reasons = {**handed, **({"simulated SLO miss": rejected} if rejected else {})}
     if len(ranked) > k:
-        reasons["beyond the top K, not simulated: analytical figures kept"] = len(ranked) - k
+        reasons[PIN_MAKES_SEARCH_MOOT if problem.pinned is not None else "beyond the top K, not simulated: analytical figures kept"] = len(ranked) - k
     return (out + [c for i, c in enumerate(ranked) if i not in chosen],
             FunnelStage("6 simulation of the top K", len(ranked) - rejected, not_handed_on + rejected, clock() - t0, reasons))
+
+
+def _top_structures(ranked: list[Candidate], k: int) -> list[int]:
+    """The top K distinct structures (knob variants of one structure would say the same thing)."""
+    top: list[int] = []
+    seen: set[str] = set()
+    for i, c in enumerate(ranked):
+        if c.layout.structure not in seen:
+            seen.add(c.layout.structure)
+            top.append(i)
+            if len(top) >= k:
+                break
+    return top
+
+
+# PinSimulatesThePin: with the layout pinned, stage 6 simulates what the decision and its record use: the pin itself
+# (predict_layout) and the replica baseline (the best-ranked one-GPU replica, the record's "single-GPU rate"); the other
+# searched candidates cannot be chosen, so they keep their analytical figures as the alternatives beside the pin.
+PIN_MAKES_SEARCH_MOOT = "not simulated: the spec pins the layout, so only the one-GPU replica baseline is (analytical figures kept)"
+
+
+def _pinned_baseline(ranked: list[Candidate]) -> list[int]:
+    """The best-ranked one-GPU replica (PinSimulatesThePin), or nothing when the search kept none."""
+    for i, c in enumerate(ranked):
+        if c.layout.kind is LayoutKind.REPLICAS and c.layout.roles[Role.AGGREGATED].parallelism.gpus == 1:
+            return [i]
+    return []
 
 
 def context_rejection(problem: Problem) -> None:
