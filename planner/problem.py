@@ -14,7 +14,7 @@ from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype, Layout, LayoutKind, Parallelism
 from servingtopology.planner.workload import Objective, Slo, Workload
 
-__all__ = ["SearchSpace", "Problem", "Prediction", "FunnelStage", "Candidate", "PdRatio", "Decision"]
+__all__ = ["SearchSpace", "SimulationBudget", "Problem", "Prediction", "FunnelStage", "Candidate", "PdRatio", "Decision"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,16 @@ class SearchSpace:
     kv_dtypes: tuple[KvDtype, ...] = (KvDtype.AUTO,)
     allow_cross_node_tp: bool = False
     top_k: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationBudget:
+    """What stage 6 may simulate per layout: at most `requests` (the spec's simulation.requests; planner.search.stage6_size
+    lowers it to the work rule and 600), drawn under `seed`. The defaults are the operator's stage 6 before the spec's
+    figures reached it."""
+
+    requests: int = 600
+    seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +66,7 @@ class Problem:
     # The release the spec named when the capability data does not cover it and `engine_version` is the nearest covered
     # one it is planned at (caps.nearest_covered); empty otherwise. The record says so.
     engine_version_requested: str = ""
+    simulation: SimulationBudget = field(default_factory=SimulationBudget)
 
 
 @dataclass(frozen=True, slots=True)

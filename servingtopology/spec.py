@@ -25,7 +25,7 @@ from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.model.catalog import ModelArch, catalog_hf_id, from_hf_config, resolve_model
 from servingtopology.planner.model.towers import LANGUAGE_ONLY_FLAGS, language_only_flag
-from servingtopology.planner.problem import Problem, SearchSpace
+from servingtopology.planner.problem import Problem, SearchSpace, SimulationBudget
 from servingtopology.planner.search.decide import context_rejection
 from servingtopology.planner.workload import LengthDist, LengthKind, Objective, Slo, Workload
 
@@ -1008,7 +1008,7 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
         engine_version=version, engine_version_requested=requested,
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
-        pinned=pinned, current=current,
+        pinned=pinned, current=current, simulation=SimulationBudget(requests=spec.simulation.requests, seed=spec.simulation.seed),
     )
     try:
         context_rejection(problem)   # a request longer than the model's context: no layout serves it

@@ -83,7 +83,9 @@ class PlanPending(Exception):
 
 
 def plan_with_simulator(problem: Problem) -> Decision:
-    """The operator's planner: stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does."""
+    """The operator's planner: stage 6 (the step-level simulator) checks the top K, as `servingtopology plan` does, with
+    the spec's simulation.requests and .seed (the Problem's SimulationBudget, sized to the work by
+    planner.search.stage6_size: what PlanBudgetExceeded's advice to lower spec.simulation.requests acts on)."""
     from servingtopology.planner.search.decide import decide
     from servingtopology.planner.sim.stage import stage6_figures
 

@@ -28,6 +28,7 @@ from servingtopology.planner.search.figure_text import against_pinned_text, ms_t
 from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress, Stage, Survivor, no_clock, run_funnel
 from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
+from servingtopology.planner.search.stage6_size import stage6_requests
 from servingtopology.planner.search.tables import layout_rejection
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from servingtopology.planner.workload import Objective
@@ -229,6 +230,9 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
         rejected += not meets
         out.append(Candidate(c.layout, pred, c.score))
     reasons = {**handed, **({"simulated SLO miss": rejected} if rejected else {})}
+    sized = stage6_requests(problem).reason
+    if sized:   # Stage6SizedToTheWork: long requests, fewer of them
+        reasons[sized] = k
     if len(ranked) > k:
         reasons[PIN_MAKES_SEARCH_MOOT if problem.pinned is not None else "beyond the top K, not simulated: analytical figures kept"] = len(ranked) - k
     return (out + [c for i, c in enumerate(ranked) if i not in chosen],
@@ -340,6 +344,9 @@ def _decide(problem: Problem, *, simulate: Simulate | None, progress: Progress |
     reasons = _reasons_for(problem, best, tuple(alternatives))
     if ratio is not None:
         reasons = (*reasons[:2], f"P:D {ratio.label}: {ratio.reason}", *reasons[2:])
+    sized = stage6_requests(problem).reason if simulate is not None else ""
+    if sized:
+        reasons = (*reasons, f"Simulation: {sized}")
     # Ranking rejects nothing: it orders what stage 6 left standing (a simulated miss stays ranked last, not admitted).
     stages.append(FunnelStage("7 ranking by objective", stage6.admitted, 0, clock() - t0 - stage6.seconds, {}))
     return Decision(

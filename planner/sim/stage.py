@@ -13,6 +13,7 @@ from servingtopology.planner.perf.predict import front_end_s
 from servingtopology.planner.perf.step import InstancePerf
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import SimFigures
+from servingtopology.planner.search.stage6_size import stage6_requests
 from servingtopology.planner.sim import RememberedSteps, simulate
 from servingtopology.planner.sim.requests import from_workload
 from servingtopology.planner.sim.results import SimResult
@@ -48,10 +49,15 @@ def simulate_mixed(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode
                     transfer_s=lambda tokens: float(kv_link_transfer_s(problem, float(tokens), link_gbit=link_gbit)))
 
 
-def stage6_figures(problem: Problem, layout: Layout, *, num_requests: int = 600, seed: int = 0,
+def stage6_figures(problem: Problem, layout: Layout, *, num_requests: int | None = None, seed: int | None = None,
                    warmup_requests: int = 50) -> SimFigures:
     """TTFT (with the per-request front-end overhead) and TPOT (s) at the SLO's percentiles and the mean TPOT, after a warm-up; unfinished requests
-    (still queued when the run ends) count as infinitely late so an overloaded layout fails its SLO."""
+    (still queued when the run ends) count as infinitely late so an overloaded layout fails its SLO. `num_requests` and
+    `seed` default to the problem's: planner.search.stage6_size's count from its simulation budget, and its seed."""
+    if num_requests is None:
+        num_requests = stage6_requests(problem).requests
+    if seed is None:
+        seed = problem.simulation.seed
     result = simulate_problem(problem, layout, num_requests=num_requests, seed=seed)
     s = result.summary(problem.slo, warmup_requests=min(warmup_requests, num_requests // 4))
     slo = problem.slo

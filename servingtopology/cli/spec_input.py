@@ -79,12 +79,7 @@ def emit_spec_error(exc: SpecError | InvalidSpec, *, as_json: bool = False) -> i
     return 2
 
 
-# Requests simulated per top-K candidate in `plan` (the spec's simulation.requests applies to `simulate`).
-STAGE6_REQUESTS = 600
-
-
 def simulator_for(spec: PlanSpec) -> Simulate:
-    """Stage 6 for this spec: the step-level simulator with the spec's seed and warm-up."""
-    sim = spec.simulation
-    return functools.partial(stage6_figures, num_requests=min(sim.requests, STAGE6_REQUESTS), seed=sim.seed,
-                             warmup_requests=sim.warmupRequests)
+    """Stage 6 for this spec: the step-level simulator with the spec's warm-up; its requests and seed are the Problem's
+    (to_problem carries simulation.requests and .seed; planner.search.stage6_size sizes the count to the work)."""
+    return functools.partial(stage6_figures, warmup_requests=spec.simulation.warmupRequests)
