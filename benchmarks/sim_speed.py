@@ -8,13 +8,21 @@
 4. A 4-replica open-loop run and a PD run, for scale.
 Target (issue 15): at least 10 M simulated tokens per CPU-second in every case. CPU time is the figure
 to compare: these machines are shared, and wall time counts the neighbours.
-Usage: .venv/bin/python benchmarks/sim_speed.py
+
+Each case runs at least --repeats times (default 5) and until it has used --min-cpu-s CPU seconds (default 1.0; the
+replay's single run is ~40 ms, one scheduler hiccup away from a miss), at most 200 runs; the rate printed and judged
+is the median's, with the slowest and fastest run beside it, so the script fails only on a real miss.
+Usage: .venv/bin/python benchmarks/sim_speed.py [--repeats N] [--min-cpu-s S]
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from servingtopology.planner.hardware import resolve_gpu
@@ -26,20 +34,27 @@ from servingtopology.planner.workload import LengthDist, LengthKind, Workload
 REF = Path("/work/shared/groundtruth/llmservingsim_vllm_refs/RTX4090_Llama-3.1-8B")
 
 
-class _Timer:
-    def __enter__(self) -> _Timer:
-        self.w0, self.c0 = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall_s, self.cpu_s = time.perf_counter() - self.w0, time.process_time() - self.c0
+MAX_RUNS = 200
 
 
-def report(name: str, result: SimResult, t: _Timer) -> float:
+def measure(name: str, run: Callable[[], SimResult], *, repeats: int, min_cpu_s: float) -> float:
+    """Run one case `repeats` times and until `min_cpu_s` CPU s are spent (at most MAX_RUNS); print the median run's
+    figures and the spread; return the median rate (M simulated tokens per CPU s)."""
+    cpu_s: list[float] = []
+    wall_s: list[float] = []
+    result = None
+    while len(cpu_s) < MAX_RUNS and (len(cpu_s) < repeats or sum(cpu_s) < min_cpu_s):
+        w0, c0 = time.perf_counter(), time.process_time()
+        result = run()
+        cpu_s.append(time.process_time() - c0)
+        wall_s.append(time.perf_counter() - w0)
+    assert result is not None
     s = result.summary()
     tokens = int(result.prompt_tokens[result.finished].sum() + result.output_tokens[result.finished].sum())
-    rate = tokens / t.cpu_s / 1e6
-    print(f"{name:<46} CPU {t.cpu_s:6.3f} s  wall {t.wall_s:6.3f} s  simulated {result.end_s:8.1f} s  {rate:6.2f} M tokens/CPU-s  "
+    med_cpu, med_wall = statistics.median(cpu_s), statistics.median(wall_s)
+    rate = tokens / med_cpu / 1e6
+    print(f"{name:<46} CPU {med_cpu:6.3f} s  wall {med_wall:6.3f} s (medians of {len(cpu_s)})  simulated {result.end_s:8.1f} s  "
+          f"{rate:6.2f} M tokens/CPU-s [{tokens / max(cpu_s) / 1e6:.2f}–{tokens / min(cpu_s) / 1e6:.2f}]  "
           f"({s.finished} finished, {s.unfinished} unfinished, {s.preemptions} preemptions, TPOT {s.tpot_ms.mean:.1f} ms)")
     return rate
 
@@ -47,34 +62,37 @@ def report(name: str, result: SimResult, t: _Timer) -> float:
 TARGET_M_TOKENS_PER_CPU_S = 10.0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5, help="runs of each case at least (the median is judged)")
+    ap.add_argument("--min-cpu-s", type=float, default=1.0, help="CPU seconds each case runs for at least")
+    args = ap.parse_args(argv)
+    each = {"repeats": max(1, args.repeats), "min_cpu_s": args.min_cpu_s}
     gpu = resolve_gpu("h100_sxm")
     knobs = EngineKnobs(max_num_seqs=256, max_num_batched_tokens=8192)
     rates = []
     for name, engine in (("llama-3.1-8b", Engine.VLLM), ("llama-3.1-8b", Engine.SGLANG), ("llama-2-7b", Engine.VLLM)):
         requests = closed_loop(clients=256, input_tokens=1000, output_tokens=1000, num_requests=10_000)
-        with _Timer() as t:
-            r = simulate(Layout.replicas(1, Parallelism(), knobs), model=resolve_model(name), gpu=gpu, engine=engine, requests=requests)
-        rates.append(report(f"10k × 1000/1000, 256 seqs, {name}, {engine.value}", r, t))
+        model = resolve_model(name)
+        rates.append(measure(f"10k × 1000/1000, 256 seqs, {name}, {engine.value}",
+                             functools.partial(simulate, Layout.replicas(1, Parallelism(), knobs), model=model, gpu=gpu, engine=engine,
+                                               requests=requests), **each))
 
     if REF.exists():
         from servingtopology.cli.simulate import load_replay, run_replay
         rep = load_replay(REF)
-        with _Timer() as t:
-            r = run_replay(rep)
-        rates.append(report("replay RTX4090 vLLM run (300 requests)", r, t))
+        rates.append(measure("replay RTX4090 vLLM run (300 requests)", lambda: run_replay(rep), **each))
 
     w = Workload(LengthDist(LengthKind.LOGNORMAL, 2000.0, sigma=0.7), LengthDist(LengthKind.LOGNORMAL, 300.0, sigma=0.6),
                  arrival_rate_rps=40.0)
-    with _Timer() as t:
-        r = simulate(Layout.replicas(4, Parallelism(tp=4), knobs), model=resolve_model("llama-3.1-70b"), gpu=gpu, engine=Engine.VLLM,
-                     workload=w, num_requests=5000, seed=1)
-    rates.append(report("5k open loop, 4×TP4 Llama-3.1-70B, vLLM", r, t))
+    llama70b = resolve_model("llama-3.1-70b")
+    rates.append(measure("5k open loop, 4×TP4 Llama-3.1-70B, vLLM",
+                         lambda: simulate(Layout.replicas(4, Parallelism(tp=4), knobs), model=llama70b, gpu=gpu, engine=Engine.VLLM,
+                                          workload=w, num_requests=5000, seed=1), **each))
     pd = Layout.pd(RoleLayout(2, Parallelism(tp=4), knobs), RoleLayout(2, Parallelism(tp=4), knobs))
-    with _Timer() as t:
-        r = simulate(pd, model=resolve_model("llama-3.1-70b"), gpu=gpu, engine=Engine.SGLANG, workload=w, num_requests=5000, seed=1)
-    rates.append(report("5k open loop, 2P2D@TP4 Llama-3.1-70B, SGLang", r, t))
-    print(f"slowest case: {min(rates):.2f} M simulated tokens per CPU-second (target 10)")
+    rates.append(measure("5k open loop, 2P2D@TP4 Llama-3.1-70B, SGLang",
+                         lambda: simulate(pd, model=llama70b, gpu=gpu, engine=Engine.SGLANG, workload=w, num_requests=5000, seed=1), **each))
+    print(f"slowest case: {min(rates):.2f} M simulated tokens per CPU-second, the median run's (target 10)")
     if min(rates) < TARGET_M_TOKENS_PER_CPU_S:
         print(f"FAIL: the slowest case is under {TARGET_M_TOKENS_PER_CPU_S:g} M simulated tokens per CPU-second "
               "(CPU seconds differ up to 4x between machines of this kind: compare runs on one machine)", file=sys.stderr)
