@@ -392,11 +392,14 @@ class LayoutSpec(_Base):
 class SimulationSpec(_Base):
     """The discrete-event simulation that checks the top candidates."""
 
-    requests: int = Field(default=2000, ge=10, le=MAX_SIM_REQUESTS, description="requests simulated per candidate (more: "
-                          "steadier percentiles, more CPU)")
+    requests: int = Field(default=2000, ge=10, le=MAX_SIM_REQUESTS, description="requests simulated per candidate: all of "
+                          "them by simulate; plan and the operator simulate at most 600, and fewer for long requests (at most "
+                          "2^25 simulated tokens a candidate, not under 100 requests by that rule); more: steadier percentiles, "
+                          "more CPU")
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="random seed of the simulated arrivals and lengths")
     warmupRequests: int = Field(default=100, ge=0, le=MAX_SIM_REQUESTS, description="first requests left out of the "
-                                "percentiles (the empty-engine start)")
+                                "percentiles (the empty-engine start) by simulate and plan, at most a quarter of them; the "
+                                "operator's stage 6 leaves out 50")
 
 
 def _mean_tokens(v: int | DistributionSpec) -> float:
