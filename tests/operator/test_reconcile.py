@@ -413,8 +413,9 @@ def test_pinned_renders_the_given_layout_and_still_reports_predictions() -> None
     ({"hardware": {"gpu": "h100_sxm", "maxGPUs": 0}}, "maxGPUs"),       # below the minimum
     ({"engine": {"name": "trtllm", "image": "x"}}, "engine.name"),      # not an engine we drive
     ({"colour": "blue"}, "colour"),                                     # unknown field
-    # requests longer than Llama-3.1-8B's 131,072-token context: no layout serves them (it planned 5×TP1 before)
-    ({"workload": {"arrivalRate": 1, "inputTokens": 200000, "outputTokens": 100}}, "the model's context is 131,072 tokens"),
+    # requests longer than Llama-3.1-8B's 131,072-token context: no layout serves them (it planned 5×TP1 before); the
+    # spec's engine.extraArgs tell the engines a shorter context, which the refusal names (ServedContext)
+    ({"workload": {"arrivalRate": 1, "inputTokens": 200000, "outputTokens": 100}}, "up to the model's 131,072"),
 ])
 def test_an_invalid_spec_sets_ready_false_with_an_event_and_applies_nothing(change: dict[str, Any], field: str) -> None:
     obj, cluster, planner = topology(**change), FakeCluster(), ScriptedPlanner(decision(REPLICAS))

@@ -118,7 +118,9 @@ def test_the_analytic_prefill_of_sglang_under_attention_dp_takes_the_per_rank_ch
                              shape=shape, rate_rps=0.001, tp=1, pp=1, dp=4, count=1, max_num_batched_tokens=budget)
         return float(e.ttft_s)
 
-    assert ttft(Engine.SGLANG, 2048) > 1.5 * ttft(Engine.SGLANG, 8192)
+    # Four steps of 512 tokens against one of 2,048: the same GEMM work, four times each step's fixed costs (1.46× with
+    # the MoE exchange timed from NCCL's tables, small at 512 tokens a rank; 1.5× and more with the fitted 53 µs one).
+    assert ttft(Engine.SGLANG, 2048) > 1.3 * ttft(Engine.SGLANG, 8192)
     assert ttft(Engine.VLLM, 2048) == pytest.approx(ttft(Engine.VLLM, 8192))
 
 
