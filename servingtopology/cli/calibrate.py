@@ -36,6 +36,7 @@ import numpy as np
 import yaml
 
 from servingtopology.cli.calibration_io import deployment_of, read_bytes
+from servingtopology.cli.output_paths import check_output, write_output
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.engines.caps import release_of, version_from_image
 from servingtopology.planner.errors import Infeasible, InvalidSpec
@@ -403,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.min_points < 1 or not ((args.half_life_days > 0 and math.isfinite(args.half_life_days)) or args.half_life_days == math.inf):
             raise InvalidSpec("--min-points/--half-life-days", "min points ≥ 1 and a positive half-life")
+        check_output("--out", args.out)   # written as given, in YAML whatever its suffix
         spec = read_spec(args.spec)
         problem = to_problem(spec)
         layout = layout_for(spec, problem)
@@ -421,7 +423,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"infeasible: {exc}", file=sys.stderr)
         return 1
     doc = cal.to_dict()
-    Path(args.out).write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        write_output("--out", args.out, lambda target: target.write_text(yaml.safe_dump(doc, sort_keys=False)))
+    except InvalidSpec as exc:
+        return emit_spec_error(exc, as_json=args.json)
     if args.json:
         print(json.dumps(doc | {"out": args.out, "cpu_s": round(cpu, 2), "release_from": release_from}))
         return 0

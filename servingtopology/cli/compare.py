@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from servingtopology.cli.output_paths import PLOT_SUFFIXES, check_output
 from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import InvalidSpec, PinRefused
@@ -195,6 +196,7 @@ def _print(problem: Problem, rows: list[dict[str, Any]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        check_output("--plot", args.plot, suffixes=PLOT_SUFFIXES)
         problem, compared = compare_layouts(args.spec, list(args.layout), whatif_overrides(args))
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
@@ -207,7 +209,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from servingtopology.cli.plots import compare_figure, save
 
-        save(compare_figure(problem, [(r.name, r.candidate) for r in compared]), args.plot)
+        try:
+            save(compare_figure(problem, [(r.name, r.candidate) for r in compared]), args.plot)
+        except InvalidSpec as exc:
+            return emit_spec_error(exc, as_json=args.json)
     if args.json:
         print(json.dumps(finite_json({"load_rps": problem.workload.arrival_rate_rps, "layouts": rows, **({"plot": args.plot} if args.plot else {})}),
                          indent=1))

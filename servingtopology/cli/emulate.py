@@ -24,12 +24,14 @@ from typing import Any
 
 import yaml
 
+from servingtopology.cli.output_paths import check_output
 from servingtopology.emulator.command_parser import EngineArgsError, parse_engine_command
 from servingtopology.emulator.engine import SimulatorKind, build_simulator, gpu_for_label
 from servingtopology.emulator.fleet import Fleet, pod_view, refused_status
 from servingtopology.emulator.instance import EmulatedInstance, Share
 from servingtopology.emulator.real_engine import RealEngineRules, RealEngineRulesError, parse_rules
 from servingtopology.emulator.traffic import TrafficProfile, TrafficProfileError
+from servingtopology.planner.errors import InvalidSpec
 from servingtopology.spec import load_yaml
 
 __all__ = ["add_parser", "run"]
@@ -136,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         profile = _ProfileFile(args.profile)
     except (OSError, TrafficProfileError, yaml.YAMLError) as exc:
         print(f"error: --profile: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_output("--status", args.status)
+    except InvalidSpec as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,7 +13,6 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from servingtopology import __version__
@@ -25,6 +24,7 @@ from servingtopology.cli.calibration_io import (
     read_calibration,
 )
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
+from servingtopology.cli.output_paths import PLOT_SUFFIXES, RECORD_SUFFIXES, OutputKind, check_output, write_output
 from servingtopology.cli.progress import StageBar, wanted
 from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         return run_pool(args)
     manifests = getattr(args, "manifests", None)
     try:
-        check_record_path(args.record)
+        check_outputs(args)
         if manifests and getattr(args, "calibration", None):
             raise InvalidSpec("--calibration", "not with --manifests: the operator applies a resource's own spec.calibration, so "
                                                "the objects written could not be the calibrated plan printed")
@@ -275,10 +275,14 @@ def run(args: argparse.Namespace) -> int:
     facts = record_facts(problem, decision, engine_release=engine_label(problem), planner_version=__version__,
                          date=datetime.datetime.now(datetime.UTC).date().isoformat(), baseline=baseline)
     record = render_record(problem, decision, facts=facts)
-    if args.record and args.record != "-":
-        Path(args.record).write_text(record)
-    if args.plot:
-        _plot(decision, problem, args.plot)
+    try:
+        if args.record and args.record != "-":
+            write_output("--record", args.record, lambda target: target.write_text(record))
+        if args.plot:
+            _plot(decision, problem, args.plot)
+    except InvalidSpec as exc:
+        return emit_spec_error(exc, as_json=args.json)
+
     def with_intervals(c: Candidate, cal: Any) -> dict[str, Any]:
         out = candidate_json(problem, c, spec)
         out["prediction"]["intervals"] = prediction_intervals(problem, c.layout, c.prediction.ttft_ms, c.prediction.tpot_ms, cal)
@@ -321,9 +325,18 @@ def run(args: argparse.Namespace) -> int:
 
 def check_record_path(path: str | None) -> None:
     """`--record` takes `-` (stdout) or a markdown file: a spec given after `--record` would otherwise be overwritten."""
-    if path and path != "-" and not path.lower().endswith((".md", ".markdown", ".txt")):
+    if path and path != "-" and not path.lower().endswith(RECORD_SUFFIXES):
         raise InvalidSpec("--record", f"expected a markdown file (FILE.md) or nothing, got {path!r}; to plan a spec and print the "
                                       "record, give the spec first: plan SPEC.yaml --record")
+    if path and path != "-":
+        check_output("--record", path, suffixes=RECORD_SUFFIXES)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every path `plan` (and `plan --pool`) writes, checked before any planning (cli/output_paths.py, CheckedUpFront)."""
+    check_record_path(args.record)
+    check_output("--plot", args.plot, suffixes=PLOT_SUFFIXES)
+    check_output("--manifests", getattr(args, "manifests", None), kind=OutputKind.DIRECTORY)
 
 
 def read_baseline(path: str | None) -> MeasuredBaseline | None:

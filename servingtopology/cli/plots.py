@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from servingtopology.cli.output_paths import plot_format, write_output
 from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
 from servingtopology.planner.search.record_facts import Family, family_of
@@ -294,7 +295,10 @@ def _legends(*axes: Any) -> None:
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
 
 
-def save(fig: Figure, path: str) -> None:
-    """Write the figure (format from the file's extension) and release it."""
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def save(fig: Figure, path: str, *, option: str = "--plot") -> None:
+    """Write the figure to `path` exactly (its suffix is the format: cli/output_paths.py, WrittenAsGiven) and release it;
+    a write that fails is InvalidSpec naming `option`."""
+    try:
+        write_output(option, path, lambda target: fig.savefig(target, dpi=120, format=plot_format(target)))
+    finally:
+        plt.close(fig)

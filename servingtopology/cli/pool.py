@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servingtopology.cli.output_paths import PLOT_SUFFIXES, RECORD_SUFFIXES, check_output, write_output
 from servingtopology.cli.spec_input import emit_spec_error
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.pool.options import MemberRequest, build_pool
@@ -76,8 +77,9 @@ def run_pool(args: argparse.Namespace) -> int:
     as_json = bool(getattr(args, "json", False))
     t0 = time.process_time()
     try:
-        if args.record and args.record != "-" and not str(args.record).endswith(".md"):
-            raise InvalidSpec("--record", f"expected a markdown file (FILE.md) or nothing (the record on stdout), got {args.record!r}")
+        if args.record and args.record != "-":
+            check_output("--record", args.record, suffixes=RECORD_SUFFIXES)
+        check_output("--plot", args.plot, suffixes=PLOT_SUFFIXES)
         pool = load_pool(args.pool)
         inputs = to_pool_inputs(pool, base=Path(args.pool).parent)
         requests = [MemberRequest(m.name, m.problem, m.cap_gpus, m.priority, m.min_rps) for m in inputs.members]
@@ -89,11 +91,15 @@ def run_pool(args: argparse.Namespace) -> int:
     cpu_s = time.process_time() - t0
     record = render_pool_record(problem, decision, notes={k: v.notes for k, v in found.items()},
                                 refusals={k: v.refusals for k, v in found.items()})
-    if args.record and args.record != "-":
-        Path(args.record).write_text(record)
-    if args.plot:
-        fig = pool_figure(problem, decision)
-        fig.savefig(args.plot, dpi=120)
+    try:
+        if args.record and args.record != "-":
+            write_output("--record", args.record, lambda target: target.write_text(record))
+        if args.plot:
+            from servingtopology.cli.plots import save
+
+            save(pool_figure(problem, decision), args.plot)
+    except InvalidSpec as exc:
+        return emit_spec_error(exc, as_json=as_json)
     if as_json:
         print(json.dumps({**decision_json(problem, decision), "cpu_s": round(cpu_s, 3), "record": record}, indent=1))
         return 0

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from servingtopology.cli.calibration_io import add_calibration_arg, calibration_summary, prediction_intervals, read_calibration
+from servingtopology.cli.output_paths import PLOT_SUFFIXES, check_output
 from servingtopology.cli.progress import StageBar, wanted
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
@@ -198,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     per_client = max(1, args.requests_per_client)
     bar = StageBar(enabled=wanted(args))
     try:
+        check_output("--plot", args.plot, suffixes=PLOT_SUFFIXES)
         concurrency = parse_concurrency(args.concurrency)
         check_requests(concurrency, per_client)
         calibration = calibrated = None
@@ -234,7 +236,10 @@ def run(args: argparse.Namespace) -> int:
             from servingtopology.planner.search.record_facts import Family
 
             many = [Series(s["name"], s["layout"], s["gpus"], Family[s["family"]], s["points"]) for s in series]
-            save(sweep_figure(series[0]["layout"], series[0]["gpus"], series[0]["points"], slo, series=many), args.plot)
+            try:
+                save(sweep_figure(series[0]["layout"], series[0]["gpus"], series[0]["points"], slo, series=many), args.plot)
+            except InvalidSpec as exc:
+                return emit_spec_error(exc, as_json=args.json)
         if args.json:
             print(json.dumps({"series": series, **({"plot": args.plot} if args.plot else {})}))
         else:
@@ -243,7 +248,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"plot written to {args.plot}")
         return 0
     if args.plot:
-        _plot(args.plot, layout.label_for(problem.engine), layout, points, problem.slo)
+        try:
+            _plot(args.plot, layout.label_for(problem.engine), layout, points, problem.slo)
+        except InvalidSpec as exc:
+            return emit_spec_error(exc, as_json=args.json)
     extra: dict[str, Any] = {}
     if calibration is not None and calibrated is not None:
         extra = {"calibrated_points": calibrated, "calibration": calibration_summary(calibration, args.calibration)}
