@@ -40,7 +40,9 @@ from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory, run_live_replan
 from servingtopology.operator.plan_status import condition, set_condition
 from servingtopology.operator.render.manifests import Blueprint, engine_extra_args, role_nodes
-from servingtopology.operator.render.network import NetworkKnobs
+from servingtopology.operator.render.network import NetworkKnobs, network_capabilities
+from servingtopology.operator.render.pod_template import ENGINE_CONTAINER, ROUTER_CONTAINER
+from servingtopology.operator.render.tenancy import TemplateInput
 from servingtopology.operator.replan import Predictor, ReplanOutcome, ReplanPolicy, calibration_status, read_replan_status
 from servingtopology.planner.engines.caps import resolve_version
 from servingtopology.planner.engines.command import engine_command
@@ -56,6 +58,7 @@ from servingtopology.spec import engine_extra_args as spec_extra_args
 __all__ = [
     "Planner", "Outcome", "PassState", "PassContext", "blueprint_for", "engine_args_of", "build_problem", "problem_from_spec", "problem_or_none",
     "invalid_outcome", "hold_unreadable", "decide_or_outcome", "slo_percentile", "observe_live", "network_knobs",
+    "template_inputs",
 ]
 
 Planner = Callable[[Problem], Decision]
@@ -263,6 +266,23 @@ def network_knobs(spec: TopologySpec) -> NetworkKnobs:
     return NetworkKnobs(rdma_resource=rdma.resource if rdma else "", rdma_count=rdma.count if rdma else 1,
                         ipc_lock=net.ipcLock if net.ipcLock is not None else rdma is not None,
                         ib_devices=tuple(net.ibDevices), socket_interface=net.socketInterface or "", ib_port=net.ibPort)
+
+
+def template_inputs(spec: TopologySpec) -> list[TemplateInput]:
+    """The spec's pod templates as the tenancy policy reads them (render/tenancy.py `pod_template_refusals`): the same
+    for a pass (reconcile.py) and for `plan --manifests` (offline.py). Routers get no spec.network, keep their own
+    ServiceAccount token (they discover the engine pods), and their container is `router`, not `engine`."""
+    caps = tuple(network_capabilities(network_knobs(spec)))
+    roles = spec.rolePodTemplates
+
+    def given(t: Any) -> dict[str, Any] | None:
+        return t.model_dump(mode="json", exclude_none=True) if t is not None else None
+
+    return [TemplateInput("spec.podTemplate", given(spec.podTemplate), caps),
+            *(TemplateInput(f"spec.rolePodTemplates.{r}", given(getattr(roles, r) if roles is not None else None),
+                            caps if r != "router" else (), rendered_token=r == "router",
+                            rendered_containers=(ROUTER_CONTAINER,) if r == "router" else (ENGINE_CONTAINER,))
+              for r in ("prefill", "decode", "router"))]
 
 
 def _template_dict(template: PodTemplate | None) -> dict[str, Any]:

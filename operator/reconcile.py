@@ -79,10 +79,10 @@ from servingtopology.operator.pass_context import (
     engine_args_of,
     hold_unreadable,
     invalid_outcome,
-    network_knobs,
     observe_live,
     problem_or_none,
     slo_percentile,
+    template_inputs,
 )
 from servingtopology.operator.plan_status import (
     append_history,
@@ -97,11 +97,9 @@ from servingtopology.operator.plan_status import (
 )
 from servingtopology.operator.pool_member import capped, membership
 from servingtopology.operator.render.manifests import API_VERSION, KIND, ROLE_LABEL, SET_LABEL, Blueprint, build_topology, multinode_roles
-from servingtopology.operator.render.network import network_capabilities
 from servingtopology.operator.render.object_size import oversized
-from servingtopology.operator.render.pod_template import ENGINE_CONTAINER, ROUTER_CONTAINER
 from servingtopology.operator.render.sets import Rendering, steady_rendering, transition_rendering
-from servingtopology.operator.render.tenancy import STRICT, Refusal, TemplateInput, TenancyPolicy, pod_template_refusals, selector_refusal
+from servingtopology.operator.render.tenancy import STRICT, Refusal, TenancyPolicy, pod_template_refusals, selector_refusal
 from servingtopology.operator.replan import (
     FloorCheck,
     Predictor,
@@ -267,19 +265,7 @@ def _refused_templates(p: PassState, spec: TopologySpec, tenancy: TenancyPolicy)
 
     Nothing is planned or applied (running workloads stay as they were); Ready and Planned name every refused field and
     what is allowed. The namespace's labels are read only when a namespace rule could grant what is missing."""
-    caps = tuple(network_capabilities(network_knobs(spec)))
-    roles = spec.rolePodTemplates
-
-    def given(t: Any) -> dict[str, Any] | None:
-        return t.model_dump(mode="json", exclude_none=True) if t is not None else None
-
-    # Routers get no spec.network, keep their own ServiceAccount token (they discover the engine pods), and their
-    # container is `router`, not `engine`.
-    dicts = [TemplateInput("spec.podTemplate", given(spec.podTemplate), caps),
-             *(TemplateInput(f"spec.rolePodTemplates.{r}", given(getattr(roles, r) if roles is not None else None),
-                             caps if r != "router" else (), rendered_token=r == "router",
-                             rendered_containers=(ROUTER_CONTAINER,) if r == "router" else (ENGINE_CONTAINER,))
-               for r in ("prefill", "decode", "router"))]
+    dicts = template_inputs(spec)
     found = pod_template_refusals(dicts, granted=tenancy.pod_grants)
     if tenancy.namespace_grants and any(r.grant is not None for r in found):
         found = pod_template_refusals(dicts, granted=tenancy.grants_for(p.cluster.namespace_labels(p.namespace)))

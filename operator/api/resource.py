@@ -84,7 +84,7 @@ __all__ = [
     "HISTORY_LIMIT",
     "parse_topology_spec",
     "duration_s",
-    "check_resource_name",
+    "check_resource_name", "check_namespace",
     "RESOURCE_NAME_PATTERN",
     "MAX_RESOURCE_NAME",
 ]
@@ -127,11 +127,20 @@ MAX_GRACE_S = 7 * 86_400
 
 
 def check_resource_name(name: str) -> None:
-    """Raise SpecError on `metadata.name` when it cannot name the client Service (a DNS-1035 label, at most 63)."""
-    if len(name) > MAX_RESOURCE_NAME or not re.match(RESOURCE_NAME_PATTERN, name):
+    """Raise SpecError on `metadata.name` when it cannot name the client Service (a DNS-1035 label, at most 63).
+
+    Matched whole (`re.fullmatch`): `$` alone also matches before a final newline, which a YAML header would carry."""
+    if len(name) > MAX_RESOURCE_NAME or not re.fullmatch(RESOURCE_NAME_PATTERN, name):
         raise SpecError([("metadata.name", f"{name[:80]!r} must be a DNS-1035 label: at most {MAX_RESOURCE_NAME} lowercase "
                                            "letters, digits and '-', starting with a letter and ending with a letter or digit "
                                            "(it names the client Service)")])
+
+
+def check_namespace(namespace: str) -> None:
+    """Raise SpecError on `metadata.namespace` when it is no namespace name (a DNS-1123 label, at most 63), matched whole."""
+    if len(namespace) > MAX_RESOURCE_NAME or not re.fullmatch(_DNS_LABEL, namespace):
+        raise SpecError([("metadata.namespace", f"{namespace[:80]!r} must be a DNS-1123 label: at most {MAX_RESOURCE_NAME} "
+                                                "lowercase letters, digits and '-', starting and ending with a letter or digit")])
 
 
 def duration_s(text: str) -> int:

@@ -24,6 +24,7 @@ from servingtopology.cli.calibration_io import (
     read_calibration,
 )
 from servingtopology.cli.commands import MULTINODE_NOTE, role_commands
+from servingtopology.cli.manifests import read_grants
 from servingtopology.cli.output_paths import PLOT_SUFFIXES, RECORD_SUFFIXES, OutputKind, check_output, write_output
 from servingtopology.cli.progress import StageBar, wanted
 from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_spec, simulator_for
@@ -59,6 +60,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--manifests", metavar="DIR", help="write the objects the operator would apply for this ServingTopology (or "
                    "spec), one YAML file each, planned and built by the operator's own code; check them with "
                    "kubectl apply --dry-run=server -f DIR")
+    p.add_argument("--grant", action="append", metavar="GRANT", help="with --manifests: a pod-template grant the operator's "
+                   "chart gives the resource's namespace (operator.podTemplatePolicy.allow or .namespaces; repeat or comma-separate); "
+                   "without it the templates are checked against the chart's strict default, as the operator checks them")
     p.add_argument("--no-simulate", action="store_true", help="skip stage 6 (step-level simulation of the top K)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_calibration_arg(p)
@@ -210,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
         if manifests and getattr(args, "calibration", None):
             raise InvalidSpec("--calibration", "not with --manifests: the operator applies a resource's own spec.calibration, so "
                                                "the objects written could not be the calibrated plan printed")
+        if getattr(args, "grant", None) and not manifests:
+            raise InvalidSpec("--grant", "only with --manifests: it is the policy the written objects are checked against")
+        granted = read_grants(getattr(args, "grant", None))
         spec = read_spec(args.spec, whatif_overrides(args), as_resource=bool(manifests))
         problem = plan_problem(spec)
         read_model_identity(spec)   # the plan renders engine commands: what they load and serve is named before planning
@@ -238,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
             assert isinstance(spec, TopologySpec)
             offline = write_manifests(args.spec, spec, manifests, planner=(lambda p: decide(p, progress=progress, clock=time.perf_counter))
-                                      if args.no_simulate else None)
+                                      if args.no_simulate else None, granted=granted)
             problem, decision = offline.problem, offline.decision
         else:
             decision = decide(problem, simulate=simulator(), progress=progress, clock=time.perf_counter)

@@ -90,3 +90,70 @@ def test_a_resource_planned_alone_honours_its_policy_as_its_manifests_do(capsys:
     # policy.mode Pinned pins spec.pinned without --manifests too
     assert main(["plan", str(EXAMPLES / "vllm-pinned-pd.yaml"), "--json", "--no-simulate", "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["best"]["label"] == "1P2D@TP2"
+
+
+def _resource_with(tmp_path: Path, **changes: object) -> Path:
+    """examples/vllm-pinned-pd.yaml with `metadata` or `spec` keys replaced."""
+    obj = yaml.safe_load((EXAMPLES / "vllm-pinned-pd.yaml").read_text())
+    for where, value in changes.items():
+        section, key = where.split("__")
+        obj[section][key] = value
+    path = tmp_path / "resource.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    return path
+
+
+@pytest.mark.parametrize(("where", "value", "field"), [
+    # a newline would end the header's comment line and inject YAML into every file
+    ("metadata__namespace", "default\nkind: Secret", "metadata.namespace"),
+    # `$` alone matches before a final newline: the name too is matched whole
+    ("metadata__name", "llama\n", "metadata.name"),
+    # what the API server would refuse as a namespace
+    ("metadata__namespace", "Team_A", "metadata.namespace"),
+    ("metadata__namespace", ["default"], "metadata.namespace"),
+])
+def test_manifests_refuse_a_name_or_namespace_the_api_server_would_and_write_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, value: object, field: str) -> None:
+    out = tmp_path / "out"
+    assert main(["plan", str(_resource_with(tmp_path, **{where: value})), "--manifests", str(out), "--no-simulate",
+                 "--no-progress"]) == 2
+    assert f"{field}:" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_manifests_refuse_templates_the_operator_would_refuse_naming_each_field(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # the High case of the tenancy review: a 7-GPU sidecar at a system priority; the operator refuses it (PodTemplateRefused)
+    template = {"spec": {"priorityClassName": "system-node-critical",
+                         "containers": [{"name": "side", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 7}}}]}}
+    path = _resource_with(tmp_path, spec__podTemplate=template)
+    out = tmp_path / "out"
+    assert main(["plan", str(path), "--manifests", str(out), "--no-simulate", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "spec.podTemplate.spec.priorityClassName:" in err and "PodTemplateRefused" in err
+    assert 'spec.podTemplate.spec.containers[0].resources.limits["nvidia.com/gpu"]: PodTemplateRefused: 7' in err
+    assert not out.exists()
+    # a grant the chart may give lifts what it grants; a system- class and GPUs stay refused whatever is granted
+    assert main(["plan", str(path), "--manifests", str(out), "--no-simulate", "--no-progress", "--grant", "Priority"]) == 2
+    err = capsys.readouterr().err
+    assert "priorityClassName" in err and "nvidia.com/gpu" in err and not out.exists()
+    fine = _resource_with(tmp_path, spec__podTemplate={"spec": {"priorityClassName": "batch-high"}})
+    assert main(["plan", str(fine), "--manifests", str(out), "--no-simulate", "--no-progress"]) == 2
+    assert "needs grant Priority" in capsys.readouterr().err
+    assert main(["plan", str(fine), "--manifests", str(out), "--no-simulate", "--no-progress", "--grant", "Priority"]) == 0
+
+
+def test_manifests_refuse_objects_over_the_api_servers_annotation_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # each annotation within the CRD's 4 KiB, 64 of them: together over apimachinery's 256 KiB (ObjectTooLarge)
+    annotations = {f"example.com/a{i:02d}": "x" * 4096 for i in range(64)}
+    path = _resource_with(tmp_path, spec__podTemplate={"metadata": {"annotations": annotations}})
+    out = tmp_path / "out"
+    assert main(["plan", str(path), "--manifests", str(out), "--no-simulate", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "ObjectTooLarge" in err and "262,144" in err and not out.exists()
+
+
+def test_an_unknown_grant_is_refused_naming_the_allowed_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(EXAMPLES / "vllm-pinned-pd.yaml"), "--manifests", str(tmp_path / "out"), "--grant", "Root"]) == 2
+    err = capsys.readouterr().err
+    assert "--grant:" in err and "Privileged" in err
