@@ -152,11 +152,14 @@ def _r(x: float, nd: int = 4) -> float:
 
 
 def age_weights(points: Sequence[Point], half_life_s: float) -> Any:
-    """Each point's weight: halved every `half_life_s` of age (an infinite half-life weighs all alike)."""
+    """Each point's weight: halved every `half_life_s` it is older than the newest point, which weighs 1 (an infinite
+    half-life weighs all alike). NewestWeighsOne: counted from the newest, not from now, so points all years old do not
+    all underflow to 0 (a weight sum of 0 made every residual NaN); the fit normalises the weights, so this changes
+    nothing else."""
     ages = np.array([max(p.age_s, 0.0) for p in points], dtype=float)
-    if not math.isfinite(half_life_s):
+    if not math.isfinite(half_life_s) or ages.size == 0:
         return np.ones_like(ages)
-    return np.power(0.5, ages / max(half_life_s, 1e-9))
+    return np.power(0.5, (ages - ages.min()) / max(half_life_s, 1e-9))
 
 
 @contextmanager
@@ -365,6 +368,8 @@ def fit(deployment: Deployment, points: Sequence[Point], predict: Predictor, *, 
     applied (`with_factors`); it is called about 10 × (len(terms) + 1) times.
     """
     check_points(points, min_points=min_points)
+    if not (half_life_s > 0):   # NaN too: every weight, and so every residual, would be NaN
+        raise InvalidSpec("half_life_s", f"{half_life_s!r}: a positive number of seconds, or inf (all points alike)")
     meas = np.array([[p.ttft_ms, p.tpot_ms] for p in points], dtype=float)
     w = age_weights(points, half_life_s)
     w = w / w.sum()
@@ -375,13 +380,16 @@ def fit(deployment: Deployment, points: Sequence[Point], predict: Predictor, *, 
     def factors_of(theta: Any) -> dict[str, float]:
         return {t: float(math.exp(x)) for t, x in zip(names, theta, strict=True)}
 
-    def residuals(theta: Any) -> Any:
-        r = _log_errors(predict(factors_of(theta)), meas) * sw
-        return np.concatenate([r.ravel(), math.sqrt(PRIOR_WEIGHT) * theta])
+    def errors(theta: Any) -> Any:
+        return _log_errors(predict(factors_of(theta)), meas)
+
+    def residuals(e: Any, theta: Any) -> Any:
+        return np.concatenate([(e * sw).ravel(), math.sqrt(PRIOR_WEIGHT) * theta])
 
     theta = np.zeros(len(names))
-    r0 = residuals(theta)
-    r = r0
+    e0 = errors(theta)
+    e = e0
+    r = residuals(e0, theta)
     cost = float(r @ r)
     lam = 1e-2
     active = list(range(len(names)))   # terms the points inform (a column of zeros in the first Jacobian is dropped)
@@ -392,7 +400,7 @@ def fit(deployment: Deployment, points: Sequence[Point], predict: Predictor, *, 
             step = FD_STEP if theta[j] + FD_STEP <= bound else -FD_STEP
             t2 = theta.copy()
             t2[j] += step
-            jac[:, j] = (residuals(t2) - r) / step
+            jac[:, j] = (residuals(errors(t2), t2) - r) / step
         if it == 0:
             active = [j for j in active if float(np.max(np.abs(jac[:data_rows, j]))) > 1e-6]
             if not active:
@@ -403,25 +411,27 @@ def fit(deployment: Deployment, points: Sequence[Point], predict: Predictor, *, 
         for _ in range(4):
             delta = -np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-9), jtr)
             cand = np.clip(theta + delta, -bound, bound)
-            rc = residuals(cand)
+            ec = errors(cand)
+            rc = residuals(ec, cand)
             c = float(rc @ rc)
             if c < cost:
-                theta, r, cost, lam, improved = cand, rc, c, lam / 3.0, True
+                theta, e, r, cost, lam, improved = cand, ec, rc, c, lam / 3.0, True
                 break
             lam *= 4.0
         if not improved or float(np.max(np.abs(delta))) < 1e-3:
             break
     n = len(points)
-    before = r0[: 2 * n].reshape(n, 2) / sw
-    after = r[: 2 * n].reshape(n, 2) / sw
 
+    # ResidualsFromErrors: the residuals are the log errors themselves (finite: _log_errors counts a prediction with no
+    # steady state as 5), never the weighted residuals divided back by √weight, which is 0 / 0 = NaN for a point whose
+    # weight underflowed to 0.
     def rms(a: Any) -> dict[str, float]:
         return {m: float(math.sqrt(float(np.sum(w * a[:, i] ** 2)))) for i, m in enumerate(METRICS)}
-    res_after = rms(after)
+    res_after = rms(e)
     inflate = math.sqrt(n / max(n - 1, 1))
     own = {m: max(1.2816 * v * inflate, 0.01) for m, v in res_after.items()}  # the normal 80 % half-width, at least 1 %
     factors = factors_of(theta)
     at_bound = tuple(t for t, x in zip(names, theta, strict=True) if abs(x) >= bound - 1e-6)
     full = {t: factors.get(t, 1.0) for t in TERMS}
-    return DeploymentCalibration(deployment, full, tuple(points), min_points, half_life_s, rms(before), res_after, own, at_bound,
+    return DeploymentCalibration(deployment, full, tuple(points), min_points, half_life_s, rms(e0), res_after, own, at_bound,
                                  tuple(sources))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -168,3 +169,23 @@ def test_copies_of_the_fixtures_elsewhere_read_the_same(tmp_path: Path) -> None:
         shutil.copy(f, tmp_path)
     read = calibrate.read_results([str(tmp_path / Path(f).name) for f in (*VLLM, GUIDELLM)])
     assert len(read.points) == 4 and {s.tool for s in read.sources} == {"vllm bench serve", "guidellm"}
+
+
+def test_a_decade_old_result_never_makes_a_nan_residual(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Its weight under a 1-day half-life underflows to 0; the residuals were the weighted ones divided back by √weight,
+    # 0 / 0, and the file said `.nan` (which the operator's reader then refused as InvalidCalibration).
+    old = json.loads(Path(VLLM[1]).read_text()) | {"date": "20160101-000000"}
+    aged = tmp_path / "vllm-bench-2016.json"
+    aged.write_text(json.dumps(old))
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", VLLM[0], str(aged), "--spec", _spec(tmp_path), "--out", str(out), "--half-life-days", "1",
+                 "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    text = out.read_text()
+    assert "nan" not in text.lower()
+    fit_ = yaml.safe_load(text)["fit"]
+    for key in ("residual_before", "residual_after", "own_half_width"):
+        assert all(math.isfinite(v) for v in fit_[key].values()) and printed["fit"][key] == fit_[key], key
+    from servingtopology.calibration_file import parse_calibration
+
+    parse_calibration(out.read_bytes(), name="cal.yaml", field="spec.calibration")   # the operator's reader takes it

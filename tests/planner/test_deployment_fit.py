@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.fidelity.deployment_points import closed_loop_fn, predictor
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism
@@ -192,3 +193,21 @@ def test_a_gain_within_the_combined_error_moves_nothing_and_misses_raise_the_bar
     miss = judge_move("p95 TPOT", 30.0, after)
     assert hit.hit and not miss.hit and miss.reason == MOVE_MISS and miss.error == pytest.approx(30 / 16 - 1)
     assert "outside the interval" in miss.message
+
+
+def test_a_point_whose_weight_underflows_leaves_the_residuals_finite() -> None:
+    # 3e8 s is 3,472 one-day half-lives: its weight is 0.0 in floating point. Before, every residual was NaN (0 / 0).
+    pts = [Point(100.0, 20.0, 1, "rate", 100, 10, 10, age_s=0.0), Point(110.0, 21.0, 2, "rate", 100, 10, 10, age_s=0.0),
+           Point(120.0, 22.0, 3, "rate", 100, 10, 10, age_s=3e8)]
+
+    def predict(f: dict[str, float]) -> list[list[float]]:
+        return [[90.0 * f.get("overhead", 1.0), 18.0 * f.get("weights", 1.0)]] * 3
+    cal = fit(DEP, pts, predict, half_life_s=86400.0, min_points=3)   # type: ignore[arg-type]
+    for figures in (cal.residual_before, cal.residual_after, cal.own_half_width):
+        assert all(math.isfinite(v) and v > 0 for v in figures.values()), figures
+    # Points all equally old weigh alike (counted from the newest), not all 0 with a NaN sum.
+    ancient = [Point(p.ttft_ms, p.tpot_ms, p.load, p.load_kind, p.input_tokens, p.output_tokens, p.requests, age_s=3e8) for p in pts]
+    assert list(age_weights(ancient, 86400.0)) == [1.0, 1.0, 1.0]
+    assert all(math.isfinite(v) for v in fit(DEP, ancient, predict, half_life_s=86400.0, min_points=3).residual_before.values())  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpec):
+        fit(DEP, pts, predict, half_life_s=math.nan, min_points=3)   # type: ignore[arg-type]
