@@ -24,7 +24,7 @@ from servingtopology.operator.cluster.cluster import Cluster, ClusterError, Secr
 from servingtopology.operator.live.metrics import QUERY_TIMEOUT_S, MetricsSource, MetricsUnavailable, PrometheusMetrics, topology_matchers
 from servingtopology.operator.live.metrics_reads import MetricsPending, MetricsReads
 from servingtopology.operator.live.prometheus_http import PrometheusFailure
-from servingtopology.operator.live.url_policy import URL_REFUSED, PrometheusUrl, UrlAllowList, UrlRefused, UrlVerdict, parse_prometheus_url
+from servingtopology.operator.live.url_policy import URL_REFUSED, AddressPolicy, PrometheusUrl, UrlAllowList, UrlRefused, UrlVerdict, parse_prometheus_url
 from servingtopology.operator.plan_status import timestamp
 from servingtopology.operator.replan import (
     ConditionNote,
@@ -59,6 +59,7 @@ class MetricsRequest:
     tpot_quantile: float = 0.95
     owner: str = ""                      # `namespace/name` of the resource: one read at a time per owner
     target: PrometheusUrl | None = None  # the reading of `url` the allow-list checked (None: read `url` the same way)
+    addresses: AddressPolicy = field(default_factory=AddressPolicy)   # where the checked name may resolve to
 
 
 MetricsFactory = Callable[[MetricsRequest], MetricsSource]
@@ -68,7 +69,7 @@ def prometheus_source(request: MetricsRequest) -> MetricsSource:
     """A source over the bounded client, connecting to the checked reading of the URL, reading in the caller's thread."""
     return PrometheusMetrics(request.target or request.url, engine=request.engine, matchers=request.matchers,
                              window_s=request.window_s, bearer_token=request.bearer_token, ttft_quantile=request.ttft_quantile,
-                             tpot_quantile=request.tpot_quantile)
+                             tpot_quantile=request.tpot_quantile, addresses=request.addresses)
 
 
 def pooled_prometheus() -> MetricsReads:
@@ -77,14 +78,14 @@ def pooled_prometheus() -> MetricsReads:
 
 
 def metrics_request(spec: TopologySpec, *, namespace: str, name: str, policy: ReplanPolicy, token: str | None,
-                    problem: Problem, target: PrometheusUrl | None = None) -> MetricsRequest:
+                    problem: Problem, target: PrometheusUrl | None = None, addresses: AddressPolicy | None = None) -> MetricsRequest:
     """The request for spec.metrics (the caller checked it is set)."""
     assert spec.metrics is not None
     return MetricsRequest(url=spec.metrics.prometheusUrl, engine=spec.engine.name,
                           matchers=topology_matchers(namespace=namespace, name=name, extra=spec.metrics.selector),
                           window_s=max(1, int(policy.interval_s)), bearer_token=token,
                           ttft_quantile=problem.slo.ttft_percentile / 100.0, tpot_quantile=problem.slo.tpot_percentile / 100.0,
-                          owner=f"{namespace}/{name}", target=target)
+                          owner=f"{namespace}/{name}", target=target, addresses=addresses or AddressPolicy())
 
 
 def _checked(url: str, allow: UrlAllowList | None) -> UrlVerdict:
@@ -142,7 +143,8 @@ def run_live_replan(*, spec: TopologySpec, problem: Problem, current: Layout | N
     except SecretNotOptedIn as exc:   # the Secret lacks the opt-in label (operator/render/tenancy.py): named at once, no grace
         token, error, reason = None, str(exc), SecretNotOptedIn.reason
     if error is None:
-        request = metrics_request(spec, namespace=namespace, name=name, policy=policy, token=token, problem=problem, target=verdict.url)
+        request = metrics_request(spec, namespace=namespace, name=name, policy=policy, token=token, problem=problem, target=verdict.url,
+                                  addresses=allow.addresses if allow is not None else None)
         try:
             sample = factory(request).fetch_sample(at_s=now_s, interval_s=policy.interval_s)
         except MetricsPending:

@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-prometheus-url", action="append", default=[], metavar="GLOB",
                         help="a Prometheus URL rule spec.metrics.prometheusUrl may match (repeatable; `*` within the host or "
                              "a path segment, `**` anything); default: the in-cluster Prometheus Operator Services")
+    parser.add_argument("--allow-prometheus-network", action="append", default=[], metavar="CIDR",
+                        help="a network an allowed Prometheus name may resolve into (repeatable; the cluster's Service CIDR, "
+                             "say); default: any address but loopback, link-local, unspecified, multicast and reserved ones")
     parser.add_argument("--plan-timeout-s", type=float, default=30.0,
                         help="wall-time budget of one plan; a plan over it is stopped and its resource gets PlanBudgetExceeded")
     parser.add_argument("--plan-memory-mib", type=int, default=256,
@@ -141,8 +144,11 @@ def _runtime_metrics(registry: Any, cluster: Any, worker: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
+    from servingtopology.operator.live.url_policy import parse_network
+
     try:
         tenancy = tenancy_policy(args)
+        networks = [parse_network(n) for n in args.allow_prometheus_network]
     except ValueError as exc:   # a chart value the policy cannot read: say which, before anything starts
         print(f"servingtopology-operator: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         serve_metrics(metrics, args.metrics_port)
     timer_interval_s = args.timer_interval_s
     runtime = Runtime(cluster=cluster, planner=planner, metrics=metrics, gpus_per_node_default=args.gpus_per_node,
-                      prometheus_urls=UrlAllowList.of(args.allow_prometheus_url or DEFAULT_PROMETHEUS_URLS),
+                      prometheus_urls=UrlAllowList.of(args.allow_prometheus_url or DEFAULT_PROMETHEUS_URLS, networks=networks),
                       workers=max(1, args.workers), tenancy=tenancy,
                       # Liveness: every resource has a pass each timer interval, or after a failure's back-off at most.
                       stall_s=max(4 * timer_interval_s, RETRY_CAP_S + 2 * timer_interval_s))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
-from servingtopology.operator.live.url_policy import PrometheusUrl, UrlRefused, parse_prometheus_url
+from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl, UrlRefused, parse_prometheus_url
 from servingtopology.planner.engines.metric_names import RouterMetric as R
 from servingtopology.planner.engines.metric_names import SglangMetric as S
 from servingtopology.planner.engines.metric_names import VllmMetric as V
@@ -249,7 +249,8 @@ class PrometheusMetrics:
     def __init__(self, url: str | PrometheusUrl, *, engine: Engine, matchers: Mapping[str, str], window_s: int,
                  bearer_token: str | None = None, ttft_quantile: float = 0.95, tpot_quantile: float = 0.95, by_role: bool = True,
                  client_factory: ClientFactory | None = None, read_deadline_s: float = READ_DEADLINE_S,
-                 read_limits: ReadLimits | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 read_limits: ReadLimits | None = None, clock: Callable[[], float] = time.monotonic,
+                 addresses: AddressPolicy | None = None) -> None:
         """`url`: the allow-list's reading (a string is read by the same parser, url_policy.parse_prometheus_url);
         `read_limits`: each query's bounds (default: operator/live/prometheus_http.py's, with QUERY_TIMEOUT_S)."""
         self.queries = build_queries(engine, matchers=matchers, window_s=window_s, ttft_quantile=ttft_quantile,
@@ -262,10 +263,11 @@ class PrometheusMetrics:
         self.read_limits = read_limits or ReadLimits(query_s=QUERY_TIMEOUT_S)
         self._token = bearer_token or None
         self._factory = client_factory or self._bounded
+        self.addresses = addresses or AddressPolicy()
 
     def _bounded(self, url: PrometheusUrl, token: str | None) -> _Client:
         return BoundedPrometheus(url, bearer_token=token, limits=self.read_limits,
-                                 deadline_s=self.clock() + self.read_deadline_s, clock=self.clock)
+                                 deadline_s=self.clock() + self.read_deadline_s, clock=self.clock, addresses=self.addresses)
 
     def fetch_sample(self, *, at_s: float, interval_s: float) -> MetricSample:
         deadline_s = self.clock() + self.read_deadline_s

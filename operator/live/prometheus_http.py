@@ -6,11 +6,21 @@ resource author's), so every read is bounded and every failure is a `PrometheusA
 
     PrometheusAnswerError(reason=PrometheusFailure.*)
     ├── PrometheusRedirectRefused   a 3xx: never followed (the Location is neither read out nor called)
+    ├── PrometheusAddressRefused    the checked name resolves where the address policy forbids (url_policy.py,
+    │                               ResolvedAddressChecked): nothing is connected to
     ├── PrometheusAnswerTooLarge    a body (or headers) past the cap, refused as soon as it passes, never read whole
-    ├── PrometheusTimeout           the query's deadline (one total for connect, headers and body; never per read)
+    ├── PrometheusTimeout           the query's deadline (one total for resolving, connect, headers and body; never per read)
     ├── PrometheusAnswerInvalid     not HTTP/1.x, not UTF-8 JSON, nested past the depth cap, NaN/Infinity/overflowing
-    │                               numbers, a truncated body, or no Prometheus `data.result`
+    │                               numbers, a truncated body, no Prometheus `data.result`, or an answer in more pieces
+    │                               (reads and chunks) than ReadLimits.pieces
     └── MetricsUnavailable          no connection, or an HTTP error status (only the code is kept, never the body)
+
+Interim1xx: a `100 Continue` (any 1xx but 101) before the answer is skipped, as RFC 9110 says, within the header cap
+and at most MAX_INTERIM of them; a 101 is refused (no upgrade was asked for). BoundedPieces: each read costs a system
+call and each chunk a parse, so an answer sent a byte at a time cost 24.6 CPU s; past `pieces` reads and chunks
+together it is refused (a real answer comes in a few, 1 MiB in 64 KiB reads in 16). ResolveWithinDeadline: the name is
+resolved in a small bounded pool of threads, waited for no longer than the query's deadline (getaddrinfo itself has no
+timeout), and every address is checked before one is connected to.
 
 The bearer token is sent only in the one request this client makes, to `url.host:url.port`; nothing here parses a
 URL again or follows one the server names.
@@ -25,12 +35,14 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from servingtopology.operator.live.url_policy import PrometheusUrl
+from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl
 
 __all__ = ["PrometheusFailure", "PrometheusAnswerError", "ReadLimits", "BoundedPrometheus", "parse_answer", "nesting_exceeds", "MAX_DEPTH"]
 
@@ -39,6 +51,7 @@ class PrometheusFailure(enum.StrEnum):
     """Why a query has no answer: the reason of the MetricsAvailable=False condition."""
 
     REDIRECT_REFUSED = "PrometheusRedirectRefused"
+    ADDRESS_REFUSED = "PrometheusAddressRefused"
     TOO_LARGE = "PrometheusAnswerTooLarge"
     TIMEOUT = "PrometheusTimeout"
     INVALID = "PrometheusAnswerInvalid"
@@ -64,6 +77,19 @@ class ReadLimits:
     header_bytes: int = 32 << 10     # status line and headers together
     query_s: float = 10.0            # connect, send, headers and body of one query
     depth: int = MAX_DEPTH           # [ and { open at once
+    pieces: int = 4096               # reads and chunks of one answer together (BoundedPieces)
+
+
+MAX_INTERIM = 8    # 1xx interim responses skipped before the answer (Interim1xx)
+# ResolveWithinDeadline: the resolutions running at once; one stuck past its query's deadline holds a thread until the
+# resolver gives up (its own timeout), never more than these, and a query waiting for a free one still ends at its deadline.
+RESOLVER_THREADS = 4
+_RESOLVERS = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="prometheus-resolve")
+Resolver = Callable[[str, int], Sequence[tuple[Any, ...]]]
+
+
+def _getaddrinfo(host: str, port: int) -> Sequence[tuple[Any, ...]]:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
 
 _STATUS = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: [^\r\n]*)?\r?\n")
@@ -146,6 +172,13 @@ class _Exchange:
         self.sock, self.deadline_s, self.clock, self.limits = sock, deadline_s, clock, limits
         self.buffer = bytearray()
         self.eof = False
+        self.pieces = 0
+
+    def _piece(self) -> None:
+        """Count one read or chunk against `limits.pieces` (BoundedPieces)."""
+        self.pieces += 1
+        if self.pieces > self.limits.pieces:
+            raise _invalid(f"sent in more than {self.limits.pieces} pieces (reads and chunks); a real answer comes in a few")
 
     def _remaining_s(self) -> float:
         left = self.deadline_s - self.clock()
@@ -155,6 +188,7 @@ class _Exchange:
 
     def _fill(self) -> None:
         """Read what the server sent next (at most 64 KiB), waiting no longer than the deadline."""
+        self._piece()
         self.sock.settimeout(self._remaining_s())
         try:
             data = self.sock.recv(65536)
@@ -170,22 +204,40 @@ class _Exchange:
         return out
 
     def head(self) -> tuple[int, dict[str, str]]:
-        """The status code and headers (names lower-case); refused past `header_bytes`."""
+        """The final status code and its headers (names lower-case), past any 1xx interim responses (Interim1xx);
+        refused past `header_bytes`, all heads together."""
+        seen = 0
+        for _ in range(MAX_INTERIM + 1):
+            raw = self._one_head(self.limits.header_bytes - seen)
+            seen += len(raw)
+            status = _STATUS.match(raw)
+            if status is None:
+                raise _invalid("no HTTP/1.x status line")
+            code = int(status.group(1))
+            if code == 101:
+                raise _invalid("HTTP 101: a protocol switch nobody asked for")
+            if not 100 <= code < 200:
+                return code, self._headers(raw, status.end())
+        raise _invalid(f"more than {MAX_INTERIM} interim (1xx) responses before the answer")
+
+    def _one_head(self, budget: int) -> bytes:
+        """One status line and its headers, up to the blank line; refused past `budget` bytes."""
         while b"\r\n\r\n" not in self.buffer and b"\n\n" not in self.buffer:
-            if len(self.buffer) > self.limits.header_bytes:
+            if len(self.buffer) > budget:
                 raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"headers over {self.limits.header_bytes} bytes")
             if self.eof:
                 raise _invalid("the connection closed before the headers ended")
             self._fill()
         ends = [i + len(sep) for sep in (b"\r\n\r\n", b"\n\n") if (i := self.buffer.find(sep)) >= 0]
         raw = self._take(min(ends))
-        if len(raw) > self.limits.header_bytes:
+        if len(raw) > budget:
             raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"headers over {self.limits.header_bytes} bytes")
-        status = _STATUS.match(raw)
-        if status is None:
-            raise _invalid("no HTTP/1.x status line")
+        return raw
+
+    @staticmethod
+    def _headers(raw: bytes, start: int) -> dict[str, str]:
         headers: dict[str, str] = {}
-        for line in raw[status.end():].splitlines():
+        for line in raw[start:].splitlines():
             name, sep, value = line.partition(b":")
             if not line.strip():
                 continue
@@ -195,7 +247,7 @@ class _Exchange:
             if key in headers and key in ("content-length", "transfer-encoding") and headers[key] != text:
                 raise _invalid(f"two different {key} headers")
             headers[key] = text
-        return int(status.group(1)), headers
+        return headers
 
     def _capped(self, size: int) -> None:
         if size > self.limits.answer_bytes:
@@ -235,6 +287,7 @@ class _Exchange:
                 self._fill()
             size = int(line.group(1), 16)
             del self.buffer[:line.end()]
+            self._piece()
             self._capped(len(out) + size)
             if size == 0:
                 return bytes(out)       # trailers, if any, are left unread: the connection is closed next
@@ -255,12 +308,15 @@ class BoundedPrometheus:
 
     def __init__(self, url: PrometheusUrl, *, bearer_token: str | None = None, limits: ReadLimits | None = None,
                  deadline_s: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 tls: ssl.SSLContext | None = None) -> None:
-        """`deadline_s`: a monotonic instant no query may pass (the read's deadline), besides each query's own."""
+                 tls: ssl.SSLContext | None = None, addresses: AddressPolicy | None = None,
+                 resolve: Resolver = _getaddrinfo) -> None:
+        """`deadline_s`: a monotonic instant no query may pass (the read's deadline), besides each query's own;
+        `addresses`: where the URL's name may resolve to (url_policy.py, ResolvedAddressChecked); `resolve`: getaddrinfo."""
         if bearer_token is not None and any(not 0x20 < ord(c) < 0x7F for c in bearer_token):
             raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, "the bearer token has whitespace or control characters")
         self.url, self.limits, self.clock = url, limits or ReadLimits(), clock
         self.deadline_s, self._token, self._tls = deadline_s, bearer_token, tls
+        self.addresses, self._resolve = addresses or AddressPolicy(), resolve
 
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The instant vector of `query` (see parse_answer)."""
@@ -296,12 +352,28 @@ class BoundedPrometheus:
                 raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no connection within {self.limits.query_s:g} s")
             return remaining
 
+        resolving = _RESOLVERS.submit(self._resolve, self.url.host, self.url.port)
         try:
-            addresses = socket.getaddrinfo(self.url.host, self.url.port, type=socket.SOCK_STREAM)
+            found = list(resolving.result(timeout=left()))
+        except FutureTimeout:
+            resolving.cancel()
+            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"{self.url.host} was not resolved within "
+                                                                   f"{self.limits.query_s:g} s") from None
         except OSError as exc:
             raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"cannot resolve {self.url.host}: {exc.strerror or exc}") from None
+        allowed: list[tuple[Any, ...]] = []
+        refused: list[str] = []
+        for info in found[:16]:   # only the addresses the policy allows are connected to, the first four at most
+            why = self.addresses.refusal(self.url, str(info[4][0]))
+            if why is None:
+                allowed.append(info)
+            else:
+                refused.append(why)
+        if not allowed:
+            raise PrometheusAnswerError(PrometheusFailure.ADDRESS_REFUSED, (refused[0] if refused else f"{self.url.host} resolves to no address")
+                                        + "; nothing was connected to")
         error: OSError | None = None
-        for family, kind, proto, _, address in addresses[:4]:
+        for family, kind, proto, _, address in allowed[:4]:
             sock = socket.socket(family, kind, proto)
             try:
                 sock.settimeout(left())

@@ -17,6 +17,16 @@ once used urllib.parse and the HTTP client urllib3, which split `http://evil.exa
 - a host that is not a plain DNS name, a dotted-quad IPv4 address or a bracketed IPv6 address (`127.1`, `0x7f.1`);
 - a port outside 1..65535; a scheme other than http and https;
 - any URL urllib.parse.urlsplit or urllib3.util.parse_url reads with another scheme, host or port than this parser.
+
+ResolvedAddressChecked: a rule allows a name, and DNS says where the name points; a tenant can make an allowed name
+point elsewhere (an ExternalName `prometheus-operated` Service in their namespace names any host). So the client checks
+every address a name resolves to before it connects (`AddressPolicy`, operator/live/prometheus_http.py):
+- an IP address in the URL is the address a rule allowed by its spelling: no DNS, nothing more to check;
+- with networks given (the chart's operator.prometheusNetworks, `--allow-prometheus-network`: the cluster's Service
+  CIDR, say), a name's addresses must all lie in them;
+- without, a name may resolve anywhere but to loopback (the operator's own pod: its probes and metrics), link-local
+  (the node's and the cloud's metadata services, 169.254.169.254), unspecified, multicast or reserved addresses, IPv4
+  ones written as IPv6 included. The refusal is `PrometheusAddressRefused`, naming the name, the address and the rule.
 """
 
 from __future__ import annotations
@@ -24,10 +34,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-__all__ = ["UrlAllowList", "DEFAULT_PROMETHEUS_URLS", "normalise_url", "PrometheusUrl", "UrlRefused", "parse_prometheus_url",
+__all__ = ["UrlAllowList", "AddressPolicy", "parse_network", "DEFAULT_PROMETHEUS_URLS", "normalise_url", "PrometheusUrl", "UrlRefused", "parse_prometheus_url",
            "UrlVerdict", "URL_NOT_ALLOWED", "URL_REFUSED"]
 
 # The in-cluster Prometheus Services the chart's PodMonitors feed: the Prometheus Operator's governing Service
@@ -146,6 +156,55 @@ def parse_prometheus_url(text: str) -> PrometheusUrl:
     return url
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_network(text: str) -> Network:
+    """A CIDR such as `10.96.0.0/12` (a bare address is its /32 or /128); raises ValueError naming the shape."""
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a network: give a CIDR such as 10.96.0.0/12 or fd00::/108") from None
+
+
+@dataclass(frozen=True, slots=True)
+class AddressPolicy:
+    """Where a checked name may resolve to (ResolvedAddressChecked, in the module docstring); pure."""
+
+    networks: tuple[Network, ...] = ()
+
+    def refusal(self, url: PrometheusUrl, address: str) -> str | None:
+        """Why the client may not connect to `address`, one of `url.host`'s (None: it may)."""
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return f"{url.host} resolved to {address[:60]!r}, not an IP address"
+        if _is_literal(url.host):
+            return None
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if self.networks:
+            if any(ip in n for n in self.networks if n.version == ip.version):
+                return None
+            return (f"{url.host} resolves to {ip}, outside the networks the operator may call "
+                    f"({', '.join(map(str, self.networks))}: --allow-prometheus-network)")
+        for kind, hit in (("loopback: the operator's own pod", ip.is_loopback),
+                          ("link-local: the node's and the cloud's metadata services", ip.is_link_local),
+                          ("unspecified", ip.is_unspecified), ("multicast", ip.is_multicast), ("reserved", ip.is_reserved)):
+            if hit:
+                return (f"{url.host} resolves to {ip}, a {kind} address, which a name in the allow-list never reaches (an "
+                        "address in the URL itself, or --allow-prometheus-network, can allow it)")
+        return None
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def normalise_url(url: str) -> str | None:
     """`scheme://host[:port][/path]` of an http(s) URL read one way, or None when it is refused (OneReading)."""
     try:
@@ -175,10 +234,11 @@ class UrlAllowList:
     """The glob rules a Prometheus URL must match (see the module docstring)."""
 
     patterns: tuple[str, ...]
+    addresses: AddressPolicy = field(default_factory=AddressPolicy)   # where an allowed name may resolve to
 
     @staticmethod
-    def of(patterns: Sequence[str]) -> UrlAllowList:
-        return UrlAllowList(tuple(p.strip() for p in patterns if p.strip()))
+    def of(patterns: Sequence[str], *, networks: Sequence[Network] = ()) -> UrlAllowList:
+        return UrlAllowList(tuple(p.strip() for p in patterns if p.strip()), AddressPolicy(tuple(networks)))
 
     def allows(self, url: str) -> bool:
         return self.check(url, field="url").url is not None

@@ -85,6 +85,15 @@ def test_the_allow_list_reaches_the_operator_and_defaults_to_the_operators_own()
     assert args.allow_prometheus_url == ["https://prom.example.com/**"]
 
 
+def test_the_prometheus_networks_reach_the_operator_and_default_to_none() -> None:
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["operator"]["prometheusNetworks"] == []
+    deployment = next(d for d in helm_template("operator.prometheusNetworks={10.96.0.0/12}") if d["kind"] == "Deployment")
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    args = parser.parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.allow_prometheus_network == ["10.96.0.0/12"]
+
+
 def test_the_operator_pod_meets_the_restricted_pod_security_standard() -> None:
     deployment = next(d for d in helm_template() if d["kind"] == "Deployment")
     assert violations(deployment["spec"]["template"], "restricted") == []
