@@ -11,6 +11,10 @@ Rules it names:
   ten slow tenants hold at most `readers` threads and no reconcile thread at all.
 - FreshAnswer: a finished read answers only the request it was started for (same URL, token, queries) and only for
   `keep_s`; otherwise it is dropped and a new read starts.
+- SaturationShown: a read still waiting for a reader `saturated_s` after it was queued (every reader busy with other
+  resources' reads) is `MetricsUnavailable` with reason MetricsReadersSaturated, naming the readers and the wait, so
+  MetricsAvailable stops saying MetricsFlowing about figures no read has refreshed; the read stays queued, and its
+  answer is taken by the first pass after it ran.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from servingtopology.operator.live.metrics import MetricsSource
+from servingtopology.operator.live.metrics import MetricsSource, MetricsUnavailable
 from servingtopology.planner.live.observe import MetricSample
 
-__all__ = ["MetricsPending", "MetricsReads", "READERS", "READ_WAIT_S", "KEEP_S"]
+__all__ = ["MetricsPending", "MetricsReads", "READERS", "READ_WAIT_S", "KEEP_S", "SATURATED_S", "READERS_SATURATED"]
 
 READERS = 4          # reads at once, all resources together
 READ_WAIT_S = 1.0    # how long a pass waits for the read it started
 KEEP_S = 600.0       # a finished read nobody took is dropped after this long
+SATURATED_S = 10.0   # a read queued this long without a reader shows the saturation (SaturationShown)
+READERS_SATURATED = "MetricsReadersSaturated"
 
 
 class MetricsPending(Exception):
@@ -41,6 +47,8 @@ class MetricsPending(Exception):
 class _Read:
     request: Any
     future: Future[MetricSample]
+    queued_s: float = 0.0
+    started_s: float | None = None     # when a reader took it (None: every reader busy)
     finished_s: float | None = None
 
 
@@ -52,6 +60,7 @@ class MetricsReads:
     readers: int = READERS
     wait_s: float = READ_WAIT_S
     keep_s: float = KEEP_S
+    saturated_s: float = SATURATED_S
     clock: Callable[[], float] = time.monotonic
     _reads: dict[str, _Read] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,7 +84,8 @@ class MetricsReads:
     def read(self, request: Any, *, at_s: float, interval_s: float) -> MetricSample:
         """The sample of `request`'s finished read; else start one (OneReadPerResource) and wait up to `wait_s` for it.
 
-        Raises MetricsPending while it runs, and whatever the read raised (MetricsUnavailable) once it ended."""
+        Raises MetricsPending while it runs, MetricsUnavailable (MetricsReadersSaturated) while it has waited over
+        `saturated_s` for a reader (SaturationShown), and whatever the read raised (MetricsUnavailable) once it ended."""
         key = str(getattr(request, "owner", "") or id(request))
         now = self.clock()
         with self._lock:
@@ -88,7 +98,7 @@ class MetricsReads:
                 read = None     # an answer to an older request (FreshAnswer)
             started = read is None
             if read is None:
-                read = _Read(request, Future())
+                read = _Read(request, Future(), queued_s=now)
                 self._reads[key] = read
                 assert self._pool is not None
                 self._pool.submit(self._run, read, request, at_s, interval_s)
@@ -102,6 +112,10 @@ class MetricsReads:
                 raise
             self._take(key, read)
             return sample
+        if read.started_s is None and now - read.queued_s > self.saturated_s:
+            raise MetricsUnavailable(f"the operator's {self.readers} metrics readers are all busy with other resources' reads: "
+                                     f"this resource's read has waited {now - read.queued_s:.0f} s for one and is still queued "
+                                     "(its answer is taken once it runs); the figures in status are not fresh", READERS_SATURATED)
         raise MetricsPending("a read of this resource's Prometheus is still running; the answer is taken next pass")
 
     def _take(self, key: str, read: _Read) -> None:
@@ -115,6 +129,7 @@ class MetricsReads:
             del self._reads[k]
 
     def _run(self, read: _Read, request: Any, at_s: float, interval_s: float) -> None:
+        read.started_s = self.clock()
         try:
             sample = self.inner(request).fetch_sample(at_s=at_s, interval_s=interval_s)
         except BaseException as exc:
