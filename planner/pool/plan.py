@@ -5,8 +5,13 @@ options (parts: GPUs by kind, $/hour, SLO capacity). Pure: no clock, no I/O; det
 a fixed seed and a node limit, ties broken by member and option order).
 
 The model. Each member picks at most one option per group (a group is a GPU kind, or a prefill→decode kind pair) and at
-most MAX_PARTS options in all; the parts serve behind one Service with routing weights by capacity, so their SLO
-capacities add up. Objectives, lexicographic, one MILP per level (planner.pool.milp):
+most MAX_PARTS options in all, on at most `max_kinds_per_member` GPU kinds (the knob; None: no bound beyond the parts).
+PlanTheRenderedSplit: the parts serve behind the one plain Service the operator renders (operator/render/sets.py
+`parts_rendering`), which sends each ready entry pod an equal share, so a member's capacity is (its entry pods in all) ×
+(the slowest entry pod's capacity) (planner.pool.service_split `per_pod_capacity_rps`), not the sum of its parts'
+capacities. The MILP holds it linearly: y ≤ r_i · Σ_j n_j x_j wherever option i is chosen (r_i its capacity per entry
+pod, n_j the entry pods of option j; a big-M releases the row when i is not chosen). The verdict, goodput, shortages and
+marginal values all read this one figure. Objectives, lexicographic, one MILP per level (planner.pool.milp):
   min-cost      1. the most members meeting their load within the SLOs, a higher priority outweighing every lower one
                    together; 2. the most goodput (partial service of the members left short); 3. the lowest $/hour.
   max-goodput   1. the most goodput (req/s within the SLOs, capped at each member's load) within `budget_per_hour`;
@@ -35,7 +40,7 @@ from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.pool.milp import MilpResult, MilpStatus, solve_milp
-from servingtopology.planner.pool.service_split import PD_ROUTER_REPLICAS, PartLoad, service_split
+from servingtopology.planner.pool.service_split import PD_ROUTER_REPLICAS, PartLoad, per_pod_capacity_rps, service_split
 
 __all__ = ["PoolObjective", "GpuKind", "MemberOption", "PoolMember", "PoolProblem", "Part", "MemberAllocation", "Marginal",
            "Shortage", "SolverReport", "PoolDecision", "plan_pool", "objective_values", "priority_weights", "MAX_PARTS",
@@ -87,6 +92,15 @@ class MemberOption:
     role_kinds: Mapping[str, str] = field(default_factory=dict)
     note: str = ""
 
+    @property
+    def entry_pods(self) -> int:
+        """Pods that take the part's client traffic behind the member's Service: its aggregated engines, or a PD layout's
+        routers (PD_ROUTER_REPLICAS, as operator/render/manifests.py renders them); an option without a layout is one endpoint."""
+        if self.layout is None:
+            return 1
+        agg = self.layout.roles.get(Role.AGGREGATED)
+        return agg.count if agg is not None else PD_ROUTER_REPLICAS
+
 
 @dataclass(frozen=True, slots=True)
 class PoolMember:
@@ -105,13 +119,14 @@ class PoolProblem:
     budget_per_hour: float | None = None
     exact_max_options: int = EXACT_MAX_OPTIONS
     node_limit: int = NODE_LIMIT
+    max_kinds_per_member: int | None = None   # GPU kinds one member's parts may use together (None: no bound)
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
     option: MemberOption
     cost_per_hour: float
-    routing_weight: float      # share of the member's traffic: its capacity over the member's
+    routing_weight: float      # share of the member's traffic the plain Service sends it: its entry pods over the member's
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +197,7 @@ class _Flat:
     gpus: IntArray              # [options, kinds]
     cost: FloatArray
     cap: FloatArray
+    pods: FloatArray            # per option: its entry pods (MemberOption.entry_pods)
     load: FloatArray            # per member
     floor: FloatArray
     weight: FloatArray
@@ -206,6 +222,8 @@ def _check(problem: PoolProblem) -> None:
             raise InvalidSpec(f"inventory[{i}].pricePerHour", f"kind {k.name!r} needs a price per GPU-hour > 0 (got {k.price_per_hour})")
         if k.count < 0:
             raise InvalidSpec(f"inventory[{i}].count", f"kind {k.name!r}: a count ≥ 0")
+    if problem.max_kinds_per_member is not None and problem.max_kinds_per_member < 1:
+        raise InvalidSpec("maxKindsPerMember", f"at least 1 GPU kind per member (got {problem.max_kinds_per_member})")
     if problem.objective is PoolObjective.MAX_GOODPUT and (problem.budget_per_hour is None or problem.budget_per_hour <= 0):
         raise InvalidSpec("budgetPerHour", "the max-goodput objective needs a $/hour budget > 0")
     names = {k.name for k in problem.kinds}
@@ -221,7 +239,7 @@ def _check(problem: PoolProblem) -> None:
 def _flatten(problem: PoolProblem) -> _Flat:
     kinds = [k.name for k in problem.kinds]
     price = np.array([k.price_per_hour for k in problem.kinds])
-    member, group, gpus, cap, opts = [], [], [], [], []
+    member, group, gpus, cap, pods, opts = [], [], [], [], [], []
     gid = 0
     for mi, m in enumerate(problem.members):
         seen: dict[str, int] = {}
@@ -233,12 +251,23 @@ def _flatten(problem: PoolProblem) -> _Flat:
             group.append(seen[o.group])
             gpus.append([int(o.gpus.get(k, 0)) for k in kinds])
             cap.append(float(o.capacity_rps))
+            pods.append(float(o.entry_pods))
             opts.append(o)
     g = np.array(gpus, dtype=np.int64).reshape(len(opts), len(kinds))
     return _Flat(member=np.array(member, dtype=np.int64), group=np.array(group, dtype=np.int64), gpus=g, cost=g @ price,
-                 cap=np.array(cap), load=np.array([m.load_rps for m in problem.members]),
+                 cap=np.array(cap), pods=np.array(pods, dtype=np.float64), load=np.array([m.load_rps for m in problem.members]),
                  floor=np.array([m.min_rps for m in problem.members]), weight=priority_weights([m.priority for m in problem.members]),
                  counts=np.array([k.count for k in problem.kinds], dtype=np.int64), options=tuple(opts))
+
+
+def _member_caps(f: _Flat, x: FloatArray) -> FloatArray:
+    """Each member's capacity under PerPodSplit from a selection (one 0/1 per option)."""
+    out = np.zeros(len(f.load))
+    for mi in range(len(f.load)):
+        sel = np.flatnonzero((f.member == mi) & (x > 0.5))
+        if len(sel):
+            out[mi] = per_pod_capacity_rps(entry_pods=[int(f.pods[i]) for i in sel], capacity_rps=[float(f.cap[i]) for i in sel])
+    return out
 
 
 def objective_values(problem: PoolProblem, caps: FloatArray, costs: float) -> tuple[float, float, float]:
@@ -258,9 +287,13 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
     """Solve the levels in turn; the selection (one 0/1 per option), a line per level and the last level's gap."""
     n, nm, nk = len(f.cap), len(f.load), len(f.counts)
     ng = int(f.group.max()) + 1 if n else 0
-    # columns: x (n options), s (nm: member met), g (nm: member goodput)
-    nc = n + 2 * nm
-    xs, ss, gs = slice(0, n), slice(n, n + nm), slice(n + nm, nc)
+    uses = f.gpus > 0                                              # [options, kinds]
+    bounded = problem.max_kinds_per_member is not None
+    zk = [(mi, ki) for mi in range(nm) for ki in range(nk) if bounded and uses[f.member == mi, ki].any()]
+    # columns: x (n options), s (nm: member met), g (nm: member goodput), y (nm: member capacity under PerPodSplit),
+    # z (one per (member, kind) it may use, only under max_kinds_per_member: the member uses the kind)
+    nc = n + 3 * nm + len(zk)
+    xs, ss, gs = slice(0, n), slice(n, n + nm), slice(n + nm, n + 2 * nm)
     rows: list[FloatArray] = []
     lo: list[float] = []
     hi: list[float] = []
@@ -277,27 +310,53 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
         r = np.zeros(nc)
         r[xs] = f.group == gi
         row(at=r, upper=1.0)
+    top = np.zeros(nm)     # a bound on each member's capacity: its MAX_PARTS largest options together
     for mi in range(nm):
-        mine = (f.member == mi).astype(np.float64)
-        row((xs, mine), upper=float(MAX_PARTS))
-        r = np.zeros(nc)                      # goodput ≤ capacity
+        mine = f.member == mi
+        top[mi] = float(np.sort(f.cap[mine])[::-1][:MAX_PARTS].sum())
+        row((xs, mine.astype(np.float64)), upper=float(MAX_PARTS))
+        y = n + 2 * nm + mi
+        r = np.zeros(nc)                      # capacity ≤ the parts' capacities together (0 with no part)
         r[xs] = -f.cap * mine
+        r[y] = 1.0
+        row(at=r, upper=0.0)
+        for i in np.flatnonzero(mine):        # PerPodSplit: y ≤ r_i · Σ_j n_j x_j when option i is chosen
+            r = np.zeros(nc)
+            r[xs] = -(f.cap[i] / f.pods[i]) * f.pods * mine
+            r[i] += top[mi]
+            r[y] = 1.0
+            row(at=r, upper=float(top[mi]))
+        r = np.zeros(nc)                      # goodput ≤ capacity
         r[n + nm + mi] = 1.0
+        r[y] = -1.0
         row(at=r, upper=0.0)
         r = np.zeros(nc)                      # met ⇒ capacity ≥ load
-        r[xs] = -f.cap * mine
         r[n + mi] = f.load[mi]
+        r[y] = -1.0
         row(at=r, upper=0.0)
         if f.floor[mi] > 0:
-            row((xs, f.cap * mine), lower=float(f.floor[mi]))
+            r = np.zeros(nc)
+            r[y] = 1.0
+            row(at=r, lower=float(f.floor[mi]))
+    for zi, (mi, ki) in enumerate(zk):        # an option on kind k needs the member's z(k)
+        r = np.zeros(nc)
+        r[xs] = ((f.member == mi) & uses[:, ki]).astype(np.float64)
+        r[n + 3 * nm + zi] = -float(MAX_PARTS)
+        row(at=r, upper=0.0)
+    if bounded:
+        assert problem.max_kinds_per_member is not None
+        for mi in range(nm):
+            r = np.zeros(nc)
+            r[[n + 3 * nm + zi for zi, (m2, _) in enumerate(zk) if m2 == mi]] = 1.0
+            row(at=r, upper=float(problem.max_kinds_per_member))
     for ki in range(nk):
         row((xs, f.gpus[:, ki].astype(np.float64)), upper=float(f.counts[ki]))
     if problem.objective is PoolObjective.MAX_GOODPUT:
         assert problem.budget_per_hour is not None
         row((xs, f.cost), upper=float(problem.budget_per_hour))
     col_lo = np.zeros(nc)
-    col_hi = np.concatenate([np.ones(n + nm), f.load])
-    integer = np.concatenate([np.ones(n + nm, dtype=bool), np.zeros(nm, dtype=bool)])
+    col_hi = np.concatenate([np.ones(n + nm), f.load, top, np.ones(len(zk))])
+    integer = np.concatenate([np.ones(n + nm, dtype=bool), np.zeros(2 * nm, dtype=bool), np.ones(len(zk), dtype=bool)])
     met_c = np.zeros(nc)
     met_c[ss] = f.weight
     good_c = np.zeros(nc)
@@ -335,9 +394,9 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
 
 
 # ---------------------------------------------------------------- greedy
-def _member_sets(f: _Flat, mi: int) -> tuple[IntArray, FloatArray, FloatArray, IntArray]:
-    """Every selection of ≤ MAX_PARTS options of member `mi` from different groups: option indices ([sets, 2], −1: none),
-    capacity, cost and GPUs by kind. Row 0 is the empty selection."""
+def _member_sets(f: _Flat, mi: int, max_kinds: int | None = None) -> tuple[IntArray, FloatArray, FloatArray, IntArray]:
+    """Every selection of ≤ MAX_PARTS options of member `mi` from different groups on ≤ `max_kinds` GPU kinds: option
+    indices ([sets, 2], −1: none), capacity under PerPodSplit, cost and GPUs by kind. Row 0 is the empty selection."""
     idx = np.flatnonzero(f.member == mi)
     none = np.full(len(idx) + 1, -1, dtype=np.int64)
     first, second = np.r_[-1, idx].astype(np.int64), none
@@ -348,9 +407,14 @@ def _member_sets(f: _Flat, mi: int) -> tuple[IntArray, FloatArray, FloatArray, I
     pick = np.stack([first, second], axis=1)
     has = pick >= 0
     safe = np.where(has, pick, 0)
-    cap = (f.cap[safe] * has).sum(axis=1)
+    pods = (f.pods[safe] * has).sum(axis=1)
+    per_pod = np.where(has, f.cap[safe] / f.pods[safe], np.inf).min(axis=1)
+    cap = pods * np.where(has.any(axis=1), per_pod, 0.0)     # PerPodSplit, as per_pod_capacity_rps
     cost = (f.cost[safe] * has).sum(axis=1)
     gpus = (f.gpus[safe] * has[:, :, None]).sum(axis=1)
+    if max_kinds is not None:
+        keep = (gpus > 0).sum(axis=1) <= max_kinds
+        return pick[keep], cap[keep], cost[keep], gpus[keep]
     return pick, cap, cost, gpus
 
 
@@ -382,7 +446,7 @@ def _greedy(problem: PoolProblem, f: _Flat) -> FloatArray | None:
     x = np.zeros(len(f.cap))
     avail = f.counts.copy()
     money = math.inf if problem.budget_per_hour is None or problem.objective is PoolObjective.MIN_COST else float(problem.budget_per_hour)
-    all_sets = [_member_sets(f, mi) for mi in range(nm)]
+    all_sets = [_member_sets(f, mi, problem.max_kinds_per_member) for mi in range(nm)]
     order = sorted(range(nm), key=lambda mi: (-problem.members[mi].priority, mi))
     chosen: dict[int, int] = {}
     if problem.objective is PoolObjective.MIN_COST:
@@ -447,8 +511,7 @@ def _greedy(problem: PoolProblem, f: _Flat) -> FloatArray | None:
 
 # ---------------------------------------------------------------- decisions
 def _selection_value(problem: PoolProblem, f: _Flat, x: FloatArray) -> tuple[float, float, float]:
-    caps = np.asarray(np.bincount(f.member, weights=f.cap * x, minlength=len(f.load)), dtype=np.float64)
-    return objective_values(problem, caps, float(np.dot(f.cost, x)))
+    return objective_values(problem, _member_caps(f, x), float(np.dot(f.cost, x)))
 
 
 def _floors_error(problem: PoolProblem, f: _Flat) -> InvalidSpec:
@@ -456,7 +519,7 @@ def _floors_error(problem: PoolProblem, f: _Flat) -> InvalidSpec:
     for mi, m in enumerate(problem.members):
         if m.min_rps <= 0:
             continue
-        sets = _member_sets(f, mi)
+        sets = _member_sets(f, mi, problem.max_kinds_per_member)
         j = _best_set(f, mi, sets, np.full(len(f.counts), 1 << 40), math.inf, need=m.min_rps)
         if j is None:
             parts.append(f"{m.name} needs {m.min_rps:g} req/s, more than any option within the inventory carries")
@@ -513,18 +576,20 @@ def _decision(problem: PoolProblem, f: _Flat, x: FloatArray, solver: SolverRepor
     idle_v = f.counts - used_v
     allocs = []
     total_cost = float(np.dot(f.cost, x))
+    caps = _member_caps(f, x)
     for mi, m in enumerate(problem.members):
         sel = [i for i in np.flatnonzero((f.member == mi) & (x > 0.5))]
-        cap = float(sum(f.cap[i] for i in sel))
+        cap = float(caps[mi])
         cost = float(sum(f.cost[i] for i in sel))
         gpus = {k: int(sum(f.gpus[i, ki] for i in sel)) for ki, k in enumerate(kinds)}
-        parts = tuple(Part(f.options[i], float(f.cost[i]), float(f.cap[i]) / cap if cap > 0 else 0.0) for i in sel)
+        pods = float(sum(f.pods[i] for i in sel))
+        parts = tuple(Part(f.options[i], float(f.cost[i]), float(f.pods[i]) / pods) for i in sel)
         met = cap >= m.load_rps - 1e-9
         allocs.append(MemberAllocation(m.name, m.priority, m.load_rps, parts, cap, min(cap, m.load_rps), cost,
                                        {k: v for k, v in gpus.items() if v}, met, _why(problem, m, parts, cap, cost, met)))
     idle = {k: int(v) for k, v in zip(kinds, idle_v, strict=True)}
-    marg = _marginals(problem, f, x, idle_v, total_cost)
-    short = _shortages(problem, f, x)
+    marg = _marginals(problem, f, x, caps, idle_v, total_cost)
+    short = _shortages(problem, f, x, caps)
     good = sum(a.goodput_rps for a in allocs)
     reasons = [f"{problem.objective.value}: {sum(a.met for a in allocs)} of {len(allocs)} members meet their load within the SLOs; "
                f"${total_cost:.2f}/hour for {good:.1f} req/s of goodput"]
@@ -547,33 +612,22 @@ def _why(problem: PoolProblem, m: PoolMember, parts: tuple[Part, ...], cap: floa
     else:
         head = (f"short: {what} carries {cap:.1f} of {m.load_rps:g} req/s (priority {m.priority}): a set that meets the load does not fit "
                 + ("the inventory left" if problem.objective is PoolObjective.MIN_COST else "the inventory and budget left"))
-    if len(parts) > 1:
-        head += "; traffic split " + ":".join(f"{p.routing_weight:.0%}" for p in parts) + " by capacity"
-        entry = [_entry_pods(p.option) for p in parts]
-        if all(n > 0 for n in entry):   # behind one plain Service the split is per entry pod (planner.pool.service_split)
-            split = service_split([PartLoad(p.option.group, n, p.option.capacity_rps) for p, n in zip(parts, entry, strict=True)])
-            head += f"; {split.reason}"
+    if len(parts) > 1:   # PlanTheRenderedSplit: the capacity above is already the per-pod split's
+        split = service_split([PartLoad(p.option.group, p.option.entry_pods, p.option.capacity_rps) for p in parts])
+        head += f"; {split.reason}"
     return head
 
 
-def _entry_pods(option: MemberOption) -> int:
-    """Pods that take the part's client traffic: its aggregated engines, or a PD layout's two routers (0: no layout)."""
-    if option.layout is None:
-        return 0
-    agg = option.layout.roles.get(Role.AGGREGATED)
-    return agg.count if agg is not None else PD_ROUTER_REPLICAS
-
-
-def _marginals(problem: PoolProblem, f: _Flat, x: FloatArray, idle: IntArray, total_cost: float) -> tuple[Marginal, ...]:
+def _marginals(problem: PoolProblem, f: _Flat, x: FloatArray, caps: FloatArray, idle: IntArray, total_cost: float) -> tuple[Marginal, ...]:
     out = []
     for mi, m in enumerate(problem.members):
         mine = (f.member == mi) & (x > 0.5)
         own = f.gpus[mine].sum(axis=0)
-        cap = float(f.cap[mine].sum())
+        cap = float(caps[mi])
         cost = float(f.cost[mine].sum())
         money = math.inf if problem.objective is PoolObjective.MIN_COST or problem.budget_per_hour is None else \
             float(problem.budget_per_hour) - total_cost + cost
-        sets = _member_sets(f, mi)
+        sets = _member_sets(f, mi, problem.max_kinds_per_member)
         for ki, k in enumerate(problem.kinds):
             avail = own + idle
             avail[ki] += 1
@@ -588,15 +642,15 @@ def _marginals(problem: PoolProblem, f: _Flat, x: FloatArray, idle: IntArray, to
     return tuple(out)
 
 
-def _shortages(problem: PoolProblem, f: _Flat, x: FloatArray) -> tuple[Shortage, ...]:
+def _shortages(problem: PoolProblem, f: _Flat, x: FloatArray, caps: FloatArray) -> tuple[Shortage, ...]:
     out = []
     for mi, m in enumerate(problem.members):
         mine = (f.member == mi) & (x > 0.5)
-        cap = float(f.cap[mine].sum())
+        cap = float(caps[mi])
         if cap >= m.load_rps - 1e-9:
             continue
         own = f.gpus[mine].sum(axis=0)
-        sets = _member_sets(f, mi)
+        sets = _member_sets(f, mi, problem.max_kinds_per_member)
         j = _best_set(f, mi, sets, np.full(len(f.counts), 1 << 40), math.inf, need=m.load_rps)
         if j is None:
             out.append(Shortage(m.name, m.load_rps - cap, {}, "no option within the inventory carries the load"))

@@ -45,10 +45,10 @@ def render_pool_record(problem: PoolProblem, d: PoolDecision, *, notes: Mapping[
                f"{good_per_dollar:,.0f} requests within the SLOs per $")
     out += [f"- {r}" for r in d.reasons]
     out += ["", "## Members", "",
-            "| member | priority | parts (routing weight) | GPUs | $/hour | SLO capacity req/s | load req/s | goodput req/s | SLO attainment |",
+            "| member | priority | parts (traffic share: entry pods behind the one Service) | GPUs | $/hour | SLO capacity req/s | load req/s | goodput req/s | SLO attainment |",
             "|---|---|---|---|---|---|---|---|---|"]
     for a in d.members:
-        parts = "; ".join(f"{p.option.label} ({p.routing_weight:.0%})" for p in a.parts) or "none"
+        parts = "; ".join(f"{p.option.label} ({p.routing_weight:.0%}: {p.option.entry_pods} pods)" for p in a.parts) or "none"
         gpus = ", ".join(f"{v} {k}" for k, v in a.gpus.items()) or "0"
         out.append(f"| {a.name} | {a.priority} | {parts} | {gpus} | {a.cost_per_hour:.2f} | {a.capacity_rps:.2f} | {a.load_rps:g} | "
                    f"{a.goodput_rps:.2f} | {a.attainment:.0%} |")
