@@ -203,7 +203,8 @@ def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nod
                          "conditions": [_condition("False", "NoMembers", msg, now, generation)]}, [])
     requests = [m.request for m in found]
     try:
-        pool_problem, _ = build_pool(kinds, requests, objective=spec.objective, budget_per_hour=spec.budgetPerHour, mixed=spec.mixedKinds)
+        pool_problem, _ = build_pool(kinds, requests, objective=spec.objective, budget_per_hour=spec.budgetPerHour, mixed=spec.mixedKinds,
+                                     max_kinds_per_member=spec.maxKindsPerMember)
         d = plan_pool(pool_problem)
     except InvalidSpec as exc:
         field = exc.field

@@ -77,6 +77,10 @@ class PoolSpec(_PoolBase):
     inventory: list[InventorySpec] = Field(min_length=1, max_length=MAX_KINDS, description="GPU kinds of the pool")
     members: list[MemberSpec] = Field(min_length=1, max_length=MAX_MEMBERS, description="models served from the pool")
     mixedKinds: bool = Field(default=True, description="let a member run prefill on one kind and decode on another")
+    maxKindsPerMember: int | None = Field(default=None, ge=1, le=MAX_KINDS, description="GPU kinds one member may use together "
+                                          "(its replicas on several kinds, or prefill and decode on two); default: no bound. "
+                                          "Parts on several kinds serve behind one plain Service, which sends each entry pod "
+                                          "an equal share: the planner counts a member's capacity that way")
 
     @model_validator(mode="after")
     def _consistent(self) -> PoolSpec:
@@ -109,6 +113,7 @@ class PoolInputs:
     objective: PoolObjective
     budget_per_hour: float | None
     mixed: bool
+    max_kinds_per_member: int | None = None
 
 
 def _errors(exc: ValidationError) -> SpecError:
@@ -181,4 +186,4 @@ def to_pool_inputs(pool: PoolSpec, *, base: Path | None = None) -> PoolInputs:
         if problem.workload.arrival_rate_rps is None:
             raise SpecError([(f"{where}.spec.workload.arrivalRate", "a pool member needs an arrival rate in requests/s")])
         members.append(MemberInput(m.name, m.priority, m.minRps, max(1, min(cap, total)), problem))
-    return PoolInputs(tuple(kinds), tuple(members), pool.objective, pool.budgetPerHour, pool.mixedKinds)
+    return PoolInputs(tuple(kinds), tuple(members), pool.objective, pool.budgetPerHour, pool.mixedKinds, pool.maxKindsPerMember)

@@ -134,6 +134,10 @@ class ServingPoolSpec(_Base):
     surge: int = Field(default=0, ge=0, le=MAX_GPUS, description="GPUs the members' caps may hold together above the final "
                        "allocation while GPUs move (Auto); never more than the inventory")
     mixedKinds: bool = Field(default=True, description="let a member run prefill on one kind and decode on another")
+    maxKindsPerMember: int | None = Field(default=None, ge=1, le=8, description="GPU kinds one member may use together (its "
+                                          "replicas on several kinds, or prefill and decode on two); default: no bound. Parts "
+                                          "on several kinds serve behind one plain Service, which sends each entry pod an "
+                                          "equal share: the planner counts a member's capacity that way")
 
     @model_validator(mode="after")
     def _consistent(self) -> ServingPoolSpec:

@@ -238,9 +238,10 @@ class MemberRequest:
 
 
 def build_pool(kinds: Sequence[GpuKind], members: Sequence[MemberRequest], *, objective: PoolObjective,
-               budget_per_hour: float | None = None, mixed: bool = True) -> tuple[PoolProblem, dict[str, MemberOptions]]:
+               budget_per_hour: float | None = None, mixed: bool = True,
+               max_kinds_per_member: int | None = None) -> tuple[PoolProblem, dict[str, MemberOptions]]:
     """Every member's options on the pool's kinds, as one PoolProblem; InvalidSpec on `members[i]` for a member whose model
-    fits no kind (the notes say why for each kind)."""
+    fits no kind (the notes say why for each kind). `max_kinds_per_member` bounds the GPU kinds one member's parts use."""
     out: list[PoolMember] = []
     found: dict[str, MemberOptions] = {}
     for i, m in enumerate(members):
@@ -250,4 +251,4 @@ def build_pool(kinds: Sequence[GpuKind], members: Sequence[MemberRequest], *, ob
             raise InvalidSpec(f"members[{i}]", f"member {m.name!r} ({m.problem.model.name}) fits no GPU kind of the pool: " + "; ".join(mo.notes))
         found[m.name] = mo
         out.append(PoolMember(m.name, float(m.problem.workload.arrival_rate_rps or 0.0), mo.options, m.priority, m.min_rps))
-    return PoolProblem(tuple(kinds), tuple(out), objective, budget_per_hour), found
+    return PoolProblem(tuple(kinds), tuple(out), objective, budget_per_hour, max_kinds_per_member=max_kinds_per_member), found

@@ -45,7 +45,7 @@ def render_pool_record(problem: PoolProblem, d: PoolDecision, *, notes: Mapping[
                f"{good_per_dollar:,.0f} requests within the SLOs per $")
     out += [f"- {r}" for r in d.reasons]
     out += ["", "## Members", "",
-            "| member | priority | parts (traffic share: entry pods behind the one Service) | GPUs | $/hour | SLO capacity req/s | load req/s | goodput req/s | SLO attainment |",
+            "| member | priority | parts (traffic share: entry pods) | GPUs | $/hour | SLO capacity req/s | load req/s | goodput req/s | SLO attainment |",
             "|---|---|---|---|---|---|---|---|---|"]
     for a in d.members:
         parts = "; ".join(f"{p.option.label} ({p.routing_weight:.0%}: {p.option.entry_pods} pods)" for p in a.parts) or "none"

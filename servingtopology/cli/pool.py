@@ -34,6 +34,7 @@ def decision_json(problem: PoolProblem, d: PoolDecision) -> dict[str, Any]:
                      "met": a.met, "gpus": dict(a.gpus), "why": a.why,
                      "parts": [{"label": p.option.label, "group": p.option.group, "gpus": dict(p.option.gpus), "roles": dict(p.option.role_kinds),
                                 "capacity_rps": round(p.option.capacity_rps, 4), "routing_weight": round(p.routing_weight, 4),
+                                "entry_pods": p.option.entry_pods,
                                 "cost_per_hour": round(p.cost_per_hour, 4)} for p in a.parts]} for a in d.members],
         "shortages": [{"member": s.member, "short_rps": round(s.short_rps, 4), "needs": dict(s.needs), "needs_label": s.needs_label}
                       for s in d.shortages],
@@ -84,7 +85,7 @@ def run_pool(args: argparse.Namespace) -> int:
         inputs = to_pool_inputs(pool, base=Path(args.pool).parent)
         requests = [MemberRequest(m.name, m.problem, m.cap_gpus, m.priority, m.min_rps) for m in inputs.members]
         problem, found = build_pool(inputs.kinds, requests, objective=inputs.objective, budget_per_hour=inputs.budget_per_hour,
-                                    mixed=inputs.mixed)
+                                    mixed=inputs.mixed, max_kinds_per_member=inputs.max_kinds_per_member)
         decision = plan_pool(problem)
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(exc, as_json=as_json)

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from servingtopology.cli.main import main
+from servingtopology.planner.pool.service_split import per_pod_capacity_rps
 
 MEMBER = {"model": "meta-llama/Llama-3.1-8B-Instruct", "workload": {"arrivalRate": 6, "inputTokens": 1024, "outputTokens": 128},
           "slo": {"ttftMs": {"p95": 800}, "tpotMs": {"p95": 50}}}
@@ -57,12 +58,34 @@ def test_plan_pool_json_keeps_the_member_cap_and_the_inventory(tmp_path: Path, c
     ({"members": [{"name": "chat"}]}, "members.0.spec"),
     # a member whose spec names an unknown field
     ({"members": [{"name": "chat", "spec": {**MEMBER, "bogus": 1}}]}, "members[0].spec.bogus"),
+    # no GPU kind at all for a member
+    ({"maxKindsPerMember": 0}, "maxKindsPerMember"),
     # a count beyond the bound
     ({"inventory": [{"kind": "h100", "gpu": "h100_sxm", "count": 20_000, "pricePerHour": 3.0}]}, "inventory.0.count"),
 ])
 def test_a_bad_pool_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str], over: dict[str, object], field: str) -> None:
     assert main(["plan", "--pool", str(_pool(tmp_path, **over))]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_the_example_pool_is_planned_at_what_one_plain_service_carries_per_entry_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    # PlanTheRenderedSplit on examples/pool.yaml: summarise was "met at 100 %" on 1×TP1@l40s + a PD part whose own
+    # explanation said the Service leaves it 3.17 of its 8 req/s; every member's capacity is now its parts' per-pod split
+    example = Path(__file__).resolve().parents[2] / "examples" / "pool.yaml"
+    assert main(["plan", "--pool", str(example), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for m in d["members"]:
+        parts = m["parts"]
+        split = per_pod_capacity_rps(entry_pods=[p["entry_pods"] for p in parts], capacity_rps=[p["capacity_rps"] for p in parts])
+        assert m["capacity_rps"] == pytest.approx(split, abs=1e-3), m
+        assert m["met"] is (split >= m["load_rps"] - 1e-6)
+    assert all(m["met"] for m in d["members"]) and not d["shortages"]
+
+
+def test_max_kinds_per_member_keeps_each_member_on_that_many_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--pool", str(_pool(tmp_path, maxKindsPerMember=1)), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert all(len(m["gpus"]) <= 1 for m in d["members"]), d["members"]
 
 
 def test_plan_pool_record_alone_prints_the_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
