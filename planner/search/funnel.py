@@ -49,7 +49,6 @@ __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "CLOSEST_KEPT", "Surviv
            "run_funnel", "shape_rejection", "reject_pd_shapes", "Progress", "Clock", "no_clock"]
 
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
-ESTIMATE_ROWS = 1 << 19   # replica rows estimated at once in stage 4 (a few dozen arrays of this length)
 TIE_SLACK = 1e-6    # relative slack on the tie bound of the second pick (bisection and 9-digit rounding are far below)
 
 Progress = Callable[[str, float], None]
@@ -171,8 +170,8 @@ def gpu_budget(s: Sieve) -> tuple[Sieve, Tally]:
         vu = np.flatnonzero(u.valid)
         rows = vu[u.gpus[vu] <= s.problem.max_gpus]
         add_reason(reasons, "over the GPU budget", (len(vu) - len(rows)) * kn.combinations)
-        replicas = _replica_rows(rows, kn)
-        admitted += len(replicas)
+        replicas = _replica_groups(u, rows, kn)
+        admitted += replicas.standing
     pd = s.pd
     if pd is not None:
         before = pd.count()
@@ -183,15 +182,17 @@ def gpu_budget(s: Sieve) -> tuple[Sieve, Tally]:
     return replace(s, replicas=replicas, pd=pd), Tally(admitted, reasons)
 
 
-def _replica_rows(units: IntArray, kn: KnobAxes) -> ReplicaCandidates:
-    nb, nq, nf, nk = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes)
-    sizes = (len(units), nb, nq, nf, nk)
-    axes = (np.asarray(units, dtype=np.int64), *(np.arange(n, dtype=np.int64) for n in sizes[1:]))
-    # The meshgrid of (unit, b, q, f, k) in row-major order, each axis repeated by the sizes after it, tiled by those before.
-    grid = [np.tile(np.repeat(a, int(np.prod(sizes[d + 1:]))), int(np.prod(sizes[:d]))) for d, a in enumerate(axes)]
-    nan = np.full(len(grid[0]), np.nan)
-    return ReplicaCandidates(unit=grid[0], b=grid[1], q=grid[2], f=grid[3], k=grid[4], gpus=np.zeros(len(nan), dtype=np.int64),
-                             pool_tokens=np.zeros(len(nan)), alive=np.ones(len(nan), dtype=bool), ttft_s=nan, tpot_s=nan, tpot_mean_s=nan,
+def _replica_groups(u: UnitTable, rows: IntArray, kn: KnobAxes) -> ReplicaCandidates:
+    """The groups (shape, b, q, f, k) of the units `rows` (within the budget), each standing for its counts 1…n_max."""
+    n_max = np.bincount(u.shape[rows], minlength=len(u.shape_tp)).astype(np.int64)
+    shapes = np.flatnonzero(n_max)
+    sizes = (len(shapes), len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction), len(kn.kv_dtypes))
+    grid = [a.ravel().astype(np.int64) for a in np.meshgrid(shapes, *(np.arange(n) for n in sizes[1:]), indexing="ij")]
+    n = len(grid[0])
+    nan = np.full(n, np.nan)
+    first = np.ones(n, dtype=np.int64)
+    return ReplicaCandidates(shape=grid[0], b=grid[1], q=grid[2], f=grid[3], k=grid[4], n_max=n_max[grid[0]], estimated=first > 0, first=first, first_ttft=first,
+                             first_tpot=first, first_pass=first, pool_tokens=np.zeros(n), ttft_s=nan, tpot_s=nan, tpot_mean_s=nan,
                              capacity_rps=nan)
 
 
@@ -205,6 +206,7 @@ def memory_and_context(s: Sieve) -> tuple[Sieve, Tally]:
         u, kn, p = s.units, s.knobs, s.problem
         r = replicas
         mnbt, mns = kn.max_num_batched_tokens[r.b], kn.max_num_seqs[r.q]
+        n = r.n_max
         # A pool depends on the instance's shape and knobs, not on how many instances run: once per (shape, knobs).
         nb, nq, nf = len(kn.max_num_batched_tokens), len(kn.max_num_seqs), len(kn.memory_fraction)
         sh, b, q, f = (a.ravel() for a in np.meshgrid(np.arange(len(u.shape_tp)), np.arange(nb), np.arange(nq), np.arange(nf), indexing="ij"))
@@ -212,16 +214,17 @@ def memory_and_context(s: Sieve) -> tuple[Sieve, Tally]:
         for i, kv in enumerate(kn.kv_dtypes):
             per_shape[i] = pool_tokens(p, kv, u.shape_tp[sh], u.shape_pp[sh], u.shape_dp[sh], kn.max_num_batched_tokens[b], kn.max_num_seqs[q],
                                        kn.memory_fraction[f])
-        pool = per_shape[r.k, ((u.shape[r.unit] * nb + r.b) * nq + r.q) * nf + r.f]
+        pool = per_shape[r.k, ((r.shape * nb + r.b) * nq + r.q) * nf + r.f]
         # The one memory test (planner.perf.memory_fit), as a pinned layout meets it in decide.refuse_pin.
         no_room, short = shortfall(pool, tokens_to_hold(Role.AGGREGATED, longest_of(p)))
         budget = ~no_room & ~short & (mnbt < mns) & (p.engine.value == "vllm")
-        add_reason(reasons, MemoryShortfall.NO_POOL, int(no_room.sum()))
-        add_reason(reasons, MemoryShortfall.SHORT, int(short.sum()))
-        add_reason(reasons, "max_num_batched_tokens below max_num_seqs (vLLM refuses)", int(budget.sum()))
-        alive = r.alive & ~(no_room | short | budget)
-        replicas = replace(r, pool_tokens=pool, alive=alive, gpus=u.gpus[r.unit])
-        admitted += int(alive.sum())
+        standing = r.first <= n
+        add_reason(reasons, MemoryShortfall.NO_POOL, int(n[standing & no_room].sum()))
+        add_reason(reasons, MemoryShortfall.SHORT, int(n[standing & short].sum()))
+        add_reason(reasons, "max_num_batched_tokens below max_num_seqs (vLLM refuses)", int(n[standing & budget].sum()))
+        first = np.where(no_room | short | budget, n + 1, r.first)
+        replicas = replace(r, pool_tokens=pool, estimated=first <= n, first=first, first_ttft=first, first_tpot=first, first_pass=first)
+        admitted += replicas.standing
     pd = s.pd
     if pd is not None:
         entering = pd.count()
@@ -244,20 +247,20 @@ def analytical_estimate(s: Sieve) -> tuple[Sieve, Tally]:
     replicas = s.replicas
     if replicas is not None:
         r = replicas
-        idx = np.flatnonzero(r.alive)
-        entering += len(idx)
+        entering += r.standing
+        # Every test is monotone in the instance count, so each group's first passing count is bisected, not listed.
+        first = _first_passing(s, r, r.first, lambda e: e.stable)
+        first_ttft = _first_passing(s, r, first, lambda e: e.stable & ttft_within(p.slo, e.ttft_s))
+        first_tpot = _first_passing(s, r, first_ttft, lambda e: e.stable & ttft_within(p.slo, e.ttft_s) & tpot_within(p.slo, e.tpot_s))
+        first_pass = _first_passing(s, r, first_tpot, lambda e: e.stable & meets_slo_and_load(p.slo, ttft_s=e.ttft_s, tpot_s=e.tpot_s,
+                                                                                                rate_rps=s.rate_rps, capacity_rps=e.capacity_rps))
+        g = np.flatnonzero(first_pass <= r.n_max)
         ttft, tpot, tpm, cap = (np.full(len(r), np.nan) for _ in range(4))
-        for ki, kv in enumerate(kn.kv_dtypes):
-            for j in _chunks(idx[r.k[idx] == ki]):
-                e = estimate_aggregated(p.model, p.gpu, precision=p.precision, engine=p.engine, kv=kv, shape=s.load, rate_rps=s.rate_rps,
-                                        tp=u.tp[r.unit[j]], pp=u.pp[r.unit[j]], dp=u.dp[r.unit[j]], count=u.count[r.unit[j]],
-                                        max_num_seqs=kn.max_num_seqs[r.q[j]], max_num_batched_tokens=kn.max_num_batched_tokens[r.b[j]],
-                                        pool_tokens=r.pool_tokens[j])
-                ttft[j], tpot[j], cap[j], tpm[j] = e.ttft_s, e.tpot_s, e.capacity_rps, e.tpot_mean_s
-        ttft = ttft + front_end_s(p, disaggregated=False)
-        stable = r.alive & np.isfinite(ttft) & np.isfinite(tpot) & (cap > s.rate_rps)
-        replicas = replace(r, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm, capacity_rps=cap, alive=stable)
-        admitted += int(stable.sum())
+        e = _estimate_groups(s, r, g, first_pass[g])
+        ttft[g], tpot[g], tpm[g], cap[g] = e.ttft_s, e.tpot_s, e.tpot_mean_s, e.capacity_rps
+        replicas = replace(r, first=first, first_ttft=first_ttft, first_tpot=first_tpot, first_pass=first_pass, ttft_s=ttft, tpot_s=tpot,
+                           tpot_mean_s=tpm, capacity_rps=cap)
+        admitted += replicas.standing
     pd = s.pd
     if pd is not None:
         entering += pd.count()
@@ -270,9 +273,48 @@ def analytical_estimate(s: Sieve) -> tuple[Sieve, Tally]:
     return replace(s, replicas=replicas, pd=pd), Tally(admitted, reasons)
 
 
-def _chunks(rows: IntArray, size: int = ESTIMATE_ROWS) -> list[IntArray]:
-    """`rows` in slices of at most `size` (the estimate's temporaries stay bounded at any budget)."""
-    return [rows[i:i + size] for i in range(0, len(rows), size)] if len(rows) else []
+@dataclass(frozen=True, slots=True)
+class _Estimate:
+    """Replica figures of some groups at some counts (client-side TTFT), and whether stage 4 keeps them."""
+
+    ttft_s: FloatArray
+    tpot_s: FloatArray
+    tpot_mean_s: FloatArray
+    capacity_rps: FloatArray
+    stable: BoolArray
+
+
+def _estimate_groups(s: Sieve, r: ReplicaCandidates, g: IntArray, count: IntArray) -> _Estimate:
+    """The stage-4 estimate of groups `g` at `count` instances each (the figures a listed row would get)."""
+    p, kn, u = s.problem, s.knobs, s.units
+    ttft, tpot, tpm, cap = (np.full(len(g), np.nan) for _ in range(4))
+    for ki, kv in enumerate(kn.kv_dtypes):
+        j = np.flatnonzero(r.k[g] == ki)
+        if not len(j):
+            continue
+        gj, sh = g[j], r.shape[g[j]]
+        e = estimate_aggregated(p.model, p.gpu, precision=p.precision, engine=p.engine, kv=kv, shape=s.load, rate_rps=s.rate_rps,
+                                tp=u.shape_tp[sh], pp=u.shape_pp[sh], dp=u.shape_dp[sh], count=np.asarray(count[j], dtype=np.int64),
+                                max_num_seqs=kn.max_num_seqs[r.q[gj]], max_num_batched_tokens=kn.max_num_batched_tokens[r.b[gj]],
+                                pool_tokens=r.pool_tokens[gj])
+        ttft[j], tpot[j], cap[j], tpm[j] = e.ttft_s, e.tpot_s, e.capacity_rps, e.tpot_mean_s
+    ttft = ttft + front_end_s(p, disaggregated=False)
+    stable = np.isfinite(ttft) & np.isfinite(tpot) & (cap > s.rate_rps)
+    return _Estimate(ttft, tpot, tpm, cap, stable)
+
+
+def _first_passing(s: Sieve, r: ReplicaCandidates, lo: IntArray, passes: Callable[[_Estimate], BoolArray]) -> IntArray:
+    """Per group, the fewest instances from `lo` on that `passes` (n_max + 1: none), by bisection: `passes` must
+    hold for every larger count once it holds (the estimate is monotone in the count)."""
+    lo, hi = lo.copy(), r.n_max + 1
+    while True:
+        g = np.flatnonzero(lo < hi)
+        if not len(g):
+            return lo
+        mid = (lo[g] + hi[g]) // 2
+        ok = passes(_estimate_groups(s, r, g, mid))
+        hi[g[ok]] = mid[ok]
+        lo[g[~ok]] = mid[~ok] + 1
 
 
 # ---------------------------------------------------------------- stage 5
@@ -285,12 +327,8 @@ def slo_and_load(s: Sieve) -> tuple[Sieve, Tally]:
     stable = ttft_ok = tpot_ok = ok_n = 0
     r = s.replicas
     if r is not None:
-        st = r.alive
-        a = st & ttft_within(p.slo, r.ttft_s)
-        b = a & tpot_within(p.slo, r.tpot_s)
-        c = b & load_within(rate, r.capacity_rps)
-        stable, ttft_ok, tpot_ok, ok_n = int(st.sum()), int(a.sum()), int(b.sum()), int(c.sum())
-        r = replace(r, alive=c)
+        stable, ttft_ok, tpot_ok, ok_n = (r.standing_of(r.n_max, first) for first in (r.first, r.first_ttft, r.first_tpot, r.first_pass))
+        r = replace(r, first=r.first_pass)
     pd = s.pd
     if pd is not None:
         d_tpot = pd.d_alive & tpot_within(p.slo, pd.d_tpot_s)
@@ -329,7 +367,7 @@ def reject_pd_shapes(reason: str, rejects: Callable[[Problem, IntArray, IntArray
     the pair is forbidden; the stage counts the candidates it removes under `reason`.
     """
     def stage(s: Sieve) -> tuple[Sieve, Tally]:
-        reps = int(s.replicas.alive.sum()) if s.replicas is not None else 0
+        reps = s.replicas.standing if s.replicas is not None else 0
         if s.pd is None:
             return s, Tally(reps, {})
         u = s.units
@@ -438,20 +476,25 @@ def _replica_picks(s: Sieve, *, min_per_gpu: float = 0.0) -> _Picks:
     stage 5 (`_select` keeps one row per structure and knobs, fewest GPUs first; rows run count-major, so the first
     passing row of a (shape, knobs) is its fewest instances), with at least `min_per_gpu` raw capacity per GPU."""
     r = s.replicas
-    if r is None or not r.alive.any():
+    if r is None or not (r.first <= r.n_max).any():
         return _empty_picks()
-    i = np.flatnonzero(r.alive)
-    knob = _knob_ids(s.knobs, r.b[i], r.q[i], r.f[i], r.k[i])
-    _, first = np.unique(s.units.shape[r.unit[i]] * s.knobs.combinations + knob, return_index=True)
-    i = i[np.sort(first)]
-    per_gpu = _round_sig(r.capacity_rps[i] / np.maximum(r.gpus[i], 1))
+    g = np.flatnonzero(r.first <= r.n_max)
+    rows = r.row(g, r.first[g], units=s.units, knobs=s.knobs)
+    by_row = np.argsort(rows, kind="stable")
+    g, rows = g[by_row], rows[by_row]
+    knob = _knob_ids(s.knobs, r.b[g], r.q[g], r.f[g], r.k[g])
+    _, first = np.unique(r.shape[g] * s.knobs.combinations + knob, return_index=True)
+    g, rows = g[np.sort(first)], rows[np.sort(first)]
+    gpus = s.units.shape_gpus[r.shape[g]] * r.first[g]
+    per_gpu = _round_sig(r.capacity_rps[g] / np.maximum(gpus, 1))
     if min_per_gpu > 0:
-        i, per_gpu = i[per_gpu >= min_per_gpu], per_gpu[per_gpu >= min_per_gpu]
-    ident = np.zeros((len(i), 6), dtype=np.int64)
-    ident[:, 0] = i
-    figs = np.stack([r.ttft_s[i], r.tpot_s[i], r.tpot_mean_s[i], r.capacity_rps[i], r.pool_tokens[i]], axis=1)
-    return _Picks(np.zeros(len(i), dtype=np.int64), ident, per_gpu, r.gpus[i], i,
-                  -1 - s.units.shape[r.unit[i]], _knob_ids(s.knobs, r.b[i], r.q[i], r.f[i], r.k[i]), figs)
+        keep = per_gpu >= min_per_gpu
+        g, rows, gpus, per_gpu = g[keep], rows[keep], gpus[keep], per_gpu[keep]
+    ident = np.zeros((len(g), 6), dtype=np.int64)
+    ident[:, 0] = rows
+    figs = np.stack([r.ttft_s[g], r.tpot_s[g], r.tpot_mean_s[g], r.capacity_rps[g], r.pool_tokens[g]], axis=1)
+    return _Picks(np.zeros(len(g), dtype=np.int64), ident, per_gpu, gpus, rows,
+                  -1 - r.shape[g], _knob_ids(s.knobs, r.b[g], r.q[g], r.f[g], r.k[g]), figs)
 
 
 def _pd_picks(s: Sieve, c: PdCandidates, last: _Picks | None = None, *, min_per_gpu: float = 0.0) -> _Picks:
@@ -616,11 +659,17 @@ def _closest_miss(s: Sieve, stage: str) -> tuple[str, tuple[Miss, ...]]:
 
     r = s.replicas
     if r is not None and stage[0] in "45":
-        i = np.flatnonzero(np.isfinite(r.capacity_rps) | np.isfinite(r.ttft_s))
-        if len(i):
-            consider(miss_of(r.ttft_s[i], r.tpot_s[i], r.capacity_rps[i]), 0, i,
-                     lambda j: (r.layout(int(i[j]), units=s.units, knobs=s.knobs, problem=p), float(r.ttft_s[i[j]]), float(r.tpot_s[i[j]]),
-                                float(r.capacity_rps[i[j]])))
+        # Nothing survived: every count of the groups stage 3 kept is estimated here, as a listed row would have been.
+        g = np.flatnonzero(r.estimated)
+        gg = np.repeat(g, r.n_max[g])
+        cc = np.arange(len(gg), dtype=np.int64) - np.repeat(np.cumsum(r.n_max[g]) - r.n_max[g], r.n_max[g]) + 1
+        e = _estimate_groups(s, r, gg, cc)
+        rows = r.row(gg, cc, units=s.units, knobs=s.knobs)
+        fin = np.flatnonzero(np.isfinite(e.capacity_rps) | np.isfinite(e.ttft_s))
+        if len(fin):
+            rt, rp, rc, ri = e.ttft_s[fin], e.tpot_s[fin], e.capacity_rps[fin], rows[fin]
+            consider(miss_of(rt, rp, rc), 0, ri,
+                     lambda j: (r.layout(int(ri[j]), units=s.units, knobs=s.knobs, problem=p), float(rt[j]), float(rp[j]), float(rc[j])))
     pd = s.pd
     if pd is not None and stage[0] in "45":
         u, kn = s.units, s.knobs

@@ -190,32 +190,63 @@ def knob_axes(problem: Problem) -> KnobAxes:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaCandidates:
-    """Replica layouts: rows over (unit, token budget, max seqs, memory fraction, KV dtype), in that order.
+    """Replica layouts, counted without being listed: one group per (instance shape, token budget, max seqs, memory
+    fraction, KV dtype), standing for every instance count from 1 to `n_max` (the budget's worth).
 
-    `alive` says which rows the stages so far kept; the figures are NaN until stage 4 estimates them.
+    A candidate row is (unit, b, q, f, k) in that order, row `row(g, c)` for group `g` at count `c`. The stages keep
+    a suffix of counts per group: `first` is the fewest instances still standing (`n_max + 1`: none), which holds
+    because the estimate is monotone in the count (more instances of one shape never raise latency or lower
+    capacity). Stage 4 also finds where each stage-5 test first passes (`first_ttft`, `first_tpot`, `first_pass`)
+    and the figures at `first_pass`; NaN until then.
     """
 
-    unit: IntArray
+    shape: IntArray
     b: IntArray
     q: IntArray
     f: IntArray
     k: IntArray
-    gpus: IntArray
-    pool_tokens: FloatArray
-    alive: BoolArray
-    ttft_s: FloatArray
+    n_max: IntArray
+    estimated: BoolArray          # kept by stages 1–3: stage 4 estimates every count of these groups
+    first: IntArray
+    first_ttft: IntArray
+    first_tpot: IntArray
+    first_pass: IntArray
+    pool_tokens: FloatArray       # per attention-DP rank, per group (the pool never depends on the count)
+    ttft_s: FloatArray            # at `first_pass`
     tpot_s: FloatArray
     tpot_mean_s: FloatArray
     capacity_rps: FloatArray
 
     def __len__(self) -> int:
-        return len(self.unit)
+        return len(self.shape)
 
-    def layout(self, i: int, *, units: UnitTable, knobs: KnobAxes, problem: Problem) -> Layout:
-        """The layout row `i` stands for."""
-        u = int(self.unit[i])
-        kn = EngineKnobs(max_num_seqs=int(knobs.max_num_seqs[self.q[i]]), max_num_batched_tokens=int(knobs.max_num_batched_tokens[self.b[i]]),
-                         memory_fraction=float(knobs.memory_fraction[self.f[i]]), kv_dtype=knobs.kv_dtypes[int(self.k[i])])
+    @staticmethod
+    def standing_of(n_max: IntArray, first: IntArray) -> int:
+        """Candidates standing when each group keeps the counts from `first` to `n_max`."""
+        return int(np.maximum(n_max - first + 1, 0).sum())
+
+    @property
+    def standing(self) -> int:
+        return self.standing_of(self.n_max, self.first)
+
+    def knob_index(self, knobs: KnobAxes) -> IntArray:
+        """Each group's (b, q, f, k) as one index in row order, below knobs.combinations."""
+        nq, nf, nk = len(knobs.max_num_seqs), len(knobs.memory_fraction), len(knobs.kv_dtypes)
+        return ((self.b * nq + self.q) * nf + self.f) * nk + self.k
+
+    def row(self, g: IntArray, count: IntArray, *, units: UnitTable, knobs: KnobAxes) -> IntArray:
+        """The row index of group `g` at `count` instances, as if every row were listed (the tie order)."""
+        unit = units.shape_start[self.shape[g]] + count - 1
+        return np.asarray(unit * knobs.combinations + self.knob_index(knobs)[g], dtype=np.int64)
+
+    def layout(self, row: int, *, units: UnitTable, knobs: KnobAxes, problem: Problem) -> Layout:
+        """The layout row `row` stands for."""
+        u, rest = divmod(int(row), knobs.combinations)
+        rest, k = divmod(rest, len(knobs.kv_dtypes))
+        rest, f = divmod(rest, len(knobs.memory_fraction))
+        b, q = divmod(rest, len(knobs.max_num_seqs))
+        kn = EngineKnobs(max_num_seqs=int(knobs.max_num_seqs[q]), max_num_batched_tokens=int(knobs.max_num_batched_tokens[b]),
+                         memory_fraction=float(knobs.memory_fraction[f]), kv_dtype=knobs.kv_dtypes[k])
         return Layout.replicas(int(units.count[u]), units.parallelism(u, moe=problem.model.is_moe), kn, problem.precision)
 
 
