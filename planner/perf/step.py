@@ -447,6 +447,8 @@ class StepCoefficients:
     # tables, which route every token over all experts and time one rank's E / ep of them (expert_map); 1 / ep for
     # SGLang's, which time one EP rank computing its dispatched tokens × top-k pairs.
     moe_table_share: Any = 1.0
+    # False for a dense model: every expert and exchange term is exactly zero, so `token_terms` skips them (the same sum).
+    moe: bool = True
 
 
 # Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
@@ -641,6 +643,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
         pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve, moe_table_share=table_share,
+        moe=model.is_moe,
     )
     scales = _TERM_SCALES.get()
     return _apply_term_scales(coeffs, scales[-1]) if scales else coeffs
@@ -700,6 +703,11 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     k = c.sharp
     t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
     t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
+    handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
+    if not c.moe:
+        # A dense model: the expert time and the exchange are +0 exactly (their coefficients are 0), so adding them
+        # changes no bit of the sum; skipping them is most of the step's arithmetic.
+        return t_linear + (c.tp_s_per_token * micro + c.tp_fixed_s), handoff
     routed = micro * c.dp if moe_tokens is None else maximum(moe_tokens / c.pp, 1.0)
     # Distinct local experts hit by `routed` tokens choosing top-k of E (uniform routing), and the routed tokens a GPU
     # computes: under EP each GPU's share is random and the step waits for the busiest one, mean + z·σ over ep GPUs.
@@ -719,7 +727,6 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
         t_moe = np.where(np.isfinite(measured), measured, t_moe)
     exchanged = micro if moe_tokens is None else routed / c.dp  # the exchange's bytes: a rank's share of the gathered tokens
     t_comm = c.a2a_s_per_token * exchanged + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
-    handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     return t_linear + t_moe + t_comm, handoff
 
 
@@ -779,9 +786,9 @@ def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any,
 
 
 def _scalar(x: Any) -> Any:
-    """A one-instance coefficient as a float (the measured MoE curve stays a 1-D array; None stays None)."""
-    if x is None:
-        return None
+    """A one-instance coefficient as a float (the measured MoE curve stays a 1-D array; None and flags stay as they are)."""
+    if x is None or isinstance(x, bool):
+        return x
     return float(x) if np.ndim(x) == 0 else x
 
 
