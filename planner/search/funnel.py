@@ -2,13 +2,14 @@
 
 Called by `decide`. Each stage is a function from the standing candidates (a `Sieve`: typed tables per
 layout kind, planner.search.tables and planner.search.pd_space) to the candidates it keeps, the count it admitted and
-why it rejected the rest; `run_funnel` walks `LADDER` in order. Replicas are listed row by row; PD pairs,
-which grow as the budget squared, are counted without being listed (planner.search.pd_space). Stage 5 also
+why it rejected the rest; `run_funnel` walks `LADDER` in order. Replicas are groups (shape × knobs) over a
+range of instance counts, each stage keeping a suffix of counts found by bisection; PD pairs, which grow as the
+budget squared, are counted without being listed (planner.search.pd_space). Stage 5 also
 picks the survivors `decide` refines. Counts are always candidates. Pure numpy; a `progress(stage,
 fraction)` callback lets a CLI draw a bar.
 
 To add a rejecting stage (an engine rule, say), write `(Sieve) -> tuple[Sieve, Tally]` that narrows
-`sieve.pd.allowed` (prefill shape × decode shape) or `sieve.replicas.alive`, or build one with
+`sieve.pd.allowed` (prefill shape × decode shape) or `sieve.replicas.first` (the fewest instances standing), or build one with
 `reject_pd_shapes`, and insert it into a copy of `LADDER` before stage 5 (`run_funnel(..., ladder=…)`).
 """
 
@@ -161,7 +162,7 @@ def shape_arithmetic(s: Sieve) -> tuple[Sieve, Tally]:
 
 # ---------------------------------------------------------------- stage 2
 def gpu_budget(s: Sieve) -> tuple[Sieve, Tally]:
-    """Stage 2: the layout's GPUs within the budget; replica rows are listed from here on."""
+    """Stage 2: the layout's GPUs within the budget; replica groups (shape × knobs, counts 1…n_max) from here on."""
     u, kn = s.units, s.knobs
     reasons: dict[str, int] = {}
     admitted = 0
@@ -191,9 +192,9 @@ def _replica_groups(u: UnitTable, rows: IntArray, kn: KnobAxes) -> ReplicaCandid
     n = len(grid[0])
     nan = np.full(n, np.nan)
     first = np.ones(n, dtype=np.int64)
-    return ReplicaCandidates(shape=grid[0], b=grid[1], q=grid[2], f=grid[3], k=grid[4], n_max=n_max[grid[0]], estimated=first > 0, first=first, first_ttft=first,
-                             first_tpot=first, first_pass=first, pool_tokens=np.zeros(n), ttft_s=nan, tpot_s=nan, tpot_mean_s=nan,
-                             capacity_rps=nan)
+    return ReplicaCandidates(shape=grid[0], b=grid[1], q=grid[2], f=grid[3], k=grid[4], n_max=n_max[grid[0]], estimated=first > 0,
+                             first=first, first_ttft=first, first_tpot=first, first_pass=first, pool_tokens=np.zeros(n), ttft_s=nan,
+                             tpot_s=nan, tpot_mean_s=nan, capacity_rps=nan)
 
 
 # ---------------------------------------------------------------- stage 3
@@ -243,7 +244,7 @@ def analytical_estimate(s: Sieve) -> tuple[Sieve, Tally]:
     load must stay below the capacity. Client-side TTFT: the engine's plus the front end's."""
     reasons: dict[str, int] = {}
     admitted, entering = 0, 0
-    p, kn, u = s.problem, s.knobs, s.units
+    p = s.problem
     replicas = s.replicas
     if replicas is not None:
         r = replicas
@@ -660,11 +661,11 @@ def _closest_miss(s: Sieve, stage: str) -> tuple[str, tuple[Miss, ...]]:
     r = s.replicas
     if r is not None and stage[0] in "45":
         # Nothing survived: every count of the groups stage 3 kept is estimated here, as a listed row would have been.
-        g = np.flatnonzero(r.estimated)
-        gg = np.repeat(g, r.n_max[g])
-        cc = np.arange(len(gg), dtype=np.int64) - np.repeat(np.cumsum(r.n_max[g]) - r.n_max[g], r.n_max[g]) + 1
-        e = _estimate_groups(s, r, gg, cc)
-        rows = r.row(gg, cc, units=s.units, knobs=s.knobs)
+        kept = np.flatnonzero(r.estimated)
+        group = np.repeat(kept, r.n_max[kept])
+        count = np.arange(len(group), dtype=np.int64) - np.repeat(np.cumsum(r.n_max[kept]) - r.n_max[kept], r.n_max[kept]) + 1
+        e = _estimate_groups(s, r, group, count)
+        rows = r.row(group, count, units=s.units, knobs=s.knobs)
         fin = np.flatnonzero(np.isfinite(e.capacity_rps) | np.isfinite(e.ttft_s))
         if len(fin):
             rt, rp, rc, ri = e.ttft_s[fin], e.tpot_s[fin], e.capacity_rps[fin], rows[fin]
