@@ -31,9 +31,9 @@ LIMITS = {1024: (10.0, 1024.0), 16384: (30.0, 2048.0)}
 SLO_STAGE = "5 SLO and load feasibility"
 
 
-def _child(spec_path: str, no_simulate: bool) -> tuple[dict[str, object], float, float, float, int]:
-    """Run `plan --json` in a fresh process: (its JSON, CPU s, wall s, peak RSS MB, exit code)."""
-    args = ["servingtopology", "plan", spec_path, "--json"] + (["--no-simulate"] if no_simulate else [])
+def plan_in_child(args: list[str]) -> tuple[dict[str, object], float, float, float, int]:
+    """`servingtopology ARGS` (a `plan ... --json`) in a fresh process: (its JSON, CPU s, wall s, peak RSS MB, exit code).
+    Also used by long_prompt.py."""
     code = "\n".join([
         "import resource, runpy, sys",
         "sys.argv = sys.argv[1:]",
@@ -47,12 +47,18 @@ def _child(spec_path: str, no_simulate: bool) -> tuple[dict[str, object], float,
         "print('RUSAGE', r.ru_utime + r.ru_stime, r.ru_maxrss, code, file=sys.stderr)",
     ])
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+    proc = subprocess.run([sys.executable, "-c", code, "servingtopology", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
     wall = time.perf_counter() - t0
     line = next(x for x in proc.stderr.splitlines() if x.startswith("RUSAGE"))
-    _, cpu, rss_kb, code = line.split()
+    _, cpu, rss_kb, rc = line.split()
     out = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    return out, float(cpu), wall, float(rss_kb) / 1024.0, int(code)
+    return out, float(cpu), wall, float(rss_kb) / 1024.0, int(rc)
+
+
+def _child(spec_path: str, no_simulate: bool) -> tuple[dict[str, object], float, float, float, int]:
+    """Run `plan --json` in a fresh process: (its JSON, CPU s, wall s, peak RSS MB, exit code)."""
+    return plan_in_child(["plan", spec_path, "--json"] + (["--no-simulate"] if no_simulate else []))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from funnel_scaling import plan_in_child
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "tests" / "planner" / "data" / "model_configs" / "glm-5-nvfp4.json"
@@ -46,23 +47,8 @@ def seed000_spec(config_path: Path) -> dict[str, Any]:
 
 def _cli(spec_path: Path) -> tuple[dict[str, Any], float, float, int]:
     """`plan --json` in a fresh process: (its JSON, CPU s, peak RSS MB, exit code)."""
-    code = "\n".join([
-        "import resource, runpy, sys",
-        "sys.argv = sys.argv[1:]",
-        "try:",
-        "    runpy.run_module('servingtopology', run_name='__main__')",
-        "except SystemExit as e:",
-        "    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 3)",
-        "else:",
-        "    code = 0",
-        "r = resource.getrusage(resource.RUSAGE_SELF)",
-        "print('RUSAGE', r.ru_utime + r.ru_stime, r.ru_maxrss, code, file=sys.stderr)",
-    ])
-    proc = subprocess.run([sys.executable, "-c", code, "servingtopology", "plan", str(spec_path), "--json", "--no-progress"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
-    line = next(x for x in proc.stderr.splitlines() if x.startswith("RUSAGE"))
-    _, cpu, rss_kb, rc = line.split()
-    return (json.loads(proc.stdout) if proc.stdout.strip() else {}), float(cpu), float(rss_kb) / 1024.0, int(rc)
+    out, cpu, _wall, rss, rc = plan_in_child(["plan", str(spec_path), "--json", "--no-progress"])
+    return dict(out), cpu, rss, rc
 
 
 def _operator(spec: dict[str, Any], *, pinned: bool) -> tuple[str, float, float]:
