@@ -50,7 +50,7 @@ from servingtopology.planner.fidelity.scores import summarize
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype, Role
 from servingtopology.planner.model.catalog import ModelArch
-from servingtopology.planner.perf.step import PerfParams, load_params, perf_params, step_time_s
+from servingtopology.planner.perf.step import NOT_FITTED, PerfParams, load_params, perf_params, step_time_s
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "groundtruth"
@@ -543,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             "vllm_sglang_without_harness": no_harness,
         },
         "leave_one_model_out": lomo,
-        "params": {k: v for k, v in asdict(fitted).items() if k != "source"},
+        "params": {k: v for k, v in asdict(fitted).items() if k not in ("source", *NOT_FITTED)},
     }
     if args.dry_run:
         print(json.dumps(record["params"], indent=1))

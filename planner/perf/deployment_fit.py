@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +36,7 @@ from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.perf.step import STEP_TERMS, PerfParams, perf_params, pinned_params, scaled_terms
 
 __all__ = ["FIRST_TOKEN_TERMS", "TERMS", "MAX_FACTOR", "MIN_POINTS", "DEFAULT_HALF_LIFE_S", "REFUSALS", "CalibrationRefused",
-           "Deployment", "Point", "Source", "DeploymentCalibration", "fit", "with_factors", "problem_factors", "age_weights", "refuse_other"]
+           "Deployment", "Point", "Source", "DeploymentCalibration", "fit", "factored_params", "with_factors", "problem_factors", "age_weights", "refuse_other"]
 
 # First-token terms: PerfParams fields each factor multiplies (times; queue_factor scales the modelled queueing delay).
 FIRST_TOKEN_TERMS: dict[str, tuple[str, ...]] = {
@@ -162,31 +161,33 @@ def age_weights(points: Sequence[Point], half_life_s: float) -> Any:
     return np.power(0.5, (ages - ages.min()) / max(half_life_s, 1e-9))
 
 
-@contextmanager
-def with_factors(factors: Mapping[str, float], base: PerfParams | None = None) -> Iterator[PerfParams]:
-    """Run the model with `factors` applied: first-token terms through `pinned_params`, step terms through
-    `perf.scaled_terms`. Inside, every prediction (analytic, simulator, closed loop) is the calibrated one."""
-    p = base or perf_params()
+def factored_params(factors: Mapping[str, float], base: PerfParams) -> PerfParams:
+    """`base` with `factors` applied: each first-token term's fields multiplied, and the step terms' factors carried as
+    `step_scales` (in place of any `base` carried) for `step_coefficients` to apply. Given these parameters, every
+    prediction (analytic, simulator, closed loop) is the calibrated one."""
     values: dict[str, float] = {}
     for term, names in FIRST_TOKEN_TERMS.items():
         f = float(factors.get(term, 1.0))
         if f != 1.0:
-            values.update({n: getattr(p, n) * f for n in names})
+            values.update({n: getattr(base, n) * f for n in names})
     step = {t: float(factors.get(t, 1.0)) for t in STEP_TERMS}
-    pinned_to = replace(p, **values) if values else p  # type: ignore[arg-type]
-    with pinned_params(pinned_to) as pinned, scaled_terms(step):
+    return scaled_terms(replace(base, **values) if values else base, step)  # type: ignore[arg-type]
+
+
+@contextmanager
+def with_factors(factors: Mapping[str, float], base: PerfParams | None = None) -> Iterator[PerfParams]:
+    """Run the model with `factors` applied to `base` (the parameters in use by default) inside the block: code that
+    reads `perf_params()` there predicts with `factored_params`."""
+    with pinned_params(factored_params(factors, base or perf_params())) as pinned:
         yield pinned
-
-
-_APPLIED: ContextVar[tuple[tuple[str, float], ...]] = ContextVar("problem_factors", default=())
 
 
 @contextmanager
 def problem_factors(factors: Sequence[tuple[str, float]]) -> Iterator[None]:
     """Apply a Problem's factors (`Problem.factors`) inside the block, once: an inner block with the same factors (decide
-    predicting its current layout) does not apply them again. An inner block with other non-empty factors is an error
-    (they would compound); empty factors change nothing. Per thread and asyncio task, like perf.pinned_params."""
-    active = _APPLIED.get()
+    predicting its current layout) does not apply them again, for the parameters in use carry them (`applied_factors`).
+    An inner block with other non-empty factors is an error (they would compound); empty factors change nothing."""
+    active = perf_params().applied_factors
     wanted = tuple((str(t), float(f)) for t, f in factors)
     if not wanted or wanted == active:
         yield
@@ -196,12 +197,8 @@ def problem_factors(factors: Sequence[tuple[str, float]]) -> Iterator[None]:
     unknown = sorted({t for t, _ in wanted} - set(TERMS))
     if unknown:
         raise ValueError(f"unknown calibration terms {unknown}; known: {', '.join(TERMS)}")
-    token = _APPLIED.set(wanted)
-    try:
-        with with_factors(dict(wanted)):
-            yield
-    finally:
-        _APPLIED.reset(token)
+    with pinned_params(replace(factored_params(dict(wanted), perf_params()), applied_factors=wanted)):
+        yield
 
 
 @dataclass(frozen=True, slots=True)

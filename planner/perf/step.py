@@ -28,7 +28,8 @@ from servingtopology.planner.layout import Engine, KvDtype, Parallelism
 from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
 
-__all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "load_params", "fit_record", "InstancePerf", "step_time_s",
+__all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "scaled_terms", "STEP_TERMS", "NOT_FITTED",
+           "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
            "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_exchange", "measured_terms",
            "KERNEL_ENGINES", "PCIE_BUS_EFF"]
@@ -113,12 +114,20 @@ class PerfParams:
     # (a2a_latency_s, link_eff) everywhere. A switch, not fitted.
     measured_exchange: float = 1.0
     source: str = "defaults (unfitted)"
+    # A deployment fit applied to these parameters (planner.perf.deployment_fit.with_factors), carried with them so that
+    # every prediction given them is the corrected one: `step_scales`, the factor of each step-term group (`STEP_TERMS`)
+    # that `step_coefficients` multiplies; `applied_factors`, the Problem factors already folded in (never twice).
+    step_scales: tuple[tuple[str, float], ...] = ()
+    applied_factors: tuple[tuple[str, float], ...] = ()
+
+
+NOT_FITTED = ("step_scales", "applied_factors")  # PerfParams fields a deployment fit sets; no parameter file holds them
 
 
 def load_params(raw: dict[str, Any]) -> PerfParams:
     """Parameters from a parsed parameter file (the layout benchmarks/fit_perf.py writes); unknown keys are ignored."""
-    known = {f.name for f in fields(PerfParams)} - {"source"}
-    values = {k: float(v) for k, v in raw.get("params", {}).items() if k in known}
+    known = {f.name for f in fields(PerfParams)} - {"source", *NOT_FITTED}
+    values: dict[str, Any] = {k: float(v) for k, v in raw.get("params", {}).items() if k in known}
     return PerfParams(**values, source=str(raw.get("source", "")))
 
 
@@ -139,8 +148,8 @@ def _fitted_params() -> PerfParams:
     return load_params(raw) if raw else PerfParams()
 
 
-# The innermost pinned parameters and term scales, per thread and asyncio task (context variables): the operator
-# predicts on several reconcile threads at once, each resource with its own deployment calibration.
+# The innermost pinned parameters, per thread and asyncio task (a context variable): tests pin the parameters their
+# scenarios were written against around code that reads `perf_params()`.
 _PINNED: ContextVar[tuple[PerfParams, ...]] = ContextVar("pinned_params", default=())
 
 
@@ -166,7 +175,7 @@ def perf_params() -> PerfParams:
 
 
 # A deployment's measured correction of the step model (planner.perf.deployment_fit): a time factor per group of terms of
-# `StepCoefficients`, applied to every coefficient `step_coefficients` folds while `scaled_terms` is in effect.
+# `StepCoefficients`, applied to every coefficient `step_coefficients` folds from parameters carrying `step_scales`.
 STEP_TERMS: dict[str, tuple[str, ...]] = {
     "gemm": ("lin_flop_s", "moe_flop_s"),
     "weights": ("lin_mem_s", "moe_mem_s"),
@@ -174,23 +183,15 @@ STEP_TERMS: dict[str, tuple[str, ...]] = {
     "communication": ("a2a_s_per_token", "a2a_fixed_s", "tp_s_per_token", "tp_fixed_s", "handoff_s_per_token", "handoff_fixed_s"),
     "overhead": ("layer_fixed_s", "step_fixed_s", "per_seq_s"),
 }
-_TERM_SCALES: ContextVar[tuple[Mapping[str, float], ...]] = ContextVar("scaled_terms", default=())
 
 
-@contextmanager
-def scaled_terms(scales: Mapping[str, float]) -> Iterator[Mapping[str, float]]:
-    """Multiply the step model's term groups (`STEP_TERMS`) by `scales` inside the block (1 = as modelled).
-
-    The measured MoE curve (`measured_moe`) is scaled with "gemm". Per thread, like `pinned_params`.
-    """
+def scaled_terms(params: PerfParams, scales: Mapping[str, float]) -> PerfParams:
+    """`params` with the step model's term groups (`STEP_TERMS`) multiplied by `scales` (1 = as modelled), in place of any
+    scales they carried. The measured MoE curve (`measured_moe`) is scaled with "gemm"."""
     unknown = set(scales) - set(STEP_TERMS)
     if unknown:
         raise ValueError(f"unknown step terms {sorted(unknown)}; known: {sorted(STEP_TERMS)}")
-    token = _TERM_SCALES.set((*_TERM_SCALES.get(), dict(scales)))
-    try:
-        yield scales
-    finally:
-        _TERM_SCALES.reset(token)
+    return replace(params, step_scales=tuple((str(t), float(f)) for t, f in scales.items()))
 
 
 def _apply_term_scales(c: StepCoefficients, scales: Mapping[str, float]) -> StepCoefficients:
@@ -645,8 +646,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve, moe_table_share=table_share,
         moe=model.is_moe,
     )
-    scales = _TERM_SCALES.get()
-    return _apply_term_scales(coeffs, scales[-1]) if scales else coeffs
+    return _apply_term_scales(coeffs, dict(p.step_scales)) if p.step_scales else coeffs
 
 
 def _fmax(a: float, b: float) -> float:

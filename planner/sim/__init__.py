@@ -33,7 +33,7 @@ from servingtopology.planner.workload import Workload
 
 __all__ = [
     "simulate", "SimResult", "SimSummary", "Percentiles", "percentiles", "RequestSet", "Sessions", "RouterPolicy",
-    "from_workload", "from_rows", "closed_loop", "recorded_latencies", "StepModelFactory",
+    "from_workload", "from_rows", "closed_loop", "recorded_latencies", "StepModelFactory", "RememberedSteps",
 ]
 
 StepModelFactory = Callable[[Role, RoleLayout], StepTimeModel]

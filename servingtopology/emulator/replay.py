@@ -19,10 +19,10 @@ import numpy.typing as npt
 
 from servingtopology.emulator.seam import Completion, Gauges, Progress
 from servingtopology.planner.hardware import Gpu, Precision
-from servingtopology.planner.layout import Engine, Layout
+from servingtopology.planner.layout import Engine, Layout, Role, RoleLayout
 from servingtopology.planner.model.catalog import ModelArch
-from servingtopology.planner.perf.step import request_overhead_s, scaled_terms
-from servingtopology.planner.sim import RequestSet, simulate
+from servingtopology.planner.perf.step import InstancePerf, StepTimeModel, perf_params, request_overhead_s, scaled_terms
+from servingtopology.planner.sim import RememberedSteps, RequestSet, simulate
 
 __all__ = ["ChunkedReplay"]
 
@@ -110,9 +110,13 @@ class ChunkedReplay:
             shared_tokens=cached,
             client=np.full(len(due), -1, dtype=np.int64),
         )
-        with scaled_terms({t: max(float(f), 1.0) for t, f in self.slowdown.items()}):
-            result = simulate(self.layout, model=self.model, gpu=self.gpu, engine=self.engine, requests=requests,
-                              precision=Precision.BF16, seed=self.seed)
+        slowed = scaled_terms(perf_params(), {t: max(float(f), 1.0) for t, f in self.slowdown.items()})
+
+        def step_model(role: Role, rl: RoleLayout) -> StepTimeModel:
+            return RememberedSteps(InstancePerf(self.model, self.gpu, Precision.BF16, rl.knobs.kv_dtype, self.engine,
+                                                rl.parallelism, params=slowed))
+        result = simulate(self.layout, model=self.model, gpu=self.gpu, engine=self.engine, requests=requests,
+                          precision=Precision.BF16, seed=self.seed, step_model=step_model)
         for i in np.flatnonzero(~np.isnan(result.finish_s)):
             first, finish = float(result.first_token_s[i]), float(result.finish_s[i])
             scheduled, arrived = float(result.scheduled_s[i]), float(result.arrival_s[i])
