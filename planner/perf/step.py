@@ -148,8 +148,9 @@ def _fitted_params() -> PerfParams:
     return load_params(raw) if raw else PerfParams()
 
 
-# The innermost pinned parameters, per thread and asyncio task (a context variable): tests pin the parameters their
-# scenarios were written against around code that reads `perf_params()`.
+# The innermost pinned parameters, per thread and asyncio task (a context variable): the operator predicts on several
+# reconcile threads at once, each resource with its own deployment fit (deployment_fit.problem_factors pins the factored
+# parameters here for code that reads `perf_params()`); tests pin the parameters their scenarios were written against.
 _PINNED: ContextVar[tuple[PerfParams, ...]] = ContextVar("pinned_params", default=())
 
 
