@@ -36,11 +36,12 @@ class SearchSpace:
 @dataclass(frozen=True, slots=True)
 class SimulationBudget:
     """What stage 6 may simulate per layout: at most `requests` (the spec's simulation.requests; planner.search.stage6_size
-    lowers it to the work rule and 600), drawn under `seed`. The defaults are the operator's stage 6 before the spec's
-    figures reached it."""
+    lowers it to the work rule and 600), drawn under `seed`, the first `warmup_requests` (at most a quarter of them) left
+    out of the percentiles. The defaults are the operator's stage 6 before the spec's figures reached it."""
 
     requests: int = 600
     seed: int = 0
+    warmup_requests: int = 50
 
 
 @dataclass(frozen=True, slots=True)

@@ -398,8 +398,8 @@ class SimulationSpec(_Base):
                           "more CPU")
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="random seed of the simulated arrivals and lengths")
     warmupRequests: int = Field(default=100, ge=0, le=MAX_SIM_REQUESTS, description="first requests left out of the "
-                                "percentiles (the empty-engine start) by simulate and plan, at most a quarter of them; the "
-                                "operator's stage 6 leaves out 50")
+                                "percentiles (the empty-engine start) by simulate, plan and the "
+                                "operator's stage 6 alike, at most a quarter of them")
 
 
 def _mean_tokens(v: int | DistributionSpec) -> float:
@@ -1011,7 +1011,8 @@ def to_problem(spec: PlanSpec, *, pinned: Layout | None = None, current: Layout 
         model=model, gpu=gpu, engine=spec.engine.name, precision=precision, max_gpus=hw.maxGPUs,
         engine_version=version, engine_version_requested=requested,
         workload=workload, slo=_slo(spec), objective=spec.objective, search=_search(spec, model),
-        pinned=pinned, current=current, simulation=SimulationBudget(requests=spec.simulation.requests, seed=spec.simulation.seed),
+        pinned=pinned, current=current, simulation=SimulationBudget(requests=spec.simulation.requests, seed=spec.simulation.seed,
+                                    warmup_requests=spec.simulation.warmupRequests),
     )
     try:
         context_rejection(problem)   # a request longer than the model's context: no layout serves it

@@ -1,7 +1,8 @@
 """The planner's stage 6 through the simulator: one `Problem` and one `Layout` in, SLO-percentile figures out.
 
-`stage6_figures` has the `decide.Simulate` shape once its keywords are bound (functools.partial), so the
-CLI and the operator can hand it to `decide(problem, simulate=...)`. Pure, deterministic under the seed.
+`stage6_figures` has the `decide.Simulate` shape, so the CLI and the operator hand it to `decide(problem, simulate=...)`;
+`slo_figures` and `warmup_of` are the one reading of a run at the SLO percentiles (stage 6, `plan`, `compare`, the
+operator and `simulate` alike: OneSimulatedFigure). Pure, deterministic under the seed.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from servingtopology.planner.search.decide import SimFigures
 from servingtopology.planner.search.stage6_size import stage6_requests
 from servingtopology.planner.sim import RememberedSteps, simulate
 from servingtopology.planner.sim.requests import from_workload
-from servingtopology.planner.sim.results import SimResult
+from servingtopology.planner.sim.results import SimResult, SimSummary
 
-__all__ = ["simulate_problem", "simulate_mixed", "stage6_figures"]
+__all__ = ["simulate_problem", "simulate_mixed", "slo_figures", "stage6_figures", "warmup_of"]
 
 
 def simulate_problem(problem: Problem, layout: Layout, *, num_requests: int = 600, seed: int = 0) -> SimResult:
@@ -49,21 +50,33 @@ def simulate_mixed(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode
                     transfer_s=lambda tokens: float(kv_link_transfer_s(problem, float(tokens), link_gbit=link_gbit)))
 
 
+def warmup_of(problem: Problem, num_requests: int) -> int:
+    """The first requests left out of the percentiles of a run of `num_requests`: the spec's warm-up, at most a quarter."""
+    return min(problem.simulation.warmup_requests, num_requests // 4)
+
+
+def slo_figures(problem: Problem, layout: Layout, summary: SimSummary) -> SimFigures:
+    """A run's figures at the SLO's percentiles (s): TTFT as a client sees it (the engines' plus the front end,
+    predict.front_end_s, as the analytical figure counts it), TPOT, and the mean TPOT. Unfinished requests (still queued
+    when the run ends) count as infinitely late, so an overloaded layout fails its SLO."""
+    if summary.unfinished > 0 or summary.finished == 0:
+        inf = float("inf")
+        return SimFigures(ttft_s=inf, tpot_s=inf, tpot_mean_s=inf)
+    slo = problem.slo
+    overhead = front_end_s(problem, disaggregated=layout.kind is LayoutKind.PD)
+    return SimFigures(ttft_s=summary.ttft_ms.at(slo.ttft_percentile) / 1e3 + overhead, tpot_s=summary.tpot_ms.at(slo.tpot_percentile) / 1e3,
+                      tpot_mean_s=summary.tpot_ms.mean / 1e3)
+
+
 def stage6_figures(problem: Problem, layout: Layout, *, num_requests: int | None = None, seed: int | None = None,
-                   warmup_requests: int = 50) -> SimFigures:
-    """TTFT (with the per-request front-end overhead) and TPOT (s) at the SLO's percentiles and the mean TPOT, after a warm-up; unfinished requests
-    (still queued when the run ends) count as infinitely late so an overloaded layout fails its SLO. `num_requests` and
-    `seed` default to the problem's: planner.search.stage6_size's count from its simulation budget, and its seed."""
+                   warmup_requests: int | None = None) -> SimFigures:
+    """TTFT and TPOT (s) at the SLO's percentiles and the mean TPOT after a warm-up (`slo_figures`). `num_requests`,
+    `seed` and `warmup_requests` default to the problem's: planner.search.stage6_size's count from its simulation budget,
+    its seed and its warm-up (`warmup_of`), so `plan`, `plan --manifests` and the operator read one run alike."""
     if num_requests is None:
         num_requests = stage6_requests(problem).requests
     if seed is None:
         seed = problem.simulation.seed
     result = simulate_problem(problem, layout, num_requests=num_requests, seed=seed)
-    s = result.summary(problem.slo, warmup_requests=min(warmup_requests, num_requests // 4))
-    slo = problem.slo
-    if s.unfinished > 0 or s.finished == 0:
-        inf = float("inf")
-        return SimFigures(ttft_s=inf, tpot_s=inf, tpot_mean_s=inf)
-    overhead = front_end_s(problem, disaggregated=layout.kind is LayoutKind.PD)  # client-side TTFT, as the funnel's
-    return SimFigures(ttft_s=s.ttft_ms.at(slo.ttft_percentile) / 1e3 + overhead, tpot_s=s.tpot_ms.at(slo.tpot_percentile) / 1e3,
-                      tpot_mean_s=s.tpot_ms.mean / 1e3)
+    warmup = warmup_of(problem, num_requests) if warmup_requests is None else min(warmup_requests, num_requests // 4)
+    return slo_figures(problem, layout, result.summary(problem.slo, warmup_requests=warmup))

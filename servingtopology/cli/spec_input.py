@@ -5,7 +5,6 @@ Used by every subcommand that reads a spec. Owns no planning logic.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Mapping
@@ -80,6 +79,7 @@ def emit_spec_error(exc: SpecError | InvalidSpec, *, as_json: bool = False) -> i
 
 
 def simulator_for(spec: PlanSpec) -> Simulate:
-    """Stage 6 for this spec: the step-level simulator with the spec's warm-up; its requests and seed are the Problem's
-    (to_problem carries simulation.requests and .seed; planner.search.stage6_size sizes the count to the work)."""
-    return functools.partial(stage6_figures, warmup_requests=spec.simulation.warmupRequests)
+    """Stage 6 for this spec: the step-level simulator; its requests, seed and warm-up are the Problem's (to_problem carries
+    simulation.requests, .seed and .warmupRequests; planner.search.stage6_size sizes the count to the work), as the
+    operator's stage 6 reads them."""
+    return stage6_figures
