@@ -39,10 +39,9 @@ from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout,
 from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
 from servingtopology.planner.perf.deployment_fit import Deployment
 from servingtopology.planner.perf.memory_fit import Longest
+from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import refuse_pin
 from servingtopology.planner.search.figure_text import finite_json
-from servingtopology.planner.sim.stage import simulate_problem, slo_figures, warmup_of
-from servingtopology.planner.slo import meets_slo_ms
 from servingtopology.planner.sim import (
     Percentiles,
     RequestSet,
@@ -54,7 +53,8 @@ from servingtopology.planner.sim import (
     recorded_latencies,
     simulate,
 )
-from servingtopology.planner.problem import Problem
+from servingtopology.planner.sim.stage import simulate_problem, slo_figures, warmup_of
+from servingtopology.planner.slo import meets_slo_ms
 from servingtopology.planner.workload import Slo
 from servingtopology.spec import (
     MAX_BATCHED_TOKENS,
