@@ -109,3 +109,25 @@ def test_every_surface_states_one_figure_for_one_layout_at_one_load(pinned, tmp_
         assert (at["ttft_ms"], at["tpot_ms"], at["meets_slo"]) == (p["ttft_ms"], p["tpot_ms"], p["meets_slo"])
     else:   # past its analytical capacity (or unbounded) the plan rests on the analytical figure, which misses
         assert p["source"] == "analytical" and not p["meets_slo"]
+
+
+def test_plan_the_operator_and_simulate_leave_out_the_specs_warm_up_and_count_the_front_end(tmp_path, capsys):
+    # The spec's default warm-up (100 of 600): the operator's stage 6 left out 50, simulate half the run, and simulate's p95
+    # TTFT left the front end out, so plan, plan --manifests and simulate stated three TTFTs for one run.
+    work = ("model: meta-llama/Llama-3.1-8B-Instruct\nprecision: bf16\nengine: {name: vllm, image: engine:1}\n"
+            "hardware: {gpu: h100_sxm, gpusPerNode: 8, maxGPUs: 2}\nworkload: {arrivalRate: 20, inputTokens: 1000, outputTokens: 64}\n"
+            "slo: {ttftMs: {p95: 1000}, tpotMs: {p95: 60}}\nsimulation: {requests: 600}\n")
+    layout = "{kind: replicas, replicas: 1, tp: 1}"
+    resource = tmp_path / "resource.yaml"
+    resource.write_text("kind: ServingTopology\nmetadata: {name: truth}\nspec:\n" + "".join(
+        f"  {line}\n" for line in (work + f"policy: {{mode: Pinned}}\npinned: {layout}\n").splitlines()))
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(work.replace(", image: engine:1", "") + f"layout: {layout}\n")
+    assert main(["plan", str(resource), "--json", "--no-progress"]) == 0
+    planned = json.loads(capsys.readouterr().out)["best"]["prediction"]
+    assert main(["plan", str(resource), "--json", "--no-progress", "--manifests", str(tmp_path / "m")]) == 0
+    operator = json.loads(capsys.readouterr().out)["best"]["prediction"]
+    assert main(["simulate", str(bare), "--json"]) == 0
+    at = json.loads(capsys.readouterr().out)["at_slo"]
+    assert planned["source"] == operator["source"] == at["source"] == "simulated"
+    assert (operator["ttft_ms"], operator["tpot_ms"]) == (planned["ttft_ms"], planned["tpot_ms"]) == (at["ttft_ms"], at["tpot_ms"])
