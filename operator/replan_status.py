@@ -85,6 +85,7 @@ class MoveStatus(_Strict):
     measuredTpotMs: float | None = Field(default=None, ge=0)
     errorPercent: float | None = None      # measured / predicted − 1, in %
     hit: bool | None = None
+    settledAtS: float | None = Field(default=None, ge=0)   # when the moved layout first ran settled (JudgedOnTheMovedLayout)
 
 
 class LengthStatus(_Strict):

@@ -57,7 +57,7 @@ from servingtopology.planner.live.effects import (
 from servingtopology.planner.live.error_bars import Interval
 from servingtopology.planner.live.error_gate import judge_move, shown_intervals
 from servingtopology.planner.live.memory import LoopMemory
-from servingtopology.planner.live.observe import MetricSample, Observation, observe
+from servingtopology.planner.live.observe import MIN_SAMPLES, MetricSample, Observation, observe, observe_slo
 from servingtopology.planner.live.policy import Mode, ReplanPolicy
 from servingtopology.planner.live.replan_decision import CalibrationOf, Move, Predictor, choose_move
 from servingtopology.planner.perf.deployment_fit import DeploymentCalibration
@@ -132,8 +132,29 @@ def intervals_shown(problem: Problem, before: Candidate | None, after: Candidate
     return {"after": of(after), **({"before": of(before)} if before is not None else {})}
 
 
+def _moved_layout_tpot(mem: M, window: tuple[MetricSample, ...], now_s: float) -> tuple[M, float | None]:
+    """JudgedOnTheMovedLayout: the TPOT a gated move is judged by, measured only in intervals that began after the moved
+    layout ran settled (no transition), never averaged with the intervals before the move (an in-place 6→3 scale-down
+    judged on a window holding the 6 replicas' intervals read 27.9 ms where the 3 replicas measured over 33 ms: an e2e
+    run). The first call with the layout settled stamps `settledAtS`; the judgement waits for MIN_SAMPLES intervals after it
+    (None until then)."""
+    assert mem.move is not None
+    if mem.transitioning:
+        return mem, None
+    settled = mem.move.get("settledAtS")
+    if settled is None:
+        return replace(mem, move={**mem.move, "settledAtS": now_s}), None
+    after = [s for s in window if s.at_s - s.interval_s >= float(settled) - 1e-6]
+    if len(after) < MIN_SAMPLES:
+        return mem, None
+    try:
+        return mem, observe_slo(after).tpot_ms
+    except InsufficientData:
+        return mem, None
+
+
 def _judge_move(mem: M, measured_tpot_ms: float) -> tuple[M, MoveJudged]:
-    """The first steady interval after a gated move: its measured TPOT against the interval predicted for it (hit or miss,
+    """A gated move's TPOT measured on the settled moved layout (`_moved_layout_tpot`) against the interval predicted for it (hit or miss,
     by how much; planner/live/error_gate.py `judge_move`). A miss is counted: it widens the intervals of the next move's bar."""
     assert mem.move is not None
     t = mem.move["tpotMs"]
@@ -181,10 +202,11 @@ def step(memory: M, sample: MetricSample | NoSample, *, now_s: float, problem: P
         cal = refit(add_point(cal, point), problem, now_s=now_s, predict=calibrate)
         effects.append(CalibrationChanged(point, cal))
     mem = replace(mem, calibration=cal)
-    if steady and mem.move is not None and mem.move.get("hit") is None and current is not None and mem.move.get("layout") == current.label \
-            and obs.slo.tpot_ms is not None:
-        mem, judged = _judge_move(mem, obs.slo.tpot_ms)
-        effects.append(judged)
+    if mem.move is not None and mem.move.get("hit") is None and current is not None and mem.move.get("layout") == current.label:
+        mem, measured = _moved_layout_tpot(mem, window, now_s)
+        if steady and measured is not None:
+            mem, judged = _judge_move(mem, measured)
+            effects.append(judged)
     observed = replace(observed, factors=combined(problem.factors, cal.factors))   # StartsFromSpec (planner/live/calibration.py)
     before = predict(observed, current) if current is not None else None
 

@@ -275,7 +275,7 @@ def test_after_a_move_the_measured_result_is_judged_in_status_and_a_miss_raises_
     pol = replace(policy(Mode.AUTO, enter_shift=0.1), error_gate=True)
     two = Layout.replicas(2, Parallelism())
     outs = []
-    for i in range(1, 6):   # the new layout runs at twice the TPOT predicted for it
+    for i in range(1, 9):   # the new layout runs at 2.5 times the TPOT predicted for it (judged on 3 intervals after it settled)
         out = replan(problem=PROBLEM, current=two, memory=mem, sample=sample(1000.0 + 60.0 * i, rate=4.6, tpot_ms=2.5 * move["tpotMs"]["value"]),
                      metrics_error=None, policy=pol, now_s=1000.0 + 60.0 * i, planner=planner, predict=_predict_knobs(planner),
                      at="2026-12-03T12:00:00Z")
