@@ -11,7 +11,7 @@ nothing changes: one `GainWithinError` Event names both intervals and every Depl
 replicas and engine command. Then the traffic falls to 10 req/s: every layout the replan can pick on the way down
 (1×TP1·PP2 at 14–22 req/s, 1×TP1 at 8–12) halves the GPUs or better, beyond the bar; the move starts
 (`TransitionStarted` quoting the gate) and status.replan.move records the TPOT interval predicted for the target,
-which the first steady interval after the move is judged against (PredictionHit/PredictionMissed; not waited for here).
+which the TPOT measured on the settled new layout is judged against (JudgedOnTheMovedLayout) (PredictionHit/PredictionMissed; not waited for here).
 The layouts and the bars were checked offline with the operator's own planner (stage-6 simulator) at 8–33 req/s and
 TPOT/TTFT calibration corrections of 0.6–1.5: the same outcome throughout.
 """

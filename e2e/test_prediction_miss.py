@@ -3,8 +3,8 @@
 Llama-3.1-8B on TP1 replicas only, objective min-gpus, spec.policy.gainWithinError, planned for 70 req/s (2048 in,
 256 out): 6×TP1. Once its six engines serve, the emulator serves 30 req/s with its engines slower than the model (EngineSlowdown: weights and
 per-step overhead ×1.4). The operator replans for the measured load: 3×TP1, 100 % better on min-gpus, beyond the
-combined uncertainty of the two TPOT intervals (45 %), so it moves, in place. The first steady interval after the move
-measures TPOT outside the interval predicted for 3×TP1: status.replan.move says by how much, a PredictionMissed Event
+combined uncertainty of the two TPOT intervals (45 %), so it moves, in place. Three intervals measured on the settled 3×TP1
+(JudgedOnTheMovedLayout) put TPOT outside the interval predicted for 3×TP1: status.replan.move says by how much, a PredictionMissed Event
 says so, and status.calibration shows one missed move and the ×1.5 widening it puts on every interval of the next bar.
 Then the traffic falls to 13.8 req/s: 2×TP1 is 50 % better (one TP1 carries 12.1 req/s uncalibrated, 7.9 to 10.8 with
 the factors runs on Poisson arrivals learned, so 2×TP1 either way), beyond the bar of the unwidened intervals (39–48 %, the running layout's
@@ -86,7 +86,7 @@ def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         assert "nominal 80% intervals TTFT [" in started["message"], started   # the change's figures carry their intervals
         moved_s = time.monotonic() - started_s
 
-        # The miss: the first steady interval after the move measures TPOT outside the predicted interval.
+        # The miss: three intervals measured on the settled 3×TP1 (JudgedOnTheMovedLayout) put TPOT outside the predicted interval.
         wait_until(lambda: bool(_mine(kube, namespace, name, "PredictionMissed") or _mine(kube, namespace, name, "PredictionHit")),
                    timeout_s=200, what="the move judged (PredictionMissed)", interval_s=2.0, on_timeout=why)
         assert not _mine(kube, namespace, name, "PredictionHit"), why()
