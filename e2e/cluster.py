@@ -29,7 +29,7 @@ from typing import IO, Any
 import yaml
 
 from .kubetools import PROMETHEUS_OPERATOR
-from .pki import Pki, admin_kubeconfig, make_pki, token_kubeconfig
+from .pki import Pki, ServingPki, admin_kubeconfig, make_pki, token_kubeconfig
 from .processes import Child, Supervisor, free_port, http_ok, wait_until
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -455,6 +455,29 @@ class LocalCluster:
         wait_until(lambda: http_ok(f"{self.prometheus_url}/-/ready"), timeout_s=60, what="Prometheus /-/ready",
                    on_timeout=child.log_tail)
         return child
+
+    def start_tls_prometheus(self, pki: ServingPki, *, name: str) -> tuple[Child, str]:
+        """A second Prometheus with this cluster's configuration (the same PodMonitor jobs, scraping the same pods) that
+        serves its API over https only: `--web.config.file` with a tls_server_config holding `pki`'s serving certificate
+        for 127.0.0.1. Returns the process and its https URL; stop it with `supervisor.stop`."""
+        prometheus_bin = str(self.binaries / "prometheus") if self.binaries else shutil.which("prometheus")
+        if prometheus_bin is None:
+            raise FileNotFoundError("no prometheus: run e2e/build_control_plane.sh (it builds one with Kubernetes discovery)")
+        folder = self.work_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        web = folder / "web.yml"
+        web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(pki.server_crt), "key_file": str(pki.server_key)}}))
+        port = free_port()
+        child = self.supervisor.start(name, [
+            prometheus_bin, f"--config.file={self.prometheus_dir / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web}", "--storage.tsdb.retention.time=2h",
+            "--log.level=warn",
+        ])
+        url = f"https://127.0.0.1:{port}"
+        trusting = ssl.create_default_context(cafile=str(pki.ca_crt))
+        wait_until(lambda: child.raise_if_dead() or http_ok(f"{url}/-/ready", context=trusting), timeout_s=60,
+                   what=f"{name} /-/ready over https", on_timeout=child.log_tail)
+        return child, url
 
     def stop_prometheus(self) -> None:
         """Stops Prometheus (the port stays reserved for a restart)."""

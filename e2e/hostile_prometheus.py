@@ -3,13 +3,15 @@
 Used by the metrics-path tests (tests/operator/test_metrics_bounds.py, test_metrics_fuzz.py) and
 e2e/test_hostile_prometheus.py: each connection gets the answer the test set, written as raw pieces with optional
 pauses (so a test can send malformed HTTP, truncated or chunked bodies, a one-byte drip or an endless body). It
-records every request head it got and counts the bytes it sent.
+records every request head it got and counts the bytes it sent. With `tls` it serves https (a handshake failure is
+recorded, and nothing is read from that connection).
 """
 
 from __future__ import annotations
 
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -85,7 +87,9 @@ class HostileServer:
     answer: Answer | None = None
     port: int = 0
     answer_for: Callable[[bytes], Answer] | None = None
+    tls: ssl.SSLContext | None = None      # a server context: https, each connection's handshake first
     heads: list[bytes] = field(default_factory=list)
+    handshake_failures: list[str] = field(default_factory=list)
     sent_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: socketserver.ThreadingTCPServer | None = None
@@ -93,7 +97,7 @@ class HostileServer:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self) -> HostileServer:
         owner = self
@@ -122,6 +126,13 @@ class HostileServer:
 
     def _serve(self, sock: socket.socket) -> None:
         sock.settimeout(5.0)
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                with self._lock:
+                    self.handshake_failures.append(str(getattr(exc, "reason", "") or type(exc).__name__))
+                return
         head = b""
         try:
             while b"\r\n\r\n" not in head and len(head) < 65536:

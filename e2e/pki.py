@@ -1,7 +1,8 @@
 """Certificates and kubeconfigs for the local control plane, made with the `openssl` command.
 
 Owns a throwaway CA, the API server's serving certificate (for 127.0.0.1), an admin client certificate in
-`system:masters`, the service-account signing key pair, and kubeconfig files. Used by e2e/cluster.py.
+`system:masters`, the service-account signing key pair, and kubeconfig files (e2e/cluster.py); and a private CA with
+a serving and a client certificate for a TLS Prometheus (`make_serving_pki`: e2e and the operator's TLS tests).
 Must not be used for anything but a loopback test cluster: keys are unencrypted and short-lived.
 """
 
@@ -100,3 +101,37 @@ def admin_kubeconfig(path: Path, *, server_url: str, pki: Pki) -> Path:
 def token_kubeconfig(path: Path, *, server_url: str, ca_crt: Path, token: str, user_name: str) -> Path:
     """Writes a kubeconfig that authenticates with a bearer token (a ServiceAccount's, for RBAC checks)."""
     return write_kubeconfig(path, server_url=server_url, ca_crt=ca_crt, user={"token": token}, user_name=user_name)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPki:
+    """A private CA and what a TLS server and its client need (PEM files): the server's certificate for 127.0.0.1 and
+    localhost, a client certificate, and a second CA that signed neither (the wrong-CA case)."""
+
+    ca_crt: Path
+    server_crt: Path
+    server_key: Path
+    client_crt: Path
+    client_key: Path
+    other_ca_crt: Path
+
+
+def make_serving_pki(folder: Path, *, common_name: str = "prometheus") -> ServingPki:
+    """Creates the files of `ServingPki` in `folder` (EC P-256 keys: fast to make)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for ca in ("ca", "other-ca"):
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{ca}.key",
+                 "-out", f"{ca}.crt", "-days", _DAYS, "-subj", f"/CN=servingtopology-test-{ca}", cwd=folder)
+    for name, subject, extensions in (
+        ("server", f"/CN={common_name}", "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n"
+                                         "subjectAltName=IP:127.0.0.1,DNS:localhost\n"),
+        ("client", "/CN=servingtopology-operator", "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
+                                                  "extendedKeyUsage=clientAuth\n"),
+    ):
+        _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{name}.key", cwd=folder)
+        _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=folder)
+        (folder / f"{name}.ext").write_text(extensions)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", _DAYS,
+                 "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=folder)
+    return ServingPki(ca_crt=folder / "ca.crt", server_crt=folder / "server.crt", server_key=folder / "server.key",
+                      client_crt=folder / "client.crt", client_key=folder / "client.key", other_ca_crt=folder / "other-ca.crt")

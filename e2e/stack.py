@@ -55,8 +55,8 @@ class Operator:
              # PodMonitors; the harness scrapes every 2 s (the scenarios' seconds, not a cluster's 15 s).
              "--set", "podMonitors.interval=2s",
              # The cluster's Prometheus (and the fault scenarios' stand-ins for it) listen on loopback, outside the chart's
-             # default allow-list of in-cluster Services: allow any loopback port.
-             "--set-json", 'operator.prometheusUrlAllowList=["http://127.0.0.1:*"]',
+             # default allow-list of in-cluster Services: allow any loopback port (https: the TLS scenario's Prometheus).
+             "--set-json", 'operator.prometheusUrlAllowList=["http://127.0.0.1:*","https://127.0.0.1:*"]',
              "--set", f"operator.timerIntervalSeconds={self.timer_interval_s}", "--set", "operator.logLevel=DEBUG",
              "--create-namespace"],
             check=True, capture_output=True, text=True, timeout=180,

@@ -66,6 +66,10 @@ __all__ = [
     "SecretRef",
     "PolicySpec",
     "MetricsSpec",
+    "MetricsTls",
+    "PemSource",
+    "PemKeyRef",
+    "SecretPem",
     "TopologySpec",
     "PodTemplate",
     "RolePodTemplates",
@@ -565,8 +569,60 @@ class PolicySpec(_Api):
 _PROM_LABEL = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
+class PemKeyRef(_Api):
+    """A key of a Secret or ConfigMap in the resource's namespace holding PEM text."""
+
+    name: str = Field(min_length=1, max_length=MAX_OBJECT_NAME, pattern=_SUBDOMAIN, description="the object's name")
+    key: str = Field(min_length=1, max_length=MAX_OBJECT_NAME, pattern=_DATA_KEY, description="the key holding the PEM text, "
+                     "e.g. ca.crt, tls.crt, tls.key")
+
+
+class PemSource(_Api):
+    """PEM certificates from exactly one of a Secret or a ConfigMap of the resource's namespace."""
+
+    model_config = _cel(("has(self.secret) != has(self.configMap)", "give exactly one of secret or configMap"))
+    secret: PemKeyRef | None = Field(default=None, description="a Secret's key (read only when the Secret carries the "
+                                     "operator's opt-in label, as spec.metrics.bearerTokenSecret)")
+    configMap: PemKeyRef | None = Field(default=None, description="a ConfigMap's key")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PemSource:
+        if (self.secret is None) == (self.configMap is None):
+            raise ValueError("give exactly one of secret or configMap")
+        return self
+
+
+class SecretPem(_Api):
+    """A private key: from a Secret only (never a ConfigMap, which any reader of the namespace may see)."""
+
+    secret: PemKeyRef = Field(description="the Secret's key holding the PEM private key (unencrypted, PKCS#8 or "
+                              "traditional); read only when the Secret carries the operator's opt-in label")
+
+
+class MetricsTls(_Api):
+    """How the operator verifies an https Prometheus, and the client certificate it shows. Verification is always on:
+    the server's certificate must chain to `ca` and name the URL's host."""
+
+    model_config = _cel(("has(self.cert) == has(self.key)", "give cert and key together (a client certificate and its "
+                         "private key), or neither"))
+    ca: PemSource = Field(description="the CA bundle (PEM) the Prometheus server's certificate must chain to, in place of "
+                          "the system's CAs")
+    cert: PemSource | None = Field(default=None, description="a client certificate (PEM, its chain may follow) for a "
+                                   "Prometheus that asks for one; with key")
+    key: SecretPem | None = Field(default=None, description="the client certificate's private key; with cert")
+
+    @model_validator(mode="after")
+    def _pair(self) -> MetricsTls:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("give cert and key together (a client certificate and its private key), or neither")
+        return self
+
+
 class MetricsSpec(_Api):
     """Where the operator reads the engines' live metrics."""
+
+    model_config = _cel(("!has(self.tls) || self.prometheusUrl.startsWith('https://')",
+                         "tls needs an https:// prometheusUrl"))
 
     prometheusUrl: str = Field(max_length=2048, pattern=r"^https?://", description="base URL of the Prometheus HTTP API, e.g. "
                                "http://prometheus-operated.monitoring:9090")
@@ -576,6 +632,16 @@ class MetricsSpec(_Api):
     selector: dict[Annotated[str, Field(max_length=128, pattern=_PROM_LABEL)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=MAX_MAP, description="extra PromQL label matchers for the engine series, e.g. {model: llama}; "
         "a namespace matcher naming another namespace (or a __ label) is refused (MetricsSelectorRefused) unless the operator allows it")
+    tls: MetricsTls | None = Field(default=None, description="for an https prometheusUrl: the CA that signed the server's "
+                                   "certificate (default: the system's CAs) and an optional client certificate; a failure "
+                                   "is MetricsAvailable=False PrometheusCertificateUntrusted, PrometheusTLSFailed or "
+                                   "PrometheusTLSConfigInvalid (naming the field)")
+
+    @model_validator(mode="after")
+    def _tls_over_https(self) -> MetricsSpec:
+        if self.tls is not None and not self.prometheusUrl.startswith("https://"):
+            raise ValueError("tls needs an https:// prometheusUrl")
+        return self
 
 
 def _pinned_gpus_cel() -> str:

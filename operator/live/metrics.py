@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
+from servingtopology.operator.live.prometheus_tls import TlsConfigInvalid, TlsMaterial, client_context
 from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl, UrlRefused, parse_prometheus_url
 from servingtopology.planner.engines.metric_names import RouterMetric as R
 from servingtopology.planner.engines.metric_names import SglangMetric as S
@@ -250,9 +251,11 @@ class PrometheusMetrics:
                  bearer_token: str | None = None, ttft_quantile: float = 0.95, tpot_quantile: float = 0.95, by_role: bool = True,
                  client_factory: ClientFactory | None = None, read_deadline_s: float = READ_DEADLINE_S,
                  read_limits: ReadLimits | None = None, clock: Callable[[], float] = time.monotonic,
-                 addresses: AddressPolicy | None = None) -> None:
+                 addresses: AddressPolicy | None = None, tls: TlsMaterial | None = None) -> None:
         """`url`: the allow-list's reading (a string is read by the same parser, url_policy.parse_prometheus_url);
-        `read_limits`: each query's bounds (default: operator/live/prometheus_http.py's, with QUERY_TIMEOUT_S)."""
+        `read_limits`: each query's bounds (default: operator/live/prometheus_http.py's, with QUERY_TIMEOUT_S); `tls`:
+        spec.metrics.tls's PEM text (None: an https URL is verified against the system's CAs). MetricsUnavailable
+        PrometheusTLSConfigInvalid, naming the field, when it cannot be loaded or the URL is not https."""
         self.queries = build_queries(engine, matchers=matchers, window_s=window_s, ttft_quantile=ttft_quantile,
                                      tpot_quantile=tpot_quantile, by_role=by_role)
         try:
@@ -264,9 +267,18 @@ class PrometheusMetrics:
         self._token = bearer_token or None
         self._factory = client_factory or self._bounded
         self.addresses = addresses or AddressPolicy()
+        self._tls = None
+        if tls is not None:
+            if self.url.scheme != "https":
+                raise MetricsUnavailable("spec.metrics.tls: needs an https:// prometheusUrl (TLS is not used for http)",
+                                         PrometheusFailure.TLS_CONFIG_INVALID.value)
+            try:
+                self._tls = client_context(tls)
+            except TlsConfigInvalid as exc:
+                raise MetricsUnavailable(f"the TLS configuration is invalid: {exc}", PrometheusFailure.TLS_CONFIG_INVALID.value) from None
 
     def _bounded(self, url: PrometheusUrl, token: str | None) -> _Client:
-        return BoundedPrometheus(url, bearer_token=token, limits=self.read_limits,
+        return BoundedPrometheus(url, bearer_token=token, limits=self.read_limits, tls=self._tls,
                                  deadline_s=self.clock() + self.read_deadline_s, clock=self.clock, addresses=self.addresses)
 
     def fetch_sample(self, *, at_s: float, interval_s: float) -> MetricSample:

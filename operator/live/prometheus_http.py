@@ -10,6 +10,10 @@ resource author's), so every read is bounded and every failure is a `PrometheusA
     │                               ResolvedAddressChecked): nothing is connected to
     ├── PrometheusAnswerTooLarge    a body (or headers) past the cap, refused as soon as it passes, never read whole
     ├── PrometheusTimeout           the query's deadline (one total for resolving, connect, headers and body; never per read)
+    ├── PrometheusCertificateUntrusted  https: the server's certificate does not chain to the CA (spec.metrics.tls.ca,
+    │                               else the system's), has expired, or does not name the URL's host (TlsNamed)
+    ├── PrometheusTLSFailed         https: the handshake or the session failed otherwise (a protocol the server does not
+    │                               speak, a client certificate it asks for or refuses, plain HTTP on the port)
     ├── PrometheusAnswerInvalid     not HTTP/1.x, not UTF-8 JSON, nested past the depth cap, NaN/Infinity/overflowing
     │                               numbers, a truncated body, no Prometheus `data.result`, or an answer in more pieces
     │                               (reads and chunks) than ReadLimits.pieces
@@ -21,6 +25,10 @@ call and each chunk a parse, so an answer sent a byte at a time cost 24.6 CPU s;
 together it is refused (a real answer comes in a few, 1 MiB in 64 KiB reads in 16). ResolveWithinDeadline: the name is
 resolved in a small bounded pool of threads, waited for no longer than the query's deadline (getaddrinfo itself has no
 timeout), and every address is checked before one is connected to.
+
+TlsNamed: an ssl error is worded from its verify message or OpenSSL reason code only (what the client found, never the
+server's bytes); nothing is sent before the handshake verified the server. The context (operator/live/prometheus_tls.py)
+always verifies.
 
 The bearer token is sent only in the one request this client makes, to `url.host:url.port`; nothing here parses a
 URL again or follows one the server names.
@@ -44,7 +52,7 @@ from urllib.parse import urlencode
 
 from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl
 
-__all__ = ["PrometheusFailure", "PrometheusAnswerError", "ReadLimits", "BoundedPrometheus", "parse_answer", "nesting_exceeds", "MAX_DEPTH"]
+__all__ = ["PrometheusFailure", "PrometheusAnswerError", "tls_failure", "ReadLimits", "BoundedPrometheus", "parse_answer", "nesting_exceeds", "MAX_DEPTH"]
 
 
 class PrometheusFailure(enum.StrEnum):
@@ -54,6 +62,9 @@ class PrometheusFailure(enum.StrEnum):
     ADDRESS_REFUSED = "PrometheusAddressRefused"
     TOO_LARGE = "PrometheusAnswerTooLarge"
     TIMEOUT = "PrometheusTimeout"
+    CERT_UNTRUSTED = "PrometheusCertificateUntrusted"
+    TLS_FAILED = "PrometheusTLSFailed"
+    TLS_CONFIG_INVALID = "PrometheusTLSConfigInvalid"   # spec.metrics.tls unusable (operator/live/prometheus_tls.py)
     INVALID = "PrometheusAnswerInvalid"
     UNAVAILABLE = "MetricsUnavailable"
 
@@ -64,6 +75,29 @@ class PrometheusAnswerError(Exception):
     def __init__(self, reason: PrometheusFailure, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+# TlsNamed: OpenSSL reason codes that mean the server asked for a client certificate, or refused the one shown.
+_CLIENT_CERT_ALERTS = ("CERTIFICATE_REQUIRED", "BAD_CERTIFICATE", "UNKNOWN_CA", "CERTIFICATE_UNKNOWN", "HANDSHAKE_FAILURE")
+
+
+def tls_failure(exc: ssl.SSLError, authority: str) -> PrometheusAnswerError:
+    """The named failure of an ssl error talking to `authority` (TlsNamed): CERT_UNTRUSTED for a certificate that failed
+    verification, TLS_FAILED for anything else, each worded from OpenSSL's verify message or reason code."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        why = str(exc.verify_message or exc.reason or "verification failed")[:160]
+        return PrometheusAnswerError(PrometheusFailure.CERT_UNTRUSTED, f"the certificate of {authority} is not trusted: {why}; "
+                                     "nothing was sent. Give the CA that signed it in spec.metrics.tls.ca")
+    code = str(exc.reason or type(exc).__name__)[:80]
+    hint = ""
+    if any(alert in code for alert in _CLIENT_CERT_ALERTS):
+        hint = "; the server asks for a client certificate, or refused the one shown (spec.metrics.tls.cert and .key)"
+    elif isinstance(exc, ssl.SSLEOFError) or "EOF" in code:
+        hint = ("; the server closed the session without a word, as a server does that asks for a client certificate and "
+                "got none or one it does not trust (spec.metrics.tls.cert and .key)")
+    elif "WRONG_VERSION_NUMBER" in code or "RECORD_LAYER" in code:
+        hint = "; the port may not serve TLS (an http:// URL?)"
+    return PrometheusAnswerError(PrometheusFailure.TLS_FAILED, f"TLS with {authority} failed: {code}{hint}")
 
 
 MAX_DEPTH = 32   # a real answer is 6 levels deep
@@ -168,8 +202,10 @@ def parse_answer(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]
 class _Exchange:
     """One request and its response on one socket, every read bounded by the query's deadline."""
 
-    def __init__(self, sock: socket.socket, *, deadline_s: float, clock: Callable[[], float], limits: ReadLimits) -> None:
+    def __init__(self, sock: socket.socket, *, deadline_s: float, clock: Callable[[], float], limits: ReadLimits,
+                 host: str = "") -> None:
         self.sock, self.deadline_s, self.clock, self.limits = sock, deadline_s, clock, limits
+        self.sock_host = host
         self.buffer = bytearray()
         self.eof = False
         self.pieces = 0
@@ -194,6 +230,8 @@ class _Exchange:
             data = self.sock.recv(65536)
         except TimeoutError:
             raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s") from None
+        except ssl.SSLError as exc:
+            raise tls_failure(exc, self.sock_host) from None
         if not data:
             self.eof = True
         self.buffer += data
@@ -330,12 +368,14 @@ class BoundedPrometheus:
             lines.append(f"Authorization: Bearer {self._token}")
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
         with self._connect(deadline_s) as sock:
-            exchange = _Exchange(sock, deadline_s=deadline_s, clock=self.clock, limits=self.limits)
+            exchange = _Exchange(sock, deadline_s=deadline_s, clock=self.clock, limits=self.limits, host=self.url.authority)
             sock.settimeout(exchange._remaining_s())
             try:
                 sock.sendall(request)
             except TimeoutError:
                 raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"the query was not sent within {self.limits.query_s:g} s") from None
+            except ssl.SSLError as exc:
+                raise tls_failure(exc, self.url.authority) from None
             status, headers = exchange.head()
             if 300 <= status < 400:
                 raise PrometheusAnswerError(PrometheusFailure.REDIRECT_REFUSED, f"HTTP {status}: a redirect, which is never followed")
@@ -391,7 +431,10 @@ class BoundedPrometheus:
             except PrometheusAnswerError:
                 sock.close()
                 raise
-            except OSError as exc:    # refused, unreachable, a TLS failure
+            except ssl.SSLError as exc:   # the server's certificate or the handshake: another address serves the same
+                sock.close()
+                raise tls_failure(exc, self.url.authority) from None
+            except OSError as exc:    # refused, unreachable
                 sock.close()
                 error = exc
         raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE,
