@@ -34,7 +34,8 @@ refused, and what the plan decides comes only from the plan. By default, in engi
   kubernetes.io/hostname places a pod on one node through it);
 - placement the scheduler still checks (nodeSelector, affinity, tolerations), imagePullSecrets and the grace period
   are free; a container named `engine` or `router` merges into the operator's container of that name where the pod has
-  one, and is refused where it would be a second container of the name (an init container, a `router` in engine pods);
+  one, and is refused where it would be a second container of the name (an init container, a `router` in engine pods),
+  as is a name given twice in the template;
 - spec.metrics.selector stays inside the resource's namespace (a `namespace` matcher naming another is refused),
   and no `__`-prefixed Prometheus label; a bearer-token Secret is read only when it carries the opt-in label.
 """
@@ -349,13 +350,20 @@ def _container(scan: _Scan, c: Mapping[str, Any], path: str) -> None:
 
 def _container_names(scan: _Scan, spec: Mapping[str, Any]) -> None:
     """OperatorContainerNames: `engine` or `router` where the pod has no such container (a second one beside the
-    operator's) or as an init container, and one name in both lists: the API server would refuse the pod (names are
-    unique across containers and initContainers) with an error no condition names."""
+    operator's) or as an init container, one name in both lists, and one name twice in a list: the API server would
+    refuse the pod (names are unique across containers and initContainers) with an error no condition names, and the
+    merge by name would fold the second entry into the first (a sidecar's command then reads as the plan's)."""
     first: dict[str, str] = {}
     rendered = " or ".join(repr(n) for n in scan.rendered_containers)
     for key in ("containers", "initContainers"):
+        seen: set[str] = set()
         for i, c in enumerate(_items(spec.get(key))):
             name, path = _mapping(c).get("name"), f"spec.{key}[{i}].name"
+            if isinstance(name, str) and name in seen:
+                scan.never(path, f"{name!r} is given twice in spec.{key}: container names are unique in a pod", "another name")
+                continue
+            if isinstance(name, str):
+                seen.add(name)
             if name in OPERATOR_CONTAINERS and key == "initContainers":
                 scan.never(path, f"{name!r} is the name of the operator's container", "another name")
             elif name in OPERATOR_CONTAINERS and name not in scan.rendered_containers:

@@ -100,6 +100,12 @@ ROWS: list[tuple[str, dict[str, Any], str, PodGrant | None]] = [
     ("router-in-engine-pods", template(containers=[{"name": "router"}]), W + "spec.containers[0].name", None),
     ("one-name-twice", template(containers=[sidecar()], initContainers=[{"name": "side", "image": "busybox"}]),
      W + "spec.initContainers[0].name", None),
+    # one name twice in a list: the merge by name folded the second sidecar into the first, and a command of the
+    # second then raised "command is the plan's" in the render, after the policy had admitted it (the e2e admission property)
+    ("sidecar-twice", template(containers=[sidecar(), sidecar(command=["sleep", "infinity"])]), W + "spec.containers[1].name", None),
+    ("engine-twice", template(containers=[{"name": "engine"}, {"name": "engine"}]), W + "spec.containers[1].name", None),
+    ("init-twice", template(initContainers=[{"name": "i", "image": "busybox"}, {"name": "i", "image": "busybox"}]),
+     W + "spec.initContainers[1].name", None),
     # a device list the NVIDIA runtime honours; a kubelet connection from the node's network
     ("visible-devices", template(containers=[sidecar(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])]),
      W + "spec.containers[0].env[0]", PodGrant.PRIVILEGED),
