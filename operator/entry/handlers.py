@@ -40,6 +40,7 @@ from servingtopology.operator.api.resource import Condition, ConditionType, Topo
 from servingtopology.operator.cluster.cluster import Cluster, ClusterError, ObjectRef
 from servingtopology.operator.cluster.plan_worker import PlanPending
 from servingtopology.operator.entry.kopf_compat import timer_without_finalizer
+from servingtopology.operator.entry.kopf_storage import CompactDiffBaseStorage
 from servingtopology.operator.entry.telemetry import OperatorMetrics
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory, pooled_prometheus
@@ -52,7 +53,7 @@ from servingtopology.operator.replan import Predictor
 from servingtopology.planner.search.decide import predict_layout
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "retry_delay_s", "QuietRequeues", "QUIET_REQUEUES",
-           "RETRY_DELAY_S", "RETRY_CAP_S", "DECISIONS_LOGGER", "QUIET_RETRIES", "KOPF_API_LOGGER"]
+           "RETRY_DELAY_S", "RETRY_CAP_S", "RETRY_MARK", "DECISIONS_LOGGER", "QUIET_RETRIES", "KOPF_API_LOGGER"]
 
 TRIGGERS = ("create", "update", "resume", "timer")
 RETRY_DELAY_S = 15.0
@@ -439,9 +440,10 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # Keep kopf's bookkeeping in annotations: the CRD's structural schema would prune status.kopf.
+        # Keep kopf's bookkeeping in annotations: the CRD's structural schema would prune status.kopf. The diff base is
+        # a compact record (operator/entry/kopf_storage.py): a verbatim spec above 256 KiB breaks the annotation limit.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"kopf.{GROUP}")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=f"kopf.{GROUP}")
+        settings.persistence.diffbase_storage = CompactDiffBaseStorage(prefix=f"kopf.{GROUP}")
         settings.peering.name = peering_name
         settings.peering.clusterwide = clusterwide
         settings.peering.stealth = True
