@@ -4,14 +4,22 @@ pool on create, update, resume and the timer.
 
 Registered by operator/entry/main.py beside the ServingTopology handlers. The pass runs on the Runtime's threads;
 its status goes through kopf's patch, its Events and (Auto) the members' caps through the Cluster seam. Owns no planning.
+
+ApiUnavailable: a pass whose Kubernetes API request fails (ClusterError: the API server restarting, a 5xx, a timeout)
+sets `Reconciled=False, reason=ApiUnavailable` beside the pool's last Planned condition and runs again after
+API_RETRY_S (1, 2, 4, 8, then every 15 s while it fails), logged once at WARNING without a traceback; the next completed
+pass drops the condition and logs the recovery. kopf's own back-off for an exception it does not know is 60 s with a
+traceback each time, which turned a 14 s API-server restart into a 90 s wait for a pool move.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -19,12 +27,29 @@ import kopf
 from servingtopology.operator.api.crd import PLURAL, VERSION
 from servingtopology.operator.api.pool import ALLOCATION_ANNOTATION, POOL_PLURAL, pool_of
 from servingtopology.operator.api.resource import API_VERSION, GROUP, KIND
-from servingtopology.operator.cluster.cluster import ObjectRef
-from servingtopology.operator.entry.handlers import Runtime
+from servingtopology.operator.cluster.cluster import ClusterError, ObjectRef
+from servingtopology.operator.entry.handlers import DECISIONS_LOGGER, RETRY_MARK, Runtime
 from servingtopology.operator.entry.kopf_compat import timer_without_finalizer
 from servingtopology.operator.pool_pass import pool_pass
 
-__all__ = ["TopologyIndex", "register_pool"]
+__all__ = ["TopologyIndex", "register_pool", "API_RETRY_S", "api_retry_delay_s", "API_UNAVAILABLE"]
+
+API_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0)   # ApiUnavailable: the delay after the n-th failed pass in a row, then the last
+API_UNAVAILABLE = "ApiUnavailable"
+RECONCILED = "Reconciled"
+LOG = logging.getLogger(DECISIONS_LOGGER)
+
+
+def api_retry_delay_s(failures: int) -> float:
+    """ApiUnavailable's back-off for the `failures`-th failed pass in a row (1, 2, 4, 8, then 15 s)."""
+    return API_RETRY_S[min(max(failures, 1), len(API_RETRY_S)) - 1]
+
+
+def _api_unavailable(previous: Any, message: str, *, now: datetime, generation: int) -> list[dict[str, Any]]:
+    """The pool's conditions with `Reconciled=False, ApiUnavailable`: its last Planned condition stays as it was."""
+    kept = [dict(c) for c in previous if isinstance(c, Mapping) and c.get("type") != RECONCILED] if isinstance(previous, list) else []
+    return [*kept, {"type": RECONCILED, "status": "False", "reason": API_UNAVAILABLE, "message": message[:1024],
+                    "observedGeneration": generation, "lastTransitionTime": now.isoformat().replace("+00:00", "Z")}]
 
 
 class TopologyIndex:
@@ -79,9 +104,25 @@ def register_pool(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_in
         for type_, reason, message in result.events:
             runtime.cluster.record_event(body, type=type_, reason=reason, message=message, now=runtime.clock())
 
+    failures: dict[str, int] = {}      # pool uid -> failed passes in a row (handlers of one pool never overlap)
+
     async def handler(body: Mapping[str, Any], patch: Any, **_: Any) -> None:
+        meta = body.get("metadata") or {}
+        uid, where = str(meta.get("uid", "")), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         ctx = contextvars.copy_context()
-        await asyncio.get_running_loop().run_in_executor(runtime.executor, ctx.run, lambda: run(body, patch))
+        try:
+            await asyncio.get_running_loop().run_in_executor(runtime.executor, ctx.run, lambda: run(body, patch))
+        except ClusterError as exc:
+            n = failures[uid] = failures.get(uid, 0) + 1
+            delay_s = api_retry_delay_s(n)
+            text = f"Kubernetes API: {exc}; next try in {delay_s:g} s"
+            (LOG.warning if n == 1 else LOG.debug)("pool %s: pass failed (%d in a row): %s", where, n, text)
+            patch.status["conditions"] = _api_unavailable((body.get("status") or {}).get("conditions"), text, now=runtime.clock(),
+                                                          generation=int(meta.get("generation") or 0))
+            raise kopf.TemporaryError(f"{text} ({RETRY_MARK}{n})", delay=delay_s) from None
+        recovered = failures.pop(uid, 0)
+        if recovered:
+            LOG.info("pool %s: the pass completed again after %d failed passes", where, recovered)
 
     for trigger, on in (("create", kopf.on.create), ("resume", kopf.on.resume)):
         on(GROUP, VERSION, POOL_PLURAL, id=f"pool-{trigger}", registry=registry)(handler)
