@@ -405,6 +405,11 @@ class PassContext:
     metrics_allow: UrlAllowList | None = None    # the Prometheus URLs the operator may call (None: any)
     approved: Layout | None = None               # the approved proposal's layout, on the pass that applies it
 
+    def label(self, layout: Layout) -> str:
+        """`layout` as status, conditions and Events name it: in the spec's engine's words (EngineNamed: Layout.label_for),
+        as the command line's record names it."""
+        return layout.label_for(self.spec.engine.name)
+
     def bp_for(self, p: PassState, layout: Layout, set_name: str = "") -> Blueprint:
         return blueprint_for(self.spec, layout, name=p.name, namespace=p.namespace, uid=p.uid, gpus_per_node=self.gpus_per_node,
                              set_name=set_name)

@@ -23,7 +23,7 @@ from servingtopology.operator.api.resource import (
 )
 from servingtopology.operator.live.readout import ms_text, pd_ratio
 from servingtopology.planner.hardware import Precision
-from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role, RoleLayout
 from servingtopology.planner.live.error_bars import LEVEL, Interval
 from servingtopology.planner.live.error_gate import shown_intervals
 from servingtopology.planner.problem import Candidate, Prediction, Problem
@@ -90,23 +90,25 @@ def _roles(layout: Layout, args_of: ArgsOf) -> list[RolePlan]:
     return out
 
 
-def plan_status(candidate: Candidate, *, args_of: ArgsOf, reasons: Sequence[str], now: datetime, generation: int) -> PlanStatus:
-    """`status.plan` for a chosen candidate."""
+def plan_status(candidate: Candidate, *, engine: Engine, args_of: ArgsOf, reasons: Sequence[str], now: datetime,
+                generation: int) -> PlanStatus:
+    """`status.plan` for a chosen candidate; its layout named in `engine`'s words, as the command line's record names
+    it (EngineNamed: Layout.label_for)."""
     layout = candidate.layout
-    return PlanStatus(layout=layout.label, kind=layout.kind, precision=layout.precision.value, gpus=layout.gpus,
+    return PlanStatus(layout=layout.label_for(engine), kind=layout.kind, precision=layout.precision.value, gpus=layout.gpus,
                       pd=pd_ratio(layout), roles=_roles(layout, args_of), predicted=predicted(candidate.prediction),
                       reasons=list(reasons)[:8], decidedAt=timestamp(now), generation=generation)
 
 
-def proposal_status(candidate: Candidate, *, current: PlanStatus | None, before: Prediction | None, args_of: ArgsOf,
-                    reasons: Sequence[str], now: datetime, generation: int, percentile: str, load_rps: float | None = None) -> ProposalStatus:
+def proposal_status(candidate: Candidate, *, engine: Engine, current: PlanStatus | None, before: Prediction | None,
+                    args_of: ArgsOf, reasons: Sequence[str], now: datetime, generation: int, percentile: str, load_rps: float | None = None) -> ProposalStatus:
     """`status.proposal`: the plan a DryRun would apply, with the figures before and after.
 
     SameLoadFigures: `before` must be the running layout predicted at the load `candidate` was predicted at
     (`load_rps`); without one the message quotes the new figures alone, never the running plan's figures at the
     load it was planned for.
     """
-    plan = plan_status(candidate, args_of=args_of, reasons=reasons, now=now, generation=generation)
+    plan = plan_status(candidate, engine=engine, args_of=args_of, reasons=reasons, now=now, generation=generation)
     before_p = predicted(before) if before is not None else None
     reason = reasons[0] if reasons else (candidate.why or "best ranked layout under the SLOs")
     message = change_message(current_layout=current.layout if current else None, current_gpus=current.gpus if current else None,

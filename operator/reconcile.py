@@ -321,7 +321,7 @@ def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
         if isinstance(decision, Outcome):
             return decision
         best, decided = decision.best, True
-        proposal = proposal_status(best, current=p.status.plan, before=decision.current.prediction if decision.current else None,
+        proposal = proposal_status(best, engine=ctx.spec.engine.name, current=p.status.plan, before=decision.current.prediction if decision.current else None,
                                    args_of=engine_args_of(ctx.bp_for(p, best.layout)), reasons=decision.reasons, now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec))
         proposal = p.numbered(_with_intervals(with_calibration(proposal, decision, p), spec_problem, decision, p)).model_copy(
@@ -336,7 +336,8 @@ def _dry_run(p: PassState, ctx: PassContext, current: Layout | None) -> Outcome:
     # Live replanning needs something running to observe; DryRun never starts anything itself.
     out = observe_live(p, ctx, problem, current) if problem is not None else None
     if out is not None and out.verdict is Verdict.PROPOSE and out.after is not None:
-        proposal = p.numbered(proposal_from_replan(out, current=p.status.plan, args_of=engine_args_of(ctx.bp_for(p, out.after.layout)),
+        proposal = p.numbered(proposal_from_replan(out, engine=ctx.spec.engine.name, current=p.status.plan,
+                                                   args_of=engine_args_of(ctx.bp_for(p, out.after.layout)),
                                                    now=p.now, generation=p.generation, percentile=slo_percentile(ctx.spec)))
         p.set(ConditionType.PLANNED, True, "PlanProposed", proposal.message)
         history = append_history(history, HistoryEntry(at=timestamp(p.now), action="Proposed", layout=proposal.layout,
@@ -486,9 +487,9 @@ def _decide_within_capacity(p: PassState, ctx: PassContext, problem: Problem | N
         free_per_node = [n.free for n in capacity.of(gpu_id)]
         missing = unplaced_gpus(layout_pod_gpus(best.layout, gpus_per_node=ctx.gpus_per_node), free_per_node)
     if missing == 0:
-        p.set(ConditionType.INSUFFICIENT_CAPACITY, False, "Fits", f"{best.layout.label} ({best.layout.gpus} GPUs) fits: {note}")
+        p.set(ConditionType.INSUFFICIENT_CAPACITY, False, "Fits", f"{ctx.label(best.layout)} ({best.layout.gpus} GPUs) fits: {note}")
         return decision
-    message = (f"plan {best.layout.label} needs {best.layout.gpus} {gpu_id} GPUs; {missing} {gpu_id} GPUs are missing "
+    message = (f"plan {ctx.label(best.layout)} needs {best.layout.gpus} {gpu_id} GPUs; {missing} {gpu_id} GPUs are missing "
                f"({note}); nothing was applied")
     return _insufficient_capacity(p, message)
 
@@ -514,10 +515,10 @@ def _kinds_fit(p: PassState, ctx: PassContext, decision: Decision, capacity: Cap
     kinds = sorted(set(best.layout.role_gpus(gpu_id).values()))
     note = "; ".join(f"{capacity.free(k)} of {capacity.allocatable(k)} {k} GPUs free on {len(capacity.of(k))} matching nodes" for k in kinds)
     if not missing:
-        p.set(ConditionType.INSUFFICIENT_CAPACITY, False, "Fits", f"{best.layout.label} ({best.layout.gpus} GPUs) fits: {note}")
+        p.set(ConditionType.INSUFFICIENT_CAPACITY, False, "Fits", f"{ctx.label(best.layout)} ({best.layout.gpus} GPUs) fits: {note}")
         return decision
     short = ", ".join(f"{n} {k}" for k, n in missing.items())
-    message = f"plan {best.layout.label} needs GPUs of {len(kinds)} kinds; {short} GPUs are missing ({note}); nothing was applied"
+    message = f"plan {ctx.label(best.layout)} needs GPUs of {len(kinds)} kinds; {short} GPUs are missing ({note}); nothing was applied"
     return _insufficient_capacity(p, message)
 
 
@@ -531,13 +532,13 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
     bp = ctx.bp_for(p, best.layout)
     if multinode_roles(bp) and not p.cluster.has_leader_worker_set():
         roles = ", ".join(r.value for r in multinode_roles(bp))
-        message = (f"plan {best.layout.label} needs multi-node instances ({roles}, over {bp.gpus_per_node} GPUs per node) and "
+        message = (f"plan {ctx.label(best.layout)} needs multi-node instances ({roles}, over {bp.gpus_per_node} GPUs per node) and "
                    "the LeaderWorkerSet CRD (leaderworkerset.x-k8s.io) is not installed; nothing was applied")
         if p.set(ConditionType.READY, False, "LeaderWorkerSetMissing", message):
             p.event("Warning", "LeaderWorkerSetMissing", message)
         p.set(ConditionType.PLANNED, False, "LeaderWorkerSetMissing", message)
         return p.outcome(plan=plan, proposal=None, error="LeaderWorkerSetMissing")
-    new_plan = _with_intervals(with_calibration(plan_status(best, args_of=engine_args_of(bp), reasons=decision.reasons, now=p.now,
+    new_plan = _with_intervals(with_calibration(plan_status(best, engine=bp.engine, args_of=engine_args_of(bp), reasons=decision.reasons, now=p.now,
                                                             generation=p.generation), decision, p), problem, decision, p)
     reason = decision.reasons[0] if decision.reasons else (best.why or "best ranked layout under the SLOs")
     if ctx.spec.policy.mode is Mode.PINNED:
@@ -554,7 +555,7 @@ def _plan_for_generation(p: PassState, ctx: PassContext, problem: Problem | None
     if plan is not None and current is not None and problem is not None and current != best.layout:
         started = start_for_change(p.memory, problem=problem, current=current, target=best.layout, running=running_set(plan),
                                    policy=ctx.policy, now_s=p.now.timestamp())
-        proposal = proposal_status(best, current=plan, before=same_load.prediction if same_load is not None else None,
+        proposal = proposal_status(best, engine=bp.engine, current=plan, before=same_load.prediction if same_load is not None else None,
                                    args_of=engine_args_of(bp), reasons=[reason, *decision.reasons], now=p.now,
                                    generation=p.generation, percentile=slo_percentile(ctx.spec), load_rps=load_rps)
         proposal = _with_intervals(with_calibration(proposal, decision, p), problem, decision, p, before=same_load)
@@ -668,14 +669,16 @@ def _enact(p: PassState, ctx: PassContext, current: Layout | None, *, replan_now
         if out is not None and out.verdict is Verdict.TRANSITION and out.after is not None:
             p.memory = rebase_sets(p.memory, running_set(run.plan))
             state = p.memory.transition
-            run.proposal = proposal_from_replan(out, current=run.plan, args_of=engine_args_of(ctx.bp_for(p, out.after.layout)), now=p.now,
+            run.proposal = proposal_from_replan(out, engine=ctx.spec.engine.name, current=run.plan,
+                                                args_of=engine_args_of(ctx.bp_for(p, out.after.layout)), now=p.now,
                                                 generation=p.generation, percentile=slo_percentile(ctx.spec),
                                                 set_name=state.to_set if state is not None else None).model_copy(
                                                     update={"poolGPUs": p.pool_gpus})
             run.decided = True
             _declared(p, ctx, problem, run)
         elif out is not None and out.verdict is Verdict.PROPOSE and out.after is not None and proposing:
-            run.proposal = p.numbered(proposal_from_replan(out, current=run.plan, args_of=engine_args_of(ctx.bp_for(p, out.after.layout)),
+            run.proposal = p.numbered(proposal_from_replan(out, engine=ctx.spec.engine.name, current=run.plan,
+                                                           args_of=engine_args_of(ctx.bp_for(p, out.after.layout)),
                                                            now=p.now, generation=p.generation, percentile=slo_percentile(ctx.spec)))
             p.set(ConditionType.PLANNED, True, "PlanProposed", run.proposal.message)
             run.history = append_history(run.history, HistoryEntry(at=timestamp(p.now), action="Proposed", layout=run.proposal.layout,
@@ -743,7 +746,7 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
         # an outage, and `kubectl wait --for=condition=Ready` must not fail in the middle of one.
         p.set(ConditionType.READY, True, "ServingFloorHeld",
               f"{_serving_label(state)} serves {floor.capacity_rps:.2f} req/s ready (floor {floor.floor_rps:.2f}) while "
-              f"{state.source.label} → {state.target.label} runs; {summary}")
+              f"{state.name(state.source)} → {state.name(state.target)} runs; {summary}")
     elif failures:
         # An engine that refused to start: its own message, as the kubelet kept it, is the reason to show.
         if p.set(ConditionType.READY, False, "EngineFailed", f"{plan.layout}: {'; '.join(failures)}"):
@@ -760,10 +763,10 @@ def _render(p: PassState, ctx: PassContext, run: _Run) -> Outcome:
               f"{plan.layout}: {summary}")
     if moving and state is not None:
         p.set(ConditionType.PROGRESSING, True, progressing_reason(state),
-              f"{state.source.label} → {state.target.label}, {phase_text(state, p.traffic)}; {state.message}"
+              f"{state.name(state.source)} → {state.name(state.target)}, {phase_text(state, p.traffic)}; {state.message}"
               + (f"; engine failures: {'; '.join(failures)}" if failures else ""))
     elif failed and state is not None:
-        p.set(ConditionType.PROGRESSING, False, "TransitionFailed", f"{state.source.label} → {state.target.label}: {state.message}")
+        p.set(ConditionType.PROGRESSING, False, "TransitionFailed", f"{state.name(state.source)} → {state.name(state.target)}: {state.message}")
     elif refused:
         p.set(ConditionType.PROGRESSING, False, "PodsRefused", f"{'; '.join(refused)}; {summary}")
     else:
@@ -783,7 +786,7 @@ def progressing_reason(state: TransitionState) -> str:
 
 
 def _serving_label(state: TransitionState) -> str:
-    labels = {state.from_set: state.source.label, state.to_set: state.target.label}
+    labels = {state.from_set: state.name(state.source), state.to_set: state.name(state.target)}
     return " + ".join(labels.get(s, s) for s in state.serving)
 
 
@@ -900,7 +903,7 @@ def _admission_refused(p: PassState, rendering: Rendering, refusals: list[Admiss
     and message (one Warning when it changes). The pass completes, so it is not retried as a failure: the verdict is
     remembered per rendered object (cluster/admission.py) and checked again when the spec changes what is rendered, or
     with back-off in case the cluster's admission changed."""
-    tail = (f". The API server refused what {' + '.join(bp.layout.label for bp in rendering.sets)} renders (a server-side "
+    tail = (f". The API server refused what {' + '.join(bp.label for bp in rendering.sets)} renders (a server-side "
             "dry-run before anything is applied): nothing was applied; running workloads are left as they are. Checked "
             "again when the spec changes, and with back-off (1 to 15 min) in case the cluster's admission changed")
     shown = "; ".join(str(r) for r in refusals)
@@ -952,5 +955,5 @@ def _apply(p: PassState, rendering: Rendering, objects: list[dict[str, Any]]) ->
     if p.applied:
         p.event("Normal", "WorkloadsApplied", f"applied {', '.join(p.applied)}")
     if p.pruned:
-        p.event("Normal", "WorkloadsPruned", f"removed {', '.join(p.pruned)} (not in {' + '.join(bp.layout.label for bp in rendering.sets)})")
+        p.event("Normal", "WorkloadsPruned", f"removed {', '.join(p.pruned)} (not in {' + '.join(bp.label for bp in rendering.sets)})")
     return objects

@@ -33,7 +33,7 @@ from servingtopology.operator.live.metrics import MetricsSource, MetricsUnavaila
 from servingtopology.operator.live.readout import ms_text
 from servingtopology.operator.plan_status import ArgsOf, interval_band, predicted, proposal_status, queueing_note, timestamp
 from servingtopology.operator.replan_status import Unreadable, validate_replan_status
-from servingtopology.planner.layout import Layout
+from servingtopology.planner.layout import Engine, Layout
 from servingtopology.planner.live.calibration import (
     LiveCalibration,
     LiveFit,
@@ -315,21 +315,22 @@ def _interval_clause(intervals: Mapping[str, Mapping[str, Interval]], metrics: t
     return f", nominal {LEVEL:.0%} intervals " + ", ".join(parts) + (" (narrowed by this deployment's calibration)" if calibrated else "")
 
 
-def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: float,
+def _change(before: Candidate | None, after: Candidate, pct: float, load_rps: float, *, engine: Engine,
             intervals: Mapping[str, Mapping[str, Interval]] | None = None) -> str:
     """`A → B at 30 req/s: p95 TTFT 208s→247ms, …`: both predicted at the same load (SameLoadFigures).
 
     The figures are formatted from the values status stores (`predicted` rounds them), so the PlanApplied Event,
     written from status when the transition ends, quotes the same digits (158.54 ms is "159ms" raw but "158ms"
-    once stored as 158.5)."""
+    once stored as 158.5). Layouts in `engine`'s words (EngineNamed: Layout.label_for), as status and the record name them."""
     a = predicted(after.prediction)
+    was, now = (before.layout.label_for(engine) if before is not None else ""), after.layout.label_for(engine)
     bars = _interval_clause(intervals or {})
     if before is None:
-        return (f"{after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(a.ttftMs)}, TPOT {ms_text(a.tpotMs)}, "
+        return (f"{now} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(a.ttftMs)}, TPOT {ms_text(a.tpotMs)}, "
                 f"GPUs {after.layout.gpus}{bars}")
     b = predicted(before.prediction)
-    note = queueing_note(b, load_rps=load_rps, layout=before.layout.label)
-    return (f"{before.layout.label} → {after.layout.label} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(b.ttftMs)}→{ms_text(a.ttftMs)}, "
+    note = queueing_note(b, load_rps=load_rps, layout=was)
+    return (f"{was} → {now} at {load_rps:.3g} req/s: p{pct:g} TTFT {ms_text(b.ttftMs)}→{ms_text(a.ttftMs)}, "
             f"TPOT {ms_text(b.tpotMs)}→{ms_text(a.tpotMs)}, GPUs {before.layout.gpus}→{after.layout.gpus}{bars}" + (f"; {note}" if note else ""))
 
 
@@ -362,7 +363,7 @@ def _worded(result: LoopStep[ReplanMemory], *, problem: Problem, current: Layout
 
     def change() -> str:
         assert r.after is not None and r.load_rps is not None
-        return _change(r.before, r.after, problem.slo.ttft_percentile, r.load_rps, r.intervals)
+        return _change(r.before, r.after, problem.slo.ttft_percentile, r.load_rps, engine=problem.engine, intervals=r.intervals)
 
     for e in r.effects:
         match e:
@@ -397,16 +398,16 @@ def _worded(result: LoopStep[ReplanMemory], *, problem: Problem, current: Layout
                     events.append(EventNote("Warning", "DriftDetected", v.message))
                 message = v.message
             case ReplanInfeasible():
-                events.append(EventNote("Warning", "ReplanInfeasible", f"{e.why}; keeping {current.label if current else 'nothing'}"))
+                events.append(EventNote("Warning", "ReplanInfeasible", f"{e.why}; keeping {current.label_for(problem.engine) if current else 'nothing'}"))
                 message = e.why
             case GainWithinError():
                 # The gate's message quotes the TPOT intervals it judged by; the TTFT intervals follow (IntervalsShown).
                 assert r.before is not None and r.after is not None
-                message = (f"kept {r.before.layout.label} over {r.after.layout.label}: {e.why}; "
+                message = (f"kept {r.before.layout.label_for(problem.engine)} over {r.after.layout.label_for(problem.engine)}: {e.why}; "
                            f"{_interval_clause(r.intervals, ('ttft',)).removeprefix(', ')}")
                 events.append(EventNote("Normal", GAIN_WITHIN_ERROR, message))
             case PlanKept():
-                events.append(EventNote("Normal", "PlanKept", f"{e.drift}; kept {current.label if current else '-'}: {e.why}"))
+                events.append(EventNote("Normal", "PlanKept", f"{e.drift}; kept {current.label_for(problem.engine) if current else '-'}: {e.why}"))
                 message = e.why
             case Proposed():
                 message = f"would change {change()}, because {e.why} ({e.drift})"
@@ -487,7 +488,7 @@ def transition_step(memory: ReplanMemory, view: ClusterView, *, problem: Problem
     return replace(memory, transition=step.state), step, events
 
 
-def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args_of: ArgsOf, now: datetime, generation: int,
+def proposal_from_replan(out: ReplanOutcome, *, engine: Engine, current: PlanStatus | None, args_of: ArgsOf, now: datetime, generation: int,
                          percentile: str, set_name: str | None = None) -> ProposalStatus:
     """`status.proposal` for the layout a live replan chose (DryRun: to show it; Auto: the transition's target)."""
     assert out.after is not None
@@ -495,7 +496,7 @@ def proposal_from_replan(out: ReplanOutcome, *, current: PlanStatus | None, args
     why = re.sub(r"; \w+ transition$", "", out.message.split(", because ", 1)[1]) if ", because " in out.message else ""
     reasons = ([why] if why else []) + list(out.decision.reasons if out.decision is not None else ())
     # SameLoadFigures: out.before is the running layout at the load out.after was chosen for (out.load_rps).
-    proposal = proposal_status(out.after, current=current, before=out.before.prediction if out.before is not None else None,
+    proposal = proposal_status(out.after, engine=engine, current=current, before=out.before.prediction if out.before is not None else None,
                                args_of=args_of, reasons=reasons, now=now, generation=generation, percentile=percentile,
                                load_rps=out.load_rps)
     update: dict[str, Any] = {"set": set_name} if set_name else {}

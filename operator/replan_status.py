@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servingtopology.planner.hardware import Precision
-from servingtopology.planner.layout import KvDtype, LayoutKind, Role
+from servingtopology.planner.layout import Engine, KvDtype, LayoutKind, Role
 from servingtopology.planner.live.calibration import MAX_LIVE_POINTS, MIN_LIVE_POINTS
 from servingtopology.planner.live.drift import Trigger
 from servingtopology.planner.live.transition import Mode, Phase
@@ -146,6 +146,7 @@ class TransitionStatus(_Strict):
     rolledBack: bool = False
     drainSinceS: float | None = None
     message: str = ""
+    engine: Engine = Engine.VLLM   # whose words its messages name the layouts in (absent: written before it was kept)
 
     @model_validator(mode="after")
     def _sets_are_known(self) -> TransitionStatus:

@@ -91,7 +91,8 @@ def start_for_change(memory: ReplanMemory, *, problem: Problem, current: Layout,
     budget = Budget(max_gpus=problem.max_gpus, surge_gpus=policy.max_surge_gpus,
                     floor_rps=min(load_rps(memory, problem), capacity(current)),
                     ready_timeout_s=policy.ready_timeout_s, drain_s=policy.drain_s)
-    requested = start_requested(current, target, budget=budget, capacity=capacity, now_s=now_s, allow=policy.capacity_drop)
+    requested = start_requested(current, target, budget=budget, capacity=capacity, now_s=now_s, engine=problem.engine,
+                                allow=policy.capacity_drop)
     if requested.state is None:
         return Started(memory, requested.verdict, requested.message)
     started = replace(memory, transition=requested.state, transition_floor_rps=requested.floor_rps, assumed=None,
@@ -104,8 +105,8 @@ def finished_plan(memory: ReplanMemory, proposal: ProposalStatus | None, *, prob
     """The plan a finished transition leaves running: its proposal, or (status lost) the target re-predicted."""
     state = memory.transition
     assert state is not None
-    if proposal is not None and proposal.layout == state.target.label and proposal.gpus == state.target.gpus:
+    if proposal is not None and proposal.layout == state.target.label_for(problem.engine) and proposal.gpus == state.target.gpus:
         fields = {k: getattr(proposal, k) for k in PlanStatus.model_fields}
         return PlanStatus(**{**fields, "set": state.to_set})
-    plan = plan_status(predict(problem, state.target), args_of=args_of, reasons=[state.message], now=now, generation=generation)
+    plan = plan_status(predict(problem, state.target), engine=problem.engine, args_of=args_of, reasons=[state.message], now=now, generation=generation)
     return plan.model_copy(update={"set": state.to_set})

@@ -93,7 +93,7 @@ def phase_text(state: TransitionState | None, shares: Mapping[str, float] | None
     head = f"{phase} ({state.mode.value})"
     if not shares or state.phase is Phase.FAILED or state.mode is Mode.IN_PLACE:   # in place: one set takes it all
         return head
-    labels = {state.from_set: state.source.label, state.to_set: state.target.label}
+    labels = {state.from_set: state.name(state.source), state.to_set: state.name(state.target)}
     return head + ": " + ", ".join(f"{labels.get(s, s)} {share * 100:.0f}%" for s, share in shares.items())
 
 
@@ -109,7 +109,7 @@ def summary_status(*, mode: str, plan: PlanStatus | None, proposal: ProposalStat
     elif plan is None:
         layout, gpus, pd = NONE, NONE, NONE
     elif moving and transition is not None:
-        layout, gpus = f"{transition.source.label} → {transition.target.label}", f"{transition.source.gpus} → {transition.target.gpus}"
+        layout, gpus = f"{transition.name(transition.source)} → {transition.name(transition.target)}", f"{transition.source.gpus} → {transition.target.gpus}"
         before, after = pd_ratio(transition.source), pd_ratio(transition.target)
         pd = before if before == after else f"{before} → {after}"
     else:

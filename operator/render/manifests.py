@@ -136,6 +136,11 @@ class Blueprint:
         return self.layout.precision
 
     @property
+    def label(self) -> str:
+        """The layout in the engine's words (EngineNamed: Layout.label_for), as every surface names it."""
+        return self.layout.label_for(self.engine)
+
+    @property
     def set(self) -> str:
         return self.set_name or layout_set_name(self.layout)
 
@@ -265,7 +270,7 @@ def _metadata(bp: Blueprint, component: str, *, name: str | None = None, shared:
         "labels": build_labels(bp, component) if shared else {**build_labels(bp, component), SET_LABEL: bp.set},
     }
     if not shared:
-        meta["annotations"] = {LAYOUT_ANNOTATION: bp.layout.label}
+        meta["annotations"] = {LAYOUT_ANNOTATION: bp.label}
     meta["ownerReferences"] = [build_owner_reference(bp)]
     return meta
 

@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from servingtopology.planner.layout import Engine
 from servingtopology.planner.live.observe import ObservedSlo
 from servingtopology.planner.problem import Candidate
 from servingtopology.planner.workload import Objective, Slo, Workload
@@ -229,20 +230,22 @@ def improvement(current: Candidate, best: Candidate, *, objective: Objective) ->
     return best.prediction.goodput_per_gpu / cur - 1.0 if cur > 0 else math.inf
 
 
-def worth_switching(current: Candidate | None, best: Candidate, *, objective: Objective, min_improvement: float) -> tuple[bool, str]:
-    """Whether to move from the current layout to `best`, and why (the sentence goes into Events)."""
+def worth_switching(current: Candidate | None, best: Candidate, *, objective: Objective, min_improvement: float,
+                    engine: Engine) -> tuple[bool, str]:
+    """Whether to move from the current layout to `best`, and why (the sentence goes into Events, naming the layouts in
+    `engine`'s words: Layout.label_for)."""
     if current is None:
         return True, "nothing runs yet"
     if best.layout == current.layout:
-        return False, f"{current.layout.label} is still the best layout for the observed workload"
+        return False, f"{current.layout.label_for(engine)} is still the best layout for the observed workload"
     if not current.prediction.meets_slo:
         if best.prediction.meets_slo:
-            return True, f"{current.layout.label} misses the SLO at the observed load"
+            return True, f"{current.layout.label_for(engine)} misses the SLO at the observed load"
         return False, "no layout meets the SLO at the observed load"
     gain = improvement(current, best, objective=objective)
     if gain >= min_improvement:
         return True, f"{percent_text(gain, up='better', down='worse')} on {objective.value} (minImprovement {min_improvement:.0%})"
     if gain < 0:
-        return False, f"{best.layout.label} would be {percent_text(gain, up='better', down='worse')} on {objective.value}"
-    return False, (f"{best.layout.label} would be only {percent_text(gain, up='better', down='worse')} on {objective.value}, "
+        return False, f"{best.layout.label_for(engine)} would be {percent_text(gain, up='better', down='worse')} on {objective.value}"
+    return False, (f"{best.layout.label_for(engine)} would be only {percent_text(gain, up='better', down='worse')} on {objective.value}, "
                    f"under minImprovement {min_improvement:.0%}")

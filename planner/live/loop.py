@@ -202,7 +202,7 @@ def step(memory: M, sample: MetricSample | NoSample, *, now_s: float, problem: P
         cal = refit(add_point(cal, point), problem, now_s=now_s, predict=calibrate)
         effects.append(CalibrationChanged(point, cal))
     mem = replace(mem, calibration=cal)
-    if mem.move is not None and mem.move.get("hit") is None and current is not None and mem.move.get("layout") == current.label:
+    if mem.move is not None and mem.move.get("hit") is None and current is not None and mem.move.get("layout") == current.label_for(problem.engine):
         mem, measured = _moved_layout_tpot(mem, window, now_s)
         if steady and measured is not None:
             mem, judged = _judge_move(mem, measured)
@@ -261,6 +261,7 @@ def step(memory: M, sample: MetricSample | NoSample, *, now_s: float, problem: P
         return decided(replace(mem, drift=rebaseline(st, now_s=now_s, changed=False)), TransitionBlocked(why))
     mem = replace(mem, drift=rebaseline(st, now_s=now_s, changed=True), assumed=observed.workload, transition=choice.transition,
                   transition_floor_rps=choice.floor_rps, transition_keeps_serving=True,
-                  move=({"layout": after.layout.label, "tpotMs": {"value": gate.after.value, "low": gate.after.low, "high": gate.after.high}}
+                  move=({"layout": after.layout.label_for(problem.engine),
+                         "tpotMs": {"value": gate.after.value, "low": gate.after.low, "high": gate.after.high}}
                         if gate is not None else mem.move))
     return decided(mem, TransitionStarted(why, verdict.message, choice.transition, choice.floor_rps))

@@ -138,7 +138,8 @@ def _choose_move(observed: Problem, current: Layout | None, decision: Decision, 
     before = decision.current or (predict(observed, current) if current is not None else None)
     load_rps = observed.workload.arrival_rate_rps or 0.0
     after = prefer_in_place(observed, current, decision.best, predict)
-    switch, why = worth_switching(before, after, objective=observed.objective, min_improvement=min_improvement)
+    switch, why = worth_switching(before, after, objective=observed.objective, min_improvement=min_improvement,
+                                  engine=observed.engine)
     gate = error_gate(observed, before, after, misses=error_misses, calibration=calibration) if switch and gain_within_error else None
     if gate is not None and not gate.move:
         return ReplanChoice(Move.WITHIN_ERROR, after, before, gate.message, load_rps, gate=gate)
@@ -152,7 +153,7 @@ def _choose_move(observed: Problem, current: Layout | None, decision: Decision, 
     budget = Budget(max_gpus=observed.max_gpus, surge_gpus=surge_gpus, floor_rps=min(load_rps, capacity(current)),
                     ready_timeout_s=ready_timeout_s, drain_s=drain_s)
     try:
-        state = start_transition(current, after.layout, budget=budget, capacity=capacity, now_s=now_s)
+        state = start_transition(current, after.layout, budget=budget, capacity=capacity, now_s=now_s, engine=observed.engine)
     except Infeasible as exc:
         return ReplanChoice(Move.BLOCKED, after, before, exc.closest_miss, load_rps, gate=gate)
     return ReplanChoice(Move.TRANSITION, after, before, why, load_rps, transition=state, floor_rps=budget.floor_rps, gate=gate)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from servingtopology.planner.errors import Infeasible
 from servingtopology.planner.hardware import Precision
-from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
 
 __all__ = [
     "Mode", "Phase", "Action", "Budget", "CapacityDrop", "StartVerdict", "ClusterView", "TransitionState", "Step", "Capacity",
@@ -120,6 +120,12 @@ class TransitionState:
     rolled_back: bool = False
     drain_since_s: float | None = None
     message: str = ""
+    engine: Engine = Engine.VLLM   # whose words the messages name the layouts in (EngineNamed: Layout.label_for)
+
+    def name(self, layout: Layout) -> str:
+        """`layout` as this transition's messages, Events and status name it: in its engine's words (Layout.label_for),
+        as the command line's record names it."""
+        return layout.label_for(self.engine)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form for status (role names and layout fields as strings and numbers)."""
@@ -128,7 +134,7 @@ class TransitionState:
             "target": layout_to_state(self.target), "fromSet": self.from_set, "toSet": self.to_set,
             "desired": {s: {r.value: n for r, n in c.items()} for s, c in self.desired.items()},
             "serving": list(self.serving), "sinceS": self.since_s, "startedS": self.started_s, "rolledBack": self.rolled_back,
-            "drainSinceS": self.drain_since_s, "message": self.message,
+            "drainSinceS": self.drain_since_s, "message": self.message, "engine": self.engine.value,
         }
 
     @staticmethod
@@ -143,7 +149,7 @@ class TransitionState:
             desired={str(s): {Role(str(r)): int(_num(n)) for r, n in _map(c).items()} for s, c in desired.items()},
             serving=tuple(str(s) for s in serving), since_s=_num(d["sinceS"]), started_s=_num(d["startedS"]),
             rolled_back=bool(d.get("rolledBack", False)), drain_since_s=None if drain is None else _num(drain),
-            message=str(d.get("message", "")),
+            message=str(d.get("message", "")), engine=Engine(str(d.get("engine", Engine.VLLM.value))),
         )
 
 
@@ -201,7 +207,7 @@ def set_name(layout: Layout) -> str:
 
 def _labels(s: TransitionState, sets: tuple[str, ...]) -> list[str]:
     """The layouts that sets run, as messages name them (a set's name is an internal hash, never shown to people)."""
-    names = {s.from_set: s.source.label, s.to_set: s.target.label}
+    names = {s.from_set: s.name(s.source), s.to_set: s.name(s.target)}
     return [names.get(n, "the other workloads") for n in sets]
 
 
@@ -307,7 +313,7 @@ def _rollback(p: _Pass, why: str) -> Step:
         failed = replace(s, phase=Phase.FAILED, message=f"rollback stalled: {why}; left as it is")
         return Step(Action.WAIT, failed, message=failed.message)
     back = replace(s, source=_at(s.target, s.desired.get(s.to_set, {})), target=s.source, from_set=s.to_set, to_set=s.from_set,
-                   rolled_back=True, since_s=p.now_s, message=f"rolling back to {s.source.label}: {why}")
+                   rolled_back=True, since_s=p.now_s, message=f"rolling back to {s.name(s.source)}: {why}")
     if s.mode is Mode.IN_PLACE:
         back = replace(back, source=_at(s.source, s.desired.get(s.from_set, {})))
     return Step(Action.ROLLBACK, back, requeue_after_s=0.0, message=back.message)
@@ -333,12 +339,12 @@ def next_step(state: TransitionState, view: ClusterView, *, budget: Budget, capa
     if s.phase is Phase.DRAINING:
         left = budget.drain_s - (now_s - (now_s if s.drain_since_s is None else s.drain_since_s))
         if left > 0:
-            return Step(Action.WAIT, s, requeue_after_s=left, message=f"draining {s.source.label} for another {left:.0f} s")
+            return Step(Action.WAIT, s, requeue_after_s=left, message=f"draining {s.name(s.source)} for another {left:.0f} s")
         desired = {k: v for k, v in s.desired.items() if k != s.from_set}
-        done = replace(s, desired=desired, phase=Phase.DONE, since_s=now_s, message=f"now running {s.target.label}")
-        return Step(Action.DELETE, done, set_name=s.from_set, message=f"deleted the {s.source.label} workloads after draining")
+        done = replace(s, desired=desired, phase=Phase.DONE, since_s=now_s, message=f"now running {s.name(s.target)}")
+        return Step(Action.DELETE, done, set_name=s.from_set, message=f"deleted the {s.name(s.source)} workloads after draining")
     if view.failed:
-        return _rollback(p, f"the new {s.target.label} workloads failed")
+        return _rollback(p, f"the new {s.name(s.target)} workloads failed")
     late = now_s - s.since_s > budget.ready_timeout_s
     goal = _counts(s.target)
     ready_to = p.ready(s.to_set)
@@ -347,25 +353,25 @@ def next_step(state: TransitionState, view: ClusterView, *, budget: Budget, capa
         view.present.get(n, {}).get(r, 0) > c for n, counts in s.desired.items() for r, c in counts.items())
     if pending:
         if late:
-            return _rollback(p, f"{s.target.label} not ready within {budget.ready_timeout_s:.0f} s")
-        return Step(Action.WAIT, s, requeue_after_s=poll_s, message=f"waiting for {s.target.label} to become ready")
+            return _rollback(p, f"{s.name(s.target)} not ready within {budget.ready_timeout_s:.0f} s")
+        return Step(Action.WAIT, s, requeue_after_s=poll_s, message=f"waiting for {s.name(s.target)} to become ready")
     at_goal = dict(s.desired.get(s.to_set, {})) == goal
     if at_goal and s.mode is Mode.IN_PLACE:
-        done = replace(s, phase=Phase.DONE, message=f"now running {s.target.label}")
+        done = replace(s, phase=Phase.DONE, message=f"now running {s.name(s.target)}")
         return Step(Action.DONE, done, message=done.message)
     if at_goal and budget.holds(p.serving_capacity(serving=(s.to_set,))):
         return _mutate(p, Action.ROUTE, serving=(s.to_set,), phase=Phase.DRAINING,
-                       message=f"traffic to {s.target.label} only; draining {s.source.label}")
+                       message=f"traffic to {s.name(s.target)} only; draining {s.name(s.source)}")
     grown = _grow(p) if not at_goal else None
     if grown is not None:
         return _mutate(p, Action.SCALE, desired=p.with_counts(s.to_set, grown), set_name=s.to_set,
-                       message=f"scale the new {s.target.label} workloads to {_at(s.target, grown).label}")
+                       message=f"scale the new {s.name(s.target)} workloads to {s.name(_at(s.target, grown))}")
     if s.mode is Mode.SURGE and s.to_set not in s.serving and p.serving_capacity(serving=(s.to_set,)) > 0:
         return _mutate(p, Action.ROUTE, serving=(*s.serving, s.to_set), message=f"traffic to {' and '.join(_labels(s, (*s.serving, s.to_set)))}")
     shrunk = _shrink(p)
     if shrunk is not None:
         return _mutate(p, Action.SCALE, desired=p.with_counts(s.from_set, shrunk), set_name=s.from_set,
-                       message=f"scale the old {s.source.label} workloads to {_at(p.shapes[s.from_set], shrunk).label}")
+                       message=f"scale the old {s.name(s.source)} workloads to {s.name(_at(p.shapes[s.from_set], shrunk))}")
     if late:
         return _rollback(p, f"blocked for {budget.ready_timeout_s:.0f} s by the GPU budget and the capacity floor")
     return Step(Action.WAIT, s, requeue_after_s=poll_s, message="blocked: no step keeps both the GPU budget and the capacity floor")
@@ -392,13 +398,16 @@ def run_ideal(state: TransitionState, *, budget: Budget, capacity: Capacity, now
     return steps
 
 
-def start_transition(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float) -> TransitionState:
+def start_transition(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float,
+                     engine: Engine) -> TransitionState:
     """The state of a new transition from `current` to `target`; raise Infeasible when no safe path exists
-    (the target cannot carry the floor, or the budget and the floor block every step even on an ideal cluster)."""
+    (the target cannot carry the floor, or the budget and the floor block every step even on an ideal cluster).
+    `engine`: the engine both run, whose words every message of the transition names the layouts in."""
+    cur, tgt = current.label_for(engine), target.label_for(engine)
     if target.gpus > budget.max_gpus:
-        raise Infeasible("transition", f"{target.label} needs {target.gpus} GPUs, over the budget of {budget.max_gpus}")
+        raise Infeasible("transition", f"{tgt} needs {target.gpus} GPUs, over the budget of {budget.max_gpus}")
     if not budget.holds(_cap(capacity, target, _counts(target))):
-        raise Infeasible("transition", f"{target.label} carries less than the floor of {_rps(budget.floor_rps)} req/s")
+        raise Infeasible("transition", f"{tgt} carries less than the floor of {_rps(budget.floor_rps)} req/s")
     mode = Mode.IN_PLACE if in_place(current, target) else Mode.SURGE
     old = set_name(current)
     new = old if mode is Mode.IN_PLACE else set_name(target)
@@ -406,10 +415,10 @@ def start_transition(current: Layout, target: Layout, *, budget: Budget, capacit
         new = old + "b"
     state = TransitionState(mode=mode, phase=Phase.PROGRESSING, source=current, target=target, from_set=old, to_set=new,
                             desired={old: _counts(current)}, serving=(old,), since_s=now_s, started_s=now_s,
-                            message=f"{current.label} → {target.label} ({mode.value})")
+                            message=f"{cur} → {tgt} ({mode.value})", engine=engine)
     last = run_ideal(state, budget=budget, capacity=capacity, now_s=now_s)[-1]
     if last.state.phase is not Phase.DONE:
-        raise Infeasible("transition", f"{current.label} → {target.label}: {last.message} "
+        raise Infeasible("transition", f"{cur} → {tgt}: {last.message} "
                          f"(GPUs {budget.max_gpus}+{budget.surge_gpus} surge, floor {_rps(budget.floor_rps)} req/s)")
     return state
 
@@ -450,9 +459,10 @@ class Requested:
 FLOOR_SEARCH_STEPS = 8   # bisections of [0, floor] for the highest floor a step sequence can hold (floor/256)
 
 
-def _try_start(current: Layout, target: Layout, budget: Budget, capacity: Capacity, now_s: float) -> TransitionState | None:
+def _try_start(current: Layout, target: Layout, budget: Budget, capacity: Capacity, now_s: float,
+               engine: Engine) -> TransitionState | None:
     try:
-        return start_transition(current, target, budget=budget, capacity=capacity, now_s=now_s)
+        return start_transition(current, target, budget=budget, capacity=capacity, now_s=now_s, engine=engine)
     except Infeasible:
         return None
 
@@ -481,7 +491,7 @@ def gpus_to_keep_floor(current: Layout, target: Layout, *, budget: Budget, capac
 
     def keeps(limit: int) -> bool:
         trial = replace(budget, max_gpus=max_gpus, surge_gpus=limit - max_gpus)
-        return _try_start(current, target, trial, capacity, 0.0) is not None
+        return _try_start(current, target, trial, capacity, 0.0, Engine.VLLM) is not None   # only whether it starts: no words
 
     low = max(budget.limit_gpus, max_gpus)
     high = max(low, current.gpus + target.gpus)
@@ -497,7 +507,7 @@ def gpus_to_keep_floor(current: Layout, target: Layout, *, budget: Budget, capac
     return high
 
 
-def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float,
+def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity: Capacity, now_s: float, engine: Engine,
                     allow: CapacityDrop = CapacityDrop.NEVER) -> Requested:
     """Decide a change a person asked for (a spec edit): start it keeping the capacity floor if any sequence can.
 
@@ -509,48 +519,50 @@ def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity
       above zero (FloorLowered), else nothing starts (FloorWouldDrop);
     - Any: as AboveZero, and with floor zero when no positive floor holds (FloorDroppedToZero).
     A target no sequence reaches even at floor zero (e.g. over hardware.maxGPUs) never starts (OverBudget),
-    whatever `allow` says: the GPU budget is not the user's to trade away here. Never raises.
+    whatever `allow` says: the GPU budget is not the user's to trade away here. Never raises. Its messages, and the
+    started transition's, name the layouts in `engine`'s words (Layout.label_for).
     """
+    cur, tgt = current.label_for(engine), target.label_for(engine)
     # Ending at the target is what was asked: the move keeps no more than the target itself carries.
     full = min(budget.floor_rps, _cap(capacity, target, _counts(target)))
     budget = replace(budget, floor_rps=full)
-    state = _try_start(current, target, budget, capacity, now_s)
+    state = _try_start(current, target, budget, capacity, now_s, engine)
     if state is not None:
         return Requested(StartVerdict.FLOOR_KEPT, state, full, full, full, budget.limit_gpus)
     needed = gpus_to_keep_floor(current, target, budget=budget, capacity=capacity)
-    lowest = _try_start(current, target, replace(budget, floor_rps=0.0, keep_serving=False), capacity, now_s)
-    move = f"{current.label} ({current.gpus} GPUs) → {target.label} ({target.gpus} GPUs)"
+    lowest = _try_start(current, target, replace(budget, floor_rps=0.0, keep_serving=False), capacity, now_s, engine)
+    move = f"{cur} ({current.gpus} GPUs) → {tgt} ({target.gpus} GPUs)"
     within = f"within {budget.limit_gpus} GPUs (hardware.maxGPUs {budget.max_gpus} + policy.maxSurgeGPUs {budget.surge_gpus})"
     if needed is None:
         carries = _cap(capacity, target, _counts(target))
-        need = f"{target.label} itself carries {_rps(carries)} req/s, under the floor; no GPU budget keeps it"
+        need = f"{tgt} itself carries {_rps(carries)} req/s, under the floor; no GPU budget keeps it"
     else:
         max_gpus = max(budget.max_gpus, target.gpus)
         raises = ([f"hardware.maxGPUs to {max_gpus}"] if max_gpus > budget.max_gpus else []) + (
             [f"policy.maxSurgeGPUs to {needed - max_gpus}"] if needed - max_gpus > budget.surge_gpus else [])
         need = f"keeping it needs {needed} GPUs during the move: raise {' and '.join(raises)}"
     if lowest is None:
-        why = (f"{target.label} needs {target.gpus} GPUs, over hardware.maxGPUs {budget.max_gpus}" if target.gpus > budget.max_gpus
+        why = (f"{tgt} needs {target.gpus} GPUs, over hardware.maxGPUs {budget.max_gpus}" if target.gpus > budget.max_gpus
                else f"no step sequence reaches it {within}, even at a serving floor of zero")
         return Requested(StartVerdict.OVER_BUDGET, None, full, full, None, needed, f"{move}: {why}; {need}")
     low, high, best = 0.0, full, lowest
     holds_some = False   # whether a sequence holds a floor above zero (and so capacity above zero at every step)
     for _ in range(FLOOR_SEARCH_STEPS):
         mid = (low + high) / 2
-        got = _try_start(current, target, replace(budget, floor_rps=mid), capacity, now_s)
+        got = _try_start(current, target, replace(budget, floor_rps=mid), capacity, now_s, engine)
         if got is None:
             high = mid
         else:
             low, best, holds_some = mid, got, True
-    serving = None if holds_some else _try_start(current, target, replace(budget, floor_rps=0.0), capacity, now_s)
+    serving = None if holds_some else _try_start(current, target, replace(budget, floor_rps=0.0), capacity, now_s, engine)
     if serving is not None:   # something keeps serving, below the bisection's last step (floor/256): the floor it keeps
         kept_rps = _lowest_serving(serving, budget=replace(budget, floor_rps=0.0), capacity=capacity, now_s=now_s)
-        exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s) if kept_rps > 0 else None
+        exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s, engine) if kept_rps > 0 else None
         if exact is not None:
             low, best, holds_some = kept_rps, exact, True
     if holds_some:   # the floor the found sequence really keeps (the bisection stops short of it by up to floor/256)
         kept_rps = _lowest_serving(best, budget=replace(budget, floor_rps=low), capacity=capacity, now_s=now_s)
-        exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s) if kept_rps > low else None
+        exact = _try_start(current, target, replace(budget, floor_rps=kept_rps), capacity, now_s, engine) if kept_rps > low else None
         if exact is not None:
             low, best = kept_rps, exact
     kept = f"the serving floor of {_rps(full)} req/s" if full > 0 else "any serving capacity"

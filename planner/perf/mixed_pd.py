@@ -138,7 +138,7 @@ def mixed_refusal(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode_
     if link_rps < prefill_rps:
         return MixedRefusal("transfer-floor", f"{link_gbit:g} Gb/s carries the KV of {link_rps:.1f} req/s ({mean_bytes / 1e6:.0f} MB each) at line "
                             f"rate, below the {prefill_rps:.1f} req/s one prefill instance on {prefill_gpu.id} "
-                            f"({p.parallelism.label}) produces: its GPUs would wait on the NIC")
+                            f"({p.parallelism.label_for(problem.engine)}) produces: its GPUs would wait on the NIC")
     return None
 
 

@@ -54,7 +54,7 @@ def _min_gpus(problem: Problem, ladder: Sequence[tuple[str, Stage]] | None) -> t
             lo = mid
         else:
             hi, found = mid, at_mid
-    return hi, hi, found.survivors[0].layout.label
+    return hi, hi, found.survivors[0].layout.label_for(problem.engine)
 
 
 def infeasible_advice(problem: Problem, result: FunnelResult, *, ladder: Sequence[tuple[str, Stage]] | None = None) -> InfeasibleAdvice:
@@ -68,12 +68,12 @@ def infeasible_advice(problem: Problem, result: FunnelResult, *, ladder: Sequenc
     if nearest:
         # The nearest layout that carries the load (its latencies mean something); else the nearest, which saturates.
         m = next((n for n in nearest if np.isfinite(n.ttft_s) and np.isfinite(n.tpot_s) and load_within(rate, n.capacity_rps)), nearest[0])
-        closest = ClosestLayout(m.layout.label, m.layout.gpus, m.ttft_s * 1e3, m.tpot_s * 1e3, m.capacity_rps)
+        closest = ClosestLayout(m.layout.label_for(problem.engine), m.layout.gpus, m.ttft_s * 1e3, m.tpot_s * 1e3, m.capacity_rps)
         if load_within(rate, m.capacity_rps):
             needed_ttft, needed_tpot = m.ttft_s * 1e3 * SLO_MARGIN, m.tpot_s * 1e3 * SLO_MARGIN
         caps = slo_capacity_rps(problem, [n.layout for n in nearest], margin=SLO_MARGIN, load_margin=LOAD_MARGIN)
         j = int(np.argmax(caps))
-        feasible, feasible_layout = float(caps[j]), nearest[j].layout.label
+        feasible, feasible_layout = float(caps[j]), nearest[j].layout.label_for(problem.engine)
     return InfeasibleAdvice(
         load_rps=rate, slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms, ttft_percentile=slo.ttft_percentile,
         tpot_percentile=slo.tpot_percentile, budget_gpus=problem.max_gpus, gpu=problem.gpu.id, closest=closest, min_gpus=min_gpus,

@@ -694,7 +694,7 @@ def _closest_miss(s: Sieve, stage: str) -> tuple[str, tuple[Miss, ...]]:
             consider(miss_of(c.ttft_s, c.tpot_s, c.capacity_rps), 1, tb, make)
     if best is not None and best_layout is not None:
         layout, ttft, tpot, cap = best_layout
-        return miss_text(p, label=layout.label, gpus=layout.gpus, ttft_s=ttft, tpot_s=tpot, capacity_rps=cap), _one_per_structure(near)
+        return miss_text(p, label=layout.label_for(p.engine), gpus=layout.gpus, ttft_s=ttft, tpot_s=tpot, capacity_rps=cap), _one_per_structure(near)
     m, g = p.model, p.gpu
     if stage.startswith("1") or stage.startswith("2"):
         return f"the smallest valid instance needs more than the {p.max_gpus}-GPU budget or does not fit a {g.gpus_per_node}-GPU node", ()

@@ -65,7 +65,8 @@ def choose_pd_ratio(problem: Problem, *, prefill: RoleLayout, decode: RoleLayout
     gp, gd = prefill.parallelism.gpus, decode.parallelism.gpus
     need_p = max(1, math.ceil(rate / max(LOAD_MARGIN * mu_p, 1e-12))) if mu_p > 0 else 0
     need_d = max(1, math.ceil(rate / max(LOAD_MARGIN * mu_d, 1e-12))) if mu_d > 0 else 0
-    base = (f"a {prefill.parallelism.label} prefill instance carries {mu_p:.2f} req/s and a {decode.parallelism.label} decode "
+    base = (f"a {prefill.parallelism.label_for(problem.engine)} prefill instance carries {mu_p:.2f} req/s and a "
+            f"{decode.parallelism.label_for(problem.engine)} decode "
             f"instance {mu_d:.2f} req/s (balanced at {mu_d / max(mu_p, 1e-12):.2f} prefill per decode)")
     if need_p == 0 or need_d == 0 or need_p * gp + need_d * gd > budget:
         cp, cd = max(need_p, 1), max(need_d, 1)

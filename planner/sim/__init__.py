@@ -121,7 +121,7 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
         if pool is None:
             pool = kv_pool_tokens(model, gpu, engine=engine, precision=prec, parallelism=rl.parallelism, knobs=rl.knobs)
         if pool <= 0:
-            raise Infeasible("simulation", f"the {role.value} instances of {layout.label} have no room for KV cache "
+            raise Infeasible("simulation", f"the {role.value} instances of {layout.label_for(engine)} have no room for KV cache "
                              f"({model.name} on {gpu.id} at {prec.value})")
         perf = step_model(role, rl) if step_model else RememberedSteps(InstancePerf(model, gpu, prec, rl.knobs.kv_dtype, engine, rl.parallelism))
         instances[role] = []

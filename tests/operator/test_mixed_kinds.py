@@ -111,14 +111,14 @@ def test_a_kind_no_label_value_can_name_is_refused_at_render() -> None:
 
 def test_the_plan_in_status_names_each_roles_kind_and_reads_back_to_the_same_layout_and_set() -> None:
     bp = blueprint(Engine.VLLM, MIXED, gpu_id="h100_sxm")
-    plan = plan_status(Candidate(MIXED, prediction(200.0, 20.0), score=1.0), args_of=lambda role, rl: (1, ()), reasons=["pinned"],
+    plan = plan_status(Candidate(MIXED, prediction(200.0, 20.0), score=1.0), engine=Engine.VLLM, args_of=lambda role, rl: (1, ()), reasons=["pinned"],
                        now=datetime(2026, 1, 1, tzinfo=UTC), generation=1)
     assert {r.role: r.gpu for r in plan.roles} == {"prefill": "h100_sxm", "decode": "a100_sxm"}
     assert plan.layout == "1P(TP2)·2D(TP1)@h100_sxm→a100_sxm"
     back = layout_from_plan(plan)
     assert back == MIXED and set_name(back) == bp.set
     # a one-kind plan's roles name no kind, and its set keeps the name it had before kinds existed
-    plain = plan_status(Candidate(ONE_KIND, prediction(200.0, 20.0), score=1.0), args_of=lambda role, rl: (1, ()), reasons=[],
+    plain = plan_status(Candidate(ONE_KIND, prediction(200.0, 20.0), score=1.0), engine=Engine.VLLM, args_of=lambda role, rl: (1, ()), reasons=[],
                         now=datetime(2026, 1, 1, tzinfo=UTC), generation=1)
     assert all(r.gpu is None for r in plain.roles)
     assert set_name(ONE_KIND) == "s59dce9"   # the name this layout's set had before roles could name kinds

@@ -25,7 +25,7 @@ from servingtopology.operator.replan import (
     replan,
     transition_step,
 )
-from servingtopology.planner.layout import Layout, Parallelism, Role
+from servingtopology.planner.layout import Engine, Layout, Parallelism, Role
 from servingtopology.planner.live.calibration import MAX_LIVE_POINTS, CalibrationState
 from servingtopology.planner.live.transition import Action, ClusterView, Phase
 from servingtopology.planner.live.transition import Mode as TransitionMode
@@ -125,7 +125,7 @@ def test_a_proposal_and_its_event_carry_each_predictions_interval_as_plan_prints
     after, before = out.intervals["after"], out.intervals["before"]
     assert (f"GPUs 1→2, nominal 80% intervals TTFT [{ms_text(before['ttft'].low)}, {ms_text(before['ttft'].high)}]→"
             f"[{ms_text(after['ttft'].low)}, {ms_text(after['ttft'].high)}], TPOT [") in event.message
-    proposal = proposal_from_replan(out, current=None, args_of=lambda role, rl: (1, ()), now=datetime(2026, 11, 30, tzinfo=UTC),
+    proposal = proposal_from_replan(out, engine=Engine.VLLM, current=None, args_of=lambda role, rl: (1, ()), now=datetime(2026, 11, 30, tzinfo=UTC),
                                     generation=1, percentile="p95")
     assert proposal.predicted is not None and proposal.predicted.tpotInterval is not None and proposal.before is not None
     assert proposal.predicted.tpotInterval.low == pytest.approx(after["tpot"].low, abs=1e-3) and proposal.predicted.tpotInterval.level == 0.8

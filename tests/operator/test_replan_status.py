@@ -13,7 +13,7 @@ from test_reconcile import PD8, REPLICAS, ScriptedPlanner, bump, cond, decision,
 
 from servingtopology.operator.replan import ReplanMemory, ReplanStatusError, read_replan_status
 from servingtopology.operator.replan_status import validate_replan_status
-from servingtopology.planner.layout import Layout, Parallelism
+from servingtopology.planner.layout import Engine, Layout, Parallelism
 from servingtopology.planner.live.calibration import LiveCalibration
 from servingtopology.planner.live.transition import Budget, CapacityDrop, StartVerdict, start_requested
 
@@ -100,7 +100,7 @@ def _toy_capacity(layout: Layout) -> float:
 def test_a_requested_change_keeps_the_full_floor_when_a_sequence_can() -> None:
     budget = Budget(max_gpus=8, surge_gpus=8, floor_rps=8.0)
     got = start_requested(Layout.replicas(4, Parallelism(tp=2)), Layout.replicas(1, Parallelism(tp=8)), budget=budget,
-                          capacity=_toy_capacity, now_s=0.0)
+                          capacity=_toy_capacity, now_s=0.0, engine=Engine.VLLM)
     assert got.verdict is StartVerdict.FLOOR_KEPT and got.floor_rps == 8.0 and got.lowered == "" and got.gpus_needed == 16
 
 
@@ -108,11 +108,11 @@ def test_a_requested_change_lowers_the_floor_only_as_far_as_it_must_and_only_whe
     # 4×TP2 → 1×TP8 with 2 GPUs of surge: one TP2 instance (2 req/s) can keep serving while the TP8 comes up.
     budget = Budget(max_gpus=8, surge_gpus=2, floor_rps=8.0)
     current, target = Layout.replicas(4, Parallelism(tp=2)), Layout.replicas(1, Parallelism(tp=8))
-    got = start_requested(current, target, budget=budget, capacity=_toy_capacity, now_s=0.0, allow=CapacityDrop.ABOVE_ZERO)
+    got = start_requested(current, target, budget=budget, capacity=_toy_capacity, now_s=0.0, engine=Engine.VLLM, allow=CapacityDrop.ABOVE_ZERO)
     assert got.verdict is StartVerdict.FLOOR_LOWERED and got.floor_rps == 2.0 and got.state is not None
     assert "keeps the serving floor of 8.00 req/s" in got.lowered and "may dip to 2.00 req/s" in got.lowered
     assert "keeping it needs 16 GPUs during the move: raise policy.maxSurgeGPUs to 8" in got.lowered
-    held = start_requested(current, target, budget=budget, capacity=_toy_capacity, now_s=0.0)   # the default: Never
+    held = start_requested(current, target, budget=budget, capacity=_toy_capacity, now_s=0.0, engine=Engine.VLLM)   # the default: Never
     assert held.verdict is StartVerdict.FLOOR_WOULD_DROP and held.state is None and held.holdable_rps == 2.0
     assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 2.00 req/s")
 

@@ -26,7 +26,7 @@ from servingtopology.operator.live.readout import ms_text, pair_text, phase_text
 from servingtopology.operator.plan_status import change_message, predicted
 from servingtopology.operator.reconcile import reconcile
 from servingtopology.operator.replan import METRICS_GRACE_MIN_S, ReplanMemory, _change
-from servingtopology.planner.layout import Layout, Parallelism, Role
+from servingtopology.planner.layout import Engine, Layout, Parallelism, Role
 from servingtopology.planner.live.transition import ClusterView, Mode, Phase, TransitionState
 from servingtopology.planner.problem import Candidate
 
@@ -277,7 +277,7 @@ def test_start_and_end_messages_format_the_same_digits_when_a_figure_sits_on_a_r
     for ttft_before, ttft_after, tpot_after in ((339_456.0, 158.54, 17.049), (9.96, 9.949, 9.9951), (999.54, 158.45, 16.995)):
         before = Candidate(Layout.replicas(1, Parallelism(tp=1)), prediction(ttft_before, 277.0), score=0.0)
         after = Candidate(Layout.replicas(3, Parallelism(tp=1)), prediction(ttft_after, tpot_after), score=1.0)
-        started = _change(before, after, 95, 25.0)
+        started = _change(before, after, 95, 25.0, engine=Engine.VLLM)
         stored = predicted(after.prediction)
         plan = PlanStatus.model_construct(layout="3×TP1", gpus=3, predicted=stored)
         applied = change_message(current_layout="1×TP1", current_gpus=1, before=predicted(before.prediction), after=plan,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servingtopology.planner.layout import Layout, Parallelism
+from servingtopology.planner.layout import Engine, Layout, Parallelism
 from servingtopology.planner.live.drift import (
     DriftPolicy,
     DriftState,
@@ -142,7 +142,7 @@ GATE = [
 
 @pytest.mark.parametrize(("current", "best", "objective", "switch"), GATE)
 def test_a_new_plan_must_beat_the_current_one_by_min_improvement(current, best, objective, switch):
-    ok, why = worth_switching(current, best, objective=objective, min_improvement=0.2 if objective is Objective.MIN_GPUS else 0.1)
+    ok, why = worth_switching(current, best, objective=objective, min_improvement=0.2 if objective is Objective.MIN_GPUS else 0.1, engine=Engine.VLLM)
     assert ok is switch, why
     assert why
 
@@ -182,9 +182,9 @@ def test_one_episode_gives_one_warning_even_while_queued_requests_drain_after_th
 
 
 def test_figures_are_phrased_for_people_never_as_a_negative_better():
-    ok, why = worth_switching(cand(2, 1.0), cand(1, 0.97, tp=2), objective=Objective.GOODPUT_PER_GPU, min_improvement=0.1)
+    ok, why = worth_switching(cand(2, 1.0), cand(1, 0.97, tp=2), objective=Objective.GOODPUT_PER_GPU, min_improvement=0.1, engine=Engine.VLLM)
     assert not ok and "3 % worse" in why and "-" not in why.replace("goodput-per-gpu", ""), why
-    ok, why = worth_switching(cand(2, 1.0), cand(1, 1.05, tp=2), objective=Objective.GOODPUT_PER_GPU, min_improvement=0.1)
+    ok, why = worth_switching(cand(2, 1.0), cand(1, 1.05, tp=2), objective=Objective.GOODPUT_PER_GPU, min_improvement=0.1, engine=Engine.VLLM)
     assert not ok and "only 5 % better" in why, why
     assert workload_shift(ASSUMED, wl(rate=7.5)).dominant == "arrival rate 650 % higher"
     (v,) = run([(wl(1.0), 1.2)])

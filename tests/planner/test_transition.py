@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servingtopology.planner.errors import Infeasible
-from servingtopology.planner.layout import EngineKnobs, Layout, LayoutKind, Parallelism, Role, RoleLayout
+from servingtopology.planner.layout import Engine, EngineKnobs, Layout, LayoutKind, Parallelism, Role, RoleLayout
 from servingtopology.planner.live.transition import (
     Action,
     Budget,
@@ -145,7 +145,7 @@ CASES = [
 def test_each_kind_of_move_reaches_its_target_within_budget_and_floor(current, target, max_gpus, surge, load):
     floor = min(load, capacity(current))
     budget = Budget(max_gpus=max_gpus, surge_gpus=surge, floor_rps=floor)
-    state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0)
+    state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     cluster = FakeCluster(state.from_set, current, seed=1)
     steps = drive(state, cluster, budget)
     assert steps[-1].state.phase is Phase.DONE
@@ -154,16 +154,16 @@ def test_each_kind_of_move_reaches_its_target_within_budget_and_floor(current, t
 
 def test_same_shapes_scale_in_place_and_other_shapes_surge():
     budget = Budget(max_gpus=8, surge_gpus=4, floor_rps=1.0)
-    assert start_transition(pd(1, 1), pd(3, 1), budget=budget, capacity=capacity, now_s=0).mode is Mode.IN_PLACE
-    assert start_transition(replicas(2), pd(1, 1), budget=budget, capacity=capacity, now_s=0).mode is Mode.SURGE
-    assert start_transition(replicas(2), replicas(1, tp=2), budget=budget, capacity=capacity, now_s=0).mode is Mode.SURGE
+    assert start_transition(pd(1, 1), pd(3, 1), budget=budget, capacity=capacity, now_s=0, engine=Engine.VLLM).mode is Mode.IN_PLACE
+    assert start_transition(replicas(2), pd(1, 1), budget=budget, capacity=capacity, now_s=0, engine=Engine.VLLM).mode is Mode.SURGE
+    assert start_transition(replicas(2), replicas(1, tp=2), budget=budget, capacity=capacity, now_s=0, engine=Engine.VLLM).mode is Mode.SURGE
     knobs = Layout.replicas(2, Parallelism(), EngineKnobs(max_num_seqs=64))
-    assert start_transition(replicas(2), knobs, budget=budget, capacity=capacity, now_s=0).mode is Mode.SURGE
+    assert start_transition(replicas(2), knobs, budget=budget, capacity=capacity, now_s=0, engine=Engine.VLLM).mode is Mode.SURGE
 
 
 def test_a_surge_brings_the_new_set_up_before_traffic_moves_and_deletes_the_old_after_draining():
     budget = Budget(max_gpus=4, surge_gpus=4, floor_rps=3.0, drain_s=60.0)
-    state = start_transition(replicas(2, tp=2), pd(2, 1, 1, 2), budget=budget, capacity=capacity, now_s=0.0)
+    state = start_transition(replicas(2, tp=2), pd(2, 1, 1, 2), budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     steps = run_ideal(state, budget=budget, capacity=capacity, now_s=0.0)
     assert [s.action for s in steps] == [Action.SCALE, Action.ROUTE, Action.DELETE, Action.DONE]
     assert steps[1].serving == (state.to_set,)
@@ -173,17 +173,17 @@ def test_a_surge_brings_the_new_set_up_before_traffic_moves_and_deletes_the_old_
 def test_a_move_that_would_break_the_floor_or_the_budget_is_refused():
     # 1×TP8 on 8 GPUs, no surge, carrying its full load: nothing can start beside it.
     with pytest.raises(Infeasible, match="blocked"):
-        start_transition(replicas(1, tp=8), pd(1, 1, 4, 4), budget=Budget(8, 0, floor_rps=8.0), capacity=capacity, now_s=0)
+        start_transition(replicas(1, tp=8), pd(1, 1, 4, 4), budget=Budget(8, 0, floor_rps=8.0), capacity=capacity, now_s=0, engine=Engine.VLLM)
     with pytest.raises(Infeasible, match="over the budget"):
-        start_transition(replicas(2), replicas(9), budget=Budget(8, 4, floor_rps=1.0), capacity=capacity, now_s=0)
+        start_transition(replicas(2), replicas(9), budget=Budget(8, 4, floor_rps=1.0), capacity=capacity, now_s=0, engine=Engine.VLLM)
     with pytest.raises(Infeasible, match="floor"):
-        start_transition(replicas(4), replicas(1), budget=Budget(8, 0, floor_rps=6.0), capacity=capacity, now_s=0)
+        start_transition(replicas(4), replicas(1), budget=Budget(8, 0, floor_rps=6.0), capacity=capacity, now_s=0, engine=Engine.VLLM)
 
 
 def test_a_set_that_never_gets_ready_is_rolled_back_to_the_source():
     current, target = replicas(2, tp=2), pd(2, 1, 1, 2)
     budget = Budget(max_gpus=4, surge_gpus=4, floor_rps=3.0, ready_timeout_s=120.0)
-    state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0)
+    state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     cluster = FakeCluster(state.from_set, current, never_ready=state.to_set)
     steps = drive(state, cluster, budget)
     assert Action.ROLLBACK in [s.action for s in steps]
@@ -195,7 +195,7 @@ def test_a_set_that_never_gets_ready_is_rolled_back_to_the_source():
 def test_a_rollback_that_also_stalls_stops_in_failed_and_leaves_things_as_they_are():
     current, target = replicas(2), replicas(4)
     budget = Budget(max_gpus=4, surge_gpus=0, floor_rps=2.0, ready_timeout_s=60.0)
-    state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0)
+    state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     step = next_step(state, ClusterView(ready={state.to_set: {Role.AGGREGATED: 2}}), budget=budget, capacity=capacity, now_s=0.0)
     assert step.action is Action.SCALE
     stuck = ClusterView(ready={state.to_set: {Role.AGGREGATED: 2}}, present={state.to_set: {Role.AGGREGATED: 4}})
@@ -228,7 +228,7 @@ def test_any_start_reaches_the_target_without_breaking_the_floor_or_the_budget(c
     floor = load_share * min(capacity(current), capacity(target))
     budget = Budget(max_gpus=max_gpus, surge_gpus=surge, floor_rps=floor)
     try:
-        state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0)
+        state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     except Infeasible:
         assert surge < max(current.gpus, target.gpus)  # only a tight budget may refuse a move
         return
@@ -243,7 +243,7 @@ def test_any_start_reaches_the_target_without_breaking_the_floor_or_the_budget(c
 def test_a_restarted_operator_resumes_from_any_intermediate_status(current, target, surge, cut, seed):
     budget = Budget(max_gpus=max(current.gpus, target.gpus) + 2, surge_gpus=surge, floor_rps=0.5 * min(capacity(current), capacity(target)))
     try:
-        state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0)
+        state = start_transition(current, target, budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     except Infeasible:
         return
     cluster = FakeCluster(state.from_set, current, seed=seed)
@@ -274,7 +274,7 @@ def test_a_requested_change_starts_only_as_the_capacity_drop_policy_allows_and_t
     recorded (and capacity above zero unless it dropped to zero under Any); a floor below the full one only when the
     policy allows it; nothing started otherwise, with the GPUs a move keeping the full floor would need."""
     budget = Budget(max_gpus=max_gpus, surge_gpus=surge, floor_rps=min(load, capacity(current)))
-    got = start_requested(current, target, budget=budget, capacity=capacity, now_s=0.0, allow=allow)
+    got = start_requested(current, target, budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM, allow=allow)
     full = min(budget.floor_rps, capacity(target))
     assert got.full_floor_rps == full and got.started == (got.state is not None)
     assert (got.verdict is V.OVER_BUDGET) == (got.holdable_rps is None)
@@ -290,7 +290,7 @@ def test_a_requested_change_starts_only_as_the_capacity_drop_policy_allows_and_t
         assert not got.started and got.message
     if got.gpus_needed is not None:   # the figure the blocked message quotes does keep the full floor
         wide = Budget(max_gpus=max(max_gpus, target.gpus), surge_gpus=got.gpus_needed - max(max_gpus, target.gpus), floor_rps=full)
-        start_transition(current, target, budget=wide, capacity=capacity, now_s=0.0)
+        start_transition(current, target, budget=wide, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     if got.state is None:
         return
     kept = Budget(max_gpus=max_gpus, surge_gpus=surge, floor_rps=got.floor_rps, keep_serving=got.verdict is not V.FLOOR_DROPPED)
@@ -304,15 +304,15 @@ def test_a_floor_of_zero_still_keeps_something_serving_unless_the_budget_lets_it
     # maxGPUs 2, no surge, 3×TP1 → 1×TP2: the TP2 fits only once every TP1 is gone.
     current, target = replicas(3), replicas(1, tp=2)
     with pytest.raises(Infeasible):
-        start_transition(current, target, budget=Budget(2, 0, floor_rps=0.0), capacity=capacity, now_s=0)
-    state = start_transition(current, target, budget=Budget(2, 0, floor_rps=0.0, keep_serving=False), capacity=capacity, now_s=0)
+        start_transition(current, target, budget=Budget(2, 0, floor_rps=0.0), capacity=capacity, now_s=0, engine=Engine.VLLM)
+    state = start_transition(current, target, budget=Budget(2, 0, floor_rps=0.0, keep_serving=False), capacity=capacity, now_s=0, engine=Engine.VLLM)
     assert run_ideal(state, budget=Budget(2, 0, floor_rps=0.0, keep_serving=False), capacity=capacity, now_s=0)[-1].state.phase is Phase.DONE
-    got = start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0)
+    got = start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0, engine=Engine.VLLM)
     assert got.verdict is V.FLOOR_WOULD_DROP and got.holdable_rps == 0.0 and got.gpus_needed == 4
     assert "keeping it needs 4 GPUs during the move: raise policy.maxSurgeGPUs to 2" in got.message
-    assert start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0,
+    assert start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0, engine=Engine.VLLM,
                            allow=CapacityDrop.ABOVE_ZERO).verdict is V.FLOOR_WOULD_DROP
-    assert start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0,
+    assert start_requested(current, target, budget=Budget(2, 0, floor_rps=3.0), capacity=capacity, now_s=0, engine=Engine.VLLM,
                            allow=CapacityDrop.ANY).verdict is V.FLOOR_DROPPED
 
 
@@ -327,11 +327,11 @@ def test_capacity_drop_above_zero_finds_a_serving_sequence_below_the_bisections_
 
     current, target, budget = replicas(8), replicas(1, tp=8), Budget(8, 1, floor_rps=2000.0)
     for allow in (CapacityDrop.ABOVE_ZERO, CapacityDrop.ANY):
-        got = start_requested(current, target, budget=budget, capacity=steep, now_s=0.0, allow=allow)
+        got = start_requested(current, target, budget=budget, capacity=steep, now_s=0.0, engine=Engine.VLLM, allow=allow)
         assert got.verdict is V.FLOOR_LOWERED and got.floor_rps == 2.0 * 1 ** 3 and got.state is not None
         kept = Budget(8, 1, floor_rps=got.floor_rps)
         assert run_ideal(got.state, budget=kept, capacity=steep, now_s=0.0)[-1].state.phase is Phase.DONE
-    held = start_requested(current, target, budget=budget, capacity=steep, now_s=0.0)
+    held = start_requested(current, target, budget=budget, capacity=steep, now_s=0.0, engine=Engine.VLLM)
     assert held.verdict is V.FLOOR_WOULD_DROP and held.holdable_rps == 2.0
     assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 2.00 req/s")
 
@@ -344,11 +344,11 @@ def test_a_dip_under_a_hundredth_of_a_request_per_second_is_not_printed_as_zero(
         return 0.004 * r.count if r.parallelism.tp == 1 else 0.006 * r.count
 
     current, target, budget = replicas(3), replicas(1, tp=2), Budget(3, 0, floor_rps=0.012)
-    held = start_requested(current, target, budget=budget, capacity=tiny, now_s=0.0)
+    held = start_requested(current, target, budget=budget, capacity=tiny, now_s=0.0, engine=Engine.VLLM)
     assert held.verdict is V.FLOOR_WOULD_DROP and held.holdable_rps == pytest.approx(0.004)
     assert "keeps the serving floor of 0.006 req/s" in held.message and "(the most a sequence keeps: 0.004 req/s)" in held.message
     assert held.message.endswith("or set policy.capacityDrop to AboveZero to move keeping at least 0.004 req/s")
-    lowered = start_requested(current, target, budget=budget, capacity=tiny, now_s=0.0, allow=CapacityDrop.ABOVE_ZERO)
+    lowered = start_requested(current, target, budget=budget, capacity=tiny, now_s=0.0, engine=Engine.VLLM, allow=CapacityDrop.ABOVE_ZERO)
     assert lowered.verdict is V.FLOOR_LOWERED and "serving capacity may dip to 0.004 req/s" in lowered.message
 
 
@@ -357,7 +357,7 @@ def test_step_messages_name_layouts_never_the_internal_set_names():
     import re
 
     budget = Budget(max_gpus=4, surge_gpus=4, floor_rps=3.0, drain_s=60.0, ready_timeout_s=120.0)
-    state = start_transition(replicas(2, tp=2), pd(2, 1, 1, 2), budget=budget, capacity=capacity, now_s=0.0)
+    state = start_transition(replicas(2, tp=2), pd(2, 1, 1, 2), budget=budget, capacity=capacity, now_s=0.0, engine=Engine.VLLM)
     messages = [s.message for s in run_ideal(state, budget=budget, capacity=capacity, now_s=0.0)]
     cluster = FakeCluster(state.from_set, replicas(2, tp=2), never_ready=state.to_set)
     messages += [s.message for s in drive(state, cluster, budget)]   # a rollback too
