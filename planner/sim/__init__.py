@@ -99,12 +99,14 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
              precision: Precision | None = None, router: RouterPolicy = RouterPolicy.LEAST_OUTSTANDING,
              step_model: StepModelFactory | None = None, pool_tokens: Mapping[Role, int] | None = None,
              same_node: bool | None = None, transfer_s: Callable[[int], float] | None = None,
-             max_time_s: float = math.inf) -> SimResult:
+             max_time_s: float = math.inf, progress: Callable[[int], None] | None = None) -> SimResult:
     """Replay `requests` (or `num_requests` drawn from `workload` with `seed`) on `layout`.
 
     pool_tokens overrides the per-rank KV pool of a role (e.g. a recorded vLLM block count); the default
     is the memory model's. same_node says whether PD KV moves over NVLink (default: the whole layout
     fits one node) or the NIC; transfer_s (prompt tokens -> seconds) replaces perf.kv_transfer_s. Requests still running at max_time_s are reported unfinished.
+    `progress` hears the count of finished requests as the run goes (every 1 % of them, and at the end): a terminal's
+    bar, never a clock (SimulationProgress).
     Raises Infeasible when a role's pool is empty, InvalidSpec when neither requests nor workload is given.
     """
     if requests is None:
@@ -148,7 +150,8 @@ def simulate(layout: Layout, *, model: ModelArch, gpu: Gpu, engine: Engine, requ
 
         def transfer(rid: int) -> float:
             return 0.0
-    loop = EventLoop(ledger=ledger, front=front, decode=decode, router=router, transfer_s=transfer, max_time_s=max_time_s)
+    loop = EventLoop(ledger=ledger, front=front, decode=decode, router=router, transfer_s=transfer, max_time_s=max_time_s,
+                     progress=progress)
     end = loop.run()
     itl_s, itl_w = ledger.itl()
     return SimResult(

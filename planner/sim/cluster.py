@@ -27,13 +27,14 @@ from servingtopology.planner.sim.router import Router, RouterPolicy
 __all__ = ["EventLoop"]
 
 _STEP, _ISSUE, _KV = 0, 1, 2
+PROGRESS_SHARE = 0.01   # a progress callback hears of every 1 % of the requests finished (at most ~100 calls a run)
 
 
 class EventLoop:
     """Runs instances of one deployment over a request set until every request is done or time runs out."""
 
     def __init__(self, *, ledger: Ledger, front: Sequence[Instance], decode: Sequence[Instance], router: RouterPolicy,
-                 transfer_s: Callable[[int], float], max_time_s: float) -> None:
+                 transfer_s: Callable[[int], float], max_time_s: float, progress: Callable[[int], None] | None = None) -> None:
         self.ledger = ledger
         self.front = list(front)
         self.decode = list(decode)
@@ -47,6 +48,11 @@ class EventLoop:
         self._link_free_s = [0.0] * len(self.front)
         self._prefill_of: dict[int, int] = {}
         self._wake: list[Instance] = []  # idle instances woken at the current instant, to plan once it is over
+        # SimulationProgress: `progress(finished)` about every PROGRESS_SHARE of the requests, and once at the end.
+        self._progress = progress
+        self._finished = 0
+        self._report_every = max(1, int(len(ledger.requests) * PROGRESS_SHARE))
+        self._next_report = self._report_every
         req = ledger.requests
         self._clients: list[deque[int]] = []
         if req.closed_loop:
@@ -150,6 +156,8 @@ class EventLoop:
                 if b != inst.version or not inst.busy:
                     continue
                 out = inst.commit()
+                if self._progress is not None and out.finished:
+                    self._count_finished(len(out.finished))
                 if out.prefilled or (self._clients and out.finished):  # else _outcome has nothing to hand on
                     self._outcome(inst, out, t)
                 end = inst.plan(t, horizon_s=self.max_time_s)
@@ -166,4 +174,12 @@ class EventLoop:
                 src.release_held(b)
                 self._kick(src, t, must_see=True)
                 self._kick(dec, t, must_see=True)
+        if self._progress is not None:
+            self._progress(self._finished)
         return now
+
+    def _count_finished(self, n: int) -> None:
+        self._finished += n
+        if self._progress is not None and self._finished >= self._next_report:
+            self._progress(self._finished)
+            self._next_report = self._finished + self._report_every

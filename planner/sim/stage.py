@@ -7,6 +7,8 @@ operator and `simulate` alike: OneSimulatedFigure). Pure, deterministic under th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
 from servingtopology.planner.perf.mixed_pd import kv_link_transfer_s, kv_pool_of, mixed_kinds
@@ -22,20 +24,21 @@ from servingtopology.planner.sim.results import SimResult, SimSummary
 __all__ = ["simulate_problem", "simulate_mixed", "slo_figures", "stage6_figures", "warmup_of"]
 
 
-def simulate_problem(problem: Problem, layout: Layout, *, num_requests: int = 600, seed: int = 0) -> SimResult:
+def simulate_problem(problem: Problem, layout: Layout, *, num_requests: int = 600, seed: int = 0,
+                     progress: Callable[[int], None] | None = None) -> SimResult:
     """Simulate `layout` under the problem's workload (open loop at its rate, or its closed-loop clients); a PD layout
     whose roles run on other GPU kinds runs each role on its own kind, the KV over the slower NIC (planner.perf.mixed_pd)."""
     kinds = mixed_kinds(problem, layout)
     if kinds is not None:
         return simulate_mixed(problem, layout, prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu, link_gbit=kinds.link_gbit,
-                              num_requests=num_requests, seed=seed)
+                              num_requests=num_requests, seed=seed, progress=progress)
     requests = from_workload(problem.workload, num_requests=num_requests, seed=seed)
     return simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
-                    precision=problem.precision)
+                    precision=problem.precision, progress=progress)
 
 
 def simulate_mixed(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode_gpu: Gpu, link_gbit: float, num_requests: int = 1000,
-                   seed: int = 0) -> SimResult:
+                   seed: int = 0, progress: Callable[[int], None] | None = None) -> SimResult:
     """Replay the problem's workload on a mixed-kind PD layout: each role's steps and KV pool on its own GPU, every KV
     hand-off over the link (the simulator's own hooks: per-role step models, pools and transfer time)."""
     gpus = {Role.PREFILL: prefill_gpu, Role.DECODE: decode_gpu}
@@ -47,7 +50,7 @@ def simulate_mixed(problem: Problem, layout: Layout, *, prefill_gpu: Gpu, decode
     pools = {role: kv_pool_of(problem, gpus[role], layout, role) for role in gpus}
     return simulate(layout, model=problem.model, gpu=decode_gpu, engine=problem.engine, workload=problem.workload, num_requests=num_requests,
                     seed=seed, precision=prec, step_model=step_model, pool_tokens=pools,
-                    transfer_s=lambda tokens: float(kv_link_transfer_s(problem, float(tokens), link_gbit=link_gbit)))
+                    transfer_s=lambda tokens: float(kv_link_transfer_s(problem, float(tokens), link_gbit=link_gbit)), progress=progress)
 
 
 def warmup_of(problem: Problem, num_requests: int) -> int:

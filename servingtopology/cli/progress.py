@@ -1,5 +1,5 @@
 """Progress of the CLI's long stages on a terminal: the funnel's stages, stage 6's simulations in `plan`, the points
-of `sweep`. Called by those commands; a bar is drawn on stderr only when it is a terminal and never with --json or
+of `sweep`, the requests of one `simulate` run. Called by those commands; a bar is drawn on stderr only when it is a terminal and never with --json or
 --no-progress (QuietOffTerminal), so pipes, files and JSON readers see nothing of it. Owns no planning logic.
 """
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from servingtopology.planner.layout import Layout
@@ -59,6 +60,17 @@ class StageBar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+    def requests(self, name: str, total: int, *, note: str = "") -> Callable[[int], None] | None:
+        """A simulator's progress callback (planner.sim `simulate(progress=)`) showing stage `name` as requests finished of
+        `total`; None on a disabled bar, so the simulator does not even count."""
+        if self._bar is None:
+            return None
+
+        def finished(done: int) -> None:
+            self.stage(name, total, unit="request")
+            self.at(done, note)
+        return finished
 
     def simulating(self, simulate: Simulate, *, name: str = "stage 6 simulation") -> Simulate:
         """`simulate` counting each candidate it simulates on this bar (stage 6 of `plan`: up to search.topK of them)."""

@@ -15,7 +15,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from servingtopology.cli.calibration_io import (
     read_calibration,
     read_calibration_of,
 )
+from servingtopology.cli.progress import StageBar, wanted
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.planner.engines.caps import release_of
 from servingtopology.planner.engines.defaults import max_running, memory_fraction, token_budget
@@ -88,6 +89,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model-config", metavar="PATH", help="with --replay: the model's Hugging Face config.json when the run's "
                                                             "folder has none and its model id is not in the catalog")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (drawn on a terminal's stderr only, never with --json)")
     add_calibration_arg(p)
 
 
@@ -387,10 +389,12 @@ def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
                   pool_tokens=blocks * block if blocks else None, release=release)
 
 
-def run_replay(rep: Replay) -> SimResult:
-    """Simulate a Replay (the recorded pool size when the run logged one, else the memory model's)."""
+def run_replay(rep: Replay, *, progress: Callable[[int], None] | None = None) -> SimResult:
+    """Simulate a Replay (the recorded pool size when the run logged one, else the memory model's); `progress` hears the
+    requests finished (planner.sim `simulate`)."""
     pools = {Role.AGGREGATED: rep.pool_tokens} if rep.pool_tokens else None
-    return simulate(rep.layout, model=rep.model, gpu=rep.gpu, engine=rep.engine, requests=rep.requests, pool_tokens=pools)
+    return simulate(rep.layout, model=rep.model, gpu=rep.gpu, engine=rep.engine, requests=rep.requests, pool_tokens=pools,
+                    progress=progress)
 
 
 def compare(result: SimResult, recorded: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float | None]]]:
@@ -502,13 +506,17 @@ def _run_spec(args: argparse.Namespace) -> int:
     refuse_pin(problem, layout, longest=longest)
     calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
     warmup = 0 if args.trace else warmup_of(problem, len(requests))  # a trace is measured whole
+    bar = StageBar(enabled=wanted(args))   # SimulationProgress: requests finished, on a terminal's stderr only
 
     def one(cal: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
+        progress = bar.requests("simulation" + (" (calibrated)" if cal is not None else ""), len(requests),
+                                note=layout.label_for(problem.engine))
         # Drawn as stage 6 draws them (planner.sim.stage), so `plan` and `simulate` read one run of the same requests.
         result = (simulate(layout, model=problem.model, gpu=problem.gpu, engine=problem.engine, requests=requests,
-                           precision=problem.precision, seed=spec.simulation.seed) if args.trace else
-                  simulate_problem(problem, layout, num_requests=spec.simulation.requests, seed=spec.simulation.seed))
+                           precision=problem.precision, seed=spec.simulation.seed, progress=progress) if args.trace else
+                  simulate_problem(problem, layout, num_requests=spec.simulation.requests, seed=spec.simulation.seed,
+                                   progress=progress))
         summary = result.summary(problem.slo, warmup_requests=warmup)
         out = summary_json(summary, layout=layout, wall_s=time.perf_counter() - t0, engine=problem.engine)
         out["offered_rps"] = _num(result.offered_rps(warmup_requests=warmup))
@@ -517,11 +525,14 @@ def _run_spec(args: argparse.Namespace) -> int:
         out["intervals"] = {f"{m}_mean": iv for m, iv in zip(("ttft_ms", "tpot_ms"), prediction_intervals(
             problem, layout, out["ttft_ms"]["mean"] or math.nan, out["tpot_ms"]["mean"] or math.nan, cal).values(), strict=True)}
         return out
-    out = one(None)
-    if calibration is not None:
-        with calibration.applied():
-            out["calibrated"] = one(calibration)
-        out["calibration"] = calibration_summary(calibration, args.calibration)
+    try:
+        out = one(None)
+        if calibration is not None:
+            with calibration.applied():
+                out["calibrated"] = one(calibration)
+            out["calibration"] = calibration_summary(calibration, args.calibration)
+    finally:
+        bar.close()
     if args.json:
         print(json.dumps(finite_json(out)))
     else:
@@ -545,12 +556,18 @@ def _run_replay(args: argparse.Namespace) -> int:
     calibration = None
     if getattr(args, "calibration", None):
         calibration = read_calibration_of(args.calibration, Deployment(rep.model.name, rep.gpu.id, rep.engine.value, rep.release))
-    table: dict[str, Any] = compare(run_replay(rep), rep.recorded)
-    title = f"replay of {args.replay}: {rep.layout.label_for(rep.engine)} on {rep.gpu.id}, {len(rep.requests)} requests"
-    calibrated = None
-    if calibration is not None:
-        with calibration.applied():
-            calibrated = compare(run_replay(rep), rep.recorded)
+    label = rep.layout.label_for(rep.engine)
+    bar = StageBar(enabled=wanted(args))   # SimulationProgress: requests finished, on a terminal's stderr only
+    try:
+        table: dict[str, Any] = compare(run_replay(rep, progress=bar.requests("replay", len(rep.requests), note=label)), rep.recorded)
+        calibrated = None
+        if calibration is not None:
+            with calibration.applied():
+                calibrated = compare(run_replay(rep, progress=bar.requests("replay (calibrated)", len(rep.requests), note=label)),
+                                     rep.recorded)
+    finally:
+        bar.close()
+    title = f"replay of {args.replay}: {label} on {rep.gpu.id}, {len(rep.requests)} requests"
     if args.json:
         extra = {} if calibrated is None or calibration is None else {
             "calibrated": calibrated, "calibration": calibration_summary(calibration, args.calibration)}

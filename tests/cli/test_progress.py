@@ -1,15 +1,23 @@
 """Long stages report progress on a terminal and stay quiet otherwise: `plan` counts stage 6's simulations after the
-funnel's stages, `sweep` its points; nothing reaches stderr with --json or when stderr is not a terminal."""
+funnel's stages, `sweep` its points, `simulate` the requests of its run; nothing reaches stderr with --json or when
+stderr is not a terminal."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
 from servingtopology.cli.main import main
+from servingtopology.planner.hardware import resolve_gpu
+from servingtopology.planner.layout import Engine, Layout, Parallelism
+from servingtopology.planner.model.catalog import resolve_model
+from servingtopology.planner.sim import simulate
+from servingtopology.planner.workload import LengthDist, Workload
 
 
 class _Terminal(io.StringIO):
@@ -18,6 +26,18 @@ class _Terminal(io.StringIO):
 
 
 SWEEP = ["sweep", "--concurrency", "1,2", "--requests-per-client", "2", "--layout", "A=1xTP1"]
+# A pinned spec `simulate` runs 300 requests of (0.3 CPU s).
+SPEC = ("model: meta-llama/Llama-3.1-8B-Instruct\nengine: {name: vllm, image: engine:1}\n"
+        "hardware: {gpu: h100_sxm, gpusPerNode: 8, maxGPUs: 2}\n"
+        "workload: {arrivalRate: 4, inputTokens: 512, outputTokens: 64}\nslo: {ttftMs: {p95: 1000}, tpotMs: {p95: 60}}\n"
+        "simulation: {requests: 300, seed: 1}\nlayout: {kind: replicas, replicas: 1, tp: 1}\n")
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> str:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    return str(path)
 
 
 @pytest.mark.parametrize("argv, shown", [
@@ -33,17 +53,39 @@ def test_long_stages_report_progress_on_a_terminal(monkeypatch: pytest.MonkeyPat
     assert all(word in drawn for word in shown), drawn[-400:]
 
 
-@pytest.mark.parametrize("argv", [["plan", "--json"], [*SWEEP, "--json"], ["plan", "--no-progress"], [*SWEEP, "--no-progress"]])
-def test_json_and_no_progress_draw_nothing_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                                         argv: list[str]) -> None:
+def test_simulate_counts_its_requests_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                    spec: str) -> None:
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    assert main(argv) == 0
+    assert main(["simulate", spec]) == 0
+    drawn = terminal.getvalue()
+    assert "simulation" in drawn and "1×TP1" in drawn, drawn[-400:]
+    counts = [int(n) for n in re.findall(r"(\d+)/300", drawn)]
+    assert counts and max(counts) == 300 and len(set(counts)) > 2, counts   # it moves through the run, to its end
+
+
+def test_the_simulators_progress_counts_finished_requests_up_to_the_run() -> None:
+    heard: list[int] = []
+    work = Workload(LengthDist.fixed(256), LengthDist.fixed(32), arrival_rate_rps=8.0)
+    result = simulate(Layout.replicas(1, Parallelism()), model=resolve_model("meta-llama/Llama-3.1-8B-Instruct"),
+                      gpu=resolve_gpu("h100_sxm"), engine=Engine.VLLM, workload=work, num_requests=500, progress=heard.append)
+    assert heard == sorted(heard) and heard[-1] == result.summary(None).finished == 500
+    assert 50 <= len(heard) <= 102   # about every 1 % of the requests, and once at the end
+
+
+@pytest.mark.parametrize("argv", [["plan", "--json"], [*SWEEP, "--json"], ["plan", "--no-progress"], [*SWEEP, "--no-progress"],
+                                  ["simulate", "SPEC", "--json"], ["simulate", "SPEC", "--no-progress"]])
+def test_json_and_no_progress_draw_nothing_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                         argv: list[str], spec: str) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([spec if a == "SPEC" else a for a in argv]) == 0
     assert terminal.getvalue() == ""
     if "--json" in argv:
         json.loads(capsys.readouterr().out)
 
 
-def test_nothing_is_drawn_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+def test_nothing_is_drawn_off_a_terminal(capsys: pytest.CaptureFixture[str], spec: str) -> None:
     assert main(SWEEP) == 0
+    assert main(["simulate", spec]) == 0
     assert capsys.readouterr().err == ""
