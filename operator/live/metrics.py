@@ -38,7 +38,7 @@ from servingtopology.planner.live.observe import MetricSample
 __all__ = [
     "Figure", "Query", "MetricsSource", "MetricsUnavailable", "PrometheusMetrics", "build_queries", "label_selector",
     "topology_matchers", "TOPOLOGY_SERIES_LABEL", "ROLE_SERIES_LABEL", "unavailable_reason", "QUERY_TIMEOUT_S", "READ_DEADLINE_S",
-    "FIGURE_MAX",
+    "FIGURE_MAX", "figure_value",
 ]
 
 # Pod labels as Prometheus sees them after the usual `labelmap` of Kubernetes service discovery
@@ -220,13 +220,21 @@ FIGURE_MAX = 1e9           # FigureRange: 1e9 ms is 11 days, 1e9 tokens or reque
 
 
 def _value(result: Any, query: Query) -> float | None:
-    """The first sample of an instant-vector answer scaled to the figure's unit; None when empty or not a finite
-    number (NaNIsNoData); MetricsUnavailable (PrometheusAnswerInvalid) outside FigureRange."""
+    """The first sample of an instant-vector answer scaled to the figure's unit (see figure_value)."""
     if not isinstance(result, list) or not result:
         return None
     try:
-        v = float(result[0]["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
+        return figure_value(result[0]["value"][1], query)
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def figure_value(text: Any, query: Query) -> float | None:
+    """One answered value (Prometheus's string) scaled to the figure's unit; None when not a finite number
+    (NaNIsNoData); MetricsUnavailable (PrometheusAnswerInvalid) outside FigureRange. Instant and range reads alike."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
         return None
     if not math.isfinite(v):
         return None

@@ -1,6 +1,7 @@
-"""The Prometheus HTTP client: one instant query to the host and port the allow-list checked, read within bounds.
+"""The Prometheus HTTP client: one query (instant or range) to the host and port the allow-list checked, read within bounds.
 
-Called by operator/live/metrics.py (`PrometheusMetrics`), one client per metrics read. Owns the socket, the HTTP/1.1
+Called by operator/live/metrics.py (`PrometheusMetrics`), one client per metrics read, and operator/live/history.py
+(`calibrate --prometheus`'s range queries). Owns the socket, the HTTP/1.1
 exchange and the JSON answer; must not decide anything about the figures. The server is untrusted (its URL is a
 resource author's), so every read is bounded and every failure is a `PrometheusAnswerError` with a named reason:
 
@@ -52,7 +53,8 @@ from urllib.parse import urlencode
 
 from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl
 
-__all__ = ["PrometheusFailure", "PrometheusAnswerError", "tls_failure", "ReadLimits", "BoundedPrometheus", "parse_answer", "nesting_exceeds", "MAX_DEPTH"]
+__all__ = ["PrometheusFailure", "PrometheusAnswerError", "tls_failure", "ReadLimits", "BoundedPrometheus", "parse_answer", "parse_matrix",
+           "nesting_exceeds", "MAX_DEPTH"]
 
 
 class PrometheusFailure(enum.StrEnum):
@@ -170,9 +172,8 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def parse_answer(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]:
-    """The instant vector of a Prometheus answer (a scalar becomes one unlabelled sample); PrometheusAnswerError
-    (INVALID) for anything else. Values stay Prometheus's strings; each sample is `{"metric": {...}, "value": [t, "v"]}`."""
+def _result(body: bytes, depth: int) -> tuple[Any, Any]:
+    """(resultType, result) of a Prometheus answer read within the bounds; PrometheusAnswerError (INVALID) otherwise."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -186,16 +187,37 @@ def parse_answer(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(data, dict) or "result" not in data or answer.get("status") != "success":
         raise PrometheusAnswerError(PrometheusFailure.INVALID, "HTTP 200 without a Prometheus result (no data.result)")
-    kind, result = data.get("resultType"), data["result"]
+    return data.get("resultType"), data["result"]
+
+
+def _is_point(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[1], str) and len(value[1]) <= 64
+
+
+def parse_answer(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]:
+    """The instant vector of a Prometheus answer (a scalar becomes one unlabelled sample); PrometheusAnswerError
+    (INVALID) for anything else. Values stay Prometheus's strings; each sample is `{"metric": {...}, "value": [t, "v"]}`."""
+    kind, result = _result(body, depth)
     if kind == "scalar":
         result = [{"metric": {}, "value": result}]
     elif kind != "vector" or not isinstance(result, list):
         raise _invalid(f"a result of type {str(kind)[:20]!r}, not an instant vector or a scalar")
     for sample in result:
-        value = sample.get("value") if isinstance(sample, dict) else None
-        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], str) and len(value[1]) <= 64
-                and isinstance(sample.get("metric", {}), dict)):
+        if not (isinstance(sample, dict) and _is_point(sample.get("value")) and isinstance(sample.get("metric", {}), dict)):
             raise _invalid("a sample that is not {metric, value: [time, \"number\"]}")
+    return result
+
+
+def parse_matrix(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]:
+    """The range vector of a query_range answer: each series `{"metric": {...}, "values": [[t, "v"], ...]}`, values
+    Prometheus's strings; PrometheusAnswerError (INVALID) for anything else."""
+    kind, result = _result(body, depth)
+    if kind != "matrix" or not isinstance(result, list):
+        raise _invalid(f"a result of type {str(kind)[:20]!r}, not a range vector")
+    for series in result:
+        values = series.get("values") if isinstance(series, dict) else None
+        if not (isinstance(values, list) and all(_is_point(v) for v in values) and isinstance(series.get("metric", {}), dict)):
+            raise _invalid("a series that is not {metric, values: [[time, \"number\"], ...]}")
     return result
 
 
@@ -358,10 +380,20 @@ class BoundedPrometheus:
 
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The instant vector of `query` (see parse_answer)."""
+        return parse_answer(self._get("query", {"query": query, **(params or {})}), depth=self.limits.depth)
+
+    def range_query(self, query: str, *, start_s: float, end_s: float, step_s: float) -> list[dict[str, Any]]:
+        """The range vector of `query` from `start_s` to `end_s` (Unix seconds) every `step_s` (see parse_matrix); the
+        same bounds as an instant query: the answer cap decides how long a history one query may carry."""
+        params = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
+        return parse_matrix(self._get("query_range", params), depth=self.limits.depth)
+
+    def _get(self, endpoint: str, params: dict[str, Any]) -> bytes:
+        """The body of a 200 answer to GET /api/v1/`endpoint` (every bound of the module docstring)."""
         deadline_s = self.clock() + self.limits.query_s
         if self.deadline_s is not None:
             deadline_s = min(deadline_s, self.deadline_s)
-        target = f"{self.url.path}/api/v1/query?{urlencode({'query': query, **(params or {})})}"
+        target = f"{self.url.path}/api/v1/{endpoint}?{urlencode(params)}"
         lines = [f"GET {target} HTTP/1.1", f"Host: {self.url.authority}", "Accept: application/json", "Accept-Encoding: identity",
                  "Connection: close", "User-Agent: servingtopology-operator"]
         if self._token:
@@ -381,8 +413,7 @@ class BoundedPrometheus:
                 raise PrometheusAnswerError(PrometheusFailure.REDIRECT_REFUSED, f"HTTP {status}: a redirect, which is never followed")
             if status != 200:
                 raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"HTTP {status}")
-            body = exchange.body(headers)
-        return parse_answer(body, depth=self.limits.depth)
+            return exchange.body(headers)
 
     def _connect(self, deadline_s: float) -> socket.socket:
         """A socket to the checked host and port (TLS for https), opened within the deadline."""

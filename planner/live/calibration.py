@@ -34,6 +34,7 @@ from servingtopology.planner.perf.deployment_fit import (
     Deployment,
     DeploymentCalibration,
     Point,
+    Source,
     fit,
 )
 from servingtopology.planner.perf.deployment_fit import problem_factors as apply_factors
@@ -42,7 +43,7 @@ from servingtopology.planner.problem import Problem
 from servingtopology.planner.workload import Workload
 
 __all__ = ["LIVE_TERMS", "MIN_LIVE_POINTS", "MAX_LIVE_POINTS", "HALF_LIFE_S", "MAX_AGE_S", "CalibrationState", "LivePoint", "LiveFit",
-           "LiveCalibration", "PointPredictor", "analytic_point", "add_point", "refit", "combined",
+           "LiveCalibration", "PointPredictor", "analytic_point", "add_point", "refit", "fit_points", "combined",
            "deployment_of", "as_deployment_calibration", "residual_percent"]
 
 MIN_LIVE_POINTS = 3          # MinimumPoints: steady intervals measured before anything is fitted
@@ -154,10 +155,10 @@ def deployment_of(problem: Problem) -> Deployment:
                       problem.gpu.scaleup_link.value)
 
 
-def _fit_points(cal: LiveCalibration, now_s: float) -> list[Point]:
+def _fit_points(points: Sequence[LivePoint], now_s: float, source: str = "operator") -> list[Point]:
     return [Point(p.ttft_ms, p.tpot_ms, float(p.workload.arrival_rate_rps or 0.0), "rate", p.workload.input_tokens.expected_tokens,
-                  p.workload.output_tokens.expected_tokens, 1, age_s=max(now_s - p.at_s, 0.0), source="operator",
-                  row=f"{p.layout.label} at {p.at_s:.0f} s") for p in cal.points]
+                  p.workload.output_tokens.expected_tokens, 1, age_s=max(now_s - p.at_s, 0.0), source=source,
+                  row=f"{p.layout.label} at {p.at_s:.0f} s") for p in points]
 
 
 def refit(cal: LiveCalibration, problem: Problem, *, now_s: float, predict: PointPredictor = analytic_point) -> LiveCalibration:
@@ -167,17 +168,26 @@ def refit(cal: LiveCalibration, problem: Problem, *, now_s: float, predict: Poin
     calibrated by its users' benchmark client starts from that, and its live points correct what is left."""
     if len(cal.points) < cal.min_points:
         return replace(cal, fit=None)
+    dc = fit_points(cal.points, problem, deployment=deployment_of(problem), now_s=now_s, min_points=cal.min_points, predict=predict)
+    return replace(cal, fit=LiveFit({t: float(dc.factors.get(t, 1.0)) for t in TERMS}, dict(dc.residual_before),
+                                    dict(dc.residual_after), dict(dc.own_half_width), dc.at_bound, now_s, len(cal.points)))
+
+
+def fit_points(points: Sequence[LivePoint], problem: Problem, *, deployment: Deployment, now_s: float,
+               half_life_s: float = HALF_LIFE_S, min_points: int = MIN_LIVE_POINTS, predict: PointPredictor = analytic_point,
+               sources: Sequence[Source] = (), source: str = "operator") -> DeploymentCalibration:
+    """The bounded LIVE_TERMS factors that make `predict` reproduce `points`, each at its own workload and layout, on
+    top of the problem's own factors (StartsFromSpec): the operator's refit, and `calibrate --prometheus` on a
+    deployment's history (AgeDecay with its own `half_life_s`; `source` names where the points came from).
+    Raises deployment_fit's refusals (TooFewPoints, NonFinite)."""
     base = replace(problem, current=None, pinned=None)
-    points = cal.points
 
     def predict_all(factors: Mapping[str, float]) -> Any:
         trial = combined(problem.factors, tuple((t, float(f)) for t, f in factors.items()))
         return np.array([predict(replace(base, workload=p.workload, factors=trial), p.layout) for p in points], dtype=float)
 
-    dc = fit(deployment_of(problem), _fit_points(cal, now_s), predict_all, half_life_s=HALF_LIFE_S, min_points=cal.min_points,
-             terms=LIVE_TERMS)
-    return replace(cal, fit=LiveFit({t: float(dc.factors.get(t, 1.0)) for t in TERMS}, dict(dc.residual_before),
-                                    dict(dc.residual_after), dict(dc.own_half_width), dc.at_bound, now_s, len(points)))
+    return fit(deployment, _fit_points(points, now_s, source), predict_all, half_life_s=half_life_s, min_points=min_points,
+               terms=LIVE_TERMS, sources=sources)
 
 
 def as_deployment_calibration(cal: LiveCalibration, problem: Problem, *, now_s: float,
@@ -189,7 +199,7 @@ def as_deployment_calibration(cal: LiveCalibration, problem: Problem, *, now_s: 
     f = cal.fit
     if f is None or (layout is not None and all(p.layout != layout for p in cal.points)):
         return None
-    return DeploymentCalibration(deployment_of(problem), dict(f.factors), tuple(_fit_points(cal, now_s)), cal.min_points, HALF_LIFE_S,
+    return DeploymentCalibration(deployment_of(problem), dict(f.factors), tuple(_fit_points(cal.points, now_s)), cal.min_points, HALF_LIFE_S,
                                  dict(f.residual_before), dict(f.residual_after), dict(f.own_half_width), f.at_bound)
 
 

@@ -1,5 +1,8 @@
 """`servingtopology calibrate RESULTS... --spec SPEC.yaml --out CAL.yaml`: fit a deployment's correction (issue #27).
 
+With `--prometheus URL --since 24h` instead of RESULTS it fits from the deployment's Prometheus history
+(servingtopology/cli/calibrate_prometheus.py: the operator's series and its live fit).
+
 RESULTS are the files the benchmark clients people already run write, and recorded runs:
   - vLLM's `vllm bench serve --save-result` JSON (with or without --save-detailed): one point per file, at its
     request rate (Poisson arrivals, the recorded lengths when detailed) or, at an infinite rate, its max concurrency;
@@ -35,6 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from servingtopology.cli.calibrate_prometheus import MAX_WINDOWS, no_points_message, read_history
 from servingtopology.cli.calibration_io import deployment_of, read_bytes
 from servingtopology.cli.output_paths import check_output, write_output
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
@@ -42,6 +46,7 @@ from servingtopology.planner.engines.caps import release_of, version_from_image
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.fidelity.deployment_points import PointFn, closed_loop_fn, predictor, simulated_fn
 from servingtopology.planner.layout import Layout, Role
+from servingtopology.planner.live.calibration import fit_points
 from servingtopology.planner.perf.deployment_fit import (
     DEFAULT_HALF_LIFE_S,
     MIN_POINTS,
@@ -68,7 +73,17 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="fit a deployment's correction from benchmark results (vllm bench, guidellm, recorded runs)",
                        description="Read vllm bench serve --save-result JSON, guidellm JSON reports and recorded run folders of one "
                                    "deployment and write its calibration (CAL.yaml) for plan/simulate/sweep --calibration.")
-    p.add_argument("results", nargs="+", metavar="RESULTS", help="result files or recorded run folders")
+    p.add_argument("results", nargs="*", metavar="RESULTS", help="result files or recorded run folders (or --prometheus)")
+    p.add_argument("--prometheus", metavar="URL", help="fit from this Prometheus's history of the deployment instead: the series "
+                   "the operator reads, over --since (no benchmark run needed)")
+    p.add_argument("--since", default="24h", help="with --prometheus: how far back, e.g. 90m, 24h (default 24h)")
+    p.add_argument("--step", help=f"with --prometheus: one point per window this long (default: --since / {MAX_WINDOWS}, at least 1m)")
+    p.add_argument("--topology", metavar="NAMESPACE/NAME", help="with --prometheus: the ServingTopology whose engines' series to read "
+                   "(the operator's labels); default: every engine series --selector matches")
+    p.add_argument("--selector", action="append", default=[], metavar="LABEL=VALUE", help="with --prometheus: a label matcher "
+                   "(repeatable), e.g. namespace=ml")
+    p.add_argument("--prometheus-ca", metavar="CA.pem", help="with an https --prometheus: the CA bundle its certificate chains to "
+                   "(default: the system's CAs)")
     p.add_argument("--spec", required=True, help="the deployment's spec (model, GPU, engine, layout), as plan takes it")
     p.add_argument("--out", required=True, metavar="CAL.yaml", help="where to write the calibration")
     p.add_argument("--half-life-days", type=float, default=DEFAULT_HALF_LIFE_S / 86400.0,
@@ -408,15 +423,32 @@ def run(args: argparse.Namespace) -> int:
         spec = read_spec(args.spec)
         problem = to_problem(spec)
         layout = layout_for(spec, problem)
-        read = read_results(args.results)
-        mine, release_from = _measured_release(deployment_of(problem, layout), read, stated=_stated_release(spec))
-        aliases = [x for x in (spec.model, spec.servedModelName, spec.modelSource) if x]
-        for named, field in read.named:
-            refuse_other(mine, named, field=field, model_aliases=aliases)
-        t0 = time.process_time()
-        cal = fit(mine, read.points, predictor(_fns(read, problem, layout)), half_life_s=args.half_life_days * 86400.0,
-                  min_points=args.min_points, sources=read.sources)
-        cpu = time.process_time() - t0
+        extra: dict[str, Any] = {}
+        if args.prometheus is not None:
+            if args.results:
+                raise InvalidSpec("RESULTS", "give result files or --prometheus, not both")
+            history = read_history(args.prometheus, problem=problem, layout=layout, since=args.since, step=args.step,
+                                   topology=args.topology, selector=args.selector, ca_file=args.prometheus_ca)
+            if len(history.points) < args.min_points:
+                raise CalibrationRefused("TooFewPoints", "--since", no_points_message(history, since=args.since))
+            mine, release_from = _measured_release(deployment_of(problem, layout), _Read(), stated=_stated_release(spec))
+            t0 = time.process_time()
+            cal = fit_points(history.points, problem, deployment=mine, now_s=history.end_s, half_life_s=args.half_life_days * 86400.0,
+                             min_points=args.min_points, sources=(history.source,), source=history.source.path)
+            cpu = time.process_time() - t0
+            extra = {"windows": history.windows, "quiet_windows": history.quiet, "window_s": history.window_s}
+        elif not args.results:
+            raise InvalidSpec("RESULTS", "give result files (vllm bench, guidellm, recorded runs) or --prometheus URL")
+        else:
+            read = read_results(args.results)
+            mine, release_from = _measured_release(deployment_of(problem, layout), read, stated=_stated_release(spec))
+            aliases = [x for x in (spec.model, spec.servedModelName, spec.modelSource) if x]
+            for named, field in read.named:
+                refuse_other(mine, named, field=field, model_aliases=aliases)
+            t0 = time.process_time()
+            cal = fit(mine, read.points, predictor(_fns(read, problem, layout)), half_life_s=args.half_life_days * 86400.0,
+                      min_points=args.min_points, sources=read.sources)
+            cpu = time.process_time() - t0
     except (SpecError, InvalidSpec) as exc:
         return emit_spec_error(exc, as_json=args.json)
     except Infeasible as exc:
@@ -428,11 +460,11 @@ def run(args: argparse.Namespace) -> int:
     except InvalidSpec as exc:
         return emit_spec_error(exc, as_json=args.json)
     if args.json:
-        print(json.dumps(doc | {"out": args.out, "cpu_s": round(cpu, 2), "release_from": release_from}))
+        print(json.dumps(doc | {"out": args.out, "cpu_s": round(cpu, 2), "release_from": release_from} | extra))
         return 0
     d = cal.deployment
     print(f"calibration of {d.model} on {d.gpu} ({d.link}), {d.engine} {d.release or '(release not given)'}, {d.layout}: "
-          f"{cal.points_used} points from {len(cal.sources)} files, fitted in {cpu:.1f} CPU s")
+          f"{cal.points_used} points from {len(cal.sources)} {'source' if len(cal.sources) == 1 else 'sources'}, fitted in {cpu:.1f} CPU s")
     print(f"  release {release_from}")
     print(f"  {'point':<48}{'TTFT ms':>10}{'TPOT ms':>10}")
     for p in cal.points:
