@@ -46,7 +46,7 @@ from servingtopology.operator.render.tenancy import TemplateInput
 from servingtopology.operator.replan import Predictor, ReplanOutcome, ReplanPolicy, calibration_status, read_replan_status
 from servingtopology.planner.engines.caps import resolve_version
 from servingtopology.planner.engines.command import engine_command
-from servingtopology.planner.errors import Infeasible, InsufficientData, InvalidSpec
+from servingtopology.planner.errors import Infeasible, InsufficientData, InvalidSpec, PinRefused
 from servingtopology.planner.hardware import resolve_gpu
 from servingtopology.planner.layout import Layout, Role, RoleLayout
 from servingtopology.planner.model.catalog import model_catalog
@@ -365,6 +365,21 @@ def invalid_outcome(p: PassState, message: str, *, plan: PlanStatus | None, prop
     p.set(ConditionType.PLANNED, False, "InvalidSpec", message)
     return p.outcome(plan=plan, proposal=proposal, error="InvalidSpec")
 
+def pin_refused(p: PassState, exc: PinRefused, *, plan: PlanStatus | None, proposal: Any) -> Outcome:
+    """PinRefused: spec.pinned fails a check the search applies to every candidate (a role's rank pool shorter than the
+    request it must hold: planner/search/decide.py `refuse_pin`). Valid input that cannot run: Planned=False and, with
+    nothing running, Ready=False, both reason PinRefused naming the resource's field (`spec.pinned.prefill`), one Warning;
+    nothing is applied and running workloads stay. Not retried hot: the spec must change."""
+    field = exc.field.replace("layout", "spec.pinned", 1)
+    message = (f"the pinned layout cannot run (the search's stage '{exc.stage}' refuses it): {field}: {exc.message}; "
+               + ("running workloads are left as they are" if plan is not None else "nothing was applied"))
+    if p.set(ConditionType.PLANNED, False, "PinRefused", message):
+        p.event("Warning", "PinRefused", message)
+    if plan is None:
+        p.set(ConditionType.READY, False, "PinRefused", message)
+    return p.outcome(plan=plan, proposal=proposal, error="PinRefused")
+
+
 def slo_percentile(spec: TopologySpec) -> str:
     return next(iter(spec.slo.ttftMs))
 
@@ -375,6 +390,8 @@ def decide_or_outcome(p: PassState, spec: TopologySpec, planner: Planner, curren
         decision = planner(problem if problem is not None else build_problem(p, spec, current))
     except InvalidSpec as exc:
         return invalid_outcome(p, str(exc), plan=plan, proposal=proposal)
+    except PinRefused as exc:
+        return pin_refused(p, exc, plan=plan, proposal=proposal)
     except (Infeasible, PlanBudgetExceeded) as exc:
         # Infeasible: no layout meets the spec. PlanBudgetExceeded: the worker stopped the plan; it is tried again
         # after a back-off (operator/cluster/plan_worker.py), not every pass. Either way the running workloads stay.

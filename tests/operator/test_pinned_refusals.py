@@ -4,6 +4,7 @@ offer is refused with Ready=False/InvalidSpec naming spec.pinned, and nothing is
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -70,3 +71,51 @@ def test_a_pin_within_the_budget_but_over_the_free_gpus_is_insufficient_capacity
     assert out.error == "InsufficientCapacity" and cluster.objects == {}
     message = next(c for c in out.status["conditions"] if c["type"] == "InsufficientCapacity")["message"]
     assert "8 h100_sxm GPUs are missing" in message, message
+
+
+GLM5 = ROOT / "tests" / "planner" / "data" / "model_configs" / "glm-5-nvfp4.json"
+SEED000_PROMPT = 510_012
+
+
+def seed000(namespace: str, *, prefill_fraction: float) -> tuple[dict[str, Any], dict[str, str]]:
+    """Seed 000's deployment as a resource, and its ConfigMap's data: GLM-5 NVFP4 (its config.json, context capped at
+    524,288 tokens) on SGLang, pinned PD with three TP4/DP4-attention prefill workers and one TP8 decoder (20 B200s),
+    510,012-token prompts."""
+    config = json.loads(GLM5.read_text())
+    config["max_position_embeddings"] = 524_288
+    obj = {
+        "apiVersion": "servingtopology.io/v1alpha1", "kind": "ServingTopology",
+        "metadata": {"name": "glm5", "namespace": namespace},
+        "spec": {
+            "modelConfigMap": {"name": "glm5-config"}, "modelSource": "zai-org/GLM-5-NVFP4", "servedModelName": "glm-5",
+            "precision": "fp4", "kvCacheDtype": "fp8", "engine": {"name": "sglang", "image": "lmsysorg/sglang:v0.5.23"},
+            "hardware": {"gpu": "b200_sxm", "gpusPerNode": 8, "maxGPUs": 24},
+            "workload": {"arrivalRate": 0.02, "inputTokens": SEED000_PROMPT, "outputTokens": 8_192},
+            "slo": {"ttftMs": {"p95": 600_000}, "tpotMs": {"p95": 100}},
+            "policy": {"mode": "Pinned"},
+            "pinned": {"kind": "pd", "dpAttention": True, "engineArgs": {"memoryFraction": 0.6},
+                       "prefill": {"count": 3, "tp": 4, "dp": 4, "engineArgs": {"memoryFraction": prefill_fraction}},
+                       "decode": {"count": 1, "tp": 8}},
+        },
+    }
+    return obj, {"config.json": json.dumps(config)}
+
+
+@pytest.mark.parametrize("prefill_fraction", [
+    0.6,   # the seed's memoryFraction: the prefill rank keeps no KV pool at all
+    0.7,   # a pool of about 300k tokens per rank, short of the 510,012-token prompt (the seed's 328k-token pool)
+])
+def test_seed000s_pinned_pd_layout_whose_prefill_rank_cannot_hold_the_prompt_is_pin_refused_naming_spec_pinned_prefill(
+        prefill_fraction: float) -> None:
+    obj, data = seed000("default", prefill_fraction=prefill_fraction)
+    obj["metadata"] |= {"uid": "uid-1", "generation": 1}
+    cluster = FakeCluster()
+    cluster.config_maps[("default", "glm5-config")] = data
+    out = reconcile(copy.deepcopy(obj), cluster=cluster, planner=decide, now=T0)
+    conditions = {c["type"]: c for c in out.status["conditions"]}
+    for kind in ("Ready", "Planned"):
+        assert (conditions[kind]["status"], conditions[kind]["reason"]) == ("False", "PinRefused"), conditions[kind]
+    message = conditions["Planned"]["message"]
+    assert "spec.pinned.prefill" in message and f"{SEED000_PROMPT:,}" in message and "nothing was applied" in message, message
+    assert cluster.objects == {} and out.error == "PinRefused" and out.status.get("plan") is None
+    assert [e.reason for e in cluster.events] == ["PinRefused"]
