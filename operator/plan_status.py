@@ -82,7 +82,7 @@ def _roles(layout: Layout, args_of: ArgsOf) -> list[RolePlan]:
     for role, rl in layout.roles.items():
         par, k = rl.parallelism, rl.knobs
         nodes, args = args_of(role, rl)
-        out.append(RolePlan(role=role.value, replicas=rl.count, tp=par.tp, pp=par.pp, dp=par.dp, ep=par.ep,
+        out.append(RolePlan(role=role.value, replicas=rl.count, tp=par.tp, pp=par.pp, dp=par.dp, ep=par.ep, epSize=par.ep_size or None,
                             gpusPerInstance=par.gpus, nodesPerInstance=nodes, maxNumSeqs=k.max_num_seqs,
                             maxNumBatchedTokens=k.max_num_batched_tokens, memoryFraction=k.memory_fraction,
                             kvCacheDtype=k.kv_dtype.value, blockSize=k.block_size_tokens,
@@ -167,7 +167,7 @@ def layout_from_plan(plan: PlanStatus) -> Layout:
     for r in plan.roles:
         knobs = EngineKnobs(max_num_seqs=r.maxNumSeqs, max_num_batched_tokens=r.maxNumBatchedTokens, memory_fraction=r.memoryFraction,
                             kv_dtype=KvDtype(r.kvCacheDtype), block_size_tokens=r.blockSize, enable_prefix_caching=r.enablePrefixCaching)
-        roles[Role(r.role)] = RoleLayout(r.replicas, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=r.ep), knobs, r.gpu or "")
+        roles[Role(r.role)] = RoleLayout(r.replicas, Parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=r.ep, ep_size=r.epSize or 0), knobs, r.gpu or "")
     return Layout(plan.kind, roles, Precision(plan.precision))
 
 

@@ -117,6 +117,7 @@ class RoleStateStatus(_Strict):
     kvDtype: KvDtype
     blockSize: int = Field(ge=1)
     prefixCaching: bool
+    epSize: int = Field(default=0, ge=0)   # experts over fewer GPUs than tp x dp (SGLang --ep-size); 0: as ep says
 
 
 class LayoutStateStatus(_Strict):

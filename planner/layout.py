@@ -47,7 +47,8 @@ class Role(enum.StrEnum):
 class Parallelism:
     """One engine instance: `tp` GPUs per attention group, `dp` attention data-parallel ranks, `pp` stages.
 
-    The instance spans tp × dp × pp GPUs. MoE experts are sharded over tp × dp (expert parallel when `ep`).
+    The instance spans tp × dp × pp GPUs. MoE experts are sharded over tp × dp (expert parallel when `ep`: over all of
+    them, or over `ep_size` of them where it is set, SGLang's `--ep-size`, the rest of each expert tensor-sharded).
     vLLM spells this `-tp tp -dp dp`; SGLang `--tp tp*dp --dp dp --enable-dp-attention`.
     """
 
@@ -55,10 +56,26 @@ class Parallelism:
     pp: int = 1
     dp: int = 1
     ep: bool = False
+    # Experts spread over this many GPUs of a stage when fewer than tp × dp (SGLang --ep-size); 0: all of them when `ep`.
+    # Left out of repr so that a layout without it keeps its set name (planner.live.transition.set_name adds it).
+    ep_size: int = field(default=0, repr=False)
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def moe_ep(self) -> int:
+        """GPUs one expert-parallel group spreads the experts over: ep_size, else tp × dp under `ep`, else 1 (tensor-sharded)."""
+        return self.ep_size if self.ep_size else (self.tp * self.dp if self.ep else 1)
+
+    @staticmethod
+    def with_ep(*, tp: int, pp: int = 1, dp: int = 1, ep: int) -> Parallelism:
+        """The shape with experts over `ep` GPUs of each stage, canonical: 1 is none, tp × dp is `ep` (the whole stage),
+        anything between is `ep_size`. `ep` must divide tp × dp (the spec checks it, naming the field)."""
+        if ep <= 1:
+            return Parallelism(tp=tp, pp=pp, dp=dp)
+        return Parallelism(tp=tp, pp=pp, dp=dp, ep=True, ep_size=0 if ep == tp * dp else ep)
 
     @property
     def label(self) -> str:
@@ -76,7 +93,7 @@ class Parallelism:
         if self.dp > 1:
             parts.append(f"DP{self.dp}-attn" if sglang_dp else f"DP{self.dp}")
         if self.ep:
-            parts.append("EP")
+            parts.append("EP" if self.moe_ep == self.tp * self.dp else f"EP{self.moe_ep}")   # EP2: experts over 2 of the GPUs
         return "·".join(parts)
 
 
@@ -194,11 +211,13 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
         p = r.parallelism
         return {"kind": layout.kind.value, "replicas": r.count, "tp": p.tp, "pp": p.pp, "dp": p.dp, "ep": p.ep,
                 "engineArgs": _knobs_dict(r.knobs)}
-    out: dict[str, object] = {"kind": layout.kind.value, "ep": layout.roles[Role.DECODE].parallelism.ep,
+    pars = [layout.roles[role].parallelism for role in (Role.PREFILL, Role.DECODE)]
+    per_role = pars[0].ep != pars[1].ep or any(p.ep_size for p in pars)   # each role's own ep (its EP size) where they differ
+    out: dict[str, object] = {"kind": layout.kind.value, "ep": False if per_role else pars[1].ep,
                               "engineArgs": _knobs_dict(layout.roles[Role.DECODE].knobs)}
     for role in (Role.PREFILL, Role.DECODE):
         r = layout.roles[role]
         p = r.parallelism
         out[role.value] = {"count": r.count, "tp": p.tp, "pp": p.pp, "dp": p.dp, "engineArgs": _knobs_dict(r.knobs),
-                           **({"gpu": r.gpu} if r.gpu else {})}
+                           **({"ep": p.moe_ep} if per_role else {}), **({"gpu": r.gpu} if r.gpu else {})}
     return out

@@ -305,6 +305,10 @@ class RoleSpec(_Base):
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline stages per instance")
     dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="data-parallel ranks per instance")
     dpAttention: bool | None = Field(default=None, description=_DP_ATTENTION + "; default: the layout's dpAttention")
+    ep: int | None = Field(default=None, ge=1, le=MAX_PARALLEL, description="expert parallelism of this role (MoE models): the GPUs "
+                           "of a stage its experts are spread over; it must divide the stage's GPUs (tp, or tp x dp without "
+                           "dpAttention). SGLang renders --ep-size N; vLLM only spreads them over all (--enable-expert-parallel, "
+                           "N = the stage's GPUs); 1: none; default: the layout's ep")
     engineArgs: EngineArgsSpec | None = Field(default=None, description="this role's engine knobs, over the layout's engineArgs")
     gpu: str | None = Field(default=None, min_length=1, max_length=MAX_ID,
                             description="the GPU kind this role runs on (a catalog id or alias, as hardware.gpu), for prefill on "
@@ -357,6 +361,14 @@ class LayoutSpec(_Base):
             if attention and tp % dp:
                 raise ValueError(f"{where + '.' if where else ''}dp: with dpAttention, dp splits the attention of the tp GPUs, so "
                                  f"it must divide tp (tp 4, dp 4: four GPUs, attention split four ways); got tp {tp}, dp {dp}")
+        for name, r in (("prefill", self.prefill), ("decode", self.decode)):
+            if r is not None and r.ep is not None:
+                if self.kind is not LayoutKind.PD:
+                    raise ValueError(f"{name}.ep: a role's ep is for kind pd (kind replicas: ep)")
+                stage = r.tp if self.role_attention(r) else r.tp * r.dp
+                if stage % r.ep:
+                    raise ValueError(f"{name}.ep: expert parallelism spreads the experts over GPUs of one stage, so ep must divide "
+                                     f"its {stage} GPUs ({'tp' if self.role_attention(r) else 'tp x dp'}); got ep {r.ep}")
         return self
 
     def role_attention(self, role: RoleSpec) -> bool:
@@ -915,16 +927,20 @@ def to_layout(spec: PlanSpec, layout: LayoutSpec | None = None, *, precision: Pr
     kinds = _role_kinds(spec, ls)
     roles = []
     for name, r in (("prefill", ls.prefill), ("decode", ls.decode)):
-        par = _parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=ls.ep, dp_attention=ls.role_attention(r))
+        par = _parallelism(tp=r.tp, pp=r.pp, dp=r.dp, ep=ls.ep if r.ep is None else r.ep, dp_attention=ls.role_attention(r))
         roles.append(RoleLayout(r.count, par, _knobs(r.engineArgs, ls.engineArgs, spec.kvCacheDtype), kinds.get(name, "")))
     return Layout.pd(roles[0], roles[1], prec)
 
 
-def _parallelism(*, tp: int, pp: int, dp: int, ep: bool, dp_attention: bool) -> Parallelism:
+def _parallelism(*, tp: int, pp: int, dp: int, ep: bool | int, dp_attention: bool) -> Parallelism:
     """One instance's shape in the planner's terms (vLLM's: `tp` GPUs per attention rank, `dp` ranks). Under dpAttention
     the user's tp is the engine's TP size, the whole group whose attention dp splits (SGLang's --tp-size): tp 4, dp 4 is
-    Parallelism(tp=1, dp=4), which SGLang renders back as --tp-size 4 (planner.engines.args)."""
-    return Parallelism(tp=tp // dp if dp_attention else tp, pp=pp, dp=dp, ep=ep)
+    Parallelism(tp=1, dp=4), which SGLang renders back as --tp-size 4 (planner.engines.args). `ep`: the layout's flag
+    (all of a stage's GPUs), or a role's EP size (Parallelism.with_ep)."""
+    tp_attention = tp // dp if dp_attention else tp
+    if isinstance(ep, bool):
+        return Parallelism(tp=tp_attention, pp=pp, dp=dp, ep=ep)
+    return Parallelism.with_ep(tp=tp_attention, pp=pp, dp=dp, ep=ep)
 
 
 def _role_kinds(spec: PlanSpec, ls: LayoutSpec) -> dict[str, str]:

@@ -772,6 +772,8 @@ class RolePlan(_Api):
     pp: int = Field(ge=1, description="pipeline stages per instance")
     dp: int = Field(ge=1, description="data-parallel ranks per instance")
     ep: bool = Field(default=False, description="expert parallelism across the instance's GPUs")
+    epSize: int | None = Field(default=None, ge=2, description="the GPUs of a stage the experts are spread over when fewer than "
+                               "tp x dp (SGLang --ep-size); absent: all of them under ep")
     gpusPerInstance: int = Field(ge=1, description="GPUs of one instance (tp x pp x dp)")
     nodesPerInstance: int = Field(ge=1, description="nodes one instance spans (more than 1: a LeaderWorkerSet)")
     maxNumSeqs: int = Field(ge=1, description="sequences one engine batches (--max-num-seqs)")

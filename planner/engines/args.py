@@ -65,7 +65,7 @@ def engine_args(engine: Engine, role: Role, layout_role: RoleLayout, *, precisio
         # SGLang: attention DP inside one TP group; newer releases spell it --attn-dp-size (the old pair is deprecated).
         args += ["--attn-dp-size", str(par.dp)] if caps.has("--attn-dp-size") else ["--dp-size", str(par.dp), "--enable-dp-attention"]
     if par.ep and moe:
-        args += ["--ep-size", str(par.tp * par.dp)]
+        args += ["--ep-size", str(par.moe_ep)]
     if par.pp > 1:
         args += ["--pp-size", str(par.pp)]
     # Both are server-wide: SGLang divides them by --attn-dp-size per rank. --max-running-requests gives each rank the

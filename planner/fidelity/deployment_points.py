@@ -36,7 +36,7 @@ def closed_loop_fn(point: Point, *, model: ModelArch, gpu: Gpu, engine: Engine, 
     role = layout.roles[Role.AGGREGATED]
     par = role.parallelism
     clients = max(round(point.load / max(role.count, 1)), 1)
-    topo = Topology(tp=par.tp, pp=par.pp, dp=par.dp, moe_ep=par.tp * par.dp if par.ep else 1)
+    topo = Topology(tp=par.tp, pp=par.pp, dp=par.dp, moe_ep=par.moe_ep)
     per_client = max(point.requests / max(point.load, 1.0), 1.0)
     case = BenchmarkCase(row_id=point.row, backend=engine.value, mode="agg", system=gpu.id, model_path=model.name,
                            isl=max(round(point.input_tokens), 1), osl=max(round(point.output_tokens), 1),

@@ -181,7 +181,8 @@ def layout_to_state(layout: Layout) -> dict[str, object]:
         p, k = rl.parallelism, rl.knobs
         roles[role.value] = {"count": rl.count, "tp": p.tp, "pp": p.pp, "dp": p.dp, "ep": p.ep, "maxNumSeqs": k.max_num_seqs,
                              "maxNumBatchedTokens": k.max_num_batched_tokens, "memoryFraction": k.memory_fraction,
-                             "kvDtype": k.kv_dtype.value, "blockSize": k.block_size_tokens, "prefixCaching": k.enable_prefix_caching}
+                             "kvDtype": k.kv_dtype.value, "blockSize": k.block_size_tokens, "prefixCaching": k.enable_prefix_caching,
+                             **({"epSize": p.ep_size} if p.ep_size else {})}
     return {"kind": layout.kind.value, "precision": layout.precision.value, "roles": roles}
 
 
@@ -189,7 +190,8 @@ def layout_from_state(d: Mapping[str, object]) -> Layout:
     roles: dict[Role, RoleLayout] = {}
     for name, raw in _map(d["roles"]).items():
         r = _map(raw)
-        par = Parallelism(tp=int(_num(r["tp"])), pp=int(_num(r["pp"])), dp=int(_num(r["dp"])), ep=bool(r["ep"]))
+        par = Parallelism(tp=int(_num(r["tp"])), pp=int(_num(r["pp"])), dp=int(_num(r["dp"])), ep=bool(r["ep"]),
+                          ep_size=int(_num(r.get("epSize", 0))))
         knobs = EngineKnobs(max_num_seqs=int(_num(r["maxNumSeqs"])), max_num_batched_tokens=int(_num(r["maxNumBatchedTokens"])),
                             memory_fraction=_num(r["memoryFraction"]), kv_dtype=KvDtype(str(r["kvDtype"])),
                             block_size_tokens=int(_num(r["blockSize"])), enable_prefix_caching=bool(r["prefixCaching"]))
@@ -200,9 +202,12 @@ def layout_from_state(d: Mapping[str, object]) -> Layout:
 def set_name(layout: Layout) -> str:
     """A stable short name for the set running this layout's shapes (not its counts): `s` + 6 hex digits."""
     shapes = sorted((r.value, rl.parallelism, rl.knobs) for r, rl in layout.roles.items())
-    # GPU kinds enter the hash only when a role names one, so a one-kind layout keeps the name it always had.
+    # GPU kinds enter the hash only when a role names one, so a one-kind layout keeps the name it always had; so does
+    # a role's EP size below its GPUs (Parallelism.ep_size, out of Parallelism's repr).
     kinds = tuple(sorted((r.value, rl.gpu) for r, rl in layout.roles.items())) if layout.kinds_named else ()
-    return "s" + hashlib.sha1(repr((layout.kind.value, layout.precision.value, shapes, *kinds)).encode()).hexdigest()[:6]
+    ep_sizes = tuple(sorted((r.value, rl.parallelism.ep_size) for r, rl in layout.roles.items() if rl.parallelism.ep_size))
+    extra = (*kinds, *((("epSize", ep_sizes),) if ep_sizes else ()))
+    return "s" + hashlib.sha1(repr((layout.kind.value, layout.precision.value, shapes, *extra)).encode()).hexdigest()[:6]
 
 
 def _labels(s: TransitionState, sets: tuple[str, ...]) -> list[str]:

@@ -94,11 +94,15 @@ class _Ctx:
     engine: Engine
 
 
-def _coefficients(c: _Ctx, kv: KvDtype, tp: Any, pp: Any, dp: Any) -> StepCoefficients:
-    """The step model's constants for these rows, folded once per estimate (each estimate evaluates a dozen steps)."""
+def _coefficients(c: _Ctx, kv: KvDtype, tp: Any, pp: Any, dp: Any, moe_ep: Any = None) -> StepCoefficients:
+    """The step model's constants for these rows, folded once per estimate (each estimate evaluates a dozen steps).
+    `moe_ep`: the GPUs each row's experts are spread over (Parallelism.moe_ep, a pin's own EP); None: the funnel's rule."""
     # The funnel's layouts run MoE experts expert-parallel over tp × dp exactly when attention is data-parallel
     # (Parallelism.ep), as the simulator's InstancePerf does; otherwise the experts are tensor-sharded.
-    moe_ep = np.where(np.asarray(dp) > 1, np.asarray(tp) * np.asarray(dp), 1) if c.model.is_moe else 1
+    if not c.model.is_moe:
+        moe_ep = 1
+    elif moe_ep is None:
+        moe_ep = np.where(np.asarray(dp) > 1, np.asarray(tp) * np.asarray(dp), 1)
     return step_coefficients(c.model, c.gpu, precision=c.precision, kv_dtype=kv, engine=c.engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep)
 
 
@@ -124,10 +128,11 @@ def _pairs(pf: Any, shape: LoadShape) -> Any:
 
 def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
                         rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any,
-                        max_num_batched_tokens: Any, pool_tokens: Any) -> RoleEstimate:
-    """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank."""
+                        max_num_batched_tokens: Any, pool_tokens: Any, moe_ep: Any = None) -> RoleEstimate:
+    """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank; `moe_ep` as
+    `_coefficients` reads it."""
     c = _Ctx(model, gpu, precision, engine)
-    co = _coefficients(c, kv, tp, pp, dp)
+    co = _coefficients(c, kv, tp, pp, dp, moe_ep)
     max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip, o, ctx_mean = shape.computed_input_tokens, shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
@@ -162,10 +167,11 @@ def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, eng
 
 
 def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
-                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any) -> RoleEstimate:
+                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any,
+                     moe_ep: Any = None) -> RoleEstimate:
     """Prefill-only instances of a PD layout: TTFT here excludes the KV transfer and the first decode step."""
     c = _Ctx(model, gpu, precision, engine)
-    co = _coefficients(c, kv, tp, pp, dp)
+    co = _coefficients(c, kv, tp, pp, dp, moe_ep)
     max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip = shape.computed_input_tokens
     lam = rate_rps / (count * dp)
@@ -183,10 +189,11 @@ def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine
 
 
 def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
-                    rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any) -> RoleEstimate:
+                    rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any,
+                    moe_ep: Any = None) -> RoleEstimate:
     """Decode-only instances of a PD layout: `ttft_s` holds their first step (added to the prefill side)."""
     c = _Ctx(model, gpu, precision, engine)
-    co = _coefficients(c, kv, tp, pp, dp)
+    co = _coefficients(c, kv, tp, pp, dp, moe_ep)
     o, ctx_mean = shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
     b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)

@@ -147,7 +147,8 @@ def _arrays(layouts: Sequence[Layout], role: Role) -> dict[str, Any]:
     return {"tp": np.array([r.parallelism.tp for r in rs], dtype=np.float64), "pp": np.array([r.parallelism.pp for r in rs], dtype=np.float64),
             "dp": np.array([r.parallelism.dp for r in rs], dtype=np.float64), "count": np.array([r.count for r in rs], dtype=np.float64),
             "mns": np.array([r.knobs.max_num_seqs for r in rs], dtype=np.float64),
-            "mnbt": np.array([r.knobs.max_num_batched_tokens for r in rs], dtype=np.float64)}
+            "mnbt": np.array([r.knobs.max_num_batched_tokens for r in rs], dtype=np.float64),
+            "ep": np.array([r.parallelism.moe_ep for r in rs], dtype=np.float64)}
 
 
 def mixed_figures(problem: Problem, layouts: Sequence[Layout], rates_rps: Any, *, prefill_gpu: Gpu, decode_gpu: Gpu,
@@ -162,9 +163,9 @@ def mixed_figures(problem: Problem, layouts: Sequence[Layout], rates_rps: Any, *
         np.array([_pool(problem, decode_gpu, lay, Role.DECODE) for lay in layouts], dtype=np.float64)
     m, pe, en = problem.model, problem.precision, problem.engine
     ep = estimate_prefill(m, prefill_gpu, precision=pe, engine=en, kv=kv, shape=shape, rate_rps=rate, tp=p["tp"], pp=p["pp"], dp=p["dp"],
-                          count=p["count"], max_num_batched_tokens=p["mnbt"])
+                          count=p["count"], max_num_batched_tokens=p["mnbt"], moe_ep=p["ep"])
     ed = estimate_decode(m, decode_gpu, precision=pe, engine=en, kv=kv, shape=shape, rate_rps=rate, tp=d["tp"], pp=d["pp"], dp=d["dp"],
-                         count=d["count"], max_num_seqs=d["mns"], pool_tokens=pool)
+                         count=d["count"], max_num_seqs=d["mns"], pool_tokens=pool, moe_ep=d["ep"])
     transfer = float(kv_link_transfer_s(problem, shape.input_tokens, link_gbit=link_gbit))
     link = p["count"] / transfer   # one transfer at a time per prefill instance (the simulator's FIFO link)
     ttft = ep.ttft_s + transfer + ed.ttft_s + front_end_s(problem, disaggregated=True)

@@ -51,6 +51,7 @@ def _role_arrays(layouts: Sequence[Layout], role: Role) -> dict[str, FloatArray]
         "tp": np.array([r.parallelism.tp for r in rs], dtype=np.float64),
         "pp": np.array([r.parallelism.pp for r in rs], dtype=np.float64),
         "dp": np.array([r.parallelism.dp for r in rs], dtype=np.float64),
+        "ep": np.array([r.parallelism.moe_ep for r in rs], dtype=np.float64),   # each layout's own expert parallelism
         "count": np.array([r.count for r in rs], dtype=np.float64),
         "mns": np.array([r.knobs.max_num_seqs for r in rs], dtype=np.float64),
         "mnbt": np.array([r.knobs.max_num_batched_tokens for r in rs], dtype=np.float64),
@@ -114,14 +115,15 @@ def _figures(problem: Problem, packed: _Packed, rates: FloatArray) -> Figures:
         if grp.kind is LayoutKind.REPLICAS:
             a = grp.roles[Role.AGGREGATED]
             e = estimate_aggregated(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=a["tp"], pp=a["pp"],
-                                    dp=a["dp"], count=a["count"], max_num_seqs=a["mns"], max_num_batched_tokens=a["mnbt"], pool_tokens=grp.pool)
+                                    dp=a["dp"], count=a["count"], max_num_seqs=a["mns"], max_num_batched_tokens=a["mnbt"], pool_tokens=grp.pool,
+                                    moe_ep=a["ep"])
             cols = (e.ttft_s + front_end_s(problem, disaggregated=False), e.tpot_s, e.tpot_mean_s, e.capacity_rps)
         else:
             p, d = grp.roles[Role.PREFILL], grp.roles[Role.DECODE]
             ep = estimate_prefill(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=p["tp"], pp=p["pp"],
-                                  dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"])
+                                  dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"], moe_ep=p["ep"])
             ed = estimate_decode(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=d["tp"], pp=d["pp"],
-                                 dp=d["dp"], count=d["count"], max_num_seqs=d["mns"], pool_tokens=grp.pool)
+                                 dp=d["dp"], count=d["count"], max_num_seqs=d["mns"], pool_tokens=grp.pool, moe_ep=d["ep"])
             ttft = ep.ttft_s + grp.transfer_s + ed.ttft_s + front_end_s(problem, disaggregated=True)
             cols = (ttft, ed.tpot_s, ed.tpot_mean_s, np.minimum(ep.capacity_rps, ed.capacity_rps))
         for o, v in zip(out, (*cols, grp.pool), strict=True):

@@ -816,7 +816,7 @@ class InstancePerf:
 
     def __post_init__(self) -> None:
         par = self.parallelism
-        ep = self.moe_ep if self.moe_ep is not None else (par.tp * par.dp if par.ep else 1)
+        ep = self.moe_ep if self.moe_ep is not None else par.moe_ep
         c = step_coefficients(self.model, self.gpu, precision=self.precision, kv_dtype=self.kv_dtype, engine=self.engine,
                               tp=par.tp, pp=par.pp, dp=par.dp, moe_ep=ep, params=self.params)
         scalar = StepCoefficients(**{f.name: _scalar(getattr(c, f.name)) for f in fields(StepCoefficients)})

@@ -43,10 +43,10 @@ def _per_instance_rps(problem: Problem, prefill: RoleLayout, decode: RoleLayout)
     m, g, pe, en = problem.model, problem.gpu, problem.precision, problem.engine
     pp, dd = prefill.parallelism, decode.parallelism
     ep = estimate_prefill(m, g, precision=pe, engine=en, kv=prefill.knobs.kv_dtype, shape=shape, rate_rps=1.0, tp=pp.tp, pp=pp.pp,
-                          dp=pp.dp, count=1, max_num_batched_tokens=float(prefill.knobs.max_num_batched_tokens))
+                          dp=pp.dp, count=1, max_num_batched_tokens=float(prefill.knobs.max_num_batched_tokens), moe_ep=pp.moe_ep)
     pool = kv_pool_tokens(m, g, engine=en, precision=pe, parallelism=dd, knobs=decode.knobs)
     ed = estimate_decode(m, g, precision=pe, engine=en, kv=decode.knobs.kv_dtype, shape=shape, rate_rps=1.0, tp=dd.tp, pp=dd.pp,
-                         dp=dd.dp, count=1, max_num_seqs=float(decode.knobs.max_num_seqs), pool_tokens=float(pool))
+                         dp=dd.dp, count=1, max_num_seqs=float(decode.knobs.max_num_seqs), pool_tokens=float(pool), moe_ep=dd.moe_ep)
     return float(ep.capacity_rps), float(ed.capacity_rps)
 
 

@@ -76,7 +76,7 @@ def step_terms_line(problem: Problem, layout: Layout) -> str:
     measured: dict[str, str] = {}
     for role in layout.roles.values():
         par = role.parallelism
-        ep = par.tp * par.dp if par.ep else 1
+        ep = par.moe_ep
         for term, source in measured_terms(problem.gpu, problem.engine, problem.engine_version, par.tp, problem.model.hidden_size,
                                            model=problem.model, moe_precision=problem.precision, dp=par.dp, moe_ep=ep).items():
             measured.setdefault(term, source)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from servingtopology.planner.engines.caps import knob_rejection, problem_caps
 from servingtopology.planner.engines.role_knobs import decode_knobs, prefill_knobs
-from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, RoleLayout
 from servingtopology.planner.problem import Problem
 
 __all__ = ["IntArray", "FloatArray", "BoolArray", "UnitTable", "KnobAxes", "ReplicaCandidates", "PdCandidates",
@@ -86,6 +86,10 @@ def layout_rejection(problem: Problem, layout: Layout) -> tuple[str, str] | None
             m, gpus_per_node = problem.model, problem.gpu.gpus_per_node
             return where, (f"{par.label_for(problem.engine)} (TP {par.tp}, PP {par.pp}, DP {par.dp}): {why} (the model has {m.num_heads} attention "
                            f"and {m.num_kv_heads} KV heads, {m.num_layers} layers; {gpus_per_node} GPUs per node)")
+    for role, rl in layout.roles.items():
+        why = ep_rejection(problem, rl.parallelism)
+        if why is not None:
+            return ("layout.ep" if layout.kind is LayoutKind.REPLICAS else f"layout.{role.value}.ep"), why
     if layout.gpus > problem.max_gpus:
         return "layout", f"{layout.label_for(problem.engine)} needs {layout.gpus} GPUs, over the budget of {problem.max_gpus} (hardware.maxGPUs)"
     caps = problem_caps(problem)
@@ -94,6 +98,24 @@ def layout_rejection(problem: Problem, layout: Layout) -> tuple[str, str] | None
         if knob is not None:
             where = "layout" if layout.kind is LayoutKind.REPLICAS else f"layout.{role.value}"
             return f"{where}.engineArgs.{knob[0]}", knob[1]
+    return None
+
+
+def ep_rejection(problem: Problem, par: Parallelism) -> str | None:
+    """Why an instance's expert parallelism cannot run (EpOnExperts), or None: a dense model has no experts to spread;
+    vLLM spreads them over every GPU of a stage or none (--enable-expert-parallel: EP size = TP × DP), so an EP size
+    between is SGLang's alone (--ep-size); an EP size must divide the stage's GPUs (the spec checks it first)."""
+    if not par.ep:
+        return None
+    stage = par.tp * par.dp
+    words = par.label_for(problem.engine)
+    if not problem.model.is_moe:
+        return f"{words}: expert parallelism needs an MoE model; {problem.model.name} is dense (give ep 1, or leave it out)"
+    if stage % par.moe_ep:
+        return f"{words}: ep {par.moe_ep} does not divide the stage's {stage} GPUs"
+    if problem.engine is Engine.VLLM and par.moe_ep != stage:
+        return (f"{words}: vLLM spreads the experts over all {stage} GPUs of a stage or none (--enable-expert-parallel, EP size "
+                f"= TP × DP); ep {par.moe_ep} is SGLang's --ep-size: give ep {stage} or 1")
     return None
 
 

@@ -31,10 +31,11 @@ from servingtopology.spec import SpecError, load_yaml, to_problem
 __all__ = ["add_parser", "run", "parse_layout", "Compared", "compare_layouts", "MAX_LAYOUTS"]
 
 MAX_LAYOUTS = 16
-_PAR = r"TP(\d+)(?:[·.*]PP(\d+))?(?:[·.*]DP(\d+)(-attn)?)?"   # `-attn`: SGLang's spelling, dp splits the TP GPUs' attention
+# `-attn`: SGLang's spelling, dp splits the TP GPUs' attention; `EP`: experts over all of a stage's GPUs, `EP2` over 2 of them
+_PAR = r"TP(\d+)(?:[·.*]PP(\d+))?(?:[·.*]DP(\d+)(-attn)?)?(?:[·.*](EP)(\d+)?)?"
 _REPLICAS = re.compile(rf"^(?:(\d+)\s*[x×*]\s*)?{_PAR}$", re.I)
 _PD_SHAPED = re.compile(rf"^(\d+)P\({_PAR}\)\s*[·.*,]?\s*(\d+)D\({_PAR}\)$", re.I)
-_PD_SAME = re.compile(r"^(\d+)P\s*[·.*,]?\s*(\d+)D(?:@TP(\d+))?$", re.I)
+_PD_SAME = re.compile(rf"^(\d+)P\s*[·.*,]?\s*(\d+)D(?:@{_PAR})?$", re.I)
 _NAME = re.compile(r"^([A-Za-z0-9_.-]{1,32})=(.+)$")
 
 
@@ -44,16 +45,27 @@ def add_parser(sub: Any) -> None:
                                    "seed), side by side.")
     p.add_argument("spec", nargs="?", help="planning spec (YAML); omit for the embedded default scenario")
     p.add_argument("--layout", action="append", default=[], metavar="[NAME=]LAYOUT",
-                   help="a layout: 8xTP1, 4xTP2, 2xTP2·PP2, 1xTP4·DP4-attn (SGLang's TP4 with DP attention),"
-                        " 2P6D (TP1 roles), 2P6D@TP2, 1P(TP2)·3D(TP1), or a spec layout "
+                   help="a layout: 8xTP1, 4xTP2, 2xTP2·PP2, 1xTP4·DP4-attn (SGLang's TP4 with DP attention), 1xTP8·EP "
+                        "(expert parallel), 2P6D (TP1 roles), 2P6D@TP2, 1P(TP2)·3D(TP1), 1P(TP4·DP4-attn·EP2)·1D(TP8·EP) "
+                        "(each role's EP: EP over the stage, EP2 over 2 of its GPUs), or a spec layout "
                         "mapping such as '{kind: pd, prefill: {count: 2}, decode: {count: 6}}'; NAME= names it (A=8xTP1). Repeat.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the layouts at their SLO capacity (the axes of plan --plot)")
     add_whatif_flags(p)
 
 
-def _role(count: str, tp: str | None, pp: str | None, dp: str | None, attn: str | None = None) -> dict[str, Any]:
-    return {"count": int(count), "tp": int(tp or 1), "pp": int(pp or 1), "dp": int(dp or 1), **({"dpAttention": True} if attn else {})}
+def _ep_of(tp: str | None, dp: str | None, attn: str | None, ep: str | None, ep_n: str | None) -> int | None:
+    """A role's EP size from its label: EP is the stage's GPUs (tp under -attn, else tp × dp), EPn is n; None: no EP."""
+    if not ep:
+        return None
+    return int(ep_n) if ep_n else int(tp or 1) * (1 if attn else int(dp or 1))
+
+
+def _role(count: str, tp: str | None, pp: str | None, dp: str | None, attn: str | None = None, ep: str | None = None,
+          ep_n: str | None = None) -> dict[str, Any]:
+    size = _ep_of(tp, dp, attn, ep, ep_n)
+    return {"count": int(count), "tp": int(tp or 1), "pp": int(pp or 1), "dp": int(dp or 1), **({"dpAttention": True} if attn else {}),
+            **({"ep": size} if size is not None else {})}
 
 
 def parse_layout(text: str, *, field: str) -> tuple[str | None, dict[str, Any]]:
@@ -72,16 +84,24 @@ def parse_layout(text: str, *, field: str) -> tuple[str | None, dict[str, Any]]:
             raise InvalidSpec(field, "expected a layout mapping such as {kind: replicas, replicas: 4, tp: 2}")
         return name, data
     if r := _REPLICAS.match(text):
-        count, tp, pp, dp, attn = r.groups()
+        count, tp, pp, dp, attn, ep, ep_n = r.groups()
+        size = _ep_of(tp, dp, attn, ep, ep_n)
+        stage = int(tp) * (1 if attn else int(dp or 1))
+        if size is not None and size != stage:
+            raise InvalidSpec(field, f"{text[:80]!r}: replicas spread the experts over all {stage} GPUs of a stage (EP) or none; "
+                                     "an EP size below it is a pd role's (1P(TP8·EP2)·1D(TP8·EP))")
         return name, {"kind": "replicas", "replicas": int(count or 1), "tp": int(tp), "pp": int(pp or 1), "dp": int(dp or 1),
-                      **({"dpAttention": True} if attn else {})}
+                      **({"dpAttention": True} if attn else {}), **({"ep": True} if size else {})}
     if r := _PD_SHAPED.match(text):
         g = r.groups()
-        return name, {"kind": "pd", "prefill": _role(*g[0:5]), "decode": _role(*g[5:10])}
+        return name, {"kind": "pd", "prefill": _role(*g[0:7]), "decode": _role(*g[7:14])}
     if r := _PD_SAME.match(text):
-        p, d, tp = r.groups()
-        return name, {"kind": "pd", "prefill": _role(p, tp, None, None), "decode": _role(d, tp, None, None)}
-    raise InvalidSpec(field, f"{text[:80]!r} is not a layout; allowed: NxTPt[·PPp][·DPd[-attn]] (8xTP1, 4xTP2, 1xTP4·DP4-attn), mPnD[@TPt] (2P6D), "
+        p, d, *shape = r.groups()
+        if shape[0] is None:
+            return name, {"kind": "pd", "prefill": _role(p, None, None, None), "decode": _role(d, None, None, None)}
+        return name, {"kind": "pd", "prefill": _role(p, *shape), "decode": _role(d, *shape)}
+    raise InvalidSpec(field, f"{text[:80]!r} is not a layout; allowed: NxTPt[·PPp][·DPd[-attn]][·EP] (8xTP1, 4xTP2, 1xTP4·DP4-attn), "
+                             "mPnD[@TPt...] (2P6D), mP(TPa[·EPe])·nD(TPb[·EP]) (each role's EP size), "
                              "mP(TPa)·nD(TPb), or a spec layout mapping in braces")
 
 
