@@ -109,6 +109,10 @@ def generated() -> Iterator[Line]:
                 "DP4·EP TP2": (Layout.replicas(1, Parallelism(tp=2, dp=4, ep=True)), moe),
                 "PD DP·EP": (Layout.pd(RoleLayout(1, Parallelism(tp=2, dp=4, ep=True)), RoleLayout(1, Parallelism(tp=2, dp=4, ep=True))), moe),
             }
+            # Each role's own EP: SGLang's --ep-size below the stage on prefill, the whole stage on decode; vLLM takes only
+            # the whole stage (--enable-expert-parallel) or none (planner.search.tables.ep_rejection).
+            layouts["PD per-role EP"] = (Layout.pd(RoleLayout(1, Parallelism.with_ep(tp=1, dp=4, ep=2 if engine is Engine.SGLANG else 4)),
+                                                   RoleLayout(1, Parallelism(tp=8))), moe)
             for name, (layout, model) in layouts.items():
                 yield from lines_of(_bp(engine, version, layout, model=model), f"{engine.value} {version} {name}")
             # A multimodal model served text-only: the user's flag the planner honours (planner.model.towers.LANGUAGE_ONLY_FLAGS)
