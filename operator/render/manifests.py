@@ -154,7 +154,7 @@ def role_gpu(bp: Blueprint, role_layout: RoleLayout) -> Gpu | None:
         return None
     gid = role_layout.gpu or bp.gpu_id
     if not gid:
-        raise ValueError(f"{bp.layout.label}: a role names no GPU kind and the blueprint has no default (gpu_id)")
+        raise ValueError(f"{bp.label}: a role names no GPU kind and the blueprint has no default (gpu_id)")
     return resolve_gpu(gid)
 
 

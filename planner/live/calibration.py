@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from servingtopology.planner.layout import Layout
+from servingtopology.planner.layout import Engine, Layout
 from servingtopology.planner.perf.deployment_fit import (
     MAX_FACTOR,
     TERMS,
@@ -155,10 +155,11 @@ def deployment_of(problem: Problem) -> Deployment:
                       problem.gpu.scaleup_link.value)
 
 
-def _fit_points(points: Sequence[LivePoint], now_s: float, source: str = "operator") -> list[Point]:
+def _fit_points(points: Sequence[LivePoint], now_s: float, engine: Engine, source: str = "operator") -> list[Point]:
+    """The points as deployment_fit reads them, each row naming its layout in `engine`'s words (Layout.label_for)."""
     return [Point(p.ttft_ms, p.tpot_ms, float(p.workload.arrival_rate_rps or 0.0), "rate", p.workload.input_tokens.expected_tokens,
                   p.workload.output_tokens.expected_tokens, 1, age_s=max(now_s - p.at_s, 0.0), source=source,
-                  row=f"{p.layout.label} at {p.at_s:.0f} s") for p in points]
+                  row=f"{p.layout.label_for(engine)} at {p.at_s:.0f} s") for p in points]
 
 
 def refit(cal: LiveCalibration, problem: Problem, *, now_s: float, predict: PointPredictor = analytic_point) -> LiveCalibration:
@@ -186,7 +187,7 @@ def fit_points(points: Sequence[LivePoint], problem: Problem, *, deployment: Dep
         trial = combined(problem.factors, tuple((t, float(f)) for t, f in factors.items()))
         return np.array([predict(replace(base, workload=p.workload, factors=trial), p.layout) for p in points], dtype=float)
 
-    return fit(deployment, _fit_points(points, now_s, source), predict_all, half_life_s=half_life_s, min_points=min_points,
+    return fit(deployment, _fit_points(points, now_s, problem.engine, source), predict_all, half_life_s=half_life_s, min_points=min_points,
                terms=LIVE_TERMS, sources=sources)
 
 
@@ -199,7 +200,7 @@ def as_deployment_calibration(cal: LiveCalibration, problem: Problem, *, now_s: 
     f = cal.fit
     if f is None or (layout is not None and all(p.layout != layout for p in cal.points)):
         return None
-    return DeploymentCalibration(deployment_of(problem), dict(f.factors), tuple(_fit_points(cal.points, now_s)), cal.min_points, HALF_LIFE_S,
+    return DeploymentCalibration(deployment_of(problem), dict(f.factors), tuple(_fit_points(cal.points, now_s, problem.engine)), cal.min_points, HALF_LIFE_S,
                                  dict(f.residual_before), dict(f.residual_after), dict(f.own_half_width), f.at_bound)
 
 
