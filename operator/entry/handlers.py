@@ -40,7 +40,7 @@ from servingtopology.operator.api.resource import Condition, ConditionType, Topo
 from servingtopology.operator.cluster.cluster import Cluster, ClusterError, ObjectRef
 from servingtopology.operator.cluster.plan_worker import PlanPending
 from servingtopology.operator.entry.kopf_compat import timer_without_finalizer
-from servingtopology.operator.entry.kopf_storage import CompactDiffBaseStorage
+from servingtopology.operator.entry.kopf_storage import CompactDiffBaseStorage, GenerationProgressStorage
 from servingtopology.operator.entry.telemetry import OperatorMetrics
 from servingtopology.operator.live.url_policy import UrlAllowList
 from servingtopology.operator.live_replan import MetricsFactory, pooled_prometheus
@@ -442,7 +442,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Keep kopf's bookkeeping in annotations: the CRD's structural schema would prune status.kopf. The diff base is
         # a compact record (operator/entry/kopf_storage.py): a verbatim spec above 256 KiB breaks the annotation limit.
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"kopf.{GROUP}")
+        # Handler progress (a requeue's or a back-off's delay) holds for its generation only: an edit is handled at once.
+        settings.persistence.progress_storage = GenerationProgressStorage(prefix=f"kopf.{GROUP}")
         settings.persistence.diffbase_storage = CompactDiffBaseStorage(prefix=f"kopf.{GROUP}")
         settings.peering.name = peering_name
         settings.peering.clusterwide = clusterwide

@@ -1,4 +1,5 @@
-"""kopf's diff base for this operator: a compact record of what was last handled, with the long values as digests.
+"""kopf's storages for this operator: a compact diff base (the long values as digests), and handler progress whose delay
+holds only for the generation it was set on.
 
 Called by operator/entry/handlers.py (`register`, at start-up). kopf keeps the essence of the last handled object (spec,
 labels, annotations) in the annotation `kopf.servingtopology.io/last-handled-configuration` and diffs each event against
@@ -15,6 +16,11 @@ only has to tell changed from unchanged, field by field. Decisions, by name:
   spec's fields, so the record is bounded;
 - a record written by kopf's own AnnotationsDiffBaseStorage (before this storage) is compacted when read, so an
   upgrade sees no change where there was none.
+- NewGenerationWakes: kopf keeps a change handler's delay (a pass's requeue, a failure's back-off) in its progress
+  annotation and does not run the handler before it, whatever arrives meanwhile (kopf 1.45 `HandlerState.sleeping`),
+  so an edit made while the last pass waited on a rollout (15 s) or a back-off (15 s doubling to 300 s) was handled
+  only when that delay or the timer came. The progress record carries the generation it was written for; read back
+  for a newer generation its delay is dropped and the handler runs on the edit's own event.
 Must not hold state: every call is a function of the body.
 """
 
@@ -23,11 +29,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
-__all__ = ["CompactDiffBaseStorage", "compact_essence", "DIGEST_DEPTH", "DIGEST_OVER_CHARS", "RECORD_LIMIT_BYTES", "DIGEST_PREFIX"]
+__all__ = ["CompactDiffBaseStorage", "GenerationProgressStorage", "compact_essence", "DIGEST_DEPTH", "DIGEST_OVER_CHARS", "RECORD_LIMIT_BYTES", "DIGEST_PREFIX"]
 
 DIGEST_DEPTH = 3            # the essence's root, its sections (spec, metadata), their fields, their fields' fields
 DIGEST_OVER_CHARS = 64      # a value's JSON longer than this is kept as its digest
@@ -69,3 +75,34 @@ class CompactDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     def fetch(self, *, body: Any) -> Any:
         stored = super().fetch(body=body)
         return None if stored is None else compact_essence(stored)
+
+
+GENERATION_KEY = "generation"
+
+
+def _generation(body: Any) -> int | None:
+    value = (body.get("metadata") or {}).get("generation")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class GenerationProgressStorage(kopf.AnnotationsProgressStorage):
+    """kopf's annotation progress storage with NewGenerationWakes: a record's delay holds for its generation only."""
+
+    def store(self, *, key: Any, record: Any, body: Any, patch: Any) -> None:
+        generation = _generation(body)
+        stamped: dict[str, Any] = dict(record)
+        if generation is not None:
+            stamped[GENERATION_KEY] = generation
+        super().store(key=key, record=cast(Any, stamped), body=body, patch=patch)   # kopf writes every key it is given
+
+    def fetch(self, *, key: Any, body: Any) -> Any:
+        stored = super().fetch(key=key, body=body)
+        if stored is None:
+            return None
+        # kopf compares the record it read with the one it would write, and writes only when they differ: give it
+        # back kopf's own fields, so an unchanged handler costs no patch.
+        record = {k: v for k, v in stored.items() if k != GENERATION_KEY}
+        written_for, now = stored.get(GENERATION_KEY), _generation(body)
+        if record.get("delayed") and isinstance(written_for, int) and now is not None and now != written_for:
+            record["delayed"] = None
+        return record

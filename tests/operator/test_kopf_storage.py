@@ -1,16 +1,19 @@
-"""kopf's diff base as the operator configures it: a spec above 256 KiB keeps its bookkeeping under the API server's
+"""kopf's storages as the operator configures them: a spec above 256 KiB keeps its diff base under the API server's
 annotation limit, every change is still a change under `spec`, nothing else is, and a record kopf's own storage wrote
-before the upgrade reads as unchanged."""
+before the upgrade reads as unchanged; a handler's requeue delay holds for its generation only, so an edit runs at once."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import datetime
 import json
 from typing import Any
 
 import kopf
 from fake_cluster import FakeCluster
 from kopf._cogs.structs import bodies, diffs, patches
+from kopf._core.actions import progression
 from test_handlers import registered, runtime
 from test_reconcile import topology
 
@@ -111,3 +114,33 @@ def test_a_record_compacts_to_itself() -> None:
     essence = {"spec": large()["spec"], "metadata": {"annotations": {f"k{i}": "v" * i for i in range(200)}}}
     once = compact_essence(essence)
     assert compact_essence(once) == once and compact_essence(compact_essence(essence)) == once
+
+
+def _handler_state(settings: kopf.OperatorSettings, raw: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """kopf's view of the update handler's progress on `raw`: whether it waits (is not run on this event), and the record
+    kopf would write back for it unchanged."""
+    async def read() -> tuple[bool, dict[str, Any]]:
+        record = settings.persistence.progress_storage.fetch(key="reconcile-update", body=bodies.Body(raw))
+        state = progression.HandlerState.from_storage(record, basetime=progression._get_basetime())
+        assert state.sleeping != state.awakened
+        return state.sleeping, state.as_in_storage()
+    return asyncio.run(read())
+
+
+def test_a_requeue_holds_for_its_generation_and_an_edit_wakes_the_handler_at_once() -> None:
+    settings = configured()
+    raw = topology()
+    raw["metadata"].update(uid="u1", resourceVersion="7", generation=2, annotations={})
+    now = datetime.datetime.now(datetime.UTC)
+    record = {"started": progression.format_iso8601(now), "delayed": progression.format_iso8601(now + datetime.timedelta(seconds=15)),
+              "purpose": "update", "retries": 1, "success": False, "failure": False}     # as kopf writes a Requeue(15)
+    patch = patches.Patch()
+    settings.persistence.progress_storage.store(key="reconcile-update", record=record, body=bodies.Body(raw), patch=patch)
+    raw["metadata"]["annotations"] = dict(patch["metadata"]["annotations"])
+
+    sleeping, as_stored = _handler_state(settings, raw)    # the pass's own status write: still waits its 15 s
+    assert sleeping and as_stored == record                # and reads back as kopf wrote it: no patch to rewrite it
+    edited = copy.deepcopy(raw)
+    edited["metadata"].update(generation=3, resourceVersion="8")
+    sleeping, as_stored = _handler_state(settings, edited)  # the user's edit: runs on this event
+    assert not sleeping and as_stored == {k: v for k, v in record.items() if k != "delayed"}
