@@ -9,6 +9,12 @@ the Events to post. Decisions, by name:
   one, else spec.workload's; the status row says which (loadSource);
 - PoolInventory: a kind's GPUs are its nodes' allocatable ones, capped by maxGPUs, less those held by pods that are
   no member's (other tenants, a deleted member's pods still terminating);
+- PoolMemberBound: a pool plans at most MAX_POOL_MEMBERS members; more is `Planned=False, TooManyMembers` naming the
+  count and the bound, with one Warning, and nothing is planned (the plan's cost grows with every member's funnel);
+- PoolPlanInTheWorker: the plan (options and allocation, planner.pool.request.plan_request) runs through `plan`, which
+  the handlers make the operator's plan worker: a child process under the plan budget, off the reconcile threads. A
+  plan over the budget is `Planned=False, PlanBudgetExceeded` naming the budget, one Warning; a plan still running
+  raises PlanPending to the handler, which waits for it without holding a thread;
 - DryRun: one `PoolProposal` Event whenever the proposal differs from the one in status (before/after per member and
   $/hour); nothing that runs is changed;
 - Auto: each member is planned on the kinds of its own hardware.gpu (AutoKeepsMemberKind: its pods render for that
@@ -21,7 +27,7 @@ Pure apart from what it is given.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,19 +35,25 @@ from typing import Any
 from servingtopology.operator.api.pool import Allocation, PoolMode, ServingPoolSpec, parse_pool_spec, pool_of, read_allocation
 from servingtopology.operator.api.resource import parse_topology_spec
 from servingtopology.operator.cluster.capacity import read_capacity
+from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import gpu_for_product, resolve_gpu
 from servingtopology.planner.pool.moves import MemberMove, PoolStep, PoolStepKind, next_pool_step
-from servingtopology.planner.pool.options import MemberRequest, build_pool
-from servingtopology.planner.pool.plan import GpuKind, PoolDecision, plan_pool
+from servingtopology.planner.pool.options import MemberRequest
+from servingtopology.planner.pool.plan import GpuKind, PoolDecision
+from servingtopology.planner.pool.request import PoolRequest, plan_request
 from servingtopology.spec import SpecError, to_problem
 
-__all__ = ["PoolPass", "pool_kinds", "pool_pass", "member_gpus", "AUTO_FLOOR_RPS"]
+__all__ = ["PoolPass", "PoolPlanner", "pool_kinds", "pool_pass", "member_gpus", "AUTO_FLOOR_RPS", "MAX_POOL_MEMBERS"]
 
 AUTO_FLOOR_RPS = 1e-3      # AutoKeepsEveryMemberServing: every member of an Auto pool keeps at least one option
+MAX_POOL_MEMBERS = 64      # PoolMemberBound
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+PoolPlanner = Callable[[PoolRequest], PoolDecision]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +191,9 @@ def _invalid(generation: int, msg: str, now: datetime, base: Mapping[str, Any] |
 
 
 def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]], *, now: datetime,
-              pods: Sequence[Mapping[str, Any]] = ()) -> PoolPass:
-    """Plan the pool; the status to write, the Events to post and, in Auto, the caps to write into members."""
+              pods: Sequence[Mapping[str, Any]] = (), plan: PoolPlanner = plan_request) -> PoolPass:
+    """Plan the pool; the status to write, the Events to post and, in Auto, the caps to write into members. PlanPending
+    from `plan` goes to the caller."""
     meta = pool.get("metadata") or {}
     generation = int(meta.get("generation") or 0)
     pool_name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
@@ -201,11 +214,20 @@ def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nod
         msg = f"no member: set spec.pool.name: {pool_name} on ServingTopologies in namespace {namespace}"
         return PoolPass({**base, "members": [], "summary": {"members": "0/0", "costPerHour": "0", "idle": ""},
                          "conditions": [_condition("False", "NoMembers", msg, now, generation)]}, [])
+    if len(found) > MAX_POOL_MEMBERS:
+        msg = (f"TooManyMembers: {len(found)} ServingTopologies of namespace {namespace} name this pool; a pool plans at most "
+               f"{MAX_POOL_MEMBERS} (each member's options are a funnel per GPU kind): split them over more pools")
+        return PoolPass({**base, "members": [], "conditions": [_condition("False", "TooManyMembers", msg, now, generation)]},
+                        [("Warning", "TooManyMembers", msg)] if _reason(previous) != "TooManyMembers" else [])
     requests = [m.request for m in found]
     try:
-        pool_problem, _ = build_pool(kinds, requests, objective=spec.objective, budget_per_hour=spec.budgetPerHour, mixed=spec.mixedKinds,
-                                     max_kinds_per_member=spec.maxKindsPerMember)
-        d = plan_pool(pool_problem)
+        d = plan(PoolRequest(tuple(kinds), tuple(requests), spec.objective, spec.budgetPerHour, spec.mixedKinds, spec.maxKindsPerMember))
+    except PlanBudgetExceeded as exc:
+        what = f"took > {exc.budget.wall_s:g} s" if exc.kind == "time" else f"needed > {exc.budget.memory_mib} MiB"
+        msg = (f"PlanBudgetExceeded: planning {len(found)} members on {len(kinds)} kinds {what}{f' ({exc.detail})' if exc.detail else ''}; "
+               "the plan was stopped. Fewer members or kinds, spec.mixedKinds: false, or a larger --plan-timeout-s/--plan-memory-mib")
+        return PoolPass({**base, "conditions": [_condition("False", "PlanBudgetExceeded", msg, now, generation)]},
+                        [("Warning", "PlanBudgetExceeded", msg)] if _reason(previous) != "PlanBudgetExceeded" else [])
     except InvalidSpec as exc:
         field = exc.field
         if field.startswith("members["):
@@ -245,6 +267,14 @@ def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nod
     elif step.kind is PoolStepKind.BLOCKED and (was.get("step"), was.get("reason")) != (step.kind.value, step.reason[:2000]):
         events.append(("Warning", "PoolMoveBlocked", step.reason))
     return PoolPass(status, events, allocations)
+
+
+def _reason(status: Mapping[str, Any]) -> str | None:
+    """The reason of the Planned condition in `status` (the previous pass's)."""
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "Planned":
+            return str(c.get("reason"))
+    return None
 
 
 def _by_kind(by_gpu: Mapping[str, int], kinds: Sequence[GpuKind]) -> dict[str, int]:

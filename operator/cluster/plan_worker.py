@@ -12,6 +12,8 @@ sees a plain `Planner` (Problem -> Decision) and three outcomes besides a Decisi
 
 Plans are keyed by the Problem's digest (the planner is pure: the same Problem gives the same Decision), so a pass
 that comes again for the same generation, or a queued pass holding a stale copy of the object, never plans twice.
+`run(fn, argument)` puts any other pure planning function (a ServingPool's plan, operator/pool_pass.py) in the same
+children, slots and budget, keyed by the function's name and the argument's digest.
 A failed plan (over budget, crashed child) is kept for an exponentially growing back-off before it is tried again.
 
 Children are started from a forkserver (a single-threaded process that has the planner imported), never forked
@@ -115,7 +117,7 @@ def _rebuild(cls: type[BaseException], message: str, attrs: dict[str, Any]) -> B
     return exc
 
 
-def _child(conn: Any, fn: Callable[[Problem], Decision], problem: Problem, memory_mib: int) -> None:
+def _child(conn: Any, fn: Callable[[Any], Any], problem: Any, memory_mib: int) -> None:
     """In the child: cap the address space, plan, send ("ok", decision) or ("raise", portable exception)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if memory_mib > 0:
@@ -139,15 +141,19 @@ def _child(conn: Any, fn: Callable[[Problem], Decision], problem: Problem, memor
 
 @dataclass
 class _Job:
-    future: Future[Decision]
+    future: Future[Any]
     submitted_s: float
     started_s: float | None = None
     finished_s: float | None = None
     failures: int = 0              # consecutive failed attempts of this Problem (over budget, crashed)
 
 
-def problem_digest(problem: Problem) -> str:
+def problem_digest(problem: Any) -> str:
     return hashlib.sha256(pickle.dumps(problem, protocol=5)).hexdigest()
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 @dataclass
@@ -184,7 +190,16 @@ class PlanWorker:
     def plan(self, problem: Problem, *, wait_s: float | None) -> Decision:
         """The plan of `problem`; wait_s None waits for it (each child is bounded by the budget's wall time)."""
         key = problem_digest(problem)
-        job = self._job(key, problem)
+        job = self._job(key, self.fn, problem)
+        try:
+            return job.future.result(timeout=wait_s)  # type: ignore[no-any-return]
+        except FutureTimeout:
+            raise self._pending(job) from None
+
+    def run(self, fn: Callable[[Any], Any], argument: Any, *, wait_s: float | None) -> Any:
+        """`fn(argument)` in a child under the budget, as a plan is (`fn` a pure, module-level function: the child gets
+        it pickled); PlanPending after `wait_s`, PlanBudgetExceeded over the budget, `fn`'s own errors raised again."""
+        job = self._job(f"{_fn_name(fn)}:{problem_digest(argument)}", fn, argument)
         try:
             return job.future.result(timeout=wait_s)
         except FutureTimeout:
@@ -200,7 +215,7 @@ class PlanWorker:
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
 
-    def _job(self, key: str, problem: Problem) -> _Job:
+    def _job(self, key: str, fn: Callable[[Any], Any], problem: Any) -> _Job:
         now = self.clock()
         with self._lock:
             self._expire(now)
@@ -212,7 +227,7 @@ class PlanWorker:
             new = _Job(future=Future(), submitted_s=now, failures=failures)
             self._jobs[key] = new
             assert self._pool is not None
-            self._pool.submit(self._run, new, problem)
+            self._pool.submit(self._run, new, fn, problem)
             return new
 
     def _due_again(self, job: _Job, now: float) -> bool:
@@ -249,11 +264,11 @@ class PlanWorker:
 
     # --- the child ----------------------------------------------------------------------------------------------
 
-    def _run(self, job: _Job, problem: Problem) -> None:
+    def _run(self, job: _Job, fn: Callable[[Any], Any], problem: Any) -> None:
         job.started_s = self.clock()
         self.plans_started += 1
         try:
-            decision = self._in_child(problem)
+            decision = self._in_child(fn, problem)
         except BaseException as exc:
             if isinstance(exc, PlanBudgetExceeded | ChildFailed):
                 job.failures += 1
@@ -265,9 +280,9 @@ class PlanWorker:
         job.finished_s = self.clock()
         job.future.set_result(decision)
 
-    def _in_child(self, problem: Problem) -> Decision:
+    def _in_child(self, fn: Callable[[Any], Any], problem: Any) -> Any:
         receiver, sender = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(target=_child, args=(sender, self.fn, problem, self.budget.memory_mib), daemon=True,
+        proc = self._ctx.Process(target=_child, args=(sender, fn, problem, self.budget.memory_mib), daemon=True,
                                  name="servingtopology-plan")
         started = time.monotonic()
         try:
@@ -276,7 +291,7 @@ class PlanWorker:
             if self.on_plan_s is not None:
                 self.on_plan_s(time.monotonic() - started)
 
-    def _answer(self, proc: Any, receiver: Any, sender: Any, problem: Problem, started: float) -> Decision:
+    def _answer(self, proc: Any, receiver: Any, sender: Any, problem: Any, started: float) -> Any:
         proc.start()
         sender.close()
         try:
@@ -303,7 +318,7 @@ class PlanWorker:
             with contextlib.suppress(Exception):
                 proc.close()
         if kind == "ok":
-            return payload  # type: ignore[no-any-return]
+            return payload
         if kind == "memory":
             raise PlanBudgetExceeded(self.budget, "memory", payload)
         raise _rebuild(*payload)

@@ -53,7 +53,8 @@ from servingtopology.operator.replan import Predictor
 from servingtopology.planner.search.decide import predict_layout
 
 __all__ = ["Runtime", "register", "TRIGGERS", "Requeue", "requeue_delay_s", "retry_delay_s", "QuietRequeues", "QUIET_REQUEUES",
-           "RETRY_DELAY_S", "RETRY_CAP_S", "RETRY_MARK", "DECISIONS_LOGGER", "QUIET_RETRIES", "KOPF_API_LOGGER"]
+           "RETRY_DELAY_S", "RETRY_CAP_S", "RETRY_MARK", "PLAN_WAIT_S", "MIN_REQUEUE_S", "plan_finished",
+           "DECISIONS_LOGGER", "QUIET_RETRIES", "KOPF_API_LOGGER"]
 
 TRIGGERS = ("create", "update", "resume", "timer")
 RETRY_DELAY_S = 15.0
@@ -372,7 +373,7 @@ def _stage_status(patch: Any, status: Mapping[str, Any]) -> None:
         patch.status[key] = value
 
 
-async def _finished(future: Any, timeout_s: float) -> bool:
+async def plan_finished(future: Any, timeout_s: float) -> bool:
     """Whether the worker's future finished (with a plan or an error) within `timeout_s`."""
     try:
         await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout=timeout_s)
@@ -412,7 +413,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
                 except PlanPending as pending:
                     # The plan runs in the worker: wait for it here, on the event loop, holding no thread (other
                     # resources' passes go on), then run the pass again; it finds the plan done.
-                    if pending.future is None or not await _finished(pending.future, PLAN_WAIT_S):
+                    if pending.future is None or not await plan_finished(pending.future, PLAN_WAIT_S):
                         raise Requeue(pending.retry_after_s) from None
             raise Requeue(MIN_REQUEUE_S)
         handler.__name__ = f"reconcile_on_{trigger}"

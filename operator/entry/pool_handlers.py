@@ -3,7 +3,9 @@ observed traffic, plan, proposal, transition) fed by their watch events, and one
 pool on create, update, resume and the timer.
 
 Registered by operator/entry/main.py beside the ServingTopology handlers. The pass runs on the Runtime's threads;
-its status goes through kopf's patch, its Events and (Auto) the members' caps through the Cluster seam. Owns no planning.
+its status goes through kopf's patch, its Events and (Auto) the members' caps through the Cluster seam. Owns no planning:
+the plan runs in the runtime's plan worker (PoolPlanInTheWorker, `pool_planner`), and the handler waits for a pending
+plan on the event loop, as the ServingTopology handlers do.
 
 ApiUnavailable: a pass whose Kubernetes API request fails (ClusterError: the API server restarting, a 5xx, a timeout)
 sets `Reconciled=False, reason=ApiUnavailable` beside the pool's last Planned condition and runs again after
@@ -28,16 +30,33 @@ from servingtopology.operator.api.crd import PLURAL, VERSION
 from servingtopology.operator.api.pool import ALLOCATION_ANNOTATION, POOL_PLURAL, pool_of
 from servingtopology.operator.api.resource import API_VERSION, GROUP, KIND
 from servingtopology.operator.cluster.cluster import ClusterError, ObjectRef
-from servingtopology.operator.entry.handlers import DECISIONS_LOGGER, RETRY_MARK, Runtime
+from servingtopology.operator.cluster.plan_worker import PlanPending
+from servingtopology.operator.entry.handlers import DECISIONS_LOGGER, MIN_REQUEUE_S, PLAN_WAIT_S, RETRY_MARK, Requeue, Runtime, plan_finished
 from servingtopology.operator.entry.kopf_compat import timer_without_finalizer
-from servingtopology.operator.pool_pass import pool_pass
+from servingtopology.operator.pool_pass import PoolPlanner, pool_pass
+from servingtopology.planner.pool.plan import PoolDecision
+from servingtopology.planner.pool.request import PoolRequest, plan_request
 
-__all__ = ["TopologyIndex", "register_pool", "API_RETRY_S", "api_retry_delay_s", "API_UNAVAILABLE"]
+__all__ = ["TopologyIndex", "register_pool", "pool_planner", "API_RETRY_S", "api_retry_delay_s", "API_UNAVAILABLE"]
 
 API_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0)   # ApiUnavailable: the delay after the n-th failed pass in a row, then the last
+POOL_PLAN_WAIT_S = 1.0      # a pool pass waits this long for its plan on a thread, then on the event loop (PLAN_WAIT_S)
+POOL_PLAN_WAITS = 3         # passes one handler call runs while its plans finish
 API_UNAVAILABLE = "ApiUnavailable"
 RECONCILED = "Reconciled"
 LOG = logging.getLogger(DECISIONS_LOGGER)
+
+
+def pool_planner(runtime: Runtime) -> PoolPlanner:
+    """PoolPlanInTheWorker: the runtime's plan worker when it has one (its children, slots and budget), else in-process."""
+    worker = getattr(runtime.planner, "run", None)
+    if not callable(worker):
+        return plan_request
+
+    def in_worker(request: PoolRequest) -> PoolDecision:
+        decision: PoolDecision = worker(plan_request, request, wait_s=POOL_PLAN_WAIT_S)
+        return decision
+    return in_worker
 
 
 def api_retry_delay_s(failures: int) -> float:
@@ -93,25 +112,37 @@ def register_pool(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_in
     def topology_seen(type: str | None, body: Mapping[str, Any], **_: Any) -> None:
         index.seen(type, body)
 
+    plan = pool_planner(runtime)
+
     def run(body: Mapping[str, Any], patch: Any) -> None:
         meta = body.get("metadata") or {}
         members = index.members(str(meta.get("namespace", "")), str(meta.get("name", "")))
         namespace = str(meta.get("namespace", ""))
-        result = pool_pass(body, members, runtime.cluster.list_nodes() or [], now=runtime.clock(), pods=runtime.cluster.list_all_pods())
+        result = pool_pass(body, members, runtime.cluster.list_nodes() or [], now=runtime.clock(), pods=runtime.cluster.list_all_pods(),
+                           plan=plan)
         for member, allocation in result.allocations:
             runtime.cluster.annotate(ObjectRef(API_VERSION, KIND, namespace, member), {ALLOCATION_ANNOTATION: allocation.to_json()})
         patch.status.update(result.status)
         for type_, reason, message in result.events:
             runtime.cluster.record_event(body, type=type_, reason=reason, message=message, now=runtime.clock())
 
-    failures: dict[str, int] = {}      # pool uid -> failed passes in a row (handlers of one pool never overlap)
+    failures: dict[str, int] = {}      # pool uid -> failed passes in a row (read and written on the event loop only)
 
     async def handler(body: Mapping[str, Any], patch: Any, **_: Any) -> None:
         meta = body.get("metadata") or {}
         uid, where = str(meta.get("uid", "")), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         ctx = contextvars.copy_context()
         try:
-            await asyncio.get_running_loop().run_in_executor(runtime.executor, ctx.run, lambda: run(body, patch))
+            for _attempt in range(POOL_PLAN_WAITS):
+                try:
+                    await asyncio.get_running_loop().run_in_executor(runtime.executor, ctx.run, lambda: run(body, patch))
+                    break
+                except PlanPending as pending:
+                    # The plan runs in the worker: wait for it here holding no thread, then run the pass again.
+                    if pending.future is None or not await plan_finished(pending.future, PLAN_WAIT_S):
+                        raise Requeue(pending.retry_after_s) from None
+            else:
+                raise Requeue(MIN_REQUEUE_S)
         except ClusterError as exc:
             n = failures[uid] = failures.get(uid, 0) + 1
             delay_s = api_retry_delay_s(n)
