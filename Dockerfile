@@ -13,12 +13,16 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY planner/ planner/
 COPY operator/ operator/
 COPY servingtopology/ servingtopology/
-# The distribution and every runtime dependency as wheels (no dev extras).
-RUN python -m pip wheel --wheel-dir /wheels .
+# The distribution and every runtime dependency as wheels (no dev extras). Behind a proxy that re-signs TLS, pass its
+# CA bundle as the build secret `ca` (`--secret id=ca,src=/etc/ssl/certs/ca-certificates.crt`): it is mounted for this
+# step only and never stored in a layer; without it pip uses its own CA bundle.
+RUN --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    python -m pip wheel --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0

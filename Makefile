@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test lint unit conformance conformance-env engine-caps kernel-tables e2e e2e-build e2e-kind engine-env bench env clean
+.PHONY: plan test lint unit conformance conformance-env engine-caps kernel-tables image e2e e2e-build e2e-kind engine-env bench env clean
 
 env: $(STAMP)
 
@@ -68,7 +68,14 @@ e2e-build:
 engine-env:
 	bash e2e/engine/vllm_cpu_env.sh
 
-e2e: $(STAMP) e2e-build engine-env
+# The operator image from the Dockerfile with podman (tools/image/build.sh), in the project's own podman store under
+# ~/.cache/servingtopology/image, keyed on a digest of the files it is built from: cold ~5 min (where no registry can
+# be reached, its Python base from Debian's packages by debootstrap, as root), a no-op warm. e2e/test_image.py runs it.
+# PYTHON_IMAGE=python:3.11.11-slim-bookworm where a registry can be pulled from; BUILD_CA=<bundle> behind a proxy.
+image:
+	bash tools/image/build.sh
+
+e2e: $(STAMP) e2e-build engine-env image
 	$(BIN)/python -m pytest e2e -m e2e -rs
 
 # The same scenarios against a running cluster with kwok installed (e.g. kind; needs Docker, not available here).

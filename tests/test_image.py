@@ -108,3 +108,32 @@ def test_the_build_stage_wheel_carries_the_operator_and_its_entry_point(tmp_path
                    "servingtopology/operator/render/manifests.py", "servingtopology/operator/live/metrics.py", "servingtopology/operator/reconcile.py",
                    "servingtopology/planner/engines/command.py", "servingtopology/planner/search/decide.py", "servingtopology/planner/data/gpus.toml"):
         assert module in names, module
+
+
+def test_the_build_context_is_what_the_build_stage_copies_and_build_sh_digests() -> None:
+    # .dockerignore leaves everything out and lets in only the build stage's COPY sources (a checkout's caches, .git,
+    # tests and virtual environment never reach the builder); tools/image/build.sh keys its cache on those files.
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[0] == "*", "the build context is an allow-list"
+    let_in = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
+    copied = {p.rstrip("/") for w, a in _stages()[0] if w == "COPY" and "--from" not in a for p in shlex.split(a)[:-1]}
+    assert let_in == copied, (let_in, copied)
+    for name in copied:
+        assert (ROOT / name).exists(), name
+    build_sh = (ROOT / "tools" / "image" / "build.sh").read_text()
+    find_line = next(ln for ln in build_sh.splitlines() if ln.strip().startswith("find Dockerfile"))
+    assert copied | {"Dockerfile", ".dockerignore", "tools/image"} <= set(find_line.split()), find_line
+
+
+def test_a_proxy_ca_reaches_pip_only_as_a_build_secret_of_the_wheel_step() -> None:
+    # Behind a proxy that re-signs TLS the build needs its CA bundle; a file copied in or an ENV pointing at one would
+    # stay in the image (and a secret in a layer of the build stage would stay in the builder's cache).
+    for stage in _stages():
+        for word, args in stage:
+            assert not (word in ("COPY", "ADD") and re.search(r"\.(crt|pem)\b|ca-certificates", args)), args
+            if word in ("ENV", "ARG"):
+                assert not re.search(r"PIP_CERT|SSL_CERT|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE", args), args
+    secret_runs = [a for stage in _stages() for w, a in stage if w == "RUN" and "type=secret" in a]
+    assert len(secret_runs) == 1 and "pip wheel" in secret_runs[0], secret_runs
+    assert "id=ca" in secret_runs[0] and "PIP_CERT=/run/secrets/ca" in secret_runs[0]
