@@ -45,7 +45,7 @@ import numpy as np
 from replay_refs import decode_ticks
 
 from servingtopology.cli.validate import Measurements, evaluate, load_measurements
-from servingtopology.planner.fidelity.benchmark_cases import Prediction, Skip, predict_all, without_harness
+from servingtopology.planner.fidelity.benchmark_cases import Prediction, PreparedCases, Skip, predict_all, prepare_cases, without_harness
 from servingtopology.planner.fidelity.scores import summarize
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype, Role
@@ -154,20 +154,23 @@ def _pairs(m: Measurements) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class Targets:
     """What the loss compares against, derived once from the measurements: per-row weights, measured
-    (TTFT, TPOT), osl − 1, and the row pairs a ranking compares."""
+    (TTFT, TPOT), osl − 1, the row pairs a ranking compares, and the rows' parameter-free prediction work
+    (benchmark_cases.prepare_cases: skips, groups, geometry), so that each evaluation only prices them."""
 
     weight: np.ndarray
     measured: np.ndarray
     osl_minus_1: np.ndarray
     left: np.ndarray
     right: np.ndarray
+    prepared: PreparedCases
 
 
 def _targets(m: Measurements) -> Targets:
     left, right = _pairs(m)
     return Targets(weight=np.array([1.0 if c.backend in ("vllm", "sglang") else 0.3 for c in m.cases]),
                    measured=np.array([[c.ttft_ms, c.tpot_ms] for c in m.cases]),
-                   osl_minus_1=np.array([max(c.osl - 1, 0) for c in m.cases], dtype=float), left=left, right=right)
+                   osl_minus_1=np.array([max(c.osl - 1, 0) for c in m.cases], dtype=float), left=left, right=right,
+                   prepared=prepare_cases(m.cases, m.models, m.gpus))
 
 
 RANK_WEIGHT = 1.0  # weight of the between-topology term against the per-row term
@@ -223,10 +226,11 @@ def _loss(m: Measurements, t: Targets, params: PerfParams, rank_weight: float = 
     cycle (TTFT + (osl − 1)·TPOT) sets tokens/s per GPU. The Cauchy loss flattens for large errors, so rows
     whose recorded topology or setup cannot be what ran (a few hundred-fold TTFTs) do not pull the bulk.
     """
-    results = predict_all(m.cases, m.models, m.gpus, params=params)
+    ttft, tpot, _ = t.prepared.figures(params)  # the figures predict_all gives: a row is predicted where finite and positive
     w, meas, a, b = t.weight, t.measured, t.left, t.right
-    ok = np.array([isinstance(r, Prediction) for r in results])
-    pred = np.array([[r.ttft_ms, r.tpot_ms] if isinstance(r, Prediction) else [1.0, 1.0] for r in results])
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(ttft) & np.isfinite(tpot) & (ttft > 0) & (tpot > 0)
+    pred = np.where(ok[:, None], np.stack([ttft, tpot], axis=1), 1.0)
     e = np.log(pred / meas)
     per_row = np.where(ok, _cauchy(e) @ np.array([ttft_weight, 1.0]), 0.5)
     row_term = float(np.sum(w * per_row) / np.sum(w))
@@ -397,7 +401,20 @@ def nelder_mead(fn, x0: np.ndarray, *, step: float, evals: int, log_every: int =
 def pattern_search(fn, x0: np.ndarray, *, step: float, evals: int, min_step: float = 0.01) -> tuple[np.ndarray, float]:
     """Compass search (Kolda, Lewis and Torczon 2003): try ±step on each coordinate, keep any improvement,
     halve the step after a sweep without one. Slower per step than Nelder–Mead but it does not stall in a
-    flat simplex, so it keeps moving from a warm start."""
+    flat simplex, so it keeps moving from a warm start.
+
+    A point tried before is not evaluated again (the sweep after a move along a coordinate tries the point it came
+    from): its loss is remembered. It still counts against `evals`, so the search visits the same points and stops
+    where it would have."""
+    seen: dict[bytes, float] = {}
+    evaluate = fn
+
+    def fn(y: np.ndarray) -> float:
+        key = y.tobytes()
+        if key not in seen:
+            seen[key] = evaluate(y)
+        return seen[key]
+
     x, fx = x0.copy(), fn(x0)
     used = 1
     while used < evals and step >= min_step:
@@ -411,7 +428,7 @@ def pattern_search(fn, x0: np.ndarray, *, step: float, evals: int, min_step: flo
                 if fy < fx:
                     x, fx, improved = y, fy, True
                     break
-        print(f"  eval {used:5d}  loss {fx:.5f}  step {step:.3f}", flush=True)
+        print(f"  eval {used:5d}  loss {fx:.5f}  step {step:.3f}  ({len(seen)} evaluated)", flush=True)
         if not improved:
             step *= 0.5
     return x, fx

@@ -27,11 +27,21 @@ from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.closed_loop import aggregated, disaggregated
 from servingtopology.planner.perf.memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
-from servingtopology.planner.perf.step import PerfParams, evaluate_step_s, kv_transfer_s, perf_params, step_coefficients
+from servingtopology.planner.perf.step import (
+    PerfParams,
+    StepCoefficients,
+    StepGeometry,
+    concat_geometry,
+    evaluate_step_s,
+    fold_coefficients,
+    kv_transfer_s,
+    perf_params,
+    step_geometry,
+)
 from servingtopology.planner.sim.sglang import MIN_NEW_TOKEN_RATIO
 
 __all__ = ["Topology", "BenchmarkCase", "Skip", "parse_row", "fill_from_twins", "export_quirks", "EXPORT_QUIRK", "Prediction",
-           "predict_cases", "predict_all", "predict_held_out", "BACKENDS",
+           "predict_cases", "predict_all", "prepare_cases", "PreparedCases", "predict_held_out", "BACKENDS",
            "Harness", "INFERENCEX", "UNSTATED", "harness_of", "without_harness"]
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -437,59 +447,200 @@ def _rank_cap(model: ModelArch, gpu: Gpu, d: _EngineDefaults, prec: Precision, b
     return np.minimum(np.maximum(seqs, 1.0), d.max_running)
 
 
-def _stepper(model: ModelArch, gpu: Gpu, case: BenchmarkCase, d: _EngineDefaults, topo: Sequence[Topology], p: PerfParams) -> Any:
-    tp, pp, dp, ep = (np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp", "moe_ep"))
+def _topo_arrays(topo: Sequence[Topology]) -> tuple[Any, Any, Any, Any]:
+    return tuple(np.array([getattr(t, k) for t in topo], dtype=float) for k in ("tp", "pp", "dp", "moe_ep"))  # type: ignore[return-value]
 
-    coeffs = step_coefficients(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp,
-                               moe_ep=ep, moe_precision=case.moe_precision, overhead_scale=d.overhead_scale, params=p,
-                               release=case.engine_release or None)
 
+def _geometry(model: ModelArch, gpu: Gpu, case: BenchmarkCase, d: _EngineDefaults, topo: Sequence[Topology], switches: tuple[bool, bool, bool]) -> StepGeometry:
+    """What `step_coefficients` folds for these topologies that no fitted parameter changes (`switches`: measured
+    all-reduce, exchange and MoE tables)."""
+    tp, pp, dp, ep = _topo_arrays(topo)
+    return step_geometry(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp, moe_ep=ep,
+                         moe_precision=case.moe_precision, release=case.engine_release or None,
+                         tables_for=d.engine if d.overhead_scale is None else None, table_allreduce=switches[0],
+                         table_exchange=switches[1], table_moe=switches[2])
+
+
+def _stepper(coeffs: StepCoefficients) -> Any:
     def step(*, prefill_tokens: Any, prefill_pairs: Any, decode_tokens: Any, decode_context_tokens: Any, moe_tokens: Any = None) -> Any:
         return evaluate_step_s(coeffs, prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
                                decode_context_tokens=decode_context_tokens, moe_tokens=moe_tokens)
     return step
 
 
+@dataclass(frozen=True)
+class _Group:
+    """Rows that share model, GPU, precisions, backend, mode and engine release (`idx`: their positions in the cases), with
+    what no parameter changes: lengths, clients, topologies, token budgets and rank caps."""
+
+    idx: np.ndarray
+    model: ModelArch
+    gpu: Gpu
+    first: BenchmarkCase
+    defaults: _EngineDefaults  # the parameter-free fields only (engine, kv dtype, memory fraction, caps)
+    isl: Any
+    osl: Any
+    conc: Any
+    harness_per_client: Any  # NaN: the parameter file's bench_requests_per_client
+    topo: tuple[Topology, ...]
+    budget: Any
+    max_running: Any
+    recv: Any = None
+    lockstep: Any = None
+    decode: tuple[Topology, ...] = ()
+    prefill_ranks: Any = None
+    decode_ranks: Any = None
+    same_node: bool = True
+
+
+def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch, gpu: Gpu) -> _Group:
+    sub = [cases[i] for i in idx]
+    first = sub[0]
+    d = _defaults(first.backend, PerfParams())
+    # Mean lengths the harness drew (the labelled ones where it ran fixed lengths).
+    isl, osl = _arr(sub, lambda c: c.harness.mean_length(c.isl)), _arr(sub, lambda c: c.harness.mean_length(c.osl))
+    conc = _arr(sub, lambda c: c.concurrency)
+    per_client = _arr(sub, lambda c: math.nan if c.harness.requests_per_client is None else c.harness.requests_per_client)
+    ctx = isl + 0.5 * osl
+    common = {"idx": np.asarray(idx, dtype=np.int64), "model": model, "gpu": gpu, "first": first, "defaults": d, "isl": isl, "osl": osl,
+              "conc": conc, "harness_per_client": per_client}
+    if first.mode == "agg":
+        topo = tuple(c.agg for c in sub if c.agg is not None)
+        dp = np.array([t.dp for t in topo], dtype=float)
+        budget = _token_budget(first.backend, gpu, dp)
+        return _Group(**common, topo=topo, budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx, first.engine_release),
+                      recv=_arr(sub, _recv_interval), lockstep=np.array([lockstep_closed_loop(c) for c in sub], dtype=bool))
+    pre = tuple(c.prefill for c in sub if c.prefill is not None)
+    dec = tuple(c.decode for c in sub if c.decode is not None)
+    pdp = np.array([t.dp for t in pre], dtype=float)
+    ddp = np.array([t.dp for t in dec], dtype=float)
+    gpus = np.array([c.gpus for c in sub], dtype=float)
+    dbudget = _token_budget(first.backend, gpu, ddp)
+    return _Group(**common, topo=pre, budget=_token_budget(first.backend, gpu, pdp),
+                  max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx, first.engine_release), decode=dec,
+                  prefill_ranks=pdp * np.array([t.workers for t in pre], dtype=float),
+                  decode_ranks=ddp * np.array([t.workers for t in dec], dtype=float), same_node=bool(np.all(gpus <= gpu.gpus_per_node)))
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The rows of one mode (aggregated or disaggregated) over all their groups, concatenated: the parameter-free inputs
+    of one closed-loop pass, a row per element."""
+
+    groups: list[_Group]
+    idx: np.ndarray
+    backend: np.ndarray  # index into BACKENDS
+    isl: Any
+    osl: Any
+    conc: Any
+    harness_per_client: Any
+    budget: Any
+    max_running: Any
+    dp: Any = None
+    mixed: Any = None
+    recv: Any = None
+    lockstep: Any = None
+    reserve: Any = None
+    dp_lockstep: Any = None
+    prefill_ranks: Any = None
+    decode_ranks: Any = None
+
+
+def _part(groups: list[_Group]) -> _Part:
+    def cat(fn: Any) -> Any:
+        return np.concatenate([np.broadcast_to(np.asarray(fn(g)), (len(g.idx),)) for g in groups])
+    common = {"groups": groups, "idx": cat(lambda g: g.idx), "backend": cat(lambda g: BACKENDS.index(g.first.backend)),
+              "isl": cat(lambda g: g.isl), "osl": cat(lambda g: g.osl), "conc": cat(lambda g: g.conc),
+              "harness_per_client": cat(lambda g: g.harness_per_client), "budget": cat(lambda g: g.budget),
+              "max_running": cat(lambda g: g.max_running)}
+    if groups[0].first.mode == "agg":
+        dps = [np.array([t.dp for t in g.topo], dtype=float) for g in groups]
+        return _Part(**common, dp=np.concatenate(dps), mixed=cat(lambda g: g.defaults.mixed), recv=cat(lambda g: g.recv),
+                     lockstep=cat(lambda g: g.lockstep),
+                     reserve=cat(lambda g: np.nan if (r := _output_reserve(g.first.backend)) is None else r),
+                     dp_lockstep=np.concatenate([np.broadcast_to(bool(np.any(d > 1)), d.shape) for d in dps]))
+    return _Part(**common, prefill_ranks=cat(lambda g: g.prefill_ranks), decode_ranks=cat(lambda g: g.decode_ranks))
+
+
+@dataclass
+class PreparedCases:
+    """`predict_all`'s rows with everything no parameter changes done once (the skips, the groups, their geometry), so a
+    fit can price them under many parameter sets: all aggregated rows in one vectorised closed-loop pass, all
+    disaggregated rows in another, each row's figures the floats its group alone would get (every step is elementwise)."""
+
+    n: int
+    skips: dict[int, Skip]
+    groups: list[_Group]
+    _parts: list[_Part] = dataclasses.field(default_factory=list)
+    # (aggregated or prefill, decode) geometry of each part under the measured-table switches (all-reduce, exchange, MoE)
+    _geometry: dict[tuple[bool, bool, bool], list[tuple[StepGeometry, StepGeometry | None]]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for mode in ("agg", "disagg"):
+            gs = [g for g in self.groups if (g.first.mode == "agg") == (mode == "agg")]
+            if gs:
+                self._parts.append(_part(gs))
+
+    def _geometries(self, p: PerfParams) -> list[tuple[StepGeometry, StepGeometry | None]]:
+        key = (p.measured_allreduce >= 0.5, p.measured_exchange >= 0.5, p.measured_moe >= 0.5)
+        if key not in self._geometry:
+            def geo(gs: list[_Group], decode: bool) -> StepGeometry:
+                return concat_geometry([(_geometry(g.model, g.gpu, g.first, g.defaults, g.decode if decode else g.topo, key), len(g.idx))
+                                        for g in gs])
+            self._geometry[key] = [(geo(part.groups, False), None if part.dp is not None else geo(part.groups, True)) for part in self._parts]
+        return self._geometry[key]
+
+    def figures(self, params: PerfParams | None = None) -> tuple[Any, Any, Any]:
+        """Mean TTFT (ms), TPOT (ms) and requests/s of every row (NaN for the skipped ones), in the cases' order."""
+        p = params or perf_params()
+        out = np.full((3, self.n), np.nan)
+        engines = [_defaults(b, p) for b in BACKENDS]
+        ttft_fixed = np.array([e.ttft_overhead_s for e in engines])
+        ttft_tok = np.array([e.ttft_s_per_input_token for e in engines])
+        overheads = np.array([np.nan if e.overhead_scale is None else e.overhead_scale for e in engines])
+        for part, (geometry, decode) in zip(self._parts, self._geometries(p), strict=True):
+            per_client = np.where(np.isnan(part.harness_per_client), p.bench_requests_per_client, part.harness_per_client)
+            overhead = overheads[part.backend]
+            if decode is None:
+                res = aggregated(_stepper(fold_coefficients(geometry, p, overhead)), clients_per_rank=part.conc / part.dp, isl=part.isl,
+                                 osl=part.osl, token_budget=part.budget, max_running=part.max_running, mixed_batches=part.mixed,
+                                 ranks=part.dp, ttft_overhead_s=ttft_fixed[part.backend] + ttft_tok[part.backend] * part.isl,
+                                 requests_per_client=per_client, recv_interval=part.recv, lockstep=part.lockstep,
+                                 output_reserve=part.reserve, dp_lockstep=part.dp_lockstep, params=p)
+            else:
+                transfer = np.concatenate([np.broadcast_to(kv_transfer_s(g.model, g.gpu, kv_dtype=g.defaults.kv_dtype, tokens=g.isl,
+                                                                         same_node=g.same_node, params=p), g.isl.shape) for g in part.groups])
+                res = disaggregated(_stepper(fold_coefficients(geometry, p, overhead)), _stepper(fold_coefficients(decode, p, overhead)),
+                                    clients=part.conc, prefill_ranks=part.prefill_ranks, decode_ranks=part.decode_ranks, isl=part.isl,
+                                    osl=part.osl, prefill_budget=part.budget, decode_max_running=part.max_running, transfer_s=transfer,
+                                    ttft_overhead_s=ttft_fixed[part.backend] + p.disagg_ttft_overhead_s + ttft_tok[part.backend] * part.isl,
+                                    requests_per_client=per_client, params=p)
+            for row, v in enumerate((res.ttft_s, res.tpot_s, res.throughput_rps)):
+                out[row, part.idx] = np.broadcast_to(np.asarray(v, dtype=float), part.isl.shape)
+        return out[0] * 1e3, out[1] * 1e3, out[2]
+
+    def predictions(self, params: PerfParams | None = None) -> list[Prediction | Skip]:
+        """`figures` as predict_all gives them: a Skip where a row was skipped or its figures are not finite and positive."""
+        ttft, tpot, x = self.figures(params)
+        out: list[Prediction | Skip] = []
+        for i in range(self.n):
+            skip = self.skips.get(i)
+            if skip is not None:
+                out.append(skip)
+                continue
+            a, b = float(ttft[i]), float(tpot[i])
+            ok = math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0
+            out.append(Prediction(ttft_ms=a, tpot_ms=b, throughput_rps=float(x[i])) if ok else Skip("no steady state", "the estimator found no finite figures"))
+        return out
+
+
 def predict_cases(cases: Sequence[BenchmarkCase], model: ModelArch, gpu: Gpu, *, params: PerfParams | None = None) -> list[Prediction]:
     """Predict cases that share model, GPU, precisions, backend, mode and engine release (one vectorised pass)."""
     if not cases:
         return []
-    p = params or perf_params()
-    first = cases[0]
-    d = _defaults(first.backend, p)
-    # Mean lengths the harness drew (the labelled ones where it ran fixed lengths).
-    isl, osl = _arr(cases, lambda c: c.harness.mean_length(c.isl)), _arr(cases, lambda c: c.harness.mean_length(c.osl))
-    conc, per_client = _arr(cases, lambda c: c.concurrency), _arr(cases, lambda c: _requests_per_client(c, p))
-    ctx = isl + 0.5 * osl
-    if first.mode == "agg":
-        topo = [c.agg for c in cases if c.agg is not None]
-        dp = np.array([t.dp for t in topo], dtype=float)
-        budget = _token_budget(first.backend, gpu, dp)
-        res = aggregated(_stepper(model, gpu, first, d, topo, p), clients_per_rank=conc / dp, isl=isl, osl=osl,
-                         token_budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx, first.engine_release),
-                         mixed_batches=d.mixed, ranks=dp, ttft_overhead_s=d.ttft_overhead_s + d.ttft_s_per_input_token * isl,
-                         requests_per_client=per_client, recv_interval=_arr(cases, _recv_interval),
-                         lockstep=np.array([lockstep_closed_loop(c) for c in cases], dtype=bool),
-                         output_reserve=_output_reserve(first.backend), params=p)
-    else:
-        pre = [c.prefill for c in cases if c.prefill is not None]
-        dec = [c.decode for c in cases if c.decode is not None]
-        pdp = np.array([t.dp for t in pre], dtype=float)
-        ddp = np.array([t.dp for t in dec], dtype=float)
-        gpus = np.array([c.gpus for c in cases], dtype=float)
-        same_node = bool(np.all(gpus <= gpu.gpus_per_node))
-        transfer = kv_transfer_s(model, gpu, kv_dtype=d.kv_dtype, tokens=isl, same_node=same_node, params=p)
-        dbudget = _token_budget(first.backend, gpu, ddp)
-        res = disaggregated(_stepper(model, gpu, first, d, pre, p), _stepper(model, gpu, first, d, dec, p), clients=conc,
-                            prefill_ranks=pdp * np.array([t.workers for t in pre], dtype=float),
-                            decode_ranks=ddp * np.array([t.workers for t in dec], dtype=float), isl=isl, osl=osl,
-                            prefill_budget=_token_budget(first.backend, gpu, pdp),
-                            decode_max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx, first.engine_release),
-                            transfer_s=transfer,
-                            ttft_overhead_s=d.ttft_overhead_s + p.disagg_ttft_overhead_s + d.ttft_s_per_input_token * isl,
-                            requests_per_client=per_client, params=p)
-    ttft, tpot, x = (np.broadcast_to(np.asarray(v, dtype=float), isl.shape) for v in (res.ttft_s, res.tpot_s, res.throughput_rps))
-    return [Prediction(ttft_ms=float(a) * 1e3, tpot_ms=float(b) * 1e3, throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
+    prepared = PreparedCases(len(cases), {}, [_group(range(len(cases)), cases, model, gpu)])
+    ttft, tpot, x = prepared.figures(params)
+    return [Prediction(ttft_ms=float(a), tpot_ms=float(b), throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
 
 
 def _tp_not_dividing_heads(model: ModelArch, case: BenchmarkCase) -> int | None:
@@ -508,34 +659,39 @@ def _fits(model: ModelArch, gpu: Gpu, case: BenchmarkCase) -> bool:
     return all(float(weight_bytes_per_gpu(model, prec, tp=t.tp, pp=t.pp, dp=t.dp)) < gpu.memory_bytes for t in topos)
 
 
-def predict_all(cases: Sequence[BenchmarkCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip], *,
-                params: PerfParams | None = None) -> list[Prediction | Skip]:
-    """Predict every case, in order; a case whose model or GPU did not resolve gets that Skip."""
-    out: list[Prediction | Skip] = [Skip("internal", "not predicted")] * len(cases)
+def prepare_cases(cases: Sequence[BenchmarkCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip]) -> PreparedCases:
+    """`predict_all`'s parameter-free work: each case's Skip (its model or GPU did not resolve, its recorded TP cannot have
+    run, its weights do not fit) or its group."""
+    skips: dict[int, Skip] = {}
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, c in enumerate(cases):
         model, gpu = models.get(c.model_path), gpus.get(c.system)
         if isinstance(model, Skip) or model is None:
-            out[i] = model if isinstance(model, Skip) else Skip("unknown model", c.model_path)
+            skips[i] = model if isinstance(model, Skip) else Skip("unknown model", c.model_path)
             continue
         if isinstance(gpu, Skip) or gpu is None:
-            out[i] = gpu if isinstance(gpu, Skip) else Skip("unknown GPU", c.system)
+            skips[i] = gpu if isinstance(gpu, Skip) else Skip("unknown GPU", c.system)
             continue
         odd = _tp_not_dividing_heads(model, c)
         if odd is not None:
-            out[i] = Skip("recorded TP does not divide the attention heads", f"{c.topology_label}: TP{odd} over {model.num_heads} heads")
+            skips[i] = Skip("recorded TP does not divide the attention heads", f"{c.topology_label}: TP{odd} over {model.num_heads} heads")
             continue
         if not _fits(model, gpu, c):
-            out[i] = Skip("weights do not fit the recorded topology", f"{c.topology_label} on {c.system}")
+            skips[i] = Skip("weights do not fit the recorded topology", f"{c.topology_label} on {c.system}")
             continue
         groups.setdefault((c.model_path, c.system, c.precision, c.moe_precision, c.backend, c.mode, c.engine_release), []).append(i)
+    out = []
     for key, idx in groups.items():
         model, gpu = models[key[0]], gpus[key[1]]
         assert isinstance(model, ModelArch) and isinstance(gpu, Gpu)
-        for i, pred in zip(idx, predict_cases([cases[i] for i in idx], model, gpu, params=params), strict=True):
-            ok = math.isfinite(pred.ttft_ms) and math.isfinite(pred.tpot_ms) and pred.ttft_ms > 0 and pred.tpot_ms > 0
-            out[i] = pred if ok else Skip("no steady state", "the estimator found no finite figures")
-    return out
+        out.append(_group(idx, cases, model, gpu))
+    return PreparedCases(len(cases), skips, out)
+
+
+def predict_all(cases: Sequence[BenchmarkCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip], *,
+                params: PerfParams | None = None) -> list[Prediction | Skip]:
+    """Predict every case, in order; a case whose model or GPU did not resolve gets that Skip."""
+    return prepare_cases(cases, models, gpus).predictions(params)
 
 
 def predict_held_out(cases: Sequence[BenchmarkCase], models: Mapping[str, ModelArch | Skip], gpus: Mapping[str, Gpu | Skip],

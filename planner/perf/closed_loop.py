@@ -61,8 +61,8 @@ def _per_client(requests_per_client: Any, p: PerfParams) -> Any:
 
 
 def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any, token_budget: Any, max_running: Any,
-               mixed_batches: bool, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: Any = None,
-               recv_interval: Any = 1.0, lockstep: Any = False, output_reserve: float | None = None,
+               mixed_batches: Any, ranks: Any = 1, ttft_overhead_s: Any = 0.0, requests_per_client: Any = None,
+               recv_interval: Any = 1.0, lockstep: Any = False, output_reserve: Any = None, dp_lockstep: Any = None,
                params: PerfParams | None = None) -> ClosedLoopResult:
     """Closed loop against aggregated engines: each rank serves `clients_per_rank` clients.
 
@@ -92,6 +92,11 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     `lockstep` (per benchmark): clients that start together with fixed lengths against an engine that runs
     prefill batches before decoding (SGLang, mixed_batches False) stay in step for the whole benchmark when all
     of them fit at once; see `_lockstep`.
+
+    `mixed_batches` and `output_reserve` may be given per benchmark (NaN: None), so that benchmarks of several engines
+    are estimated in one pass. `dp_lockstep` (per benchmark; default: any of the benchmarks runs more than one rank):
+    whether the attention-DP ranks' lockstep is modelled for a benchmark of mixed batches (a caller passing benchmarks of
+    several deployments gives each the value its own deployment's call would have had).
     """
     p = params or perf_params()
     clients = np.asarray(clients_per_rank, dtype=float)
@@ -104,44 +109,42 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     recv = np.maximum(np.asarray(recv_interval, dtype=float), 1.0)
     colliding = 1.0 + p.arrival_burst * (np.minimum(clients, np.maximum(budget / isl, 1.0)) - 1.0)
     r = np.asarray(ranks, dtype=float)
-    lockstep_dp = mixed_batches and bool(np.any(r > 1.0))
+    mixed = np.asarray(mixed_batches, dtype=bool)
+    lockstep_dp = mixed & (bool(np.any(r > 1.0)) if dp_lockstep is None else np.asarray(dp_lockstep, dtype=bool))
+    any_lockstep_dp = bool(np.any(lockstep_dp))
+    burst = colliding * np.minimum(isl, budget)  # the prompt tokens that collide in one step (b-independent)
+    delay_steps = 0.5 * (recv - 1.0) + p.result_delay_steps  # steps an arrival waits for intake and its result
 
     def state(b: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
         d = b * n_d / life
         p_bar = b * isl / life
-        cap = np.maximum(budget - d, 1.0) if mixed_batches else budget
-        q = np.clip(np.maximum(p_bar, colliding * np.minimum(isl, budget)), 1.0, cap)
+        cap = np.where(mixed, np.maximum(budget - d, 1.0), budget)
+        q = np.minimum(np.maximum(np.maximum(p_bar, burst), 1.0), cap)  # np.clip's arithmetic, without its overhead
         f = p_bar / q  # prefill steps per decode step (above 1: SGLang runs several prefill batches between decodes)
         pairs = q * isl / 2.0
         t_d = step(prefill_tokens=0.0 * d, prefill_pairs=0.0 * d, decode_tokens=d, decode_context_tokens=d * ctx)
-        if lockstep_dp:
-            # Attention-DP ranks step in lockstep: a step in which any of the r ranks carries a prefill chunk takes that
-            # rank's time on every rank (1 − (1 − f)^r of the steps, not f), and its experts see the chunk beside the
-            # other ranks' own decodes (a prefill step runs eagerly, unpadded: q + d + (r − 1)·d tokens gathered).
-            t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=d, decode_context_tokens=d * ctx,
-                       moe_tokens=q + d + (r - 1.0) * d)
-            fm = 1.0 - (1.0 - np.minimum(f, 1.0)) ** r
-            tau = (1.0 - fm) * t_d + fm * t_p
-            residual = ((1.0 - fm) * t_d * t_d + fm * t_p * t_p) / (2.0 * tau)
-        elif mixed_batches:
-            t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=d, decode_context_tokens=d * ctx)
-            fm = np.minimum(f, 1.0)
-            tau = (1.0 - fm) * t_d + fm * t_p
-            residual = ((1.0 - fm) * t_d * t_d + fm * t_p * t_p) / (2.0 * tau)
-        else:
-            t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=0.0 * d, decode_context_tokens=0.0 * d)
-            tau = t_d + f * t_p
-            residual = (t_d * t_d + f * t_p * t_p) / (2.0 * tau)
+        # Mixed batches carry the decodes beside the prefill chunk; otherwise (SGLang) a prefill batch pauses decoding.
+        # Attention-DP ranks step in lockstep: a step in which any of the r ranks carries a prefill chunk takes that
+        # rank's time on every rank (1 − (1 − f)^r of the steps, not f), and its experts see the chunk beside the
+        # other ranks' own decodes (a prefill step runs eagerly, unpadded: q + d + (r − 1)·d tokens gathered; NaN where
+        # not modelled: the tokens of the rank's own step, `step`'s default).
+        gathered = {"moe_tokens": np.where(lockstep_dp, q + d + (r - 1.0) * d, np.nan)} if any_lockstep_dp else {}
+        t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=np.where(mixed, d, 0.0 * d),
+                   decode_context_tokens=np.where(mixed, d * ctx, 0.0 * d), **gathered)
+        fm = np.minimum(f, 1.0)
+        fm = np.where(lockstep_dp, 1.0 - (1.0 - fm) ** r, fm)
+        tau = np.where(mixed, (1.0 - fm) * t_d + fm * t_p, t_d + f * t_p)
+        residual = np.where(mixed, ((1.0 - fm) * t_d * t_d + fm * t_p * t_p) / (2.0 * tau), (t_d * t_d + f * t_p * t_p) / (2.0 * tau))
         return tau, t_p, p_bar / cap, b / (life * tau), d, residual
 
     def wait(tau: Any, t_p: Any, u: Any, residual: Any) -> Any:
         rho = np.minimum(u, _RHO_MAX)
-        return (ttft_overhead_s + residual + (0.5 * (recv - 1.0) + p.result_delay_steps) * tau
+        return (ttft_overhead_s + residual + delay_steps * tau
                 + p.queue_factor * rho / (2.0 * (1.0 - rho)) * t_p)
 
     def excess(b: Any) -> Any:
         tau, t_p, u, x, _, res = state(b)
-        over = np.where(u >= _RHO_MAX, np.inf, 0.0) if mixed_batches else 0.0
+        over = np.where(mixed & (u >= _RHO_MAX), np.inf, 0.0)
         return b + x * wait(tau, t_p, u, res) - clients + over
 
     hi = np.maximum(np.minimum(clients, np.asarray(max_running, dtype=float)), 1e-3)
@@ -155,17 +158,19 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
         # The wait the cap imposes (queued / X) is split as the pool's claims are: admission claims the prompt's blocks
         # and the reserved share of the outputs', decoding the rest, so (isl + r·osl) / (isl + osl) of the shortage is
         # met before the first token and the rest during the decode (preempted or retracted, then recomputed).
+        reserve = np.asarray(output_reserve, dtype=float)
         excess = queued / np.maximum(x, 1e-12)
-        at_admission = (isl + output_reserve * n_d) / (isl + np.maximum(n_d, 1.0))
-        ttft = ttft - (1.0 - at_admission) * excess
-        tau_client = tau + (1.0 - at_admission) * excess / np.maximum(n_d, 1.0)
+        at_admission = (isl + reserve * n_d) / (isl + np.maximum(n_d, 1.0))
+        reserved = ~np.isnan(reserve)
+        ttft = np.where(reserved, ttft - (1.0 - at_admission) * excess, ttft)
+        tau_client = np.where(reserved, tau + (1.0 - at_admission) * excess / np.maximum(n_d, 1.0), tau)
     # Start-up wave: all clients arrive at once and their prompts go through C tokens per step.
     wave_tokens = np.minimum(clients * isl, budget)
     t_wave = step(prefill_tokens=wave_tokens, prefill_pairs=wave_tokens * isl / 2.0, decode_tokens=0.0 * b, decode_context_tokens=0.0 * b)
     wave_ttft = 0.5 * clients * isl / wave_tokens * t_wave + t_wave * 0.5 + ttft_overhead_s
     ttft = ttft + np.maximum(wave_ttft - ttft, 0.0) / _per_client(requests_per_client, p)
     tpot = tau_client
-    sync = np.asarray(lockstep, dtype=bool) & (not mixed_batches) & (clients <= np.asarray(max_running, dtype=float))
+    sync = np.asarray(lockstep, dtype=bool) & ~mixed & (clients <= np.asarray(max_running, dtype=float))
     if np.any(sync):
         l_ttft, l_tpot, l_x = _lockstep(step, clients=clients, isl=isl, n_d=n_d, budget=budget, ttft_overhead_s=ttft_overhead_s)
         ttft, tpot, x = np.where(sync, l_ttft, ttft), np.where(sync, l_tpot, tpot), np.where(sync, l_x, x)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, replace
@@ -29,6 +29,7 @@ from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "scaled_terms", "STEP_TERMS", "NOT_FITTED",
+           "StepGeometry", "step_geometry", "fold_coefficients", "concat_geometry",
            "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
            "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_exchange", "measured_terms",
@@ -438,8 +439,8 @@ class StepCoefficients:
     handoff_fixed_s: Any
     layer_fixed_s: Any
     pp: Any
-    step_fixed_s: float
-    per_seq_s: float
+    step_fixed_s: Any      # per candidate where the engines differ (concatenated geometries), else a float
+    per_seq_s: Any
     gemm_half_tokens: float
     sharp: float
     # ln(seconds) of all MoE layers' routed experts at 2^i tokens (i = 0 … MOE_GRID − 1) per candidate, measured
@@ -450,7 +451,8 @@ class StepCoefficients:
     # SGLang's, which time one EP rank computing its dispatched tokens × top-k pairs.
     moe_table_share: Any = 1.0
     # False for a dense model: every expert and exchange term is exactly zero, so `token_terms` skips them (the same sum).
-    moe: bool = True
+    # A flag per candidate where the geometries of several models were concatenated (`concat_geometry`).
+    moe: Any = True
 
 
 # Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
@@ -530,36 +532,190 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     passes `overhead_scale` and gets the roofline unless `kernel_engine` names one.
     `moe_ep` is the expert-parallel degree of the expert layers (1 = experts tensor-sharded over tp × dp).
     `overhead_scale` overrides the engine's per-step overhead scale (an engine outside `Engine`, e.g. TRT-LLM).
+    Two steps: `step_geometry` (what no fitted parameter changes) and `fold_coefficients` (the parameters).
     """
     p = params or perf_params()
+    # Whose measured kernel tables price the terms they cover: an engine given only by its overhead scale has none.
+    tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
+    g = step_geometry(model, gpu, precision=precision, kv_dtype=kv_dtype, engine=engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep,
+                      moe_precision=moe_precision, release=release, tables_for=tables_for, table_allreduce=p.measured_allreduce >= 0.5,
+                      table_exchange=p.measured_exchange >= 0.5, table_moe=p.measured_moe >= 0.5)
+    return fold_coefficients(g, p, overhead_scale)
+
+
+def _link_geometry(gpu: Gpu, group: Any) -> tuple[Any, Any]:
+    """`_link_bps` without its fitted efficiency: (GB/s before `link_eff`, whether `link_eff` applies) per element."""
+    nvlink = gpu.scaleup_link is Link.NVLINK
+    intra = gpu.nvlink_gbps if nvlink else gpu.pcie_gbps * PCIE_BUS_EFF
+    inside = np.asarray(group) <= gpu.gpus_per_node
+    return np.where(inside, intra, gpu.nic_gbit / 8.0), np.where(inside, nvlink, True)
+
+
+def _link_fold(base: Any, fitted: Any, p: PerfParams) -> Any:
+    """`_link_bps` from `_link_geometry`: the same products, so the same floats."""
+    return np.where(fitted, base * p.link_eff, base) * 1e9
+
+
+def _allreduce_geometry(gpu: Gpu, group: Any) -> tuple[Any, Any, Any]:
+    """`_allreduce_latency_s` without its fitted latencies: (GPUs beyond two on NVLink, the unfitted intra-node cost where
+    the link is not NVLink (NaN on NVLink), the tree hops) per element."""
+    n = np.minimum(group, gpu.gpus_per_node)
+    link = gpu.scaleup_link
+    if link is Link.NVLINK:
+        const = np.nan + 0.0 * n
+    elif link is Link.PCIE_P2P:
+        const = np.where(n <= 2, PCIE_CUSTOM_AR_S, PCIE_P2P_AR_BASE_S + PCIE_P2P_AR_PER_GPU_S * n)
+    else:
+        const = PCIE_HOST_AR_BASE_S + PCIE_HOST_AR_PER_GPU_S * n
+    hops = 1.0 + np.log2(np.maximum(group / gpu.gpus_per_node, 1.0))
+    return np.maximum(n - 2.0, 0.0), const, hops
+
+
+def _allreduce_fold(extra: Any, const: Any, hops: Any, p: PerfParams) -> Any:
+    intra = np.where(np.isnan(const), p.allreduce_latency_s + p.allreduce_peer_latency_s * extra, const)
+    return intra * hops
+
+
+def _exchange_geometry(gpu: Gpu, group: Any) -> Any:
+    """`_exchange_latency_s` where it is not fitted (off NVLink); NaN on NVLink (the fitted `a2a_latency_s`)."""
+    if gpu.scaleup_link is Link.NVLINK:
+        return np.nan + 0.0 * np.asarray(group, dtype=float)
+    return 0.5 * _allreduce_latency_s(gpu, np.maximum(group, 2), PerfParams())
+
+
+def _exchange_fold(const: Any, p: PerfParams) -> Any:
+    return np.where(np.isnan(const), p.a2a_latency_s, const)
+
+
+def _gemm_geometry(gpu: Gpu, precision: Precision) -> tuple[float, float, float, float]:
+    """`_compute_peak` and `_gemm_eff` without the fitted shares: (peak FLOP/s, measured best share or NaN, which fitted
+    scale applies (0 none, 1 `fp8_eff_scale`, 2 `fp4_eff_scale`), the bytes `_narrow_cols` divides by)."""
+    native = precision is not Precision.BF16 and float(getattr(gpu, f"{precision.value}_tflops", 0.0)) > 0
+    kind = {Precision.FP8: 1.0, Precision.FP4: 2.0}.get(precision, 0.0) if native else 0.0
+    best = gpu.matmul_bf16_tflops / gpu.bf16_tflops if gpu.matmul_bf16_tflops > 0 else math.nan
+    return _compute_peak(gpu, precision), best, kind, max(precision.weight_bytes, 0.5)
+
+
+def _gemm_fold(peak: Any, best: Any, kind: Any, p: PerfParams) -> Any:
+    """`_compute_peak(gpu, precision) * _gemm_eff(p, gpu, precision)` from `_gemm_geometry`."""
+    scale = np.where(kind == 1.0, p.fp8_eff_scale, np.where(kind == 2.0, p.fp4_eff_scale, 1.0))
+    return peak * (np.where(np.isnan(best), p.gemm_eff_max, best) * scale)
+
+
+@dataclass(frozen=True, slots=True)
+class StepGeometry:
+    """What `step_coefficients` folds that no fitted parameter changes (the model's, GPU's and layout's shapes, the
+    measured kernel tables' times), per candidate. `fold_coefficients` prices it with parameters; one geometry serves
+    every parameter set a fit tries, and geometries of several instances concatenate (`concat_geometry`) so that one
+    fold prices them all. Each field is the part of a coefficient's expression before its first fitted factor, so the
+    fold performs the same floating-point operations in the same order: the same floats as folding in one pass."""
+
+    # Coefficients no parameter touches (StepCoefficients' fields of the same names).
+    local_experts: Any
+    ep_z: Any
+    dp: Any
+    experts: Any
+    topk: Any
+    pp: Any
+    attn_cap_tokens: Any
+    moe_log_curve: Any
+    moe_table_share: Any
+    moe: Any
+    # Dense linear layers: 2 · params / pp / tp, weight bytes / pp / tp, hidden / tp; the GEMM peak (`_gemm_geometry`).
+    lin_flops: Any
+    lin_bytes: Any
+    hidden_per_tp: Any
+    lin_peak: Any
+    lin_best: Any
+    lin_kind: Any
+    lin_width: Any
+    hbm: Any
+    # Routed experts: 2 · k · expert params · layers / group, expert bytes · layers / MoE TP, the expert width.
+    moe_flops: Any
+    moe_bytes: Any
+    moe_inter: Any
+    moe_peak: Any
+    moe_best: Any
+    moe_kind: Any
+    moe_width: Any
+    # Exchange: bytes a token moves, the link (`_link_geometry`) of the group, 2 · MoE layers where it has a fixed cost,
+    # `_exchange_geometry` of the group; measured exchange terms (NaN: the fitted ones).
+    a2a_bytes: Any
+    group_link: Any
+    group_link_fitted: Any
+    a2a_fixed_layers: Any
+    group_exchange: Any
+    x_fixed: Any
+    x_tok: Any
+    # Attention: FLOPs per pair (full and capped layers), their peak; bytes read per context token (full, capped), per
+    # sequence; absorbed-MLA FLOPs per context token (for full or capped layers, else 0); the GQA re-read factors.
+    pair_flops: Any
+    pair_peak: Any
+    capped_pair_flops: Any
+    peak16: Any
+    read_ctx: Any
+    read_capped: Any
+    read_seq: Any
+    mla_ctx_flops: Any
+    mla_capped_flops: Any
+    mixed_reread: Any
+    mixed_heads: Any
+    # TP all-reduces: where tp > 1, the bytes a token moves, the link, `_allreduce_geometry`, the all-reduces per step and
+    # the measured terms (NaN: the fitted ones).
+    tp_multi: Any
+    tp_bytes: Any
+    tp_link: Any
+    tp_link_fitted: Any
+    ar_extra: Any
+    ar_const: Any
+    ar_hops: Any
+    reduces: Any
+    m_fixed: Any
+    m_tok: Any
+    # Pipeline hand-offs: where pp > 1, the bytes a token moves over the instance's link, whether it is NVLink, the
+    # unfitted exchange latency off NVLink.
+    pp_multi: Any
+    handoff_bytes: Any
+    pp_link: Any
+    pp_link_fitted: Any
+    pp_nvlink: Any
+    pp_exchange: Any
+    layers: Any
+    sglang: Any  # the engine's per-step overhead is SGLang's (`sglang_overhead_scale`)
+
+
+def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine, tp: Any, pp: Any, dp: Any,
+                  moe_ep: Any = 1, moe_precision: Precision | None = None, release: str | None = None, tables_for: Engine | None = None,
+                  table_allreduce: bool = False, table_exchange: bool = True, table_moe: bool = False) -> StepGeometry:
+    """The parameter-free part of `step_coefficients` (same arguments; `tables_for`: whose measured kernel tables price the
+    terms they cover, None for none; `table_*`: the `measured_*` switches of PerfParams)."""
     mp = moe_precision or precision
     frac = 1.0 / pp
-    peak = _compute_peak(gpu, precision) * _gemm_eff(p, gpu, precision)
     peak16 = gpu.bf16_tflops * 1e12
     hbm = gpu.hbm_gbps * 1e9
+    lin_peak, lin_best, lin_kind, lin_width = _gemm_geometry(gpu, precision)
+    moe_peak, moe_best, moe_kind, moe_width = _gemm_geometry(gpu, mp)
 
     # Dense linear layers (attention projections, dense/shared FFN, router) and the LM head, TP-sharded.
     linear_params = (model.non_expert_params - model.embedding_params) + model.vocab_size * model.hidden_size
-    # Sharding narrows each GPU's slice of a GEMM; thin slices waste tensor-core tiles and bandwidth.
-    narrow = 1.0 + _narrow_cols(p, precision) / (model.hidden_size / tp)
-    lin_flop_s = 2.0 * linear_params * frac / tp / peak * narrow
-    lin_mem_s = linear_weight_bytes(model, precision) * frac / tp / (hbm * p.mem_eff) * narrow
+    lin_flops = 2.0 * linear_params * frac / tp
+    lin_bytes = linear_weight_bytes(model, precision) * frac / tp
 
     group = tp * dp
     ep = np.minimum(moe_ep, group)
     moe_tp = group / ep
     zero = 0.0 * group
+    group_link, group_link_fitted = _link_geometry(gpu, group)
     if model.is_moe:
         moe_layers = model.num_moe_layers * frac
-        moe_peak = _compute_peak(gpu, mp) * _gemm_eff(p, gpu, mp) * p.moe_eff_scale
         # An expert's GEMMs are charged the width of the whole expert, whatever the MoE TP: the measured fused-MoE
         # kernels (planner/data/kernels, balanced routing, 8–64 tokens) run an expert sliced over n GPUs as fast as
         # n GPUs holding whole experts (MoE TP n against EP n: median ratio 1.02 over 4,476 vLLM shape points; the width
         # constant it implies is 14 B, against the 132 B a dense FP8 GEMM's slices pay). A grouped GEMM tiles over
         # tokens × experts, not over one expert's columns, so the dense slices' tile waste does not apply to it.
-        moe_narrow = 1.0 + _narrow_cols(p, mp) / model.moe_intermediate_size + 0.0 * moe_tp
-        moe_flop_s = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group / moe_peak * moe_narrow
-        moe_mem_s = expert_weight_bytes(model, precision, mp) * moe_layers / moe_tp / (hbm * p.mem_eff) * moe_narrow
+        moe_inter: Any = float(model.moe_intermediate_size)
+        moe_flops = 2.0 * model.experts_per_token * model.expert_params * moe_layers / group
+        moe_bytes = expert_weight_bytes(model, precision, mp) * moe_layers / moe_tp
         # EP under DP attention: each token is dispatched (FP8, 1 byte) to and combined (BF16, 2 bytes) from the
         # distinct remote GPUs holding its k experts. DP attention without EP: tokens are all-gathered and
         # reduce-scattered (BF16). EP under TP attention (dp = 1) exchanges nothing of its own: every GPU already
@@ -571,11 +727,12 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
         exchanged = (ep > 1) & (dp > 1)
         remote = np.where(exchanged, ep * (1.0 - (1.0 - 1.0 / np.maximum(ep, 1)) ** k) * (ep - 1) / np.maximum(ep, 1), 0.0)
         gathered = np.where((ep <= 1) & (dp > 1), 2.0 * 2.0 * (dp - 1) / dp, 0.0)
-        a2a_tok = moe_layers * model.hidden_size * (3.0 * remote + gathered) / _link_bps(gpu, group, p)
-        a2a_fixed = np.where(dp > 1, moe_layers * 2.0 * _exchange_latency_s(gpu, group, p), zero)
+        a2a_bytes = moe_layers * model.hidden_size * (3.0 * remote + gathered)
+        a2a_fixed_layers = np.where(dp > 1, moe_layers * 2.0, zero)
         local = model.num_experts / ep
-    else:
-        moe_flop_s = moe_mem_s = a2a_tok = a2a_fixed = zero
+    else:  # every expert term folds to exactly 0 (0 / a finite peak, 0 · a finite latency)
+        moe_flops = moe_bytes = a2a_bytes = a2a_fixed_layers = zero
+        moe_inter = 1.0
         local = zero
     ep_z = _max_normal_z(ep) if model.is_moe else zero
 
@@ -587,67 +744,136 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     read = attention_read_bytes(model, kv_dtype, tp=tp, pp=pp, engine=engine)
     capped_layers = (model.num_attention_layers if model.has_indexer else model.num_sliding_layers) * frac
     full_layers = (0 if model.has_indexer else model.num_full_attention_layers) * frac
-    attn_pair_s = 2.0 * heads * qk_v_dim * full_layers / (peak16 * p.attn_prefill_eff)
-    attn_capped_pair_s = 2.0 * heads * qk_v_dim * capped_layers / (peak16 * p.attn_prefill_eff)
+    pair_flops = 2.0 * heads * qk_v_dim * full_layers
+    pair_peak: Any = peak16
+    capped_pair_flops = 2.0 * heads * qk_v_dim * capped_layers
     if model.has_indexer:  # the indexer scores every (query, key) pair: index heads × index dim, in FP8
-        attn_pair_s = 2.0 * model.index_n_heads * model.index_head_dim * model.num_indexer_layers * frac / (
-            _compute_peak(gpu, Precision.FP8) * p.attn_prefill_eff) + 0.0 * heads
-    attn_ctx_s = read.per_context_token / (hbm * p.attn_decode_mem_eff)
-    attn_capped_ctx_s = read.capped_per_token / (hbm * p.attn_decode_mem_eff)
-    attn_seq_s = read.per_sequence / (hbm * p.attn_decode_mem_eff)
+        pair_flops = 2.0 * model.index_n_heads * model.index_head_dim * model.num_indexer_layers * frac + 0.0 * heads
+        pair_peak = _compute_peak(gpu, Precision.FP8)
+    mla_ctx_flops: Any = 0.0
+    mla_capped_flops: Any = 0.0
     if model.is_mla:  # absorbed MLA decode multiplies every local head against the latent: compute can dominate
-        mla_s = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_attention_layers * frac / (peak16 * p.attn_prefill_eff)
+        mla_flops = 2.0 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_attention_layers * frac
         if model.has_indexer:
-            attn_capped_ctx_s = np.maximum(attn_capped_ctx_s, mla_s)
+            mla_capped_flops = mla_flops
         else:
-            attn_ctx_s = np.maximum(attn_ctx_s, mla_s)
-        attn_mixed_ctx_s = zero
+            mla_ctx_flops = mla_flops
+        mixed_reread, mixed_heads = 0.0, 0.0
     else:  # beside a prefill chunk, each query head of a GQA group may read the group's KV again (see gpus.toml)
-        attn_mixed_ctx_s = attn_ctx_s * gpu.mixed_kv_reread * (model.num_heads / max(model.num_kv_heads, 1) - 1.0)
+        mixed_reread, mixed_heads = gpu.mixed_kv_reread, model.num_heads / max(model.num_kv_heads, 1) - 1.0
 
     # Two all-reduces per layer under TP (ring: 2(n−1)/n of the activations cross each link); in MoE layers
     # whose experts are expert-parallel under DP attention the combine replaces the second one.
     layers = model.num_layers * frac
     reduces = 2.0 * layers - np.where((ep > 1) & (dp > 1), model.num_moe_layers * frac, 0.0)
     # The link is the one the tp GPUs share (planner.hardware.Link): NVLink, PCIe with or without peer-to-peer, a NIC.
-    tp_tok = np.where(tp > 1, reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0 / _link_bps(gpu, tp, p), zero)
-    tp_fixed = np.where(tp > 1, reduces * _allreduce_latency_s(gpu, tp, p), zero)
-    # Whose measured kernel tables price the terms they cover: an engine given only by its overhead scale has none.
-    tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
-    if p.measured_allreduce >= 0.5:  # the engine's measured custom all-reduce where a table covers it
-        m_fixed, m_tok = measured_allreduce(gpu, tables_for, release, tp, model.hidden_size)
-        tp_fixed = np.where(np.isfinite(m_fixed), reduces * np.nan_to_num(m_fixed), tp_fixed)
-        tp_tok = np.where(np.isfinite(m_tok), reduces * np.nan_to_num(m_tok), tp_tok)
-    handoff_tok = np.where(pp > 1, model.hidden_size * 2.0 / _link_bps(gpu, tp * dp * pp, p), zero)
-    handoff_fixed = np.where(pp > 1, np.where(gpu.scaleup_link is Link.NVLINK, 2.0 * p.allreduce_latency_s,
-                                              _exchange_latency_s(gpu, tp * dp * pp, p)), zero)
-    if p.measured_exchange >= 0.5 and model.is_moe:
+    tp_bytes = reduces * 2.0 * (tp - 1) / tp * model.hidden_size * 2.0
+    tp_link, tp_link_fitted = _link_geometry(gpu, tp)
+    ar_extra, ar_const, ar_hops = _allreduce_geometry(gpu, tp)
+    nan = np.nan + zero
+    m_fixed = m_tok = x_fixed = x_tok = nan
+    if table_allreduce:  # the engine's measured custom all-reduce where a table covers it
+        m_f, m_t = measured_allreduce(gpu, tables_for, release, tp, model.hidden_size)
+        m_fixed = np.where(np.isfinite(m_f), reduces * np.nan_to_num(m_f), np.nan)
+        m_tok = np.where(np.isfinite(m_t), reduces * np.nan_to_num(m_t), np.nan)
+    pp_link, pp_link_fitted = _link_geometry(gpu, tp * dp * pp)
+    if table_exchange and model.is_moe:
         # Measured where NCCL's tables cover the group: each DP rank's tokens (padded to the largest rank's) gathered to
         # every expert rank and the outputs reduce-scattered back, per MoE layer, in place of the fitted exchange.
-        x_fixed, x_tok = measured_exchange(gpu, tables_for, tp, dp, ep, model.hidden_size)
-        a2a_fixed = np.where(np.isfinite(x_fixed), model.num_moe_layers * frac * np.nan_to_num(x_fixed), a2a_fixed)
-        a2a_tok = np.where(np.isfinite(x_tok), model.num_moe_layers * frac * np.nan_to_num(x_tok), a2a_tok)
+        x_f, x_t = measured_exchange(gpu, tables_for, tp, dp, ep, model.hidden_size)
+        x_fixed = np.where(np.isfinite(x_f), model.num_moe_layers * frac * np.nan_to_num(x_f), np.nan)
+        x_tok = np.where(np.isfinite(x_t), model.num_moe_layers * frac * np.nan_to_num(x_t), np.nan)
     moe_curve = None
-    if p.measured_moe >= 0.5 and model.is_moe:
+    if table_moe and model.is_moe:
         curve, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
         if np.isfinite(curve).any():
             # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
             moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
     table_share = (1.0 + zero) if tables_for is Engine.VLLM else 1.0 / np.maximum(ep, 1)
-    scale = overhead_scale if overhead_scale is not None else (p.sglang_overhead_scale if engine is Engine.SGLANG else 1.0)
+    return StepGeometry(
+        local_experts=local, ep_z=ep_z, dp=dp, experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), pp=pp,
+        attn_cap_tokens=min(read.cap_tokens, 1e15), moe_log_curve=moe_curve, moe_table_share=table_share, moe=model.is_moe,
+        lin_flops=lin_flops, lin_bytes=lin_bytes, hidden_per_tp=model.hidden_size / tp, lin_peak=lin_peak, lin_best=lin_best,
+        lin_kind=lin_kind, lin_width=lin_width, hbm=hbm,
+        moe_flops=moe_flops, moe_bytes=moe_bytes, moe_inter=moe_inter, moe_peak=moe_peak, moe_best=moe_best, moe_kind=moe_kind,
+        moe_width=moe_width, a2a_bytes=a2a_bytes, group_link=group_link, group_link_fitted=group_link_fitted,
+        a2a_fixed_layers=a2a_fixed_layers, group_exchange=_exchange_geometry(gpu, group), x_fixed=x_fixed, x_tok=x_tok,
+        pair_flops=pair_flops, pair_peak=pair_peak, capped_pair_flops=capped_pair_flops, peak16=peak16,
+        read_ctx=read.per_context_token, read_capped=read.capped_per_token, read_seq=read.per_sequence,
+        mla_ctx_flops=mla_ctx_flops, mla_capped_flops=mla_capped_flops, mixed_reread=mixed_reread, mixed_heads=mixed_heads,
+        tp_multi=np.asarray(tp) > 1, tp_bytes=tp_bytes, tp_link=tp_link, tp_link_fitted=tp_link_fitted, ar_extra=ar_extra,
+        ar_const=ar_const, ar_hops=ar_hops, reduces=reduces, m_fixed=m_fixed, m_tok=m_tok,
+        pp_multi=np.asarray(pp) > 1, handoff_bytes=model.hidden_size * 2.0, pp_link=pp_link, pp_link_fitted=pp_link_fitted,
+        pp_nvlink=gpu.scaleup_link is Link.NVLINK, pp_exchange=_exchange_geometry(gpu, tp * dp * pp), layers=layers,
+        sglang=engine is Engine.SGLANG,
+    )
+
+
+def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None) -> StepCoefficients:
+    """`step_coefficients` from its geometry and the parameters. `overhead_scale`: the per-step overhead scale of an
+    engine outside `Engine` (per element where geometries were concatenated; NaN: the engine's own)."""
+    lin_peak = _gemm_fold(g.lin_peak, g.lin_best, g.lin_kind, p)
+    narrow = 1.0 + p.narrow_width_cols * 2.0 / g.lin_width / g.hidden_per_tp
+    lin_flop_s = g.lin_flops / lin_peak * narrow
+    lin_mem_s = g.lin_bytes / (g.hbm * p.mem_eff) * narrow
+    moe_peak = _gemm_fold(g.moe_peak, g.moe_best, g.moe_kind, p) * p.moe_eff_scale
+    moe_narrow = 1.0 + p.narrow_width_cols * 2.0 / g.moe_width / g.moe_inter
+    moe_flop_s = g.moe_flops / moe_peak * moe_narrow
+    moe_mem_s = g.moe_bytes / (g.hbm * p.mem_eff) * moe_narrow
+    group_bps = _link_fold(g.group_link, g.group_link_fitted, p)
+    a2a_tok = g.a2a_bytes / group_bps
+    a2a_fixed = g.a2a_fixed_layers * _exchange_fold(g.group_exchange, p)
+    a2a_fixed = np.where(np.isnan(g.x_fixed), a2a_fixed, g.x_fixed)
+    a2a_tok = np.where(np.isnan(g.x_tok), a2a_tok, g.x_tok)
+
+    attn_pair_s = g.pair_flops / (g.pair_peak * p.attn_prefill_eff)
+    attn_capped_pair_s = g.capped_pair_flops / (g.peak16 * p.attn_prefill_eff)
+    decode_bw = g.hbm * p.attn_decode_mem_eff
+    mla_s_ctx = g.mla_ctx_flops / (g.peak16 * p.attn_prefill_eff)
+    mla_s_capped = g.mla_capped_flops / (g.peak16 * p.attn_prefill_eff)
+    attn_ctx_s = np.maximum(g.read_ctx / decode_bw, mla_s_ctx)
+    attn_capped_ctx_s = np.maximum(g.read_capped / decode_bw, mla_s_capped)
+    attn_seq_s = g.read_seq / decode_bw
+    attn_mixed_ctx_s = attn_ctx_s * g.mixed_reread * g.mixed_heads
+
+    tp_tok = np.where(g.tp_multi, g.tp_bytes / _link_fold(g.tp_link, g.tp_link_fitted, p), 0.0)
+    tp_fixed = np.where(g.tp_multi, g.reduces * _allreduce_fold(g.ar_extra, g.ar_const, g.ar_hops, p), 0.0)
+    tp_fixed = np.where(np.isnan(g.m_fixed), tp_fixed, g.m_fixed)
+    tp_tok = np.where(np.isnan(g.m_tok), tp_tok, g.m_tok)
+    handoff_tok = np.where(g.pp_multi, g.handoff_bytes / _link_fold(g.pp_link, g.pp_link_fitted, p), 0.0)
+    handoff_fixed = np.where(g.pp_multi, np.where(g.pp_nvlink, 2.0 * p.allreduce_latency_s, g.pp_exchange), 0.0)
+    engine_scale = np.where(g.sglang, p.sglang_overhead_scale, 1.0)
+    scale: Any = engine_scale if overhead_scale is None else np.where(np.isnan(overhead_scale), engine_scale, overhead_scale)
+    scale = float(scale) if np.ndim(scale) == 0 else scale
     coeffs = StepCoefficients(
-        lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=local, dp=dp,
-        experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), a2a_s_per_token=a2a_tok,
-        a2a_fixed_s=a2a_fixed, ep_z=ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, attn_mixed_ctx_s=attn_mixed_ctx_s,
-        attn_capped_pair_s=attn_capped_pair_s, attn_capped_ctx_s=attn_capped_ctx_s, attn_cap_tokens=min(read.cap_tokens, 1e15),
-        attn_seq_s=attn_seq_s,
-        tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
-        handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * layers,
-        pp=pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
-        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=moe_curve, moe_table_share=table_share,
-        moe=model.is_moe,
+        lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=g.local_experts, dp=g.dp,
+        experts=g.experts, topk=g.topk, a2a_s_per_token=a2a_tok,
+        a2a_fixed_s=a2a_fixed, ep_z=g.ep_z, attn_pair_s=attn_pair_s, attn_ctx_s=attn_ctx_s, attn_mixed_ctx_s=attn_mixed_ctx_s,
+        attn_capped_pair_s=attn_capped_pair_s, attn_capped_ctx_s=attn_capped_ctx_s, attn_cap_tokens=g.attn_cap_tokens,
+        attn_seq_s=attn_seq_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
+        handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * g.layers,
+        pp=g.pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
+        gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=g.moe_log_curve, moe_table_share=g.moe_table_share,
+        moe=g.moe,
     )
     return _apply_term_scales(coeffs, dict(p.step_scales)) if p.step_scales else coeffs
+
+
+def concat_geometry(parts: Sequence[tuple[StepGeometry, int]]) -> StepGeometry:
+    """Geometries of several instances (`n` candidates each) as one, a candidate per element: one fold prices them all, and
+    every candidate's coefficients are the floats its own geometry folds to (the fold is elementwise)."""
+    values: dict[str, Any] = {}
+    for f in fields(StepGeometry):
+        if f.name == "moe_log_curve":
+            curves = [(g.moe_log_curve, n) for g, n in parts]
+            if all(c is None for c, _ in curves):
+                values[f.name] = None
+            else:
+                values[f.name] = np.concatenate([np.full((n, MOE_GRID), np.nan) if c is None else np.broadcast_to(c, (n, MOE_GRID))
+                                                 for c, n in curves])
+        else:
+            values[f.name] = np.concatenate([np.broadcast_to(np.asarray(getattr(g, f.name)), (n,)) for g, n in parts])
+    return StepGeometry(**values)
 
 
 def _fmax(a: float, b: float) -> float:
@@ -705,11 +931,16 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
     t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
-    if not c.moe:
+    one_kind = isinstance(c.moe, (bool, np.bool_))  # else a flag per candidate (geometries of several models concatenated)
+    if one_kind and not c.moe:
         # A dense model: the expert time and the exchange are +0 exactly (their coefficients are 0), so adding them
         # changes no bit of the sum; skipping them is most of the step's arithmetic.
         return t_linear + (c.tp_s_per_token * micro + c.tp_fixed_s), handoff
     routed = micro * c.dp if moe_tokens is None else maximum(moe_tokens / c.pp, 1.0)
+    own = None  # where `moe_tokens` is NaN: not given for that candidate, so the default gathered count
+    if isinstance(moe_tokens, np.ndarray) and np.isnan(moe_tokens).any():
+        own = np.isnan(moe_tokens)
+        routed = np.where(own, micro * c.dp, routed)
     # Distinct local experts hit by `routed` tokens choosing top-k of E (uniform routing), and the routed tokens a GPU
     # computes: under EP each GPU's share is random and the step waits for the busiest one, mean + z·σ over ep GPUs.
     hit = 1.0 - (1.0 - c.topk / c.experts) ** routed
@@ -727,8 +958,12 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
         measured = _moe_table_s(c.moe_log_curve, routed * c.moe_table_share) * (t_moe / maximum(t_even, 1e-30))
         t_moe = np.where(np.isfinite(measured), measured, t_moe)
     exchanged = micro if moe_tokens is None else routed / c.dp  # the exchange's bytes: a rank's share of the gathered tokens
+    if own is not None:
+        exchanged = np.where(own, micro, exchanged)
     t_comm = c.a2a_s_per_token * exchanged + c.a2a_fixed_s + c.tp_s_per_token * micro + c.tp_fixed_s
-    return t_linear + t_moe + t_comm, handoff
+    if one_kind:
+        return t_linear + t_moe + t_comm, handoff
+    return np.where(c.moe, t_linear + t_moe + t_comm, t_linear + (c.tp_s_per_token * micro + c.tp_fixed_s)), handoff
 
 
 def step_from_token_terms(c: StepCoefficients, base: Any, handoff: Any, prefill_tokens: Any, prefill_pairs: Any,
