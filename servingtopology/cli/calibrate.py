@@ -436,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
             cal = fit_points(history.points, problem, deployment=mine, now_s=history.end_s, half_life_s=args.half_life_days * 86400.0,
                              min_points=args.min_points, sources=(history.source,), source=history.source.path)
             cpu = time.process_time() - t0
-            extra = {"windows": history.windows, "quiet_windows": history.quiet, "window_s": history.window_s}
+            extra = {"windows": history.windows, "quiet_windows": history.quiet, "window_s": history.window_s, "end_s": history.end_s}
         elif not args.results:
             raise InvalidSpec("RESULTS", "give result files (vllm bench, guidellm, recorded runs) or --prometheus URL")
         else:
