@@ -198,3 +198,32 @@ def test_with_topology_the_operators_matchers_and_roles_are_asked(tmp_path: Path
     assert history.points == () and history.windows == 0
     assert asked and all('namespace="ml"' in q and 'servingtopology_io_topology="chat"' in q for q in asked)
     assert any('servingtopology_io_role=~"aggregated|decode"' in q for q in asked)
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "prometheus_history" / "emulated-vllm-1xtp1.json"
+
+
+def test_calibrate_fits_answers_recorded_from_the_real_prometheus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Recorded by e2e/test_prometheus_tls.py: the real Prometheus's answers to calibrate's range queries after four minutes
+    # of the emulator's 2 req/s on a pinned 1×TP1 (the namespace written as NAMESPACE).
+    recorded = json.loads(RECORDED.read_text())
+    asked: list[str] = []
+
+    def replay(head: bytes) -> Answer:
+        query = parse_qs(urlsplit(head.split(b" ", 2)[1].decode()).query)["query"][0]
+        asked.append(query)
+        return json_answer(json.dumps(recorded["answers"][query]).encode())
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(recorded["spec"])
+    out = tmp_path / "cal.yaml"
+    with HostileServer(answer_for=replay) as prom:
+        code = main(["calibrate", "--prometheus", prom.url, "--since", "4m", "--step", "1m", "--topology", "NAMESPACE/trusted",
+                     "--spec", str(spec), "--out", str(out), "--json"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    result = json.loads(printed.out)
+    assert set(asked) == set(recorded["answers"])          # the operator's queries, every one of them, nothing else
+    assert result["fit"]["points_used"] == recorded["points_used"] and result["windows"] == recorded["windows"]
+    assert all(1.0 < p["load"] < 3.0 and p["input_tokens"] > 0 and p["ttft_ms"] > 0 for p in result["points"])
+    assert result["factors"] == pytest.approx(recorded["factors"], rel=1e-6)
