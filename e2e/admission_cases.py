@@ -107,4 +107,8 @@ REFUSED_WHEN_PLANNED: tuple[Case, ...] = (
     Case("pinned-4xtp8-over-8-gpus", (*_PINNED, ("spec.pinned", {"replicas": 4, "tp": 8})), "spec"),
     Case("pinned-pd-over-8-gpus", (*_PINNED, ("spec.pinned", {"kind": "pd", "prefill": {"count": 2, "tp": 4},
                                                                "decode": {"count": 1, "tp": 2}})), "spec"),
+    # DP attention counted as the engine counts it: 2 x TP4 with attention split 4 ways, and a TP2 decoder: 10 GPUs
+    Case("pinned-pd-dp-attention-over-8-gpus", (*_PINNED, ("spec.pinned", {"kind": "pd", "dpAttention": True,
+                                                                            "prefill": {"count": 2, "tp": 4, "dp": 4},
+                                                                            "decode": {"count": 1, "tp": 2}})), "spec"),
 )

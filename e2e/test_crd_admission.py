@@ -54,7 +54,11 @@ def test_the_api_server_refuses_what_the_operator_would_refuse(cluster: LocalClu
 
 
 def test_a_pin_within_the_budget_is_admitted(cluster: LocalCluster, operator: Operator, namespace: str) -> None:
-    for pinned in ({"replicas": 2, "tp": 4}, {"kind": "pd", "prefill": {"count": 1, "tp": 4}, "decode": {"count": 2, "tp": 2}}):
+    for pinned in ({"replicas": 2, "tp": 4}, {"kind": "pd", "prefill": {"count": 1, "tp": 4}, "decode": {"count": 2, "tp": 2}},
+                   # SGLang's spelling of DP attention: tp 4, dp 4 is four GPUs, not sixteen (8 in all, the budget)
+                   {"replicas": 2, "tp": 4, "dp": 4, "dpAttention": True},
+                   {"kind": "pd", "dpAttention": True, "prefill": {"count": 1, "tp": 4, "dp": 4}, "decode": {"count": 1, "tp": 4, "dp": 2}},
+                   {"kind": "pd", "prefill": {"count": 1, "tp": 4, "dp": 4, "dpAttention": True}, "decode": {"count": 2, "tp": 2}}):
         obj = mutated(valid_topology(namespace=namespace), (("spec.policy.mode", "Pinned"), ("spec.pinned", pinned)))
         done = _dry_run(cluster, obj)
         assert done.returncode == 0, done.stderr

@@ -644,15 +644,28 @@ class MetricsSpec(_Api):
         return self
 
 
-def _pinned_gpus_cel() -> str:
-    """CEL for the GPUs of spec.pinned (replicas x tp x pp x dp, or the sum over the pd roles). Every knob has a schema
-    default of 1, which the API server fills in before it evaluates the rule."""
-    def gpus(node: str, count: str) -> str:
-        return " * ".join(f"{node}.{k}" for k in (count, "tp", "pp", "dp"))
+_PINNED_MODE = "!has(self.pinned) || !has(self.policy) || self.policy.mode != 'Pinned'"   # policy.mode has a schema default
+_PINNED_GPUS_MESSAGE = ("spec.pinned takes more GPUs than spec.hardware.maxGPUs (replicas x tp x pp x dp, dp left out under "
+                        "dpAttention, or the sum over prefill and decode)")
 
-    pd = f"{gpus('self.pinned.prefill', 'count')} + {gpus('self.pinned.decode', 'count')}"
-    return (f"(has(self.pinned.kind) && self.pinned.kind == 'pd') ? "
-            f"((has(self.pinned.prefill) && has(self.pinned.decode)) ? {pd} : 0) : {gpus('self.pinned', 'replicas')}")
+
+def _pinned_gpus_cel() -> tuple[str, str]:
+    """CEL for the GPUs of spec.pinned within spec.hardware.maxGPUs, as LayoutSpec.gpus counts them: replicas x tp x pp x dp
+    (kind replicas, the first rule) or the sum over the pd roles (the second), dp left out where dpAttention splits the tp
+    GPUs' attention (SGLang's tp 4, dp 4 is four GPUs; a role's own dpAttention, else the layout's). Two rules, each well
+    under the API server's cost bound. Every knob and the layout's kind and dpAttention have schema defaults, which the API
+    server fills in before it evaluates a rule; a role's dpAttention has none (absent: the layout's)."""
+    def gpus(node: str, count: str, attention: str) -> str:
+        return f"{node}.{count} * {node}.tp * {node}.pp * ({attention} ? 1 : {node}.dp)"
+
+    def role(name: str) -> str:
+        node = f"self.pinned.{name}"
+        return gpus(node, "count", f"(has({node}.dpAttention) ? {node}.dpAttention : self.pinned.dpAttention)")
+
+    replicas = f"{_PINNED_MODE} || self.pinned.kind == 'pd' || {gpus('self.pinned', 'replicas', 'self.pinned.dpAttention')} <= self.hardware.maxGPUs"
+    pd = (f"{_PINNED_MODE} || self.pinned.kind != 'pd' || !has(self.pinned.prefill) || !has(self.pinned.decode) || "
+          f"{role('prefill')} + {role('decode')} <= self.hardware.maxGPUs")
+    return replicas, pd
 
 
 class PoolRef(_Api):
@@ -677,9 +690,8 @@ class TopologySpec(PlanSpec):
          "spec.policy.mode Pinned needs spec.pinned (a layout: kind, replicas, tp, pp or prefill/decode)"),
         # The planner refuses a pin over the budget (its stage-2 rule, as for the CLI's `layout`); the API server says
         # so at once. Products stay far inside int64: at most 4,096 x 64 x 64 x 64 per role.
-        ("!has(self.pinned) || !has(self.policy) || !has(self.policy.mode) || self.policy.mode != 'Pinned' || "
-         f"({_pinned_gpus_cel()}) <= self.hardware.maxGPUs",
-         "spec.pinned takes more GPUs than spec.hardware.maxGPUs (replicas x tp x pp x dp, or the sum over prefill and decode)"),
+        (_pinned_gpus_cel()[0], _PINNED_GPUS_MESSAGE),
+        (_pinned_gpus_cel()[1], _PINNED_GPUS_MESSAGE),
     )
     model: str | None = Field(default=None, min_length=1, max_length=MAX_ID, description="the model: a catalog id or a Hugging Face "
                               "id (meta-llama/Llama-3.1-8B-Instruct); exactly one of model or modelConfigMap")
