@@ -456,17 +456,21 @@ class LocalCluster:
                    on_timeout=child.log_tail)
         return child
 
-    def start_tls_prometheus(self, pki: ServingPki, *, name: str) -> tuple[Child, str]:
+    def start_tls_prometheus(self, pki: ServingPki, *, name: str, client_certificates: bool = False) -> tuple[Child, str]:
         """A second Prometheus with this cluster's configuration (the same PodMonitor jobs, scraping the same pods) that
         serves its API over https only: `--web.config.file` with a tls_server_config holding `pki`'s serving certificate
-        for 127.0.0.1. Returns the process and its https URL; stop it with `supervisor.stop`."""
+        for 127.0.0.1 (and, with `client_certificates`, client_auth_type RequireAndVerifyClientCert against `pki`'s CA).
+        Returns the process and its https URL; stop it with `supervisor.stop`."""
         prometheus_bin = str(self.binaries / "prometheus") if self.binaries else shutil.which("prometheus")
         if prometheus_bin is None:
             raise FileNotFoundError("no prometheus: run e2e/build_control_plane.sh (it builds one with Kubernetes discovery)")
         folder = self.work_dir / name
         folder.mkdir(parents=True, exist_ok=True)
         web = folder / "web.yml"
-        web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(pki.server_crt), "key_file": str(pki.server_key)}}))
+        tls: dict[str, str] = {"cert_file": str(pki.server_crt), "key_file": str(pki.server_key)}
+        if client_certificates:
+            tls |= {"client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki.ca_crt)}
+        web.write_text(yaml.safe_dump({"tls_server_config": tls}))
         port = free_port()
         child = self.supervisor.start(name, [
             prometheus_bin, f"--config.file={self.prometheus_dir / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
@@ -475,6 +479,7 @@ class LocalCluster:
         ])
         url = f"https://127.0.0.1:{port}"
         trusting = ssl.create_default_context(cafile=str(pki.ca_crt))
+        trusting.load_cert_chain(pki.client_crt, pki.client_key)
         wait_until(lambda: child.raise_if_dead() or http_ok(f"{url}/-/ready", context=trusting), timeout_s=60,
                    what=f"{name} /-/ready over https", on_timeout=child.log_tail)
         return child, url

@@ -57,6 +57,8 @@ class Operator:
              # The cluster's Prometheus (and the fault scenarios' stand-ins for it) listen on loopback, outside the chart's
              # default allow-list of in-cluster Services: allow any loopback port (https: the TLS scenario's Prometheus).
              "--set-json", 'operator.prometheusUrlAllowList=["http://127.0.0.1:*","https://127.0.0.1:*"]',
+             # Secrets a resource names for its Prometheus (the TLS scenario's client certificate and key, opted in by label).
+             "--set", "rbac.readSecrets=true",
              "--set", f"operator.timerIntervalSeconds={self.timer_interval_s}", "--set", "operator.logLevel=DEBUG",
              "--create-namespace"],
             check=True, capture_output=True, text=True, timeout=180,

@@ -84,6 +84,8 @@ def add_parser(sub: Any) -> None:
                    "(repeatable), e.g. namespace=ml")
     p.add_argument("--prometheus-ca", metavar="CA.pem", help="with an https --prometheus: the CA bundle its certificate chains to "
                    "(default: the system's CAs)")
+    p.add_argument("--prometheus-cert", metavar="CERT.pem", help="with an https --prometheus that asks for one: a client certificate")
+    p.add_argument("--prometheus-key", metavar="KEY.pem", help="the client certificate's private key (unencrypted PEM)")
     p.add_argument("--spec", required=True, help="the deployment's spec (model, GPU, engine, layout), as plan takes it")
     p.add_argument("--out", required=True, metavar="CAL.yaml", help="where to write the calibration")
     p.add_argument("--half-life-days", type=float, default=DEFAULT_HALF_LIFE_S / 86400.0,
@@ -428,7 +430,8 @@ def run(args: argparse.Namespace) -> int:
             if args.results:
                 raise InvalidSpec("RESULTS", "give result files or --prometheus, not both")
             history = read_history(args.prometheus, problem=problem, layout=layout, since=args.since, step=args.step,
-                                   topology=args.topology, selector=args.selector, ca_file=args.prometheus_ca)
+                                   topology=args.topology, selector=args.selector, ca_file=args.prometheus_ca,
+                                   cert_file=args.prometheus_cert, key_file=args.prometheus_key)
             if len(history.points) < args.min_points:
                 raise CalibrationRefused("TooFewPoints", "--since", no_points_message(history, since=args.since))
             mine, release_from = _measured_release(deployment_of(problem, layout), _Read(), stated=_stated_release(spec))

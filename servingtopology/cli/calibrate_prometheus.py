@@ -15,7 +15,7 @@ Rules it names:
   matching --selector counts, as for engines the operator does not run.
 - NamedOptions: a URL that is refused, unreachable or answers badly names --prometheus and the failure's reason
   (PrometheusTimeout, PrometheusCertificateUntrusted, ...); a history without enough points names --since; a CA file
-  that cannot be used names --prometheus-ca. Exit 2 then, and nothing is written.
+  that cannot be used names --prometheus-ca (a client certificate or key --prometheus-cert / --prometheus-key). Exit 2 then, and nothing is written.
 The calling user's own machine runs the queries, so any address is allowed (no operator allow-list applies), and an
 https URL is verified against the system's CAs or --prometheus-ca.
 """
@@ -35,7 +35,15 @@ from servingtopology.operator.api.resource import duration_s
 from servingtopology.operator.live.history import fetch_history
 from servingtopology.operator.live.metrics import MetricsUnavailable, build_queries, topology_matchers
 from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, ReadLimits
-from servingtopology.operator.live.prometheus_tls import MAX_PEM_BYTES, TlsConfigInvalid, TlsMaterial, client_context
+from servingtopology.operator.live.prometheus_tls import (
+    CA_FIELD,
+    CERT_FIELD,
+    KEY_FIELD,
+    MAX_PEM_BYTES,
+    TlsConfigInvalid,
+    TlsMaterial,
+    client_context,
+)
 from servingtopology.operator.live.url_policy import AddressPolicy, UrlRefused, parse_prometheus_url
 from servingtopology.planner.errors import InsufficientData, InvalidSpec
 from servingtopology.planner.layout import Layout
@@ -98,20 +106,31 @@ def _matchers(topology: str | None, selector: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _client(url_text: str, ca_file: str | None) -> tuple[str, BoundedPrometheus]:
+def _pem_file(option: str, path: str | None) -> str | None:
+    return None if path is None else read_bytes(Path(path), MAX_PEM_BYTES, option).decode("utf-8", "replace")
+
+
+def _client(url_text: str, ca_file: str | None, cert_file: str | None = None, key_file: str | None = None) -> tuple[str, BoundedPrometheus]:
     try:
         url = parse_prometheus_url(url_text)
     except UrlRefused as why:
         raise _option_error("--prometheus", f"{url_text!r} is refused: {why}; spell it scheme://host[:port][/path]") from None
     tls = None
-    if ca_file is not None:
-        if url.scheme != "https":
-            raise _option_error("--prometheus-ca", "is for an https:// --prometheus URL")
-        pem = read_bytes(Path(ca_file), MAX_PEM_BYTES, "--prometheus-ca").decode("utf-8", "replace")
+    given = [o for o, f in (("--prometheus-ca", ca_file), ("--prometheus-cert", cert_file), ("--prometheus-key", key_file)) if f]
+    if given and url.scheme != "https":
+        raise _option_error(given[0], "is for an https:// --prometheus URL")
+    if (cert_file is None) != (key_file is None):
+        raise _option_error("--prometheus-cert" if cert_file is None else "--prometheus-key", "give --prometheus-cert and --prometheus-key together")
+    if given:
+        if ca_file is None:
+            raise _option_error("--prometheus-ca", "give the CA with a client certificate (the system's CAs are used only without one)")
+        material = TlsMaterial(ca_pem=_pem_file("--prometheus-ca", ca_file) or "", cert_pem=_pem_file("--prometheus-cert", cert_file),
+                               key_pem=_pem_file("--prometheus-key", key_file))
         try:
-            tls = client_context(TlsMaterial(ca_pem=pem))
+            tls = client_context(material)
         except TlsConfigInvalid as exc:
-            raise _option_error("--prometheus-ca", f"{ca_file}: {str(exc).split(': ', 1)[-1]}") from None
+            option = {CA_FIELD: "--prometheus-ca", CERT_FIELD: "--prometheus-cert", KEY_FIELD: "--prometheus-key"}[exc.field]
+            raise _option_error(option, str(exc).split(": ", 1)[-1]) from None
     return str(url), BoundedPrometheus(url, limits=ReadLimits(query_s=QUERY_S), tls=tls, addresses=ANY_ADDRESS)
 
 
@@ -128,7 +147,7 @@ def _point(sample: MetricSample, layout: Layout) -> LivePoint | None:
 
 def read_history(url_text: str, *, problem: Problem, layout: Layout, since: str, step: str | None = None,
                  topology: str | None = None, selector: Sequence[str] = (), ca_file: str | None = None,
-                 now_s: float | None = None) -> History:
+                 cert_file: str | None = None, key_file: str | None = None, now_s: float | None = None) -> History:
     """The deployment's points over the last `since` (NamedOptions for every failure)."""
     try:
         since_s = duration_s(since)
@@ -138,7 +157,7 @@ def read_history(url_text: str, *, problem: Problem, layout: Layout, since: str,
         raise _option_error("--since", f"{since!r} must be from {MIN_WINDOW_S} s to {MAX_SINCE_S // 3600} h")
     window_s = _window_s(since_s, step)
     matchers = _matchers(topology, selector)
-    url, client = _client(url_text, ca_file)
+    url, client = _client(url_text, ca_file, cert_file, key_file)
     queries = build_queries(problem.engine, matchers=matchers, window_s=window_s, ttft_quantile=problem.slo.ttft_percentile / 100.0,
                             tpot_quantile=problem.slo.tpot_percentile / 100.0, by_role=topology is not None)
     end_s = float(int(now_s if now_s is not None else time.time()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from e2e.hostile_prometheus import Answer, HostileServer, json_answer
+from e2e.pki import make_serving_pki
 from servingtopology.cli import calibrate_prometheus
 from servingtopology.cli.calibrate_prometheus import read_history
 from servingtopology.cli.main import main
@@ -133,6 +135,9 @@ def test_calibrate_fits_the_history_the_operator_reads_and_plan_takes_the_file(t
     (["--prometheus", "http://127.0.0.1:1", "--prometheus-ca", "/dev/null"], "--prometheus-ca", "https"),
     (["--prometheus", "http://127.0.0.1:1", "--topology", "chat"], "--topology", "NAMESPACE/NAME"),
     (["--prometheus", "http://127.0.0.1:1", "--selector", "bad label=x"], "--selector", "LABEL=VALUE"),
+    (["--prometheus", "https://127.0.0.1:1", "--prometheus-cert", "/dev/null"], "--prometheus-key", "together"),
+    (["--prometheus", "https://127.0.0.1:1", "--prometheus-cert", "/dev/null", "--prometheus-key", "/dev/null"], "--prometheus-ca",
+     "give the CA"),
     ([], "RESULTS", "--prometheus"),
 ])
 def test_each_bad_option_exits_2_naming_it_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
@@ -227,3 +232,23 @@ def test_calibrate_fits_answers_recorded_from_the_real_prometheus(tmp_path: Path
     assert result["fit"]["points_used"] == recorded["points_used"] and result["windows"] == recorded["windows"]
     assert all(1.0 < p["load"] < 3.0 and p["input_tokens"] > 0 and p["ttft_ms"] > 0 for p in result["points"])
     assert result["factors"] == pytest.approx(recorded["factors"], rel=1e-6)
+
+
+def test_an_https_prometheus_asking_for_a_client_certificate_is_read_with_the_one_given(tmp_path: Path,
+                                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    pki = make_serving_pki(tmp_path / "pki")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(pki.server_crt, pki.server_key)
+    server.verify_mode = ssl.CERT_REQUIRED
+    server.load_verify_locations(pki.ca_crt)
+    spec = _spec(tmp_path)
+    out = tmp_path / "cal.yaml"
+    args = ["--since", "2h", "--step", "10m", "--selector", "namespace=ml", "--spec", spec, "--out", str(out)]
+    with HostileServer(answer_for=_Recorded(spec, RATES_RPS), tls=server) as prom:
+        assert main(["calibrate", "--prometheus", prom.url, *args]) == 2      # the system's CAs: untrusted
+        assert "PrometheusCertificateUntrusted" in capsys.readouterr().err and not prom.heads
+        assert main(["calibrate", "--prometheus", prom.url, "--prometheus-ca", str(pki.ca_crt), *args]) == 2
+        assert "PrometheusTLSFailed" in capsys.readouterr().err and not prom.heads and not out.exists()
+        assert main(["calibrate", "--prometheus", prom.url, "--prometheus-ca", str(pki.ca_crt), "--prometheus-cert", str(pki.client_crt),
+                     "--prometheus-key", str(pki.client_key), *args]) == 0
+    assert yaml.safe_load(out.read_text())["fit"]["points_used"] == 10
