@@ -17,13 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REFUSAL_CODES", "MESSAGE_CHARS", "RECHECK_BASE_S", "RECHECK_CAP_S", "AdmissionRefusal", "refusal_from_answer",
-           "object_digest", "recheck_after_s", "AdmissionMemo"]
+__all__ = ["REFUSAL_CODES", "TYPED_PATCH_REFUSAL", "MESSAGE_CHARS", "RECHECK_BASE_S", "RECHECK_CAP_S", "AdmissionRefusal",
+           "is_refusal", "refusal_from_answer", "object_digest", "recheck_after_s", "AdmissionMemo"]
 
 # HTTP codes that are the API server's verdict on the object (validation 422, an admission plugin or webhook, a quota or
 # a policy 403, a malformed object 400, too large 413): the same object gets the same answer until it or the cluster's
-# admission changes. Anything else (5xx, 429, 409, timeouts) is transient and retried as an API failure.
+# admission changes. Anything else (5xx, 429, 409, timeouts) is transient and retried as an API failure, save one 500:
 REFUSAL_CODES = frozenset({400, 403, 413, 422})
+# TypedPatchRefused: a server-side apply whose object the API server's typed schema cannot hold (a string where a list
+# belongs: `capabilities.add: IPC_LOCK` in a template's open securityContext) is answered 500 with this Status message
+# (apiserver's fieldmanager), every time for the same object: a verdict, not an outage.
+TYPED_PATCH_REFUSAL = "failed to create typed patch object"
 MESSAGE_CHARS = 600          # of one object's refusal message (a Status message lists every invalid field)
 RECHECK_BASE_S = 60.0        # a refused object is dry-run again after 60 s, 120 s, ... (the cluster's admission may change)
 RECHECK_CAP_S = 900.0        # ... at most every 15 min
@@ -42,6 +46,20 @@ class AdmissionRefusal:
 
     def __str__(self) -> str:
         return f"{self.object}: {self.reason} ({self.code}): {self.message}"
+
+
+def is_refusal(*, code: int, body: str | bytes | None) -> bool:
+    """Whether an error answer is the API server's verdict on the object (REFUSAL_CODES, or a 500 TYPED_PATCH_REFUSAL)
+    rather than a failure to retry."""
+    if code in REFUSAL_CODES:
+        return True
+    if code != 500 or not body:
+        return False
+    try:
+        status = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(status, Mapping) and status.get("kind") == "Status" and TYPED_PATCH_REFUSAL in str(status.get("message"))
 
 
 def refusal_from_answer(object_name: str, *, code: int, http_reason: str, body: str | bytes | None) -> AdmissionRefusal:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from servingtopology.operator.cluster.admission import REFUSAL_CODES, AdmissionMemo, AdmissionRefusal, object_digest, refusal_from_answer
+from servingtopology.operator.cluster.admission import AdmissionMemo, AdmissionRefusal, is_refusal, object_digest, refusal_from_answer
 from servingtopology.operator.render.manifests import API_VERSION, KIND, LWS_API_VERSION, MANAGED_BY, TOPOLOGY_LABEL
 from servingtopology.operator.render.tenancy import STRICT, TenancyPolicy, secret_refusal
 
@@ -366,11 +366,11 @@ class KubeCluster:
 
 
 def _refusal(exc: ClusterError, ref: ObjectRef) -> AdmissionRefusal | None:
-    """The API server's refusal of `ref` when `exc` is one (a Status with a code of REFUSAL_CODES), else None."""
+    """The API server's refusal of `ref` when `exc` is one (admission.py `is_refusal`), else None."""
     from kubernetes.dynamic.exceptions import DynamicApiError
 
     cause = exc.__cause__
-    if not isinstance(cause, DynamicApiError) or cause.status not in REFUSAL_CODES:
+    if not isinstance(cause, DynamicApiError) or not is_refusal(code=int(cause.status or 0), body=cause.body):
         return None
     return refusal_from_answer(str(ref), code=int(cause.status), http_reason=str(cause.reason or ""), body=cause.body)
 

@@ -16,6 +16,7 @@ from servingtopology.operator.cluster.admission import (
     MESSAGE_CHARS,
     AdmissionMemo,
     AdmissionRefusal,
+    is_refusal,
     object_digest,
     recheck_after_s,
     refusal_from_answer,
@@ -107,3 +108,15 @@ def test_a_refusal_shows_the_status_message_only_never_a_page_or_headers() -> No
     assert str(page) == "Deployment/x: Bad Request (400): 400 Bad Request"
     long = refusal_from_answer("D/x", code=422, http_reason="", body=json.dumps({**status, "message": "x" * 5000}))
     assert len(long.message) == MESSAGE_CHARS
+
+
+def test_only_a_verdict_on_the_object_is_a_refusal_a_server_error_is_not() -> None:
+    def status(code: int, message: str) -> str:
+        return json.dumps({"kind": "Status", "status": "Failure", "code": code, "reason": "X", "message": message})
+
+    assert all(is_refusal(code=code, body=status(code, "no")) for code in (400, 403, 413, 422))
+    typed = "Internal error occurred: failed to create typed patch object (apps/v1, Kind=Deployment) d/x: duplicate entries"
+    assert is_refusal(code=500, body=status(500, typed))                    # TypedPatchRefused: the same answer every time
+    assert not is_refusal(code=500, body=status(500, "etcdserver: request timed out"))
+    assert not is_refusal(code=500, body=f"<html>{typed}</html>")          # not the API server's Status
+    assert not is_refusal(code=503, body=status(503, typed)) and not is_refusal(code=500, body=None)

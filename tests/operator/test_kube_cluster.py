@@ -278,3 +278,23 @@ def test_a_server_error_in_a_dry_run_is_transient_and_says_only_its_code_and_mes
     assert str(failed.value) == "500 InternalError: etcd is down"          # no headers, body or traceback
     with pytest.raises(ClusterError):
         cluster.admit(_deployment("x"))                                  # not remembered: tried again next pass
+
+
+# What the API server (v1.35.4, the e2e control plane) answers a server-side apply whose object its typed schema cannot
+# hold (here: two environment variables of one name in a sidecar, a list keyed by name): a 500 with no Status reason, the
+# same every time for the same object.
+TYPED_PATCH = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
+               "message": "failed to create typed patch object (default/dup; apps/v1, Kind=Deployment): "
+                          '.spec.template.spec.containers[name="sidecar"].env: duplicate entries for key [name="A"]'}
+
+
+def test_an_object_the_typed_schema_cannot_hold_is_a_refusal_remembered_not_an_outage_retried_every_pass(api: str) -> None:
+    cluster = kube(api)
+    FakeApi.refusals = {"dup": TYPED_PATCH}
+    refusal = cluster.admit(_deployment("dup"))
+    assert refusal is not None and (refusal.code, refusal.reason) == (500, "Internal Server Error")
+    assert str(refusal) == f"Deployment/dup: Internal Server Error (500): {TYPED_PATCH['message']}"
+    FakeApi.patches.clear()
+    assert cluster.admit(_deployment("dup")) == refusal and not FakeApi.patches      # remembered: no dry-run every pass
+    with pytest.raises(AdmissionRefused):
+        cluster.apply(_deployment("dup"))
