@@ -107,6 +107,23 @@ def _fields(template: Any, path: str = "") -> set[str]:
     return {path} | {f for k, v in template.items() for f in _fields(v, f"{path}.{k}" if path else str(k))}
 
 
+def off_schema(value: Any, schema: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]], path: str = "") -> list[str]:
+    """The fields of `value` that its OpenAPI schema (followed through `$ref`/`allOf`, `items`, `additionalProperties`)
+    does not name: the strategy's claim that it draws only what the API server's schema holds."""
+    refs = [schema.get("$ref")] + [s.get("$ref") for s in schema.get("allOf", [])]
+    ref = next((r for r in refs if r), None)
+    if ref is not None:
+        return off_schema(value, schemas.get(str(ref).rsplit("/", 1)[-1], {}), schemas, path)
+    if isinstance(value, list) and "items" in schema:
+        return [f for item in value for f in off_schema(item, schema["items"], schemas, f"{path}[]")]
+    if isinstance(value, Mapping) and "properties" in schema:
+        props = schema["properties"]
+        return [f for k, v in value.items() for f in ([f"{path}.{k}"] if k not in props else off_schema(v, props[k], schemas, f"{path}.{k}"))]
+    if isinstance(value, Mapping) and "additionalProperties" in schema:
+        return [f for k, v in value.items() for f in off_schema(v, schema["additionalProperties"], schemas, f"{path}[{k}]")]
+    return []
+
+
 def _quantity(value: Any) -> float:
     from kubernetes.utils.quantity import parse_quantity
 
@@ -282,6 +299,9 @@ def test_every_template_the_policy_admits_renders_pods_the_api_server_accepts_wi
     @given(template=pod_templates(schemas), place=st.sampled_from(PLACES))
     def one(template: dict[str, Any], place: str) -> None:
         outcomes["templates"] += 1
+        outside = off_schema(template, schemas["io.k8s.api.core.v1.PodTemplateSpec"], schemas)
+        if outside:
+            defects.append(f"the strategy drew fields the schema does not name {outside}: {json.dumps(template)}")
         obj = resource(namespace, template, place)
         code, reason, answer = server.dry_run(f"/apis/servingtopology.io/v1alpha1/namespaces/{namespace}/servingtopologies", obj)
         if code:
@@ -382,3 +402,12 @@ def test_a_template_the_typed_schema_cannot_hold_is_an_admission_refusal_not_an_
     assert 'duplicate entries for key [name="A"]' in refusal.message, refusal
     assert server.operator.admit(deployment) == refusal and server.operator.dry_runs == {"refused": 1}   # remembered
     print(f"\n{refusal}")
+
+
+def test_the_schema_reader_sees_a_field_the_schema_does_not_name() -> None:
+    schemas = {"P": {"properties": {"spec": {"allOf": [{"$ref": "#/components/schemas/S"}]}}},
+               "S": {"properties": {"containers": {"type": "array", "items": {"$ref": "#/components/schemas/C"}}}},
+               "C": {"properties": {"name": {"type": "string"}, "resources": {"type": "object", "additionalProperties": {"type": "string"}}}}}
+    assert off_schema({"spec": {"containers": [{"name": "a", "resources": {"x": "1"}}]}}, schemas["P"], schemas) == []
+    assert off_schema({"spec": {"containers": [{"name": "a", "devices": []}], "hostX": 1}}, schemas["P"], schemas) == [
+        ".spec.containers[].devices", ".spec.hostX"]
