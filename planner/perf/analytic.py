@@ -32,7 +32,7 @@ from servingtopology.planner.perf.step import StepCoefficients, evaluate_step_s,
 from servingtopology.planner.workload import Workload
 
 __all__ = ["RoleEstimate", "LoadShape", "load_shape", "estimate_aggregated", "estimate_prefill", "estimate_decode",
-           "FIXED_POINT_ITERATIONS"]
+           "role_coefficients", "FIXED_POINT_ITERATIONS"]
 
 FIXED_POINT_ITERATIONS = 8
 # Relative spread of per-request mean TPOT per unit of the normal quantile (chunked-prefill steps are
@@ -106,6 +106,13 @@ def _coefficients(c: _Ctx, kv: KvDtype, tp: Any, pp: Any, dp: Any, moe_ep: Any =
     return step_coefficients(c.model, c.gpu, precision=c.precision, kv_dtype=kv, engine=c.engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep)
 
 
+def role_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, tp: Any, pp: Any,
+                      dp: Any, moe_ep: Any = None) -> StepCoefficients:
+    """The step model's constants of these rows, as each estimate folds them (`moe_ep` as `_coefficients` reads it): a
+    caller evaluating the same rows at many rates (a bisection) folds them once and passes them as `coefficients`."""
+    return _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep)
+
+
 def _f(co: StepCoefficients, pf: Any, pairs: Any, dec: Any, ctx: Any) -> Any:
     """perf.step_time_s on folded coefficients (the same arithmetic)."""
     return evaluate_step_s(co, prefill_tokens=np.asarray(pf, dtype=float), prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx)
@@ -128,11 +135,11 @@ def _pairs(pf: Any, shape: LoadShape) -> Any:
 
 def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
                         rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any,
-                        max_num_batched_tokens: Any, pool_tokens: Any, moe_ep: Any = None) -> RoleEstimate:
+                        max_num_batched_tokens: Any, pool_tokens: Any, moe_ep: Any = None,
+                        coefficients: StepCoefficients | None = None) -> RoleEstimate:
     """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank; `moe_ep` as
     `_coefficients` reads it."""
-    c = _Ctx(model, gpu, precision, engine)
-    co = _coefficients(c, kv, tp, pp, dp, moe_ep)
+    co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
     max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip, o, ctx_mean = shape.computed_input_tokens, shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
@@ -167,11 +174,10 @@ def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, eng
 
 
 def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
-                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any,
-                     moe_ep: Any = None) -> RoleEstimate:
+                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any, moe_ep: Any = None,
+                     coefficients: StepCoefficients | None = None) -> RoleEstimate:
     """Prefill-only instances of a PD layout: TTFT here excludes the KV transfer and the first decode step."""
-    c = _Ctx(model, gpu, precision, engine)
-    co = _coefficients(c, kv, tp, pp, dp, moe_ep)
+    co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
     max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip = shape.computed_input_tokens
     lam = rate_rps / (count * dp)
@@ -189,11 +195,10 @@ def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine
 
 
 def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
-                    rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any,
-                    moe_ep: Any = None) -> RoleEstimate:
+                    rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any, moe_ep: Any = None,
+                    coefficients: StepCoefficients | None = None) -> RoleEstimate:
     """Decode-only instances of a PD layout: `ttft_s` holds their first step (added to the prefill side)."""
-    c = _Ctx(model, gpu, precision, engine)
-    co = _coefficients(c, kv, tp, pp, dp, moe_ep)
+    co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
     o, ctx_mean = shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
     b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)

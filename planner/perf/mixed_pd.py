@@ -23,12 +23,12 @@ import numpy as np
 
 from servingtopology.planner.engines.caps import pd_rule_violation, problem_caps
 from servingtopology.planner.hardware import Gpu, resolve_gpu
-from servingtopology.planner.layout import Layout, LayoutKind, Role
-from servingtopology.planner.perf.analytic import estimate_decode, estimate_prefill, load_shape
+from servingtopology.planner.layout import KvDtype, Layout, LayoutKind, Role
+from servingtopology.planner.perf.analytic import estimate_decode, estimate_prefill, load_shape, role_coefficients
 from servingtopology.planner.perf.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
 from servingtopology.planner.perf.memory_fit import memory_refusal
 from servingtopology.planner.perf.predict import BISECTION_STEPS, front_end_s
-from servingtopology.planner.perf.step import perf_params
+from servingtopology.planner.perf.step import StepCoefficients, perf_params
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
 
@@ -151,21 +151,47 @@ def _arrays(layouts: Sequence[Layout], role: Role) -> dict[str, Any]:
             "ep": np.array([r.parallelism.moe_ep for r in rs], dtype=np.float64)}
 
 
-def mixed_figures(problem: Problem, layouts: Sequence[Layout], rates_rps: Any, *, prefill_gpu: Gpu, decode_gpu: Gpu,
-                  link_gbit: float, decode_pool_tokens: Any = None) -> MixedFigures:
-    """Analytical figures of mixed-kind PD layouts (one KV dtype: the decode role's of the first) at one rate each;
-    `decode_pool_tokens` (per layout) saves recomputing the decode pools."""
-    shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
-    rate = np.asarray(rates_rps, dtype=np.float64)
+@dataclass(frozen=True, slots=True)
+class _Packed:
+    """What mixed_figures derives from the layouts alone (role arrays, decode pools, step coefficients): a bisection
+    derives it once and asks for figures at every rate."""
+
+    kv: KvDtype
+    prefill: dict[str, Any]
+    decode: dict[str, Any]
+    pool: Any
+    prefill_coefficients: StepCoefficients
+    decode_coefficients: StepCoefficients
+
+
+def _pack(problem: Problem, layouts: Sequence[Layout], *, prefill_gpu: Gpu, decode_gpu: Gpu, decode_pool_tokens: Any) -> _Packed:
     kv = layouts[0].roles[Role.DECODE].knobs.kv_dtype
     p, d = _arrays(layouts, Role.PREFILL), _arrays(layouts, Role.DECODE)
     pool = decode_pool_tokens if decode_pool_tokens is not None else \
         np.array([_pool(problem, decode_gpu, lay, Role.DECODE) for lay in layouts], dtype=np.float64)
     m, pe, en = problem.model, problem.precision, problem.engine
+    return _Packed(kv, p, d, pool, role_coefficients(m, prefill_gpu, precision=pe, engine=en, kv=kv, tp=p["tp"], pp=p["pp"], dp=p["dp"],
+                                                      moe_ep=p["ep"]),
+                   role_coefficients(m, decode_gpu, precision=pe, engine=en, kv=kv, tp=d["tp"], pp=d["pp"], dp=d["dp"], moe_ep=d["ep"]))
+
+
+def mixed_figures(problem: Problem, layouts: Sequence[Layout], rates_rps: Any, *, prefill_gpu: Gpu, decode_gpu: Gpu,
+                  link_gbit: float, decode_pool_tokens: Any = None) -> MixedFigures:
+    """Analytical figures of mixed-kind PD layouts (one KV dtype: the decode role's of the first) at one rate each;
+    `decode_pool_tokens` (per layout) saves recomputing the decode pools."""
+    packed = _pack(problem, layouts, prefill_gpu=prefill_gpu, decode_gpu=decode_gpu, decode_pool_tokens=decode_pool_tokens)
+    return _figures(problem, packed, rates_rps, prefill_gpu=prefill_gpu, decode_gpu=decode_gpu, link_gbit=link_gbit)
+
+
+def _figures(problem: Problem, packed: _Packed, rates_rps: Any, *, prefill_gpu: Gpu, decode_gpu: Gpu, link_gbit: float) -> MixedFigures:
+    shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
+    rate = np.asarray(rates_rps, dtype=np.float64)
+    kv, p, d, pool = packed.kv, packed.prefill, packed.decode, packed.pool
+    m, pe, en = problem.model, problem.precision, problem.engine
     ep = estimate_prefill(m, prefill_gpu, precision=pe, engine=en, kv=kv, shape=shape, rate_rps=rate, tp=p["tp"], pp=p["pp"], dp=p["dp"],
-                          count=p["count"], max_num_batched_tokens=p["mnbt"], moe_ep=p["ep"])
+                          count=p["count"], max_num_batched_tokens=p["mnbt"], coefficients=packed.prefill_coefficients)
     ed = estimate_decode(m, decode_gpu, precision=pe, engine=en, kv=kv, shape=shape, rate_rps=rate, tp=d["tp"], pp=d["pp"], dp=d["dp"],
-                         count=d["count"], max_num_seqs=d["mns"], pool_tokens=pool, moe_ep=d["ep"])
+                         count=d["count"], max_num_seqs=d["mns"], pool_tokens=pool, coefficients=packed.decode_coefficients)
     transfer = float(kv_link_transfer_s(problem, shape.input_tokens, link_gbit=link_gbit))
     link = p["count"] / transfer   # one transfer at a time per prefill instance (the simulator's FIFO link)
     ttft = ep.ttft_s + transfer + ed.ttft_s + front_end_s(problem, disaggregated=True)
@@ -178,14 +204,17 @@ def mixed_slo_capacity_rps(problem: Problem, layouts: Sequence[Layout], *, prefi
     if not layouts:
         return np.zeros(0)
     pool = np.array([_pool(problem, decode_gpu, lay, Role.DECODE) for lay in layouts], dtype=np.float64)
-    kw = dict(prefill_gpu=prefill_gpu, decode_gpu=decode_gpu, link_gbit=link_gbit, decode_pool_tokens=pool)
+    packed = _pack(problem, layouts, prefill_gpu=prefill_gpu, decode_gpu=decode_gpu, decode_pool_tokens=pool)
+
+    def figures(rate: Any) -> MixedFigures:
+        return _figures(problem, packed, rate, prefill_gpu=prefill_gpu, decode_gpu=decode_gpu, link_gbit=link_gbit)
 
     def meets(rate: Any) -> Any:
-        f = mixed_figures(problem, layouts, rate, **kw)   # type: ignore[arg-type]
+        f = figures(rate)
         return meets_slo_and_load(problem.slo, ttft_s=f.ttft_s, tpot_s=f.tpot_s, rate_rps=rate, capacity_rps=f.capacity_rps,
                                   margin=SLO_MARGIN, load_margin=LOAD_MARGIN)
 
-    hi = np.asarray(mixed_figures(problem, layouts, np.full(len(layouts), 1e-3), **kw).capacity_rps, dtype=np.float64)   # type: ignore[arg-type]
+    hi = np.asarray(figures(np.full(len(layouts), 1e-3)).capacity_rps, dtype=np.float64)
     hi = np.where(np.isfinite(hi), hi, 0.0)
     lo = np.zeros(len(layouts))
     floor = np.maximum(hi * 1e-3, 1e-6)

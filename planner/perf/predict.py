@@ -15,10 +15,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from servingtopology.planner.layout import KvDtype, Layout, LayoutKind, Role
-from servingtopology.planner.perf.analytic import LoadShape, estimate_aggregated, estimate_decode, estimate_prefill, load_shape
+from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role
+from servingtopology.planner.perf.analytic import (
+    LoadShape,
+    estimate_aggregated,
+    estimate_decode,
+    estimate_prefill,
+    load_shape,
+    role_coefficients,
+)
 from servingtopology.planner.perf.memory import kv_pool_tokens, max_request_tokens
-from servingtopology.planner.perf.step import kv_transfer_s, request_overhead_s
+from servingtopology.planner.perf.step import StepCoefficients, kv_transfer_s, request_overhead_s
 from servingtopology.planner.problem import Prediction, Problem
 from servingtopology.planner.slo import meets_slo_and_load, meets_slo_ms
 
@@ -68,6 +75,7 @@ class _Group:
     roles: dict[Role, dict[str, FloatArray]]
     pool: FloatArray
     transfer_s: FloatArray
+    coefficients: dict[Role, StepCoefficients]    # folded once per pack, for every rate the figures are asked at
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,18 +92,31 @@ def _pack(problem: Problem, layouts: Sequence[Layout]) -> _Packed:
         main = lay.roles.get(Role.DECODE) or lay.roles[Role.AGGREGATED]
         buckets.setdefault((lay.kind, main.knobs.kv_dtype), []).append(i)
     groups = []
+    pools: dict[tuple[Parallelism, EngineKnobs], int] = {}      # one pool per (parallelism, knobs), however many counts share it
+
+    def pool_of(lay: Layout, role: Role) -> int:
+        r = lay.roles[role]
+        key = (r.parallelism, r.knobs)
+        if key not in pools:
+            pools[key] = _pool(problem, lay, role)
+        return pools[key]
+
     for (kind, kv), idx in buckets.items():
         members = [layouts[i] for i in idx]
         if kind is LayoutKind.REPLICAS:
             roles = {Role.AGGREGATED: _role_arrays(members, Role.AGGREGATED)}
-            pool = np.array([_pool(problem, lay, Role.AGGREGATED) for lay in members], dtype=np.float64)
+            pool = np.array([pool_of(lay, Role.AGGREGATED) for lay in members], dtype=np.float64)
             transfer = np.zeros(len(members))
         else:
             roles = {Role.PREFILL: _role_arrays(members, Role.PREFILL), Role.DECODE: _role_arrays(members, Role.DECODE)}
-            pool = np.array([_pool(problem, lay, Role.DECODE) for lay in members], dtype=np.float64)
-            transfer = np.array([kv_transfer_s(problem.model, problem.gpu, kv_dtype=kv, tokens=shape.input_tokens,
-                                               same_node=lay.gpus <= problem.gpu.gpus_per_node) for lay in members], dtype=np.float64)
-        groups.append(_Group(kind, kv, np.asarray(idx, dtype=np.int64), roles, pool, transfer))
+            pool = np.array([pool_of(lay, Role.DECODE) for lay in members], dtype=np.float64)
+            same_node = [lay.gpus <= problem.gpu.gpus_per_node for lay in members]
+            moved = {same: kv_transfer_s(problem.model, problem.gpu, kv_dtype=kv, tokens=shape.input_tokens, same_node=same)
+                     for same in sorted(set(same_node))}    # one transfer time within a node, one across nodes
+            transfer = np.array([moved[same] for same in same_node], dtype=np.float64)
+        co = {role: role_coefficients(problem.model, problem.gpu, precision=problem.precision, engine=problem.engine, kv=kv, tp=a["tp"],
+                                      pp=a["pp"], dp=a["dp"], moe_ep=a["ep"]) for role, a in roles.items()}
+        groups.append(_Group(kind, kv, np.asarray(idx, dtype=np.int64), roles, pool, transfer, co))
     return _Packed(shape, tuple(groups), len(layouts))
 
 
@@ -116,14 +137,15 @@ def _figures(problem: Problem, packed: _Packed, rates: FloatArray) -> Figures:
             a = grp.roles[Role.AGGREGATED]
             e = estimate_aggregated(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=a["tp"], pp=a["pp"],
                                     dp=a["dp"], count=a["count"], max_num_seqs=a["mns"], max_num_batched_tokens=a["mnbt"], pool_tokens=grp.pool,
-                                    moe_ep=a["ep"])
+                                    coefficients=grp.coefficients[Role.AGGREGATED])
             cols = (e.ttft_s + front_end_s(problem, disaggregated=False), e.tpot_s, e.tpot_mean_s, e.capacity_rps)
         else:
             p, d = grp.roles[Role.PREFILL], grp.roles[Role.DECODE]
             ep = estimate_prefill(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=p["tp"], pp=p["pp"],
-                                  dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"], moe_ep=p["ep"])
+                                  dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"], coefficients=grp.coefficients[Role.PREFILL])
             ed = estimate_decode(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=d["tp"], pp=d["pp"],
-                                 dp=d["dp"], count=d["count"], max_num_seqs=d["mns"], pool_tokens=grp.pool, moe_ep=d["ep"])
+                                 dp=d["dp"], count=d["count"], max_num_seqs=d["mns"], pool_tokens=grp.pool,
+                                 coefficients=grp.coefficients[Role.DECODE])
             ttft = ep.ttft_s + grp.transfer_s + ed.ttft_s + front_end_s(problem, disaggregated=True)
             cols = (ttft, ed.tpot_s, ed.tpot_mean_s, np.minimum(ep.capacity_rps, ed.capacity_rps))
         for o, v in zip(out, (*cols, grp.pool), strict=True):

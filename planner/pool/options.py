@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from servingtopology.planner.search.funnel import run_funnel
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
 from servingtopology.planner.workload import Workload
 
-__all__ = ["MemberOptions", "MemberRequest", "member_options", "build_pool", "PROBE_GPUS", "STRUCTURES_KEPT"]
+__all__ = ["MemberOptions", "MemberRequest", "SharedWork", "member_options", "build_pool", "PROBE_GPUS", "STRUCTURES_KEPT"]
 
 PROBE_GPUS = 64          # the funnel's budget when probing a kind for structures
 STRUCTURES_KEPT = 6      # distinct structures scaled per kind (plus the smallest one)
@@ -58,7 +58,7 @@ def _probe(problem: Problem, budget: int) -> tuple[list[Layout], str]:
             for s in res.survivors:
                 seen.setdefault(s.layout.structure, s.layout)
             ordered = list(seen.values())
-            smallest = min(ordered, key=lambda lay: (lay.gpus, ordered.index(lay)))
+            smallest = ordered[min(range(len(ordered)), key=lambda i: (ordered[i].gpus, i))]
             kept = ordered[:STRUCTURES_KEPT]
             if smallest not in kept:
                 kept.append(smallest)
@@ -195,17 +195,36 @@ def _mixed_options(problem: Problem, a: GpuKind, b: GpuKind, budget: int) -> tup
     return out, "", first
 
 
-def member_options(problem: Problem, kinds: Sequence[GpuKind], *, cap_gpus: int, mixed: bool = True) -> MemberOptions:
+@dataclass(frozen=True, slots=True)
+class SharedWork:
+    """SameWorkOnce: the options of a member problem (by its repr: every field, floats to the last bit) on one kind or
+    kind pair within one budget, derived once per pool and reused by every member asking the same (a pool often holds
+    several members of one model and workload, at other priorities or names). Lives for one build_pool call."""
+
+    kinds: dict[tuple[str, str, int], tuple[list[MemberOption], str]] = field(default_factory=dict)
+    pairs: dict[tuple[str, str, str, int], tuple[list[MemberOption], str, MixedRefusal | None]] = field(default_factory=dict)
+
+
+def member_options(problem: Problem, kinds: Sequence[GpuKind], *, cap_gpus: int, mixed: bool = True,
+                   shared: SharedWork | None = None) -> MemberOptions:
     """Every option of one member (its Problem: model, engine, workload, SLO, search; its gpu and max_gpus are replaced)
-    on the pool's kinds, within `cap_gpus` GPUs in all."""
+    on the pool's kinds, within `cap_gpus` GPUs in all.
+
+    `shared` (one per pool, from build_pool): the options already derived for the same member problem on the same kind
+    (or kind pair) within the same budget, reused rather than searched again (SameWorkOnce)."""
     options: list[MemberOption] = []
     notes: list[str] = []
     refusals: list[tuple[str, MixedRefusal]] = []
+    work = SharedWork() if shared is None else shared
+    who = repr(problem)
     for kind in kinds:
         budget = min(cap_gpus, kind.count)
         if budget <= 0:
             continue
-        got, why = _kind_options(problem, kind, budget)
+        key = (who, repr(kind), budget)
+        if key not in work.kinds:
+            work.kinds[key] = _kind_options(problem, kind, budget)
+        got, why = work.kinds[key]
         options += got
         if why:
             notes.append(why)
@@ -216,7 +235,10 @@ def member_options(problem: Problem, kinds: Sequence[GpuKind], *, cap_gpus: int,
                     continue
                 if problem.search.layouts and LayoutKind.PD not in problem.search.layouts:
                     continue
-                got, why, refused = _mixed_options(problem, a, b, cap_gpus)
+                pair = (who, repr(a), repr(b), cap_gpus)
+                if pair not in work.pairs:
+                    work.pairs[pair] = _mixed_options(problem, a, b, cap_gpus)
+                got, why, refused = work.pairs[pair]
                 options += got
                 if why:
                     notes.append(why)
@@ -244,9 +266,10 @@ def build_pool(kinds: Sequence[GpuKind], members: Sequence[MemberRequest], *, ob
     fits no kind (the notes say why for each kind). `max_kinds_per_member` bounds the GPU kinds one member's parts use."""
     out: list[PoolMember] = []
     found: dict[str, MemberOptions] = {}
+    shared = SharedWork()
     for i, m in enumerate(members):
         mine = [k for k in kinds if m.kinds is None or k.name in m.kinds]
-        mo = member_options(m.problem, mine, cap_gpus=m.cap_gpus, mixed=mixed)
+        mo = member_options(m.problem, mine, cap_gpus=m.cap_gpus, mixed=mixed, shared=shared)
         if not mo.options:
             raise InvalidSpec(f"members[{i}]", f"member {m.name!r} ({m.problem.model.name}) fits no GPU kind of the pool: " + "; ".join(mo.notes))
         found[m.name] = mo

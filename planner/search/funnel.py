@@ -36,6 +36,7 @@ from servingtopology.planner.search.tables import (
     KnobAxes,
     PdCandidates,
     ReplicaCandidates,
+    RoleParts,
     UnitTable,
     add_reason,
     knob_axes,
@@ -577,13 +578,18 @@ def _pick(s: Sieve, *, keep: int) -> tuple[Survivor, ...]:
     PD candidates are built only up to γ GPUs (γ = 8, 16, 32, … the budget) until `keep` picks lie within γ."""
     p = s.problem
     chosen = _fewest_gpus(s, keep=keep, min_per_gpu=0.0)
+    built: dict[tuple[int, ...], Layout] = {}
+    parts = RoleParts()
     if p.objective is not Objective.MIN_GPUS and len(chosen.kind):
-        layouts = [_layout_of(s, chosen, i) for i in range(len(chosen.kind))]
+        layouts = _layouts_of(s, chosen, built, parts)
         best = float(np.max(slo_capacity_rps(p, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN) / chosen.gpus))
         floor = _round_sig(np.array([(1.0 - RANK_TOLERANCE) * best / LOAD_MARGIN * (1.0 - TIE_SLACK)]))[0]
         if floor > 0:
             chosen = _fewest_gpus(s, keep=keep, min_per_gpu=float(floor))
-    return tuple(_survivor(s, chosen, i) for i in range(len(chosen.kind)))
+    out = []
+    for lay, (ttft, tpot, tpm, cap, pool) in zip(_layouts_of(s, chosen, built, parts), chosen.figures.tolist(), strict=True):
+        out.append(Survivor(lay, float(ttft), float(tpot), float(tpm), float(cap), int(pool)))
+    return tuple(out)
 
 
 def _fewest_gpus(s: Sieve, *, keep: int, min_per_gpu: float) -> _Picks:
@@ -610,19 +616,24 @@ def _fewest_gpus(s: Sieve, *, keep: int, min_per_gpu: float) -> _Picks:
     return chosen
 
 
-def _survivor(s: Sieve, picks: _Picks, i: int) -> Survivor:
-    ttft, tpot, tpm, cap, pool = (float(x) for x in picks.figures[i])
-    return Survivor(_layout_of(s, picks, i), ttft, tpot, tpm, cap, int(pool))
-
-
-def _layout_of(s: Sieve, picks: _Picks, i: int) -> Layout:
-    ident = picks.ident[i]
-    if picks.kind[i] == 0:
-        assert s.replicas is not None
-        return s.replicas.layout(int(ident[0]), units=s.units, knobs=s.knobs, problem=s.problem)
-    one = np.asarray(ident, dtype=np.int64)[:, None]
-    assert s.pd is not None
-    return s.pd.candidates(*(one[j] for j in range(6))).layout(0, units=s.units, knobs=s.knobs, problem=s.problem)
+def _layouts_of(s: Sieve, picks: _Picks, built: dict[tuple[int, ...], Layout], parts: RoleParts) -> list[Layout]:
+    """The layout each pick stands for, in order; `built` (by kind and ident) holds those made before and takes the new
+    ones, so the two passes of `_pick` build each layout once; `parts` shares their roles. The PD rows are gathered in
+    one `candidates` call."""
+    keys: list[tuple[int, ...]] = [(k, *row) for k, row in zip(picks.kind.tolist(), picks.ident.tolist(), strict=True)]
+    todo = [i for i, key in enumerate(keys) if key not in built]
+    pd_rows = [i for i in todo if keys[i][0] != 0]
+    if pd_rows:
+        assert s.pd is not None
+        ident = picks.ident[np.asarray(pd_rows, dtype=np.int64)]
+        cands = s.pd.candidates(*(ident[:, j] for j in range(6)))
+        for j, i in enumerate(pd_rows):
+            built[keys[i]] = cands.layout(j, units=s.units, knobs=s.knobs, problem=s.problem, parts=parts)
+    for i in todo:
+        if keys[i][0] == 0:
+            assert s.replicas is not None
+            built[keys[i]] = s.replicas.layout(keys[i][1], units=s.units, knobs=s.knobs, problem=s.problem, parts=parts)
+    return [built[key] for key in keys]
 
 
 # ---------------------------------------------------------------- the closest miss

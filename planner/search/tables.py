@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout,
 from servingtopology.planner.problem import Problem
 
 __all__ = ["IntArray", "FloatArray", "BoolArray", "UnitTable", "KnobAxes", "ReplicaCandidates", "PdCandidates",
-           "shape_rejection", "layout_rejection", "unit_table", "knob_axes", "add_reason"]
+           "RoleParts", "shape_rejection", "layout_rejection", "unit_table", "knob_axes", "add_reason"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -261,15 +261,37 @@ class ReplicaCandidates:
         unit = units.shape_start[self.shape[g]] + count - 1
         return np.asarray(unit * knobs.combinations + self.knob_index(knobs)[g], dtype=np.int64)
 
-    def layout(self, row: int, *, units: UnitTable, knobs: KnobAxes, problem: Problem) -> Layout:
-        """The layout row `row` stands for."""
+    def layout(self, row: int, *, units: UnitTable, knobs: KnobAxes, problem: Problem, parts: RoleParts | None = None) -> Layout:
+        """The layout row `row` stands for; `parts` (one per table) shares the roles' pieces between the rows built."""
         u, rest = divmod(int(row), knobs.combinations)
-        rest, k = divmod(rest, len(knobs.kv_dtypes))
-        rest, f = divmod(rest, len(knobs.memory_fraction))
-        b, q = divmod(rest, len(knobs.max_num_seqs))
-        kn = EngineKnobs(max_num_seqs=int(knobs.max_num_seqs[q]), max_num_batched_tokens=int(knobs.max_num_batched_tokens[b]),
-                         memory_fraction=float(knobs.memory_fraction[f]), kv_dtype=knobs.kv_dtypes[k])
-        return Layout.replicas(int(units.count[u]), units.parallelism(u, moe=problem.model.is_moe), kn, problem.precision)
+        share = RoleParts() if parts is None else parts
+        key = ("replicas", rest)
+        kn = share.knobs.get(key)
+        if kn is None:
+            rest, k = divmod(rest, len(knobs.kv_dtypes))
+            rest, f = divmod(rest, len(knobs.memory_fraction))
+            b, q = divmod(rest, len(knobs.max_num_seqs))
+            kn = share.knobs[key] = EngineKnobs(max_num_seqs=int(knobs.max_num_seqs[q]), max_num_batched_tokens=int(knobs.max_num_batched_tokens[b]),
+                                                memory_fraction=float(knobs.memory_fraction[f]), kv_dtype=knobs.kv_dtypes[k])
+        return Layout.replicas(int(units.count[u]), share.parallelism(units, u, moe=problem.model.is_moe), kn, problem.precision)
+
+
+@dataclass(frozen=True, slots=True)
+class RoleParts:
+    """The pieces of layouts built from one table (instance shapes, knobs, PD roles), each made once and shared by every
+    layout that has it: the funnel builds a few thousand survivors' layouts a run from a few hundred pieces. Frozen
+    values, so sharing them changes nothing a layout says."""
+
+    shapes: dict[int, Parallelism] = field(default_factory=dict)
+    knobs: dict[tuple[str, int], EngineKnobs] = field(default_factory=dict)
+    roles: dict[tuple[str | int, ...], RoleLayout] = field(default_factory=dict)
+
+    def parallelism(self, units: UnitTable, unit: int, *, moe: bool) -> Parallelism:
+        shape = int(units.shape[unit])
+        par = self.shapes.get(shape)
+        if par is None:
+            par = self.shapes[shape] = units.parallelism(unit, moe=moe)
+        return par
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,17 +330,24 @@ class PdCandidates:
         g = np.gcd(self.prefill_count, self.decode_count)
         return self.prefill_count // g, self.decode_count // g
 
-    def layout(self, i: int, *, units: UnitTable, knobs: KnobAxes, problem: Problem) -> Layout:
-        """The layout row `i` stands for (role knobs from planner.engines.role_knobs)."""
-        kv = knobs.kv_dtypes[int(self.k[i])]
+    def layout(self, i: int, *, units: UnitTable, knobs: KnobAxes, problem: Problem, parts: RoleParts | None = None) -> Layout:
+        """The layout row `i` stands for (role knobs from planner.engines.role_knobs); `parts` (one per table) shares the
+        roles between the rows built."""
+        share = RoleParts() if parts is None else parts
+        k, b, q, f = int(self.k[i]), int(self.b[i]), int(self.q[i]), int(self.f[i])
         up, ud = int(self.prefill_unit[i]), int(self.decode_unit[i])
+        p_key, d_key = ("prefill", up, b, k), ("decode", ud, q, f, k)
+        p_role, d_role = share.roles.get(p_key), share.roles.get(d_key)
+        kv = knobs.kv_dtypes[k]
         moe = problem.model.is_moe
-        p_role = RoleLayout(int(units.count[up]), units.parallelism(up, moe=moe),
-                            prefill_knobs(max_num_batched_tokens=int(knobs.max_num_batched_tokens[self.b[i]]),
-                                          memory_fraction=float(knobs.memory_fraction.max()), kv_dtype=kv))
-        d_role = RoleLayout(int(units.count[ud]), units.parallelism(ud, moe=moe),
-                            decode_knobs(max_num_seqs=int(knobs.max_num_seqs[self.q[i]]), memory_fraction=float(knobs.memory_fraction[self.f[i]]),
-                                         kv_dtype=kv))
+        if p_role is None:
+            p_role = share.roles[p_key] = RoleLayout(int(units.count[up]), share.parallelism(units, up, moe=moe),
+                                                     prefill_knobs(max_num_batched_tokens=int(knobs.max_num_batched_tokens[b]),
+                                                                   memory_fraction=float(knobs.memory_fraction.max()), kv_dtype=kv))
+        if d_role is None:
+            d_role = share.roles[d_key] = RoleLayout(int(units.count[ud]), share.parallelism(units, ud, moe=moe),
+                                                     decode_knobs(max_num_seqs=int(knobs.max_num_seqs[q]),
+                                                                  memory_fraction=float(knobs.memory_fraction[f]), kv_dtype=kv))
         return Layout.pd(p_role, d_role, problem.precision)
 
 
