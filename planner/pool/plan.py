@@ -39,7 +39,7 @@ import numpy.typing as npt
 from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, Role
-from servingtopology.planner.pool.milp import MilpResult, MilpStatus, solve_milp
+from servingtopology.planner.pool.milp import MilpResult, MilpStatus, SparseRows, solve_milp
 from servingtopology.planner.pool.service_split import PD_ROUTER_REPLICAS, PartLoad, per_pod_capacity_rps, service_split
 
 __all__ = ["PoolObjective", "GpuKind", "MemberOption", "PoolMember", "PoolProblem", "Part", "MemberAllocation", "Marginal",
@@ -294,7 +294,7 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
     # z (one per (member, kind) it may use, only under max_kinds_per_member: the member uses the kind)
     nc = n + 3 * nm + len(zk)
     xs, ss, gs = slice(0, n), slice(n, n + nm), slice(n + nm, n + 2 * nm)
-    rows: list[FloatArray] = []
+    rows: list[tuple[IntArray, FloatArray]] = []     # each row's non-zeros: one dense row at a time, never the matrix
     lo: list[float] = []
     hi: list[float] = []
 
@@ -302,7 +302,8 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
         r = np.zeros(nc) if at is None else at
         if coef is not None:
             r[coef[0]] = coef[1]
-        rows.append(r)
+        nz = np.flatnonzero(r)
+        rows.append((nz, r[nz]))
         lo.append(lower)
         hi.append(upper)
 
@@ -370,7 +371,7 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
     gap = 0.0
     x: FloatArray | None = None
     for name, c, maximize in levels:
-        res: MilpResult = solve_milp(c, np.array(rows), np.array(lo), np.array(hi), col_lower=col_lo, col_upper=col_hi, integer=integer,
+        res: MilpResult = solve_milp(c, SparseRows.of(rows, nc), np.array(lo), np.array(hi), col_lower=col_lo, col_upper=col_hi, integer=integer,
                                      maximize=maximize, node_limit=problem.node_limit, relax=relax)
         if res.status in (MilpStatus.INFEASIBLE, MilpStatus.NO_SOLUTION):
             lines.append(f"{name}: {res.status.value}")
