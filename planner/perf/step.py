@@ -514,8 +514,9 @@ def _moe_table_s(curve: Any, tokens: Any) -> Any:
         lo, hi = c[i], c[i + 1]
     else:
         i_b = np.broadcast_to(i, c.shape[:-1])
-        lo = np.take_along_axis(c, i_b[..., None], axis=-1)[..., 0]
-        hi = np.take_along_axis(c, i_b[..., None] + 1, axis=-1)[..., 0]
+        at = np.arange(i_b.size).reshape(i_b.shape) * c.shape[-1] + i_b  # each row's point, in the flattened curve
+        flat = c.ravel()
+        lo, hi = flat[at], flat[at + 1]
         frac = np.broadcast_to(frac, c.shape[:-1])
         inside = np.broadcast_to(inside, c.shape[:-1])
     return np.where(inside, np.exp(lo * (1.0 - frac) + hi * frac), np.nan)
