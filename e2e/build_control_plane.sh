@@ -2,7 +2,8 @@
 # Builds, once, the binaries of a real local Kubernetes control plane and caches them outside the repo:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler (from the Go module proxy), kwok, a Prometheus
 # with Kubernetes service discovery (Debian's build leaves it out), and the Prometheus Operator (which turns the
-# chart's PodMonitors into that Prometheus' configuration).
+# chart's PodMonitors into that Prometheus' configuration), and for the real node of e2e/node.py the kubelet and its
+# pod sandbox's process (pause).
 # Called by e2e/harness.py (and `make e2e`); prints the cache folder on its last line. Must not download
 # from anywhere but the Go module proxy, and must never write binaries into the repository.
 set -euo pipefail
@@ -36,16 +37,13 @@ build_etcd() {
     && go build -trimpath -ldflags "-s -w" -o "$OUT/etcd.tmp" . && mv "$OUT/etcd.tmp" "$OUT/etcd")
 }
 
-build_kubernetes() {
-  [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && [ -x "$OUT/kube-scheduler" ] && return
-  log "kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler)"
+# The generated module that requires k8s.io/kubernetes and replaces every staging module by its published release.
+kubernetes_module() {
   local dir="$WORK/kubernetes-$K8S_VERSION"
   rm -rf "$dir" && mkdir -p "$dir"
-  local gomod minor staging
+  local gomod staging
   gomod="$(cd "$dir" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
   [ -f "$gomod" ] || { log "cannot find go.mod of k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
-  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
-  # Every `k8s.io/<name> v0.0.0` requirement of k8s.io/kubernetes is a staging module, published as v0.<minor>.<patch>.
   staging="$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$gomod" | sort -u)"
   [ -n "$staging" ] || { log "no staging modules found in $gomod"; exit 1; }
   local published="v0.${K8S_VERSION#v1.}"
@@ -61,13 +59,43 @@ build_kubernetes() {
 package tools
 EOF
     go mod download k8s.io/kubernetes
-    local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1"
-    ldflags="$ldflags -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-    mkdir -p bin
-    GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o bin/ \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
-    mv bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler "$OUT/"
   )
+}
+
+# Builds the named commands of k8s.io/kubernetes/cmd from the generated module into $OUT.
+build_kubernetes_commands() {
+  local dir="$WORK/kubernetes-$K8S_VERSION" minor ldflags
+  [ -f "$dir/go.mod" ] || kubernetes_module
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1"
+  ldflags="$ldflags -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+  (
+    cd "$dir" && mkdir -p bin
+    GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o bin/ "${@/#/k8s.io/kubernetes/cmd/}"
+    for c in "$@"; do mv "bin/$c" "$OUT/"; done
+  )
+}
+
+build_kubernetes() {
+  [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && [ -x "$OUT/kube-scheduler" ] && return
+  log "kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler)"
+  kubernetes_module
+  build_kubernetes_commands kube-apiserver kube-controller-manager kube-scheduler
+}
+
+# The real node of e2e/node.py: the kubelet from the same module (about 1 min with the control plane's build cache)
+# and the pod sandbox's process (e2e/controlplane/pause_main.go.txt, the one binary of the node's pause image).
+build_node() {
+  if [ ! -x "$OUT/kubelet" ]; then
+    log "kubelet $K8S_VERSION"
+    build_kubernetes_commands kubelet
+  fi
+  [ -x "$OUT/pause" ] && return
+  local dir="$WORK/pause"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp "$HERE/controlplane/pause_main.go.txt" "$dir/main.go"
+  (cd "$dir" && go mod init servingtopology.local/pause >/dev/null 2>&1 \
+    && go build -trimpath -ldflags "-s -w" -o "$OUT/pause.tmp" . && mv "$OUT/pause.tmp" "$OUT/pause")
 }
 
 build_kwok() {
@@ -122,6 +150,7 @@ flock 9
 build_etcd
 build_kwok
 build_kubernetes
+build_node
 build_prometheus
 build_prometheus_operator
 log "done in $(( $(date +%s) - start_s )) s"
