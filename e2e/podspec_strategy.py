@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-__all__ = ["CORE", "POD_SPEC", "MAX_DEPTH", "RESOURCE_NAMES", "SECURITY_ANNOTATIONS", "definitions", "pod_templates"]
+__all__ = ["CORE", "POD_SPEC", "MAX_DEPTH", "RESOURCE_NAMES", "HOST_RESOURCES", "COUNTS", "SECURITY_ANNOTATIONS", "definitions", "pod_templates"]
 
 CORE = "io.k8s.api.core.v1."
 POD_SPEC = CORE + "PodSpec"
@@ -28,9 +28,11 @@ MAX_ITEMS = 2           # items per list, entries per map (containers: 3)
 
 # Resource names a container's requests and limits draw from: the host resources, GPUs, an RDMA device and other
 # extended resources (every one beyond the host resources is the plan's or spec.network's).
-RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage", "hugepages-2Mi", "nvidia.com/gpu", "nvidia.com/gpu",
+RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage", "hugepages-2Mi", "nvidia.com/gpu", "nvidia.com/gpu", "nvidia.com/gpu",
                   "rdma/hca_shared_devices_a", "example.com/fpga", "amd.com/gpu")
+HOST_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 QUANTITIES = ("1", "2", "7", "500m", "64Mi", "1Gi")
+COUNTS = ("1", "2", "7", "500m")      # extended resources: whole numbers (a fraction the API server refuses, now and then)
 # Annotations the API server or the runtime reads as security settings, and harmless ones.
 SECURITY_ANNOTATIONS = ("container.apparmor.security.beta.kubernetes.io/engine", "container.apparmor.security.beta.kubernetes.io/sidecar",
                         "seccomp.security.alpha.kubernetes.io/pod", "container.seccomp.security.alpha.kubernetes.io/engine",
@@ -183,11 +185,12 @@ class _Drawer:
                                      st.lists(items, min_size=fewest, max_size=3))
             return _now_and_then(st.lists(items, max_size=MAX_ITEMS), items)
         if kind == "object" and "additionalProperties" in schema:
+            if prop in ("limits", "requests", "overhead") and _ref(schema["additionalProperties"]) == QUANTITY:
+                return _resource_map()
             values = self.value(prop, schema["additionalProperties"], depth, owner)
             if values.is_empty:
                 return st.nothing()
-            keys = st.sampled_from(RESOURCE_NAMES if prop in ("limits", "requests", "overhead") else _KEYS)
-            return st.dictionaries(keys, values, max_size=MAX_ITEMS)
+            return st.dictionaries(st.sampled_from(_KEYS), values, max_size=MAX_ITEMS)
         return st.just({})
 
     def _object(self, name: str, schema: Mapping[str, Any], depth: int) -> Strategy:
@@ -216,16 +219,26 @@ class _Drawer:
 
         return draw()
 
-    def _container(self, depth: int) -> Strategy:
+    def lean_pod_spec(self) -> Strategy:
+        """A PodSpec of one container with at most one field of its own, and at most one more field of the pod's: one
+        thing asked for at a time, so that every rule is met alone as well as among others."""
+        schema = self.schemas.get(POD_SPEC, {})
+        props: Mapping[str, Any] = schema.get("properties", {})
+        pool = [p for p in props if p != "containers" for _ in range(_WEIGHTS[POD_SPEC].get(p, 1))]
+        fields = {p: self.value(p, props[p], 0, POD_SPEC) for p in props if p != "containers"}
+        fields["containers"] = st.lists(self._container(1, most=1), min_size=1, max_size=1)
+        return _drawn_fields(fields, required=["containers"], pool=pool, most=1)
+
+    def _container(self, depth: int, *, most: int = MAX_FIELDS) -> Strategy:
         """A container: the operator's names (merged into its container) or a sidecar's; a sidecar gets an image and the
-        operator's containers none (what the CRD asks), save one draw in ten, which the CRD and the parse refuse."""
+        operator's containers none (what the CRD asks), save one draw in twenty, which the CRD and the parse refuse."""
         name = CORE + "Container"
         schema = self.schemas.get(name, {})
         props: Mapping[str, Any] = schema.get("properties", {})
         owned = ("command", "args", "image", "name")
         pool = [p for p in props if p not in owned for _ in range(_WEIGHTS[name].get(p, 1))]
         fields = {p: self.value(p, props[p], depth, name) for p in props}
-        rest = _drawn_fields(fields, required=[], pool=pool)
+        rest = _drawn_fields(fields, required=[], pool=pool, most=most)
 
         @st.composite
         def draw(draw_: Callable[[Strategy], Any]) -> dict[str, Any]:
@@ -258,6 +271,18 @@ def _drawn_fields(fields: Mapping[str, Strategy], *, required: Sequence[str], po
     return draw()
 
 
+def _resource_map() -> Strategy:
+    """Requests or limits: up to two resource names, GPUs often, each with a quantity of its kind (counts for extended
+    resources, sizes and millicores for the host's)."""
+
+    @st.composite
+    def draw(draw_: Callable[[Strategy], Any]) -> dict[str, str]:
+        names = draw_(st.lists(st.sampled_from(RESOURCE_NAMES), max_size=MAX_ITEMS, unique=True))
+        return {n: draw_(st.sampled_from(QUANTITIES if n in HOST_RESOURCES or n.startswith("hugepages-") else COUNTS)) for n in names}
+
+    return draw()
+
+
 def _now_and_then(usual: Strategy, odd: Strategy) -> Strategy:
     """`usual`, and one draw in twenty `odd`: a list field given one bare item (`capabilities.add: IPC_LOCK`, which the
     open parts of the CRD keep and the API server's typed schema refuses), or containers named alike."""
@@ -278,6 +303,15 @@ def _pod_metadata() -> Strategy:
 
 
 def pod_templates(schemas: Schemas) -> Strategy:
-    """Pod templates ({metadata, spec}) whose spec is a PodSpec of `schemas` (the API server's own definitions)."""
+    """Pod templates ({metadata, spec}) whose spec is a PodSpec of `schemas` (the API server's own definitions): one in
+    three lean (one thing asked for), the rest up to MAX_FIELDS fields per object."""
     drawer = _Drawer(schemas)
-    return st.fixed_dictionaries({"spec": drawer.definition(POD_SPEC, 0)}, optional={"metadata": _pod_metadata()})
+    full, lean = drawer.definition(POD_SPEC, 0), drawer.lean_pod_spec()
+
+    @st.composite
+    def draw(draw_: Callable[[Strategy], Any]) -> dict[str, Any]:
+        spec = draw_(lean if draw_(st.integers(0, 2)) == 1 else full)
+        metadata = draw_(st.none() | _pod_metadata())
+        return {"spec": spec} if metadata is None else {"metadata": metadata, "spec": spec}
+
+    return draw()
