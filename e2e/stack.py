@@ -94,6 +94,14 @@ class Operator:
                    timeout_s=90, what="operator /healthz", on_timeout=child.log_tail)
         return child
 
+    def restart_with_timer(self, timer_interval_s: float) -> Child:
+        """SIGKILL the operator and start it again with `--timer-interval-s` (the chart's 30 s, say, where a scenario
+        must tell a change handler's work from the timer's; the harness's 5 s would hide it)."""
+        self.kill()
+        self.argv = [f"--timer-interval-s={timer_interval_s:g}" if a.startswith("--timer-interval-s=") else a for a in self.argv]
+        self.timer_interval_s = int(timer_interval_s)
+        return self.start()
+
     def kill(self) -> None:
         """SIGKILL, as a crashed or evicted operator."""
         if self.child is not None:

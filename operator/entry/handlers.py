@@ -420,7 +420,9 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime, *, timer_interva
         return handler
 
     kopf.on.create(g, v, p, id="reconcile-create", registry=registry)(make("create"))
-    kopf.on.update(g, v, p, id="reconcile-update", field="spec", registry=registry)(make("update"))
+    # Any change of the essence kopf keeps (operator/entry/kopf_storage.py: spec, labels, annotations, and the generation,
+    # so an edit that reverts a change still pending is a change): an approval, a pool's cap are handled as they arrive.
+    kopf.on.update(g, v, p, id="reconcile-update", registry=registry)(make("update"))
     kopf.on.resume(g, v, p, id="reconcile-resume", registry=registry)(make("resume"))
     def alive(body: Mapping[str, Any], **_: Any) -> bool:
         # kopf re-evaluates a timer's filter on every watch event and stops the timer when it turns False: after the

@@ -15,7 +15,11 @@ only has to tell changed from unchanged, field by field. Decisions, by name:
   less deep: each field of a section (spec.workload, metadata.annotations) as itself or its digest; the CRD bounds
   spec's fields, so the record is bounded;
 - a record written by kopf's own AnnotationsDiffBaseStorage (before this storage) is compacted when read, so an
-  upgrade sees no change where there was none.
+  upgrade sees no change in what it holds (only the generation below, once: one pass per resource);
+- GenerationInTheEssence: the record holds metadata.generation too. kopf stores the essence only once every change
+  handler is done, so while a pass waits its requeue the record is the generation before: an edit that reverts the
+  pending one (replicas 1 → 5 → 1) had the essence of the record, and kopf dropped it as "nothing changed" until the
+  timer came. With the generation it is a change like any other.
 - NewGenerationWakes: kopf keeps a change handler's delay (a pass's requeue, a failure's back-off) in its progress
   annotation and does not run the handler before it, whatever arrives meanwhile (kopf 1.45 `HandlerState.sleeping`),
   so an edit made while the last pass waited on a rollout (15 s) or a back-off (15 s doubling to 300 s) was handled
@@ -70,7 +74,11 @@ class CompactDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's annotation diff base (same key), holding `compact_essence` of the essence rather than the essence."""
 
     def build(self, *, body: Any, extra_fields: Iterable[Any] | None = None) -> Any:
-        return compact_essence(super().build(body=body, extra_fields=extra_fields))
+        essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
+        generation = _generation(body)
+        if generation is not None:
+            essence["metadata"] = {**essence.get("metadata", {}), "generation": generation}
+        return compact_essence(essence)
 
     def fetch(self, *, body: Any) -> Any:
         stored = super().fetch(body=body)

@@ -86,7 +86,9 @@ def test_every_trigger_is_registered_once() -> None:
     register(registry, runtime(FakeCluster()), timer_interval_s=30, peering_name="p", clusterwide=True)
     ids = {h.id for h in registry._spawning.get_all_handlers()} | {h.id for h in registry._changing.get_all_handlers()} \
         | {h.id for h in registry._watching.get_all_handlers()}
-    assert {"reconcile-create", "reconcile-update/spec", "reconcile-resume", "reconcile-timer", "forget"} <= ids
+    assert {"reconcile-create", "reconcile-update", "reconcile-resume", "reconcile-timer", "forget"} <= ids
+    update = next(h for h in registry._changing.get_all_handlers() if h.id == "reconcile-update")
+    assert update.field is None      # any change of the essence (an approval, a pool's cap, a reverting edit) runs it
 
 
 
@@ -129,7 +131,7 @@ def registered(rt: Runtime, handler_id: str, *, timer_interval_s: float = 30) ->
     return call
 
 
-@pytest.mark.parametrize("handler_id", ["reconcile-create", "reconcile-update/spec", "reconcile-resume", "reconcile-timer"])
+@pytest.mark.parametrize("handler_id", ["reconcile-create", "reconcile-update", "reconcile-resume", "reconcile-timer"])
 def test_a_pass_still_rolling_out_asks_kopf_to_run_it_again_after_the_passes_delay(handler_id: str) -> None:
     rt, patch = runtime(FakeCluster(ready=False)), Patch()
     with pytest.raises(kopf.TemporaryError) as caught:

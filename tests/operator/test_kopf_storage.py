@@ -1,6 +1,7 @@
 """kopf's storages as the operator configures them: a spec above 256 KiB keeps its diff base under the API server's
 annotation limit, every change is still a change under `spec`, nothing else is, and a record kopf's own storage wrote
-before the upgrade reads as unchanged; a handler's requeue delay holds for its generation only, so an edit runs at once."""
+before the upgrade reads as unchanged but for the generation, which makes an edit that reverts a pending one a change;
+a handler's requeue delay holds for its generation only, so an edit runs at once."""
 
 from __future__ import annotations
 
@@ -93,7 +94,15 @@ def test_a_diff_base_written_before_the_upgrade_reads_as_unchanged() -> None:
     patch = patches.Patch()
     legacy.store(body=body, patch=patch, essence=legacy.build(body=body))
     handled = {**raw, "metadata": {**raw["metadata"], "annotations": {**raw["metadata"]["annotations"], **patch["metadata"]["annotations"]}}}
-    assert not diff_of(configured(), handled, raw)
+    assert list(diff_of(configured(), handled, raw)) == [("add", ("metadata", "generation"), None, 1)]   # one pass, nothing else
+
+
+def test_an_edit_that_reverts_a_pending_one_is_still_a_change() -> None:
+    settings = configured()
+    handled = stored(settings, large())      # generation 1: the last essence kopf stored (a pass of generation 2 still waits)
+    reverted = large()
+    reverted["metadata"]["generation"] = 3   # the spec of generation 1 again
+    assert list(diff_of(settings, handled, reverted)) == [("change", ("metadata", "generation"), 1, 3)]
 
 
 def test_thousands_of_short_annotations_still_give_a_bounded_record_that_sees_their_changes() -> None:
