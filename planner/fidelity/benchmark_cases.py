@@ -248,6 +248,10 @@ def _precision(row: Mapping[str, str], key: str) -> Precision:
 def parse_row(row: Mapping[str, str]) -> BenchmarkCase:
     """One CSV row (str values) as a case; raises Skip with the reason kind for unusable rows."""
     backend = (row.get("backend") or "").strip().lower()
+    if backend not in BACKENDS:
+        # Each engine's defaults, token budget and admission reserve are its own; a row of another engine (or none)
+        # would be predicted with guessed ones.
+        raise Skip("unsupported backend", f"backend {backend[:40]!r}: allowed {', '.join(BACKENDS)}")
     mode = (row.get("mode") or "agg").strip().lower()
     if mode not in ("agg", "disagg"):
         raise Skip("unsupported mode", mode)

@@ -71,6 +71,8 @@ def test_disagg_row_counts_workers_and_falls_back_to_decode_batch():
         ({"tp_size": ""}, "missing topology"),                 # agg without TP
         ({"gemm_quant_mode": "int2"}, "unsupported precision"),
         ({"mode": "spec"}, "unsupported mode"),
+        ({"backend": "1e300"}, "unsupported backend"),        # no engine's defaults apply (fuzzed validate: exit 3)
+        ({"backend": ""}, "unsupported backend"),             # none recorded
     ],
 )
 def test_unusable_rows_are_skipped_with_a_reason(change, kind):
