@@ -119,6 +119,18 @@ class HostileServer:
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
+    def handshake_failed(self, timeout_s: float = 5.0) -> bool:
+        """Whether a handshake has failed on the server's side, waiting up to `timeout_s` for the serving thread: the
+        client may read the server's alert and give up before that thread has recorded it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self.handshake_failures:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     def __exit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.shutdown()

@@ -9,6 +9,9 @@ the Events to post. Decisions, by name:
   one, else spec.workload's; the status row says which (loadSource);
 - PoolInventory: a kind's GPUs are its nodes' allocatable ones, capped by maxGPUs, less those held by pods that are
   no member's (other tenants, a deleted member's pods still terminating);
+- AppliedLayoutHolds: a member holds the GPUs its pods request, and at least those of the layout it has applied
+  (status.plan.gpus once status.plan.set names its workloads): a Deployment whose pods the controller has not created yet
+  will hold them, so a member is never seen within a cap it is about to exceed;
 - PoolMemberBound: a pool plans at most MAX_POOL_MEMBERS members; more is `Planned=False, TooManyMembers` naming the
   count and the bound, with one Warning, and nothing is planned (the plan's cost grows with every member's funnel);
 - PoolPlanInTheWorker: the plan (options and allocation, planner.pool.request.plan_request) runs through `plan`, which
@@ -207,6 +210,8 @@ def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nod
         return _invalid(generation, f"{exc.field}: {exc.message}", now)
     found, skipped = _members(pool_name, namespace, spec, kinds, members)
     held, outside = member_gpus(pods, nodes, namespace=namespace, members={m.request.name: m.gpu_id for m in found})
+    for m in found:
+        _hold_applied(held[m.request.name], m)
     kinds = pool_kinds(spec, nodes, outside)
     inventory = {k.name: k.count for k in kinds}
     base = {"observedGeneration": generation, "inventory": inventory, "skipped": skipped, "mode": spec.mode.value}
@@ -267,6 +272,20 @@ def pool_pass(pool: Mapping[str, Any], members: Sequence[Mapping[str, Any]], nod
     elif step.kind is PoolStepKind.BLOCKED and (was.get("step"), was.get("reason")) != (step.kind.value, step.reason[:2000]):
         events.append(("Warning", "PoolMoveBlocked", step.reason))
     return PoolPass(status, events, allocations)
+
+
+def _hold_applied(held: dict[str, int], m: _Member) -> None:
+    """AppliedLayoutHolds: raise `held` (GPUs by catalog id) to the GPUs of the layout the member has applied, the
+    shortfall on its own GPU id."""
+    plan = (m.body.get("status") or {}).get("plan")
+    if not isinstance(plan, Mapping) or not plan.get("set"):
+        return
+    applied = plan.get("gpus")
+    if isinstance(applied, bool) or not isinstance(applied, int) or applied <= 0:
+        return
+    short = applied - sum(held.values())
+    if short > 0:
+        held[m.gpu_id] = held.get(m.gpu_id, 0) + short
 
 
 def _reason(status: Mapping[str, Any]) -> str | None:

@@ -219,3 +219,19 @@ def test_the_index_keeps_what_a_pool_reads_of_a_members_status_so_its_observed_t
     assert set(kept["status"]) == {"observed", "plan", "conditions"} and kept["metadata"]["annotations"]
     row = pool_pass(_pool(), [kept], NODES, now=NOW).status["members"][0]
     assert (row["loadRps"], row["loadSource"]) == (12.0, "observed")
+
+
+def test_a_member_holds_its_applied_layouts_gpus_before_its_pods_exist() -> None:
+    # batch applied 1×TP2 (its Deployment exists, the controller has not created the pods yet) and was capped at 1: it
+    # holds 2 above its cap, so it still moves; counted from pods alone it held 0 and the move read Done (e2e pool_auto)
+    batch = _joined("batch", 2.0, cap=1, max_gpus=12)
+    batch["status"]["plan"].update({"set": "s012617", "gpus": 2})
+    out = pool_pass(_auto(surge=0), [batch], H100S, now=NOW, pods=[])
+    (row,) = out.status["move"]["members"]
+    assert (row["held"], row["moving"]) == ({"h100": 2}, True) and out.status["move"]["step"] != "Done", out.status["move"]
+    # once its pods exist they are what it holds (not added to the plan's)
+    out = pool_pass(_auto(surge=0), [batch], H100S, now=NOW, pods=[_pod("batch", "h1", 2)])
+    assert out.status["move"]["members"][0]["held"] == {"h100": 2}
+    # a plan whose workloads are not applied yet (no set) holds nothing
+    del batch["status"]["plan"]["set"]
+    assert pool_pass(_auto(surge=0), [batch], H100S, now=NOW, pods=[]).status["move"]["members"][0]["held"] == {}

@@ -127,7 +127,7 @@ def test_a_server_that_requires_a_client_certificate_gets_the_one_spec_names(pki
     with HostileServer(json_answer(ANSWER), tls=server_context(pki, client_ca=pki.ca_crt)) as prom:
         caught = failure(prom.url, material(pki))
         assert caught.reason == "PrometheusTLSFailed" and "client certificate" in str(caught)
-        assert prom.heads == [] and prom.handshake_failures
+        assert prom.heads == [] and prom.handshake_failed()
         assert fetch(prom.url, material(pki, client=True)).request_rate_rps == 7.0
         assert prom.heads
 
