@@ -5,8 +5,9 @@ memoryFraction 0.93, one TP8 decode instance: 20 GPUs) and unpinned (the search)
 1. `servingtopology plan --json` in a fresh process per run (stage 6 on, as a user runs it): CPU s and peak RSS from
    the child's getrusage; the median of --repeats runs is judged.
 2. The operator's plan worker (operator/cluster/plan_worker.py: a forkserver child under the default PlanBudget, 30 s
-   wall and 768 MiB) on the same spec as a ServingTopology (policy.mode Pinned with spec.pinned, and unpinned): the
-   child's CPU s, and whether it answered inside the budget.
+   wall and 768 MiB, the chart's and the operator's flags' defaults) on the same spec as a ServingTopology (policy.mode
+   Pinned with spec.pinned, and unpinned): the child's CPU s and address-space growth (what the memory budget bounds),
+   and whether it answered inside the budget.
 Targets: each CLI plan at most 10 CPU s (median) and 1 GB peak RSS; each operator plan answered (no PlanBudgetExceeded)
 in at most 10 CPU s. Exits 1 past a target. The model is tests/planner/data/model_configs/glm-5-nvfp4.json with the
 seed's 524,288-token context.
@@ -51,8 +52,8 @@ def _cli(spec_path: Path) -> tuple[dict[str, Any], float, float, int]:
     return dict(out), cpu, rss, rc
 
 
-def _operator(spec: dict[str, Any], *, pinned: bool) -> tuple[str, float, float]:
-    """The operator's plan worker on the spec as a ServingTopology: (outcome, the child's CPU s, wall s)."""
+def _operator(spec: dict[str, Any], *, pinned: bool) -> tuple[str, float, float, float]:
+    """The operator's plan worker on the spec as a ServingTopology: (outcome, the child's CPU s, its MiB, wall s)."""
     from servingtopology.operator.api.resource import parse_topology_spec
     from servingtopology.operator.cluster.plan_worker import PlanBudgetExceeded, PlanWorker
     from servingtopology.operator.pass_context import problem_from_spec
@@ -69,7 +70,8 @@ def _operator(spec: dict[str, Any], *, pinned: bool) -> tuple[str, float, float]
         outcome = f"PlanBudgetExceeded: {exc}"
     finally:
         worker.close()
-    return outcome, worker.plans_cpu_s, time.perf_counter() - t0
+    grew_mib = worker.last_cost.memory_mib if worker.last_cost is not None else float("nan")
+    return outcome, worker.plans_cpu_s, grew_mib, time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_operator:
             for pinned in (True, False):
                 name = "pinned" if pinned else "unpinned"
-                outcome, cpu, wall = _operator(spec, pinned=pinned)
-                print(f"operator, {name:<9} CPU {cpu:6.2f} s  wall {wall:6.2f} s  {outcome}")
+                outcome, cpu, grew_mib, wall = _operator(spec, pinned=pinned)
+                print(f"operator, {name:<9} CPU {cpu:6.2f} s  address space +{grew_mib:4.0f} MiB  wall {wall:6.2f} s  {outcome}")
                 if outcome.startswith("PlanBudgetExceeded") or cpu > MAX_CPU_S:
                     failures.append(f"operator, {name}: {outcome}, {cpu:.2f} CPU s (target {MAX_CPU_S:g} s inside the default budget)")
     for f in failures:

@@ -41,7 +41,7 @@ from typing import Any
 
 from servingtopology.planner.problem import Decision, Problem
 
-__all__ = ["PlanBudget", "PlanBudgetExceeded", "PlanPending", "PlanWorker", "plan_with_simulator", "blocking", "FAILURE_BACKOFF_S",
+__all__ = ["PlanBudget", "PlanBudgetExceeded", "PlanCost", "PlanPending", "PlanWorker", "plan_with_simulator", "blocking", "FAILURE_BACKOFF_S",
            "FAILURE_BACKOFF_CAP_S"]
 
 LOG = logging.getLogger(__name__)
@@ -58,19 +58,40 @@ PRELOAD = ("servingtopology.planner.search.decide", "servingtopology.planner.sim
 
 @dataclass(frozen=True, slots=True)
 class PlanBudget:
-    """What one plan may use: wall seconds, and MiB of address space beyond what the child starts with."""
+    """What one plan may use: wall seconds, and MiB of address space beyond what the child starts with.
+
+    The defaults (PlanBudgetFollowsTheWork) are the operator's (--plan-timeout-s, --plan-memory-mib) and the chart's
+    (operator.plan.timeoutSeconds, .memoryMiB), raised to what the largest measured plans the spec allows need, with a
+    margin (benchmarks/long_prompt.py and benchmarks/README.md, "Budgets that follow the work"): a plan of
+    hardware.maxGPUs 16,384 (the spec's limit, the wide 70B example) grew 550 MiB and took 6.1 CPU s; 8,192 GPUs 275
+    MiB; seed 000's 510k-token MoE plan 55-62 MiB and 2.6-4.8 CPU s; a small model's plan 34-40 MiB."""
 
     wall_s: float = 30.0
     memory_mib: int = 768
 
 
+@dataclass(frozen=True, slots=True)
+class PlanCost:
+    """What one answered plan used: CPU seconds, and MiB of address space beyond the child's start (its peak)."""
+
+    cpu_s: float
+    memory_mib: float
+
+
 class PlanBudgetExceeded(Exception):
-    """The plan went over its budget and was killed; `kind` is "time" or "memory"."""
+    """The plan went over its budget and was killed; `kind` is "time" or "memory". The message names the budget, what
+    the plan had used when it was stopped (`detail`), the spec fields that make a plan smaller (each one the operator's
+    problem reads: spec.search, spec.simulation, spec.hardware, policy.mode Pinned) and the setting that raises the
+    budget (the chart's value and the operator's flag)."""
 
     def __init__(self, budget: PlanBudget, kind: str, detail: str = "") -> None:
-        what = f"planning took > {budget.wall_s:g} s" if kind == "time" else f"planning needed > {budget.memory_mib} MiB"
-        super().__init__(f"{what}{f' ({detail})' if detail else ''}; the plan was stopped. Narrow spec.search (layouts, "
-                         "parallelism), lower spec.hardware.maxGPUs or spec.simulation.requests, or pin a layout")
+        what = (f"planning took > {budget.wall_s:g} s wall" if kind == "time"
+                else f"planning needed > {budget.memory_mib} MiB of address space")
+        raise_it = ("operator.plan.timeoutSeconds (--plan-timeout-s)" if kind == "time"
+                    else "operator.plan.memoryMiB (--plan-memory-mib) with resources.limits.memory")
+        super().__init__(f"{what}{f' ({detail})' if detail else ''}; the plan was stopped. Narrow spec.search (layouts, tp, "
+                         "pp, dp, preset), lower spec.search.topK, spec.simulation.requests or spec.hardware.maxGPUs, pin a "
+                         f"layout (policy.mode Pinned with spec.pinned), or raise the operator's budget: {raise_it}")
         self.budget, self.kind, self.detail = budget, kind, detail
 
 
@@ -99,6 +120,25 @@ def _address_space_bytes() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _peak_address_space_bytes() -> int:
+    """VmPeak: the most address space this process has held (what RLIMIT_AS bounds)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1]) * 1024
+    return _address_space_bytes()
+
+
+def _cpu_s_of(pid: int) -> float | None:
+    """A live child's CPU seconds (user + system, /proc/PID/stat), read before it is killed; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _portable(exc: BaseException) -> tuple[type[BaseException], str, dict[str, Any]]:
     """An exception as (class, message, attributes): the planner's exceptions take keyword-only arguments, which
     plain pickling of `args` cannot rebuild."""
@@ -118,10 +158,12 @@ def _rebuild(cls: type[BaseException], message: str, attrs: dict[str, Any]) -> B
 
 
 def _child(conn: Any, fn: Callable[[Any], Any], problem: Any, memory_mib: int) -> None:
-    """In the child: cap the address space, plan, send ("ok", decision) or ("raise", portable exception)."""
+    """In the child: cap the address space, plan, send ("ok", decision) or ("raise", portable exception), with the
+    plan's cost: its CPU seconds and the address space it grew by (VmPeak over the start: at most what it held)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    start = _address_space_bytes()
     if memory_mib > 0:
-        limit = _address_space_bytes() + memory_mib * MIB
+        limit = start + memory_mib * MIB
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         out: tuple[str, Any] = ("ok", fn(problem))
@@ -130,11 +172,11 @@ def _child(conn: Any, fn: Callable[[Any], Any], problem: Any, memory_mib: int) -
     except BaseException as exc:
         out = ("raise", _portable(exc))
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_s = usage.ru_utime + usage.ru_stime
+    cost = PlanCost(cpu_s=usage.ru_utime + usage.ru_stime, memory_mib=max(0, _peak_address_space_bytes() - start) / MIB)
     try:
-        conn.send((*out, cpu_s))
+        conn.send((*out, cost))
     except MemoryError:
-        conn.send(("memory", "while sending the result", cpu_s))
+        conn.send(("memory", "while sending the result", cost))
     finally:
         conn.close()
 
@@ -174,6 +216,7 @@ class PlanWorker:
     plans_started: int = 0
     plans_failed: int = 0
     plans_cpu_s: float = 0.0       # CPU seconds of the children that answered
+    last_cost: PlanCost | None = None   # the cost of the last plan that answered (benchmarks/long_prompt.py prints it)
 
     def __post_init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.slots), thread_name_prefix="plan")
@@ -296,13 +339,16 @@ class PlanWorker:
         sender.close()
         try:
             if not receiver.poll(self.budget.wall_s):
+                used_s = _cpu_s_of(proc.pid)
                 proc.kill()
-                raise PlanBudgetExceeded(self.budget, "time")
+                raise PlanBudgetExceeded(self.budget, "time", "" if used_s is None else f"{used_s:.1f} CPU s used")
             try:
-                kind, payload, cpu_s = receiver.recv()
+                kind, payload, cost = receiver.recv()
                 with self._lock:
-                    self.plans_cpu_s += cpu_s
-                LOG.debug("plan %s: %s after %.1f s wall, %.2f CPU s", problem_digest(problem)[:12], kind, time.monotonic() - started, cpu_s)
+                    self.plans_cpu_s += cost.cpu_s
+                    self.last_cost = cost
+                LOG.debug("plan %s: %s after %.1f s wall, %.2f CPU s, %.0f MiB", problem_digest(problem)[:12], kind,
+                          time.monotonic() - started, cost.cpu_s, cost.memory_mib)
             except (EOFError, OSError):
                 proc.join(5.0)
                 code = proc.exitcode

@@ -60,6 +60,9 @@ def _warn_when_the_limit_is_below_the_budget(slots: int, plan_memory_mib: int, p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from servingtopology.operator.cluster.plan_worker import PlanBudget
+
+    budget = PlanBudget()   # one default per budget: the worker's, the flags' and the chart's (tests/operator/test_chart.py)
     parser.add_argument("--namespace", "-n", action="append", default=[],
                         help="watch this namespace (repeatable; glob patterns allowed); default: all namespaces")
     parser.add_argument("--liveness-port", type=int, default=8080, help="port of /healthz (kopf liveness endpoint)")
@@ -79,9 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-prometheus-network", action="append", default=[], metavar="CIDR",
                         help="a network an allowed Prometheus name may resolve into (repeatable; the cluster's Service CIDR, "
                              "say); default: any address but loopback, link-local, unspecified, multicast and reserved ones")
-    parser.add_argument("--plan-timeout-s", type=float, default=30.0,
+    parser.add_argument("--plan-timeout-s", type=float, default=budget.wall_s,
                         help="wall-time budget of one plan; a plan over it is stopped and its resource gets PlanBudgetExceeded")
-    parser.add_argument("--plan-memory-mib", type=int, default=256,
+    parser.add_argument("--plan-memory-mib", type=int, default=budget.memory_mib,
                         help="memory budget of one plan (address space beyond the planner's own, in MiB); 0: no limit. The "
                              "container's memory limit must cover memory_needed_mib(): slots x (budget + 64) + 256 MiB")
     parser.add_argument("--plan-slots", type=int, default=min(2, os.cpu_count() or 1),

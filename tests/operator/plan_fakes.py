@@ -40,3 +40,9 @@ def infeasible(problem: Problem) -> Decision:
 
 def crash(problem: Problem) -> Decision:
     os._exit(3)
+
+
+def spinning(problem: Problem) -> Decision:
+    """A plan that works (burns CPU) without end."""
+    while True:
+        sum(range(10_000))

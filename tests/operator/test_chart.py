@@ -108,6 +108,20 @@ def test_the_default_memory_limit_covers_the_plans_at_their_budget_and_the_opera
     assert _mebibytes(resources["limits"]["memory"]) >= needed, (resources, args.plan_slots, args.plan_memory_mib, needed)
 
 
+def test_the_charts_plan_budget_is_the_operators_own_default() -> None:
+    """One budget: what the chart renders, what the operator's flags default to and what PlanWorker uses unconfigured
+    (benchmarks/long_prompt.py judges the plans against it)."""
+    from servingtopology.operator.cluster.plan_worker import PlanBudget
+
+    charted, _ = _operator_args()
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    flags = parser.parse_args([])
+    default = PlanBudget()
+    assert (charted.plan_timeout_s, charted.plan_memory_mib) == (flags.plan_timeout_s, flags.plan_memory_mib) \
+        == (default.wall_s, default.memory_mib)
+
+
 def test_a_memory_limit_below_the_plans_budget_is_refused_naming_the_values() -> None:
     sets = ("operator.plan.slots=3", "operator.plan.memoryMiB=300")
     needed = memory_needed_mib(slots=3, plan_memory_mib=300)

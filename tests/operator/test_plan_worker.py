@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import resource
 import time
+from pathlib import Path
 
 import plan_fakes
 import pytest
@@ -51,7 +52,66 @@ def test_a_plan_over_its_wall_time_is_killed_and_named_without_waiting_for_it() 
     with pytest.raises(PlanBudgetExceeded) as caught:
         w.plan(problem(), wait_s=None)
     assert time.monotonic() - started < 20
-    assert caught.value.kind == "time" and "planning took > 2 s" in str(caught.value) and "spec.search" in str(caught.value)
+    assert caught.value.kind == "time" and "planning took > 2 s wall" in str(caught.value) and "spec.search" in str(caught.value)
+
+
+def test_a_stopped_plan_says_what_it_had_used_and_which_setting_raises_the_budget() -> None:
+    w = worker(plan_fakes.spinning, budget=PlanBudget(wall_s=2.0, memory_mib=256))
+    with pytest.raises(PlanBudgetExceeded) as caught:
+        w.plan(problem(), wait_s=None)
+    used = caught.value.detail
+    assert used.endswith(" CPU s used") and 0.1 <= float(used.split()[0]) <= 2.5, used   # a busy child, read before the kill
+    assert "operator.plan.timeoutSeconds (--plan-timeout-s)" in str(caught.value)
+    memory = PlanBudgetExceeded(PlanBudget(), "memory")
+    assert "> 768 MiB" in str(memory) and "operator.plan.memoryMiB (--plan-memory-mib)" in str(memory)
+
+
+# Every spec field PlanBudgetExceeded advises, and another value of it: the operator's problem must change with it
+# (a setting the operator ignores would leave the Problem as it was, and the advice would be false).
+ADVISED = [
+    ("search", "layouts", ["replicas"]),           # "narrow spec.search (layouts, tp, pp, dp, preset)"
+    ("search", "tp", [1]),
+    ("search", "pp", [1]),
+    ("search", "dp", [2]),                         # a dense model searches dp [1] by default: read, if not lowered
+    ("search", "preset", "narrow"),
+    ("search", "topK", 1),                         # "lower spec.search.topK"
+    ("simulation", "requests", 50),                # "spec.simulation.requests": stage 6's SimulationBudget
+    ("hardware", "maxGPUs", 2),                    # "spec.hardware.maxGPUs"
+]
+
+
+def test_every_setting_the_budget_advice_names_changes_the_operators_plan() -> None:
+    from servingtopology.operator.pass_context import problem_from_spec
+
+    message = str(PlanBudgetExceeded(PlanBudget(), "time"))
+    for section, name, value in ADVISED:
+        assert f"spec.{section}" in message and name in message, (section, name)
+        obj = topology()
+        obj["spec"].setdefault(section, {})[name] = value
+        base = problem_from_spec(parse_topology_spec(topology()["spec"]), None)
+        assert problem_from_spec(parse_topology_spec(obj["spec"]), None) != base, (section, name)
+    pinned = topology()
+    pinned["spec"]["policy"] = {**pinned["spec"].get("policy", {}), "mode": "Pinned"}
+    pinned["spec"]["pinned"] = {"kind": "replicas", "replicas": 1, "tp": 1}
+    assert "policy.mode Pinned with spec.pinned" in message
+    assert problem_from_spec(parse_topology_spec(pinned["spec"]), None).pinned is not None
+
+
+def test_the_default_budget_plans_the_largest_gpu_budget_a_spec_allows() -> None:
+    """PlanBudgetFollowsTheWork: 16,384 GPUs (the spec's limit) of the wide 70B search grew 550 MiB; 256 MiB refused it."""
+    import yaml
+
+    from servingtopology.spec import MAX_GPUS, parse_spec
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "plan-llama70b-wide.yaml").read_text())
+    data["hardware"]["maxGPUs"] = MAX_GPUS
+    w = PlanWorker(budget=PlanBudget(wall_s=300.0, memory_mib=PlanBudget().memory_mib), slots=1)
+    try:
+        decision = w.plan(to_problem(parse_spec(data)), wait_s=None)
+    finally:
+        w.close()
+    assert decision.best.layout.gpus <= MAX_GPUS and w.last_cost is not None
+    assert 0 < w.last_cost.memory_mib < PlanBudget().memory_mib, w.last_cost
 
 
 def test_a_plan_over_its_memory_budget_is_stopped_and_the_operator_process_does_not_grow() -> None:
