@@ -88,16 +88,17 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/funnel_speed.py
 
 # Leave-one-model-out accuracy with every fold refitted from defaults (issue #35 item 4; outside `make test`): the five
-# families of silicon_calibration.csv, ACCURACY_EVALS loss evaluations a fold (about 40-70 CPU s each here), then
-# lomo_decisions.py on the three shared files with those folds. An ablation: ACCURACY_SET="--set measured_moe=1" (a
-# switch of the step model, set in the folds and in the rows the shipped fit never saw).
+# families of silicon_calibration.csv, ACCURACY_EVALS loss evaluations a fold (about 40-70 CPU s each here), and the
+# all-row fit likewise from defaults (it predicts Qwen3-32B and MiniMax-M2.5, which no fit saw), then lomo_decisions.py
+# on the three shared files with those parameters. An ablation: ACCURACY_SET="--set measured_moe=1" (a switch of the
+# step model, set in every fit and every prediction).
 ACCURACY_EVALS ?= 2000
 ACCURACY_SET ?=
 accuracy: $(STAMP)
 	mkdir -p build/accuracy
-	$(BIN)/python benchmarks/fit_perf.py --evals 1 --restarts 0 --fix gemm_eff_max=0.8 --rank-weight 0.5 $(ACCURACY_SET) --lomo \
-		--lomo-from-defaults --lomo-evals $(ACCURACY_EVALS) --out build/accuracy/folds.json
-	$(BIN)/python benchmarks/lomo_decisions.py --no-fail --folds build/accuracy/folds.json $(ACCURACY_SET)
+	$(BIN)/python benchmarks/fit_perf.py --from-defaults --evals $(ACCURACY_EVALS) --restarts 0 --fix gemm_eff_max=0.8 --rank-weight 0.5 \
+		$(ACCURACY_SET) --lomo --lomo-from-defaults --lomo-evals $(ACCURACY_EVALS) --out build/accuracy/folds.json
+	$(BIN)/python benchmarks/lomo_decisions.py --no-fail --folds build/accuracy/folds.json --params build/accuracy/folds.json $(ACCURACY_SET)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -35,7 +35,7 @@ from typing import Any
 from servingtopology.cli.validate import Measurements, load_measurements
 from servingtopology.planner.fidelity.benchmark_cases import BenchmarkCase, Prediction, Skip, predict_held_out
 from servingtopology.planner.fidelity.scores import layout_kind, summarize
-from servingtopology.planner.perf.step import fit_record, perf_params
+from servingtopology.planner.perf.step import fit_record, load_params, perf_params, pinned_params
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "groundtruth"
@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fail", action="store_true", help="print the figures; exit 0 even when a target is missed")
     ap.add_argument("--folds", type=Path, nargs="+", default=None, metavar="FILE",
                     help="fit_perf.py --lomo outputs whose folds replace the shipped ones for the families they hold")
+    ap.add_argument("--params", type=Path, default=None, metavar="FILE",
+                    help="a fit_perf.py output whose all-row parameters predict the rows no fold holds (Qwen3-32B, MiniMax-M2.5) "
+                         "in place of the shipped fit (make accuracy: that fit refitted from defaults too)")
     ap.add_argument("--files", nargs="+", default=list(SCORED_FILES), metavar="CSV",
                     help=f"shared files to predict (default: {' '.join(SCORED_FILES)})")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -143,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     m = _merge(parts)
     overrides = {k: float(v) for k, v in (a.split("=", 1) for a in args.set)}
     records = [json.loads(f.read_text()) for f in args.folds] if args.folds else None
-    results, _ = lomo_predictions(m, fitted, overrides, records)
+    if args.params is not None:
+        with pinned_params(load_params(json.loads(args.params.read_text()))):
+            results, _ = lomo_predictions(m, fitted, overrides, records)
+    else:
+        results, _ = lomo_predictions(m, fitted, overrides, records)
     overall = summarize(m.cases, results, skipped_at_parse=m.skipped_at_parse)
     out: dict[str, Any] = {"overall": overall, "breakdowns": {}}
     for name, key in BREAKDOWNS.items():

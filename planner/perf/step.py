@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from servingtopology.planner.engines import kernels
-from servingtopology.planner.hardware import Gpu, Link, Precision
+from servingtopology.planner.hardware import Gpu, Link, Precision, gpu_catalog
 from servingtopology.planner.layout import Engine, KvDtype, Parallelism
 from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
@@ -33,6 +33,7 @@ __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "scale
            "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
            "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_exchange", "measured_terms",
+           "fabric_table_gpu",
            "KERNEL_ENGINES", "PCIE_BUS_EFF"]
 
 
@@ -274,6 +275,27 @@ KERNEL_ENGINES = {Engine.VLLM: "vllm", Engine.SGLANG: "sglang"}
 
 
 @cache
+def fabric_table_gpu(gpu_id: str) -> str:
+    """The GPU whose measured communication tables (the engines' custom all-reduce, NCCL) time this GPU's collectives.
+
+    Itself where any table measured it; else the measured GPU of the same scale-up fabric: NVLink at the same per-GPU
+    bandwidth through a switch of the same node size (gpus.toml). A small collective's time is the fabric's (the
+    switch's hops, the peers' flags, the link's bytes), not the compute die's: B300 runs B200's NVLink 5 switch tray
+    (900 GB/s a direction, 8 GPUs a node) and was never measured, so it takes B200's tables. None matching: the GPU's
+    own id (no table; the caller keeps the fitted terms)."""
+    measured = {row[0] for row in kernels.coverage()}
+    if gpu_id in measured:
+        return gpu_id
+    catalog = gpu_catalog()
+    gpu = catalog.get(gpu_id)
+    if gpu is None or gpu.scaleup_link is not Link.NVLINK:
+        return gpu_id
+    twins = sorted(g.id for g in catalog.values() if g.id in measured and g.scaleup_link is Link.NVLINK
+                   and g.nvlink_gbps == gpu.nvlink_gbps and g.gpus_per_node == gpu.gpus_per_node)
+    return twins[0] if twins else gpu_id
+
+
+@cache
 def _measured_allreduce_line(gpu_id: str, engine: str, release: str, n: int, hidden: int) -> tuple[float, float, str]:
     """(fixed s, s per token, source) of one all-reduce over n GPUs from the measured custom all-reduce table of the
     engine's nearest measured release; NaN where no table covers it (the caller keeps the roofline)."""
@@ -298,7 +320,7 @@ def measured_allreduce(gpu: Gpu, engine: Engine | None, release: str | None, tp:
     for n in np.unique(arr):
         if not (2 <= n <= gpu.gpus_per_node):
             continue
-        f, t, _ = _measured_allreduce_line(gpu.id, name, release or "", int(n), int(hidden))
+        f, t, _ = _measured_allreduce_line(fabric_table_gpu(gpu.id), name, release or "", int(n), int(hidden))
         fixed = np.where(arr == n, f, fixed)
         per_tok = np.where(arr == n, t, per_tok)
     return fixed, per_tok
@@ -342,7 +364,7 @@ def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any
     for d in np.unique(d_arr):
         if d < 2:
             continue
-        f, t, _ = _measured_exchange_line(gpu.id, int(d), int(hidden))
+        f, t, _ = _measured_exchange_line(fabric_table_gpu(gpu.id), int(d), int(hidden))
         inside = (d_arr == d) & (e_arr > 1) & (t_arr * d_arr <= gpu.gpus_per_node)
         fixed = np.where(inside, f, fixed)
         per_tok = np.where(inside, t, per_tok)
@@ -359,12 +381,12 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
     if name is None:
         return out
     if p.measured_allreduce >= 0.5 and tp >= 2 and gpu.scaleup_link is Link.NVLINK and tp <= gpu.gpus_per_node:
-        f, _, source = _measured_allreduce_line(gpu.id, name, release or "", int(tp), int(hidden))
+        f, _, source = _measured_allreduce_line(fabric_table_gpu(gpu.id), name, release or "", int(tp), int(hidden))
         if math.isfinite(f):
             out["tp_allreduce"] = source
     if p.measured_exchange >= 0.5 and model is not None and model.is_moe and dp >= 2 and moe_ep >= 2 \
             and tp * dp <= gpu.gpus_per_node and gpu.scaleup_link is Link.NVLINK:
-        _, _, source = _measured_exchange_line(gpu.id, int(dp), int(hidden))
+        _, _, source = _measured_exchange_line(fabric_table_gpu(gpu.id), int(dp), int(hidden))
         if source:
             out["dp_exchange"] = source
     if p.measured_moe >= 0.5 and model is not None and model.is_moe:

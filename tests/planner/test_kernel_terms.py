@@ -13,7 +13,7 @@ from servingtopology.planner.engines import kernels
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.model.catalog import resolve_model
-from servingtopology.planner.perf.step import PerfParams, measured_allreduce, measured_terms, step_coefficients
+from servingtopology.planner.perf.step import PerfParams, fabric_table_gpu, measured_allreduce, measured_terms, step_coefficients
 
 LLAMA70 = resolve_model("meta-llama/Llama-3.1-70B")
 ON = replace(PerfParams(), measured_allreduce=1.0)
@@ -218,7 +218,7 @@ def test_the_dp_exchange_of_an_expert_parallel_layer_is_nccls_all_gather_and_red
 
 
 @pytest.mark.parametrize(("gpu", "dp", "ep"), [
-    ("b300_sxm", 4.0, 4.0),   # NCCL was not measured on it
+    ("gb200", 4.0, 4.0),      # NCCL was not measured on it nor on another GPU of its 72-GPU NVLink domain
     ("h200_sxm", 4.0, 1.0),   # DP without EP: experts sharded over every GPU, another exchange
     ("h200_sxm", 1.0, 4.0),   # EP under TP attention: no exchange of its own
 ])
@@ -229,3 +229,31 @@ def test_the_fitted_exchange_stays_where_no_nccl_table_times_it(gpu, dp, ep):
     off = step_coefficients(mm, resolve_gpu(gpu), params=replace(PerfParams(), measured_exchange=0.0), **kw)
     assert float(on.a2a_fixed_s) == float(off.a2a_fixed_s) and float(on.a2a_s_per_token) == float(off.a2a_s_per_token)
 
+
+
+@pytest.mark.parametrize(("gpu", "twin"), [
+    ("b300_sxm", "b200_sxm"),  # never measured; B200's NVLink 5 switch tray: 900 GB/s a direction, 8 GPUs a node
+    ("b200_sxm", "b200_sxm"),  # measured itself
+    ("h100_sxm", "h100_sxm"),
+    ("gb200", "gb200"),        # a 72-GPU NVLink domain: no measured GPU shares that fabric
+    ("l40s", "l40s"),          # PCIe: no NVLink fabric to share
+])
+def test_communication_tables_of_an_unmeasured_gpu_are_its_nvlink_fabrics(gpu, twin):
+    assert fabric_table_gpu(gpu) == twin
+
+
+def test_a_b300s_dp_exchange_and_all_reduce_are_b200s_measured_ones():
+    # B300 was never measured; its DP4·EP4 exchange was the fitted 2 × a2a_latency_s a layer (53 µs each in the shipped
+    # fit: 6.6 ms a MiniMax step, against 1.6 ms on B200's NCCL tables over the same NVLink 5 switch).
+    mm = _minimax()
+    dp_kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=1.0, pp=1.0, dp=4.0, moe_ep=4.0)
+    b300 = step_coefficients(mm, resolve_gpu("b300_sxm"), params=replace(PerfParams(), a2a_latency_s=1e-3), **dp_kw)
+    b200 = step_coefficients(mm, resolve_gpu("b200_sxm"), params=replace(PerfParams(), a2a_latency_s=1e-3), **dp_kw)
+    assert float(b300.a2a_fixed_s) == float(b200.a2a_fixed_s) < mm.num_moe_layers * 2.0 * 1e-3
+    assert float(b300.a2a_s_per_token) == float(b200.a2a_s_per_token)
+    tp_kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=4.0, pp=1.0, dp=1.0, release="0.19.0")
+    on = replace(PerfParams(), measured_allreduce=1.0)
+    assert float(step_coefficients(mm, resolve_gpu("b300_sxm"), params=on, **tp_kw).tp_fixed_s) \
+        == float(step_coefficients(mm, resolve_gpu("b200_sxm"), params=on, **tp_kw).tp_fixed_s)
+    terms = measured_terms(resolve_gpu("b300_sxm"), Engine.VLLM, "0.19.0", 4, mm.hidden_size, on)
+    assert terms["tp_allreduce"].endswith("on b200_sxm")
