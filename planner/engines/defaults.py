@@ -5,9 +5,10 @@ Read by planner/fidelity/benchmark_cases.py (the public rows ran with the engine
 the engine gives). Pure; `gpu` is the catalog entry, every count may be a numpy array.
 
 Sources (shared/reference/engines.md sections 1.1 and 2.1):
-- vLLM V1, `vllm serve` (EngineArgs.get_batch_defaults, OpenAI API server usage context): max_num_batched_tokens 8192
-  and max_num_seqs 1024 on a GPU of at least 70 GiB that is not an A100 by name (`vllm_large_gpu`), else 2048 and 256;
-  gpu_memory_utilization 0.9.
+- vLLM V1, `vllm serve` (EngineArgs.get_batch_defaults, in 0.11 _set_default_args; OpenAI API server usage context):
+  max_num_batched_tokens 16384 and max_num_seqs 1024 on a GPU of at least 160 GiB since 0.28.0, 8192 and 1024 on one of
+  at least 70 GiB that is not an A100 by name (`vllm_large_gpu`), else 2048 and 256; gpu_memory_utilization 0.9.
+  tests/conformance/test_engine_defaults.py runs each covered release's own code on every catalog GPU against these.
 - SGLang (server_args.py): chunked_prefill_size 2048 under 35 GiB, 8192 under 160 GiB, 16384 above, split across the
   DP-attention ranks (at least 1024 each); --mem-fraction-static computed from the memory left after its reservations
   since 0.5.3 (sgl-project/sglang PR #10975, `_handle_gpu_memory_settings`), a table by TP size before.
@@ -23,9 +24,14 @@ from servingtopology.planner.engines.caps import release_key
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Engine
 
-__all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_LARGE_GPU_GIB", "max_running", "vllm_large_gpu", "memory_fraction", "sglang_mem_fraction", "token_budget"]
+__all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_HUGE_GPU_GIB", "VLLM_HUGE_GPU_SINCE", "VLLM_LARGE_GPU_GIB", "max_running",
+           "vllm_batch_defaults", "vllm_large_gpu", "memory_fraction", "sglang_mem_fraction", "token_budget"]
 
 VLLM_LARGE_GPU_GIB = 70.0
+# vLLM's top tier (B200, B300, MI300X): "for GPUs like B200/B300 with >= 160GB memory, use the largest defaults", first
+# in v0.28.0's arg_utils.py (absent in the covered 0.11.0, present in 0.32.0 and 0.33.0: the conformance test holds both).
+VLLM_HUGE_GPU_GIB = 160.0
+VLLM_HUGE_GPU_SINCE = (0, 28, 0)
 VLLM_MEMORY_FRACTION = 0.9
 
 # SGLang --mem-fraction-static when it is not given (first in 0.5.3): in MiB,
@@ -45,20 +51,31 @@ def vllm_large_gpu(gpu: Gpu) -> bool:
     return gpu.memory_gib >= VLLM_LARGE_GPU_GIB and "a100" not in gpu.name.lower()
 
 
-def token_budget(engine: Engine, gpu: Gpu, dp: Any = 1) -> Any:
+def vllm_batch_defaults(gpu: Gpu, release: str = "") -> tuple[int, int]:
+    """vLLM's API-server (max_num_batched_tokens, max_num_seqs) on `gpu` for `release` ("": the newest rule), with
+    chunked prefill on (V1's default for generative models). The tiers by memory (GiB as the driver reports it):
+    at least 160 since 0.28.0 → (16384, 1024); at least 70 and not an A100 → (8192, 1024); else (2048, 256). 0.33.0
+    also keeps a GB10 (compute capability 12.1) in the last tier; no catalog GPU is one."""
+    rel = release_key(release)
+    if gpu.memory_gib >= VLLM_HUGE_GPU_GIB and (not rel or rel >= VLLM_HUGE_GPU_SINCE):
+        return 16384, 1024
+    return (8192, 1024) if vllm_large_gpu(gpu) else (2048, 256)
+
+
+def token_budget(engine: Engine, gpu: Gpu, dp: Any = 1, *, release: str = "") -> Any:
     """Tokens one scheduler step may hold (vLLM max_num_batched_tokens; SGLang chunked_prefill_size per DP rank)."""
     dp = np.asarray(dp, dtype=float)
     if engine is Engine.SGLANG:
         total = 2048 if gpu.memory_gib < 35 else (8192 if gpu.memory_gib < 160 else 16384)
         return np.maximum(total / dp, 1024.0)
-    return (8192.0 if vllm_large_gpu(gpu) else 2048.0) + 0.0 * dp
+    return float(vllm_batch_defaults(gpu, release)[0]) + 0.0 * dp
 
 
-def max_running(engine: Engine, gpu: Gpu) -> int:
+def max_running(engine: Engine, gpu: Gpu, *, release: str = "") -> int:
     """Requests one instance may run at once when not stated (vLLM max_num_seqs; SGLang's own cap is the KV pool's,
     which the pool computation applies: 256 here is the emulator's ceiling below it, not SGLang's rule)."""
     if engine is Engine.VLLM:
-        return 1024 if vllm_large_gpu(gpu) else 256
+        return vllm_batch_defaults(gpu, release)[1]
     return 256
 
 

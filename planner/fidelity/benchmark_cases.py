@@ -417,8 +417,9 @@ def _requests_per_client(case: BenchmarkCase, p: PerfParams) -> float:
     return p.bench_requests_per_client
 
 
-def _token_budget(backend: str, gpu: Gpu, dp: Any) -> Any:
-    return token_budget(Engine.SGLANG if backend == "sglang" else Engine.VLLM, gpu, dp)
+def _token_budget(backend: str, gpu: Gpu, dp: Any, release: str) -> Any:
+    """The engine's default at the row's release (a row that records none: the newest rule)."""
+    return token_budget(Engine.SGLANG if backend == "sglang" else Engine.VLLM, gpu, dp, release=release)
 
 
 def _output_reserve(backend: str) -> float | None:
@@ -511,7 +512,7 @@ def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch,
     if first.mode == "agg":
         topo = tuple(c.agg for c in sub if c.agg is not None)
         dp = np.array([t.dp for t in topo], dtype=float)
-        budget = _token_budget(first.backend, gpu, dp)
+        budget = _token_budget(first.backend, gpu, dp, first.engine_release)
         return _Group(**common, topo=topo, budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx, first.engine_release),
                       recv=_arr(sub, _recv_interval), lockstep=np.array([lockstep_closed_loop(c) for c in sub], dtype=bool))
     pre = tuple(c.prefill for c in sub if c.prefill is not None)
@@ -519,8 +520,8 @@ def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch,
     pdp = np.array([t.dp for t in pre], dtype=float)
     ddp = np.array([t.dp for t in dec], dtype=float)
     gpus = np.array([c.gpus for c in sub], dtype=float)
-    dbudget = _token_budget(first.backend, gpu, ddp)
-    return _Group(**common, topo=pre, budget=_token_budget(first.backend, gpu, pdp),
+    dbudget = _token_budget(first.backend, gpu, ddp, first.engine_release)
+    return _Group(**common, topo=pre, budget=_token_budget(first.backend, gpu, pdp, first.engine_release),
                   max_running=_rank_cap(model, gpu, d, first.precision, dbudget, dec, ctx, first.engine_release), decode=dec,
                   prefill_ranks=pdp * np.array([t.workers for t in pre], dtype=float),
                   decode_ranks=ddp * np.array([t.workers for t in dec], dtype=float), same_node=bool(np.all(gpus <= gpu.gpus_per_node)))

@@ -366,8 +366,8 @@ def load_replay(folder: Path, *, model_config: Path | None = None) -> Replay:
     # A knob the run left out is what vLLM chose (the run's files name vLLM's knobs): planner.engines.defaults, the one
     # home of those rules (an A100-80GB is left out of the large defaults by name there).
     knobs = EngineKnobs(
-        max_num_seqs=kw.count("max_num_seqs", low=1, high=MAX_NUM_SEQS) or max_running(Engine.VLLM, gpu),
-        max_num_batched_tokens=kw.count("max_num_batched_tokens", low=1, high=MAX_BATCHED_TOKENS) or int(token_budget(Engine.VLLM, gpu)),
+        max_num_seqs=kw.count("max_num_seqs", low=1, high=MAX_NUM_SEQS) or max_running(Engine.VLLM, gpu, release=release),
+        max_num_batched_tokens=kw.count("max_num_batched_tokens", low=1, high=MAX_BATCHED_TOKENS) or int(token_budget(Engine.VLLM, gpu, release=release)),
         memory_fraction=kv.fraction("gpu_memory_utilization") or kw.fraction("gpu_memory_utilization") or memory_fraction(Engine.VLLM, gpu),
         kv_dtype=kv_dtype,
         block_size_tokens=block,

@@ -194,11 +194,11 @@ def build_simulator(config: EngineConfig, *, gpu: Gpu, kind: SimulatorKind = Sim
     ranks = config.dp
     parallelism = Parallelism(tp=attention_tp, pp=config.pp, dp=config.dp)
     # what the engine chooses for a flag the command leaves out (planner/engines/defaults.py: the one rule)
-    default_budget = int(token_budget(config.engine, gpu))  # the server's flag value; the step model splits it per DP rank
+    default_budget = int(token_budget(config.engine, gpu, release=config.version))  # the server's flag value; the step model splits it per DP rank
     default_fraction = memory_fraction(config.engine, gpu, release=config.version, tp=attention_tp, pp=config.pp,
                                        dp=config.dp if config.dp_attention else 1)
     knobs = EngineKnobs(
-        max_num_seqs=config.max_running or max_running(config.engine, gpu),
+        max_num_seqs=config.max_running or max_running(config.engine, gpu, release=config.version),
         max_num_batched_tokens=config.token_budget or default_budget,
         memory_fraction=config.memory_fraction or default_fraction,
         kv_dtype=_KV_DTYPES.get(config.kv_cache_dtype, KvDtype.AUTO),

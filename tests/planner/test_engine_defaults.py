@@ -1,6 +1,7 @@
 """An engine's default for a knob left out has one home (planner.engines.defaults), held to the engine's own rule:
-vLLM's server takes 8192 batched tokens and 1024 sequences on a GPU of at least 70 GiB that is not an A100 by name
-(EngineArgs.get_batch_defaults), and `simulate --replay` of a run that left them out reads that home."""
+vLLM's server takes 8192 batched tokens and 1024 sequences on a GPU of at least 70 GiB that is not an A100 by name,
+16384 and 1024 on one of at least 160 GiB since 0.28 (EngineArgs.get_batch_defaults), and `simulate --replay` of a run
+that left them out reads that home. tests/conformance/test_engine_defaults.py holds the rule to each release's own code."""
 
 from __future__ import annotations
 
@@ -25,6 +26,19 @@ def test_vllm_server_batch_defaults_follow_vllms_rule_by_memory_and_name(gpu, to
     g = resolve_gpu(gpu)
     assert (int(token_budget(Engine.VLLM, g)), max_running(Engine.VLLM, g)) == (tokens, seqs)
     assert vllm_large_gpu(g) == (tokens == 8192)
+
+
+@pytest.mark.parametrize(("gpu", "release", "tokens"), [
+    ("b200_sxm", "0.33.0", 16384),   # 178 GiB: the top tier from 0.28 on
+    ("mi300x", "0.32.0", 16384),
+    ("b200_sxm", "0.11.0", 8192),    # before 0.28 the 70 GiB tier was the top one
+    ("b200_sxm", "0.15.1", 8192),
+    ("b200_sxm", "", 16384),         # a release not recorded: the newest rule
+    ("h200_sxm", "0.33.0", 8192),    # 140 GiB: under the top tier
+])
+def test_vllm_batch_defaults_take_the_160_gib_tier_by_release(gpu, release, tokens):
+    g = resolve_gpu(gpu)
+    assert (int(token_budget(Engine.VLLM, g, release=release)), max_running(Engine.VLLM, g, release=release)) == (tokens, 1024)
 
 
 @pytest.mark.parametrize(("device", "alias", "gpu"), [("NVIDIA A100-SXM4-80GB", "A100", "a100_sxm"), ("NVIDIA H100 80GB HBM3", "H100", "h100_sxm")])
