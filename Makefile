@@ -96,7 +96,7 @@ ACCURACY_EVALS ?= 2000
 ACCURACY_SET ?=
 accuracy: $(STAMP)
 	mkdir -p build/accuracy
-	$(BIN)/python benchmarks/fit_perf.py --from-defaults --evals $(ACCURACY_EVALS) --restarts 0 --fix gemm_eff_max=0.8 --rank-weight 0.5 \
+	$(BIN)/python benchmarks/fit_perf.py --from-defaults --evals $(ACCURACY_EVALS) --restarts 1 --fix gemm_eff_max=0.8 --rank-weight 0.5 \
 		$(ACCURACY_SET) --lomo --lomo-from-defaults --lomo-evals $(ACCURACY_EVALS) --out build/accuracy/folds.json
 	$(BIN)/python benchmarks/lomo_decisions.py --no-fail --folds build/accuracy/folds.json --params build/accuracy/folds.json $(ACCURACY_SET)
 
