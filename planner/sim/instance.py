@@ -3,7 +3,9 @@
 Called by the event loop (cluster.py). A segment is either one step (any batch) or a burst of pure
 decode steps during which nothing changes but lengths; a burst's step times come from three model
 calls when the model is linear in the summed context (checked), else from one call per step. A burst
-that an arrival could join is cut at the step in flight when that arrival lands.
+that an arrival could join is cut at the step in flight when that arrival lands. Under SGLang attention DP,
+while ranks prefill long prompts chunk by chunk beside ranks that decode, a chunk run (ChunkRunAdvance) plans
+those steps without the schedulers: still one step a segment, with the same batches, times, gaps and samples.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from servingtopology.planner.sim.vllm import Planned, VllmPolicy, admit_remote, 
 
 __all__ = ["Instance"]
 
+MAX_RUN_STEPS = 8192
+
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
@@ -37,6 +41,23 @@ class _Burst:
     durations_s: F64
     steps: int
     open_to_arrivals: bool
+
+
+@dataclass(slots=True)
+class _ChunkRun:
+    """Steps determined while some ranks prefill one long prompt each, a full chunk a step, and the others decode or
+    idle (ChunkRunAdvance). The prefilling ranks' chunks are applied step by step, as `schedule` and `finish_step`
+    would; the decoding ranks' tokens and blocks only when the run ends (`Instance._end_run`), and `extra` says the
+    blocks they hold by then, for the timeline."""
+
+    steps: int
+    prefill: list[tuple[Rank, int, int]]             # (rank, slot, chunk)
+    decode: list[tuple[Rank, SglangPolicy, I64, int, int, I64]]  # (rank, policy, slots, decoding, Σ nkv, blocks after j steps)
+    done: int = 0
+    open: bool = True                                # False once anything outside the run touched the instance
+
+    def extra(self) -> int:
+        return sum(int(grown[self.done]) for *_, grown in self.decode)
 
 
 _STEP_INDEX = np.arange(8193)  # 0, 1, ... for the burst's linear step times (bursts are at most 8,192 steps)
@@ -95,6 +116,7 @@ class Instance:
         self.end_s = 0.0
         self.version = 0
         self._burst: _Burst | None = None
+        self._run: _ChunkRun | None = None
         self._burst_ranks: list[int] = []
         self._pending = StepOutcome([], [], [])
         self._loading: dict[int, tuple[int, int]] = {}  # rid -> (rank, slot) while its KV arrives
@@ -110,18 +132,24 @@ class Instance:
         return min(self.ranks, key=lambda r: (r.outstanding, r.index))
 
     def enqueue(self, rid: int) -> Rank:
+        if self._run is not None:
+            self._run.open = False
         rank = self._rank_for()
         rank.waiting.append(rid)
         rank.outstanding += 1
         return rank
 
     def enqueue_remote(self, rid: int) -> Rank:
+        if self._run is not None:
+            self._run.open = False
         rank = self._rank_for()
         rank.remote.append(rid)
         rank.outstanding += 1
         return rank
 
     def kv_arrived(self, rid: int) -> None:
+        if self._run is not None:
+            self._run.open = False
         r, slot = self._loading.pop(rid)
         self.ranks[r].ready[slot] = True
 
@@ -130,6 +158,10 @@ class Instance:
         """Start the next segment at now_s; return its end, or None when there is nothing to run."""
         if len(self.ranks) == 1:
             return self._plan_one(now_s, horizon_s)
+        if self._run is not None:
+            if self._run.open and self._run.done < self._run.steps:
+                return self._run_step(now_s)
+            self._end_run(now_s)
         if not any(rank.running or rank.waiting or rank.remote for rank in self.ranks):
             # Nothing admitted, queued or arriving: the schedulers below would plan an empty step and change nothing
             # (a PD prefill instance woken by a finished KV transfer, a decode instance between requests).
@@ -148,6 +180,8 @@ class Instance:
             times = each[0] if len(each) == 1 else np.max(each, axis=0)
             return self._start_burst(now_s, horizon_s, active, [states[i][0] for i in active], [states[i][1] for i in active],
                                      times, steps, any(limits[i][1] for i in active))
+        if not self._vllm and self._start_run(states):
+            return self._run_step(now_s)
         planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
         for _ in range(3):  # a step that only evicted (freeing room) is followed at once by one that runs
             if any(not p.batch.empty for p in planned) or not any(r.running or r.waiting for r in self.ranks):
@@ -164,6 +198,77 @@ class Instance:
         self._finish_single(planned, end, duration)
         self.busy, self.end_s = True, end
         return end
+
+    def _start_run(self, states: list[tuple[I64, int, int]]) -> bool:
+        """ChunkRunAdvance: whether the next steps are a chunk run of at least 2 steps (then it is set up).
+
+        Every rank is one of: prefilling one prompt whose rest outlasts its chunk (SglangPolicy.chunk_run_limit),
+        decoding with nothing queued, no finish and room for every token (decode_run_limit), or idle with nothing
+        queued. Anything else (a rank admitting, finishing, retracting, receiving KV) steps one at a time."""
+        if all(rank.live_at_decode_state == st[1] for rank, st in zip(self.ranks, states, strict=True)):
+            return False   # every running sequence decodes: no rank prefills (decode_state counted them just now)
+        prefill: list[tuple[Rank, int, int]] = []
+        decode: list[tuple[Rank, SglangPolicy, I64, int, int, I64]] = []
+        steps = MAX_RUN_STEPS
+        for pol, rank, (slots, decoding, context) in zip(self.policies, self.ranks, states, strict=True):
+            assert isinstance(pol, SglangPolicy)
+            k, slot, chunk = pol.chunk_run_limit(rank)
+            if k > 0:
+                prefill.append((rank, slot, chunk))
+            elif decoding > 0:
+                k = pol.decode_run_limit(rank, slots, decoding)
+                decode.append((rank, pol, slots, decoding, context, np.zeros(0, dtype=np.int64)))
+            elif rank.waiting or rank.remote or rank.prefilling():
+                return False
+            else:
+                continue   # idle
+            if k < 2:
+                return False
+            steps = min(steps, k)
+        if not prefill:
+            return False
+        j = np.arange(steps + 1, dtype=np.int64)
+        for i, (rank, pol, slots, decoding, context, _) in enumerate(decode):
+            slack = rank.blk[slots] - rank.nkv[slots]   # page 1: a token a block
+            grown = decoding * j if not slack.any() else np.maximum(j[:, None] - slack[None, :], 0).sum(axis=1)
+            decode[i] = (rank, pol, slots, decoding, context, grown)
+        self._run = _ChunkRun(steps, prefill, decode)
+        return True
+
+    def _run_step(self, now_s: float) -> float:
+        """The next step of the chunk run: the batches, time, gaps and state changes a scheduled step would have."""
+        run = self._run
+        assert run is not None
+        step_time_s = self.model.step_time_s
+        durations = []
+        for rank, slot, chunk in run.prefill:
+            context = int(rank.nkv[slot])
+            ok = rank.grow(slot, chunk)
+            assert ok, "chunk run over the pool"
+            c = float(chunk)
+            durations.append(step_time_s(prefill_tokens=c, prefill_pairs=c * (float(context) + c / 2.0), decode_tokens=0.0,
+                                         decode_context_tokens=0.0))   # batch_of's floats
+            rank.nkv[slot] = context + chunk
+        run.done += 1
+        for _, _, _, decoding, context, _ in run.decode:
+            durations.append(step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=float(decoding),
+                                         decode_context_tokens=float(context + decoding * run.done)))
+        duration = max(durations)
+        end = now_s + duration
+        for rank, pol, _, decoding, _, _ in run.decode:
+            pol.after_decode_steps(rank, 1)
+            self.ledger.gap(duration, decoding)
+        self.steps += 1
+        self.busy, self.end_s = True, end
+        return end
+
+    def _end_run(self, now_s: float) -> None:
+        """Apply the chunk run's decode tokens and blocks (what its steps did, one by one) and leave it."""
+        run = self._run
+        assert run is not None
+        for rank, _, slots, _, _, _ in run.decode:
+            rank.apply_decode(slots, run.done, now_s, self._pending)
+        self._run = None
 
     def _plan_one(self, now_s: float, horizon_s: float) -> float | None:
         """`plan` of an instance with one rank (the common case), without the per-rank lists."""
@@ -274,7 +379,7 @@ class Instance:
             r = self.ranks[0]
             used, total, running, waiting = r.pool.in_use, r.pool.total, r.running, len(r.waiting) + len(r.remote)
         else:
-            used = sum(r.pool.in_use for r in self.ranks)
+            used = sum(r.pool.in_use for r in self.ranks) + (self._run.extra() if self._run is not None else 0)
             total = sum(r.pool.total for r in self.ranks)
             running, waiting = sum(r.running for r in self.ranks), sum(len(r.waiting) + len(r.remote) for r in self.ranks)
         self.ledger.sample(self.end_s, self.index, used / total if total else 0.0, running, waiting)
@@ -282,6 +387,8 @@ class Instance:
         return out
 
     def release_held(self, rid: int) -> None:
+        if self._run is not None:
+            self._run.open = False
         for rank in self.ranks:
             if rank.holds(rid):
                 rank.release_held(rid)

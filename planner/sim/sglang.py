@@ -149,6 +149,38 @@ class SglangPolicy:
             k_max = min(k_max, self._steps_until_admissible(rank, slots, decoding, k_max))
         return k_max, open_to_arrivals
 
+    def chunk_run_limit(self, rank: Rank) -> tuple[int, int, int]:
+        """(steps, slot, chunk): the steps in which `schedule` takes one full chunk of the one prompt this rank is
+        prefilling and nothing else, then (slot, chunk) of that prompt; steps 0 when it is not so. A chunk shorter
+        than the prompt's rest blocks admission behind it (blocked_by_chunk), so each such step is one chunk, as long
+        as the pool holds them all (page 1: a token a block) and no prefilled request waits for room (`remote`)."""
+        if rank.remote or self.chunk > self.max_prefill:
+            return 0, 0, 0
+        pre = rank.prefilling_slots()
+        if len(pre) != 1:
+            return 0, 0, 0
+        slot = pre[0]
+        nkv, blk = int(rank.nkv[slot]), int(rank.blk[slot])
+        steps = (int(rank.target[slot]) - nkv - 1) // self.chunk   # the rest stays longer than a chunk
+        if rank.page != 1 or nkv + steps * self.chunk - blk > rank.pool.free:
+            return 0, 0, 0
+        return steps, slot, self.chunk
+
+    def decode_run_limit(self, rank: Rank, slots: I64, decoding: int) -> int:
+        """Decode steps `schedule` runs on this rank with nothing else changing while another rank prefills: no
+        prompt here, nobody queued (no admission to try), no request reaching its last token, the pool holding every
+        token (no retraction)."""
+        if decoding == 0 or rank.waiting or rank.remote or rank.page != 1 or rank.prefilling():
+            return 0
+        steps = min(int((rank.out_total[slots] - rank.out[slots]).min()) - 1, MAX_BURST_STEPS)
+        free = rank.pool.free
+        slack = rank.blk[slots] - rank.nkv[slots]
+        if not slack.any():
+            return max(0, min(steps, free // decoding))
+        while steps > 0 and rank.extra_blocks(slots, steps) > free:
+            steps //= 2
+        return max(0, steps)
+
     def _steps_until_admissible(self, rank: Rank, slots: I64, decoding: int, k_max: int) -> int:
         """Decode steps before the queue head fits (the reserve shrinks as outputs grow and the ratio decays)."""
         k = np.arange(0, k_max + 1, dtype=np.float64)

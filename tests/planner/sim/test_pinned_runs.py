@@ -38,6 +38,14 @@ def _open_loop() -> Workload:
                     arrival_rate_rps=40.0)
 
 
+KNOBS_64 = EngineKnobs(max_num_seqs=64, max_num_batched_tokens=8192)
+
+
+def _long_prompts(prompt_tokens: float, output_tokens: float, rate_rps: float) -> Workload:
+    return Workload(LengthDist(LengthKind.LOGNORMAL, prompt_tokens, sigma=0.5), LengthDist(LengthKind.LOGNORMAL, output_tokens, sigma=0.5),
+                    arrival_rate_rps=rate_rps)
+
+
 def _closed(name: str, engine: Engine, *, par: Parallelism | None = None, knobs: EngineKnobs = KNOBS, n: int = 1200) -> SimResult:
     return simulate(Layout.replicas(1, par or Parallelism(), knobs), model=resolve_model(name), gpu=H100, engine=engine,
                     requests=closed_loop(clients=256, input_tokens=1000, output_tokens=1000, num_requests=n))
@@ -57,6 +65,14 @@ RUNS: dict[str, Callable[[], SimResult]] = {
     "open-2p2d-tp4-llama31-70b-sglang": lambda: simulate(
         Layout.pd(RoleLayout(2, Parallelism(tp=4), KNOBS), RoleLayout(2, Parallelism(tp=4), KNOBS)), model=resolve_model("llama-3.1-70b"),
         gpu=H100, engine=Engine.SGLANG, workload=_open_loop(), num_requests=600, seed=1),
+    # SGLang attention DP with prompts of many chunks: ranks prefilling beside ranks decoding (chunk runs, ChunkRunAdvance)
+    "open-dp8-sglang-llama31-8b-long-prompts": lambda: simulate(
+        Layout.replicas(1, Parallelism(dp=8), EngineKnobs(max_num_seqs=32, max_num_batched_tokens=16384)), model=resolve_model("llama-3.1-8b"),
+        gpu=H100, engine=Engine.SGLANG, workload=_long_prompts(60_000, 800, 1.0), num_requests=120, seed=5),
+    "open-2p-dp4-1d-dp2-sglang-llama31-70b-long-prompts": lambda: simulate(
+        Layout.pd(RoleLayout(2, Parallelism(tp=2, dp=4), KNOBS_64), RoleLayout(1, Parallelism(tp=4, dp=2), KNOBS_64)),
+        model=resolve_model("llama-3.1-70b"), gpu=H100, engine=Engine.SGLANG, workload=_long_prompts(40_000, 300, 1.5), num_requests=150,
+        seed=2),
     "open-1p1d-llama31-8b-vllm": lambda: simulate(
         Layout.pd(RoleLayout(1, Parallelism(), KNOBS), RoleLayout(1, Parallelism(), KNOBS)), model=resolve_model("llama-3.1-8b"),
         gpu=H100, engine=Engine.VLLM, workload=_open_loop(), num_requests=400, seed=4, pool_tokens={Role.DECODE: 60_000}),
