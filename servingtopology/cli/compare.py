@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         check_output("--plot", args.plot, suffixes=PLOT_SUFFIXES)
         problem, compared = compare_layouts(args.spec, list(args.layout), whatif_overrides(args))
     except (SpecError, InvalidSpec) as exc:
-        return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
+        return emit_spec_error(flagged(exc, whatif_overrides(args, strict=False)), as_json=args.json)
     except PinRefused as exc:
         if args.json:
             print(json.dumps({"error": "infeasible", "stage": exc.stage, "field": exc.field, "message": exc.message}))

@@ -3,7 +3,8 @@
 Install with `source <(servingtopology completion bash)` (or write it to ~/.local/share/bash-completion/completions/
 servingtopology); zsh: `source <(servingtopology completion zsh)`, which loads zsh's bashcompinit and the same
 function. The script is static (no Python runs on <TAB>): subcommands, each one's options, the choices of options and
-positionals that have them, file names for the rest. Built from the parser `main.build_parser` returns, so a new
+positionals that have them, the catalog's ids for an option marked with the catalog it names (`action.catalog`: gpu,
+model, engine; the what-if flags mark theirs), file names for the rest. Built from the parser `main.build_parser` returns, so a new
 option completes without an edit here.
 """
 
@@ -15,7 +16,7 @@ import shlex
 import sys
 from typing import Any
 
-__all__ = ["add_parser", "run", "Shell", "bash_script", "zsh_script"]
+__all__ = ["add_parser", "run", "Shell", "bash_script", "catalog_ids", "zsh_script"]
 
 PROG = "servingtopology"
 
@@ -39,6 +40,19 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
+def catalog_ids(catalog: str) -> list[str]:
+    """The ids that complete an option naming `catalog` (gpu | model | engine), as the spec accepts them."""
+    from servingtopology.planner.hardware import gpu_catalog
+    from servingtopology.planner.layout import Engine
+    from servingtopology.planner.model.catalog import model_catalog
+
+    if catalog == "gpu":
+        return list(gpu_catalog())
+    if catalog == "model":
+        return list(model_catalog())
+    return [e.value for e in Engine]
+
+
 def _words(values: Any) -> str:
     return " ".join(shlex.quote(str(v)) for v in values)
 
@@ -58,9 +72,10 @@ def _options(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list
         options += action.option_strings
         if action.nargs == 0:
             continue
-        if action.choices:
+        if action.choices or getattr(action, "catalog", ""):
+            values = [str(c) for c in action.choices] if action.choices else catalog_ids(action.catalog)  # type: ignore[attr-defined]
             for opt in action.option_strings:
-                choices[opt] = [str(c) for c in action.choices]
+                choices[opt] = values
         else:
             valued += action.option_strings
     return options, choices, valued, positional

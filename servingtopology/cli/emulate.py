@@ -60,7 +60,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--status", type=Path, help="cluster mode: JSON file listing instances and argument errors")
     p.add_argument("--interval-s", type=float, default=1.0, help="cluster mode: seconds between pod listings")
     p.add_argument("--args", dest="engine_args", help="single mode: the engine command line, e.g. 'vllm serve llama-3.1-8b -tp 1'")
-    p.add_argument("--gpu", default="h100_sxm", help="single mode: GPU type (default: %(default)s)")
+    gpu = p.add_argument("--gpu", default="h100_sxm", help="single mode: GPU type (default: %(default)s)")
+    gpu.catalog = "gpu"  # completes with the catalog's ids (cli/completion.py)
     p.add_argument("--host", default="127.0.0.1", help="address the metrics servers bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=0, help="single mode: metrics port (default: any free port)")
     p.add_argument("--simulator", choices=[k.value for k in SimulatorKind], default=SimulatorKind.PROJECT.value,

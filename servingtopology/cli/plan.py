@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         calibration = read_calibration(args.calibration, problem) if getattr(args, "calibration", None) else None
         baseline = read_baseline(args.baseline)
     except (SpecError, InvalidSpec) as exc:
-        return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
+        return emit_spec_error(flagged(exc, whatif_overrides(args, strict=False)), as_json=args.json)
     bar = StageBar(enabled=wanted(args))
     progress = None
     if wanted(args):

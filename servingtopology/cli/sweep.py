@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                                               stage="sweep, calibrated")
                 _add_intervals(problem, layout, calibrated, calibration)
     except (SpecError, InvalidSpec) as exc:
-        return emit_spec_error(flagged(exc, whatif_overrides(args)), as_json=args.json)
+        return emit_spec_error(flagged(exc, whatif_overrides(args, strict=False)), as_json=args.json)
     except Infeasible as exc:
         if args.json:
             print(json.dumps({"error": "infeasible", "message": str(exc)}))

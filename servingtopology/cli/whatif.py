@@ -13,7 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Flag", "FLAGS", "add_whatif_flags", "whatif_overrides", "apply_overrides", "flag_errors", "flagged"]
+__all__ = ["Flag", "FLAGS", "SLO_PERCENTILES", "add_whatif_flags", "whatif_overrides", "apply_overrides", "flag_errors", "flagged"]
+
+# The percentiles the spec's SLO keys name (spec.SloSpec: exactly one per metric): one what-if flag each.
+SLO_PERCENTILES = ("p50", "p90", "p95", "p99", "p99.9")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,36 +26,40 @@ class Flag:
     option: str
     path: str
     help: str
-    shape: str = "scalar"     # scalar | list (comma-separated) | p95 ({p95: value})
+    shape: str = "scalar"     # scalar | list (comma-separated) | percentile ({percentile: value})
+    percentile: str = ""      # the SLO key a percentile flag sets (p50 … p99.9)
+    catalog: str = ""         # the catalog whose ids complete its value: gpu | model | engine (cli/completion.py)
 
 
 FLAGS = (
-    Flag("--model", "model", "model: catalog id or Hugging Face id (replaces the file's model or modelConfig)"),
-    Flag("--gpu", "hardware.gpu", "GPU kind from the catalog, e.g. h100_sxm, a100_sxm"),
+    Flag("--model", "model", "model: catalog id or Hugging Face id (replaces the file's model or modelConfig)", catalog="model"),
+    Flag("--gpu", "hardware.gpu", "GPU kind from the catalog, e.g. h100_sxm, a100_sxm", catalog="gpu"),
     Flag("--max-gpus", "hardware.maxGPUs", "GPU budget for the whole deployment"),
     Flag("--gpus-per-node", "hardware.gpusPerNode", "GPUs in one node"),
-    Flag("--engine", "engine", "vllm or sglang"),
+    Flag("--engine", "engine", "vllm or sglang", catalog="engine"),
     Flag("--precision", "precision", "weights: bf16, fp8, fp4, int4"),
     Flag("--rate", "workload.arrivalRate", "arrival rate in requests/s (replaces the file's load)"),
     Flag("--isl", "workload.inputTokens", "prompt length in tokens (input sequence length; a fixed length)"),
     Flag("--osl", "workload.outputTokens", "output length in tokens (output sequence length; a fixed length)"),
     Flag("--prefix-share", "workload.prefixShare", "fraction of each prompt shared with earlier requests, 0..1"),
-    Flag("--ttft-p95", "slo.ttftMs", "p95 TTFT bound in ms", "p95"),
-    Flag("--tpot-p95", "slo.tpotMs", "p95 TPOT bound in ms", "p95"),
+    *(Flag(f"--{metric}-{p}", f"slo.{metric}Ms", f"{p} {metric.upper()} bound in ms (the spec's one {metric.upper()} percentile)",
+           "percentile", percentile=p) for metric in ("ttft", "tpot") for p in SLO_PERCENTILES),
     Flag("--objective", "objective", "goodput-per-gpu or min-gpus"),
     Flag("--layouts", "search.layouts", "layout kinds to search, comma-separated: replicas,pd", "list"),
 )
 
 
 def _dest(flag: Flag) -> str:
-    return "whatif_" + flag.option.lstrip("-").replace("-", "_")
+    return "whatif_" + flag.option.lstrip("-").replace("-", "_").replace(".", "_")
 
 
 def add_whatif_flags(parser: argparse.ArgumentParser) -> None:
     """Add the what-if flags (strings: the spec validates them) under their own heading."""
     group = parser.add_argument_group("what-if (each flag sets one spec field; without SPEC, over the embedded default scenario)")
     for f in FLAGS:
-        group.add_argument(f.option, dest=_dest(f), metavar=f.path.rsplit(".", 1)[-1].upper(), help=f"{f.help} [{f.path}]")
+        action = group.add_argument(f.option, dest=_dest(f), metavar=f.path.rsplit(".", 1)[-1].upper(), help=f"{f.help} [{f.path}]")
+        if f.catalog:
+            action.catalog = f.catalog  # type: ignore[attr-defined]  # read by cli/completion.py
 
 
 def _number(text: str) -> Any:
@@ -65,17 +72,28 @@ def _number(text: str) -> Any:
     return text
 
 
-def whatif_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """Dotted spec path → value, for each what-if flag given."""
+def whatif_overrides(args: argparse.Namespace, *, strict: bool = True) -> dict[str, Any]:
+    """Dotted spec path → value, for each what-if flag given. Two percentile flags of one metric (`--ttft-p95 200
+    --ttft-p99 400`) are a SpecError naming both: the spec carries one percentile per metric (`strict=False`, for
+    naming the flags in an error already raised: the first one given)."""
+    from servingtopology.spec import SpecError
+
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for f in FLAGS:
         text = getattr(args, _dest(f), None)
         if text is None:
             continue
+        if f.path in given and not strict:
+            continue
+        if f.path in given:
+            raise SpecError([(f"{given[f.path]} and {f.option} ({f.path})",
+                              f"give one of them: the spec carries exactly one percentile of {f.path.split('.')[-1]}")])
+        given[f.path] = f.option
         if f.shape == "list":
             out[f.path] = [x.strip() for x in str(text).split(",") if x.strip()]
-        elif f.shape == "p95":
-            out[f.path] = {"p95": _number(str(text))}
+        elif f.shape == "percentile":
+            out[f.path] = {f.percentile: _number(str(text))}
         else:
             out[f.path] = _number(str(text))
     return out
@@ -112,7 +130,8 @@ def apply_overrides(data: Any, overrides: Mapping[str, Any]) -> Any:
 
 def flag_errors(errors: list[tuple[str, str]], overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Spec errors with the flag named in front of each field a flag set (`--max-gpus (hardware.maxGPUs)`)."""
-    by_path = {f.path: f.option for f in FLAGS if f.path in overrides}
+    by_path = {f.path: f.option for f in FLAGS if f.path in overrides
+               and (f.shape != "percentile" or f.percentile in overrides[f.path])}
     out = []
     for field, message in errors:
         flag = next((opt for path, opt in by_path.items() if field == path or field.startswith(path + ".")), None)

@@ -64,3 +64,11 @@ def test_emulate_has_a_description(capsys):
     with pytest.raises(SystemExit):
         main(["emulate", "--help"])
     assert "Serve vLLM- or SGLang-shaped /metrics" in capsys.readouterr().out
+
+
+def test_catalog_ids_complete_the_gpu_model_and_engine_values():
+    assert set(_complete("plan", "--gpu", "h1")) == {"h100_sxm", "h100_pcie"}
+    assert "llama-3.1-8b" in _complete("sweep", "--model", "llama")
+    assert _complete("compare", "--engine", "") == ["vllm", "sglang"]
+    assert "b200_sxm" in _complete("emulate", "--gpu", "")
+    assert _complete("plan", "--ttft-p9") == ["--ttft-p90", "--ttft-p95", "--ttft-p99", "--ttft-p99.9"]

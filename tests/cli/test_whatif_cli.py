@@ -42,6 +42,9 @@ def test_a_flag_overrides_the_files_field_and_a_rate_replaces_a_concurrency(tmp_
     (["--gpu", "v100"], "--gpu (hardware.gpu)"),
     (["--ttft-p95", "-5"], "--ttft-p95 (slo.ttftMs)"),
     (["--layouts", "replicas,rings"], "--layouts (search.layouts"),
+    (["--tpot-p99.9", "0"], "--tpot-p99.9 (slo.tpotMs)"),
+    (["--ttft-p50", "soon"], "--ttft-p50 (slo.ttftMs.p50)"),
+    (["--ttft-p95", "200", "--ttft-p99", "400"], "--ttft-p95 and --ttft-p99 (slo.ttftMs): give one of them"),
 ])
 def test_a_bad_flag_exits_2_naming_the_flag_and_its_field(argv, named, capsys):
     assert main(["plan", *argv]) == 2
@@ -94,3 +97,21 @@ def test_plan_refuses_concurrency_with_the_reason_and_the_readme_does_not_offer_
     spec_block = readme.split("A planning spec (YAML", 1)[1].split("```", 2)[1]
     rate_line = next(line for line in spec_block.splitlines() if "arrivalRate" in line)
     assert "concurrency" not in rate_line or "not plan" in rate_line
+
+
+@pytest.mark.parametrize("percentile", ["p50", "p90", "p95", "p99", "p99.9"])
+def test_every_percentile_the_spec_accepts_has_a_flag_planning_what_the_file_plans(percentile, tmp_path, capsys):
+    spec = tmp_path / "pct.yaml"
+    spec.write_text(SAME_AS_FILE.replace("ttftMs: {p95: 500}", f"ttftMs: {{{percentile}: 500}}")
+                    .replace("tpotMs: {p95: 50}", f"tpotMs: {{{percentile}: 50}}"))
+    flags = [*FLAGS[:-4], f"--ttft-{percentile}", "500", f"--tpot-{percentile}", "50"]
+    by_flags, by_file = _plan_json(capsys, *flags), _plan_json(capsys, str(spec))
+    assert by_flags["best"] == by_file["best"]
+    assert f"{percentile} TTFT" in " ".join(by_flags["reasons"])
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_two_percentiles_of_one_metric_are_refused_by_every_command_naming_both_flags(command, capsys):
+    extra = ["--layout", "1xTP1"] if command == "compare" else ["--concurrency", "1"]
+    assert main([command, *extra, "--tpot-p50", "20", "--tpot-p90", "30"]) == 2
+    assert "--tpot-p50 and --tpot-p90 (slo.tpotMs)" in capsys.readouterr().err
