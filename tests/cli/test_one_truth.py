@@ -7,7 +7,7 @@ operator's stage 6 behind `plan --manifests` and `simulate`'s `at_slo`."""
 
 import json
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from servingtopology.cli.main import main
@@ -16,14 +16,30 @@ from servingtopology.cli.main import main
 MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B", "meta-llama/Llama-2-7b-hf"]
 
 
+# Past two GPUs: MoE models (expert parallelism, SGLang's and vLLM's DP attention) and dense ones at TP4-8 and in PD
+# roles of several GPUs, on 8-GPU nodes; 100 requests, about 1-3 CPU s an example.
+MOE_MODELS = ["Qwen/Qwen3-30B-A3B", "openai/gpt-oss-20b", "mistralai/Mixtral-8x7B-v0.1"]
+WIDE_SHAPES = [
+    {"kind": "replicas", "replicas": 1, "tp": 4},
+    {"kind": "replicas", "replicas": 2, "tp": 4},
+    {"kind": "replicas", "replicas": 1, "tp": 8},
+    {"kind": "replicas", "replicas": 1, "tp": 4, "ep": True},
+    {"kind": "replicas", "replicas": 1, "tp": 4, "dp": 4, "dpAttention": True, "ep": True},
+    {"kind": "pd", "prefill": {"count": 1, "tp": 2}, "decode": {"count": 1, "tp": 4}},
+    {"kind": "pd", "prefill": {"count": 2, "tp": 1}, "decode": {"count": 1, "tp": 2}},
+]
+
+
 @st.composite
-def pinned_specs(draw):
+def pinned_specs(draw, models=tuple(MODELS), shapes=None, max_gpus=2, gpus=("h100_sxm", "a100_sxm", "l40s")):
     """A ServingTopology spec pinning one layout (policy Pinned), as a YAML text: what every command reads alike."""
-    model = draw(st.sampled_from(MODELS))
+    model = draw(st.sampled_from(models))
     prompt = draw(st.sampled_from([128, 512, 2000]))
     output = draw(st.sampled_from([32, 128]))
     fraction = draw(st.sampled_from([0.8, 0.9]))
-    if draw(st.booleans()):
+    if shapes is not None:   # expert parallelism and DP attention for the MoE models only (a dense model has no experts)
+        shape = draw(st.sampled_from([sh for sh in shapes if model in MOE_MODELS or not (sh.get("ep") or sh.get("dpAttention"))]))
+    elif draw(st.booleans()):
         shape = {"kind": "pd", "prefill": {"count": 1, "tp": 1}, "decode": {"count": 1, "tp": 1}}
     else:
         count, tp = draw(st.sampled_from([(1, 1), (2, 1), (1, 2)]))
@@ -31,7 +47,7 @@ def pinned_specs(draw):
     layout = json.dumps({**shape, "engineArgs": {"memoryFraction": fraction}})   # JSON is YAML's flow style
     return (
         f"model: {model}\nprecision: bf16\nengine: {{name: {draw(st.sampled_from(['vllm', 'sglang']))}, image: engine:1}}\n"
-        f"hardware: {{gpu: {draw(st.sampled_from(['h100_sxm', 'a100_sxm', 'l40s']))}, gpusPerNode: 8, maxGPUs: 2}}\n"
+        f"hardware: {{gpu: {draw(st.sampled_from(gpus))}, gpusPerNode: 8, maxGPUs: {max_gpus}}}\n"
         f"workload: {{arrivalRate: {draw(st.sampled_from([0.5, 2, 8, 30]))}, inputTokens: {prompt}, outputTokens: {output}}}\n"
         f"slo: {{ttftMs: {{p95: {draw(st.sampled_from([200, 1000, 5000]))}}}, tpotMs: {{p95: {draw(st.sampled_from([20, 60]))}}}}}\n"
         # At most 600 requests: plan and the operator simulate at most 600 (stage6_size), simulate the spec's full count.
@@ -39,6 +55,15 @@ def pinned_specs(draw):
         f"warmupRequests: {draw(st.sampled_from([0, 20, 100]))}}}\n"
         f"policy: {{mode: Pinned}}\npinned: {layout}\n"
     ), layout
+
+
+def _wide(model, engine, shape):
+    """One spec of the wide strategy's form, for the shapes a derandomized draw may miss."""
+    layout = json.dumps({**shape, "engineArgs": {"memoryFraction": 0.9}})
+    return (f"model: {model}\nprecision: bf16\nengine: {{name: {engine}, image: engine:1}}\n"
+            "hardware: {gpu: h100_sxm, gpusPerNode: 8, maxGPUs: 8}\nworkload: {arrivalRate: 8, inputTokens: 2000, outputTokens: 128}\n"
+            "slo: {ttftMs: {p95: 1000}, tpotMs: {p95: 60}}\nsimulation: {requests: 100, seed: 0, warmupRequests: 20}\n"
+            f"policy: {{mode: Pinned}}\npinned: {layout}\n"), layout
 
 
 def _run(capsys, argv):
@@ -57,6 +82,21 @@ def _figures(p):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(pinned=pinned_specs())
 def test_every_surface_states_one_figure_for_one_layout_at_one_load(pinned, tmp_path_factory, capsys):
+    _holds_one_truth(pinned, tmp_path_factory, capsys)
+
+
+@settings(max_examples=24, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(pinned=pinned_specs(models=(*MOE_MODELS, "meta-llama/Llama-3.1-8B-Instruct"), shapes=WIDE_SHAPES, max_gpus=8,
+                           gpus=("h100_sxm", "h200_sxm", "a100_sxm")))
+@example(pinned=_wide("Qwen/Qwen3-30B-A3B", "sglang", WIDE_SHAPES[4]))   # SGLang's DP attention: --tp-size 4 --dp-size 4
+@example(pinned=_wide("openai/gpt-oss-20b", "vllm", WIDE_SHAPES[4]))    # vLLM's DP with EP on 4 GPUs
+def test_one_figure_holds_past_two_gpus_and_for_moe_models(pinned, tmp_path_factory, capsys):
+    _holds_one_truth(pinned, tmp_path_factory, capsys)
+
+
+def _holds_one_truth(pinned, tmp_path_factory, capsys):
+    """Every surface's figures for one generated pinned spec (the property both tests above hold)."""
     text, layout = pinned
     folder = tmp_path_factory.mktemp("spec")
     spec = folder / "resource.yaml"   # a ServingTopology, planned as the operator plans it
