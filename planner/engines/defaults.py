@@ -9,9 +9,10 @@ Sources (shared/reference/engines.md sections 1.1 and 2.1):
   max_num_batched_tokens 16384 and max_num_seqs 1024 on a GPU of at least 160 GiB since 0.28.0, 8192 and 1024 on one of
   at least 70 GiB that is not an A100 by name (`vllm_large_gpu`), else 2048 and 256; gpu_memory_utilization 0.9.
   tests/conformance/test_engine_defaults.py runs each covered release's own code on every catalog GPU against these.
-- SGLang (server_args.py): chunked_prefill_size 2048 under 35 GiB, 8192 under 160 GiB, 16384 above, split across the
-  DP-attention ranks (at least 1024 each); --mem-fraction-static computed from the memory left after its reservations
-  since 0.5.3 (sgl-project/sglang PR #10975, `_handle_gpu_memory_settings`), a table by TP size before.
+- SGLang (0.5.23 sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings): chunked_prefill_size 2048 under
+  20 GiB, 4096 under 60 GiB, 8192 under 160 GiB, 16384 above, split across the DP-attention ranks (at least 1024
+  each); --mem-fraction-static computed from the memory left after its reservations since 0.5.3 (sgl-project/sglang
+  PR #10975, `_handle_gpu_memory_settings`), a table by TP size before.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Engine
 
 __all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_HUGE_GPU_GIB", "VLLM_HUGE_GPU_SINCE", "VLLM_LARGE_GPU_GIB", "max_running",
-           "vllm_batch_defaults", "vllm_large_gpu", "memory_fraction", "sglang_mem_fraction", "token_budget"]
+           "vllm_batch_defaults", "vllm_large_gpu", "memory_fraction", "sglang_chunked_prefill_size", "sglang_mem_fraction", "token_budget"]
 
 VLLM_LARGE_GPU_GIB = 70.0
 # vLLM's top tier (B200, B300, MI300X): "for GPUs like B200/B300 with >= 160GB memory, use the largest defaults", first
@@ -62,12 +63,23 @@ def vllm_batch_defaults(gpu: Gpu, release: str = "") -> tuple[int, int]:
     return (8192, 1024) if vllm_large_gpu(gpu) else (2048, 256)
 
 
+def sglang_chunked_prefill_size(gpu: Gpu) -> int:
+    """SGLang's server-wide --chunked-prefill-size on `gpu` when not given, by memory in MiB as the device reports it
+    (0.5.23 handle_gpu_memory_settings: T4-class under 20 GiB 2048; A10, 4090, A100-40GB, L40S under 60 GiB 4096;
+    H100, A100-80GB, H200 under 160 GiB 8192; B200, MI300X 16384)."""
+    mib = gpu.memory_gib * 1024.0
+    if mib < 20 * 1024:
+        return 2048
+    if mib < 60 * 1024:
+        return 4096
+    return 8192 if mib < 160 * 1024 else 16384
+
+
 def token_budget(engine: Engine, gpu: Gpu, dp: Any = 1, *, release: str = "") -> Any:
     """Tokens one scheduler step may hold (vLLM max_num_batched_tokens; SGLang chunked_prefill_size per DP rank)."""
     dp = np.asarray(dp, dtype=float)
     if engine is Engine.SGLANG:
-        total = 2048 if gpu.memory_gib < 35 else (8192 if gpu.memory_gib < 160 else 16384)
-        return np.maximum(total / dp, 1024.0)
+        return np.maximum(sglang_chunked_prefill_size(gpu) / dp, 1024.0)
     return float(vllm_batch_defaults(gpu, release)[0]) + 0.0 * dp
 
 

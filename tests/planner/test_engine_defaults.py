@@ -52,3 +52,17 @@ def test_a_replayed_run_that_left_the_batch_knobs_out_gets_them_from_the_default
     g = resolve_gpu(gpu)
     assert rep.gpu.id == gpu
     assert (knobs.max_num_batched_tokens, knobs.max_num_seqs) == (int(token_budget(Engine.VLLM, g)), max_running(Engine.VLLM, g))
+
+
+@pytest.mark.parametrize(("gpu", "chunk"), [
+    ("rtx_4090", 4096),    # 23.5 GiB: SGLang's 20-35 GiB tier (A10, 4090, 5090) is 4096, not 2048
+    ("l40s", 4096),        # 44.4 GiB: the 35-60 GiB tier (A100-40GB, L40) is 4096, not 8192
+    ("a100_40gb", 4096),
+    ("h100_sxm", 8192),
+    ("h200_sxm", 8192),
+    ("b200_sxm", 16384),
+])
+def test_sglang_chunked_prefill_default_follows_its_memory_tiers(gpu, chunk):
+    g = resolve_gpu(gpu)
+    assert int(token_budget(Engine.SGLANG, g)) == chunk
+    assert int(token_budget(Engine.SGLANG, g, dp=2)) == max(chunk // 2, 1024)
