@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from servingtopology.planner.engines.caps import release_key
-from servingtopology.planner.engines.defaults import sglang_mem_fraction, token_budget
+from servingtopology.planner.engines.defaults import max_running, memory_fraction, sglang_mem_fraction, token_budget
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.model.catalog import ModelArch
@@ -400,7 +400,8 @@ class _EngineDefaults:
 
 
 def _defaults(backend: str, p: PerfParams) -> _EngineDefaults:
-    """Engine defaults the benchmarks ran with (shared/reference/engines.md sections 1.1 and 2.1)."""
+    """Engine defaults the benchmarks ran with (shared/reference/engines.md sections 1.1 and 2.1). vLLM's max_running and
+    memory fraction here are placeholders: `_group` takes them from planner.engines.defaults for the row's GPU and release."""
     if backend == "sglang":
         return _EngineDefaults(Engine.SGLANG, False, KvDtype.AUTO, 0.85, 2048, None, p.sglang_ttft_overhead_s,
                                p.sglang_ttft_s_per_input_token)
@@ -502,6 +503,9 @@ def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch,
     sub = [cases[i] for i in idx]
     first = sub[0]
     d = _defaults(first.backend, PerfParams())
+    if first.backend == "vllm":   # vLLM's own defaults on this GPU at the row's release: the one home, not a restatement
+        d = dataclasses.replace(d, max_running=max_running(Engine.VLLM, gpu, release=first.engine_release),
+                                memory_fraction=memory_fraction(Engine.VLLM, gpu))
     # Mean lengths the harness drew (the labelled ones where it ran fixed lengths).
     isl, osl = _arr(sub, lambda c: c.harness.mean_length(c.isl)), _arr(sub, lambda c: c.harness.mean_length(c.osl))
     conc = _arr(sub, lambda c: c.concurrency)

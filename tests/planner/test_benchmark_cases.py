@@ -268,3 +268,17 @@ def test_topologies_measured_on_different_engine_releases_are_ranked_only_within
     assert (r["groups"], r["cross_release_groups"], r["top1_tpot"]) == (2, 1, 0.5)
     same = r["same_release"]
     assert (same["groups"], same["top1_tpot"], same["pairs"]) == (1, 1.0, 2)
+
+
+def test_a_vllm_row_on_an_a100_runs_at_most_vllms_256_sequence_default():
+    # vLLM leaves the A100-80GB out of its large defaults by name (planner.engines.defaults): 256 running sequences, so 512
+    # and 1024 clients carry the same throughput; the benchmark cases once restated 1024 for every GPU.
+    def throughput(system, clients):
+        row = {**AGG, "model_path": "meta-llama/Llama-3.1-8B", "system": system, "precision": "bf16", "gemm_quant_mode": "bf16",
+               "moe_quant_mode": "bf16", "isl": "128", "osl": "128", "tp_size": "1", "moe_tp_size": "1",
+               "silicon_data_source": f"x; silicon_concurrency={clients}; y", "batch_size": str(clients)}
+        c = parse_row(row)
+        (p,) = predict_all([c], {c.model_path: resolve_model(c.model_path)}, {system: resolve_gpu(system)})
+        return p.throughput_rps
+    assert throughput("a100_sxm", 512) == pytest.approx(throughput("a100_sxm", 1024), rel=1e-9)
+    assert throughput("h100_sxm", 1024) > throughput("h100_sxm", 512) * 1.02   # 1024 sequences there: more clients run
