@@ -1,13 +1,14 @@
 """Runs an engine release's own defaulting code for knobs a command line leaves out, on GPUs described to it, and
-prints what it chose as JSON: vLLM's API-server max_num_batched_tokens and max_num_seqs.
+prints what it chose as JSON: vLLM's API-server max_num_batched_tokens and max_num_seqs; SGLang's chunked_prefill_size.
 
 Run by tests/conformance/test_engine_defaults.py with the python of the engine environment
 (tools/engine_caps/conformance_env.sh). It imports the release's EngineArgs and calls the code that chooses the batch
-defaults (`get_batch_defaults` since it was split out, `_set_default_args` in 0.11); nothing here restates a rule.
-Only the device is stood in for: a platform that reports the GPU's total memory and driver name. Not part of the
-servingtopology package.
+defaults (`get_batch_defaults` since it was split out, `_set_default_args` in 0.11), or SGLang's ServerArgs and its
+`handle_gpu_memory_settings`; nothing here restates a rule. Only the device is stood in for: a platform that reports
+the GPU's total memory and driver name (SGLang: its memory capacity). Not part of the servingtopology package.
 
     python dump_defaults.py vllm [SRC] < gpus.jsonl   # {"memory_bytes": int, "name": str} per line; one result per line
+    python dump_defaults.py sglang < gpus.jsonl
 
 SRC is an unpacked wheel to put first on sys.path (vLLM releases other than the installed one).
 """
@@ -70,15 +71,35 @@ def vllm_defaults(memory_bytes: int, name: str) -> dict[str, int]:
     return {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
 
 
+def sglang_defaults(memory_bytes: int) -> dict[str, int]:
+    """The --chunked-prefill-size SGLang's server chooses on a GPU of this memory (TP1), by its own
+    handle_gpu_memory_settings. The memory fraction and the prefill CUDA-graph size are given, so that the step reads no
+    model config (whose import needs torchvision, which the environment leaves out); neither feeds the chunk's rule."""
+    import sglang.srt.arg_groups.memory_hook as memory_hook
+    from sglang.srt.arg_groups.cuda_graph_hook import parse_cuda_graph_config
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.server_args import ServerArgs
+
+    memory_hook.get_device_memory_capacity = lambda device=None: memory_bytes / 2**20  # MiB, as SGLang's helper reports it
+    args = ServerArgs(model_path="m", tp_size=1, skip_tokenizer_init=True, device="cuda", mem_fraction_static=0.8,
+                      cuda_graph_max_bs_prefill=4096)
+    parse_cuda_graph_config(args)
+    memory_hook.handle_gpu_memory_settings(args)
+    return {"chunked_prefill_size": int(resolution_result(args, "chunked_prefill_size"))}
+
+
 def main() -> None:
     kind = sys.argv[1]
     if len(sys.argv) > 2:
         sys.path.insert(0, sys.argv[2])
-    assert kind == "vllm", f"no defaults dump for {kind}"
+    assert kind in ("vllm", "sglang"), f"no defaults dump for {kind}"
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     for line in sys.stdin:
         gpu = json.loads(line)
-        print(json.dumps(vllm_defaults(int(gpu["memory_bytes"]), str(gpu["name"]))), flush=True)
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = (vllm_defaults(int(gpu["memory_bytes"]), str(gpu["name"])) if kind == "vllm"
+                      else sglang_defaults(int(gpu["memory_bytes"])))
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
