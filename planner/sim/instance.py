@@ -280,7 +280,8 @@ class Instance:
         elif not rank.waiting and len(rank.free_slots) == rank.capacity:
             self.busy = False  # nothing admitted, queued or arriving (see plan)
             return None
-        if isinstance(pol, VllmPolicy):
+        if self._vllm:
+            assert isinstance(pol, VllmPolicy)
             fits = pol.head_fits(rank)
             burst = not (fits and pol.admits_head(rank, fits))  # else no burst: the step admits
         else:

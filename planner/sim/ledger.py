@@ -48,7 +48,7 @@ class Ledger:
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
         self.prefill_done_s = np.full(n, np.nan)
-        self.out_done = np.zeros(n, dtype=np.int64)
+        self.out_done: list[int] = [0] * n  # outputs a request had produced when it last left a rank (read per admission)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.cached_tokens = np.zeros(n, dtype=np.int64)
         self.preempted_at_s = np.full(n, np.nan)

@@ -71,6 +71,7 @@ class Rank:
         self.key = req.prefix_key
         self.shared_blocks = np.where(req.prefix_key >= 0, req.shared_tokens // pool.page_tokens, 0).astype(np.int64)
         self.prompt_of, self.key_of = ledger.prompt_of, ledger.prefix_key_of  # the same ints as prompt, key
+        self.output_of: list[int] = req.output_tokens.tolist()  # the same ints as output
         self.shared_of: list[int] = self.shared_blocks.tolist()
         self.shares = bool((self.shared_blocks > 0).any())  # False: no request has a shared prefix block (share_prefix does nothing)
         cols = np.zeros((9, capacity), dtype=np.int64)
@@ -134,7 +135,7 @@ class Rank:
         pool = self.pool
         if not pool.caching:
             return 0, 0
-        cap = (self.prompt_of[rid] + int(self.ledger.out_done[rid]) - 1) // self.page  # at least one token is always computed
+        cap = (self.prompt_of[rid] + self.ledger.out_done[rid] - 1) // self.page  # at least one token is always computed
         sb = self.shared_of[rid] if self.shares else 0
         if sb > 0:
             hk = pool.extent(self.key_of[rid])
@@ -158,8 +159,8 @@ class Rank:
             self.pool.acquire(self.key_of[rid], hk)
         if hr > 0:
             self.pool.acquire(-(rid + 1), hr)
-        out = int(self.ledger.out_done[rid])
-        self.rid[slot], self.out[slot], self.out_total[slot] = rid, out, self.out_total_for(rid)
+        out = self.ledger.out_done[rid]
+        self.rid[slot], self.out[slot], self.out_total[slot] = rid, out, 1 if self.role is Role.PREFILL else self.output_of[rid]
         self.target[slot] = self.prompt_of[rid] + out
         self.nkv[slot] = max(nkv, (hk + hr) * self.page)
         self.blk[slot], self.hit_k[slot], self.hit_r[slot] = hk + hr, hk, hr
@@ -323,9 +324,13 @@ class Rank:
 
     def decode_state(self) -> tuple[I64, int, int]:
         """Decoding slots, their count and the sum of their cached tokens."""
-        live = self.active_h & self.ready_h if self.role is Role.DECODE else self.active_h  # ready is active off a PD decode rank
+        if self.role is Role.DECODE:
+            live = self.active_h & self.ready_h
+            self.live_at_decode_state = int(np.count_nonzero(live))
+        else:   # ready is active off a PD decode rank, and the active slots are the running ones (all below `high`)
+            live = self.active_h
+            self.live_at_decode_state = self.capacity - len(self.free_slots)
         slots = (live & (self.nkv_h >= self.target_h)).nonzero()[0]
-        self.live_at_decode_state = int(np.count_nonzero(live))
         nkv = self.nkv[slots]
         self.decoding_slots, self.decoding_nkv, self.decoding_left = slots, nkv, 0
         return slots, len(slots), int(np.add.reduce(nkv))
@@ -344,7 +349,7 @@ class Rank:
         nkv = self.nkv[slots] + steps
         blk = self.blk[slots]
         grown = np.maximum(blk, (nkv + self.page_less_1_0d) // self.page_0d)  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
-        ok = self.pool.allocate(int(np.add.reduce(grown)) - int(np.add.reduce(blk)))
+        ok = self.pool.allocate(int(np.add.reduce(grown - blk)))   # integers: the same count as Σ grown − Σ blk
         assert ok, "decode burst over the pool"
         self.blk[slots] = grown
         self.nkv[slots] = nkv

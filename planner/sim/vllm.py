@@ -34,6 +34,7 @@ class Planned:
     batch: StepBatch
     slots: I64
     new: I64
+    all_live: bool = False   # every slot is running (vLLM's schedule: its preemptions only drop slots after the ones it keeps)
 
 
 def batch_of(rank: Rank, slots: I64, new: I64) -> StepBatch:
@@ -85,8 +86,8 @@ def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome
     slots, new = planned.slots, planned.new
     if len(slots) == 0:
         return
-    live = rank.active[slots]
-    if np.count_nonzero(live) != len(live):
+    live = None if planned.all_live else rank.active[slots]
+    if live is not None and np.count_nonzero(live) != len(live):
         slots, new = slots[live], new[live]
     elif planned.batch.prefill_tokens == 0.0:
         # a pure decode step (batch_of found no prompt tokens among these slots, and nothing changed since):
@@ -158,7 +159,7 @@ def whole_prompt_fits(rank: Rank, rid: int, tokens: int, hk: int, hr: int) -> bo
     counts them (acquiring them takes them out of the free queue)."""
     pinned_now = (rank.pool.evictable_extent(rank.key_of[rid], hk) if hk else 0) + (
         rank.pool.evictable_extent(-(rid + 1), hr) if hr else 0)
-    return rank.blocks_for(tokens) - (hk + hr) <= rank.pool.free - pinned_now
+    return -(-tokens // rank.page) - (hk + hr) <= rank.pool.free - pinned_now  # blocks_for(tokens)
 
 
 class VllmPolicy:
@@ -211,7 +212,7 @@ class VllmPolicy:
             new = np.concatenate([new, n_add])
         if batch is None:  # sums past exact float range: the float arithmetic of batch_of itself
             batch = batch_of(rank, slots, new)
-        return Planned(batch, slots, new)
+        return Planned(batch, slots, new, all_live=True)
 
     def _allocate_with_preemption(self, rank: Rank, live: I64, slots: I64, new: I64, need: I64,
                                   now_s: float) -> tuple[I64, I64, bool]:
@@ -244,7 +245,7 @@ class VllmPolicy:
                 rid = rank.preempt(victim, now_s)
                 preempted = True
                 if victim == s:
-                    if rank.running == 0 and rank.blocks_for(int(rank.prompt[rid] + rank.ledger.out_done[rid])) > pool.total:
+                    if rank.running == 0 and rank.blocks_for(int(rank.prompt[rid]) + rank.ledger.out_done[rid]) > pool.total:
                         # alone and still too long for the whole pool: it can never run
                         rank.waiting.popleft()
                         rank.outstanding -= 1
@@ -270,7 +271,7 @@ class VllmPolicy:
         while rank.waiting and budget_left > 0 and rank.free_slots:  # a free slot: running < capacity
             rid = rank.waiting[0]
             hk, hr = rank.hits(rid)
-            tokens = rank.prompt_of[rid] + int(rank.ledger.out_done[rid])
+            tokens = rank.prompt_of[rid] + rank.ledger.out_done[rid]
             n = min(tokens - (hk + hr) * rank.page, budget_left)
             if not whole_prompt_fits(rank, rid, tokens, hk, hr):
                 if rank.running == 0 and rank.blocks_for(tokens) > rank.pool.total:
@@ -279,8 +280,12 @@ class VllmPolicy:
                     continue
                 break
             slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
-            ok = rank.grow(slot, n)  # the first chunk's blocks are a part of the whole prompt's
-            assert ok
+            held = hk + hr   # admit set the slot's nkv to held·page and its blocks to held: grow(slot, n) without reading them back
+            need = -(-(held * rank.page + n) // rank.page) - held   # the first chunk's blocks are a part of the whole prompt's
+            if need > 0:
+                ok = rank.pool.allocate(need)
+                assert ok
+                rank.blk[slot] = held + need
             if hk < rank.shared_of[rid]:
                 rank.share_prefix(slot, int(rank.nkv[slot]) + n)  # a request queued behind it may hit them now
             rank.waiting.popleft()
@@ -299,7 +304,7 @@ class VllmPolicy:
             return False
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
-        tokens = rank.prompt_of[rid] + int(rank.ledger.out_done[rid])
+        tokens = rank.prompt_of[rid] + rank.ledger.out_done[rid]
         return whole_prompt_fits(rank, rid, tokens, hk, hr)
 
     def head_fits(self, rank: Rank) -> bool:
@@ -309,7 +314,7 @@ class VllmPolicy:
             return False
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
-        return whole_prompt_fits(rank, rid, rank.prompt_of[rid] + int(rank.ledger.out_done[rid]), hk, hr)
+        return whole_prompt_fits(rank, rid, rank.prompt_of[rid] + rank.ledger.out_done[rid], hk, hr)
 
     def admits_head(self, rank: Rank, head_fits: bool) -> bool:
         """The next step admits the head of the queue whatever runs now (pool and budget as they are; head_fits is
