@@ -168,8 +168,8 @@ class Instance:
             self.busy = False
             return None
         for r, rank in enumerate(self.ranks):
-            for rid in admit_remote(rank, now_s) if rank.remote else []:
-                self._loading[rid] = (r, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
+            for rid, slot in admit_remote(rank, now_s) if rank.remote else []:
+                self._loading[rid] = (r, slot)
                 self.transfers.append(rid)
         states = [rank.decode_state() for rank in self.ranks]
         limits = [pol.burst_limit(rank, st[0], st[1]) for pol, rank, st in zip(self.policies, self.ranks, states, strict=True)]
@@ -274,8 +274,8 @@ class Instance:
         """`plan` of an instance with one rank (the common case), without the per-rank lists."""
         rank, pol = self.ranks[0], self.policies[0]
         if rank.remote:
-            for rid in admit_remote(rank, now_s):
-                self._loading[rid] = (0, int(np.flatnonzero(rank.active & (rank.rid == rid))[0]))
+            for rid, slot in admit_remote(rank, now_s):
+                self._loading[rid] = (0, slot)
                 self.transfers.append(rid)
         elif not rank.waiting and len(rank.free_slots) == rank.capacity:
             self.busy = False  # nothing admitted, queued or arriving (see plan)

@@ -89,7 +89,7 @@ class Rank:
         self.live_at_decode_state = 0          # ready running sequences when decode_state last looked
         self.decoding_slots: I64 = np.zeros(0, dtype=np.int64)  # decode_state's last slots, and their nkv then
         self.decoding_nkv: I64 = self.decoding_slots
-        self.decoding_left = 0  # fewest outputs any of decoding_slots has left (0: not known), set by the vLLM block limit
+        self.decoding_left = 0  # fewest outputs any of decoding_slots has left (0: not known), set by the burst limits
         # Slots are taken lowest first and reused last-freed first, so every running sequence lies below the
         # highest slot ever taken: the per-step scans look at [:high], not at all `capacity` slots.
         self.high = 0
@@ -118,7 +118,8 @@ class Rank:
 
     def prefilling_slots(self) -> list[int]:
         h = self.high
-        return [int(s) for s in np.flatnonzero(self.active[:h] & self.ready[:h] & (self.nkv[:h] < self.target[:h]))]
+        slots: list[int] = np.flatnonzero(self.active[:h] & self.ready[:h] & (self.nkv[:h] < self.target[:h])).tolist()
+        return slots
 
     def kv_used_frac(self) -> float:
         return self.pool.in_use / self.pool.total if self.pool.total else 0.0

@@ -51,9 +51,9 @@ class SglangPolicy:
     def _head_fits(self, rank: Rank, rem_total: float, ratio: float) -> tuple[bool, int, int, int]:
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
-        tokens = int(rank.prompt[rid] + rank.ledger.out_done[rid])
-        extend = tokens - (hk + hr) * rank.page
-        reserve = min(int(rank.output[rid] - rank.ledger.out_done[rid]), CLIP_MAX_NEW_TOKENS) * ratio
+        done = rank.ledger.out_done[rid]
+        extend = rank.prompt_of[rid] + done - (hk + hr) * rank.page
+        reserve = min(rank.output_of[rid] - done, CLIP_MAX_NEW_TOKENS) * ratio
         return extend + reserve < rem_total, hk, hr, extend
 
     def schedule(self, rank: Rank, now_s: float) -> Planned:
@@ -95,7 +95,7 @@ class SglangPolicy:
                 break
             slots.append(slot)
             news.append(n)
-            rem_total -= extend + min(int(rank.output[rid] - rank.ledger.out_done[rid]), CLIP_MAX_NEW_TOKENS) * self.ratio
+            rem_total -= extend + min(rank.output_of[rid] - rank.ledger.out_done[rid], CLIP_MAX_NEW_TOKENS) * self.ratio
             rem_chunk -= n
             rem_input -= n
             blocked_by_chunk = n < extend
@@ -130,12 +130,16 @@ class SglangPolicy:
 
     def burst_limit(self, rank: Rank, slots: I64, decoding: int) -> tuple[int, bool]:
         """Decode steps this rank runs before anything changes; zero when the next step is a prefill."""
-        if decoding == 0 or rank.prefilling():
+        # called right after rank.decode_state(): a ready sequence that is not decoding is prefilling (rank.prefilling())
+        if decoding == 0 or rank.live_at_decode_state > decoding:
             return 0, False
         if rank.remote and rank.running < rank.capacity and rank.blocks_for(int(rank.prompt[rank.remote[0]])) <= rank.pool.free:
             return 0, False
         out_left = rank.out_total[slots] - rank.out[slots]
-        k_max = int(min(int(out_left.min()), MAX_BURST_STEPS))
+        left = int(np.minimum.reduce(out_left))
+        if slots is rank.decoding_slots:
+            rank.decoding_left = left  # apply_decode of a burst shorter than this finishes nobody
+        k_max = min(left, MAX_BURST_STEPS)
         free = rank.pool.free
         if rank.page == 1:
             k_max = min(k_max, free // max(decoding, 1))
@@ -172,7 +176,7 @@ class SglangPolicy:
         token (no retraction)."""
         if decoding == 0 or rank.waiting or rank.remote or rank.page != 1 or rank.prefilling():
             return 0
-        steps = min(int((rank.out_total[slots] - rank.out[slots]).min()) - 1, MAX_BURST_STEPS)
+        steps = min(int(np.minimum.reduce(rank.out_total[slots] - rank.out[slots])) - 1, MAX_BURST_STEPS)
         free = rank.pool.free
         slack = rank.blk[slots] - rank.nkv[slots]
         if not slack.any():
@@ -186,15 +190,21 @@ class SglangPolicy:
         k = np.arange(0, k_max + 1, dtype=np.float64)
         ratio = np.maximum(MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * k)
         left = np.minimum(rank.out_total[slots] - rank.out[slots], CLIP_MAX_NEW_TOKENS).astype(np.float64)
-        others = rank.active.copy()
-        others[slots] = False
-        left_others = float(np.minimum(rank.out_total[others] - rank.out[others], CLIP_MAX_NEW_TOKENS).sum())
-        reserve = ratio * (np.maximum(left[None, :] - k[:, None], 0.0).sum(axis=1) + left_others) if len(k) * len(left) < 2_000_000 \
-            else ratio * (float(left.sum()) - decoding * k + left_others)
+        if rank.running == decoding:   # every running sequence decodes (slots are all of them): nothing else reserves
+            left_others = 0.0
+        else:
+            others = rank.active.copy()
+            others[slots] = False
+            left_others = float(np.minimum(rank.out_total[others] - rank.out[others], CLIP_MAX_NEW_TOKENS).sum())
+        if len(k) * len(left) < 2_000_000 and float(np.minimum.reduce(left)) < k_max:   # a count runs out within k_max steps
+            reserve = ratio * (np.maximum(left[None, :] - k[:, None], 0.0).sum(axis=1) + left_others)
+        else:   # Σ max(left − k, 0) is Σ left − n·k for every k when no count runs out (k_max ≤ each): whole numbers, exact
+            reserve = ratio * (float(left.sum()) - decoding * k + left_others)
         free = rank.pool.free - decoding * k  # page 1: one token per sequence per step
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
-        extend = float(rank.prompt[rid] + rank.ledger.out_done[rid]) - (hk + hr) * rank.page
-        own = min(float(rank.output[rid] - rank.ledger.out_done[rid]), CLIP_MAX_NEW_TOKENS) * ratio
+        done = rank.ledger.out_done[rid]
+        extend = float(rank.prompt_of[rid] + done) - (hk + hr) * rank.page
+        own = min(float(rank.output_of[rid] - done), CLIP_MAX_NEW_TOKENS) * ratio
         ok = np.flatnonzero(extend + own < free - reserve)
         return int(ok[0]) if len(ok) else k_max

@@ -118,9 +118,9 @@ def finish_step(rank: Rank, planned: Planned, end_s: float, outcome: StepOutcome
     rank.emit_tokens(emit, end_s, outcome)
 
 
-def admit_remote(rank: Rank, now_s: float) -> list[int]:
-    """PD decode: reserve blocks for prefilled requests (oldest first) while seqs and pool allow."""
-    started: list[int] = []
+def admit_remote(rank: Rank, now_s: float) -> list[tuple[int, int]]:
+    """PD decode: reserve blocks for prefilled requests (oldest first) while seqs and pool allow; (rid, slot) of each."""
+    started: list[tuple[int, int]] = []
     while rank.remote and rank.running < rank.capacity:
         rid = rank.remote[0]
         tokens = int(rank.prompt[rid])
@@ -131,7 +131,7 @@ def admit_remote(rank: Rank, now_s: float) -> list[int]:
         rank.target[slot] = tokens
         ok = rank.grow(slot, 0)
         assert ok
-        started.append(rid)
+        started.append((rid, slot))
     return started
 
 
@@ -178,11 +178,11 @@ class VllmPolicy:
         nkv = rank.nkv[order]
         left = rank.target[order] - nkv  # prompt tokens still to compute (0 for a decoding sequence)
         want = np.maximum(left, 1)
-        took = want.cumsum()
-        wanted = int(took[-1]) if len(took) else 0
+        wanted = int(np.add.reduce(want))  # integers: the last of want's cumulative sums (0 when nothing runs)
         if wanted <= self.budget:  # every running request gets all it wants
             slots, new = order, want
         else:
+            took = want.cumsum()
             np.minimum(took, self.budget, out=took)
             new = took.copy()
             new[1:] -= took[:-1]
