@@ -29,6 +29,7 @@ CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20
 MAX_PREFILL_TOKENS = 16384
 MAX_BURST_STEPS = 8192
+SCALAR_STEPS = 64   # _steps_until_admissible on Python floats up to this many steps (the same operations as on arrays)
 
 
 class SglangPolicy:
@@ -186,9 +187,11 @@ class SglangPolicy:
         return max(0, steps)
 
     def _steps_until_admissible(self, rank: Rank, slots: I64, decoding: int, k_max: int) -> int:
-        """Decode steps before the queue head fits (the reserve shrinks as outputs grow and the ratio decays)."""
-        k = np.arange(0, k_max + 1, dtype=np.float64)
-        ratio = np.maximum(MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * k)
+        """Decode steps before the queue head fits (the reserve shrinks as outputs grow and the ratio decays).
+
+        For each k = 0 … k_max: the head's prompt and reserve against the pool left after k steps less the running
+        requests' reserve then. Up to SCALAR_STEPS steps (most calls: half answer 0, the median k_max is 3) the same
+        float operations run on Python floats, stopping at the first k that fits; beyond that, on arrays."""
         left = np.minimum(rank.out_total[slots] - rank.out[slots], CLIP_MAX_NEW_TOKENS).astype(np.float64)
         if rank.running == decoding:   # every running sequence decodes (slots are all of them): nothing else reserves
             left_others = 0.0
@@ -196,15 +199,28 @@ class SglangPolicy:
             others = rank.active.copy()
             others[slots] = False
             left_others = float(np.minimum(rank.out_total[others] - rank.out[others], CLIP_MAX_NEW_TOKENS).sum())
-        if len(k) * len(left) < 2_000_000 and float(np.minimum.reduce(left)) < k_max:   # a count runs out within k_max steps
-            reserve = ratio * (np.maximum(left[None, :] - k[:, None], 0.0).sum(axis=1) + left_others)
-        else:   # Σ max(left − k, 0) is Σ left − n·k for every k when no count runs out (k_max ≤ each): whole numbers, exact
-            reserve = ratio * (float(left.sum()) - decoding * k + left_others)
-        free = rank.pool.free - decoding * k  # page 1: one token per sequence per step
         rid = rank.waiting[0]
         hk, hr = rank.hits(rid)
         done = rank.ledger.out_done[rid]
         extend = float(rank.prompt_of[rid] + done) - (hk + hr) * rank.page
-        own = min(float(rank.output_of[rid] - done), CLIP_MAX_NEW_TOKENS) * ratio
-        ok = np.flatnonzero(extend + own < free - reserve)
+        own_tokens = min(float(rank.output_of[rid] - done), CLIP_MAX_NEW_TOKENS)
+        free_now = rank.pool.free   # page 1: one token per sequence per step
+        if (k_max + 1) * len(left) < 2_000_000 and float(np.minimum.reduce(left)) < k_max:   # a count runs out within k_max steps
+            k = np.arange(0, k_max + 1, dtype=np.float64)
+            ratio = np.maximum(MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * k)
+            reserve = ratio * (np.maximum(left[None, :] - k[:, None], 0.0).sum(axis=1) + left_others)
+        else:   # Σ max(left − k, 0) is Σ left − n·k for every k when no count runs out (k_max ≤ each): whole numbers, exact
+            total = float(left.sum())
+            if k_max <= SCALAR_STEPS:
+                for j in range(k_max + 1):
+                    kf = float(j)
+                    r = max(MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * kf)
+                    if extend + own_tokens * r < (free_now - decoding * kf) - r * (total - decoding * kf + left_others):
+                        return j
+                return k_max
+            k = np.arange(0, k_max + 1, dtype=np.float64)
+            ratio = np.maximum(MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * k)
+            reserve = ratio * (total - decoding * k + left_others)
+        free = free_now - decoding * k
+        ok = np.flatnonzero(extend + own_tokens * ratio < free - reserve)
         return int(ok[0]) if len(ok) else k_max

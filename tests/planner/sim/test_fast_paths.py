@@ -1,5 +1,8 @@
 """The simulator's fast paths give bit-for-bit the results of the straightforward code they replaced.
 
+SGLang's admission horizon (`SglangPolicy._steps_until_admissible`) likewise against the plain (k_max + 1) × n matrix
+of outputs left and one array comparison over every k, on closed loops with a queue and a PD pair.
+
 The references below are the plain versions (a bisection of numpy probes for a decode burst's block limit;
 a mask-and-argmax per preemption victim with blocks re-derived per run; the general step finish; a decode
 burst through `extra_blocks` and a separate output update). Swapping them back in must change no array of
@@ -12,10 +15,11 @@ import numpy as np
 import pytest
 
 from servingtopology.planner.hardware import resolve_gpu
-from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role
+from servingtopology.planner.layout import Engine, EngineKnobs, Layout, Parallelism, Role, RoleLayout
 from servingtopology.planner.model.catalog import resolve_model
 from servingtopology.planner.sim import SimResult, closed_loop, simulate
 from servingtopology.planner.sim import instance as instance_mod
+from servingtopology.planner.sim import sglang as sglang_mod
 from servingtopology.planner.sim import vllm as vllm_mod
 from servingtopology.planner.sim.rank import Rank, StepOutcome
 from servingtopology.planner.sim.vllm import Planned, VllmPolicy, batch_of
@@ -213,3 +217,63 @@ def test_block_limit_closed_form_is_the_bisection(seed: int) -> None:
     rank.out_total[:] = rank.out + rng.integers(1, 9000, n)
     pool.allocate(int(pool.total - rng.integers(0, 4 * n + 1) * (1 if seed % 2 else 10)))
     assert vllm_mod._block_limited_steps(rank, slots) == _ref_block_limited_steps(rank, slots)
+
+
+def _ref_steps_until_admissible(self: sglang_mod.SglangPolicy, rank: Rank, slots: I64, decoding: int, k_max: int) -> int:
+    k = np.arange(0, k_max + 1, dtype=np.float64)
+    ratio = np.maximum(sglang_mod.MIN_NEW_TOKEN_RATIO, self.ratio - self.decay * k)
+    clip = sglang_mod.CLIP_MAX_NEW_TOKENS
+    left = np.minimum(rank.out_total[slots] - rank.out[slots], clip).astype(np.float64)
+    others = rank.active.copy()
+    others[slots] = False
+    left_others = float(np.minimum(rank.out_total[others] - rank.out[others], clip).sum())
+    reserve = ratio * (np.maximum(left[None, :] - k[:, None], 0.0).sum(axis=1) + left_others)
+    free = rank.pool.free - decoding * k
+    rid = rank.waiting[0]
+    hk, hr = rank.hits(rid)
+    extend = float(rank.prompt[rid] + rank.ledger.out_done[rid]) - (hk + hr) * rank.page
+    own = min(float(rank.output[rid] - rank.ledger.out_done[rid]), clip) * ratio
+    ok = np.flatnonzero(extend + own < free - reserve)
+    return int(ok[0]) if len(ok) else k_max
+
+
+def _sglang_runs() -> list[SimResult]:
+    gpu = resolve_gpu("h100_sxm")
+    knobs = EngineKnobs(max_num_seqs=256, max_num_batched_tokens=8192)
+    w = Workload(LengthDist(LengthKind.LOGNORMAL, 2000.0, sigma=0.7), LengthDist(LengthKind.LOGNORMAL, 300.0, sigma=0.6),
+                 arrival_rate_rps=40.0)
+    return [
+        # a queue behind 256 running sequences (most calls), and short outputs beside long prompts (k_max past SCALAR_STEPS)
+        simulate(Layout.replicas(1, Parallelism(), knobs), model=resolve_model("llama-3.1-8b"), gpu=gpu, engine=Engine.SGLANG,
+                 requests=closed_loop(clients=300, input_tokens=1000, output_tokens=1000, num_requests=900)),
+        simulate(Layout.replicas(1, Parallelism(), knobs), model=resolve_model("llama-2-7b"), gpu=gpu, engine=Engine.SGLANG,
+                 requests=closed_loop(clients=300, input_tokens=500, output_tokens=2000, num_requests=600)),
+        simulate(Layout.pd(RoleLayout(1, Parallelism(tp=4), knobs), RoleLayout(1, Parallelism(tp=4), knobs)), model=resolve_model("llama-3.1-70b"),
+                 gpu=gpu, engine=Engine.SGLANG, workload=w, num_requests=600, seed=1),
+    ]
+
+
+def test_sglang_admission_horizon_matches_the_plain_matrix_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, int]] = []
+    fast_fn = sglang_mod.SglangPolicy._steps_until_admissible
+
+    def counting(self: sglang_mod.SglangPolicy, rank: Rank, slots: I64, decoding: int, k_max: int) -> int:
+        got = fast_fn(self, rank, slots, decoding, k_max)
+        want = _ref_steps_until_admissible(self, rank, slots, decoding, k_max)
+        assert got == want, (len(seen), k_max, got, want)   # every call, not only the runs' arrays
+        seen.append((k_max, got))
+        return got
+
+    monkeypatch.setattr(sglang_mod.SglangPolicy, "_steps_until_admissible", counting)
+    fast = _sglang_runs()
+    k_maxes = np.array([k for k, _ in seen])
+    answers = np.array([a for _, a in seen])
+    # both branches and both kinds of answer are exercised: within SCALAR_STEPS and past it, admissible and not
+    assert (k_maxes <= sglang_mod.SCALAR_STEPS).any() and (k_maxes > sglang_mod.SCALAR_STEPS).any(), np.bincount(np.minimum(k_maxes, 100))
+    assert (answers == 0).any() and ((answers > 0) & (answers < k_maxes)).any() and (answers == k_maxes).any()
+    monkeypatch.setattr(sglang_mod.SglangPolicy, "_steps_until_admissible", _ref_steps_until_admissible)
+    plain = _sglang_runs()
+    for f, p in zip(fast, plain, strict=True):
+        fa, pa = _arrays(f), _arrays(p)
+        for name in fa:
+            assert np.array_equal(fa[name], pa[name], equal_nan=True), name
