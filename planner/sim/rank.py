@@ -347,9 +347,11 @@ class Rank:
         """Advance decoding slots by `steps` tokens (blocks were checked by the caller)."""
         if steps <= 0 or len(slots) == 0:
             return
-        nkv = self.nkv[slots] + steps
+        # decode_state's gather when these are its slots: nothing changes a decoding slot's nkv before its burst is applied
+        nkv = (self.decoding_nkv if slots is self.decoding_slots else self.nkv[slots]) + steps
         blk = self.blk[slots]
-        grown = np.maximum(blk, (nkv + self.page_less_1_0d) // self.page_0d)  # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum
+        # blk + max(⌈nkv/page⌉ − blk, 0): extra_blocks' sum (a page of one token: ⌈nkv/1⌉ is nkv)
+        grown = np.maximum(blk, nkv) if self.page == 1 else np.maximum(blk, (nkv + self.page_less_1_0d) // self.page_0d)
         ok = self.pool.allocate(int(np.add.reduce(grown - blk)))   # integers: the same count as Σ grown − Σ blk
         assert ok, "decode burst over the pool"
         self.blk[slots] = grown
