@@ -88,7 +88,11 @@ class SglangPolicy:
             rid = rank.waiting.popleft()
             n = min(extend, rem_chunk)
             slot = rank.admit(rid, hk=hk, hr=hr, now_s=now_s)
-            if not rank.grow(slot, n):  # reserve arithmetic said yes but the pool is fragmented by pins
+            held = hk + hr   # admit set the slot's nkv to held·page and its blocks to held: grow(slot, n) without reading them back
+            need = -(-(held * rank.page + n) // rank.page) - held
+            if need > 0 and rank.pool.allocate(need):
+                rank.blk[slot] = held + need
+            elif need > 0:  # reserve arithmetic said yes but the pool is fragmented by pins
                 rank.preempt(slot, now_s)
                 rank.ledger.preemptions[rid] -= 1
                 rank.ledger.preemptions_total -= 1
