@@ -17,7 +17,8 @@ What is kept (latencies in the parquet are milliseconds; the grids hold seconds)
   records the whole MLA module of DeepSeek-V3 (projections included), SGLang the attention core;
 - mla_bmm: the absorbed MLA batched GEMMs by (pre/post; heads, tokens);
 - moe: one curve over tokens per measured configuration (dtype; hidden, intermediate, top-k, experts, MoE TP,
-  MoE EP), balanced routing (a dtype measured only under skewed routing keeps its mildest skew);
+  MoE EP), balanced routing (a dtype measured only under skewed routing keeps its mildest skew), and the kernels
+  that timed each configuration;
 - allreduce: the engine's custom all-reduce by (CUDA graph or eager; GPUs, message bytes);
 - nccl: NCCL collectives by (op; GPUs, message bytes), half precision.
 Values are stored as uint16 codes of ln(seconds) (step 1/2048: 0.05 % relative), 65535 where not measured.
@@ -202,6 +203,11 @@ def build_tables(kind: str, df: Any, w: Writer, *, source: str) -> None:
                   source=source, kernels=part["kernel_source"].unique().tolist(),
                   note="rows of the table's .configs array: " + ", ".join(cfg))
             w.arrays[f"{w.tables[-1]['key']}.configs"] = configs
+            # The kernels that timed each configuration (a dtype's rows can mix backends: vLLM 0.24's w4a16_mxfp4 holds
+            # gpt-oss's own MXFP4 experts and compressed-tensors' Marlin ones), so a lookup can ask for the one an
+            # engine runs.
+            by_config = part.groupby("config")["kernel_source"].agg(lambda s: ",".join(sorted(set(s))))
+            w.arrays[f"{w.tables[-1]['key']}.config_kernels"] = np.array([by_config[i] for i in range(len(configs))], dtype=str)
     elif kind == "allreduce":
         df = df.copy()
         df["message_bytes"] = df["message_size"] * df["allreduce_dtype"].map(DTYPE_BYTES)

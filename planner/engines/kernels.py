@@ -13,6 +13,8 @@ import enum
 import functools
 import io
 import json
+import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -38,6 +40,10 @@ __all__ = [
     "mla_bmm_s",
     "moe_s",
     "moe_configs",
+    "MoeRelease",
+    "moe_release",
+    "same_moe_kernel",
+    "SAME_KERNEL_P90",
     "allreduce_s",
     "nccl_s",
 ]
@@ -93,6 +99,7 @@ class KernelTimes:
     time_s: FloatArray
     source: TableRef | None
     note: str = ""
+    reason: str = ""  # why no table priced it, where that has a reason beyond the shape (the MoE release rule, the kernel)
 
     @property
     def covered(self) -> npt.NDArray[np.bool_]:
@@ -115,6 +122,7 @@ class _Table:
     log_s: FloatArray               # ln(seconds), NaN where not measured
     configs: npt.NDArray[np.int64] | None
     note: str
+    config_kernels: tuple[str, ...] | None = None  # MoE: the kernels that timed each configuration row, comma-joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +151,9 @@ def _release(gpu: str, engine: str, version: str) -> _Release:
             axes = tuple(_Axis(a["name"], a["mode"] == "exact", np.asarray(npz[f"{key}.ax{i}"], dtype=np.float64))
                          for i, a in enumerate(t["axes"]))
             configs = np.asarray(npz[f"{key}.configs"], dtype=np.int64) if f"{key}.configs" in npz.files else None
-            tables.append(_Table(t["kind"], {k: str(v) for k, v in t["variant"].items()}, axes, log_s, configs, t.get("note", "")))
+            by_config = tuple(str(x) for x in npz[f"{key}.config_kernels"]) if f"{key}.config_kernels" in npz.files else None
+            tables.append(_Table(t["kind"], {k: str(v) for k, v in t["variant"].items()}, axes, log_s, configs, t.get("note", ""),
+                                 by_config))
     return _Release(meta, tuple(tables))
 
 
@@ -340,7 +350,7 @@ def mla_bmm_s(gpu: str, engine: str, version: str | None, *, op: str, heads: Arr
 
 
 def moe_s(gpu: str, engine: str, version: str | None, *, dtype: str, hidden: int, inter: int, topk: int, experts: int,
-          moe_tp: int, moe_ep: int, tokens: ArrayLike) -> KernelTimes:
+          moe_tp: int, moe_ep: int, tokens: ArrayLike, kernel: str | None = None) -> KernelTimes:
     """Time of one MoE layer's routed experts (fused kernel, balanced routing) on one GPU.
 
     `tokens` is the measured `num_tokens`. With moe_ep = 1 it is the tokens the layer sees. With moe_ep > 1 the engines'
@@ -351,9 +361,120 @@ def moe_s(gpu: str, engine: str, version: str | None, *, dtype: str, hidden: int
     (planner.perf.step's `moe_table_share`). Covered only for the configurations measured (hidden, moe intermediate size, top-k, experts, MoE TP, MoE EP:
     those of DeepSeek-V3, Qwen3, Mixtral, gpt-oss and other public MoE models); dtype "bfloat16", "fp8_block",
     "fp8", "nvfp4", "w4a16_mxfp4", "int4_wo" as measured.
+
+    The release is `moe_release`'s (never a release whose kernel may differ); `kernel`, where given, is a part of the
+    kernel's name the configuration's row must have been timed with (the backend the engine runs). NaN and a `reason`
+    where either rule leaves no table.
     """
-    return _lookup(gpu, engine, version, KernelOp.MOE, [tokens], {"dtype": _dtype(dtype)},
-                   config=(hidden, inter, topk, experts, moe_tp, moe_ep))
+    shape = np.shape(tokens)
+    chosen = moe_release(gpu, engine, version, dtype=dtype)
+    if chosen.version is None:
+        return KernelTimes(np.full(shape, np.nan), None, reason=chosen.reason)
+    config = np.asarray((hidden, inter, topk, experts, moe_tp, moe_ep), dtype=np.int64)
+    ref = TableRef(gpu, engine, chosen.version, version or "")
+    for table in _moe_tables(gpu, engine, chosen.version, dtype):
+        assert table.configs is not None
+        rows = np.flatnonzero((table.configs == config).all(axis=1))
+        if not rows.size:
+            continue
+        if kernel is not None and (table.config_kernels is None or kernel not in table.config_kernels[rows[0]]):
+            timed = "an unrecorded kernel" if table.config_kernels is None else table.config_kernels[rows[0]]
+            return KernelTimes(np.full(shape, np.nan), None, reason=f"{engine} {chosen.version}'s {dtype} table on {gpu} timed this "
+                               f"configuration with {timed}, not the {kernel} kernel the engine runs")
+        got = _interpolate(table, [np.full(shape, float(rows[0])), tokens])
+        return KernelTimes(got, ref, table.note, reason=chosen.reason)
+    return KernelTimes(np.full(shape, np.nan), None)
+
+
+# Two releases' MoE tables of one dtype time the same kernel where the 90th percentile of |ln(t_a / t_b)| over their
+# common (configuration, tokens) points is at most ln 1.15. The measured pairs fall far apart on either side: vLLM 0.19.0
+# and 0.22.0 on B200 (Triton fused_moe in both): 0.06-0.09 in bf16, fp8 and fp8_block; every pair across a backend
+# change 0.22 or more (B200 0.22.0 and 0.24.0, FlashInfer in 0.24: 0.71-0.76; H200 vLLM 0.19.0 and 0.24.0: 0.23-1.87;
+# SGLang 0.5.10 and 0.5.14: 0.22-0.49).
+SAME_KERNEL_P90 = math.log(1.15)
+_MIN_COMMON_POINTS = 20
+_NUMBERED = re.compile(r"v?\d+(\.\d+)*([.-]?(post|rc|dev)\d*)?")
+
+
+@dataclass(frozen=True, slots=True)
+class MoeRelease:
+    """The measured release whose MoE table prices a row (None: none may) and why."""
+
+    version: str | None
+    reason: str
+
+
+def _moe_tables(gpu: str, engine: str, version: str, dtype: str) -> tuple[_Table, ...]:
+    if not any(f["gpu"] == gpu and f["engine"] == engine and f["version"] == version for f in _index()):
+        return ()
+    return tuple(t for t in _release(gpu, engine, version).tables
+                 if t.kind == KernelOp.MOE.value and t.variant.get("dtype") == _dtype(dtype) and t.configs is not None)
+
+
+@functools.cache
+def same_moe_kernel(gpu: str, engine: str, a: str, b: str, *, dtype: str) -> bool:
+    """Whether releases `a` and `b` time the same MoE kernel in `dtype` (see SAME_KERNEL_P90); False where they share
+    fewer than 20 measured points."""
+    ta, tb = _moe_tables(gpu, engine, a, dtype), _moe_tables(gpu, engine, b, dtype)
+    diffs: list[FloatArray] = []
+    for x in ta:
+        for y in tb:
+            assert x.configs is not None and y.configs is not None
+            tok_x, tok_y = x.axes[1].values, y.axes[1].values
+            tokens, ix, iy = np.intersect1d(tok_x, tok_y, return_indices=True)
+            if not tokens.size:
+                continue
+            for i, cfg in enumerate(x.configs):
+                j = np.flatnonzero((y.configs == cfg).all(axis=1))
+                if j.size:
+                    diffs.append(np.abs(x.log_s[i, ix] - y.log_s[j[0], iy]))
+    d = np.concatenate(diffs) if diffs else np.empty(0)
+    d = d[np.isfinite(d)]
+    return bool(d.size >= _MIN_COMMON_POINTS and np.quantile(d, 0.9) <= SAME_KERNEL_P90)
+
+
+@functools.cache
+def moe_release(gpu: str, engine: str, version: str | None, *, dtype: str) -> MoeRelease:
+    """The release whose MoE table of `dtype` may time a row of `version` on `gpu`: the rule "same-kernel releases".
+
+    - None (the caller names no release: a plan for a fresh deployment): the newest measured release.
+    - The release itself where it was measured; a post or rc release of a measured one counts as it (the same first
+      three numbers).
+    - A release between two measured ones whose tables time the same kernel (`same_moe_kernel`): the nearer of them (the
+      newer on a tie). A kernel both sides run ran in between.
+    - Anything else has no table: older than the oldest or newer than the newest measured release, between two that
+      disagree (the backend changed somewhere in between; B200, 32 experts of gpt-oss, 8 tokens: 373 µs in vLLM
+      0.19.0's table, 116 µs in 0.24.0's), or not a numbered release (a nightly build).
+    """
+    have = sorted({f["version"] for f in _index() if f["gpu"] == gpu and f["engine"] == engine and _moe_tables(gpu, engine, f["version"], dtype)},
+                  key=release_key)
+    what = f"{engine}'s {_dtype(dtype)} MoE on {gpu}"
+    if not have:
+        return MoeRelease(None, f"no release measured {what}")
+    if version is None:
+        return MoeRelease(have[-1], f"the newest measured release of {what}")
+    if not _NUMBERED.fullmatch(version):
+        return MoeRelease(None, f"{version!r} is not a numbered release; measured {what}: {', '.join(have)}")
+    want = release_key(version)
+    for v in have:
+        if release_key(v)[:3] == want[:3]:
+            return MoeRelease(v, f"measured on {v}")
+    older = [v for v in have if release_key(v) < want]
+    newer = [v for v in have if release_key(v) > want]
+    if not older or not newer:
+        side = "older than the oldest" if not older else "newer than the newest"
+        return MoeRelease(None, f"{engine} {version} is {side} measured release of {what} ({', '.join(have)}): its kernel is not known")
+    lo, hi = older[-1], newer[0]
+    if not same_moe_kernel(gpu, engine, lo, hi, dtype=dtype):
+        return MoeRelease(None, f"{engine} {version} lies between {lo} and {hi}, whose tables of {what} time different kernels")
+
+    def gap(v: str) -> tuple[int, ...]:
+        key, width = release_key(v), max(len(release_key(v)), len(want))
+        a, b = key + (0,) * (width - len(key)), want + (0,) * (width - len(want))
+        return tuple(abs(x - y) for x, y in zip(a, b, strict=True))
+
+    near = hi if gap(hi) <= gap(lo) else lo
+    return MoeRelease(near, f"{engine} {version} lies between {lo} and {hi}, whose tables of {what} time the same kernel")
 
 
 def moe_configs(gpu: str, engine: str, version: str, *, dtype: str) -> tuple[tuple[int, ...], ...]:

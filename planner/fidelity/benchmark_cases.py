@@ -464,7 +464,7 @@ def _geometry(model: ModelArch, gpu: Gpu, case: BenchmarkCase, d: _EngineDefault
     return step_geometry(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp, moe_ep=ep,
                          moe_precision=case.moe_precision, release=case.engine_release or None,
                          tables_for=d.engine if d.overhead_scale is None else None, table_allreduce=switches[0],
-                         table_exchange=switches[1], table_moe=switches[2])
+                         table_exchange=switches[1], table_moe=switches[2], release_recorded=bool(case.engine_release))
 
 
 def _stepper(coeffs: StepCoefficients) -> Any:

@@ -33,6 +33,7 @@ __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "scale
            "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
            "step_coefficients", "evaluate_step_s", "request_overhead_s", "allreduce_s", "measured_allreduce", "measured_exchange", "measured_terms",
+           "ROOFLINE_PREFIX", "moe_kernel_variants", "VLLM_MXFP4_KERNEL",
            "fabric_table_gpu",
            "KERNEL_ENGINES", "PCIE_BUS_EFF"]
 
@@ -108,7 +109,9 @@ class PerfParams:
     measured_allreduce: float = 0.0
     # 1: a MoE layer's routed experts cost what the engine's fused-MoE kernel measured at the layer's configuration
     # (hidden, expert width, top-k, experts, MoE TP, MoE EP) and weight format, interpolated in the tokens each GPU
-    # computes, where a table covers them (kernels.moe_s); 0: the fitted roofline (moe_eff_scale, mem_eff).
+    # computes, where a table covers them (kernels.moe_s): a table of the release that ran or of a neighbour timing the
+    # same kernel (kernels.moe_release), timed with the kernel the engine runs (moe_kernel_variants); 0: the fitted
+    # roofline (moe_eff_scale, mem_eff).
     measured_moe: float = 0.0
     # 1: under attention DP, a MoE layer's exchange (the all-gather of every DP rank's tokens before the experts and the
     # reduce-scatter of their outputs after, vLLM's default DP + EP dispatch) costs what NCCL measured for those messages
@@ -371,10 +374,14 @@ def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any
     return fixed, per_tok
 
 
+ROOFLINE_PREFIX = "roofline: "  # a switched-on measured term that no table may price, with the reason after it
+
+
 def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None, *,
                    model: ModelArch | None = None, moe_precision: Precision | None = None, dp: int = 1, moe_ep: int = 1) -> dict[str, str]:
     """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline.
-    `model` (with its experts' precision and the instance's dp and EP degree) adds the MoE term."""
+    `model` (with its experts' precision and the instance's dp and EP degree) adds the MoE term: where `measured_moe` is on
+    and no table may time it, its value is `ROOFLINE_PREFIX` and the reason (the release rule, the kernel the engine runs)."""
     p = params or perf_params()
     out: dict[str, str] = {}
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
@@ -392,9 +399,8 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
     if p.measured_moe >= 0.5 and model is not None and model.is_moe:
         group = tp * dp
         ep = min(moe_ep, group)
-        _, source = measured_moe_curve(model, gpu, engine, release, moe_precision or Precision.BF16, group // max(ep, 1), ep)
-        if source:
-            out["moe"] = source
+        _, source, reason = measured_moe_curve(model, gpu, engine, release, moe_precision or Precision.BF16, group // max(ep, 1), ep)
+        out["moe"] = source or f"{ROOFLINE_PREFIX}{reason}"
     return out
 
 
@@ -481,47 +487,79 @@ class StepCoefficients:
 MOE_GRID = 16
 _MOE_DTYPES = {Precision.BF16: ("bfloat16",), Precision.FP8: ("fp8_block", "fp8"), Precision.INT4: ("int4_wo",)}
 
+# CUDA compute capability family of the catalog's NVIDIA GPUs (NVIDIA's CUDA GPU list): what the engines' kernel choices test.
+_CUDA_FAMILY = {"a100_sxm": 80, "a100_40gb": 80, "l40s": 89, "rtx_4090": 89, "h100_sxm": 90, "h100_pcie": 90, "h200_sxm": 90,
+                "b200_sxm": 100, "b300_sxm": 100, "gb200": 100, "gb300": 100, "rtx_pro_6000": 120}
+# The MXFP4 expert kernel vLLM runs for an MXFP4 checkpoint (gpt-oss), by compute capability family, as the part of the
+# kernel's name the aiconfigurator tables record. vLLM's oracle (vllm 0.32.0, model_executor/layers/fused_moe/oracle/
+# mxfp4.py: select_mxfp4_moe_backend over _get_priority_backends_for_gpt_oss, each backend's _supports_current_device)
+# takes the first backend the GPU supports: FLASHINFER_TRTLLM_MXFP4_BF16 on the SM100 family (TrtLlmMxfp4Experts:
+# is_device_capability_family(100) with FlashInfer); on SM90 the TRT-LLM and AITER backends do not apply and TRITON
+# (OAI triton_kernels, 9.0 <= capability < 13.0) comes next. The collector of the 0.24.0 tables builds vLLM's own FusedMoE
+# with Mxfp4Config and lets vLLM choose, and records exactly these two (H100/H200: ..._triton_oaitritonmxfp4experts...,
+# B200: ..._flashinfer_trtllm_mxfp4_bf16_...). vLLM 0.19.0's tables name no backend ("vllm_mxfp4_moe") and time EP 2 as
+# EP 1 (the expert map not applied), so the kernel filter leaves them out.
+VLLM_MXFP4_KERNEL = {90: "triton_oaitritonmxfp4experts", 100: "flashinfer_trtllm_mxfp4_bf16"}
 
-def _moe_dtypes(model: ModelArch, mp: Precision) -> tuple[str, ...]:
-    """The measured kernel variants a checkpoint's routed experts run as, most specific first."""
+
+def moe_kernel_variants(model: ModelArch, gpu: Gpu, engine: str, mp: Precision) -> tuple[tuple[tuple[str, str | None], ...], str]:
+    """The measured (dtype, kernel) variants a checkpoint's routed experts run as on `gpu` under `engine` (kernel None: any
+    the table timed), most specific first; empty with the reason where no table times the kernel the engine runs."""
     if mp is Precision.FP4:
         ck = model.checkpoint
-        return ("w4a16_mxfp4",) if ck is not None and ck.method == "mxfp4" else ("nvfp4",)
-    return _MOE_DTYPES.get(mp, ())
+        if ck is None or ck.method != "mxfp4":
+            return (("nvfp4", None),), ""
+        if engine != "vllm":
+            return (), f"which MXFP4 expert kernel {engine} runs is not established here"
+        family = _CUDA_FAMILY.get(gpu.id)
+        kernel = VLLM_MXFP4_KERNEL.get(family) if family is not None else None
+        if kernel is None:
+            return (), f"vLLM's MXFP4 expert backend on {gpu.id} has no measured table"
+        return (("w4a16_mxfp4", kernel),), ""
+    dtypes = _MOE_DTYPES.get(mp, ())
+    return tuple((d, None) for d in dtypes), "" if dtypes else f"no table times {mp.value} experts"
 
 
 @cache
-def _moe_curve_scalar(gpu_id: str, engine: str, release: str, dtypes: tuple[str, ...], config: tuple[int, ...]) -> tuple[tuple[float, ...], str]:
-    """ln(seconds) of one MoE layer at 2^i tokens from the first measured variant of `dtypes` that covers `config`."""
+def _moe_curve_scalar(gpu_id: str, engine: str, release: str, variants: tuple[tuple[str, str | None], ...],
+                      config: tuple[int, ...]) -> tuple[tuple[float, ...], str, str]:
+    """ln(seconds) of one MoE layer at 2^i tokens from the first measured variant that covers `config`, its source, and
+    why none did ("" when one did)."""
     tokens = np.exp2(np.arange(MOE_GRID, dtype=float))
-    for dtype in dtypes:
+    reasons = []
+    for dtype, kernel in variants:
         got = kernels.moe_s(gpu_id, engine, release or None, dtype=dtype, hidden=config[0], inter=config[1], topk=config[2],
-                            experts=config[3], moe_tp=config[4], moe_ep=config[5], tokens=tokens)
+                            experts=config[3], moe_tp=config[4], moe_ep=config[5], tokens=tokens, kernel=kernel)
         if got.source is not None and np.isfinite(got.time_s[0]):
             with np.errstate(divide="ignore", invalid="ignore"):
-                return tuple(float(v) for v in np.log(got.time_s)), f"{got.source.describe()}, {dtype}"
-    return tuple([math.nan] * MOE_GRID), ""
+                return tuple(float(v) for v in np.log(got.time_s)), f"{got.source.describe()}, {dtype}", ""
+        reasons.append(got.reason or f"no {engine} {dtype} table on {gpu_id} measured this configuration")
+    return tuple([math.nan] * MOE_GRID), "", "; ".join(reasons)
 
 
 def measured_moe_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, mp: Precision, moe_tp: Any,
-                       moe_ep: Any) -> tuple[Any, str]:
-    """ln(seconds) of all of a stage's MoE layers at 2^i tokens per candidate (rows of NaN where not covered), and the
-    source of the first covered row ("" when none)."""
+                       moe_ep: Any) -> tuple[Any, str, str]:
+    """ln(seconds) of all of a stage's MoE layers at 2^i tokens per candidate (rows of NaN where not covered), the
+    source of the first covered row ("" when none), and why the first uncovered one has no table."""
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
     tp_arr, ep_arr = np.broadcast_arrays(np.asarray(moe_tp, dtype=float), np.asarray(moe_ep, dtype=float))
     curve = np.full((*tp_arr.shape, MOE_GRID), np.nan)
-    dtypes = _moe_dtypes(model, mp)
-    source = ""
-    if name is None or not model.is_moe or not dtypes:
-        return curve, source
+    if name is None or not model.is_moe:
+        return curve, "", "no measured tables of this engine"
+    variants, why = moe_kernel_variants(model, gpu, name, mp)
+    if not variants:
+        return curve, "", why
+    source = reason = ""
     layers = float(model.num_moe_layers)
-    for mt, me in {(float(a), float(b)) for a, b in zip(tp_arr.ravel(), ep_arr.ravel(), strict=True)}:
+    for mt, me in sorted({(float(a), float(b)) for a, b in zip(tp_arr.ravel(), ep_arr.ravel(), strict=True)}):
         config = (model.hidden_size, model.moe_intermediate_size, model.experts_per_token, model.num_experts, int(mt), int(me))
-        values, where = _moe_curve_scalar(gpu.id, name, release or "", dtypes, config)
+        values, where, why = _moe_curve_scalar(gpu.id, name, release or "", variants, config)
         if where:
             source = source or where
             curve[(tp_arr == mt) & (ep_arr == me)] = np.asarray(values) + math.log(layers)
-    return curve, source
+        else:
+            reason = reason or why
+    return curve, source, reason
 
 
 def _moe_table_s(curve: Any, tokens: Any) -> Any:
@@ -709,9 +747,12 @@ class StepGeometry:
 
 def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine, tp: Any, pp: Any, dp: Any,
                   moe_ep: Any = 1, moe_precision: Precision | None = None, release: str | None = None, tables_for: Engine | None = None,
-                  table_allreduce: bool = False, table_exchange: bool = True, table_moe: bool = False) -> StepGeometry:
+                  table_allreduce: bool = False, table_exchange: bool = True, table_moe: bool = False,
+                  release_recorded: bool = True) -> StepGeometry:
     """The parameter-free part of `step_coefficients` (same arguments; `tables_for`: whose measured kernel tables price the
-    terms they cover, None for none; `table_*`: the `measured_*` switches of PerfParams)."""
+    terms they cover, None for none; `table_*`: the `measured_*` switches of PerfParams). `release_recorded` False: a
+    measured row whose engine release nobody recorded; release None then stands for the newest measured release
+    everywhere but in the MoE term, which takes a table only from the release that ran (kernels.moe_release)."""
     mp = moe_precision or precision
     frac = 1.0 / pp
     peak16 = gpu.bf16_tflops * 1e12
@@ -807,8 +848,8 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         x_fixed = np.where(np.isfinite(x_f), model.num_moe_layers * frac * np.nan_to_num(x_f), np.nan)
         x_tok = np.where(np.isfinite(x_t), model.num_moe_layers * frac * np.nan_to_num(x_t), np.nan)
     moe_curve = None
-    if table_moe and model.is_moe:
-        curve, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
+    if table_moe and model.is_moe and release_recorded:
+        curve, _, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
         if np.isfinite(curve).any():
             # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
             moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
@@ -938,6 +979,24 @@ def evaluate_step_s(c: StepCoefficients, *, prefill_tokens: Any, prefill_pairs: 
                                  maximum=maximum, minimum=minimum)
 
 
+def table_rank_scale(c: StepCoefficients, routed: Any, t_moe: Any, *, maximum: Callable[[Any, Any], Any] = np.maximum,
+                     minimum: Callable[[Any, Any], Any] = np.minimum) -> Any:
+    """This step's MoE time over the measured table's, both by the roofline: `t_moe` (the busiest EP rank under uniformly
+    random top-k routing of `routed` tokens) over the rank the table timed.
+
+    The collector's "balanced" routing (aiconfigurator collector/helper.py `balanced_logits`) is deterministic: token i
+    takes experts i·s/T + j·s (T < s) or i + j·s (T >= s) modulo E, s = ceil(E / k). So the rank it times (rank 0 of
+    vLLM's expert map; SGLang's rank of E / ep experts) computes exactly its even share of the routed pairs,
+    routed · k / ep, each on its own expert until all E / ep are hit: no imbalance, and more experts read than random
+    routing hits (MiniMax-M2.5, 16 tokens: 128 of 256 experts against 102 expected). Scaling the table by the busiest
+    rank over random routing's mean rank (the rule before) counted that coverage and the imbalance on top of it.
+    """
+    k = c.sharp
+    pairs = maximum(routed * c.topk * c.local_experts / c.experts, 1.0)  # the timed rank's routed pairs (at least one)
+    t_table = ((c.moe_flop_s * (routed + c.gemm_half_tokens))**k + (c.moe_mem_s * minimum(pairs, c.local_experts))**k) ** (1.0 / k)
+    return t_moe / maximum(t_table, 1e-30)
+
+
 def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any], Any] = np.maximum,
                 minimum: Callable[[Any, Any], Any] = np.minimum, moe_tokens: Any = None) -> tuple[Any, Any]:
     """The part of `evaluate_step_s` that depends on the step's token count only: the stage's linear, expert and
@@ -975,10 +1034,9 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
     if c.moe_log_curve is not None:
         # Measured where a table covers it, at the tokens the table counts (`moe_table_share` of the tokens every DP rank
-        # routes). The tables route tokens evenly over the experts; the busiest EP rank of a real step does more: the
-        # measured time is scaled by the busiest rank's roofline over an even rank's (1 without EP).
-        t_even = ((c.moe_flop_s * (routed + c.gemm_half_tokens))**k + (c.moe_mem_s * minimum(mean_active, c.local_experts))**k) ** (1.0 / k)
-        measured = _moe_table_s(c.moe_log_curve, routed * c.moe_table_share) * (t_moe / maximum(t_even, 1e-30))
+        # routes), scaled by this step's rank over the table's own rank, both by the roofline (`table_rank_scale`).
+        measured = _moe_table_s(c.moe_log_curve, routed * c.moe_table_share) * table_rank_scale(c, routed, t_moe, maximum=maximum,
+                                                                                                  minimum=minimum)
         t_moe = np.where(np.isfinite(measured), measured, t_moe)
     exchanged = micro if moe_tokens is None else routed / c.dp  # the exchange's bytes: a rank's share of the gathered tokens
     if own is not None:

@@ -17,7 +17,7 @@ from servingtopology.planner.engines.caps import load_caps, resolve_version
 from servingtopology.planner.hardware import GIB
 from servingtopology.planner.layout import Engine, Layout, Role
 from servingtopology.planner.perf.memory import state_bytes_per_seq
-from servingtopology.planner.perf.step import measured_terms
+from servingtopology.planner.perf.step import ROOFLINE_PREFIX, measured_terms
 from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.search.figure_text import ms_text, per_gpu_text, rps_text, share_text
 from servingtopology.planner.search.record_facts import BLANK, LINKS_GBIT, MeasuredBaseline, RecordFacts, measured_binding, record_facts
@@ -80,11 +80,14 @@ def step_terms_line(problem: Problem, layout: Layout) -> str:
         for term, source in measured_terms(problem.gpu, problem.engine, problem.engine_version, par.tp, problem.model.hidden_size,
                                            model=problem.model, moe_precision=problem.precision, dp=par.dp, moe_ep=ep).items():
             measured.setdefault(term, source)
+    kept = {term: source.removeprefix(ROOFLINE_PREFIX) for term, source in measured.items() if source.startswith(ROOFLINE_PREFIX)}
+    measured = {term: source for term, source in measured.items() if term not in kept}
+    why = "".join(f" {term} from the roofline: {reason}." for term, reason in sorted(kept.items()))
     if not measured:
         return ("Step time: every term from the roofline with the fitted efficiencies (no measured kernel table covers "
-                "this GPU, engine and group, or the shipped parameters leave them off).")
+                f"this GPU, engine and group, or the shipped parameters leave them off).{why}")
     named = "; ".join(f"{term} measured ({source})" for term, source in sorted(measured.items()))
-    return f"Step time: {named}; the other terms from the roofline with the fitted efficiencies."
+    return f"Step time: {named}; the other terms from the roofline with the fitted efficiencies.{why}"
 
 
 def _cap(text: str) -> str:

@@ -92,10 +92,10 @@ def test_the_measured_moe_term_reads_the_fused_moe_table_at_the_tokens_each_gpu_
     ds = _deepseek()
     on = replace(PerfParams(), measured_moe=1.0)
     c = step_coefficients(ds, resolve_gpu("h200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
-                          tp=np.array([8.0, 1.0]), pp=1.0, dp=np.array([1.0, 8.0]), moe_ep=np.array([1.0, 8.0]), params=on, release="0.5.9")
+                          tp=np.array([8.0, 1.0]), pp=1.0, dp=np.array([1.0, 8.0]), moe_ep=np.array([1.0, 8.0]), params=on, release="0.5.10")
     assert c.moe_log_curve is not None and np.isfinite(c.moe_log_curve[:, :12]).all()  # 1 … 2,048 tokens measured
     # TP8 experts at 64 tokens: the table's TP8 row at 64 tokens, times the MoE layers.
-    one_layer = kernels.moe_s("h200_sxm", "sglang", "0.5.9", dtype="fp8_block", hidden=ds.hidden_size, inter=ds.moe_intermediate_size,
+    one_layer = kernels.moe_s("h200_sxm", "sglang", "0.5.10", dtype="fp8_block", hidden=ds.hidden_size, inter=ds.moe_intermediate_size,
                               topk=ds.experts_per_token, experts=ds.num_experts, moe_tp=8, moe_ep=1, tokens=np.array([64.0]))
     got = _moe_table_s(c.moe_log_curve, np.array([64.0, 64.0]))
     assert got[0] == pytest.approx(ds.num_moe_layers * float(one_layer.time_s[0]), rel=1e-6)
@@ -173,32 +173,6 @@ def test_vllm_moe_tables_are_read_at_every_token_the_rank_sees_and_sglangs_at_it
     sglang = step_coefficients(mm, resolve_gpu("h200_sxm"), engine=Engine.SGLANG, release="0.5.10", **kw)
     assert np.all(vllm.moe_table_share == 1.0)
     assert np.allclose(sglang.moe_table_share, [1.0, 0.25])
-
-
-def test_the_measured_moe_term_of_an_ep_rank_is_the_even_table_time_scaled_to_the_busiest_rank():
-    # vLLM's table (even routing) at 16 tokens for EP4, scaled by the roofline's busiest rank over an even one (> 1).
-    from servingtopology.planner.perf.step import token_terms
-
-    mm = _minimax()
-    on = replace(OFF, measured_moe=1.0)
-    gpu = resolve_gpu("b200_sxm")
-    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=4.0, pp=1.0, dp=1.0, moe_ep=4.0, release="0.19.0")
-    measured, _ = token_terms(step_coefficients(mm, gpu, params=on, **kw), 16.0)
-    roofline, _ = token_terms(step_coefficients(mm, gpu, params=OFF, **kw), 16.0)
-    table = kernels.moe_s("b200_sxm", "vllm", "0.19.0", dtype="fp8_block", hidden=mm.hidden_size, inter=mm.moe_intermediate_size,
-                          topk=mm.experts_per_token, experts=mm.num_experts, moe_tp=1, moe_ep=4, tokens=np.array([16.0]))
-    even_table_s = mm.num_moe_layers * float(table.time_s[0])
-    # Same linear and communication terms, so the difference is the MoE term's.
-    c = step_coefficients(mm, gpu, params=OFF, **kw)
-    routed, k = 16.0, c.sharp
-    hit = 1.0 - (1.0 - c.topk / c.experts) ** routed
-    mean_active = c.local_experts * hit
-    even = ((c.moe_flop_s * (routed + c.gemm_half_tokens)) ** k + (c.moe_mem_s * mean_active) ** k) ** (1.0 / k)
-    active = min(mean_active + c.ep_z * (mean_active * (1.0 - hit)) ** 0.5, c.local_experts)
-    busiest = 1.0 + c.ep_z * (c.experts / c.local_experts - 1.0) ** 0.5 / (routed * c.topk) ** 0.5
-    busy = ((c.moe_flop_s * (routed * busiest + c.gemm_half_tokens)) ** k + (c.moe_mem_s * active) ** k) ** (1.0 / k)
-    assert busy / even > 1.05
-    assert float(measured) - float(roofline) == pytest.approx(even_table_s * busy / even - busy, rel=1e-9)
 
 
 def test_the_dp_exchange_of_an_expert_parallel_layer_is_nccls_all_gather_and_reduce_scatter():
