@@ -1,7 +1,7 @@
 """The Prometheus HTTP client: one query (instant or range) to the host and port the allow-list checked, read within bounds.
 
 Called by operator/live/metrics.py (`PrometheusMetrics`), one client per metrics read, and operator/live/history.py
-(`calibrate --prometheus`'s range queries). Owns the socket, the HTTP/1.1
+(`calibrate --prometheus`'s range queries). Owns the connection (urllib3's, to the checked address), the bounds of the
 exchange and the JSON answer; must not decide anything about the figures. The server is untrusted (its URL is a
 resource author's), so every read is bounded and every failure is a `PrometheusAnswerError` with a named reason:
 
@@ -17,19 +17,25 @@ resource author's), so every read is bounded and every failure is a `PrometheusA
     │                               speak, a client certificate it asks for or refuses, plain HTTP on the port)
     ├── PrometheusAnswerInvalid     not HTTP/1.x, not UTF-8 JSON, nested past the depth cap, NaN/Infinity/overflowing
     │                               numbers, a truncated body, no Prometheus `data.result`, or an answer in more pieces
-    │                               (reads and chunks) than ReadLimits.pieces
+    │                               than ReadLimits.pieces
     └── MetricsUnavailable          no connection, or an HTTP error status (only the code is kept, never the body)
 
-Interim1xx: a `100 Continue` (any 1xx but 101) before the answer is skipped, as RFC 9110 says, within the header cap
-and at most MAX_INTERIM of them; a 101 is refused (no upgrade was asked for). BoundedPieces: each read costs a system
-call and each chunk a parse, so an answer sent a byte at a time cost 24.6 CPU s; past `pieces` reads and chunks
-together it is refused (a real answer comes in a few, 1 MiB in 64 KiB reads in 16). ResolveWithinDeadline: the name is
-resolved in a small bounded pool of threads, waited for no longer than the query's deadline (getaddrinfo itself has no
-timeout), and every address is checked before one is connected to.
+The exchange is urllib3's: one `HTTPConnection`/`HTTPSConnection` to the checked IP address, the URL's host as TLS
+server_hostname (SNI, the certificate's name) and as Host; one request, no pool, so nothing retries or redirects.
+What urllib3 and http.client leave unbounded is kept here:
+- ResolveWithinDeadline: the name is resolved in a small bounded pool of threads, waited for no longer than the
+  query's deadline (getaddrinfo has no timeout), and every address is checked before one is connected to.
+- OneDeadline: connect and handshake wait the time left; then a timer shuts the socket down at the deadline (a
+  per-read timeout never trips on a byte a second), and whatever the cut read raised is PrometheusTimeout.
+- HeadReader, the one hand-written piece: http.client skips any number of `100 Continue`, returns a `102` as the
+  answer and reads 100 header lines of 64 KiB (test_prometheus_client_lows.py shows it). The reader it reads through
+  skips interim 1xx heads as RFC 9110 says, at most MAX_INTERIM (Interim1xx), refuses a 101 (no upgrade was asked for)
+  and the heads past `header_bytes` as soon as they pass it; then counts the body's reads (BoundedPieces: an answer
+  sent a byte at a time cost 24.6 CPU s; a chunk costs three reads, 1 MiB in 64 KiB reads takes 16).
 
 TlsNamed: an ssl error is worded from its verify message or OpenSSL reason code only (what the client found, never the
 server's bytes); nothing is sent before the handshake verified the server. The context (operator/live/prometheus_tls.py)
-always verifies.
+always verifies; urllib3 gets it with CERT_REQUIRED and no assert_hostname, so OpenSSL checks the name.
 
 The bearer token is sent only in the one request this client makes, to `url.host:url.port`; nothing here parses a
 URL again or follows one the server names.
@@ -37,12 +43,17 @@ URL again or follows one the server names.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
+import http.client
+import io
 import json
 import math
 import re
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +61,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
+
+import urllib3
 
 from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl
 
@@ -113,7 +126,7 @@ class ReadLimits:
     header_bytes: int = 32 << 10     # status line and headers together
     query_s: float = 10.0            # connect, send, headers and body of one query
     depth: int = MAX_DEPTH           # [ and { open at once
-    pieces: int = 4096               # reads and chunks of one answer together (BoundedPieces)
+    pieces: int = 4096               # reads of one answer's body, three a chunk (BoundedPieces)
 
 
 MAX_INTERIM = 8    # 1xx interim responses skipped before the answer (Interim1xx)
@@ -128,8 +141,8 @@ def _getaddrinfo(host: str, port: int) -> Sequence[tuple[Any, ...]]:
     return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
 
-_STATUS = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: [^\r\n]*)?\r?\n")
-_CHUNK = re.compile(rb"([0-9a-fA-F]{1,8})(?:;[^\r\n]*)?\r?\n")
+_INTERIM = re.compile(rb"HTTP/1\.[01] (1[0-9]{2})[ \r\n]")
+_HEAD_ENDS = (b"\r\n", b"\n", b"")
 _STRING = re.compile(rb'"(?:[^"\\]|\\.?)*+"?', re.DOTALL)   # possessive: linear on any input, unterminated strings too
 _NON_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _MAX_INT_DIGITS = 40
@@ -221,146 +234,84 @@ def parse_matrix(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]
     return result
 
 
-class _Exchange:
-    """One request and its response on one socket, every read bounded by the query's deadline."""
+class _HeadReader:
+    """The reader http.client reads a response through (HeadReader, Interim1xx, BoundedPieces): the final head only,
+    within `header_bytes` for all heads together, then the body's reads counted against `pieces`."""
 
-    def __init__(self, sock: socket.socket, *, deadline_s: float, clock: Callable[[], float], limits: ReadLimits,
-                 host: str = "") -> None:
-        self.sock, self.deadline_s, self.clock, self.limits = sock, deadline_s, clock, limits
-        self.sock_host = host
-        self.buffer = bytearray()
-        self.eof = False
-        self.pieces = 0
+    def __init__(self, fp: io.BufferedReader, limits: ReadLimits) -> None:
+        self._fp, self._limits = fp, limits
+        self._head_left, self._status_next, self._in_head = limits.header_bytes, True, True
+        self._pieces = 0
+
+    def readline(self, limit: int = -1) -> bytes:
+        if not self._in_head:
+            self._piece()
+            return self._fp.readline(limit)
+        line = self._head_line(limit)
+        if self._status_next:
+            for _ in range(MAX_INTERIM + 1):
+                interim = _INTERIM.match(line)
+                if interim is None:
+                    break
+                if interim.group(1) == b"101":
+                    raise _invalid("HTTP 101: a protocol switch nobody asked for")
+                while self._head_line(limit) not in _HEAD_ENDS:
+                    pass
+                line = self._head_line(limit)
+            else:
+                raise _invalid(f"more than {MAX_INTERIM} interim (1xx) responses before the answer")
+            self._status_next = False
+        elif line in _HEAD_ENDS:
+            self._in_head = False
+        return line
+
+    def _head_line(self, limit: int) -> bytes:
+        """One line of a head, refused once the heads pass `header_bytes` (at most one byte past it is read)."""
+        budget = self._head_left + 1
+        line = self._fp.readline(budget if limit < 0 else min(limit, budget))
+        self._head_left -= len(line)
+        if self._head_left < 0:
+            raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"headers over {self._limits.header_bytes} bytes")
+        return line
 
     def _piece(self) -> None:
-        """Count one read or chunk against `limits.pieces` (BoundedPieces)."""
-        self.pieces += 1
-        if self.pieces > self.limits.pieces:
-            raise _invalid(f"sent in more than {self.limits.pieces} pieces (reads and chunks); a real answer comes in a few")
+        self._pieces += 1
+        if self._pieces > self._limits.pieces:
+            raise _invalid(f"sent in more than {self._limits.pieces} pieces (reads and chunks); a real answer comes in a few")
 
-    def _remaining_s(self) -> float:
-        left = self.deadline_s - self.clock()
-        if left <= 0:
-            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s")
-        return left
-
-    def _fill(self) -> None:
-        """Read what the server sent next (at most 64 KiB), waiting no longer than the deadline."""
+    def read(self, size: int | None = -1) -> bytes:
         self._piece()
-        self.sock.settimeout(self._remaining_s())
-        try:
-            data = self.sock.recv(65536)
-        except TimeoutError:
-            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s") from None
-        except ssl.SSLError as exc:
-            raise tls_failure(exc, self.sock_host) from None
-        if not data:
-            self.eof = True
-        self.buffer += data
+        return self._fp.read(size)
 
-    def _take(self, n: int) -> bytes:
-        out = bytes(self.buffer[:n])
-        del self.buffer[:n]
-        return out
+    def read1(self, size: int = -1) -> bytes:
+        self._piece()
+        return self._fp.read1(size)
 
-    def head(self) -> tuple[int, dict[str, str]]:
-        """The final status code and its headers (names lower-case), past any 1xx interim responses (Interim1xx);
-        refused past `header_bytes`, all heads together."""
-        seen = 0
-        for _ in range(MAX_INTERIM + 1):
-            raw = self._one_head(self.limits.header_bytes - seen)
-            seen += len(raw)
-            status = _STATUS.match(raw)
-            if status is None:
-                raise _invalid("no HTTP/1.x status line")
-            code = int(status.group(1))
-            if code == 101:
-                raise _invalid("HTTP 101: a protocol switch nobody asked for")
-            if not 100 <= code < 200:
-                return code, self._headers(raw, status.end())
-        raise _invalid(f"more than {MAX_INTERIM} interim (1xx) responses before the answer")
+    def __getattr__(self, name: str) -> Any:      # close, flush, closed: the buffered reader's own
+        return getattr(self._fp, name)
 
-    def _one_head(self, budget: int) -> bytes:
-        """One status line and its headers, up to the blank line; refused past `budget` bytes."""
-        while b"\r\n\r\n" not in self.buffer and b"\n\n" not in self.buffer:
-            if len(self.buffer) > budget:
-                raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"headers over {self.limits.header_bytes} bytes")
-            if self.eof:
-                raise _invalid("the connection closed before the headers ended")
-            self._fill()
-        ends = [i + len(sep) for sep in (b"\r\n\r\n", b"\n\n") if (i := self.buffer.find(sep)) >= 0]
-        raw = self._take(min(ends))
-        if len(raw) > budget:
-            raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"headers over {self.limits.header_bytes} bytes")
-        return raw
 
-    @staticmethod
-    def _headers(raw: bytes, start: int) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        for line in raw[start:].splitlines():
-            name, sep, value = line.partition(b":")
-            if not line.strip():
-                continue
-            if not sep or not name.strip() or name != name.strip():
-                raise _invalid("a malformed header line")
-            key, text = name.decode("latin-1").lower(), value.strip().decode("latin-1")
-            if key in headers and key in ("content-length", "transfer-encoding") and headers[key] != text:
-                raise _invalid(f"two different {key} headers")
-            headers[key] = text
-        return headers
+class _BoundedResponse(http.client.HTTPResponse):
+    """http.client's response, read through a `_HeadReader`."""
 
-    def _capped(self, size: int) -> None:
-        if size > self.limits.answer_bytes:
-            raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {self.limits.answer_bytes} bytes")
+    def __init__(self, sock: socket.socket, *, method: str | None = None, limits: ReadLimits) -> None:
+        super().__init__(sock, method=method)
+        self.fp = _HeadReader(self.fp, limits)   # type: ignore[assignment]
 
-    def body(self, headers: dict[str, str]) -> bytes:
-        """The body by Content-Length, chunked coding, or up to the close; refused as soon as it passes the cap."""
-        coding = headers.get("transfer-encoding", "").lower()
-        if coding and coding != "chunked":
-            raise _invalid(f"transfer coding {coding[:20]!r}")
-        if headers.get("content-encoding", "identity").lower() not in ("identity", ""):
-            raise _invalid("a compressed body (identity was asked for)")
-        if coding == "chunked":
-            return self._chunked()
-        length = headers.get("content-length")
-        if length is not None:
-            if not length.isdigit() or len(length) > 15:
-                raise _invalid("a Content-Length that is not a number")
-            self._capped(int(length))
-            while len(self.buffer) < int(length):
-                if self.eof:
-                    raise _invalid("the body ended before its Content-Length (truncated)")
-                self._fill()
-            return self._take(int(length))
-        while not self.eof:
-            self._capped(len(self.buffer))
-            self._fill()
-        self._capped(len(self.buffer))
-        return self._take(len(self.buffer))
 
-    def _chunked(self) -> bytes:
-        out = bytearray()
-        while True:
-            while (line := _CHUNK.match(self.buffer)) is None:
-                if len(self.buffer) > 1024 or self.eof or b"\n" in self.buffer:
-                    raise _invalid("a malformed or truncated chunk")
-                self._fill()
-            size = int(line.group(1), 16)
-            del self.buffer[:line.end()]
-            self._piece()
-            self._capped(len(out) + size)
-            if size == 0:
-                return bytes(out)       # trailers, if any, are left unread: the connection is closed next
-            while len(self.buffer) < size + 1:
-                if self.eof:
-                    raise _invalid("a truncated chunk")
-                self._fill()
-            out += self._take(size)
-            while not (self.buffer.startswith(b"\r\n") or self.buffer.startswith(b"\n")):
-                if len(self.buffer) >= 2 or self.eof:
-                    raise _invalid("a chunk without its line end")
-                self._fill()
-            del self.buffer[:2 if self.buffer.startswith(b"\r\n") else 1]
+def _broken(exc: BaseException, authority: str, limits: ReadLimits) -> PrometheusAnswerError:
+    """The named failure of an error raised with the request or the answer on the wire (urllib3 wraps the cause)."""
+    while isinstance(exc, urllib3.exceptions.HTTPError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, ssl.SSLError):
+        return tls_failure(exc, authority)
+    if isinstance(exc, (TimeoutError, urllib3.exceptions.TimeoutError)):
+        return PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {limits.query_s:g} s")
+    if isinstance(exc, http.client.IncompleteRead):
+        return _invalid("the body ended before its length or its last chunk (truncated)")
+    if isinstance(exc, (http.client.HTTPException, urllib3.exceptions.HTTPError)):
+        return _invalid(f"not HTTP/1.x as http.client reads it: {type(exc).__name__}")
+    return PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"the connection to {authority} broke: {type(exc).__name__}")
 
 
 class BoundedPrometheus:
@@ -388,85 +339,116 @@ class BoundedPrometheus:
         params = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
         return parse_matrix(self._get("query_range", params), depth=self.limits.depth)
 
+    def _left_s(self, deadline_s: float) -> float:
+        left = deadline_s - self.clock()
+        if left <= 0:
+            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s")
+        return left
+
     def _get(self, endpoint: str, params: dict[str, Any]) -> bytes:
         """The body of a 200 answer to GET /api/v1/`endpoint` (every bound of the module docstring)."""
         deadline_s = self.clock() + self.limits.query_s
         if self.deadline_s is not None:
             deadline_s = min(deadline_s, self.deadline_s)
-        target = f"{self.url.path}/api/v1/{endpoint}?{urlencode(params)}"
-        lines = [f"GET {target} HTTP/1.1", f"Host: {self.url.authority}", "Accept: application/json", "Accept-Encoding: identity",
-                 "Connection: close", "User-Agent: servingtopology-operator"]
+        headers = {"Host": self.url.authority, "Accept": "application/json", "Accept-Encoding": "identity",
+                   "Connection": "close", "User-Agent": "servingtopology-operator"}
         if self._token:
-            lines.append(f"Authorization: Bearer {self._token}")
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
-        with self._connect(deadline_s) as sock:
-            exchange = _Exchange(sock, deadline_s=deadline_s, clock=self.clock, limits=self.limits, host=self.url.authority)
-            sock.settimeout(exchange._remaining_s())
-            try:
-                sock.sendall(request)
-            except TimeoutError:
-                raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"the query was not sent within {self.limits.query_s:g} s") from None
-            except ssl.SSLError as exc:
-                raise tls_failure(exc, self.url.authority) from None
-            status, headers = exchange.head()
-            if 300 <= status < 400:
-                raise PrometheusAnswerError(PrometheusFailure.REDIRECT_REFUSED, f"HTTP {status}: a redirect, which is never followed")
-            if status != 200:
-                raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"HTTP {status}")
-            return exchange.body(headers)
+            headers["Authorization"] = f"Bearer {self._token}"
+        conn = self._connect(deadline_s)
+        sock, answer = conn.sock, None      # http.client hands the socket to the answer and forgets it
+        cut, finished, lock = threading.Event(), threading.Event(), threading.Lock()
 
-    def _connect(self, deadline_s: float) -> socket.socket:
-        """A socket to the checked host and port (TLS for https), opened within the deadline."""
-        def left() -> float:
-            remaining = deadline_s - self.clock()
-            if remaining <= 0:
-                raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no connection within {self.limits.query_s:g} s")
-            return remaining
+        def shut_down() -> None:     # OneDeadline; socket.socket's own shutdown: ssl's would race the reading thread
+            with lock:
+                if not finished.is_set():
+                    cut.set()
+                    with contextlib.suppress(OSError):
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
+        timer = threading.Timer(max(0.0, deadline_s - self.clock()), shut_down)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.timeout = self._left_s(deadline_s)
+            conn.request("GET", f"{self.url.path}/api/v1/{endpoint}?{urlencode(params)}", headers=headers,
+                         preload_content=False, decode_content=False)
+            answer = conn.getresponse()
+            body = self._body(answer)
+        except PrometheusAnswerError:
+            if not cut.is_set():
+                raise
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
+            if not cut.is_set():
+                raise _broken(exc, self.url.authority, self.limits) from None
+        finally:
+            with lock:
+                finished.set()
+            timer.cancel()
+            if answer is not None:
+                answer.close()
+            conn.close()
+        if cut.is_set():
+            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s")
+        return body
+
+    def _body(self, answer: urllib3.BaseHTTPResponse) -> bytes:
+        """The body of a 200 answer, read a piece at a time and refused as soon as it passes the cap."""
+        if 300 <= answer.status < 400:
+            raise PrometheusAnswerError(PrometheusFailure.REDIRECT_REFUSED, f"HTTP {answer.status}: a redirect, which is never followed")
+        if answer.status != 200:
+            raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"HTTP {answer.status}")
+        if answer.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+            raise _invalid("a compressed body (identity was asked for)")
+        cap = self.limits.answer_bytes
+        if answer.length_remaining is not None and answer.length_remaining > cap:
+            raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap} bytes")
+        body = bytearray()
+        while data := answer.read1(65536):
+            body += data
+            if len(body) > cap:
+                raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap} bytes")
+        return bytes(body)
+
+    def _connect(self, deadline_s: float) -> urllib3.connection.HTTPConnection:
+        """urllib3's connection to a checked address of the URL's host (TLS verified for https), opened within the deadline."""
         resolving = _RESOLVERS.submit(self._resolve, self.url.host, self.url.port)
         try:
-            found = list(resolving.result(timeout=left()))
+            found = list(resolving.result(timeout=self._left_s(deadline_s)))
         except FutureTimeout:
             resolving.cancel()
             raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"{self.url.host} was not resolved within "
                                                                    f"{self.limits.query_s:g} s") from None
         except OSError as exc:
             raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"cannot resolve {self.url.host}: {exc.strerror or exc}") from None
-        allowed: list[tuple[Any, ...]] = []
+        allowed: list[str] = []
         refused: list[str] = []
         for info in found[:16]:   # only the addresses the policy allows are connected to, the first four at most
             why = self.addresses.refusal(self.url, str(info[4][0]))
             if why is None:
-                allowed.append(info)
+                allowed.append(str(info[4][0]))
             else:
                 refused.append(why)
         if not allowed:
             raise PrometheusAnswerError(PrometheusFailure.ADDRESS_REFUSED, (refused[0] if refused else f"{self.url.host} resolves to no address")
                                         + "; nothing was connected to")
         error: OSError | None = None
-        for family, kind, proto, _, address in allowed[:4]:
-            sock = socket.socket(family, kind, proto)
+        for address in allowed[:4]:
+            conn: urllib3.connection.HTTPConnection
+            if self.url.scheme == "https":
+                conn = urllib3.connection.HTTPSConnection(
+                    address, self.url.port, timeout=self._left_s(deadline_s), server_hostname=self.url.host,
+                    ssl_context=self._tls or ssl.create_default_context(), cert_reqs=ssl.CERT_REQUIRED)
+            else:
+                conn = urllib3.connection.HTTPConnection(address, self.url.port, timeout=self._left_s(deadline_s))
+            conn.response_class = functools.partial(_BoundedResponse, limits=self.limits)   # type: ignore[assignment]
             try:
-                sock.settimeout(left())
-                sock.connect(address)
-                if self.url.scheme == "https":
-                    tls = self._tls or ssl.create_default_context()
-                    wrapped = tls.wrap_socket(sock, server_hostname=self.url.host, do_handshake_on_connect=False)
-                    wrapped.settimeout(left())
-                    wrapped.do_handshake()
-                    return wrapped
-                return sock
-            except TimeoutError:
-                sock.close()
-                raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no connection within {self.limits.query_s:g} s") from None
-            except PrometheusAnswerError:
-                sock.close()
-                raise
-            except ssl.SSLError as exc:   # the server's certificate or the handshake: another address serves the same
-                sock.close()
-                raise tls_failure(exc, self.url.authority) from None
-            except OSError as exc:    # refused, unreachable
-                sock.close()
-                error = exc
+                conn.connect()
+                return conn
+            except urllib3.exceptions.NewConnectionError as exc:    # refused, unreachable: the next address
+                conn.close()
+                error = exc.__cause__ if isinstance(exc.__cause__, OSError) else None
+            except (urllib3.exceptions.HTTPError, OSError) as exc:   # a timeout, the certificate, the handshake
+                conn.close()
+                raise _broken(exc, self.url.authority, self.limits) from None
         raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE,
                                     f"cannot connect to {self.url.authority}: {type(error).__name__}: {str(error)[:160]}")

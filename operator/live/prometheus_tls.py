@@ -1,8 +1,8 @@
 """The TLS of the operator's Prometheus client: one verifying `ssl.SSLContext` from spec.metrics.tls's PEM text.
 
 Called by operator/live/metrics.py (`PrometheusMetrics`, once per read) with the `TlsMaterial` operator/live_replan.py
-read from the resource's Secret or ConfigMap; the context goes to operator/live/prometheus_http.py, which wraps the
-socket it opened to the checked address. Must not read the cluster, and never turns verification off.
+read from the resource's Secret or ConfigMap; the context goes to operator/live/prometheus_http.py, whose urllib3
+connection to the checked address verifies with it. Must not read the cluster, and never turns verification off.
 
 VerifiedAlways: CERT_REQUIRED, the URL's host checked against the certificate's names (an IP address against its IP
 names), TLS 1.2 at least; `ca` replaces the system's CAs (a private CA's Prometheus is trusted for that CA only).

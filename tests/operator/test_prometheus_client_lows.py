@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+import urllib3
 
 from e2e.hostile_prometheus import Answer, HostileServer, json_answer, raw_answer
 from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
@@ -51,6 +52,35 @@ def test_interim_responses_are_bounded_and_a_protocol_switch_refused(interim: by
     with HostileServer(raw_answer(interim + b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(ANSWER) + ANSWER)) as prom:
         caught = refusal(prom.url)
     assert caught.reason is PrometheusFailure.INVALID and why in str(caught)
+
+
+def _plain_urllib3_status(url: str) -> tuple[int, int]:
+    """What urllib3 alone makes of an answer: its status and the bytes of its headers."""
+    conn = urllib3.connection.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=5.0)
+    try:
+        conn.request("GET", "/api/v1/query?query=up", preload_content=False)
+        answer = conn.getresponse()
+        return answer.status, sum(len(k) + len(v) for k, v in answer.headers.items())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("interim", "headers", "plain", "bounded"), [
+    (b"HTTP/1.1 100 Continue\r\n\r\n" * 50, "", 200, "more than 8 interim"),       # any number of 100s skipped
+    (b"HTTP/1.1 102 Processing\r\n\r\n", "", 102, None),                             # a 102 taken for the answer
+    (b"", "".join(f"X-Pad-{i}: {'a' * 1000}\r\n" for i in range(90)), 200, "headers over 32768 bytes"),   # 90 KiB of headers
+])
+def test_urllib3_alone_leaves_interim_answers_and_header_bytes_unbounded_which_the_head_reader_bounds(
+        interim: bytes, headers: str, plain: int, bounded: str | None) -> None:
+    # Why prometheus_http.py keeps its one hand-written piece (HeadReader): if urllib3 ever bounds these, drop it.
+    raw = interim + f"HTTP/1.1 200 OK\r\n{headers}Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER
+    with HostileServer(raw_answer(raw)) as prom:
+        status, header_bytes = _plain_urllib3_status(prom.url)
+        assert status == plain and (header_bytes > 32 << 10) == bool(headers)
+        if bounded is None:
+            assert query(prom.url)[0]["value"][1] == "7"
+        else:
+            assert bounded in str(refusal(prom.url))
 
 
 # --- BoundedPieces ----------------------------------------------------------------------------------------------------
