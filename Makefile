@@ -76,7 +76,7 @@ image:
 	bash tools/image/build.sh
 
 e2e: $(STAMP) e2e-build engine-env image
-	$(BIN)/python -m pytest e2e -m e2e -rs
+	$(BIN)/python -m pytest e2e -m e2e -rs --durations=25
 
 # The same scenarios against a running cluster with kwok installed (e.g. kind; needs Docker, not available here).
 e2e-kind: $(STAMP)
