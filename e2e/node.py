@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,19 @@ def pause_image_archive(pause_binary: Path, target: Path) -> Path:
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
     return target
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerProcess:
+    """A container's first process as the host's kernel sees it."""
+
+    pid: int
+    uid: int
+    gid: int
+    capabilities_effective: int
+    no_new_privs: bool
+    seccomp_filtered: bool   # Seccomp: 2 in /proc/PID/status (a filter, RuntimeDefault's)
+    root_read_only: bool
 
 
 class RealNode:
@@ -237,6 +251,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for path in sorted(self.pod_logs.glob(f"{namespace}_{pod}_*/{container}/*.log")):
             lines += [line.split(" ", 3)[3] for line in path.read_text().splitlines() if line.count(" ") >= 3]
         return "\n".join(lines)
+
+    def container_process(self, container_id: str) -> ContainerProcess:
+        """What the runtime made of a running container's first process, read from the host's /proc: its ids,
+        capabilities, no_new_privs and seccomp mode, and whether its root file system is mounted read-only.
+        `container_id` as a pod's status gives it (`containerd://<id>`)."""
+        wanted = container_id.split("://", 1)[-1]
+        rows = _run("ctr", "--address", self.socket, "-n", "k8s.io", "tasks", "ls").splitlines()[1:]
+        pid = next(int(row.split()[1]) for row in rows if row.split()[0] == wanted)
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        # mountinfo: ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS ...; the root's options as the process sees them.
+        root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                    if line.split()[4] == "/")
+        return ContainerProcess(
+            pid=pid, uid=int(fields["Uid"].split()[0]), gid=int(fields["Gid"].split()[0]),
+            capabilities_effective=int(fields["CapEff"].strip(), 16), no_new_privs=fields["NoNewPrivs"].strip() == "1",
+            seccomp_filtered=fields["Seccomp"].strip() == "2", root_read_only="ro" in root[5].split(","))
 
     # --- stop ----------------------------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -70,6 +70,21 @@ def test_values_reach_the_operator_arguments(helm: str) -> None:
     assert container["image"].endswith(":9.9.9")
 
 
+def test_the_operator_pod_mounts_its_own_expiring_token_where_the_kubernetes_client_reads_it(helm: str) -> None:
+    # Not left to the ServiceAccount admission plugin (off in some clusters, the e2e control plane's included).
+    docs = _template(helm, "serviceAccount.tokenExpirationSeconds=7200")
+    spec = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"]
+                if m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    sources = volume["projected"]["sources"]
+    assert {"path": "token", "expirationSeconds": 7200} in [s.get("serviceAccountToken") for s in sources]
+    assert any(s.get("configMap", {}).get("name") == "kube-root-ca.crt" for s in sources)
+    assert any(i["path"] == "namespace" for s in sources for i in s.get("downwardAPI", {}).get("items", []))
+
+
 def test_rendered_objects_pass_offline_schema_validation(helm: str) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     for doc in _template(helm):
