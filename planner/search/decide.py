@@ -24,12 +24,13 @@ from servingtopology.planner.perf.mixed_pd import MixedKinds, mixed_figures, mix
 from servingtopology.planner.perf.predict import predict_figures, slo_capacity_rps, to_prediction
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
 from servingtopology.planner.search.advice import infeasible_advice
-from servingtopology.planner.search.figure_text import against_pinned_text, ms_text, per_gpu_text, rps_text
+from servingtopology.planner.search.figure_text import against_pinned_text, per_gpu_text, rps_text
 from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress, Stage, Survivor, no_clock, run_funnel
 from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
 from servingtopology.planner.search.stage6_size import stage6_requests
 from servingtopology.planner.search.tables import layout_rejection
+from servingtopology.planner.search.verdict import verdict_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from servingtopology.planner.workload import Objective
 
@@ -49,14 +50,8 @@ Simulate = Callable[[Problem, Layout], SimFigures]
 
 
 def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidate, ...]) -> tuple[str, ...]:
-    p, slo = best.prediction, problem.slo
-    tt, tp, rate = f"p{slo.ttft_percentile:g} TTFT", f"p{slo.tpot_percentile:g} TPOT", problem.workload.arrival_rate_rps
-    if p.meets_slo:
-        verdict = (f"{best.layout.label_for(problem.engine)} meets {tt} {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and {tp} {p.tpot_ms:.1f} ≤ "
-                   f"{slo.tpot_ms:g} ms at {rate:g} req/s")
-    else:   # only a pin is chosen while missing; say so, never "meets 7.4 ≤ 6 ms"
-        verdict = (f"{best.layout.label_for(problem.engine)} misses the SLOs at {rate:g} req/s: {tt} {ms_text(p.ttft_ms)} ms (SLO {slo.ttft_ms:g}), "
-                   f"{tp} {ms_text(p.tpot_ms)} ms (SLO {slo.tpot_ms:g})")
+    p = best.prediction
+    verdict = verdict_text(problem, best.layout, p)
     carries = (f"it carries up to {rps_text(p.capacity_rps)} req/s within the SLOs on {best.layout.gpus} GPUs "
                f"({per_gpu_text(p.goodput_per_gpu)} req/s per GPU)" if p.capacity_rps > 0
                else f"it carries nothing within the SLOs on {best.layout.gpus} GPUs: {idle_miss(problem, best.layout)}")

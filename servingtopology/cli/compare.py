@@ -26,6 +26,7 @@ from servingtopology.planner.problem import Candidate, Problem
 from servingtopology.planner.search.decide import predict_layout, refuse_pin
 from servingtopology.planner.search.figure_text import finite_json, json_number, ms_text, per_gpu_text, ratio_text, rps_text
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
+from servingtopology.planner.search.verdict import basis_text
 from servingtopology.spec import SpecError, load_yaml, to_problem
 
 __all__ = ["add_parser", "run", "parse_layout", "Compared", "compare_layouts", "MAX_LAYOUTS"]
@@ -191,6 +192,9 @@ def rows_json(problem: Problem, rows: list[Compared]) -> list[dict[str, Any]]:
             "slo_capacity_tok_s_per_gpu": _tok_s_per_gpu(problem, c), "throughput_tok_s": round(p.throughput_tok_s, 1),
             "meets_slo": p.meets_slo, "source": p.source, "kv_pool_tokens": r.pools,
             "max_request_tokens": p.max_request_tokens, "verdict": verdicts[r.name],
+            # The SLO capacity is the analytical bisection's; where the simulated verdict at the load disagrees with it,
+            # the basis says which one the verdict rests on (planner.search.verdict, as plan and the record say it).
+            "slo_capacity_source": "analytical", "verdict_basis": basis_text(problem, p) or None,
         })
     return out
 
@@ -207,11 +211,13 @@ def _print(problem: Problem, rows: list[dict[str, Any]]) -> None:
               f"{r['slo_capacity_tok_s_per_gpu']:>9.0f} "
               f"{'met' if r['meets_slo'] else 'MISS':>5} {r['source']:>10}")
     print(f"   SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; SLO cap. = the "
-          "highest load within both SLOs, as plan states it for a pinned layout (without the search's 10 % planning margin);\n"
+          "highest load within both SLOs by the analytical model, as plan states it for a pinned layout (without the search's 10 % "
+          "planning margin); SLOs = the verdict at the load, on the source's figures;\n"
           "   per GPU counts every GPU of the layout (prefill and decode alike)")
     for r in rows:
         pools = ", ".join(f"{role} {n:,}" for role, n in r["kv_pool_tokens"].items())
-        print(f"{r['name']}: {r['verdict']}; KV pool per rank: {pools} tokens")
+        basis = f" ({r['verdict_basis']})" if r["verdict_basis"] else ""
+        print(f"{r['name']}: {r['verdict']}{basis}; KV pool per rank: {pools} tokens")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ from servingtopology.planner.search.figure_text import UNBOUNDED, finite_json, j
 from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.record import engine_label, render_record
 from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
+from servingtopology.planner.search.verdict import basis_text, gpus_text
 from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]
@@ -368,9 +369,15 @@ def _print_summary(problem: Problem, d: Decision, facts: RecordFacts) -> None:
                else f"it carries nothing within the SLOs: {idle_miss(problem, best.layout)}")
     unfinished = "" if math.isfinite(p.ttft_ms) and math.isfinite(p.tpot_ms) else (
         f" ({p.source}: requests do not finish at this load, so no percentile is finite)")
-    print(f"{word}: {best.layout.label_for(problem.engine)} on {best.layout.gpus} GPUs: p{slo.ttft_percentile:g} TTFT {ms_text(p.ttft_ms)} of "
-          f"{slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT {ms_text(p.tpot_ms)} of {slo.tpot_ms:g} ms at {problem.workload.arrival_rate_rps:g} "
-          f"req/s{unfinished}; {carries}")
+    # The verdict as the record states it (planner.search.verdict): a pin that misses says so, and where the simulated
+    # run and the analytical SLO capacity disagree, which one the verdict rests on.
+    met = "" if p.meets_slo else "misses the SLOs: "
+    basis = basis_text(problem, p)
+    if basis and p.capacity_rps > 0:
+        carries = f"the analytical model puts {carries}"
+    print(f"{word}: {best.layout.label_for(problem.engine)} on {gpus_text(best.layout.gpus)}: {met}p{slo.ttft_percentile:g} TTFT "
+          f"{ms_text(p.ttft_ms)} of {slo.ttft_ms:,g} ms, p{slo.tpot_percentile:g} TPOT {ms_text(p.tpot_ms)} of {slo.tpot_ms:,g} ms at "
+          f"{problem.workload.arrival_rate_rps:g} req/s{unfinished}; {carries}" + (f"\n  ({basis})" if basis else ""))
     b = facts.binding
     if b is not None:
         print(f"Binding SLO: {b.slo} " + (f"(what stops it just past {rps_text(b.at_rps)} req/s)" if b.at_rps > 0

@@ -1,0 +1,52 @@
+"""The met/short verdict of one layout's prediction at the problem's load, as every surface states it: what it says and
+which figure it rests on. Called by decide's reasons (the record, `plan --json`, the operator's status), `plan`'s summary
+and `compare`'s table. Formatting of figures the planner computed; predicts nothing.
+"""
+
+from __future__ import annotations
+
+from servingtopology.planner.layout import Layout
+from servingtopology.planner.problem import Prediction, Problem
+from servingtopology.planner.search.figure_text import ms_text, rps_text
+
+__all__ = ["basis_text", "gpus_text", "verdict_text"]
+
+
+def gpus_text(gpus: int) -> str:
+    """`1 GPU`, `8 GPUs`."""
+    return f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
+
+
+def verdict_text(problem: Problem, layout: Layout, p: Prediction) -> str:
+    """`1×TP1 meets p95 TTFT 80 ≤ 500 ms and p95 TPOT 15.6 ≤ 40 ms at 15 req/s`, or `... misses the SLOs at ...` (only a
+    pin is chosen while missing: never "meets 7.4 ≤ 6 ms"), followed by `basis_text` where the two models disagree."""
+    slo, rate = problem.slo, problem.workload.arrival_rate_rps
+    tt, tp = f"p{slo.ttft_percentile:g} TTFT", f"p{slo.tpot_percentile:g} TPOT"
+    label = layout.label_for(problem.engine)
+    if p.meets_slo:
+        out = f"{label} meets {tt} {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and {tp} {p.tpot_ms:.1f} ≤ {slo.tpot_ms:g} ms at {rate:g} req/s"
+    else:
+        out = (f"{label} misses the SLOs at {rate:g} req/s: {tt} {ms_text(p.ttft_ms)} ms (SLO {slo.ttft_ms:g}), "
+               f"{tp} {ms_text(p.tpot_ms)} ms (SLO {slo.tpot_ms:g})")
+    basis = basis_text(problem, p)
+    return f"{out} ({basis})" if basis else out
+
+
+def basis_text(problem: Problem, p: Prediction) -> str:
+    """What the verdict rests on where the simulated figures at the load and the analytical SLO capacity disagree
+    (VerdictNamesItsBasis): a run that meets the SLOs above the capacity, or misses them below it; '' where they agree
+    or the figures are analytical alone (the capacity then follows from the same model as the verdict).
+
+    The SLO capacity is the analytical model's bisection (a simulated one would take a run per probe); the verdict at
+    the load is the simulated run's where stage 6 or a pin's simulation ran."""
+    rate = float(problem.workload.arrival_rate_rps or 0.0)
+    if p.source != "simulated" or rate <= 0 or p.capacity_rps <= 0:
+        return ""
+    cap = rps_text(p.capacity_rps)
+    if p.meets_slo and rate > p.capacity_rps:
+        return (f"simulated: its run meets the SLOs at {rate:g} req/s, above the analytical SLO capacity of {cap} req/s; the "
+                "verdict rests on the simulation, the capacity and per-GPU figures on the analytical model")
+    if not p.meets_slo and rate < p.capacity_rps:
+        return (f"simulated: its run misses the SLOs at {rate:g} req/s, below the analytical SLO capacity of {cap} req/s; the "
+                "verdict rests on the simulation, so that capacity is not reached in it")
+    return ""

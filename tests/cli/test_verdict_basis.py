@@ -1,0 +1,80 @@
+"""The verdict says what it rests on: a pinned layout that misses its SLOs says so on `plan`'s summary line, and where
+the simulated run at the load and the analytical SLO capacity disagree (met above the capacity, missed below it) `plan`,
+its record and `compare` name the simulation as the verdict's basis and the capacity as the analytical model's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servingtopology.cli.main import main
+from servingtopology.cli.spec_input import read_spec
+from servingtopology.planner.problem import Prediction
+from servingtopology.planner.search.verdict import basis_text
+from servingtopology.spec import to_problem
+
+SPEC = ("model: meta-llama/Llama-3.1-8B-Instruct\nprecision: bf16\nengine: {{name: vllm}}\nhardware: {{gpu: h100_sxm, maxGPUs: 8}}\n"
+        "workload: {{arrivalRate: {rate}, inputTokens: 1024, outputTokens: 256}}\nslo: {{ttftMs: {{p95: 500}}, tpotMs: {{p95: 40}}}}\n"
+        "simulation: {{requests: 300}}\n{layout}")
+
+
+def _spec(tmp_path: Path, rate: float, layout: str = "") -> str:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.format(rate=rate, layout=layout))
+    return str(path)
+
+
+def _prediction(*, meets: bool, capacity_rps: float, source: str) -> Prediction:
+    return Prediction(ttft_ms=100.0, tpot_ms=10.0, throughput_tok_s=1.0, capacity_rps=capacity_rps, goodput_rps=0.0,
+                      goodput_per_gpu=capacity_rps, tokens_per_s_per_user=50.0, kv_pool_tokens=1, max_request_tokens=1,
+                      meets_slo=meets, source=source)
+
+
+@pytest.mark.parametrize("meets, capacity_rps, source, said", [
+    (True, 8.0, "simulated", "meets the SLOs at 10 req/s, above the analytical SLO capacity of 8.0"),   # met past the cap
+    (False, 12.0, "simulated", "misses the SLOs at 10 req/s, below the analytical SLO capacity of 12.0"),  # missed under it
+    (True, 12.0, "simulated", ""),      # met under the capacity: the two agree
+    (False, 8.0, "simulated", ""),      # missed past it: agree
+    (True, 8.0, "analytical", ""),      # one model: nothing to reconcile
+    (False, 0.0, "simulated", ""),      # carries nothing: the record says why elsewhere
+])
+def test_the_basis_is_named_only_where_the_simulation_and_the_analytical_capacity_disagree(tmp_path, meets, capacity_rps,
+                                                                                           source, said):
+    problem = to_problem(read_spec(_spec(tmp_path, 10)))
+    text = basis_text(problem, _prediction(meets=meets, capacity_rps=capacity_rps, source=source))
+    assert (said in text and "rests on the simulation" in text) if said else text == ""
+
+
+def test_a_pinned_layout_over_its_capacity_says_it_misses_on_plans_summary_line(tmp_path, capsys):
+    spec = _spec(tmp_path, 30, "layout: {kind: replicas, count: 1, tp: 1}\n")
+    assert main(["plan", spec, "--no-simulate", "--no-progress"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Pinned: "))
+    assert "1×TP1 on 1 GPU: misses the SLOs: " in line, line
+
+
+def test_compare_above_the_slo_capacity_names_what_its_met_verdict_rests_on(tmp_path, capsys):
+    spec = _spec(tmp_path, 30)
+    assert main(["compare", spec, "--rate", "46", "--layout", "2xTP1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["layouts"][0]
+    assert row["meets_slo"] and row["source"] == "simulated" and row["slo_capacity_rps"] < 46
+    assert row["slo_capacity_source"] == "analytical"
+    assert "above the analytical SLO capacity" in row["verdict_basis"] and "rests on the simulation" in row["verdict_basis"]
+    assert main(["compare", spec, "--rate", "46", "--layout", "2xTP1"]) == 0
+    out = capsys.readouterr().out
+    assert "2×TP1: most req/s per GPU within the SLOs (simulated: its run meets the SLOs at 46 req/s, above the analytical" in out
+
+
+def test_a_simulated_pin_that_misses_under_its_analytical_capacity_says_so_on_plan_and_in_its_record(tmp_path, capsys):
+    from tests.cli.test_pinned_seed000 import _spec as seed_spec
+
+    spec, _ = seed_spec(tmp_path, 0.9)   # seed 000's PD pin whose prefill ranks hold the prompt: queues past 0.02 req/s
+    assert main(["plan", str(spec), "--no-progress", "--record"]) == 0
+    out = capsys.readouterr().out
+    summary = out[out.index("Pinned: "):]
+    assert "misses the SLOs: " in summary.splitlines()[0] and "the analytical model puts 0.026 req/s within the SLOs" in summary
+    assert "below the analytical SLO capacity of 0.026 req/s; the verdict rests on the simulation" in summary
+    record = out[out.index("# Topology decision record"):]
+    assert "misses the SLOs at 0.02 req/s" in record and "below the analytical SLO capacity" in record
+
