@@ -41,8 +41,10 @@ from servingtopology.planner.model.catalog import ModelArch, from_hf_config, res
 from servingtopology.planner.perf.deployment_fit import Deployment
 from servingtopology.planner.perf.memory_fit import Longest
 from servingtopology.planner.problem import Problem
-from servingtopology.planner.search.decide import refuse_pin
-from servingtopology.planner.search.figure_text import finite_json
+from servingtopology.planner.search.decide import predict_layout, refuse_pin
+from servingtopology.planner.search.figure_text import finite_json, ms_text, rps_text
+from servingtopology.planner.search.stage6_size import STAGE6_REQUESTS, stage6_requests
+from servingtopology.planner.search.verdict import gpus_text
 from servingtopology.planner.sim import (
     Percentiles,
     RequestSet,
@@ -54,7 +56,7 @@ from servingtopology.planner.sim import (
     recorded_latencies,
     simulate,
 )
-from servingtopology.planner.sim.stage import simulate_problem, slo_figures, warmup_of
+from servingtopology.planner.sim.stage import simulate_problem, slo_figures, stage6_figures, warmup_of
 from servingtopology.planner.slo import meets_slo_ms
 from servingtopology.planner.workload import Slo
 from servingtopology.spec import (
@@ -455,37 +457,69 @@ def _num(v: Any) -> Any:
 
 
 def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def _plans_figures(problem: Problem, layout: Layout, summary: SimSummary, *, simulated_here: int) -> dict[str, Any]:
+    """What `plan` states for this pinned layout at the spec's load: decide's predict_layout with stage 6's simulator, the
+    one computation behind plan's figures; this run's own summary stands in for stage 6's run where it is that run (the
+    same count, seed and warm-up: planner.search.stage6_size), so nothing is simulated twice."""
+    sized = stage6_requests(problem)
+    same_run = sized.requests == simulated_here
+    sim = (lambda _problem, _layout: slo_figures(problem, layout, summary)) if same_run else stage6_figures
+    p = predict_layout(problem, layout, simulate=sim).prediction
+    return {"ttft_ms": _num(p.ttft_ms), "tpot_ms": _num(p.tpot_ms), "meets_slo": p.meets_slo, "source": p.source,
+            "requests": sized.requests if p.source == "simulated" else None, "reason": sized.reason or None,
+            "same_run": same_run and p.source == "simulated"}
+
+
+def _same_as_plan(out: Mapping[str, Any], slo: Slo) -> str:
+    """Whether `plan` states these figures, else what it states (its own figures, labelled by source and run length), so
+    two commands' p95s of one layout at one load are never set side by side unexplained."""
+    plan = out.get("plan")
+    if plan is None:
+        return "the trace's requests, not the spec's workload that `plan` simulates"
+    if plan["same_run"]:
+        return "the simulated figures `plan` predicts and ranks by"
+    if plan["source"] == "simulated":
+        why = plan["reason"] or f"at most {STAGE6_REQUESTS:,} a layout"
+        source = (f"its simulated figures over {plan['requests']:,} requests of the same workload ({why}), a shorter run than these "
+                  "(where the queue grows through the run, a shorter run's tail is shorter too)")
+    else:
+        source = "its analytical figures: the load is past the layout's analytical capacity, so plan does not simulate it"
+    return (f"`plan` states p{slo.ttft_percentile:g} TTFT {ms_text(plan['ttft_ms'])} ms and p{slo.tpot_percentile:g} TPOT "
+            f"{ms_text(plan['tpot_ms'])} ms ({'met' if plan['meets_slo'] else 'missed'}), {source}")
 
 
 def _print_summary(out: Mapping[str, Any], slo: Slo | None = None, rate_rps: float | None = None) -> bool:
     """Print one run's summary; False when no measured request finished (then there are no latencies to show, and it
     says so in words instead of a table of nan)."""
-    print(f"layout {out['layout']} on {out['gpus']} GPUs: {out['finished']} of {out['requests']} requests finished "
+    print(f"layout {out['layout']} on {gpus_text(out['gpus'])}: {out['finished']} of {out['requests']} requests finished "
           f"({out['unfinished']} unfinished), {out['preemptions']} preemptions, simulated in {out['wall_s']:.2f} s")
     if not out["finished"]:
         print(f"no measured request finished, so no latency or throughput can be stated: the {out['unfinished']} left were still "
               "waiting or running when the simulation could go no further (a queue that never drains, or requests the ranks "
               "cannot admit)")
         return False
-    print(f"{'ms':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}")
-    for key in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "queue_ms"):
-        row = out[key]
-        print(f"{key.removesuffix('_ms'):<10}" + "".join(f"{row[k]:>10.1f}" if row[k] is not None else f"{'-':>10}"
-                                                         for k in ("mean", "p50", "p90", "p95", "p99")))
+    # Each cell right-aligned after at least one space, so a queue of hours never runs into its neighbour.
+    cells = {key: [_ms(out[key][k]) for k in ("mean", "p50", "p90", "p95", "p99")] for key in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "queue_ms")}
+    width = max(10, 1 + max(len(c) for row in cells.values() for c in row))
+    print(f"{'ms':<10}" + "".join(f"{h:>{width}}" for h in ("mean", "p50", "p90", "p95", "p99")))
+    for key, row in cells.items():
+        print(f"{key.removesuffix('_ms'):<10}" + "".join(f"{c:>{width}}" for c in row))
     print(f"throughput {out['throughput_tok_s']:,.1f} output tok/s ({out['throughput_tok_s_per_gpu']:,.1f} per GPU) and "
-          f"{out['request_rps']:.2f} req/s finished over the {out['duration_s']:.1f} s from the first arrival to the last finish; "
+          f"{rps_text(out['request_rps'])} req/s finished over the {out['duration_s']:,.1f} s from the first arrival to the last finish; "
           f"KV in use {out['kv_utilisation_mean']:.0%} on average")
     if slo is None or out.get("goodput_rps") is None:
         return True
     at = out["at_slo"]
     ttft, tpot = at["ttft_ms"], at["tpot_ms"]
     drawn = f" (the spec's {rate_rps:g} req/s, as drawn)" if rate_rps else ""
-    print(f"SLOs {'met' if at['meets_slo'] else 'missed'} at the offered {out['offered_rps']:.1f} req/s{drawn}: p{slo.ttft_percentile:g} TTFT "
-          f"{_ms(ttft)} ms (SLO {slo.ttft_ms:g}, the front end included), p{slo.tpot_percentile:g} TPOT {_ms(tpot)} ms (SLO {slo.tpot_ms:g}): "
-          "the simulated figures `plan` predicts and ranks by")
-    print(f"goodput {out['goodput_rps']:.1f} req/s: requests that each met both targets ({out['slo_attainment']:.1%} of them) per "
-          f"second of the {out['duration_s']:.1f} s run, the drain after the last arrival included (vLLM's benchmark definition), "
+    print(f"SLOs {'met' if at['meets_slo'] else 'missed'} at the offered {rps_text(out['offered_rps'])} req/s{drawn}: p{slo.ttft_percentile:g} TTFT "
+          f"{_ms(ttft)} ms (SLO {slo.ttft_ms:,g}, the front end included), p{slo.tpot_percentile:g} TPOT {_ms(tpot)} ms (SLO {slo.tpot_ms:,g}): "
+          + _same_as_plan(out, slo))
+    print(f"goodput {rps_text(out['goodput_rps'])} req/s: requests that each met both targets ({out['slo_attainment']:.1%} of them) per "
+          f"second of the {out['duration_s']:,.1f} s run, the drain after the last arrival included (vLLM's benchmark definition), "
           f"so below the offered rate even when every request meets its targets")
     return True
 
@@ -522,6 +556,8 @@ def _run_spec(args: argparse.Namespace) -> int:
         out["offered_rps"] = _num(result.offered_rps(warmup_requests=warmup))
         out["slo_attainment"] = _num(result.slo_attainment(problem.slo, warmup_requests=warmup))
         out["at_slo"] = at_slo_json(problem, layout, summary)
+        if not args.trace:
+            out["plan"] = _plans_figures(problem, layout, summary, simulated_here=len(requests))
         out["intervals"] = {f"{m}_mean": iv for m, iv in zip(("ttft_ms", "tpot_ms"), prediction_intervals(
             problem, layout, out["ttft_ms"]["mean"] or math.nan, out["tpot_ms"]["mean"] or math.nan, cal).values(), strict=True)}
         return out
