@@ -66,6 +66,10 @@ class StageBar:
         `total`; None on a disabled bar, so the simulator does not even count."""
         if self._bar is None:
             return None
+        # Drawn at once, at 0: the simulator first reports after 1 % of the requests finish, which for long prompts on a
+        # queueing layout is minutes into the run.
+        self.stage(name, total, unit="request")
+        self.at(0, note)
 
         def finished(done: int) -> None:
             self.stage(name, total, unit="request")

@@ -89,3 +89,32 @@ def test_nothing_is_drawn_off_a_terminal(capsys: pytest.CaptureFixture[str], spe
     assert main(SWEEP) == 0
     assert main(["simulate", spec]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_simulation_is_shown_from_its_start_before_any_request_finishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from servingtopology.cli.progress import StageBar
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = StageBar(enabled=True)
+    assert bar.requests("simulation", 300, note="3P(TP4·DP4-attn)·1D(TP8)") is not None
+    drawn = terminal.getvalue()
+    bar.close()
+    assert "simulation" in drawn and "0/300" in drawn and "3P(TP4·DP4-attn)·1D(TP8)" in drawn, drawn
+
+
+def test_plan_manifests_counts_stage_6_and_times_every_stage(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    resource = tmp_path / "r.yaml"
+    resource.write_text("apiVersion: servingtopology.io/v1alpha1\nkind: ServingTopology\nmetadata: {name: demo}\nspec:\n"
+                        + "".join(f"  {line}\n" for line in SPEC.replace("layout: {kind: replicas, replicas: 1, tp: 1}\n", "")
+                                  .replace("simulation: {requests: 300, seed: 1}\n", "").splitlines()))
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["plan", str(resource), "--manifests", str(tmp_path / "out")]) == 0
+    assert "stage 6 simulation" in terminal.getvalue(), terminal.getvalue()[-400:]
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["plan", str(resource), "--manifests", str(tmp_path / "out2"), "--json"]) == 0
+    funnel = json.loads(capsys.readouterr().out)["funnel"]
+    assert sum(s["seconds"] for s in funnel) > 0, funnel   # it read 0.000 for every stage, stage 6's simulations included
