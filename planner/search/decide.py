@@ -34,7 +34,7 @@ from servingtopology.planner.search.verdict import verdict_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from servingtopology.planner.workload import Objective
 
-__all__ = ["SimFigures", "Simulate", "context_rejection", "decide", "predict_layout", "refuse_pin"]
+__all__ = ["SimFigures", "Simulate", "context_rejection", "decide", "envelope_point", "predict_layout", "refuse_pin"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +106,24 @@ def _predict_layout(problem: Problem, layout: Layout, *, simulate: Simulate | No
     pred = to_prediction(problem, layout, ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpm, capacity_rps=float(f.capacity_rps[0]),
                          slo_capacity_rps=cap, pool_tokens=int(f.pool_tokens[0]), source=source)
     return Candidate(layout, pred, score=pred.goodput_per_gpu)
+
+
+def envelope_point(problem: Problem, layout: Layout, capacity_rps: float) -> tuple[float, float]:
+    """(tokens/s per user, TTFT ms at the SLO percentile) of `layout` at `capacity_rps`, its SLO capacity: the one operating
+    point a serving-envelope plot draws it at, with the output tokens/s per GPU of that capacity (EnvelopeAtOneLoad;
+    the prediction's own latencies are at the planned load). Analytical, with the problem's factors; a mixed-kind PD
+    layout through planner.perf.mixed_pd."""
+    rate = [max(float(capacity_rps), 0.0)]
+    with problem_factors(problem.factors):
+        kinds = mixed_kinds(problem, layout)
+        if kinds is not None:
+            mf = mixed_figures(problem, [layout], rate, prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu,
+                               link_gbit=kinds.link_gbit)
+            ttft, tpot_mean = float(mf.ttft_s[0]), float(mf.tpot_s[0])
+        else:
+            f = predict_figures(problem, [layout], rate)
+            ttft, tpot_mean = float(f.ttft_s[0]), float(f.tpot_mean_s[0])
+    return (1.0 / tpot_mean if tpot_mean > 0 and math.isfinite(tpot_mean) else 0.0), ttft * 1e3
 
 
 def _predict_mixed(problem: Problem, layout: Layout, kinds: MixedKinds, *, simulate: Simulate | None) -> Candidate:

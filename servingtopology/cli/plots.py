@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 
 from servingtopology.cli.output_paths import plot_format, write_output
 from servingtopology.planner.problem import Candidate, Decision, Problem
+from servingtopology.planner.search.decide import envelope_point
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
 from servingtopology.planner.search.record_facts import Family, family_of
 from servingtopology.planner.workload import Slo
@@ -41,7 +42,8 @@ def ttft_label(percentile: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One plotted layout or run: x tokens/s per user, y output tokens/s per GPU, its TTFT (ms) and a label."""
+    """One plotted layout or run at one operating point (a layout at its SLO capacity, a run at its concurrency): x
+    tokens/s per user, y output tokens/s per GPU, its TTFT (ms) and a label."""
 
     per_user_tok_s: float
     per_gpu_tok_s: float
@@ -131,8 +133,8 @@ def plan_points(decision: Decision, problem: Problem) -> tuple[list[Point], list
 
     def point(c: Any) -> Point:
         p = c.prediction
-        return Point(p.tokens_per_s_per_user, p.capacity_rps * out_tok / max(c.layout.gpus, 1), p.ttft_ms, c.layout.label,
-                     family_of(c.layout))
+        per_user, ttft_ms = envelope_point(problem, c.layout, p.capacity_rps) if p.capacity_rps > 0 else (0.0, p.ttft_ms)
+        return Point(per_user, p.capacity_rps * out_tok / max(c.layout.gpus, 1), ttft_ms, c.layout.label, family_of(c.layout))
     meeting: list[Point] = []
     missing: list[Point] = []
     for c in decision.evaluated:
@@ -222,8 +224,8 @@ def compare_figure(problem: Problem, named: Sequence[tuple[str, Candidate]]) -> 
     pts = []
     for name, c in named:
         p = c.prediction
-        pt = Point(p.tokens_per_s_per_user, p.capacity_rps * out_tok / max(c.layout.gpus, 1), p.ttft_ms, f"{name}: {c.layout.label}",
-                   family_of(c.layout))
+        per_user, ttft_ms = envelope_point(problem, c.layout, p.capacity_rps) if p.capacity_rps > 0 else (0.0, p.ttft_ms)
+        pt = Point(per_user, p.capacity_rps * out_tok / max(c.layout.gpus, 1), ttft_ms, f"{name}: {c.layout.label}", family_of(c.layout))
         pts.append(pt)
         colour = FAMILY_COLOURS[pt.family]
         face = colour if p.meets_slo else "none"

@@ -5,7 +5,7 @@ colour, the axes start at 0 (a 3 % spread stays a 3 % spread), and a pinned layo
 import dataclasses
 
 from servingtopology.cli.plots import FAMILY_COLOURS, HEADROOM, plan_figure, plan_points
-from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.decide import decide, envelope_point
 from servingtopology.planner.search.record_facts import Family, family_of
 from servingtopology.spec import load_spec, parse_spec, to_problem
 
@@ -64,8 +64,8 @@ def test_a_chosen_point_off_the_frontier_names_the_tie_rule():
     meeting = [c for c in decision.evaluated if c.prediction.meets_slo]
     out = problem.workload.output_tokens.expected_tokens
 
-    def xy(c):
-        return (c.prediction.tokens_per_s_per_user, c.prediction.capacity_rps * out / c.layout.gpus)
+    def xy(c):   # where plan_figure draws it: at its SLO capacity
+        return (envelope_point(problem, c.layout, c.prediction.capacity_rps)[0], c.prediction.capacity_rps * out / c.layout.gpus)
     # The ranking's tie band lets a layout within 3 % of a better one win (fewer GPUs, replicas, fewer stages): such a
     # winner sits under the frontier. Take a pair from this plan's own candidates and make the dominated one the choice.
     pair = next((c, d) for c in meeting for d in meeting if _dominates(xy(d), xy(c)) and xy(c)[1] >= xy(d)[1] * 0.97 and xy(c)[1] < xy(d)[1])
@@ -80,7 +80,9 @@ def test_a_chosen_point_off_the_frontier_names_the_tie_rule():
 def test_a_pinned_layout_is_marked_pinned_not_chosen():
     import yaml
 
-    problem = to_problem(parse_spec(yaml.safe_load(PINNED)))
+    # 1P1D@TP2 at its SLO capacity lies under 2P(TP2)·1D(TP4)'s point (more tokens/s per user and per GPU): off the frontier
+    spec = PINNED.replace("prefill: {count: 1, tp: 4}, decode: {count: 1, tp: 4}", "prefill: {count: 1, tp: 2}, decode: {count: 1, tp: 2}")
+    problem = to_problem(parse_spec(yaml.safe_load(spec)))
     decision = decide(problem)
     fig = plan_figure(decision, problem)
     ax = fig.axes[0]
@@ -90,3 +92,23 @@ def test_a_pinned_layout_is_marked_pinned_not_chosen():
     assert f"pinned: {decision.best.layout.label}" in texts and not any(t.startswith("chosen") for t in texts)
     (note,) = [t for t in fig.texts if t.get_gid() == "off-frontier"]
     assert note.get_text().startswith(f"pinned {decision.best.layout.label} is set by the spec, not chosen by the objective")
+
+
+def test_every_point_is_drawn_at_one_load_its_slo_capacity_on_both_axes():
+    # A pin past its capacity (1×TP1 of Llama-3.1-8B at 30 req/s, capacity ~22): its per-user speed and TTFT at the
+    # planned load (p95 TTFT of minutes, TPOT past the SLO) once sat beside its per-GPU throughput at the SLO capacity, a
+    # point of no operating load. At the capacity every point lies inside both SLO lines.
+    spec = ("model: meta-llama/Llama-3.1-8B-Instruct\nprecision: bf16\nengine: {name: vllm}\nhardware: {gpu: h100_sxm, maxGPUs: 4}\n"
+            "workload: {arrivalRate: 30, inputTokens: 1024, outputTokens: 256}\nslo: {ttftMs: {p95: 500}, tpotMs: {p95: 40}}\n"
+            "layout: {kind: replicas, count: 1, tp: 1}\n")
+    import yaml
+
+    problem = to_problem(parse_spec(yaml.safe_load(spec)))
+    decision = decide(problem)
+    assert not decision.best.prediction.meets_slo and decision.best.prediction.ttft_ms > problem.slo.ttft_ms
+    meeting, missing, pinned = plan_points(decision, problem)
+    for p in [*meeting, *missing, pinned]:
+        assert p.per_user_tok_s >= 1000.0 / problem.slo.tpot_ms and p.ttft_ms <= problem.slo.ttft_ms, p
+    fig = plan_figure(decision, problem)
+    (mark,) = [ln for ln in fig.axes[1].get_lines() if ln.get_gid() == "pinned"]
+    assert mark.get_ydata()[0] <= problem.slo.ttft_ms

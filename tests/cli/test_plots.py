@@ -5,7 +5,7 @@ import json
 from servingtopology.cli.main import main
 from servingtopology.cli.plots import LABEL_GAP, X_LABEL, Y_LABEL, plan_figure, plan_points, sweep_figure
 from servingtopology.cli.sweep import sweep_points
-from servingtopology.planner.search.decide import decide
+from servingtopology.planner.search.decide import decide, envelope_point
 from servingtopology.spec import load_spec, to_problem
 
 from .test_json_keys import SPEC
@@ -31,7 +31,7 @@ def test_plan_figure_marks_the_chosen_layout_and_draws_the_slos():
     assert (star.get_xdata()[0], star.get_ydata()[0]) == (chosen.per_user_tok_s, chosen.per_gpu_tok_s)
     assert chosen.label == decision.best.layout.label
     (star_ttft,) = _lines_by_gid(ax_ttft, "chosen")
-    assert star_ttft.get_ydata()[0] == decision.best.prediction.ttft_ms
+    assert star_ttft.get_ydata()[0] == chosen.ttft_ms == envelope_point(problem, decision.best.layout, decision.best.prediction.capacity_rps)[1]
     vertical, horizontal = _slo_lines(ax_env, ax_ttft)
     assert [line.get_xdata()[0] for line in vertical] == [1000.0 / problem.slo.tpot_ms]
     assert [line.get_ydata()[0] for line in horizontal] == [problem.slo.ttft_ms]
