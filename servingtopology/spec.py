@@ -314,6 +314,17 @@ class RoleSpec(_Base):
                             description="the GPU kind this role runs on (a catalog id or alias, as hardware.gpu), for prefill on "
                             "one kind and decode on another, the KV moving over the slower kind's NIC; default: hardware.gpu")
 
+    @field_validator("ep", mode="before")
+    @classmethod
+    def _ep_is_a_size(cls, value: Any) -> Any:
+        """RoleEpIsASize: `ep: true` on a role would read as EP size 1 (no expert parallelism) by YAML's bool-as-int, so
+        the user's EP would silently vanish from the layout and the engine command; it is refused by name instead."""
+        if isinstance(value, bool):
+            raise ValueError("a role's ep is its EP size, the GPUs of a stage its experts are spread over (ep: 4 on a tp 4 "
+                             "role; 1: none), not true/false; the layout's own ep: true spreads every role's experts over "
+                             "all of its stage's GPUs")
+        return value
+
     def gpus(self, *, dp_attention: bool) -> int:
         """GPUs of this role: count × tp × pp, times dp unless dp splits the tp GPUs' attention (`dp_attention`)."""
         return self.count * self.tp * self.pp * (1 if dp_attention else self.dp)

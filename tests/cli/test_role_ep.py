@@ -154,3 +154,15 @@ def test_compare_reads_the_ep_labels_the_plan_prints(tmp_path: Path, capsys: pyt
     # replicas spread the experts over the whole stage or not at all: an EP size below it is a pd role's
     assert main(["compare", str(path), "--layout", "2×TP4·EP2", "--json"]) == 2
     assert "--layout" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_roles_ep_written_true_or_false_is_refused_naming_it_never_read_as_size_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                                      value: bool) -> None:
+    # `decode: {tp: 4, ep: true}` was read as EP size 1 (YAML's true as the integer 1): no EP in the plan or the command.
+    layout = {"kind": "pd", "prefill": {"count": 1, "tp": 4}, "decode": {"count": 1, "tp": 4, "ep": value}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps(_spec(layout)))
+    assert main(["plan", str(spec), "--no-simulate", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "layout.decode.ep" in err and "EP size" in err and "ep: 4" in err, err
