@@ -161,6 +161,13 @@ def _age_s(when: datetime | None, now: datetime) -> float:
     return max((now - when).total_seconds(), 0.0) if when else 0.0
 
 
+def _epoch(value: Any) -> datetime | None:
+    """A report's Unix time in seconds (guidellm's benchmark start_time) as a UTC datetime; None where it has none."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)) or not 0 < float(value) < 1e11:
+        return None
+    return datetime.fromtimestamp(float(value), tz=UTC)
+
+
 def _vllm_bench(path: Path, doc: Mapping[str, Any], raw: bytes, out: _Read, now: datetime) -> None:
     """One `vllm bench serve --save-result` file: one point."""
     where = path.name
@@ -290,7 +297,7 @@ def _guidellm(path: Path, doc: Mapping[str, Any], raw: bytes, out: _Read, now: d
                     v = perc.get(q)
                     if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
                         pct[f"{m}_{q}"] = float(v)
-        point = Point(ttft, tpot, load, load_kind, isl, osl, max(n, 1), 0.0, str(path), row, pct)
+        point = Point(ttft, tpot, load, load_kind, isl, osl, max(n, 1), _age_s(_epoch(b.get("start_time")), now), str(path), row, pct)
         requests = None
         if load_kind == "rate":
             rng = np.random.default_rng(0)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,20 @@ def test_a_decade_old_result_never_makes_a_nan_residual(tmp_path: Path, capsys: 
     from servingtopology.calibration_file import parse_calibration
 
     parse_calibration(out.read_bytes(), name="cal.yaml", field="spec.calibration")   # the operator's reader takes it
+
+
+def test_a_guidellm_point_is_as_old_as_its_benchmarks_start_time(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # guidellm's points read age 0 (as new as the fit) whatever the report's start_time, so a months-old report weighed as
+    # much as this morning's bench run.
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", *VLLM, GUIDELLM, "--spec", _spec(tmp_path), "--out", str(out), "--json"]) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    report = json.loads(Path(GUIDELLM).read_text())
+    ages = {p["row"]: p["age_s"] for p in points if p["source"] == GUIDELLM}
+    bench_ages = [p["age_s"] for p in points if p["source"] != GUIDELLM]
+    for i, b in enumerate(report["benchmarks"]):
+        (row,) = [r for r in ages if r.startswith(f"benchmarks[{i}] ")]
+        age = (datetime.now(UTC) - datetime.fromtimestamp(b["start_time"], tz=UTC)).total_seconds()
+        assert ages[row] == pytest.approx(age, abs=120), (row, ages[row], age)
+    assert min(ages.values()) > 0 and abs(min(ages.values()) - min(bench_ages)) < 3600   # the fixtures were written together
