@@ -41,6 +41,7 @@ from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.pool.milp import MilpResult, MilpStatus, SparseRows, solve_milp
 from servingtopology.planner.pool.service_split import PD_ROUTER_REPLICAS, PartLoad, per_pod_capacity_rps, service_split
+from servingtopology.planner.search.figure_text import rps_text
 
 __all__ = ["PoolObjective", "GpuKind", "MemberOption", "PoolMember", "PoolProblem", "Part", "MemberAllocation", "Marginal",
            "Shortage", "SolverReport", "PoolDecision", "plan_pool", "objective_values", "priority_weights", "MAX_PARTS",
@@ -593,7 +594,7 @@ def _decision(problem: PoolProblem, f: _Flat, x: FloatArray, solver: SolverRepor
     short = _shortages(problem, f, x, caps)
     good = sum(a.goodput_rps for a in allocs)
     reasons = [f"{problem.objective.value}: {sum(a.met for a in allocs)} of {len(allocs)} members meet their load within the SLOs; "
-               f"${total_cost:.2f}/hour for {good:.1f} req/s of goodput"]
+               f"${total_cost:.2f}/hour for {rps_text(good)} req/s of goodput"]
     if any(idle.values()):
         reasons.append("idle: " + ", ".join(f"{v} {k}" for k, v in idle.items() if v)
                        + (" (every member is met; more GPUs would only add cost)" if all(a.met for a in allocs) else
@@ -611,7 +612,7 @@ def _why(problem: PoolProblem, m: PoolMember, parts: tuple[Part, ...], cap: floa
         head = (f"met: {what} carries {cap:.1f} ≥ {m.load_rps:g} req/s within the SLOs for ${cost:.2f}/hour"
                 + (" — the cheapest such set the inventory allows" if problem.objective is PoolObjective.MIN_COST else ""))
     else:
-        head = (f"short: {what} carries {cap:.1f} of {m.load_rps:g} req/s (priority {m.priority}): a set that meets the load does not fit "
+        head = (f"short: {what} carries {rps_text(cap)} of {m.load_rps:g} req/s (priority {m.priority}): a set that meets the load does not fit "
                 + ("the inventory left" if problem.objective is PoolObjective.MIN_COST else "the inventory and budget left"))
     if len(parts) > 1:   # PlanTheRenderedSplit: the capacity above is already the per-pod split's
         split = service_split([PartLoad(p.option.group, p.option.entry_pods, p.option.capacity_rps) for p in parts])

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from servingtopology.planner.perf.mixed_pd import MixedRefusal
 from servingtopology.planner.pool.plan import PoolDecision, PoolProblem
+from servingtopology.planner.search.figure_text import rps_text
 
 __all__ = ["fleet_table", "render_pool_record"]
 
@@ -22,9 +23,10 @@ def fleet_table(problem: PoolProblem, d: PoolDecision) -> str:
     for a in d.members:
         label = " + ".join(p.option.label for p in a.parts) or "(none)"
         lines.append(f"{a.name:<16} {a.priority:>4} {label[:44]:<44} " + " ".join(f"{a.gpus.get(k, 0):>6}" for k in kinds) +
-                     f" {a.cost_per_hour:>8.2f} {a.capacity_rps:>8.1f} {a.load_rps:>7.1f} {a.goodput_rps:>8.1f} {a.attainment:>8.0%}")
+                     f" {a.cost_per_hour:>8.2f} {rps_text(a.capacity_rps):>8} {rps_text(a.load_rps):>7} {rps_text(a.goodput_rps):>8} "
+                     f"{a.attainment:>8.0%}")
     lines.append(f"{'fleet':<16} {'':>4} {'':<44} " + " ".join(f"{d.used[k]:>6}" for k in kinds) +
-                 f" {d.cost_per_hour:>8.2f} {'':>8} {sum(a.load_rps for a in d.members):>7.1f} {d.goodput_rps:>8.1f}")
+                 f" {d.cost_per_hour:>8.2f} {'':>8} {rps_text(sum(a.load_rps for a in d.members)):>7} {rps_text(d.goodput_rps):>8}")
     lines.append(f"{'idle':<16} {'':>4} {'':<44} " + " ".join(f"{d.idle[k]:>6}" for k in kinds))
     return "\n".join(lines)
 
@@ -41,7 +43,7 @@ def render_pool_record(problem: PoolProblem, d: PoolDecision, *, notes: Mapping[
         out.append(f"| {k.name} | {k.gpu.id} | {k.count} | {k.price_per_hour:g} | {k.nic_gbit:g} | {d.used[k.name]} | {d.idle[k.name]} |")
     out += ["", "## Fleet", ""]
     good_per_dollar = d.goodput_rps * 3600.0 / d.cost_per_hour if d.cost_per_hour > 0 else 0.0
-    out.append(f"- $/hour: **{d.cost_per_hour:.2f}**; goodput **{d.goodput_rps:.2f} req/s**; "
+    out.append(f"- $/hour: **{d.cost_per_hour:.2f}**; goodput **{rps_text(d.goodput_rps)} req/s**; "
                f"{good_per_dollar:,.0f} requests within the SLOs per $")
     out += [f"- {r}" for r in d.reasons]
     out += ["", "## Members", "",
@@ -50,15 +52,15 @@ def render_pool_record(problem: PoolProblem, d: PoolDecision, *, notes: Mapping[
     for a in d.members:
         parts = "; ".join(f"{p.option.label} ({p.routing_weight:.0%}: {p.option.entry_pods} pods)" for p in a.parts) or "none"
         gpus = ", ".join(f"{v} {k}" for k, v in a.gpus.items()) or "0"
-        out.append(f"| {a.name} | {a.priority} | {parts} | {gpus} | {a.cost_per_hour:.2f} | {a.capacity_rps:.2f} | {a.load_rps:g} | "
-                   f"{a.goodput_rps:.2f} | {a.attainment:.0%} |")
+        out.append(f"| {a.name} | {a.priority} | {parts} | {gpus} | {a.cost_per_hour:.2f} | {rps_text(a.capacity_rps)} | {a.load_rps:g} | "
+                   f"{rps_text(a.goodput_rps)} | {a.attainment:.0%} |")
     out += ["", "### Why", ""]
     out += [f"- **{a.name}**: {a.why}" for a in d.members]
     out += ["", "## Short", ""]
     if d.shortages:
         for s in d.shortages:
             need = ", ".join(f"{v} more {k}" for k, v in s.needs.items())
-            out.append(f"- {s.member}: short by {s.short_rps:.2f} req/s; " + (f"needs {need} ({s.needs_label})" if s.needs else s.needs_label))
+            out.append(f"- {s.member}: short by {rps_text(s.short_rps)} req/s; " + (f"needs {need} ({s.needs_label})" if s.needs else s.needs_label))
     else:
         out.append("- nobody: every member's load is met within its SLOs")
     out += ["", "## Marginal value of one more GPU", ""]

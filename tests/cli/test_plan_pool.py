@@ -105,3 +105,17 @@ def test_plan_pool_json_is_json_alone_on_stdout_as_a_pipe_reads_it(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["members"]
     assert "HiGHS" not in done.stdout + done.stderr
+
+
+def test_a_member_of_a_small_load_keeps_its_digits_in_the_table_and_the_record(tmp_path, capsys):
+    # A 0.02 req/s member read "load 0.0, goodput 0.0" beside a met verdict of 100 %.
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("objective: min-cost\ninventory:\n  - {kind: h100, gpu: h100_sxm, count: 2, pricePerHour: 3.0}\nmembers:\n"
+                    "  - name: tiny\n    spec:\n      model: meta-llama/Llama-3.1-8B-Instruct\n"
+                    "      workload: {arrivalRate: 0.02, inputTokens: 1024, outputTokens: 256}\n"
+                    "      slo: {ttftMs: {p95: 500}, tpotMs: {p95: 40}}\n")
+    assert main(["plan", "--pool", str(pool), "--no-progress", "--record", "-"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("tiny "))
+    assert row.split()[-3:] == ["0.02", "0.02", "100%"], row
+    assert "for 0.02 req/s of goodput" in out and "goodput **0.02 req/s**" in out and " 0.0 " not in row
