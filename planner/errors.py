@@ -131,7 +131,9 @@ class InfeasibleAdvice:
                     out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) passes at {self.load_rps:g} req/s with "
                                + " and ".join(loosen))
             else:
-                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {c.capacity_rps:.1f} req/s, below the load of "
+                # A small rate keeps its digits (0.013, not 0.0); planner.search.figure_text's rule, which sits above this module.
+                cap = f"{c.capacity_rps:.1f}" if c.capacity_rps >= 0.995 else f"{c.capacity_rps:.2g}"
+                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {cap} req/s, below the load of "
                            f"{self.load_rps:g} req/s, so no SLO is met at this load")
         if self.feasible_load_rps is not None and self.feasible_load_rps > 0:
             out.append(f"feasible at ≤ {self.feasible_load_rps:.3g} req/s ({self.feasible_load_layout} meets both SLOs up to that load)")

@@ -70,8 +70,8 @@ def _why_not(problem: Problem, best: Candidate, alt: Candidate) -> str:
     if problem.objective is Objective.MIN_GPUS and alt.layout.gpus > best.layout.gpus:
         return f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
     if a.goodput_per_gpu < b.goodput_per_gpu * (1.0 - RANK_TOLERANCE):
-        return f"{a.goodput_per_gpu:.2f} req/s per GPU within the SLOs against {b.goodput_per_gpu:.2f}"
-    tie = f"within {RANK_TOLERANCE:.0%} on goodput per GPU ({a.goodput_per_gpu:.2f} against {b.goodput_per_gpu:.2f}) but "
+        return f"{per_gpu_text(a.goodput_per_gpu)} req/s per GPU within the SLOs against {per_gpu_text(b.goodput_per_gpu)}"
+    tie = f"within {RANK_TOLERANCE:.0%} on goodput per GPU ({per_gpu_text(a.goodput_per_gpu)} against {per_gpu_text(b.goodput_per_gpu)}) but "
     if alt.layout.gpus != best.layout.gpus:
         return tie + f"needs {alt.layout.gpus} GPUs against {best.layout.gpus}"
     if alt.layout.kind is not best.layout.kind:

@@ -21,6 +21,7 @@ from servingtopology.planner.perf.analytic import estimate_decode, estimate_pref
 from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.perf.predict import predict_figures, slo_capacity_rps
 from servingtopology.planner.problem import PdRatio, Problem
+from servingtopology.planner.search.figure_text import per_gpu_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
 from servingtopology.planner.workload import Objective
 
@@ -104,10 +105,10 @@ def choose_pd_ratio(problem: Problem, *, prefill: RoleLayout, decode: RoleLayout
         if problem.objective is Objective.MIN_GPUS:
             goal = "the fewest GPUs"
         elif best == i:
-            goal = f"the most goodput per GPU ({per_gpu[i]:.2f} req/s)"
+            goal = f"the most goodput per GPU ({per_gpu_text(float(per_gpu[i]))} req/s)"
         else:
-            goal = (f"{per_gpu[i]:.2f} req/s per GPU, within {RANK_TOLERANCE:.0%} of the best split ({cps[best]}:{cds[best]}, "
-                    f"{per_gpu[best]:.2f}) on fewer GPUs")
+            goal = (f"{per_gpu_text(float(per_gpu[i]))} req/s per GPU, within {RANK_TOLERANCE:.0%} of the best split ({cps[best]}:{cds[best]}, "
+                    f"{per_gpu_text(float(per_gpu[best]))}) on fewer GPUs")
         why = (f"{base}; at {rate:g} req/s {cp} prefill and {cd} decode instances ({cp}:{cd} on {cp * gp + cd * gd} GPUs) meet both SLOs "
                f"with {goal}; prefill {util_p:.0%} and decode {util_d:.0%} busy")
     else:

@@ -19,6 +19,7 @@ from servingtopology.planner.errors import InvalidSpec
 from servingtopology.planner.pool.options import MemberRequest, build_pool
 from servingtopology.planner.pool.plan import PoolDecision, PoolProblem, plan_pool
 from servingtopology.planner.pool.record import fleet_table, render_pool_record
+from servingtopology.planner.search.figure_text import rps_text
 from servingtopology.pool_spec import load_pool, to_pool_inputs
 from servingtopology.spec import SpecError
 
@@ -69,7 +70,7 @@ def pool_figure(problem: PoolProblem, d: PoolDecision) -> Any:
     right.set_xlabel("$/hour")
     right.set_ylabel("SLO attainment, % of load within the SLOs")
     right.set_ylim(-5, 105)
-    right.set_title(f"{d.objective.value}: ${d.cost_per_hour:.2f}/hour, {d.goodput_rps:.1f} req/s goodput")
+    right.set_title(f"{d.objective.value}: ${d.cost_per_hour:.2f}/hour, {rps_text(d.goodput_rps)} req/s goodput")
     fig.tight_layout()
     return fig
 

@@ -78,3 +78,36 @@ def test_a_simulated_pin_that_misses_under_its_analytical_capacity_says_so_on_pl
     record = out[out.index("# Topology decision record"):]
     assert "misses the SLOs at 0.02 req/s" in record and "below the analytical SLO capacity" in record
 
+
+
+@pytest.mark.parametrize("alt_per_gpu, best_per_gpu, said", [
+    (0.0013, 0.0089, "0.0013 req/s per GPU within the SLOs against 0.0089"),   # read '0.00 ... against 0.01'
+    (0.0087, 0.0089, "(0.0087 against 0.0089)"),                                 # a tie: read '(0.01 against 0.01)'
+    (3.1, 6.2, "3.10 req/s per GPU within the SLOs against 6.20"),             # two decimals as before
+])
+def test_why_an_alternative_lost_keeps_a_small_per_gpu_rates_digits(tmp_path, alt_per_gpu, best_per_gpu, said):
+    from dataclasses import replace
+
+    from servingtopology.planner.hardware import Precision
+    from servingtopology.planner.layout import Layout, Parallelism
+    from servingtopology.planner.problem import Candidate
+    from servingtopology.planner.search.decide import _why_not, predict_layout
+
+    problem = to_problem(read_spec(_spec(tmp_path, 10)))
+    one, two = (Layout.replicas(n, Parallelism(tp=1), precision=Precision.BF16) for n in (1, 2))
+    base = predict_layout(problem, one).prediction
+
+    def cand(layout, per_gpu):
+        return Candidate(layout, replace(base, goodput_per_gpu=per_gpu), score=per_gpu)
+    assert said in _why_not(problem, cand(one, best_per_gpu), cand(two, alt_per_gpu))
+
+
+def test_the_advice_states_a_small_saturating_rate_with_its_digits():
+    from servingtopology.planner.errors import ClosestLayout, InfeasibleAdvice
+
+    advice = InfeasibleAdvice(load_rps=0.02, slo_ttft_ms=600_000, slo_tpot_ms=100, ttft_percentile=95, tpot_percentile=95, budget_gpus=24,
+                              gpu="b200_sxm", closest=ClosestLayout("3P(TP4·DP4-attn)·1D(TP8)", 20, 1e6, 9.0, 0.013), min_gpus=None,
+                              searched_gpus=24, min_gpus_layout=None, feasible_load_rps=None, feasible_load_layout=None,
+                              needed_ttft_ms=None, needed_tpot_ms=None)
+    text = " ".join(advice.lines())
+    assert "saturates at 0.013 req/s, below the load of 0.02 req/s" in text, text   # read 'saturates at 0.0 req/s'
