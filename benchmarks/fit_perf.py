@@ -74,6 +74,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "layer_overhead_s": (1e-6, 80e-6),
     "step_overhead_s": (1e-4, 8e-3),
     "per_seq_overhead_s": (1e-7, 200e-6),
+    "seq_serial_s": (1e-8, 200e-6),
     "sglang_overhead_scale": (0.2, 8.0),
     "trtllm_overhead_scale": (0.1, 3.0),
     "ttft_overhead_s": (1e-3, 0.5),
@@ -103,7 +104,7 @@ def _to_params(x: np.ndarray, base: PerfParams, names: list[str]) -> PerfParams:
 
 
 # Where a search starts a parameter that the start file lacks (its PerfParams default is 0: the term switched off).
-_START = {"allreduce_peer_latency_s": 0.5e-6}
+_START = {"allreduce_peer_latency_s": 0.5e-6, "seq_serial_s": 10e-6}
 
 
 def _from_params(p: PerfParams, names: list[str]) -> np.ndarray:

@@ -84,6 +84,15 @@ class PerfParams:
     layer_overhead_s: float = 15e-6     # per layer and step: norms, rotary, activations, launches
     step_overhead_s: float = 1.5e-3     # scheduling, launch, sampling setup per step
     per_seq_overhead_s: float = 8e-6    # CPU time per scheduled sequence per step, overlapped with the GPU's work
+    # CPU time per scheduled sequence per step that the GPU waits for (not hidden under the previous step): the engine
+    # process's per-request work between two forward passes (the scheduler's request loop, input preparation: block
+    # tables, slot mappings, positions, sampling metadata; the output update of each request). Paid by the process that
+    # schedules the sequences: one engine core per attention-DP rank (vLLM runs each DP rank as its own engine-core process,
+    # docs/serving/data_parallel_deployment.md, and `vllm serve` starts one API server per DP rank by default; SGLang one
+    # scheduler per DP rank), so under attention DP each rank pays it for its own sequences only, while plain TP's one
+    # engine pays it for every sequence (issue #35: from 256 to 512 clients MiniMax-M2.5's TPOT grows 43–67 µs per added
+    # sequence under TP2/TP4 and 34–36 µs under DP2/DP4 on B200). 0: the term is off (the shipped fit predates it).
+    seq_serial_s: float = 0.0
     sglang_overhead_scale: float = 0.8  # SGLang's per-step overhead relative to vLLM's
     trtllm_overhead_scale: float = 0.5  # TensorRT-LLM's (C++ runtime) relative to vLLM's; used by calibration only
     ttft_overhead_s: float = 0.03       # per request before its first token: HTTP, tokenizer, scheduler hand-off (vLLM)
@@ -187,7 +196,7 @@ STEP_TERMS: dict[str, tuple[str, ...]] = {
     "weights": ("lin_mem_s", "moe_mem_s"),
     "attention": ("attn_pair_s", "attn_ctx_s", "attn_mixed_ctx_s", "attn_capped_pair_s", "attn_capped_ctx_s", "attn_seq_s"),
     "communication": ("a2a_s_per_token", "a2a_fixed_s", "tp_s_per_token", "tp_fixed_s", "handoff_s_per_token", "handoff_fixed_s"),
-    "overhead": ("layer_fixed_s", "step_fixed_s", "per_seq_s"),
+    "overhead": ("layer_fixed_s", "step_fixed_s", "per_seq_s", "seq_serial_s"),
 }
 
 
@@ -478,6 +487,8 @@ class StepCoefficients:
     # tables, which route every token over all experts and time one rank's E / ep of them (expert_map); 1 / ep for
     # SGLang's, which time one EP rank computing its dispatched tokens × top-k pairs.
     moe_table_share: Any = 1.0
+    # CPU time per scheduled sequence per step on the step's critical path, in the rank's own engine process (PerfParams.seq_serial_s)
+    seq_serial_s: Any = 0.0
     # False for a dense model: every expert and exchange term is exactly zero, so `token_terms` skips them (the same sum).
     # A flag per candidate where the geometries of several models were concatenated (`concat_geometry`).
     moe: Any = True
@@ -917,6 +928,7 @@ def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None
         attn_seq_s=attn_seq_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * g.layers,
         pp=g.pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
+        seq_serial_s=p.seq_serial_s * scale,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=g.moe_log_curve, moe_table_share=g.moe_table_share,
         moe=g.moe,
     )
@@ -1059,8 +1071,9 @@ def step_from_token_terms(c: StepCoefficients, base: Any, handoff: Any, prefill_
     stage = base + t_attn + c.layer_fixed_s
     seqs = decode_tokens + mixed  # a prefill finishing this step samples one more token
     # The scheduler's per-sequence CPU work (batch bookkeeping, detokenizing, streaming) runs while the GPU
-    # computes (vLLM's async scheduling, SGLang's overlap scheduler): the step is the longer of the two.
-    return maximum(c.pp * stage + handoff, c.per_seq_s * seqs) + c.step_fixed_s
+    # computes (vLLM's async scheduling, SGLang's overlap scheduler): the step is the longer of the two. The part the GPU
+    # waits for (`seq_serial_s`) adds, per sequence of this rank's engine.
+    return maximum(c.pp * stage + handoff, c.per_seq_s * seqs) + c.step_fixed_s + c.seq_serial_s * seqs
 
 
 def step_time_s(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
@@ -1144,7 +1157,7 @@ class InstancePerf:
         object.__setattr__(self, "_decode", (
             c.attn_pair_s * 0.0 / c.pp, c.attn_ctx_s + mixed * c.attn_mixed_ctx_s,
             c.attn_capped_pair_s * _fmin(0.0, c.attn_cap_tokens * 0.0), c.attn_capped_ctx_s, c.attn_cap_tokens, c.attn_seq_s,
-            c.pp, c.layer_fixed_s, c.per_seq_s, c.step_fixed_s, mixed))
+            c.pp, c.layer_fixed_s, c.per_seq_s, c.step_fixed_s, mixed, c.seq_serial_s))
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
                     decode_context_tokens: float) -> float:
@@ -1158,14 +1171,15 @@ class InstancePerf:
         terms = self._terms.get(tokens)
         if terms is None:
             return self._step_s(0.0, 0.0, d, ctx)
-        z_pairs, k_ctx, z_capped_pairs, capped_ctx_s, cap, seq_s, pp, layer_fixed_s, per_seq_s, step_fixed_s, mixed = self._decode
+        z_pairs, k_ctx, z_capped_pairs, capped_ctx_s, cap, seq_s, pp, layer_fixed_s, per_seq_s, step_fixed_s, mixed, serial_s = self._decode
         capped = cap * d
         t_attn = z_pairs + k_ctx * ctx / pp
         t_attn = t_attn + (z_capped_pairs + capped_ctx_s * (ctx if ctx < capped else capped) + seq_s * d) / pp  # _fmin
         stage = terms[0] + t_attn + layer_fixed_s
         busy = pp * stage + terms[1]
-        cpu = per_seq_s * (d + mixed)
-        value = float((busy if busy > cpu else cpu) + step_fixed_s)  # _fmax
+        seqs = d + mixed
+        cpu = per_seq_s * seqs
+        value = float((busy if busy > cpu else cpu) + step_fixed_s + serial_s * seqs)  # _fmax
         return value if math.isfinite(value) else float("inf")
 
     def _step_s(self, prefill_tokens: float, prefill_pairs: float, decode_tokens: float, decode_context_tokens: float) -> float:
@@ -1189,6 +1203,7 @@ class InstancePerf:
                            + c.attn_seq_s * decode_tokens) / c.pp
         stage = terms[0] + t_attn + c.layer_fixed_s
         busy = c.pp * stage + terms[1]
-        cpu = c.per_seq_s * (decode_tokens + mixed)
-        value = float((busy if busy > cpu else cpu) + c.step_fixed_s)
+        seqs = decode_tokens + mixed
+        cpu = c.per_seq_s * seqs
+        value = float((busy if busy > cpu else cpu) + c.step_fixed_s + c.seq_serial_s * seqs)
         return value if math.isfinite(value) else float("inf")

@@ -193,3 +193,23 @@ def test_expert_parallel_under_tp_attention_exchanges_nothing_beyond_the_tp_all_
     assert float(ep_experts.tp_s_per_token) == float(tp_experts.tp_s_per_token)
     dp_ep = coeffs(8, 8)
     assert float(dp_ep.a2a_fixed_s) > 0.0 and float(dp_ep.a2a_s_per_token) > 0.0
+
+
+def test_serial_per_sequence_cpu_is_paid_by_each_dp_ranks_own_engine():
+    # `seq_serial_s`: CPU work per scheduled sequence that the GPU waits for, in the engine process that schedules it.
+    # Plain TP's one engine pays it for every sequence; under attention DP each rank's engine for its own share only.
+    b200 = resolve_gpu("b200_sxm")
+    off = PerfParams(seq_serial_s=0.0)
+    on = PerfParams(seq_serial_s=20e-6)
+    n = 256.0
+    tp = dict(precision=Precision.FP8, tp=8, dp=1, moe_ep=1, dec=n, ctx=n * 1500)
+    dp = dict(precision=Precision.FP8, tp=1, dp=8, moe_ep=8, dec=n / 8, ctx=n / 8 * 1500)  # per-rank batch
+    tp_extra = _step(DSV3, b200, params=on, **tp) - _step(DSV3, b200, params=off, **tp)
+    dp_extra = _step(DSV3, b200, params=on, **dp) - _step(DSV3, b200, params=off, **dp)
+    assert tp_extra == pytest.approx(20e-6 * n, rel=1e-9)
+    assert dp_extra == pytest.approx(20e-6 * n / 8, rel=1e-9)
+    # the scalar step model (the simulator's) adds the same: its decode probe and its full step agree with the formula
+    inst = InstancePerf(DSV3, b200, Precision.FP8, KvDtype.AUTO, Engine.VLLM, Parallelism(tp=8), params=on)
+    full = inst.step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=n, decode_context_tokens=n * 1500)
+    assert full == pytest.approx(_step(DSV3, b200, params=on, **tp), rel=1e-12)
+    assert inst.decode_s(n, n * 1500) == full
