@@ -91,7 +91,8 @@ class PerfParams:
     # docs/serving/data_parallel_deployment.md, and `vllm serve` starts one API server per DP rank by default; SGLang one
     # scheduler per DP rank), so under attention DP each rank pays it for its own sequences only, while plain TP's one
     # engine pays it for every sequence (issue #35: from 256 to 512 clients MiniMax-M2.5's TPOT grows 43–67 µs per added
-    # sequence under TP2/TP4 and 34–36 µs under DP2/DP4 on B200). 0: the term is off (the shipped fit predates it).
+    # sequence under TP2/TP4 and 34–36 µs under DP2/DP4 on B200). vLLM's only: SGLang's overlap scheduler hides its CPU
+    # work under the GPU's. 0: the term is off (the shipped fit predates it).
     seq_serial_s: float = 0.0
     sglang_overhead_scale: float = 0.8  # SGLang's per-step overhead relative to vLLM's
     trtllm_overhead_scale: float = 0.5  # TensorRT-LLM's (C++ runtime) relative to vLLM's; used by calibration only
@@ -920,6 +921,10 @@ def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None
     engine_scale = np.where(g.sglang, p.sglang_overhead_scale, 1.0)
     scale: Any = engine_scale if overhead_scale is None else np.where(np.isnan(overhead_scale), engine_scale, overhead_scale)
     scale = float(scale) if np.ndim(scale) == 0 else scale
+    # SGLang's overlap scheduler (on by default) prepares the next batch on the CPU while the GPU runs this one: none of its
+    # per-sequence CPU work is waited for (`seq_serial_s` is vLLM's, and a TensorRT-LLM row's by its overhead scale).
+    serial: Any = p.seq_serial_s * np.where(g.sglang, 0.0, scale)
+    serial = float(serial) if np.ndim(serial) == 0 else serial
     coeffs = StepCoefficients(
         lin_flop_s=lin_flop_s, lin_mem_s=lin_mem_s, moe_flop_s=moe_flop_s, moe_mem_s=moe_mem_s, local_experts=g.local_experts, dp=g.dp,
         experts=g.experts, topk=g.topk, a2a_s_per_token=a2a_tok,
@@ -928,7 +933,7 @@ def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None
         attn_seq_s=attn_seq_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * g.layers,
         pp=g.pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
-        seq_serial_s=p.seq_serial_s * scale,
+        seq_serial_s=serial,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=g.moe_log_curve, moe_table_share=g.moe_table_share,
         moe=g.moe,
     )
