@@ -16,14 +16,10 @@ import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from servingtopology.planner.figure_text import ms_text, rps_text  # formatting only: imports nothing of the planner
 from servingtopology.planner.slo import SLO_MARGIN as SLO_MARGIN_ADVICE  # slo imports only the workload values: no cycle
 
 __all__ = ["did_you_mean", "PlannerError", "InvalidSpec", "Infeasible", "PinRefused", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
-
-
-def _ms(value: float) -> str:
-    """A latency as the closest miss prints it (planner.search.limits.miss_text): whole ms from 100 up, else one decimal."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
 def did_you_mean(word: str, allowed: Iterable[str]) -> str:
@@ -122,7 +118,7 @@ class InfeasibleAdvice:
             if self.needed_ttft_ms is not None and self.needed_tpot_ms is not None:
                 # The SLOs to set, each from the closest layout's own predicted figure (the one the closest miss states)
                 # times the planning margin, and only for the SLOs it misses.
-                loosen = [f"p{pct:g} {name} ≤ {_ms(need)} ms (its {_ms(need / SLO_MARGIN_ADVICE)} ms with the "
+                loosen = [f"p{pct:g} {name} ≤ {ms_text(need)} ms (its {ms_text(need / SLO_MARGIN_ADVICE)} ms with the "
                           f"{SLO_MARGIN_ADVICE - 1:.0%} planning margin; now {slo:g})"
                           for name, pct, need, slo in (("TTFT", self.ttft_percentile, self.needed_ttft_ms, self.slo_ttft_ms),
                                                        ("TPOT", self.tpot_percentile, self.needed_tpot_ms, self.slo_tpot_ms))
@@ -131,9 +127,7 @@ class InfeasibleAdvice:
                     out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) passes at {self.load_rps:g} req/s with "
                                + " and ".join(loosen))
             else:
-                # A small rate keeps its digits (0.013, not 0.0); planner.search.figure_text's rule, which sits above this module.
-                cap = f"{c.capacity_rps:.1f}" if c.capacity_rps >= 0.995 else f"{c.capacity_rps:.2g}"
-                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {cap} req/s, below the load of "
+                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {rps_text(c.capacity_rps)} req/s, below the load of "
                            f"{self.load_rps:g} req/s, so no SLO is met at this load")
         if self.feasible_load_rps is not None and self.feasible_load_rps > 0:
             out.append(f"feasible at ≤ {self.feasible_load_rps:.3g} req/s ({self.feasible_load_layout} meets both SLOs up to that load)")

@@ -37,11 +37,11 @@ import numpy as np
 import numpy.typing as npt
 
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.figure_text import rps_text
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.pool.milp import MilpResult, MilpStatus, SparseRows, solve_milp
 from servingtopology.planner.pool.service_split import PD_ROUTER_REPLICAS, PartLoad, per_pod_capacity_rps, service_split
-from servingtopology.planner.search.figure_text import rps_text
 
 __all__ = ["PoolObjective", "GpuKind", "MemberOption", "PoolMember", "PoolProblem", "Part", "MemberAllocation", "Marginal",
            "Shortage", "SolverReport", "PoolDecision", "plan_pool", "objective_values", "priority_weights", "MAX_PARTS",

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from servingtopology.planner.figure_text import rps_text
 from servingtopology.planner.perf.mixed_pd import MixedRefusal
 from servingtopology.planner.pool.plan import PoolDecision, PoolProblem
-from servingtopology.planner.search.figure_text import rps_text
 
 __all__ = ["fleet_table", "render_pool_record"]
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from servingtopology.planner.engines.caps import pd_rule_violation, problem_caps
 from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
+from servingtopology.planner.figure_text import against_pinned_text, per_gpu_text, rps_text
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.perf.deployment_fit import problem_factors
 from servingtopology.planner.perf.memory import kv_bytes_per_token, weight_bytes_total
@@ -24,7 +25,6 @@ from servingtopology.planner.perf.mixed_pd import MixedKinds, mixed_figures, mix
 from servingtopology.planner.perf.predict import predict_figures, slo_capacity_rps, to_prediction
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
 from servingtopology.planner.search.advice import infeasible_advice
-from servingtopology.planner.search.figure_text import against_pinned_text, per_gpu_text, rps_text
 from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress, Stage, Survivor, no_clock, run_funnel
 from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE, choose_pd_ratio

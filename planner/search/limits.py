@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from servingtopology.planner.figure_text import ms_text
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.perf.memory import language_model_bytes
 from servingtopology.planner.perf.predict import predict_figures
 from servingtopology.planner.problem import Problem
-from servingtopology.planner.search.figure_text import ms_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
 
 __all__ = ["SloFloors", "slo_floors", "miss_text", "floor_lines", "idle_miss"]

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from servingtopology.planner.figure_text import per_gpu_text
 from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
 from servingtopology.planner.perf.analytic import estimate_decode, estimate_prefill, load_shape
 from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.perf.predict import predict_figures, slo_capacity_rps
 from servingtopology.planner.problem import PdRatio, Problem
-from servingtopology.planner.search.figure_text import per_gpu_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_and_load
 from servingtopology.planner.workload import Objective
 

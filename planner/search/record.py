@@ -14,12 +14,12 @@ import shlex
 from servingtopology.planner.arch import ModelArch
 from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.engines.caps import load_caps, resolve_version
+from servingtopology.planner.figure_text import ms_text, per_gpu_text, rps_text, share_text
 from servingtopology.planner.hardware import GIB
 from servingtopology.planner.layout import Engine, Layout, Role
 from servingtopology.planner.perf.memory import state_bytes_per_seq
 from servingtopology.planner.perf.step import ROOFLINE_PREFIX, measured_terms
 from servingtopology.planner.problem import Candidate, Decision, Problem
-from servingtopology.planner.search.figure_text import ms_text, per_gpu_text, rps_text, share_text
 from servingtopology.planner.search.record_facts import BLANK, LINKS_GBIT, MeasuredBaseline, RecordFacts, measured_binding, record_facts
 
 __all__ = ["render_record", "fmt_ms", "engine_label", "LINKS_GBIT"]

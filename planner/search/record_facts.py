@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from servingtopology.planner.errors import PlannerError
+from servingtopology.planner.figure_text import against_pinned_text, per_gpu_text, rps_text
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.perf.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
 from servingtopology.planner.perf.predict import predict_figures
 from servingtopology.planner.problem import Candidate, Decision, Problem, SearchSpace
-from servingtopology.planner.search.figure_text import against_pinned_text, per_gpu_text, rps_text
 from servingtopology.planner.search.funnel import run_funnel
 from servingtopology.planner.search.limits import SloFloors, slo_floors
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE

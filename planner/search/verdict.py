@@ -5,9 +5,9 @@ and `compare`'s table. Formatting of figures the planner computed; predicts noth
 
 from __future__ import annotations
 
+from servingtopology.planner.figure_text import ms_text, rps_text
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Prediction, Problem
-from servingtopology.planner.search.figure_text import ms_text, rps_text
 
 __all__ = ["basis_text", "gpus_text", "verdict_text"]
 

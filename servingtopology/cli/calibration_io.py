@@ -13,11 +13,11 @@ from typing import Any
 
 from servingtopology.calibration_file import MAX_CALIBRATION_BYTES, check_calibration, deployment_of, parse_calibration
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.figure_text import UNBOUNDED
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.live import error_bars
 from servingtopology.planner.perf.deployment_fit import Deployment, DeploymentCalibration, refuse_other
 from servingtopology.planner.problem import Problem
-from servingtopology.planner.search.figure_text import UNBOUNDED
 
 __all__ = ["MAX_CALIBRATION_BYTES", "read_bytes", "read_calibration", "read_calibration_of", "deployment_of", "prediction_intervals", "add_calibration_arg",
            "calibration_summary", "interval_text"]

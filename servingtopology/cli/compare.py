@@ -21,10 +21,10 @@ from servingtopology.cli.output_paths import PLOT_SUFFIXES, check_output
 from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import InvalidSpec, PinRefused
+from servingtopology.planner.figure_text import finite_json, json_number, ms_text, per_gpu_text, ratio_text, rps_text
 from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.problem import Candidate, Problem
 from servingtopology.planner.search.decide import predict_layout, refuse_pin
-from servingtopology.planner.search.figure_text import finite_json, json_number, ms_text, per_gpu_text, ratio_text, rps_text
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
 from servingtopology.planner.search.verdict import basis_text
 from servingtopology.spec import SpecError, load_yaml, to_problem

@@ -31,11 +31,11 @@ from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_s
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
+from servingtopology.planner.figure_text import UNBOUNDED, finite_json, json_number, ms_text, per_gpu_text, rps_text
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.search.advice import InfeasibleAdvice
 from servingtopology.planner.search.decide import Simulate, decide
-from servingtopology.planner.search.figure_text import UNBOUNDED, finite_json, json_number, ms_text, per_gpu_text, rps_text
 from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.record import engine_label, render_record
 from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts

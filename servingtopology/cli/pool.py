@@ -16,10 +16,10 @@ from typing import Any
 from servingtopology.cli.output_paths import PLOT_SUFFIXES, RECORD_SUFFIXES, check_output, write_output
 from servingtopology.cli.spec_input import emit_spec_error
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.figure_text import rps_text
 from servingtopology.planner.pool.options import MemberRequest, build_pool
 from servingtopology.planner.pool.plan import PoolDecision, PoolProblem, plan_pool
 from servingtopology.planner.pool.record import fleet_table, render_pool_record
-from servingtopology.planner.search.figure_text import rps_text
 from servingtopology.pool_spec import load_pool, to_pool_inputs
 from servingtopology.spec import SpecError
 

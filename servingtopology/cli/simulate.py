@@ -35,6 +35,7 @@ from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spe
 from servingtopology.planner.engines.caps import release_of
 from servingtopology.planner.engines.defaults import max_running, memory_fraction, token_budget
 from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.figure_text import finite_json, ms_text, rps_text
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
@@ -42,7 +43,6 @@ from servingtopology.planner.perf.deployment_fit import Deployment
 from servingtopology.planner.perf.memory_fit import Longest
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import predict_layout, refuse_pin
-from servingtopology.planner.search.figure_text import finite_json, ms_text, rps_text
 from servingtopology.planner.search.stage6_size import STAGE6_REQUESTS, stage6_requests
 from servingtopology.planner.search.verdict import gpus_text
 from servingtopology.planner.sim import (

@@ -10,8 +10,8 @@ import pytest
 from servingtopology.cli import plan as plan_cli
 from servingtopology.cli import simulate as simulate_cli
 from servingtopology.cli.main import main
+from servingtopology.planner.figure_text import against_pinned_text, per_gpu_text, rps_text, share_text
 from servingtopology.planner.search.decide import SimFigures
-from servingtopology.planner.search.figure_text import against_pinned_text, per_gpu_text, rps_text, share_text
 
 # 1×TP1 of Llama-3.1-8B streams its weights in about 5 ms a token on an H100 and steps in about 8 ms: a 6 ms TPOT SLO is
 # missed even idle, so the pin carries nothing, while TP4 and PD layouts carry the load.

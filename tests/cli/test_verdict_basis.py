@@ -111,3 +111,20 @@ def test_the_advice_states_a_small_saturating_rate_with_its_digits():
                               needed_ttft_ms=None, needed_tpot_ms=None)
     text = " ".join(advice.lines())
     assert "saturates at 0.013 req/s, below the load of 0.02 req/s" in text, text   # read 'saturates at 0.0 req/s'
+
+
+@pytest.mark.parametrize("capacity_rps", [
+    0.00004,    # read 'saturates at 4e-05 req/s' (its own rule), where every other surface reads 'under 0.0001'
+    0.013,      # two significant digits below 1
+    1234.56,    # read '1234.6' without the thousands separator every table prints
+])
+def test_the_advice_states_a_saturating_rate_as_every_surface_does(capacity_rps):
+    from servingtopology.planner.errors import ClosestLayout, InfeasibleAdvice
+    from servingtopology.planner.figure_text import rps_text
+
+    advice = InfeasibleAdvice(load_rps=5000, slo_ttft_ms=600_000, slo_tpot_ms=100, ttft_percentile=95, tpot_percentile=95, budget_gpus=24,
+                              gpu="b200_sxm", closest=ClosestLayout("1×TP8", 8, 1e6, 9.0, capacity_rps), min_gpus=None,
+                              searched_gpus=24, min_gpus_layout=None, feasible_load_rps=None, feasible_load_layout=None,
+                              needed_ttft_ms=None, needed_tpot_ms=None)
+    text = " ".join(advice.lines())
+    assert f"saturates at {rps_text(capacity_rps)} req/s, below the load" in text, text

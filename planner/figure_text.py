@@ -1,8 +1,9 @@
 """How a figure reads when a user reads it: latencies, rates, shares and ratios, never `inf`, `nan` or a 13-digit ratio.
 
-Called by the record (planner.search.record), the reasons of a decision (planner.search.decide, record_facts) and the
-CLI's tables (plan, compare, simulate). Formatting only: what a figure is comes from the planner, and a layout that
-carries nothing says why in words (planner.search.limits `idle_miss`).
+Called by the record (planner.search.record), the reasons of a decision (planner.search.decide, record_facts), the
+infeasible advice (planner.errors), the pool and the CLI's tables (plan, compare, simulate). The lowest module of the
+planner: it imports nothing of it, so every room formats a figure by the same rule. Formatting only: what a figure is
+comes from the planner, and a layout that carries nothing says why in words (planner.search.limits `idle_miss`).
 """
 
 from __future__ import annotations
