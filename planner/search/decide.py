@@ -16,7 +16,7 @@ import numpy as np
 
 from servingtopology.planner.engines.caps import pd_rule_violation, problem_caps
 from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
-from servingtopology.planner.figure_text import against_pinned_text, per_gpu_text, rps_text
+from servingtopology.planner.figure_text import against_pinned_text, per_gpu_text
 from servingtopology.planner.layout import Layout, LayoutKind, Role
 from servingtopology.planner.perf.deployment_fit import problem_factors
 from servingtopology.planner.perf.memory import kv_bytes_per_token, weight_bytes_total
@@ -26,11 +26,10 @@ from servingtopology.planner.perf.predict import predict_figures, slo_capacity_r
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
 from servingtopology.planner.search.advice import infeasible_advice
 from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress, Stage, Survivor, no_clock, run_funnel
-from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
 from servingtopology.planner.search.stage6_size import stage6_requests
 from servingtopology.planner.search.tables import layout_rejection
-from servingtopology.planner.search.verdict import verdict_text
+from servingtopology.planner.search.verdict import carries_text, verdict_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from servingtopology.planner.workload import Objective
 
@@ -51,11 +50,7 @@ Simulate = Callable[[Problem, Layout], SimFigures]
 
 def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidate, ...]) -> tuple[str, ...]:
     p = best.prediction
-    verdict = verdict_text(problem, best.layout, p)
-    carries = (f"it carries up to {rps_text(p.capacity_rps)} req/s within the SLOs on {best.layout.gpus} GPUs "
-               f"({per_gpu_text(p.goodput_per_gpu)} req/s per GPU)" if p.capacity_rps > 0
-               else f"it carries nothing within the SLOs on {best.layout.gpus} GPUs: {idle_miss(problem, best.layout)}")
-    out = [verdict, carries]
+    out = [verdict_text(problem, best.layout, p), carries_text(problem, best.layout, p)]
     for alt in alternatives[:3]:
         out.append(f"{alt.layout.label_for(problem.engine)}: {alt.why}")
     return tuple(out)

@@ -5,11 +5,14 @@ and `compare`'s table. Formatting of figures the planner computed; predicts noth
 
 from __future__ import annotations
 
-from servingtopology.planner.figure_text import ms_text, rps_text
+import math
+
+from servingtopology.planner.figure_text import UNBOUNDED, ms_text, per_gpu_text, rps_text
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Prediction, Problem
+from servingtopology.planner.search.limits import idle_miss
 
-__all__ = ["basis_text", "gpus_text", "verdict_text"]
+__all__ = ["basis_text", "carries_text", "gpus_text", "verdict_text"]
 
 
 def gpus_text(gpus: int) -> str:
@@ -18,18 +21,41 @@ def gpus_text(gpus: int) -> str:
 
 
 def verdict_text(problem: Problem, layout: Layout, p: Prediction) -> str:
-    """`1×TP1 meets p95 TTFT 80 ≤ 500 ms and p95 TPOT 15.6 ≤ 40 ms at 15 req/s`, or `... misses the SLOs at ...` (only a
-    pin is chosen while missing: never "meets 7.4 ≤ 6 ms"), followed by `basis_text` where the two models disagree."""
+    """`1×TP1 meets p95 TTFT 80.0 ≤ 500 ms and p95 TPOT 15.6 ≤ 40 ms at 15 req/s`, or `... misses the SLOs at ...` (only a
+    pin is chosen while missing: never "meets 7.4 ≤ 6 ms"), followed by `basis_text` where the two models disagree.
+
+    The one sentence of the verdict: the record's first reason, `plan`'s summary line and `compare`'s per-layout line
+    all state it, so a figure reads the same (ms_text) wherever it is shown."""
     slo, rate = problem.slo, problem.workload.arrival_rate_rps
     tt, tp = f"p{slo.ttft_percentile:g} TTFT", f"p{slo.tpot_percentile:g} TPOT"
     label = layout.label_for(problem.engine)
     if p.meets_slo:
-        out = f"{label} meets {tt} {p.ttft_ms:.0f} ≤ {slo.ttft_ms:g} ms and {tp} {p.tpot_ms:.1f} ≤ {slo.tpot_ms:g} ms at {rate:g} req/s"
+        out = (f"{label} meets {tt} {ms_text(p.ttft_ms)} ≤ {slo.ttft_ms:g} ms and {tp} {ms_text(p.tpot_ms)} ≤ {slo.tpot_ms:g} ms "
+               f"at {rate:g} req/s")
     else:
-        out = (f"{label} misses the SLOs at {rate:g} req/s: {tt} {ms_text(p.ttft_ms)} ms (SLO {slo.ttft_ms:g}), "
-               f"{tp} {ms_text(p.tpot_ms)} ms (SLO {slo.tpot_ms:g})")
+        out = (f"{label} misses the SLOs at {rate:g} req/s: {tt} {_ms(p.ttft_ms)} (SLO {slo.ttft_ms:g}), "
+               f"{tp} {_ms(p.tpot_ms)} (SLO {slo.tpot_ms:g})")
+        if not (math.isfinite(p.ttft_ms) and math.isfinite(p.tpot_ms)):
+            out += f" ({p.source}: requests do not finish at this load, so no percentile is finite)"
     basis = basis_text(problem, p)
     return f"{out} ({basis})" if basis else out
+
+
+def carries_text(problem: Problem, layout: Layout, p: Prediction) -> str:
+    """What the layout carries within the SLOs, the sentence after the verdict (the record's second reason, `plan`'s
+    summary): `it carries up to 14.3 req/s within the SLOs on 1 GPU (14.3 req/s per GPU)`, said to be the analytical
+    model's where the verdict rests on the simulation (basis_text), or why it carries nothing."""
+    if p.capacity_rps <= 0:
+        return f"it carries nothing within the SLOs on {gpus_text(layout.gpus)}: {idle_miss(problem, layout)}"
+    by = " by the analytical model" if basis_text(problem, p) else ""
+    return (f"it carries up to {rps_text(p.capacity_rps)} req/s within the SLOs on {gpus_text(layout.gpus)}{by} "
+            f"({per_gpu_text(p.goodput_per_gpu)} req/s per GPU)")
+
+
+def _ms(ms: float) -> str:
+    """`80.0 ms`, or `unbounded` (never `unbounded ms`)."""
+    text = ms_text(ms)
+    return text if text == UNBOUNDED else f"{text} ms"
 
 
 def basis_text(problem: Problem, p: Prediction) -> str:

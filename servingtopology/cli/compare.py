@@ -26,7 +26,7 @@ from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.problem import Candidate, Problem
 from servingtopology.planner.search.decide import predict_layout, refuse_pin
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
-from servingtopology.planner.search.verdict import basis_text
+from servingtopology.planner.search.verdict import basis_text, verdict_text
 from servingtopology.spec import SpecError, load_yaml, to_problem
 
 __all__ = ["add_parser", "run", "parse_layout", "Compared", "compare_layouts", "MAX_LAYOUTS"]
@@ -195,6 +195,8 @@ def rows_json(problem: Problem, rows: list[Compared]) -> list[dict[str, Any]]:
             # The SLO capacity is the analytical bisection's; where the simulated verdict at the load disagrees with it,
             # the basis says which one the verdict rests on (planner.search.verdict, as plan and the record say it).
             "slo_capacity_source": "analytical", "verdict_basis": basis_text(problem, p) or None,
+            # The met/short verdict at the load in the sentence plan's summary and the record state (one formatter).
+            "slo_verdict": verdict_text(problem, c.layout, p),
         })
     return out
 
@@ -216,8 +218,10 @@ def _print(problem: Problem, rows: list[dict[str, Any]]) -> None:
           "   per GPU counts every GPU of the layout (prefill and decode alike)")
     for r in rows:
         pools = ", ".join(f"{role} {n:,}" for role, n in r["kv_pool_tokens"].items())
-        basis = f" ({r['verdict_basis']})" if r["verdict_basis"] else ""
-        print(f"{r['name']}: {r['verdict']}{basis}; KV pool per rank: {pools} tokens")
+        # The SLO verdict (with its basis) as plan and the record state it, then how the layout ranks among these.
+        said = r["slo_verdict"] if r["slo_verdict"].startswith(f"{r['name']} ") else f"{r['name']}: {r['slo_verdict']}"
+        rank = f"; {r['verdict']}" if r["meets_slo"] else ""
+        print(f"{said}{rank}; KV pool per rank: {pools} tokens")
 
 
 def run(args: argparse.Namespace) -> int:

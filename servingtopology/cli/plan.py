@@ -31,15 +31,14 @@ from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_s
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
-from servingtopology.planner.figure_text import UNBOUNDED, finite_json, json_number, ms_text, per_gpu_text, rps_text
+from servingtopology.planner.figure_text import UNBOUNDED, finite_json, json_number, per_gpu_text, rps_text
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.search.advice import InfeasibleAdvice
 from servingtopology.planner.search.decide import Simulate, decide
-from servingtopology.planner.search.limits import idle_miss
 from servingtopology.planner.search.record import engine_label, render_record
 from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
-from servingtopology.planner.search.verdict import basis_text, gpus_text
+from servingtopology.planner.search.verdict import carries_text, verdict_text
 from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]
@@ -364,22 +363,12 @@ def read_baseline(path: str | None) -> MeasuredBaseline | None:
 
 def _print_summary(problem: Problem, d: Decision, facts: RecordFacts) -> None:
     """The decision in a few lines: the layout, which SLO binds, why the other kinds lost, what to measure first."""
-    slo, best = problem.slo, d.best
+    best = d.best
     p = best.prediction
     word = "Pinned" if facts.pinned else "Decision"
-    carries = (f"{rps_text(p.capacity_rps)} req/s within the SLOs ({per_gpu_text(p.goodput_per_gpu)} per GPU)" if p.capacity_rps > 0
-               else f"it carries nothing within the SLOs: {idle_miss(problem, best.layout)}")
-    unfinished = "" if math.isfinite(p.ttft_ms) and math.isfinite(p.tpot_ms) else (
-        f" ({p.source}: requests do not finish at this load, so no percentile is finite)")
-    # The verdict as the record states it (planner.search.verdict): a pin that misses says so, and where the simulated
-    # run and the analytical SLO capacity disagree, which one the verdict rests on.
-    met = "" if p.meets_slo else "misses the SLOs: "
-    basis = basis_text(problem, p)
-    if basis and p.capacity_rps > 0:
-        carries = f"the analytical model puts {carries}"
-    print(f"{word}: {best.layout.label_for(problem.engine)} on {gpus_text(best.layout.gpus)}: {met}p{slo.ttft_percentile:g} TTFT "
-          f"{ms_text(p.ttft_ms)} of {slo.ttft_ms:,g} ms, p{slo.tpot_percentile:g} TPOT {ms_text(p.tpot_ms)} of {slo.tpot_ms:,g} ms at "
-          f"{problem.workload.arrival_rate_rps:g} req/s{unfinished}; {carries}" + (f"\n  ({basis})" if basis else ""))
+    # The verdict and what the layout carries, in the record's own sentences (planner.search.verdict): a pin that misses
+    # says so, and where the simulated run and the analytical SLO capacity disagree, which one the verdict rests on.
+    print(f"{word}: {verdict_text(problem, best.layout, p)}\n  {carries_text(problem, best.layout, p)}")
     b = facts.binding
     if b is not None:
         print(f"Binding SLO: {b.slo} " + (f"(what stops it just past {rps_text(b.at_rps)} req/s)" if b.at_rps > 0

@@ -51,7 +51,34 @@ def test_a_pinned_layout_over_its_capacity_says_it_misses_on_plans_summary_line(
     spec = _spec(tmp_path, 30, "layout: {kind: replicas, count: 1, tp: 1}\n")
     assert main(["plan", spec, "--no-simulate", "--no-progress"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Pinned: "))
-    assert "1×TP1 on 1 GPU: misses the SLOs: " in line, line
+    assert line.startswith("Pinned: 1×TP1 misses the SLOs at 30 req/s: p95 TTFT "), line
+
+
+@pytest.mark.parametrize("rate, layout, said", [
+    (10, "1xTP1", "1×TP1 meets p95 TTFT "),                             # met, and under its capacity: no basis
+    (30, "1xTP1", "1×TP1 misses the SLOs at 30 req/s: "),               # missed, over it
+    (46, "2xTP1", "above the analytical SLO capacity of 43.7 req/s"),   # the simulated run meets it past the capacity
+])
+def test_plan_its_record_and_compare_state_one_verdict_sentence(tmp_path, capsys, rate, layout, said):
+    # plan's summary worded the verdict itself ('1×TP1 on 1 GPU: misses the SLOs: p95 TTFT …' beside the record's '1×TP1
+    # misses the SLOs at …'), with the basis on a line of its own: two formatters of one fact.
+    count = layout.split("x")[0]
+    pinned = _spec(tmp_path, rate, f"layout: {{kind: replicas, count: {count}, tp: 1}}\n")
+    assert main(["plan", pinned, "--no-progress", "--record"]) == 0
+    out = capsys.readouterr().out
+    summary = next(x for x in out.splitlines() if x.startswith("Pinned: "))[len("Pinned: "):]
+    rationale = out[out.index("**Rationale:**"):].splitlines()[1]
+    assert main(["plan", pinned, "--no-progress", "--json"]) == 0
+    reasons = json.loads(capsys.readouterr().out)["reasons"]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert main(["compare", _spec(bare, rate), "--layout", layout, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["layouts"][0]
+    assert main(["compare", _spec(bare, rate), "--layout", layout]) == 0
+    compared = capsys.readouterr().out.splitlines()
+    assert said in summary
+    assert rationale == f"  - {summary}" and reasons[0] == summary == row["slo_verdict"]
+    assert any(line.startswith(f"{summary}; ") for line in compared), compared
 
 
 def test_compare_above_the_slo_capacity_names_what_its_met_verdict_rests_on(tmp_path, capsys):
@@ -63,7 +90,8 @@ def test_compare_above_the_slo_capacity_names_what_its_met_verdict_rests_on(tmp_
     assert "above the analytical SLO capacity" in row["verdict_basis"] and "rests on the simulation" in row["verdict_basis"]
     assert main(["compare", spec, "--rate", "46", "--layout", "2xTP1"]) == 0
     out = capsys.readouterr().out
-    assert "2×TP1: most req/s per GPU within the SLOs (simulated: its run meets the SLOs at 46 req/s, above the analytical" in out
+    assert "2×TP1 meets p95 TTFT " in out and "at 46 req/s (simulated: its run meets the SLOs at 46 req/s, above the analytical" in out
+    assert "the analytical model); most req/s per GPU within the SLOs; KV pool per rank" in out
 
 
 def test_a_simulated_pin_that_misses_under_its_analytical_capacity_says_so_on_plan_and_in_its_record(tmp_path, capsys):
@@ -73,7 +101,8 @@ def test_a_simulated_pin_that_misses_under_its_analytical_capacity_says_so_on_pl
     assert main(["plan", str(spec), "--no-progress", "--record"]) == 0
     out = capsys.readouterr().out
     summary = out[out.index("Pinned: "):]
-    assert "misses the SLOs: " in summary.splitlines()[0] and "the analytical model puts 0.026 req/s within the SLOs" in summary
+    assert "misses the SLOs at 0.02 req/s: " in summary.splitlines()[0]
+    assert "it carries up to 0.026 req/s within the SLOs on 20 GPUs by the analytical model" in summary
     assert "below the analytical SLO capacity of 0.026 req/s; the verdict rests on the simulation" in summary
     record = out[out.index("# Topology decision record"):]
     assert "misses the SLOs at 0.02 req/s" in record and "below the analytical SLO capacity" in record
