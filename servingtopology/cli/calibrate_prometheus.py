@@ -2,8 +2,9 @@
 from its Prometheus history, no benchmark run needed.
 
 Called by servingtopology/cli/calibrate.py when --prometheus is given. The series are the ones the operator reads: its
-PromQL (operator/live/metrics.py `build_queries`, at the spec's SLO percentiles) asked as range queries by its bounded
-client (operator/live/history.py), one point per window; each window's workload is estimated as the operator estimates
+PromQL (operator/live/metrics.py `build_queries`, at the spec's SLO percentiles) asked as range queries
+(operator/live/history.py) through prometheus-api-client, within the operator client's bounds
+(servingtopology/cli/prometheus_reader.py), one point per window; each window's workload is estimated as the operator estimates
 an interval's (planner.live.observe), and the fit is the operator's live fit (planner.live.calibration `fit_points`:
 the LIVE_TERMS factors, each point predicted at its own load and lengths). Must not write anything but --out.
 
@@ -23,7 +24,6 @@ https URL is verified against the system's CAs or --prometheus-ca.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from servingtopology.cli.calibration_io import read_bytes
+from servingtopology.cli.prometheus_reader import LibraryPrometheus
 from servingtopology.operator.api.resource import duration_s
 from servingtopology.operator.live.history import fetch_history
 from servingtopology.operator.live.metrics import MetricsUnavailable, build_queries, topology_matchers
-from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, ReadLimits
+from servingtopology.operator.live.prometheus_http import PrometheusAnswerError, ReadLimits
 from servingtopology.operator.live.prometheus_tls import (
     CA_FIELD,
     CERT_FIELD,
@@ -44,7 +45,7 @@ from servingtopology.operator.live.prometheus_tls import (
     TlsMaterial,
     client_context,
 )
-from servingtopology.operator.live.url_policy import AddressPolicy, UrlRefused, parse_prometheus_url
+from servingtopology.operator.live.url_policy import UrlRefused, parse_prometheus_url
 from servingtopology.planner.errors import InsufficientData, InvalidSpec
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.live.calibration import LivePoint
@@ -58,7 +59,6 @@ MAX_WINDOWS = 48               # HistoryWindows: 24 h in half-hour windows; the 
 MIN_WINDOW_S = 60              # a rate over less than a minute of 15 s scrapes is noise
 MAX_SINCE_S = 31 * 86400       # a month: Prometheus's usual retention is 15 days
 QUERY_S = 30.0                 # one range query: a month of a histogram quantile takes Prometheus a few seconds
-ANY_ADDRESS = AddressPolicy((ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +110,11 @@ def _pem_file(option: str, path: str | None) -> str | None:
     return None if path is None else read_bytes(Path(path), MAX_PEM_BYTES, option).decode("utf-8", "replace")
 
 
-def _client(url_text: str, ca_file: str | None, cert_file: str | None = None, key_file: str | None = None) -> tuple[str, BoundedPrometheus]:
+def _client(url_text: str, ca_file: str | None, cert_file: str | None = None, key_file: str | None = None) -> tuple[str, LibraryPrometheus]:
     try:
         url = parse_prometheus_url(url_text)
     except UrlRefused as why:
         raise _option_error("--prometheus", f"{url_text!r} is refused: {why}; spell it scheme://host[:port][/path]") from None
-    tls = None
     given = [o for o, f in (("--prometheus-ca", ca_file), ("--prometheus-cert", cert_file), ("--prometheus-key", key_file)) if f]
     if given and url.scheme != "https":
         raise _option_error(given[0], "is for an https:// --prometheus URL")
@@ -124,14 +123,17 @@ def _client(url_text: str, ca_file: str | None, cert_file: str | None = None, ke
     if given:
         if ca_file is None:
             raise _option_error("--prometheus-ca", "give the CA with a client certificate (the system's CAs are used only without one)")
+        # NamedOptions: the files are checked as the operator checks spec.metrics.tls (ConfigNamed) before any request;
+        # the session then reads them as requests' `verify` and `cert` (servingtopology/cli/prometheus_reader.py).
         material = TlsMaterial(ca_pem=_pem_file("--prometheus-ca", ca_file) or "", cert_pem=_pem_file("--prometheus-cert", cert_file),
                                key_pem=_pem_file("--prometheus-key", key_file))
         try:
-            tls = client_context(material)
+            client_context(material)
         except TlsConfigInvalid as exc:
             option = {CA_FIELD: "--prometheus-ca", CERT_FIELD: "--prometheus-cert", KEY_FIELD: "--prometheus-key"}[exc.field]
             raise _option_error(option, str(exc).split(": ", 1)[-1]) from None
-    return str(url), BoundedPrometheus(url, limits=ReadLimits(query_s=QUERY_S), tls=tls, addresses=ANY_ADDRESS)
+    client_cert = (cert_file, key_file) if cert_file is not None and key_file is not None else None
+    return str(url), LibraryPrometheus(url, limits=ReadLimits(query_s=QUERY_S), ca_file=ca_file, client_cert=client_cert)
 
 
 def _point(sample: MetricSample, layout: Layout) -> LivePoint | None:
@@ -166,6 +168,8 @@ def read_history(url_text: str, *, problem: Problem, layout: Layout, since: str,
     except (PrometheusAnswerError, MetricsUnavailable) as exc:
         reason = getattr(exc, "reason", "")
         raise _option_error("--prometheus", f"{url}: {reason}: {exc}") from None
+    finally:
+        client.close()
     points = tuple(p for p in (_point(s, layout) for s in samples) if p is not None)
     digest = hashlib.sha256(repr(samples).encode()).hexdigest()     # of the figures read: the same history, the same digest
     rows = tuple(f"{layout.label} at {p.at_s:.0f} s" for p in points)

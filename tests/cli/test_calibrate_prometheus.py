@@ -197,7 +197,10 @@ def test_with_topology_the_operators_matchers_and_roles_are_asked(tmp_path: Path
             asked.append(query)
             return []
 
-    monkeypatch.setattr(calibrate_prometheus, "BoundedPrometheus", lambda *a, **k: Client())
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(calibrate_prometheus, "LibraryPrometheus", lambda *a, **k: Client())
     history = read_history("http://127.0.0.1:9", problem=problem, layout=layout_for(spec, problem), since="1h",
                            topology="ml/chat", now_s=END_S)
     assert history.points == () and history.windows == 0
