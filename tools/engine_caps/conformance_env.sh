@@ -14,6 +14,10 @@ INSTALLED=$(cd / && "$ENGINE_PY" -c "import importlib.metadata as m; print(m.ver
 VLLM_VERSIONS=$(ls planner/data/engine_caps | sed -n 's/^vllm-\([0-9.]*\)\.json$/\1/p' | grep -vx "$INSTALLED" | tr '\n' ' ')
 KEY="$PINS vllm=[$VLLM_VERSIONS] engine=$ENGINE_PY rev=1"
 STAMP=$ROOT/.stopo-stamp
+# One builder at a time (.ci/run builds this in the background while `make test` may ask for it).
+mkdir -p "$ROOT"
+exec 7>"$ROOT.lock"
+flock 7
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
     echo "conformance environment up to date ($KEY)"
 else
