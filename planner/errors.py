@@ -16,7 +16,7 @@ import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from servingtopology.planner.figure_text import ms_text, rps_text  # formatting only: imports nothing of the planner
+from servingtopology.planner.figure_text import gpus_text, ms_text, rps_text  # formatting only: imports nothing of the planner
 from servingtopology.planner.slo import SLO_MARGIN as SLO_MARGIN_ADVICE  # slo imports only the workload values: no cycle
 
 __all__ = ["did_you_mean", "PlannerError", "InvalidSpec", "Infeasible", "PinRefused", "InsufficientData", "InfeasibleAdvice", "ClosestLayout"]
@@ -109,10 +109,10 @@ class InfeasibleAdvice:
         """The advice as sentences, most direct first: an SLO under its physical floor before anything else."""
         out = [f"no layout of {self.gpu} can meet it: {line}" for line in self.floors]
         if self.min_gpus is not None:
-            out.append(f"needs ≥ {self.min_gpus} GPUs of this kind ({self.gpu}; budget {self.budget_gpus}): "
+            out.append(f"needs ≥ {gpus_text(self.min_gpus)} of this kind ({self.gpu}; budget {self.budget_gpus}): "
                        f"{self.min_gpus_layout} is feasible at {self.min_gpus}")
         else:
-            out.append(f"more {self.gpu} GPUs alone do not help: no layout up to {self.searched_gpus} GPUs is feasible")
+            out.append(f"more {self.gpu} GPUs alone do not help: no layout up to {gpus_text(self.searched_gpus)} is feasible")
         c = self.closest
         if c is not None:
             if self.needed_ttft_ms is not None and self.needed_tpot_ms is not None:
@@ -124,10 +124,10 @@ class InfeasibleAdvice:
                                                        ("TPOT", self.tpot_percentile, self.needed_tpot_ms, self.slo_tpot_ms))
                           if need > slo]
                 if loosen:
-                    out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) passes at {self.load_rps:g} req/s with "
+                    out.append(f"the closest layout ({c.label}, {gpus_text(c.gpus)}) passes at {self.load_rps:g} req/s with "
                                + " and ".join(loosen))
             else:
-                out.append(f"the closest layout ({c.label}, {c.gpus} GPUs) saturates at {rps_text(c.capacity_rps)} req/s, below the load of "
+                out.append(f"the closest layout ({c.label}, {gpus_text(c.gpus)}) saturates at {rps_text(c.capacity_rps)} req/s, below the load of "
                            f"{self.load_rps:g} req/s, so no SLO is met at this load")
         if self.feasible_load_rps is not None and self.feasible_load_rps > 0:
             out.append(f"feasible at ≤ {self.feasible_load_rps:.3g} req/s ({self.feasible_load_layout} meets both SLOs up to that load)")

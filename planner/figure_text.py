@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["UNBOUNDED", "json_number", "finite_json", "ms_text", "rps_text", "per_gpu_text", "share_text", "ratio_text", "against_pinned_text"]
+__all__ = ["UNBOUNDED", "json_number", "finite_json", "count_text", "gpus_text", "ms_text", "rps_text", "per_gpu_text", "share_text",
+           "ratio_text", "against_pinned_text"]
 
 UNBOUNDED = "unbounded"   # a latency or share with no finite value: the queue grows without end, or nothing finishes
 RATIO_SHOWN_UP_TO = 1000.0   # past this a ratio is noise: the figure below it is next to nothing, said in words
@@ -33,6 +34,16 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite_json(v) for v in value]
     return value
+
+
+def count_text(count: int, noun: str) -> str:
+    """`1 point`, `3 points`: a count with its noun in the number it takes (English plural by `s`)."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
+
+
+def gpus_text(gpus: int) -> str:
+    """`1 GPU`, `8 GPUs`."""
+    return count_text(gpus, "GPU")
 
 
 def ms_text(ms: float | None) -> str:

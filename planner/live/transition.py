@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from servingtopology.planner.errors import Infeasible
+from servingtopology.planner.figure_text import gpus_text
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role, RoleLayout
 
@@ -536,7 +537,7 @@ def start_requested(current: Layout, target: Layout, *, budget: Budget, capacity
         return Requested(StartVerdict.FLOOR_KEPT, state, full, full, full, budget.limit_gpus)
     needed = gpus_to_keep_floor(current, target, budget=budget, capacity=capacity)
     lowest = _try_start(current, target, replace(budget, floor_rps=0.0, keep_serving=False), capacity, now_s, engine)
-    move = f"{cur} ({current.gpus} GPUs) → {tgt} ({target.gpus} GPUs)"
+    move = f"{cur} ({gpus_text(current.gpus)}) → {tgt} ({gpus_text(target.gpus)})"
     within = f"within {budget.limit_gpus} GPUs (hardware.maxGPUs {budget.max_gpus} + policy.maxSurgeGPUs {budget.surge_gpus})"
     if needed is None:
         carries = _cap(capacity, target, _counts(target))

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.figure_text import count_text
 from servingtopology.planner.perf.step import STEP_TERMS, PerfParams, perf_params, pinned_params, scaled_terms
 
 __all__ = ["FIRST_TOKEN_TERMS", "TERMS", "MAX_FACTOR", "MIN_POINTS", "DEFAULT_HALF_LIFE_S", "REFUSALS", "CalibrationRefused",
@@ -272,7 +273,7 @@ class DeploymentCalibration:
         points_used = int(_number(fit_, "points_used", f, lo=0, hi=1e9))
         min_points = int(_number(fit_, "min_points", f, lo=1, hi=1e9, default=MIN_POINTS))
         if points_used < min_points:
-            raise CalibrationRefused("TooFewPoints", f"{f}.points_used", f"{points_used} points, fewer than the minimum {min_points}")
+            raise CalibrationRefused("TooFewPoints", f"{f}.points_used", f"{count_text(points_used, 'point')}, fewer than the minimum {min_points}")
         half = {m: _number(_mapping(fit_, "own_half_width", f), m, f"{f}.own_half_width", lo=0.0, hi=10.0) for m in METRICS}
         before = {m: _number(_mapping(fit_, "residual_before", f), m, f"{f}.residual_before", lo=0.0, hi=100.0) for m in METRICS}
         after = {m: _number(_mapping(fit_, "residual_after", f), m, f"{f}.residual_after", lo=0.0, hi=100.0) for m in METRICS}
@@ -344,7 +345,7 @@ def check_points(points: Sequence[Point], *, min_points: int, field: str = "poin
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise CalibrationRefused("NonFinite", f"{field}[{i}].{name}", f"{v!r} is not a positive finite number ({p.source} {p.row})".strip())
     if len(points) < min_points:
-        raise CalibrationRefused("TooFewPoints", field, f"{len(points)} measured points; at least {min_points} are needed to fit a correction")
+        raise CalibrationRefused("TooFewPoints", field, f"{count_text(len(points), 'measured point')}; at least {min_points} are needed to fit a correction")
 
 
 Predictor = Callable[[Mapping[str, float]], Any]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.figure_text import gpus_text, rps_text
 from servingtopology.planner.layout import EngineKnobs, Layout, LayoutKind, Parallelism, Role, RoleLayout
 from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.perf.mixed_pd import MixedRefusal, mixed_figures, mixed_refusal, mixed_slo_capacity_rps, with_nic
@@ -66,7 +67,7 @@ def _probe(problem: Problem, budget: int) -> tuple[list[Layout], str]:
         if res.last_stage[:1] in "123":
             return [], f"stage '{res.last_stage}': {res.closest_miss}"
         rate /= 2.0
-    return [], f"no layout meets the SLOs even at {rate:.3g} req/s on {budget} GPUs"
+    return [], f"no layout meets the SLOs even at {rps_text(rate)} req/s on {gpus_text(budget)}"
 
 
 def _unit(layout: Layout) -> tuple[Layout, int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servingtopology.planner.figure_text import ms_text
+from servingtopology.planner.figure_text import gpus_text, ms_text, rps_text
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.perf.memory import language_model_bytes
 from servingtopology.planner.perf.predict import predict_figures
@@ -78,21 +78,20 @@ def miss_text(problem: Problem, *, label: str, gpus: int, ttft_s: float, tpot_s:
     def latency(name: str, value_ms: float, limit_ms: float) -> str:
         if not math.isfinite(value_ms):
             return f"{name} unbounded (the queue grows without end at this load) against the {limit_ms:,.6g} ms SLO"
-        fmt = ",.0f" if value_ms >= 100 else ",.1f"
         if value_ms * SLO_MARGIN <= limit_ms:
-            return f"{name} {value_ms:{fmt}} ms within {limit_ms:,.6g} ms"
+            return f"{name} {ms_text(value_ms)} ms within {limit_ms:,.6g} ms"
         margin = "" if value_ms > limit_ms else (f" (the planning margin of {SLO_MARGIN - 1:.0%} allows at most "
-                                                 f"{limit_ms / SLO_MARGIN:{fmt}} ms)")
+                                                 f"{ms_text(limit_ms / SLO_MARGIN)} ms)")
         queue = " (queueing: the load is over its capacity)" if overloaded and name.endswith("TTFT") else ""
-        return f"{name} {value_ms:{fmt}} ms{queue} against the {limit_ms:,.6g} ms SLO{margin}"
+        return f"{name} {ms_text(value_ms)} ms{queue} against the {limit_ms:,.6g} ms SLO{margin}"
     if overloaded:
-        load = f"capacity {capacity_rps:,.1f} req/s against the load of {rate:g} req/s" + (
+        load = f"capacity {rps_text(capacity_rps)} req/s against the load of {rate:g} req/s" + (
             "" if rate > capacity_rps else f" (the load may use at most {LOAD_MARGIN:.0%} of it)")
     else:
-        load = f"capacity {capacity_rps:,.1f} req/s carries the load of {rate:g} req/s"
+        load = f"capacity {rps_text(capacity_rps)} req/s carries the load of {rate:g} req/s"
     parts = {"TTFT": latency(tt, ttft_s * 1e3, slo.ttft_ms), "TPOT": latency(tp, tpot_s * 1e3, slo.tpot_ms), "load": load}
     order = [binding, *(k for k in parts if k != binding)]
-    return f"{label} on {gpus} GPUs: " + "; ".join(parts[k] for k in order)
+    return f"{label} on {gpus_text(gpus)}: " + "; ".join(parts[k] for k in order)
 
 
 def floor_lines(problem: Problem, floors: SloFloors | None = None) -> tuple[str, ...]:

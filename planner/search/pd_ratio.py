@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from servingtopology.planner.figure_text import per_gpu_text
+from servingtopology.planner.figure_text import gpus_text, per_gpu_text
 from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
 from servingtopology.planner.perf.analytic import estimate_decode, estimate_prefill, load_shape
 from servingtopology.planner.perf.memory import kv_pool_tokens
@@ -72,7 +72,7 @@ def choose_pd_ratio(problem: Problem, *, prefill: RoleLayout, decode: RoleLayout
     if need_p == 0 or need_d == 0 or need_p * gp + need_d * gd > budget:
         cp, cd = max(need_p, 1), max(need_d, 1)
         why = (f"{base}; {rate:g} req/s under a {LOAD_MARGIN:.0%} load ceiling needs at least {cp} prefill and {cd} decode "
-               f"instances ({cp * gp + cd * gd} GPUs), over the {budget}-GPU budget")
+               f"instances ({gpus_text(cp * gp + cd * gd)}), over the {budget}-GPU budget")
         return PdRatio(cp, cd, prefill.parallelism, decode.parallelism, mu_p, mu_d, False, why)
     # Counts near each role's minimum, and along the balanced line (cp ≈ cd·μd/μp) up to the budget.
     grid = np.meshgrid(np.arange(need_p, need_p + COUNT_SPAN), np.arange(need_d, need_d + COUNT_SPAN), indexing="ij")

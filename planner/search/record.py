@@ -14,7 +14,7 @@ import shlex
 from servingtopology.planner.arch import ModelArch
 from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.engines.caps import load_caps, resolve_version
-from servingtopology.planner.figure_text import ms_text, per_gpu_text, rps_text, share_text
+from servingtopology.planner.figure_text import gpus_text, ms_text, per_gpu_text, rps_text, share_text
 from servingtopology.planner.hardware import GIB
 from servingtopology.planner.layout import Engine, Layout, Role
 from servingtopology.planner.perf.memory import state_bytes_per_seq
@@ -179,15 +179,14 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
     ]
     for row in f.families:
         mark = "x" if row.evaluated or row.best else " "
-        plural = "s" if row.best_gpus != 1 else ""
-        head = (f"best {row.best} on {row.best_gpus} GPU{plural} ({per_gpu_text(row.best_goodput_per_gpu)} req/s per GPU)" if row.best
+        head = (f"best {row.best} on {gpus_text(row.best_gpus)} ({per_gpu_text(row.best_goodput_per_gpu)} req/s per GPU)" if row.best
                 else "none meets the SLOs" if row.evaluated else "none reached the ranking" if row.searched else "not searched")
         if not row.searched:
             lines.append(f"- [ ] {_cap(row.family.value)}: {row.why}.")
             continue
         lines.append(f"- [{mark}] {_cap(row.family.value)} ({row.evaluated:,} evaluated): {head}: {row.why}.")
     lines += ["", "## Decision", "",
-              f"- **Decision:** {'pinned by the spec: ' if f.pinned else ''}**{f.decision}** on {f.decision_gpus} GPUs "
+              f"- **Decision:** {'pinned by the spec: ' if f.pinned else ''}**{f.decision}** on {gpus_text(f.decision_gpus)} "
               f"({best.prediction.source} prediction: {tt} {ms_text(best.prediction.ttft_ms)} ms, {tp} {ms_text(best.prediction.tpot_ms)} ms, "
               f"{rps_text(best.prediction.capacity_rps)} req/s within the SLOs, {per_gpu_text(best.prediction.goodput_per_gpu)} per GPU).",
               "- **KV pool per rank:** " + ", ".join(f"{role} {tokens:,} tokens" for role, tokens in f.kv_pool_tokens.items()) + ".",
@@ -207,7 +206,7 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
     if decision.current is not None:
         c = decision.current
         lines += ["", f"Current layout {c.layout.label_for(problem.engine)}: {tt} {ms_text(c.prediction.ttft_ms)} ms, {tp} {ms_text(c.prediction.tpot_ms)} ms, "
-                  f"{c.layout.gpus} GPUs."]
+                  f"{gpus_text(c.layout.gpus)}."]
     lines += ["", "## Alternatives", "", "| layout | GPUs | TTFT ms | TPOT ms | SLO capacity req/s | req/s per GPU | source | why not |",
               "|---|---|---|---|---|---|---|---|", _cand_row(best, "pinned" if f.pinned else "chosen", problem.engine)]
     lines += [_cand_row(a, "", problem.engine) for a in decision.alternatives]

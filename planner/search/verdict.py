@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import math
 
-from servingtopology.planner.figure_text import UNBOUNDED, ms_text, per_gpu_text, rps_text
+from servingtopology.planner.figure_text import UNBOUNDED, gpus_text, ms_text, per_gpu_text, rps_text
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Prediction, Problem
 from servingtopology.planner.search.limits import idle_miss
 
-__all__ = ["basis_text", "carries_text", "gpus_text", "verdict_text"]
-
-
-def gpus_text(gpus: int) -> str:
-    """`1 GPU`, `8 GPUs`."""
-    return f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
+__all__ = ["basis_text", "carries_text", "verdict_text"]
 
 
 def verdict_text(problem: Problem, layout: Layout, p: Prediction) -> str:

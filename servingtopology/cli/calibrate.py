@@ -45,6 +45,7 @@ from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spe
 from servingtopology.planner.engines.caps import release_of, version_from_image
 from servingtopology.planner.errors import Infeasible, InvalidSpec
 from servingtopology.planner.fidelity.deployment_points import PointFn, closed_loop_fn, predictor, simulated_fn
+from servingtopology.planner.figure_text import count_text
 from servingtopology.planner.layout import Layout, Role
 from servingtopology.planner.live.calibration import fit_points
 from servingtopology.planner.perf.deployment_fit import (
@@ -474,7 +475,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     d = cal.deployment
     print(f"calibration of {d.model} on {d.gpu} ({d.link}), {d.engine} {d.release or '(release not given)'}, {d.layout}: "
-          f"{cal.points_used} points from {len(cal.sources)} {'source' if len(cal.sources) == 1 else 'sources'}, fitted in {cpu:.1f} CPU s")
+          f"{count_text(cal.points_used, 'point')} from {count_text(len(cal.sources), 'source')}, fitted in {cpu:.1f} CPU s")
     print(f"  release {release_from}")
     print(f"  {'point':<48}{'TTFT ms':>10}{'TPOT ms':>10}")
     for p in cal.points:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from servingtopology.planner.errors import InvalidSpec
+from servingtopology.planner.figure_text import gpus_text
 from servingtopology.planner.problem import Decision, Problem
 from servingtopology.spec import SpecError, read_spec_data
 
@@ -79,7 +80,7 @@ def write_manifests(spec_path: str | None, spec: TopologySpec, directory: str, *
     for old in out.glob("[0-9][0-9]-*.yaml"):
         old.unlink()
     header = (f"# What the ServingTopology operator would apply for {namespace}/{name} ({offline.layout.label_for(spec.engine.name)}, "
-              f"{offline.layout.gpus} GPUs): `servingtopology plan --manifests`.\n"
+              f"{gpus_text(offline.layout.gpus)}): `servingtopology plan --manifests`.\n"
               "# The operator also sets an ownerReference to the ServingTopology (its uid exists once it is applied).\n")
     for i, obj in enumerate(offline.objects, start=1):
         (out / file_name(i, obj)).write_text(header + yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import sys
 import time
 from typing import Any
@@ -31,7 +30,7 @@ from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_s
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.engines.args import layout_engine_args
 from servingtopology.planner.errors import Infeasible, InvalidSpec, PinRefused
-from servingtopology.planner.figure_text import UNBOUNDED, finite_json, json_number, per_gpu_text, rps_text
+from servingtopology.planner.figure_text import count_text, finite_json, json_number, ms_text, per_gpu_text, rps_text
 from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, Problem
 from servingtopology.planner.search.advice import InfeasibleAdvice
@@ -39,6 +38,7 @@ from servingtopology.planner.search.decide import Simulate, decide
 from servingtopology.planner.search.record import engine_label, render_record
 from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
 from servingtopology.planner.search.verdict import carries_text, verdict_text
+from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
 from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data
 
 __all__ = ["add_parser", "run", "candidate_json", "funnel_json", "advice_json"]
@@ -146,11 +146,19 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
           f"{'tok/s/user':>10} {'SLO cap. req/s':>14} {'req/s/GPU':>9} {'tok/s/GPU':>9} {'source':>10}")
     for i, c in enumerate((d.best, *d.alternatives)):
         p = c.prediction
-        print(f"{i + 1:>2} {c.layout.label_for(problem.engine):<28} {c.layout.gpus:>4} {_cell(p.ttft_ms, '.0f'):>13} {_cell(p.tpot_ms, '.1f'):>13} "
+        print(f"{i + 1:>2} {c.layout.label_for(problem.engine):<28} {c.layout.gpus:>4} {ms_text(p.ttft_ms):>13} {ms_text(p.tpot_ms):>13} "
               f"{p.tokens_per_s_per_user:>10.1f} {rps_text(p.capacity_rps):>14} {per_gpu_text(p.goodput_per_gpu):>9} "
               f"{_tok_s_per_gpu(p.capacity_rps, out_tokens, c.layout.gpus):>9.0f} {p.source:>10}")
+    # The searched layouts' capacity keeps the search's margins (decide's predict_layout searched=True); a pin's, as
+    # compare states every layout's, does not: the same layout reads two capacities unless the footer says which.
+    margins = (f"with the search's planning margins (latencies × {SLO_MARGIN:g}, the load at most {LOAD_MARGIN:.0%} of what the layout "
+               "serves at all)")
+    if problem.pinned is None:
+        which = f"{margins}; compare and a pinned layout state it without them"
+    else:
+        which = "the pinned layout's without margins, as compare states it" + (f"; the searched alternatives' {margins}" if d.alternatives else "")
     print(f"   at the load of {problem.workload.arrival_rate_rps:g} req/s; tok/s/user = 1000 / mean TPOT ms; SLO cap. = the highest load "
-          "within both SLOs;\n   req/s/GPU and tok/s/GPU (output tokens) at that capacity, per GPU")
+          f"within both SLOs, {which};\n   req/s/GPU and tok/s/GPU (output tokens) at that capacity, per GPU")
     print()
     release = problem.engine_version or "newest covered release"
     if problem.engine_version_requested:   # NearestCovered: the release asked for is not in the capability data
@@ -167,11 +175,6 @@ def _print_best(spec: PlanSpec, problem: Problem, d: Decision) -> None:
     print()
 
 
-def _cell(value: float, fmt: str) -> str:
-    """A table cell: the figure, or `unbounded` where it has none (never `inf`)."""
-    return f"{value:{fmt}}" if math.isfinite(value) else UNBOUNDED
-
-
 def _print_intervals(problem: Problem, d: Decision, uncalibrated: Decision | None, calibration: Any, with_intervals: Any) -> None:
     """Nominal 80 % intervals of the best layouts; with a calibration, calibrated beside uncalibrated."""
     slo = problem.slo
@@ -186,7 +189,7 @@ def _print_intervals(problem: Problem, d: Decision, uncalibrated: Decision | Non
         print()
         return
     dep = calibration.deployment
-    print(f"Calibration {dep.model} on {dep.gpu}, {dep.engine} {dep.release}: {calibration.points_used} points; factors "
+    print(f"Calibration {dep.model} on {dep.gpu}, {dep.engine} {dep.release}: {count_text(calibration.points_used, 'point')}; factors "
           + ", ".join(f"{k} {v:.2f}" for k, v in calibration.factors.items() if abs(v - 1.0) > 0.005))
     print(f"  {'':14}{'layout':<28} {head[0]:>26} {head[1]:>24}")
     for name, dec, cal in (("uncalibrated", uncalibrated, None), ("calibrated", d, calibration)):

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from servingtopology.cli.output_paths import plot_format, write_output
+from servingtopology.planner.figure_text import gpus_text
 from servingtopology.planner.problem import Candidate, Decision, Problem
 from servingtopology.planner.search.decide import envelope_point
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE
@@ -231,7 +232,7 @@ def compare_figure(problem: Problem, named: Sequence[tuple[str, Candidate]]) -> 
         face = colour if p.meets_slo else "none"
         for ax, xy in ((ax_env, (pt.per_user_tok_s, pt.per_gpu_tok_s)), (ax_ttft, (pt.per_gpu_tok_s, pt.ttft_ms))):
             ax.scatter([xy[0]], [xy[1]], s=70, facecolors=face, edgecolors=colour, gid=f"layout:{name}",
-                       label=f"{pt.label} ({c.layout.gpus} GPUs, {pt.family.value}{'' if p.meets_slo else ', misses an SLO'})")
+                       label=f"{pt.label} ({gpus_text(c.layout.gpus)}, {pt.family.value}{'' if p.meets_slo else ', misses an SLO'})")
             ax.annotate(name, xy, fontsize=9, fontweight="bold", xytext=(6, 4), textcoords="offset points")
     _honest_axes(ax_env, [p.per_user_tok_s for p in pts], [p.per_gpu_tok_s for p in pts], x_line=1000.0 / slo.tpot_ms)
     _honest_axes(ax_ttft, [p.per_gpu_tok_s for p in pts], [min(p.ttft_ms, slo.ttft_ms * 3) for p in pts], y_line=slo.ttft_ms)
@@ -260,8 +261,8 @@ def sweep_figure(label: str, gpus: int, points: Sequence[dict[str, Any]], slo: S
     (the serving envelope of several layouts; throughput per GPU counts every GPU of each layout)."""
     ttft_key = f"p{slo.ttft_percentile:g}"
     many = list(series) or [Series(label, label, gpus, Family.REPLICAS, points)]
-    title = (f"serving envelope of {label} ({gpus} GPUs), labelled by concurrency" if not series else
-             "serving envelopes, labelled by concurrency: " + ", ".join(f"{s.name} = {s.label} ({s.gpus} GPUs)" for s in many))
+    title = (f"serving envelope of {label} ({gpus_text(gpus)}), labelled by concurrency" if not series else
+             "serving envelopes, labelled by concurrency: " + ", ".join(f"{s.name} = {s.label} ({gpus_text(s.gpus)})" for s in many))
     fig, ax_env, ax_ttft = _axes(title, slo)
     xs: list[float] = []
     ys: list[float] = []
@@ -273,7 +274,7 @@ def sweep_figure(label: str, gpus: int, points: Sequence[dict[str, Any]], slo: S
         if series and sum(x.family is s.family for x in many) > 1:   # two layouts of one family: shades of its colour
             colour = plt.get_cmap("tab10")(i % 10)
         marker = SERIES_MARKERS[i % len(SERIES_MARKERS)]
-        name = s.label if not series else f"{s.name}: {s.label} ({s.gpus} GPUs)"
+        name = s.label if not series else f"{s.name}: {s.label} ({gpus_text(s.gpus)})"
         ax_env.plot([p.per_user_tok_s for p in pts], [p.per_gpu_tok_s for p in pts], "-", marker=marker, color=colour, label=name,
                     gid=f"envelope:{s.name}" if series else "envelope")
         ax_ttft.plot([p.per_gpu_tok_s for p in pts], [p.ttft_ms for p in pts], "-", marker=marker, color=colour, label=name,

@@ -35,7 +35,7 @@ from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spe
 from servingtopology.planner.engines.caps import release_of
 from servingtopology.planner.engines.defaults import max_running, memory_fraction, token_budget
 from servingtopology.planner.errors import Infeasible, InvalidSpec
-from servingtopology.planner.figure_text import finite_json, ms_text, rps_text
+from servingtopology.planner.figure_text import count_text, finite_json, gpus_text, ms_text, rps_text
 from servingtopology.planner.hardware import Gpu, Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype, Layout, Parallelism, Role
 from servingtopology.planner.model.catalog import ModelArch, from_hf_config, resolve_model
@@ -44,7 +44,6 @@ from servingtopology.planner.perf.memory_fit import Longest
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import predict_layout, refuse_pin
 from servingtopology.planner.search.stage6_size import STAGE6_REQUESTS, stage6_requests
-from servingtopology.planner.search.verdict import gpus_text
 from servingtopology.planner.sim import (
     Percentiles,
     RequestSet,
@@ -577,7 +576,7 @@ def _run_spec(args: argparse.Namespace) -> int:
             print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % "
                   f"intervals (class {iv['ttft_ms_mean']['class']})")
         if calibration is not None:
-            print(f"\ncalibrated ({args.calibration}: {calibration.points_used} points):")
+            print(f"\ncalibrated ({args.calibration}: {count_text(calibration.points_used, 'point')}):")
             if _print_summary(out["calibrated"], problem.slo, None if args.trace else problem.workload.arrival_rate_rps):
                 iv = out["calibrated"]["intervals"]
                 print(f"mean TTFT {interval_text(iv['ttft_ms_mean'])} ms, mean TPOT {interval_text(iv['tpot_ms_mean'])} ms: nominal 80 % "
@@ -612,7 +611,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     _print_compare(table, title + (" (uncalibrated)" if calibrated is not None else ""))
     if calibrated is not None and calibration is not None:
         print()
-        _print_compare(calibrated, f"calibrated ({args.calibration}: {calibration.points_used} points)")
+        _print_compare(calibrated, f"calibrated ({args.calibration}: {count_text(calibration.points_used, 'point')})")
     return 0
 
 

@@ -22,6 +22,7 @@ from servingtopology.cli.progress import StageBar, wanted
 from servingtopology.cli.spec_input import emit_spec_error, layout_for, read_spec
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import Infeasible, InvalidSpec
+from servingtopology.planner.figure_text import gpus_text
 from servingtopology.planner.layout import Layout
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.sim import from_workload, simulate
@@ -142,7 +143,7 @@ def _plot(path: str, label: str, layout: Layout, points: list[dict[str, Any]], s
 
 
 def _print(label: str, layout: Layout, points: list[dict[str, Any]]) -> None:
-    print(f"serving envelope of {label} on {layout.gpus} GPUs (closed loop: each client sends its next request when the last ends)")
+    print(f"serving envelope of {label} on {gpus_text(layout.gpus)} (closed loop: each client sends its next request when the last ends)")
     _print_points(points)
 
 

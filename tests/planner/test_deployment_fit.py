@@ -91,6 +91,7 @@ def test_refusals_are_named() -> None:
     with pytest.raises(CalibrationRefused) as exc:
         fit(DEP, one, predictor(_fns(one)))
     assert exc.value.reason == "TooFewPoints"
+    assert f"{len(one)} measured point; at least" in str(exc.value)   # read '1 measured points'
     bad = [*one, Point(math.nan, 10.0, 16, "concurrency", 1000, 200, 160)]
     with pytest.raises(CalibrationRefused) as exc:
         fit(DEP, bad, predictor(_fns(one)))
