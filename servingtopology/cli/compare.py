@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servingtopology.cli.output_paths import PLOT_SUFFIXES, check_output
-from servingtopology.cli.spec_input import emit_spec_error, read_spec, simulator_for
+from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_spec, simulator_for
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import InvalidSpec, PinRefused
 from servingtopology.planner.figure_text import finite_json, json_number, ms_text, per_gpu_text, ratio_text, rps_text
@@ -124,14 +124,24 @@ def compare_layouts(spec_path: str | None, layouts: list[str], overrides: dict[s
     out: list[Compared] = []
     problem: Problem | None = None
     names: set[str] = set()
+    # A ServingTopology resource (the README's examples, what `plan` and `simulate` read) pins a layout as the operator
+    # does, under spec.pinned with policy.mode Pinned; its `layout` field is refused, so each layout goes there.
+    from servingtopology.operator.api.resource import TopologySpec  # as spec_input reads a resource: only when asked
+
+    resource = isinstance(read_spec(spec_path, overrides), TopologySpec)
     for i, text in enumerate(layouts):
         field = f"--layout[{i}]"
         name, mapping = parse_layout(text, field=field)
+        pin = {"pinned": mapping, "policy.mode": "Pinned"} if resource else {"layout": mapping}
         try:
-            spec = read_spec(spec_path, {**overrides, "layout": mapping})
+            spec = read_spec(spec_path, {**overrides, **pin})
+            problem = plan_problem(spec) if resource else to_problem(spec)
         except SpecError as exc:
-            raise SpecError([(f"{field} ({f})" if f.startswith("layout") else f, m) for f, m in exc.errors]) from None
-        problem = to_problem(spec)
+            raise SpecError([(f"{field} ({f})" if f.startswith(("layout", "pinned")) else f, m) for f, m in exc.errors]) from None
+        except InvalidSpec as exc:
+            if not exc.field.startswith(("layout", "spec.pinned")):
+                raise
+            raise InvalidSpec(f"{field} ({exc.field})", exc.message) from None
         assert problem.pinned is not None
         try:   # held to every check the search applies, as `plan` holds a pin
             refuse_pin(problem, problem.pinned)

@@ -2,6 +2,7 @@
 `plan` predicts each one pinned; and `sweep --layout … --layout …`: several layouts' serving envelopes (seed 000)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,26 @@ def test_sweep_overlays_several_layouts_every_gpu_in_the_denominator(tmp_path, c
         assert list(lines[f"envelope:{s['name']}"].get_ydata()) == [p["throughput_tok_s_per_gpu"] for p in s["points"]]
     assert sorted(a.get_text() for a in ax_env.texts) == ["1", "1", "8", "8"]     # points labelled by concurrency
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_reads_a_servingtopology_resource_and_predicts_each_layout_as_its_pin(tmp_path, capsys):
+    # `compare examples/vllm-replicas.yaml --layout 2xTP1` was refused ("'layout' is for the CLI; in a ServingTopology use
+    # 'pinned'") while plan and simulate read the same file: each layout is the resource's pin, as the operator pins it.
+    import yaml
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "vllm-replicas.yaml"
+    assert main(["compare", str(example), "--layout", "2xTP1", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["layouts"]
+    doc = yaml.safe_load(example.read_text())
+    doc["spec"]["policy"]["mode"] = "Pinned"
+    doc["spec"]["pinned"] = {"kind": "replicas", "replicas": 2, "tp": 1}
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(pinned), "--json", "--no-progress"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    p = planned["best"]["prediction"]
+    assert (row["label"], row["ttft_ms"], row["tpot_ms"], row["slo_capacity_rps"], row["meets_slo"], row["source"]) == (
+        planned["best"]["label"], p["ttft_ms"], p["tpot_ms"], p["slo_capacity_rps"], p["meets_slo"], p["source"])
+    assert row["slo_verdict"] == planned["reasons"][0]
+    assert main(["compare", str(example), "--layout", "{kind: pd, prefill: {count: 9}, decode: {count: 9}}"]) == 2
+    assert "--layout[0] (spec.pinned): 9P9D@TP1 needs 18 GPUs" in capsys.readouterr().err
