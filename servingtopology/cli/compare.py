@@ -22,6 +22,7 @@ from servingtopology.cli.spec_input import emit_spec_error, plan_problem, read_s
 from servingtopology.cli.whatif import add_whatif_flags, flagged, whatif_overrides
 from servingtopology.planner.errors import InvalidSpec, PinRefused
 from servingtopology.planner.figure_text import finite_json, json_number, ms_text, per_gpu_text, ratio_text, rps_text
+from servingtopology.planner.layout import layout_to_dict
 from servingtopology.planner.perf.memory import kv_pool_tokens
 from servingtopology.planner.problem import Candidate, Problem
 from servingtopology.planner.search.decide import predict_layout, refuse_pin
@@ -207,6 +208,8 @@ def rows_json(problem: Problem, rows: list[Compared]) -> list[dict[str, Any]]:
             "slo_capacity_source": "analytical", "verdict_basis": basis_text(problem, p) or None,
             # The met/short verdict at the load in the sentence plan's summary and the record state (one formatter).
             "slo_verdict": verdict_text(problem, c.layout, p),
+            # The layout as plan --json's best.layout_spec states it, engine args included: one label may run other args.
+            "layout_spec": layout_to_dict(c.layout),
         })
     return out
 
@@ -225,13 +228,25 @@ def _print(problem: Problem, rows: list[dict[str, Any]]) -> None:
     print(f"   SLOs: p{slo.ttft_percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, p{slo.tpot_percentile:g} TPOT ≤ {slo.tpot_ms:g} ms; SLO cap. = the "
           "highest load within both SLOs by the analytical model, as plan states it for a pinned layout (without the search's 10 % "
           "planning margin); SLOs = the verdict at the load, on the source's figures;\n"
-          "   per GPU counts every GPU of the layout (prefill and decode alike)")
+          "   per GPU counts every GPU of the layout (prefill and decode alike); a layout given by its label (2xTP1) runs the spec's "
+          "engine args, plan's chosen one those its search tuned:\n   to compare plan's choice like with like, give its --json "
+          "best.layout_spec as the --layout")
     for r in rows:
         pools = ", ".join(f"{role} {n:,}" for role, n in r["kv_pool_tokens"].items())
         # The SLO verdict (with its basis) as plan and the record state it, then how the layout ranks among these.
         said = r["slo_verdict"] if r["slo_verdict"].startswith(f"{r['name']} ") else f"{r['name']}: {r['slo_verdict']}"
         rank = f"; {r['verdict']}" if r["meets_slo"] else ""
-        print(f"{said}{rank}; KV pool per rank: {pools} tokens")
+        print(f"{said}{rank}; KV pool per rank: {pools} tokens; engine args: {_args_text(r['layout_spec'])}")
+
+
+def _args_text(spec: dict[str, Any]) -> str:
+    """The engine args that move a prediction, per role as the spec names them: `maxNumSeqs 256, maxNumBatchedTokens 8192,
+    memoryFraction 0.9` (a PD layout: `prefill …; decode …`)."""
+    def one(args: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {args[k]:g}" for k in ("maxNumSeqs", "maxNumBatchedTokens", "memoryFraction") if k in args)
+    if spec["kind"] == "replicas":
+        return one(spec["engineArgs"])
+    return "; ".join(f"{role} {one(spec[role]['engineArgs'])}" for role in ("prefill", "decode"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -131,3 +131,25 @@ def test_compare_reads_a_servingtopology_resource_and_predicts_each_layout_as_it
     assert row["slo_verdict"] == planned["reasons"][0]
     assert main(["compare", str(example), "--layout", "{kind: pd, prefill: {count: 9}, decode: {count: 9}}"]) == 2
     assert "--layout[0] (spec.pinned): 9P9D@TP1 needs 18 GPUs" in capsys.readouterr().err
+
+
+def test_compare_names_each_layouts_engine_args_and_plans_layout_spec_reproduces_plans_figures(tmp_path, capsys):
+    # plan's 2×TP1 (its search tuned 2,048 batched tokens) read 64.4 ms p95 TTFT, compare's `--layout 2xTP1` (the spec's
+    # 8,192) 61.9 ms: one label, two layouts, and nothing on compare's line said so.
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: meta-llama/Llama-3.1-8B-Instruct\nprecision: bf16\nengine: {name: vllm}\nhardware: {gpu: h100_sxm, maxGPUs: 8}\n"
+                    "workload: {arrivalRate: 30, inputTokens: 1024, outputTokens: 256}\nslo: {ttftMs: {p95: 500}, tpotMs: {p95: 40}}\n"
+                    "simulation: {requests: 300}\n")
+    assert main(["plan", str(spec), "--json", "--no-progress"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert main(["compare", str(spec), "--layout", best["label"].replace("×", "x"), "--layout", f"plan={json.dumps(best['layout_spec'])}",
+                 "--json"]) == 0
+    by_label, as_planned = json.loads(capsys.readouterr().out)["layouts"]
+    assert (as_planned["ttft_ms"], as_planned["tpot_ms"], as_planned["layout_spec"]) == (
+        best["prediction"]["ttft_ms"], best["prediction"]["tpot_ms"], best["layout_spec"])
+    args = by_label["layout_spec"]["engineArgs"]
+    assert main(["compare", str(spec), "--layout", best["label"].replace("×", "x")]) == 0
+    out = capsys.readouterr().out
+    assert (f"engine args: maxNumSeqs {args['maxNumSeqs']}, maxNumBatchedTokens {args['maxNumBatchedTokens']}, "
+            f"memoryFraction {args['memoryFraction']:g}") in out
+    assert "give its --json best.layout_spec as the --layout" in out
