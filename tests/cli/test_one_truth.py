@@ -1,13 +1,14 @@
 """One computation per figure, held over generated specs: `plan`, `plan --json`, its decision record, `compare`,
 `simulate` and `plan --manifests` state the same figures for the same pinned layout at the same load: the capacity within
-the SLOs, the p95 TTFT and TPOT at the load, the longest request the layout holds, the per-rank KV pools and the met/short
-verdict. Where one command's figure is analytical and another's simulated, each is labelled (`source`) and like is
+the SLOs, the p95 TTFT and TPOT at the load, the longest request the layout holds, the per-rank KV pools, the met/short
+verdict and the verdict's sentence with its basis (planner.search.verdict: named exactly where the simulated run and the
+analytical capacity disagree). Where one command's figure is analytical and another's simulated, each is labelled (`source`) and like is
 compared with like: `plan --no-simulate` with `plan --manifests --no-simulate`, the simulated `plan` with `compare`, the
 operator's stage 6 behind `plan --manifests` and `simulate`'s `at_slo`."""
 
 import json
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from servingtopology.cli.main import main
@@ -72,6 +73,11 @@ def _run(capsys, argv):
     return code, (json.loads(out) if out.strip() else None)
 
 
+def planned_rate(text):
+    """The spec's arrival rate (req/s), as the generated YAML states it."""
+    return float(text.split("arrivalRate: ")[1].split(",")[0])
+
+
 def _figures(p):
     """The figures two surfaces must state alike, as `plan --json` names them."""
     return {k: p[k] for k in ("ttft_ms", "tpot_ms", "slo_capacity_rps", "goodput_per_gpu", "kv_pool_tokens", "max_request_tokens",
@@ -107,6 +113,7 @@ def _holds_one_truth(pinned, tmp_path_factory, capsys):
 
     code, analytical = _run(capsys, ["plan", str(spec), "--json", "--no-progress", "--no-simulate"])
     if code == 1:   # a pin the search's checks refuse is refused by every command alike (tests/cli/test_pinned_seed000.py)
+        event("refused by every command")
         for argv in (["plan", str(spec), "--json", "--no-progress"], ["compare", str(bare), "--json", "--layout", layout],
                      ["simulate", str(bare), "--json"]):
             assert _run(capsys, argv)[0] == 1, argv
@@ -140,6 +147,19 @@ def _holds_one_truth(pinned, tmp_path_factory, capsys):
         if facts["binding_slo"] is not None and pred["slo_capacity_rps"] > 0:
             assert facts["binding_slo"]["at_rps"] == pred["slo_capacity_rps"]
         assert f"{pred['max_request_tokens']:,} per request" in out["record"]
+        # The verdict's one sentence (planner.search.verdict): the record's first reason, as plan --json states it.
+        assert f"  - {out['reasons'][0]}\n" in out["record"]
+
+    # The met/short verdict and its basis in words: one sentence for one prediction, whichever surface states it. The
+    # basis is named exactly where compare names one (a simulated run that disagrees with the analytical capacity).
+    assert written["reasons"][0] == analytical["reasons"][0] and "rests on" not in analytical["reasons"][0]
+    assert operator["reasons"][0] == planned["reasons"][0] == row["slo_verdict"]
+    verdict, basis = row["slo_verdict"], row["verdict_basis"]
+    assert verdict.startswith(f"{row['label']} {'meets' if row['meets_slo'] else 'misses the SLOs'} ")
+    assert verdict.endswith(f" ({basis})") if basis else "rests on" not in verdict
+    rate, cap = planned_rate(text), p["slo_capacity_rps"]
+    assert (basis is not None) == (p["source"] == "simulated" and cap > 0 and (rate > cap if p["meets_slo"] else rate < cap))
+    event(f"{'met' if p['meets_slo'] else 'missed'} ({p['source']}){', the basis named' if basis else ''}")
 
     code, simulated = _run(capsys, ["simulate", str(bare), "--json"])
     assert code == 0
