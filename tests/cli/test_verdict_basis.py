@@ -5,6 +5,7 @@ its record and `compare` name the simulation as the verdict's basis and the capa
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -82,15 +83,21 @@ def test_plan_its_record_and_compare_state_one_verdict_sentence(tmp_path, capsys
 
 
 def test_compare_above_the_slo_capacity_names_what_its_met_verdict_rests_on(tmp_path, capsys):
+    # A few percent past 2×TP1's analytical SLO capacity (43.7 req/s under the shipped parameters, 38.9 under
+    # benchmarks/ablation/perf_params_seq_serial_continued.json) its simulated run still meets the SLOs: the verdict
+    # rests on the run, and says so.
     spec = _spec(tmp_path, 30)
-    assert main(["compare", spec, "--rate", "46", "--layout", "2xTP1", "--json"]) == 0
+    assert main(["compare", spec, "--layout", "2xTP1", "--json"]) == 0
+    capacity = json.loads(capsys.readouterr().out)["layouts"][0]["slo_capacity_rps"]
+    rate = str(math.ceil(capacity * 1.02))
+    assert main(["compare", spec, "--rate", rate, "--layout", "2xTP1", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["layouts"][0]
-    assert row["meets_slo"] and row["source"] == "simulated" and row["slo_capacity_rps"] < 46
+    assert row["meets_slo"] and row["source"] == "simulated" and row["slo_capacity_rps"] == capacity < float(rate)
     assert row["slo_capacity_source"] == "analytical"
     assert "above the analytical SLO capacity" in row["verdict_basis"] and "rests on the simulation" in row["verdict_basis"]
-    assert main(["compare", spec, "--rate", "46", "--layout", "2xTP1"]) == 0
+    assert main(["compare", spec, "--rate", rate, "--layout", "2xTP1"]) == 0
     out = capsys.readouterr().out
-    assert "2×TP1 meets p95 TTFT " in out and "at 46 req/s (simulated: its run meets the SLOs at 46 req/s, above the analytical" in out
+    assert "2×TP1 meets p95 TTFT " in out and f"at {rate} req/s (simulated: its run meets the SLOs at {rate} req/s, above the analytical" in out
     assert "the analytical model); most req/s per GPU within the SLOs; KV pool per rank" in out
 
 
