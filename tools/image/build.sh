@@ -51,7 +51,11 @@ fi
 echo "build.sh: building $TAG from $BASE (log: $CACHE/build.log)" >&2
 SECONDS=0
 # The limits: runc may lower, never raise, a limit on these machines (the defaults ask for more than they allow).
-"$PODMAN" build --ulimit nofile=1024:1024 --ulimit nproc=1000:1000 --build-arg "PYTHON_IMAGE=$BASE" \
+# --no-cache: podman reused the runtime stage's install step (RUN --mount=type=bind,from=build) from the store although
+# the build stage's wheels were new, so an image tagged for new sources held the previous build's package (seen:
+# planner/figure_text.py missing, `plan` printing the old figures). This runs only when the sources changed, which
+# invalidates every step from the first COPY on anyway.
+"$PODMAN" build --no-cache --ulimit nofile=1024:1024 --ulimit nproc=1000:1000 --build-arg "PYTHON_IMAGE=$BASE" \
   "${SECRET[@]}" --build-arg "VERSION=$VERSION" -t "$TAG" -t "$NAME:$VERSION" . > "$CACHE/build.log" 2>&1 \
   || { tail -30 "$CACHE/build.log" >&2; echo "build.sh: podman build failed (log: $CACHE/build.log)" >&2; exit 1; }
 echo "build.sh: image built in ${SECONDS} s" >&2
