@@ -75,8 +75,12 @@ engine-env:
 image:
 	bash tools/image/build.sh
 
+# The scenarios in E2E_WORKERS parallel pytest-xdist workers, each with its own cluster, operator and emulator (they
+# mostly wait on wall-clock intervals, not CPU). The real node's and the image's scenarios share one worker, the real
+# vLLM engine's another unit (xdist_group); the longest start first (e2e/conftest.py). E2E_WORKERS=0: one process.
+E2E_WORKERS ?= 2
 e2e: $(STAMP) e2e-build engine-env image
-	$(BIN)/python -m pytest e2e -m e2e -rs --durations=25
+	$(BIN)/python -m pytest e2e -m e2e -rs --durations=25 -n $(E2E_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The same scenarios against a running cluster with kwok installed (e.g. kind; needs Docker, not available here).
 e2e-kind: $(STAMP)

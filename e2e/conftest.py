@@ -1,5 +1,12 @@
 """pytest fixtures for the e2e scenarios: one cluster, operator and emulator per session, a namespace per test.
 
+`make e2e` runs the scenarios in parallel workers (pytest-xdist, `-n 2 --dist loadgroup --no-loadscope-reorder`): each
+worker is a session of its own, with its own cluster, operator and emulator and a work folder named after it
+(`/tmp/st-e2e-gw0-*`). What one host holds once runs on one worker, in file order: the scenarios marked with an
+`xdist_group` (the real node's and the image's, `real-node`; the real vLLM engine's, `vllm`). The collection is
+ordered longest first (`e2e_seconds` marks, summed per group), so the long scenarios start first and the short ones
+fill in at the end.
+
 The cluster is the local control plane (binaries built once into the user cache by e2e/build_control_plane.sh)
 unless `E2E_KUBECONFIG` names a running cluster with kwok installed (`make e2e-kind`). Everything started here
 is stopped at the end of the session, also when a test or the start-up fails. Logs stay in the work folder,
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,21 +35,53 @@ from .stack import Emulator, Operator
 GROUP, VERSION, PLURAL = "servingtopology.io", "v1alpha1", "servingtopologies"
 
 
+# What a scenario without an `e2e_seconds` mark is taken to last, for the order only.
+UNMARKED_S = 15.0
+
+
+def _unit(item: pytest.Item) -> str:
+    """What one worker runs as one piece: the item's xdist_group, or the item alone."""
+    group = item.get_closest_marker("xdist_group")
+    if group is None:
+        return item.nodeid
+    return "group:" + str(group.args[0] if group.args else group.kwargs.get("name", "default"))
+
+
+def _expected_s(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("e2e_seconds")
+    return float(mark.args[0]) if mark is not None else UNMARKED_S
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every scenario `e2e`, and orders the units (groups, or single scenarios) longest first, each group's
+    scenarios in file order; equal units keep the collection's order. Deterministic, as every worker must collect
+    the same list."""
+    units: dict[str, list[pytest.Item]] = {}
     for item in items:
         item.add_marker(pytest.mark.e2e)
+        units.setdefault(_unit(item), []).append(item)
+    ordered = sorted(units.values(), key=lambda unit: -sum(_expected_s(item) for item in unit))
+    items[:] = [item for unit in ordered for item in unit]
+
+
+def _worker() -> str:
+    """The xdist worker's id (gw0, gw1, ...), or "main" without xdist."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
     external = os.environ.get("E2E_KUBECONFIG")
     if external:
+        # One chart release per cluster: workers sharing one external cluster would install over each other.
+        assert _worker() == "main", "E2E_KUBECONFIG runs without pytest-xdist workers (no -n)"
         local = LocalCluster(binaries=None, external_kubeconfig=Path(external))
     else:
-        local = LocalCluster(binaries=control_plane_dir(build=True))
+        local = LocalCluster(binaries=control_plane_dir(build=True),
+                             work_dir=Path(tempfile.mkdtemp(prefix=f"st-e2e-{_worker()}-")))
     started_s = time.monotonic()
     with local:
-        print(f"\ncluster up in {time.monotonic() - started_s:.1f} s; work folder {local.work_dir}")
+        print(f"\ncluster up in {time.monotonic() - started_s:.1f} s; work folder {local.work_dir} (worker {_worker()})")
         yield local
 
 
@@ -79,7 +119,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _dump(cluster: LocalCluster, namespace: str) -> None:
-    """Prints what a failed scenario left behind, for the CI log."""
+    """Prints what a failed scenario left behind, for the CI log, and where the rest of its worker's logs are."""
+    print(f"\n===== worker {_worker()}: every process's log in {cluster.supervisor.log_dir} =====")
     print(f"\n===== namespace {namespace} =====")
     for what in ("servingtopologies", "deployments,services,pods", "events"):
         print(cluster.kubectl("get", what, "-n", namespace, "-o", "wide", check=False).stdout)

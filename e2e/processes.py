@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -132,21 +134,49 @@ def http_ok(url: str, *, context: object | None = None, timeout_s: float = 2.0) 
         return False
 
 
-_HANDED_OUT: set[int] = set()
+# Ports handed out by live e2e processes on this host, one "PORT PID" line each, read and written under an exclusive
+# flock: `make e2e` runs its scenarios in parallel workers (pytest-xdist), each with its own cluster, and a port one
+# worker was handed (etcd's, or the API server's or Prometheus' while a scenario has stopped it) must not be handed to
+# another before its process binds it again. Lines of processes that have ended are dropped.
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "st-e2e-ports"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago and that this process has not handed out before.
+    """A TCP port on 127.0.0.1 that was free a moment ago and that no live e2e process on this host (this one
+    included) has handed out before (PORT_CLAIMS).
 
     The kernel may hand the same free port to two bind(0) calls in a row (etcd's client and peer ports are asked
-    for back to back, before either process binds); a port handed out once is never handed out again."""
+    for back to back, before either process binds); a port handed out once is never handed out again while the
+    process it was handed to lives."""
     import socket
 
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+    with PORT_CLAIMS.open("a+") as claims:
+        fcntl.flock(claims, fcntl.LOCK_EX)
+        claims.seek(0)
+        held: dict[int, int] = {}
+        for line in claims.read().splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and _pid_alive(int(fields[1])):
+                held[int(fields[0])] = int(fields[1])
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in held:
+                held[port] = os.getpid()
+                claims.seek(0)
+                claims.truncate()
+                claims.write("".join(f"{p} {pid}\n" for p, pid in held.items()))
+                claims.flush()
+                return port
     raise OSError("no fresh free port after 100 tries")

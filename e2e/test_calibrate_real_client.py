@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import LocalCluster
@@ -27,6 +28,9 @@ from .objects import topology
 from .processes import wait_until
 from .real_engine import ENGINE_ENV, MODEL_IN_IMAGE, SERVED_NAME, serve_tiny_llama, tiny_llama_spec
 from .stack import Emulator, Operator
+
+# The real vLLM engine (3.2 GB, CPU-bound while it starts): one worker runs both real-engine modules (e2e/conftest.py).
+pytestmark = pytest.mark.xdist_group("vllm")
 
 RATES_RPS = (2, 8)
 PROMPTS = 24   # per rate: 12 s at 2 req/s, 3 s at 8 req/s
@@ -63,6 +67,7 @@ def _deployment_spec(model: str) -> str:
             "layout: {kind: replicas, replicas: 1, tp: 1}\nsimulation: {requests: 200}\n")
 
 
+@pytest.mark.e2e_seconds(112)
 def test_vllm_bench_results_calibrate_a_serving_topology_and_another_models_calibration_changes_nothing(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str,
         engine_python: Path, tiny_model: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 import yaml
 
 from servingtopology.operator.replan import ReplanMemory
@@ -113,6 +114,7 @@ def _wait_for_a_running_transition(watch: TopologyWatch, what: str) -> Transitio
     return found[-1]
 
 
+@pytest.mark.e2e_seconds(37)
 def test_the_api_server_restarted_mid_transition_completes_it_within_the_budget_and_floor(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     name = "apirestart"
@@ -143,6 +145,7 @@ def test_the_api_server_restarted_mid_transition_completes_it_within_the_budget_
           f"objects {counts}; {report.line()}")
 
 
+@pytest.mark.e2e_seconds(38)
 def test_the_operator_killed_five_times_during_transitions_resumes_each_from_status(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     name = "killed"
@@ -195,6 +198,7 @@ def test_the_operator_killed_five_times_during_transitions_resumes_each_from_sta
 GARBAGE_REASONS = ("MetricsUnavailable", "PrometheusAnswerInvalid")
 
 
+@pytest.mark.e2e_seconds(68)
 def test_prometheus_answering_garbage_gives_metrics_unavailable_touches_nothing_and_recovers(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     name = "garbled"

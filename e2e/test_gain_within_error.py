@@ -23,6 +23,7 @@ import re
 import time
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import LocalCluster
@@ -50,6 +51,7 @@ def _count(events: list[dict[str, Any]]) -> int:
     return sum(int(e.get("count") or 1) for e in events)
 
 
+@pytest.mark.e2e_seconds(173)
 def test_gain_within_error_changes_nothing_and_a_gain_beyond_it_moves(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     name = "gated"

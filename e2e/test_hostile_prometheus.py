@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import LocalCluster
@@ -92,6 +93,7 @@ def _reason(kube: Kube, namespace: str, name: str) -> str | None:
     return str(cond.get("reason")) if cond and cond.get("status") == "False" else None
 
 
+@pytest.mark.e2e_seconds(44)
 def test_a_hostile_prometheus_neither_reaches_another_host_nor_holds_the_operator(
         cluster: LocalCluster, operator: Operator, kube: Kube, namespace: str) -> None:
     witness = HostileServer(json_answer(_vector(b"1"))).__enter__()

@@ -23,6 +23,10 @@ import pytest
 
 from .kubetools import REPO_ROOT
 
+# The real node's network namespace, containerd and kubelet, and the project's podman store: one worker runs these
+# modules, one after another (e2e/conftest.py).
+pytestmark = pytest.mark.xdist_group("real-node")
+
 PODMAN = REPO_ROOT / "tools" / "image" / "podman.sh"
 BUILD = REPO_ROOT / "tools" / "image" / "build.sh"
 EXAMPLE = "servingtopology.yaml"

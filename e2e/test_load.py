@@ -38,6 +38,7 @@ import urllib.request
 from datetime import datetime
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import LocalCluster
@@ -101,6 +102,7 @@ def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c.get("type") == kind), None)
 
 
+@pytest.mark.e2e_seconds(48)
 def test_fifty_topologies_at_once_are_planned_once_each_promptly_and_deleted_without_the_operator(
         cluster: LocalCluster, operator: Operator, kube: Kube, namespace: str) -> None:
     assert operator.child is not None

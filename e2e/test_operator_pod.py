@@ -35,6 +35,10 @@ from .processes import wait_until
 from .stack import CHART, Operator
 from .test_faults import _memory, _patch_spec, _running, _settled, _wait_for_a_running_transition
 
+# The real node's network namespace, containerd and kubelet, and the project's podman store: one worker runs these
+# modules, one after another (e2e/conftest.py).
+pytestmark = pytest.mark.xdist_group("real-node")
+
 RELEASE = "stpod"
 DEPLOYMENT = f"{RELEASE}-servingtopology"
 LOW_RPS, HIGH_RPS = 5, 40
@@ -199,6 +203,7 @@ def _transitions_topology(name: str, namespace: str) -> dict[str, Any]:
                     allowed_layouts=["replicas"], replan_interval="10m", cooldown="10m")
 
 
+@pytest.mark.e2e_seconds(64)
 def test_helm_installs_the_operator_onto_the_real_node_where_it_plans_and_reconciles_a_topology(
         pod_operator: PodOperator, cluster: LocalCluster, kube: Kube) -> None:
     started = time.monotonic()
@@ -243,6 +248,7 @@ def _passes(log: str, where: str) -> list[str]:
     return [line for line in log.splitlines() if f"] {where}: " in line and " pass reads version " in line]
 
 
+@pytest.mark.e2e_seconds(16)
 def test_the_operator_pod_deleted_mid_transition_is_replaced_and_the_replacement_carries_on_from_status(
         pod_operator: PodOperator, cluster: LocalCluster, kube: Kube) -> None:
     name, namespace = "podop", pod_operator.watched
@@ -338,6 +344,7 @@ def _handled_by(pod_operator: PodOperator, kube: Kube, where: str, change: dict[
     return sorted(pod for pod, log in after.items() if len(_passes(log, where)) > before.get(pod, 0))
 
 
+@pytest.mark.e2e_seconds(114)
 def test_two_replicas_keep_one_reconciler_fail_over_and_roll_to_a_rebuilt_image_without_a_transition(
         pod_operator: PodOperator, cluster: LocalCluster, kube: Kube) -> None:
     name, namespace = "podop", pod_operator.watched

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import LocalCluster, NodePool
@@ -114,6 +115,7 @@ def _total(row: dict[str, Any], key: str) -> int:
     return sum((row.get(key) or {}).values())
 
 
+@pytest.mark.e2e_seconds(116)
 def test_an_auto_pool_moves_gpus_with_traffic_within_its_inventory_and_frees_a_deleted_members(
         cluster: LocalCluster, operator: Operator, kube: Kube, namespace: str) -> None:
     cluster.create_gpu_nodes(A100_NODES)

@@ -23,6 +23,7 @@ import re
 import time
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import LocalCluster
@@ -40,6 +41,7 @@ def _mine(kube: Kube, namespace: str, name: str, reason: str) -> list[dict[str, 
     return [e for e in kube.events(namespace, reason=reason) if e["involvedObject"]["name"] == name]
 
 
+@pytest.mark.e2e_seconds(310)
 def test_a_missed_prediction_shows_in_status_and_raises_the_next_moves_bar(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     name = "missed"

@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from servingtopology.operator.live.metrics import build_queries, topology_matchers
@@ -81,6 +82,7 @@ def _record(url: str, pki: ServingPki, namespace: str, result: dict[str, Any], p
     path.write_text(json.dumps({"params": params, "answers": answers}, indent=1))
 
 
+@pytest.mark.e2e_seconds(104)
 def test_the_operator_reads_a_prometheus_served_over_tls_with_a_private_ca_and_refuses_another_ca(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     pki = make_serving_pki(cluster.work_dir / f"pki-{namespace}")

@@ -34,6 +34,9 @@ from .processes import wait_until
 from .real_engine import MODEL_IN_IMAGE, SERVED_NAME, serve_tiny_llama
 from .stack import Emulator, Operator
 
+# The real vLLM engine (3.2 GB, CPU-bound while it starts): one worker runs both real-engine modules (e2e/conftest.py).
+pytestmark = pytest.mark.xdist_group("vllm")
+
 
 def _prom(cluster: LocalCluster, expr: str) -> list[dict[str, Any]]:
     url = f"{cluster.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -87,6 +90,7 @@ class _Traffic:
             self._stop.wait(1.0 / self.rate_rps)
 
 
+@pytest.mark.e2e_seconds(71)
 def test_the_real_vllm_engine_runs_the_rendered_pod_and_its_metrics_reach_the_operator(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str,
         engine_python: Path, tiny_model: Path) -> None:

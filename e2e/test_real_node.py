@@ -18,6 +18,10 @@ from .cluster import LocalCluster
 from .kubetools import REPO_ROOT
 from .node import NODE_SUBNET, REAL_NODE_TAINT, RealNode, wait_for_pod_phase
 
+# The real node's network namespace, containerd and kubelet, and the project's podman store: one worker runs these
+# modules, one after another (e2e/conftest.py).
+pytestmark = pytest.mark.xdist_group("real-node")
+
 VALUES = yaml.safe_load((REPO_ROOT / "charts" / "servingtopology" / "values.yaml").read_text())
 PROBE = """
 import ipaddress, os, kubernetes
@@ -73,6 +77,7 @@ def _probe_pod(namespace: str, node: str) -> dict[str, Any]:
                                                         "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]}}
 
 
+@pytest.mark.e2e_seconds(45)
 def test_the_image_runs_on_the_real_node_under_the_charts_security_context_with_in_cluster_config(
         cluster: LocalCluster, real_node: RealNode, namespace: str) -> None:
     cluster.kubectl_apply(
@@ -95,6 +100,7 @@ def test_the_image_runs_on_the_real_node_under_the_charts_security_context_with_
     assert "root refused 30" in log  # EROFS: readOnlyRootFilesystem, enforced by runc
 
 
+@pytest.mark.e2e_seconds(7)
 def test_a_pod_on_the_real_node_passes_an_http_readiness_probe_from_the_kubelet(
         cluster: LocalCluster, real_node: RealNode, namespace: str) -> None:
     # The chart's probes are HTTP GETs from the kubelet to the pod's address: both live in the node's namespace.

@@ -15,6 +15,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import LocalCluster
@@ -207,6 +208,7 @@ def _prometheus_query(url: str, expr: str) -> list[Any]:
         return list(json.loads(response.read())["data"]["result"])
 
 
+@pytest.mark.e2e_seconds(136)
 def test_the_demo_drifts_from_4_to_30_rps_replans_within_five_minutes_and_completes_the_transition(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     """The demo as a user runs it (examples/demo-replan.yaml, e2e/demo-traffic.yaml's phases; only the namespace and
@@ -359,6 +361,7 @@ def test_the_demo_drifts_from_4_to_30_rps_replans_within_five_minutes_and_comple
 STEADY_S = 600.0   # issue 29: the demo runs ten minutes at steady load without a drift Warning
 
 
+@pytest.mark.e2e_seconds(663)
 def test_the_demo_at_its_steady_load_runs_ten_minutes_without_a_drift_warning(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     """The demo (examples/demo-replan.yaml) at the load it was planned for, e2e/demo-traffic.yaml's first phase (4 req/s,
@@ -450,6 +453,7 @@ def test_a_move_that_would_stop_serving_is_blocked_and_leaves_every_workload_as_
     print(f"\nblocked: {planned['message'][:160]}…; {len(sampler.samples)} samples, Deployments unchanged {before}")
 
 
+@pytest.mark.e2e_seconds(261)
 def test_a_blocked_move_keeps_reading_metrics_and_starts_when_the_measured_load_falls(
         cluster: LocalCluster, operator: Operator, emulator: Emulator, kube: Kube, namespace: str) -> None:
     """A blocked change follows the measured load: Pinned 4×TP1 (8192/1024-token requests, which one TP1 serves at
