@@ -107,9 +107,12 @@ def test_a_resolver_that_hangs_ends_at_the_querys_deadline(monkeypatch: pytest.M
         return []
     monkeypatch.setattr(prometheus_reader.socket, "getaddrinfo", hanging)
     started = time.monotonic()
-    caught = refusal("http://prometheus.ml.svc:9090", ReadLimits(query_s=0.3))
-    assert caught.reason is PrometheusFailure.TIMEOUT and "not resolved" in str(caught)
-    assert time.monotonic() - started < 2.0
+    caught = refusal("http://prometheus.ml.svc:9090", ReadLimits(query_s=0.5))
+    # Normally the resolver's wait is what ends it ("not resolved"); on a loaded machine the half second can pass before
+    # the resolve starts, and the query's own deadline ends it: both are the query's one deadline, never the 3 s hang.
+    assert caught.reason is PrometheusFailure.TIMEOUT
+    assert "not resolved within 0.5 s" in str(caught) or str(caught) == "no whole answer within 0.5 s"
+    assert time.monotonic() - started < 2.5
 
 
 # --- NoRedirect, NoRetry, OneUrl --------------------------------------------------------------------------------------
