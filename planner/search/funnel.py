@@ -52,6 +52,7 @@ __all__ = ["SLO_MARGIN", "LOAD_MARGIN", "PER_STRUCTURE", "CLOSEST_KEPT", "Surviv
 
 PER_STRUCTURE = 8   # knob variants kept per structure for the refinement
 TIE_SLACK = 1e-6    # relative slack on the tie bound of the second pick (bisection and 9-digit rounding are far below)
+TIE_FLOOR_PASSES = 4  # TieFloorToTheBest: at most this many floors (the wide example at 1,024 GPUs under the measured all-reduce fit raises it once)
 
 Progress = Callable[[str, float], None]
 # The caller's clock (seconds) for stage timings; the planner never reads the wall clock itself.
@@ -581,10 +582,18 @@ def _pick(s: Sieve, *, keep: int) -> tuple[Survivor, ...]:
     built: dict[tuple[int, ...], Layout] = {}
     parts = RoleParts()
     if p.objective is not Objective.MIN_GPUS and len(chosen.kind):
-        layouts = _layouts_of(s, chosen, built, parts)
-        best = float(np.max(slo_capacity_rps(p, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN) / chosen.gpus))
-        floor = _round_sig(np.array([(1.0 - RANK_TOLERANCE) * best / LOAD_MARGIN * (1.0 - TIE_SLACK)]))[0]
-        if floor > 0:
+        # TieFloorToTheBest: the pass above the floor can reach a layout better than B (further up in GPUs), which
+        # raises the floor; repeated until B holds (B only grows: the best so far stays among the first picks).
+        found = 0.0
+        for _ in range(TIE_FLOOR_PASSES):
+            layouts = _layouts_of(s, chosen, built, parts)
+            best = float(np.max(slo_capacity_rps(p, layouts, margin=SLO_MARGIN, load_margin=LOAD_MARGIN) / chosen.gpus))
+            if best <= found:
+                break
+            found = best
+            floor = _round_sig(np.array([(1.0 - RANK_TOLERANCE) * best / LOAD_MARGIN * (1.0 - TIE_SLACK)]))[0]
+            if floor <= 0:
+                break
             chosen = _fewest_gpus(s, keep=keep, min_per_gpu=float(floor))
     out = []
     for lay, (ttft, tpot, tpm, cap, pool) in zip(_layouts_of(s, chosen, built, parts), chosen.figures.tolist(), strict=True):

@@ -38,7 +38,10 @@ def test_the_frontier_is_exactly_the_undominated_points_and_the_chosen_dominates
     points = [*_meeting_xy(ax), chosen]
     undominated = {p for p in points if not any(_dominates(q, p) for q in points)}
     assert set(frontier) == undominated
-    assert chosen in frontier and not [t for t in fig.texts if t.get_gid() == "off-frontier"]   # on it here: nothing to explain
+    # The plot explains the chosen layout exactly when it is off the frontier (the default scenario's pick is on it
+    # under one parameter file and off it under another; either way the explanation follows).
+    explained = [t for t in fig.texts if t.get_gid() == "off-frontier"]
+    assert (chosen in frontier) == (not explained), (chosen, [t.get_text() for t in explained])
 
 
 def test_the_axes_start_at_zero_and_families_have_their_own_colours():

@@ -60,7 +60,10 @@ def test_nvlink_allreduce_latency_grows_with_the_gpus_it_spans():
     for n in (2, 4, 8):
         assert float(allreduce_s(h100, n, 8)) == pytest.approx(p.allreduce_latency_s + p.allreduce_peer_latency_s * (n - 2), rel=1e-3)
     assert float(allreduce_s(h100, 2, 8)) < float(allreduce_s(h100, 4, 8)) < float(allreduce_s(h100, 8, 8))
-    assert float(allreduce_s(h100, 8, 8)) < float(allreduce_s(PRO6000, 8, 8)) / 5
+    # Across 8 GPUs NVLink's fitted latency stays well under the PCIe card's custom all-reduce: 9.6 against 25.2 µs under
+    # the measured all-reduce fit, whose peer term (1.4 µs a GPU beyond two) prices only what no measured table covers
+    # (vLLM 0.19.0's table: 5.0 µs on 8 H100s, planner/perf/step._measured_allreduce_line).
+    assert float(allreduce_s(h100, 8, 8)) < float(allreduce_s(PRO6000, 8, 8)) / 2
 
 
 def _tp2_step(gpu, **batch):
