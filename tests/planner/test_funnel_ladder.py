@@ -73,8 +73,9 @@ def test_picking_survivors_from_a_bound_gives_what_listing_every_candidate_gives
     listed = run_funnel(problem, exhaustive=True)
     assert [s.layout for s in pruned.survivors] == [s.layout for s in listed.survivors]
     assert [s.capacity_rps for s in pruned.survivors] == [s.capacity_rps for s in listed.survivors]
-    # min-gpus keeps the 2,000 smallest; goodput per GPU only those that can tie with the best of them (funnel._pick).
-    assert len(pruned.survivors) == (2000 if objective is Objective.MIN_GPUS else {64: 648, 256: 2000}[max_gpus])
+    # min-gpus keeps the 2,000 smallest; goodput per GPU only those that can tie with the best of them (funnel._pick;
+    # 612 at 64 GPUs under the measured all-reduce fit once the floor follows the best found, TieFloorToTheBest).
+    assert len(pruned.survivors) == (2000 if objective is Objective.MIN_GPUS else {64: 612, 256: 2000}[max_gpus])
     assert [s.layout.gpus for s in pruned.survivors] == sorted(s.layout.gpus for s in pruned.survivors)
 
 
