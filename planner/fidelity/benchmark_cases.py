@@ -100,6 +100,41 @@ def _recv_interval(case: BenchmarkCase) -> float:
     return 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    """Engine flags a harness's launch script set for a row's server (None: the engine's default)."""
+
+    kv_dtype: KvDtype | None = None
+    memory_fraction: float | None = None
+    max_num_seqs: int | None = None
+    budget_per_isl: float | None = None  # --max-num-batched-tokens as a multiple of the row's labelled input length
+
+
+_MINIMAX_M25 = "MiniMaxAI/MiniMax-M2.5"
+# SemiAnalysisAI/InferenceX's single-node vLLM scripts for MiniMax-M2.5 at the runs' images (benchmarks/single_node/
+# minimaxm2.5_{fp8,fp4}_{b200,b300}.sh, _fp8_h100.sh, _fp8_h200.sh; each config key's image in perf-changelog.yaml, PR
+# #947 of 2026-04-03 moving B200 FP8 from vLLM v0.17.0 to v0.19.0): from v0.19.0 on B200 and B300 (and the NVFP4 scripts,
+# which began there, nightly images included) `--kv-cache-dtype fp8 --gpu-memory-utilization 0.90
+# --max-num-batched-tokens $((ISL * 2))`; B200 on v0.17.0 `--gpu-memory-utilization 0.95`; H200 0.95; H100 0.90 with
+# `--max-num-seqs 256`. The other flags (block size 32, no prefix caching, stream interval 20) change no modelled figure.
+_MINIMAX_BLACKWELL_FROM = (0, 19, 0)
+
+
+def _recipe(case: BenchmarkCase) -> _Recipe | None:
+    """The engine flags the row's harness launched its server with, where its script is known (else the defaults)."""
+    if case.harness is not INFERENCEX or case.backend != "vllm" or case.model_path != _MINIMAX_M25:
+        return None
+    if case.system in ("b200_sxm", "b300_sxm"):
+        if case.engine_release.startswith("nightly") or release_key(case.engine_release) >= _MINIMAX_BLACKWELL_FROM:
+            return _Recipe(kv_dtype=KvDtype.FP8, memory_fraction=0.90, budget_per_isl=2.0)
+        return _Recipe(memory_fraction=0.95) if case.engine_release else None
+    if case.system == "h200_sxm":
+        return _Recipe(memory_fraction=0.95)
+    if case.system == "h100_sxm":
+        return _Recipe(memory_fraction=0.90, max_num_seqs=256)
+    return None
+
+
 # SGLang releases whose fixed-length closed-loop rows run in lockstep (closed_loop._lockstep): every client sent
 # together, prompts prefilled batch after batch, all decoding together. Read off the 78 SGLang 0.5.1.post1 rows of
 # silicon_qwen3_32b.csv (TTFT 2–5× the steady state, TPOT the pure decode step: the issue's "TTFT −72 %, TPOT +44 %,
@@ -506,6 +541,10 @@ def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch,
     if first.backend == "vllm":   # vLLM's own defaults on this GPU at the row's release: the one home, not a restatement
         d = dataclasses.replace(d, max_running=max_running(Engine.VLLM, gpu, release=first.engine_release),
                                 memory_fraction=memory_fraction(Engine.VLLM, gpu))
+    recipe = _recipe(first)  # one per group: prepare_cases keys the groups by it
+    if recipe is not None:
+        d = dataclasses.replace(d, kv_dtype=recipe.kv_dtype or d.kv_dtype, memory_fraction=recipe.memory_fraction or d.memory_fraction,
+                                max_running=recipe.max_num_seqs or d.max_running)
     # Mean lengths the harness drew (the labelled ones where it ran fixed lengths).
     isl, osl = _arr(sub, lambda c: c.harness.mean_length(c.isl)), _arr(sub, lambda c: c.harness.mean_length(c.osl))
     conc = _arr(sub, lambda c: c.concurrency)
@@ -517,6 +556,8 @@ def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch,
         topo = tuple(c.agg for c in sub if c.agg is not None)
         dp = np.array([t.dp for t in topo], dtype=float)
         budget = _token_budget(first.backend, gpu, dp, first.engine_release)
+        if recipe is not None and recipe.budget_per_isl is not None:
+            budget = recipe.budget_per_isl * _arr(sub, lambda c: c.isl)
         return _Group(**common, topo=topo, budget=budget, max_running=_rank_cap(model, gpu, d, first.precision, budget, topo, ctx, first.engine_release),
                       recv=_arr(sub, _recv_interval), lockstep=np.array([lockstep_closed_loop(c) for c in sub], dtype=bool))
     pre = tuple(c.prefill for c in sub if c.prefill is not None)
@@ -644,9 +685,12 @@ class PreparedCases:
 
 
 def predict_cases(cases: Sequence[BenchmarkCase], model: ModelArch, gpu: Gpu, *, params: PerfParams | None = None) -> list[Prediction]:
-    """Predict cases that share model, GPU, precisions, backend, mode and engine release (one vectorised pass)."""
+    """Predict cases that share model, GPU, precisions, backend, mode, engine release and launch script (one vectorised
+    pass)."""
     if not cases:
         return []
+    if len({_recipe(c) for c in cases}) > 1:
+        raise ValueError("cases launched with different engine flags (benchmark_cases._recipe) are predicted in separate passes")
     prepared = PreparedCases(len(cases), {}, [_group(range(len(cases)), cases, model, gpu)])
     ttft, tpot, x = prepared.figures(params)
     return [Prediction(ttft_ms=float(a), tpot_ms=float(b), throughput_rps=float(r)) for a, b, r in zip(ttft, tpot, x, strict=True)]
@@ -688,7 +732,7 @@ def prepare_cases(cases: Sequence[BenchmarkCase], models: Mapping[str, ModelArch
         if not _fits(model, gpu, c):
             skips[i] = Skip("weights do not fit the recorded topology", f"{c.topology_label} on {c.system}")
             continue
-        groups.setdefault((c.model_path, c.system, c.precision, c.moe_precision, c.backend, c.mode, c.engine_release), []).append(i)
+        groups.setdefault((c.model_path, c.system, c.precision, c.moe_precision, c.backend, c.mode, c.engine_release, _recipe(c)), []).append(i)
     out = []
     for key, idx in groups.items():
         model, gpu = models[key[0]], gpus[key[1]]

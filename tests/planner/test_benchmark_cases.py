@@ -282,3 +282,39 @@ def test_a_vllm_row_on_an_a100_runs_at_most_vllms_256_sequence_default():
         return p.throughput_rps
     assert throughput("a100_sxm", 512) == pytest.approx(throughput("a100_sxm", 1024), rel=1e-9)
     assert throughput("h100_sxm", 1024) > throughput("h100_sxm", 512) * 1.02   # 1024 sequences there: more clients run
+
+
+def _minimax_row(system: str, release: str, source: str, *, isl: int = 8192, clients: int = 16) -> dict[str, str]:
+    return {**AGG, "model_path": "MiniMaxAI/MiniMax-M2.5", "system": system, "backend_version": release, "isl": str(isl),
+            "osl": "1024", "tp_size": "1", "moe_tp_size": "1", "silicon_data_source": f"{source}; silicon_concurrency={clients}"}
+
+
+def test_inferencex_minimax_rows_run_the_flags_of_their_launch_script():
+    from servingtopology.planner.fidelity.benchmark_cases import _recipe
+    from servingtopology.planner.layout import KvDtype
+
+    inferencex = "db-dump/2026-04-27; config_id=730"
+    new = _recipe(parse_row(_minimax_row("b300_sxm", "0.19.0", inferencex)))
+    assert new is not None and (new.kv_dtype, new.memory_fraction, new.budget_per_isl) == (KvDtype.FP8, 0.90, 2.0)
+    nightly = _recipe(parse_row(_minimax_row("b200_sxm", "nightly-5b8c30d62b754b57", inferencex)))
+    assert nightly == new
+    old = _recipe(parse_row(_minimax_row("b200_sxm", "0.17.0", inferencex)))   # before the v0.19.0 script: BF16 KV, 0.95
+    assert old is not None and (old.kv_dtype, old.memory_fraction, old.budget_per_isl) == (None, 0.95, None)
+    h100 = _recipe(parse_row(_minimax_row("h100_sxm", "0.18.0", inferencex)))
+    assert h100 is not None and (h100.memory_fraction, h100.max_num_seqs) == (0.90, 256)
+    assert _recipe(parse_row(_minimax_row("b300_sxm", "0.19.0", "sweep"))) is None             # another harness: the defaults
+    assert _recipe(parse_row({**AGG, "silicon_data_source": inferencex})) is None               # another model's script
+    assert _recipe(parse_row(_minimax_row("b300_sxm", "", inferencex))) is None                 # release not recorded
+
+
+def test_an_fp8_kv_cache_admits_the_clients_a_bf16_one_queues():
+    # MiniMax-M2.5 FP8 (230 GB) on one B300 leaves ~29 GB of a 0.90 pool: ~114k BF16 KV tokens, 13 sequences of 8,704
+    # tokens, so 16 clients queue; the InferenceX script's FP8 KV cache halves a token's bytes and admits all 16.
+    from tests.planner.test_kernel_terms import _minimax
+
+    model, gpu = _minimax(), resolve_gpu("b300_sxm")
+    script = parse_row(_minimax_row("b300_sxm", "0.19.0", "db-dump/2026-04-27; config_id=730"))
+    default = parse_row(_minimax_row("b300_sxm", "0.19.0", "sweep"))
+    with_script, with_defaults = predict_all([script, default], {script.model_path: model}, {"b300_sxm": gpu})
+    assert isinstance(with_script, Prediction) and isinstance(with_defaults, Prediction)
+    assert with_defaults.ttft_ms > 3 * with_script.ttft_ms
