@@ -25,8 +25,10 @@ server_hostname (SNI, the certificate's name) and as Host; one request, no pool,
 What urllib3 and http.client leave unbounded is kept here:
 - ResolveWithinDeadline: the name is resolved in a small bounded pool of threads, waited for no longer than the
   query's deadline (getaddrinfo has no timeout), and every address is checked before one is connected to.
-- OneDeadline: connect and handshake wait the time left; then a timer shuts the socket down at the deadline (a
-  per-read timeout never trips on a byte a second), and whatever the cut read raised is PrometheusTimeout.
+- OneDeadline (`QueryDeadline`): connect and handshake wait the time left; a timer shuts the socket down at the
+  deadline (a per-read timeout never trips on a byte a second), and whatever the cut read raised is PrometheusTimeout.
+  `calibrate --prometheus`'s reader (servingtopology/cli/prometheus_reader.py) keeps its deadline with the same class
+  and names its transport failures with the same `transport_failure`, so one failure reads the same from both.
 - HeadReader, the one hand-written piece: http.client skips any number of `100 Continue`, returns a `102` as the
   answer and reads 100 header lines of 64 KiB (test_prometheus_client_lows.py shows it). The reader it reads through
   skips interim 1xx heads as RFC 9110 says, at most MAX_INTERIM (Interim1xx), refuses a 101 (no upgrade was asked for)
@@ -66,8 +68,8 @@ import urllib3
 
 from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl
 
-__all__ = ["PrometheusFailure", "PrometheusAnswerError", "tls_failure", "ReadLimits", "BoundedPrometheus", "parse_answer", "parse_matrix",
-           "nesting_exceeds", "MAX_DEPTH"]
+__all__ = ["PrometheusFailure", "PrometheusAnswerError", "tls_failure", "transport_failure", "ReadLimits", "QueryDeadline",
+           "BoundedPrometheus", "parse_answer", "parse_matrix", "nesting_exceeds", "MAX_DEPTH", "RESOLVER_THREADS"]
 
 
 class PrometheusFailure(enum.StrEnum):
@@ -139,6 +141,84 @@ Resolver = Callable[[str, int], Sequence[tuple[Any, ...]]]
 
 def _getaddrinfo(host: str, port: int) -> Sequence[tuple[Any, ...]]:
     return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+
+def _timeout(limits: ReadLimits) -> PrometheusAnswerError:
+    return PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {limits.query_s:g} s")
+
+
+class QueryDeadline:
+    """One query's deadline (OneDeadline): the time each step may still take, and a timer that shuts the watched
+    sockets down when the deadline passes. Started when made; `finish()` when the query is over, whatever its end.
+
+    `not_after_s`: a monotonic instant (on `clock`) the query may not pass either, besides its own `limits.query_s`."""
+
+    def __init__(self, limits: ReadLimits, *, clock: Callable[[], float] = time.monotonic, not_after_s: float | None = None) -> None:
+        self.limits, self._clock = limits, clock
+        self.deadline_s = clock() + limits.query_s
+        if not_after_s is not None:
+            self.deadline_s = min(self.deadline_s, not_after_s)
+        self.cut, self._lock, self._done = threading.Event(), threading.Lock(), False
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(max(0.0, self.deadline_s - clock()), self._shut_down)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def timeout(self) -> PrometheusAnswerError:
+        """The failure of a query the deadline ended (PrometheusTimeout)."""
+        return _timeout(self.limits)
+
+    def left_s(self) -> float:
+        """The seconds left; the timeout failure once none are, or once the timer has cut the query."""
+        left = self.deadline_s - self._clock()
+        if left <= 0 or self.cut.is_set():
+            raise self.timeout()
+        return left
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut `sock` down at the deadline (at once where it has passed)."""
+        with self._lock:
+            if self._done:
+                return
+            self._sockets.append(sock)
+            if self.cut.is_set():
+                self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):      # socket.socket's own shutdown: ssl's would race the reading thread
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    def _shut_down(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.cut.set()
+            for sock in self._sockets:
+                self._shut(sock)
+
+    def finish(self) -> None:
+        """Stop the timer; a socket watched from now on is left alone."""
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+    def resolve(self, host: str, port: int, *, resolver: Resolver = _getaddrinfo,
+                pool: ThreadPoolExecutor = _RESOLVERS) -> list[str]:
+        """The addresses `host` resolves to, each once, in the resolver's order (ResolveWithinDeadline): getaddrinfo
+        has no timeout, so it runs in a thread of `pool`, waited for no longer than the time left."""
+        resolving = pool.submit(resolver, host, port)
+        try:
+            found = list(resolving.result(timeout=self.left_s()))
+        except FutureTimeout:
+            resolving.cancel()
+            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"{host} was not resolved within {self.limits.query_s:g} s") from None
+        except OSError as exc:
+            raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"cannot resolve {host}: {exc.strerror or type(exc).__name__}") from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+        if not addresses:
+            raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"{host} resolves to no address")
+        return addresses
 
 
 _INTERIM = re.compile(rb"HTTP/1\.[01] (1[0-9]{2})[ \r\n]")
@@ -299,19 +379,51 @@ class _BoundedResponse(http.client.HTTPResponse):
         self.fp = _HeadReader(self.fp, limits)   # type: ignore[assignment]
 
 
-def _broken(exc: BaseException, authority: str, limits: ReadLimits) -> PrometheusAnswerError:
-    """The named failure of an error raised with the request or the answer on the wire (urllib3 wraps the cause)."""
-    while isinstance(exc, urllib3.exceptions.HTTPError) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    if isinstance(exc, ssl.SSLError):
-        return tls_failure(exc, authority)
-    if isinstance(exc, (TimeoutError, urllib3.exceptions.TimeoutError)):
-        return PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {limits.query_s:g} s")
-    if isinstance(exc, http.client.IncompleteRead):
+def _root(exc: BaseException, wrappers: tuple[type[BaseException], ...]) -> tuple[BaseException, bool]:
+    """The error under the `wrappers` (MaxRetryError.reason, the wrapped argument, the cause, the context unless
+    suppressed), and whether a NewConnectionError stood on the way down."""
+    connecting = False
+    for _ in range(8):
+        connecting = connecting or isinstance(exc, urllib3.exceptions.NewConnectionError)
+        if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+            exc = exc.reason
+        elif isinstance(exc, wrappers):
+            inner = (next((a for a in reversed(exc.args) if isinstance(a, BaseException)), None) or exc.__cause__
+                     or (None if exc.__suppress_context__ else exc.__context__))
+            if inner is None:
+                return exc, connecting
+            exc = inner
+        else:
+            return exc, connecting
+    return exc, connecting
+
+
+def transport_failure(exc: BaseException, authority: str, limits: ReadLimits, *,
+                      wrappers: tuple[type[BaseException], ...] = (urllib3.exceptions.HTTPError,),
+                      truncated: bool = False) -> PrometheusAnswerError:
+    """Name an error raised resolving, connecting, sending or reading one query to `authority`, from its type (and
+    the OS's words for a refused connection), never from anything the server sent.
+
+    The error is looked through `wrappers` first (urllib3's; a caller on requests adds requests.RequestException);
+    `truncated`: the caller knows the body ended before its end (requests' ChunkedEncodingError). In this order:
+    a PrometheusAnswerError as it is; TLS (tls_failure); no connection (MetricsUnavailable "cannot connect");
+    a timeout (PrometheusTimeout); a truncated body, then anything else http.client or urllib3 refused to read
+    (PrometheusAnswerInvalid); a connection that broke otherwise (MetricsUnavailable)."""
+    root, connecting = _root(exc, wrappers)
+    if isinstance(root, PrometheusAnswerError):
+        return root
+    if isinstance(root, ssl.SSLError):
+        return tls_failure(root, authority)
+    if connecting or isinstance(root, ConnectionRefusedError):    # before timeouts: NewConnectionError is one too
+        words = f": {root.strerror}" if isinstance(root, OSError) and root.strerror else ""
+        return PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"cannot connect to {authority}: {type(root).__name__}{words}")
+    if isinstance(root, (TimeoutError, urllib3.exceptions.TimeoutError)):
+        return _timeout(limits)
+    if truncated or isinstance(root, http.client.IncompleteRead):
         return _invalid("the body ended before its length or its last chunk (truncated)")
-    if isinstance(exc, (http.client.HTTPException, urllib3.exceptions.HTTPError)):
-        return _invalid(f"not HTTP/1.x as http.client reads it: {type(exc).__name__}")
-    return PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"the connection to {authority} broke: {type(exc).__name__}")
+    if isinstance(root, (http.client.HTTPException, urllib3.exceptions.HTTPError)):
+        return _invalid(f"not HTTP/1.x as http.client reads it: {type(root).__name__}")
+    return PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"the connection to {authority} broke: {type(root).__name__}")
 
 
 class BoundedPrometheus:
@@ -339,56 +451,37 @@ class BoundedPrometheus:
         params = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
         return parse_matrix(self._get("query_range", params), depth=self.limits.depth)
 
-    def _left_s(self, deadline_s: float) -> float:
-        left = deadline_s - self.clock()
-        if left <= 0:
-            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s")
-        return left
-
     def _get(self, endpoint: str, params: dict[str, Any]) -> bytes:
         """The body of a 200 answer to GET /api/v1/`endpoint` (every bound of the module docstring)."""
-        deadline_s = self.clock() + self.limits.query_s
-        if self.deadline_s is not None:
-            deadline_s = min(deadline_s, self.deadline_s)
+        deadline = QueryDeadline(self.limits, clock=self.clock, not_after_s=self.deadline_s)
         headers = {"Host": self.url.authority, "Accept": "application/json", "Accept-Encoding": "identity",
                    "Connection": "close", "User-Agent": "servingtopology-operator"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        conn = self._connect(deadline_s)
-        sock, answer = conn.sock, None      # http.client hands the socket to the answer and forgets it
-        cut, finished, lock = threading.Event(), threading.Event(), threading.Lock()
-
-        def shut_down() -> None:     # OneDeadline; socket.socket's own shutdown: ssl's would race the reading thread
-            with lock:
-                if not finished.is_set():
-                    cut.set()
-                    with contextlib.suppress(OSError):
-                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-        timer = threading.Timer(max(0.0, deadline_s - self.clock()), shut_down)
-        timer.daemon = True
-        timer.start()
+        conn: urllib3.connection.HTTPConnection | None = None
+        answer = None
         try:
-            conn.timeout = self._left_s(deadline_s)
+            conn = self._connect(deadline)
+            deadline.watch(conn.sock)      # here: http.client hands the socket to the answer and forgets it
+            conn.timeout = deadline.left_s()
             conn.request("GET", f"{self.url.path}/api/v1/{endpoint}?{urlencode(params)}", headers=headers,
                          preload_content=False, decode_content=False)
             answer = conn.getresponse()
             body = self._body(answer)
         except PrometheusAnswerError:
-            if not cut.is_set():
+            if not deadline.cut.is_set():
                 raise
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
-            if not cut.is_set():
-                raise _broken(exc, self.url.authority, self.limits) from None
+            if not deadline.cut.is_set():
+                raise transport_failure(exc, self.url.authority, self.limits) from None
         finally:
-            with lock:
-                finished.set()
-            timer.cancel()
+            deadline.finish()
             if answer is not None:
                 answer.close()
-            conn.close()
-        if cut.is_set():
-            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s")
+            if conn is not None:
+                conn.close()
+        if deadline.cut.is_set():
+            raise deadline.timeout()
         return body
 
     def _body(self, answer: urllib3.BaseHTTPResponse) -> bytes:
@@ -409,46 +502,37 @@ class BoundedPrometheus:
                 raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap} bytes")
         return bytes(body)
 
-    def _connect(self, deadline_s: float) -> urllib3.connection.HTTPConnection:
-        """urllib3's connection to a checked address of the URL's host (TLS verified for https), opened within the deadline."""
-        resolving = _RESOLVERS.submit(self._resolve, self.url.host, self.url.port)
-        try:
-            found = list(resolving.result(timeout=self._left_s(deadline_s)))
-        except FutureTimeout:
-            resolving.cancel()
-            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"{self.url.host} was not resolved within "
-                                                                   f"{self.limits.query_s:g} s") from None
-        except OSError as exc:
-            raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"cannot resolve {self.url.host}: {exc.strerror or exc}") from None
+    def _connect(self, deadline: QueryDeadline) -> urllib3.connection.HTTPConnection:
+        """urllib3's connection to a checked address of the URL's host (TLS verified for https), opened within the
+        deadline; the next allowed address where one refuses, a connection error of urllib3's otherwise."""
         allowed: list[str] = []
         refused: list[str] = []
-        for info in found[:16]:   # only the addresses the policy allows are connected to, the first four at most
-            why = self.addresses.refusal(self.url, str(info[4][0]))
+        for address in deadline.resolve(self.url.host, self.url.port, resolver=self._resolve)[:16]:
+            why = self.addresses.refusal(self.url, address)   # only the addresses the policy allows are connected to
             if why is None:
-                allowed.append(str(info[4][0]))
+                allowed.append(address)
             else:
                 refused.append(why)
         if not allowed:
-            raise PrometheusAnswerError(PrometheusFailure.ADDRESS_REFUSED, (refused[0] if refused else f"{self.url.host} resolves to no address")
-                                        + "; nothing was connected to")
-        error: OSError | None = None
+            raise PrometheusAnswerError(PrometheusFailure.ADDRESS_REFUSED, f"{refused[0]}; nothing was connected to")
+        error: urllib3.exceptions.NewConnectionError | None = None
         for address in allowed[:4]:
             conn: urllib3.connection.HTTPConnection
             if self.url.scheme == "https":
                 conn = urllib3.connection.HTTPSConnection(
-                    address, self.url.port, timeout=self._left_s(deadline_s), server_hostname=self.url.host,
+                    address, self.url.port, timeout=deadline.left_s(), server_hostname=self.url.host,
                     ssl_context=self._tls or ssl.create_default_context(), cert_reqs=ssl.CERT_REQUIRED)
             else:
-                conn = urllib3.connection.HTTPConnection(address, self.url.port, timeout=self._left_s(deadline_s))
+                conn = urllib3.connection.HTTPConnection(address, self.url.port, timeout=deadline.left_s())
             conn.response_class = functools.partial(_BoundedResponse, limits=self.limits)   # type: ignore[assignment]
             try:
                 conn.connect()
                 return conn
             except urllib3.exceptions.NewConnectionError as exc:    # refused, unreachable: the next address
                 conn.close()
-                error = exc.__cause__ if isinstance(exc.__cause__, OSError) else None
-            except (urllib3.exceptions.HTTPError, OSError) as exc:   # a timeout, the certificate, the handshake
+                error = exc
+            except (urllib3.exceptions.HTTPError, OSError):   # a timeout, the certificate, the handshake: named by _get
                 conn.close()
-                raise _broken(exc, self.url.authority, self.limits) from None
-        raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE,
-                                    f"cannot connect to {self.url.authority}: {type(error).__name__}: {str(error)[:160]}")
+                raise
+        assert error is not None
+        raise error

@@ -22,8 +22,10 @@ What the library (0.7.2, prometheus_connect.py) leaves open, and where each boun
   status other than 200 reaches the library with an empty body (the server's is never read), and the library's and
   requests' exceptions are re-raised as named failures worded from the status code or the exception's type only.
 - One deadline: requests' timeout is per socket operation. OneDeadline: each query has one deadline
-  (`ReadLimits.query_s`) for resolving, connecting and reading; a timer shuts the socket down when it passes, and the
-  name is resolved in a small pool of threads waited for no longer than the time left (ResolveWithinDeadline).
+  (`ReadLimits.query_s`) for resolving, connecting and reading, the operator client's `QueryDeadline`: a timer shuts
+  the socket down when it passes, and the name is resolved in a small pool of threads waited for no longer than the
+  time left (ResolveWithinDeadline). Transport failures are named by its `transport_failure`, so a timeout, a refused
+  connection, a TLS or resolve failure reads the same here as in the operator's conditions.
 - http.client's heads: it skips any number of `100 Continue` and reads 100 header lines of 64 KiB; neither requests
   nor urllib3 bounds them. HeadReader: the connections read their answers through the operator client's `_HeadReader`
   (its `_BoundedResponse`), the one piece that is not the library's; tests/cli/test_prometheus_reader.py shows plain
@@ -36,7 +38,6 @@ What the library (0.7.2, prometheus_connect.py) leaves open, and where each boun
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import http.client
@@ -44,11 +45,8 @@ import http.cookiejar
 import re
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,10 +64,11 @@ from urllib3.util.retry import Retry
 from servingtopology.operator.live.prometheus_http import (
     PrometheusAnswerError,
     PrometheusFailure,
+    QueryDeadline,
     ReadLimits,
     _BoundedResponse,  # HeadReader: the operator client's reader of heads, reused (the module docstring says why)
     parse_matrix,
-    tls_failure,
+    transport_failure,
 )
 from servingtopology.operator.live.url_policy import PrometheusUrl
 
@@ -83,75 +82,11 @@ _STATUS = re.compile(r"HTTP Status Code ([0-9]{3})\b")
 _READS: dict[str, Callable[..., list[dict[str, Any]]]] = {"query_range": parse_matrix}   # the endpoints read (CheckedFirst)
 
 
-class _Exchange:
-    """One query's deadline (OneDeadline): the time left for each step, and a timer that shuts down the watched socket
-    when the deadline passes."""
-
-    def __init__(self, limits: ReadLimits, clock: Callable[[], float] = time.monotonic) -> None:
-        self.limits, self._clock = limits, clock
-        self.deadline_s = clock() + limits.query_s
-        self.cut, self._lock, self._done = threading.Event(), threading.Lock(), False
-        self._sockets: list[socket.socket] = []
-        self._timer = threading.Timer(limits.query_s, self._shut_down)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def timeout(self) -> PrometheusAnswerError:
-        return PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {self.limits.query_s:g} s")
-
-    def left_s(self) -> float:
-        left = self.deadline_s - self._clock()
-        if left <= 0 or self.cut.is_set():
-            raise self.timeout()
-        return left
-
-    def watch(self, sock: socket.socket) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._sockets.append(sock)
-            if self.cut.is_set():
-                self._shut(sock)
-
-    @staticmethod
-    def _shut(sock: socket.socket) -> None:
-        with contextlib.suppress(OSError):      # socket.socket's own shutdown: ssl's would race the reading thread
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-    def _shut_down(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self.cut.set()
-            for sock in self._sockets:
-                self._shut(sock)
-
-    def finish(self) -> None:
-        with self._lock:
-            self._done = True
-        self._timer.cancel()
-
-    def resolve(self, host: str, port: int) -> list[str]:
-        """The addresses of `host` (ResolveWithinDeadline): getaddrinfo has no timeout, so it runs in a thread of a small
-        pool, waited for no longer than the time left."""
-        resolving = _RESOLVERS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-        try:
-            found = resolving.result(timeout=self.left_s())
-        except FutureTimeout:
-            resolving.cancel()
-            raise PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"{host} was not resolved within {self.limits.query_s:g} s") from None
-        except OSError as exc:
-            raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"cannot resolve {host}: {exc.strerror or type(exc).__name__}") from None
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
-        if not addresses:
-            raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"{host} resolves to no address")
-        return addresses[:_MAX_ADDRESSES]
+_EXCHANGE: contextvars.ContextVar[QueryDeadline | None] = contextvars.ContextVar("calibrate_prometheus_exchange", default=None)
+_WRAPPERS = (requests.RequestException, urllib3.exceptions.HTTPError)   # looked through to the error they wrap
 
 
-_EXCHANGE: contextvars.ContextVar[_Exchange | None] = contextvars.ContextVar("calibrate_prometheus_exchange", default=None)
-
-
-def _exchange() -> _Exchange:
+def _exchange() -> QueryDeadline:
     exchange = _EXCHANGE.get()
     if exchange is None:       # a connection of this module outside BoundedAdapter.send: never made
         raise RuntimeError("a bounded Prometheus connection used outside BoundedAdapter.send")
@@ -163,7 +98,7 @@ def _open(conn: urllib3.connection.HTTPConnection) -> socket.socket:
     exchange = _exchange()
     host = conn._dns_host.strip("[]")
     error: OSError | None = None
-    for address in exchange.resolve(host, conn.port):
+    for address in exchange.resolve(host, conn.port, pool=_RESOLVERS)[:_MAX_ADDRESSES]:
         try:
             return urllib3.util.connection.create_connection((address, conn.port), exchange.left_s(),
                                                             source_address=conn.source_address, socket_options=conn.socket_options)
@@ -212,37 +147,10 @@ def _invalid(why: str) -> PrometheusAnswerError:
     return PrometheusAnswerError(PrometheusFailure.INVALID, f"HTTP 200 with a body that is not Prometheus JSON ({why})")
 
 
-def _root(exc: BaseException) -> BaseException:
-    """The error under requests' and urllib3's wrappers (MaxRetryError.reason, the wrapped argument, the cause)."""
-    for _ in range(8):
-        if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
-            exc = exc.reason
-        elif isinstance(exc, (requests.RequestException, urllib3.exceptions.HTTPError)):
-            inner = next((a for a in reversed(exc.args) if isinstance(a, BaseException)), None) or exc.__cause__ or exc.__context__
-            if inner is None:
-                return exc
-            exc = inner
-        else:
-            return exc
-    return exc
-
-
 def _named(exc: BaseException, authority: str, limits: ReadLimits) -> PrometheusAnswerError:
     """The named failure of an error requests, urllib3 or http.client raised (NoServerText: its type, never its text)."""
-    root = _root(exc)
-    if isinstance(root, PrometheusAnswerError):
-        return root
-    if isinstance(root, ssl.SSLError):
-        return tls_failure(root, authority)
-    if isinstance(root, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError)):   # NewConnectionError is a TimeoutError too
-        return PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"cannot connect to {authority}: {type(root).__name__}")
-    if isinstance(root, (TimeoutError, urllib3.exceptions.TimeoutError)):
-        return PrometheusAnswerError(PrometheusFailure.TIMEOUT, f"no whole answer within {limits.query_s:g} s")
-    if isinstance(root, http.client.IncompleteRead) or isinstance(exc, requests.exceptions.ChunkedEncodingError):
-        return _invalid("the body ended before its length or its last chunk (truncated)")
-    if isinstance(root, (http.client.HTTPException, urllib3.exceptions.HTTPError)):
-        return _invalid(f"not HTTP/1.x as http.client reads it: {type(root).__name__}")
-    return PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"the connection to {authority} broke: {type(root).__name__}")
+    return transport_failure(exc, authority, limits, wrappers=_WRAPPERS,
+                             truncated=isinstance(exc, requests.exceptions.ChunkedEncodingError))
 
 
 class BoundedAdapter(requests.adapters.HTTPAdapter):
@@ -272,7 +180,7 @@ class BoundedAdapter(requests.adapters.HTTPAdapter):
         endpoint = self._endpoint(request)
         if proxies:
             raise PrometheusAnswerError(PrometheusFailure.ADDRESS_REFUSED, "a proxy was asked for; only the URL's host is connected to")
-        exchange = _Exchange(self.limits)
+        exchange = QueryDeadline(self.limits)
         token = _EXCHANGE.set(exchange)
         response: requests.Response | None = None
         try:

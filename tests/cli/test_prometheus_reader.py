@@ -21,7 +21,7 @@ from servingtopology.cli.main import main
 from servingtopology.cli.prometheus_reader import LibraryPrometheus
 from servingtopology.operator.live.history import fetch_history
 from servingtopology.operator.live.metrics import Figure, Query
-from servingtopology.operator.live.prometheus_http import PrometheusAnswerError, PrometheusFailure, ReadLimits
+from servingtopology.operator.live.prometheus_http import BoundedPrometheus, PrometheusAnswerError, PrometheusFailure, ReadLimits
 from servingtopology.operator.live.url_policy import parse_prometheus_url
 
 FAST = ReadLimits(query_s=2.0)
@@ -113,6 +113,54 @@ def test_a_resolver_that_hangs_ends_at_the_querys_deadline(monkeypatch: pytest.M
     assert caught.reason is PrometheusFailure.TIMEOUT
     assert "not resolved within 0.5 s" in str(caught) or str(caught) == "no whole answer within 0.5 s"
     assert time.monotonic() - started < 2.5
+
+
+# --- one wording: the same failure reads the same here and in the operator's conditions -------------------------------
+
+def operator_refusal(url: str, limits: ReadLimits = FAST) -> PrometheusAnswerError:
+    with pytest.raises(PrometheusAnswerError) as caught:
+        BoundedPrometheus(parse_prometheus_url(url), limits=limits).range_query("up", start_s=END_S - 120, end_s=END_S, step_s=60)
+    return caught.value
+
+
+def test_a_refused_connection_is_named_alike_by_both_clients() -> None:
+    with socket.socket() as probe:       # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    mine, operators = refusal(url), operator_refusal(url)
+    assert (mine.reason, str(mine)) == (operators.reason, str(operators))
+    assert mine.reason is PrometheusFailure.UNAVAILABLE
+    assert str(mine).startswith(f"cannot connect to 127.0.0.1:{port}: ConnectionRefusedError: ") and "[Errno" not in str(mine)
+
+
+@pytest.mark.parametrize(("outcome", "reason", "message"), [
+    (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), PrometheusFailure.UNAVAILABLE,
+     "cannot resolve prometheus.ml.svc: Name or service not known"),
+    (OSError("resolver says: secret-token-42"), PrometheusFailure.UNAVAILABLE, "cannot resolve prometheus.ml.svc: OSError"),
+    ([], PrometheusFailure.UNAVAILABLE, "prometheus.ml.svc resolves to no address"),   # was PrometheusAddressRefused in the operator
+])
+def test_a_name_that_does_not_resolve_is_named_alike_by_both_clients(monkeypatch: pytest.MonkeyPatch, outcome: Any,
+                                                                     reason: PrometheusFailure, message: str) -> None:
+    def resolving(*args: Any, **kwargs: Any) -> list[Any]:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return list(outcome)
+    monkeypatch.setattr(socket, "getaddrinfo", resolving)
+    for caught in (refusal("http://prometheus.ml.svc:9090"), operator_refusal("http://prometheus.ml.svc:9090")):
+        assert (caught.reason, str(caught)) == (reason, message)
+
+
+@pytest.mark.parametrize(("answer", "reason", "message"), [
+    (drip_answer(every_s=0.05), PrometheusFailure.TIMEOUT, "no whole answer within 0.5 s"),
+    (json_answer(GOOD[:40], length=200), PrometheusFailure.INVALID,
+     "HTTP 200 with a body that is not Prometheus JSON (the body ended before its length or its last chunk (truncated))"),
+])
+def test_a_cut_or_truncated_answer_is_named_alike_by_both_clients(answer: Answer, reason: PrometheusFailure, message: str) -> None:
+    limits = ReadLimits(query_s=0.5)
+    with HostileServer(answer) as prom:
+        for caught in (refusal(prom.url, limits), operator_refusal(prom.url, limits)):
+            assert (caught.reason, str(caught)) == (reason, message)
 
 
 # --- NoRedirect, NoRetry, OneUrl --------------------------------------------------------------------------------------
