@@ -310,6 +310,7 @@ def test_inferencex_minimax_rows_run_the_flags_of_their_launch_script():
 def test_an_fp8_kv_cache_admits_the_clients_a_bf16_one_queues():
     # MiniMax-M2.5 FP8 (230 GB) on one B300 leaves ~29 GB of a 0.90 pool: ~114k BF16 KV tokens, 13 sequences of 8,704
     # tokens, so 16 clients queue; the InferenceX script's FP8 KV cache halves a token's bytes and admits all 16.
+    # The row of another source also draws fixed lengths (UNSTATED), a ~10 % difference against the queue's ~13x.
     from tests.planner.test_kernel_terms import _minimax
 
     model, gpu = _minimax(), resolve_gpu("b300_sxm")
