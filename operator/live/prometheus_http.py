@@ -27,13 +27,18 @@ What urllib3 and http.client leave unbounded is kept here:
   query's deadline (getaddrinfo has no timeout), and every address is checked before one is connected to.
 - OneDeadline (`QueryDeadline`): connect and handshake wait the time left; a timer shuts the socket down at the
   deadline (a per-read timeout never trips on a byte a second), and whatever the cut read raised is PrometheusTimeout.
-  `calibrate --prometheus`'s reader (servingtopology/cli/prometheus_reader.py) keeps its deadline with the same class
-  and names its transport failures with the same `transport_failure`, so one failure reads the same from both.
+- StreamedCap (`capped_body`): a 200's body is read a piece at a time and refused as soon as it passes `answer_bytes`
+  (by its Content-Length before any of it is read); a 3xx is refused, a compressed body is invalid (identity was asked
+  for, so nothing is decompressed), and another status's body is never read.
 - HeadReader, the one hand-written piece: http.client skips any number of `100 Continue`, returns a `102` as the
   answer and reads 100 header lines of 64 KiB (test_prometheus_client_lows.py shows it). The reader it reads through
   skips interim 1xx heads as RFC 9110 says, at most MAX_INTERIM (Interim1xx), refuses a 101 (no upgrade was asked for)
   and the heads past `header_bytes` as soon as they pass it; then counts the body's reads (BoundedPieces: an answer
   sent a byte at a time cost 24.6 CPU s; a chunk costs three reads, 1 MiB in 64 KiB reads takes 16).
+
+`calibrate --prometheus`'s reader (servingtopology/cli/prometheus_reader.py, on requests' connections) keeps its bounds
+with the same pieces: `QueryDeadline`, `transport_failure` naming its transport failures, `capped_body` reading its
+bodies, `invalid_answer` wording an invalid 200, the head reader and the parser; so one failure reads the same from both.
 
 TlsNamed: an ssl error is worded from its verify message or OpenSSL reason code only (what the client found, never the
 server's bytes); nothing is sent before the handshake verified the server. The context (operator/live/prometheus_tls.py)
@@ -69,7 +74,8 @@ import urllib3
 from servingtopology.operator.live.url_policy import AddressPolicy, PrometheusUrl
 
 __all__ = ["PrometheusFailure", "PrometheusAnswerError", "tls_failure", "transport_failure", "ReadLimits", "QueryDeadline",
-           "BoundedPrometheus", "parse_answer", "parse_matrix", "nesting_exceeds", "MAX_DEPTH", "RESOLVER_THREADS"]
+           "capped_body", "invalid_answer", "BoundedPrometheus", "parse_answer", "parse_matrix", "nesting_exceeds", "MAX_DEPTH",
+           "RESOLVER_THREADS"]
 
 
 class PrometheusFailure(enum.StrEnum):
@@ -132,6 +138,7 @@ class ReadLimits:
 
 
 MAX_INTERIM = 8    # 1xx interim responses skipped before the answer (Interim1xx)
+_PIECE_BYTES = 65536   # one read of a body (capped_body): a 1 MiB answer in 16, well inside ReadLimits.pieces
 # ResolveWithinDeadline: the resolutions running at once; one stuck past its query's deadline holds a thread until the
 # resolver gives up (its own timeout), never more than these, and a query waiting for a free one still ends at its deadline.
 RESOLVER_THREADS = 4
@@ -244,24 +251,25 @@ def nesting_exceeds(body: bytes, depth: int) -> bool:
     return bool(brackets)
 
 
-def _invalid(why: str) -> PrometheusAnswerError:
+def invalid_answer(why: str) -> PrometheusAnswerError:
+    """The PrometheusAnswerInvalid failure of a 200 answer; `why` says what the client found, never the server's text."""
     return PrometheusAnswerError(PrometheusFailure.INVALID, f"HTTP 200 with a body that is not Prometheus JSON ({why})")
 
 
 def _refuse_constant(name: str) -> Any:
-    raise _invalid(f"a bare {name}")
+    raise invalid_answer(f"a bare {name}")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise _invalid("a number too large for a float")
+        raise invalid_answer("a number too large for a float")
     return value
 
 
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-        raise _invalid(f"an integer of more than {_MAX_INT_DIGITS} digits")
+        raise invalid_answer(f"an integer of more than {_MAX_INT_DIGITS} digits")
     return int(text)
 
 
@@ -270,13 +278,13 @@ def _result(body: bytes, depth: int) -> tuple[Any, Any]:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
-        raise _invalid("not UTF-8") from None
+        raise invalid_answer("not UTF-8") from None
     if nesting_exceeds(body, depth):
-        raise _invalid(f"nested deeper than {depth} levels or unbalanced")
+        raise invalid_answer(f"nested deeper than {depth} levels or unbalanced")
     try:
         answer = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except ValueError:       # JSONDecodeError; a PrometheusAnswerError from the hooks passes through
-        raise _invalid("not JSON") from None
+        raise invalid_answer("not JSON") from None
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(data, dict) or "result" not in data or answer.get("status") != "success":
         raise PrometheusAnswerError(PrometheusFailure.INVALID, "HTTP 200 without a Prometheus result (no data.result)")
@@ -294,10 +302,10 @@ def parse_answer(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]
     if kind == "scalar":
         result = [{"metric": {}, "value": result}]
     elif kind != "vector" or not isinstance(result, list):
-        raise _invalid(f"a result of type {str(kind)[:20]!r}, not an instant vector or a scalar")
+        raise invalid_answer(f"a result of type {str(kind)[:20]!r}, not an instant vector or a scalar")
     for sample in result:
         if not (isinstance(sample, dict) and _is_point(sample.get("value")) and isinstance(sample.get("metric", {}), dict)):
-            raise _invalid("a sample that is not {metric, value: [time, \"number\"]}")
+            raise invalid_answer("a sample that is not {metric, value: [time, \"number\"]}")
     return result
 
 
@@ -306,11 +314,11 @@ def parse_matrix(body: bytes, *, depth: int = MAX_DEPTH) -> list[dict[str, Any]]
     Prometheus's strings; PrometheusAnswerError (INVALID) for anything else."""
     kind, result = _result(body, depth)
     if kind != "matrix" or not isinstance(result, list):
-        raise _invalid(f"a result of type {str(kind)[:20]!r}, not a range vector")
+        raise invalid_answer(f"a result of type {str(kind)[:20]!r}, not a range vector")
     for series in result:
         values = series.get("values") if isinstance(series, dict) else None
         if not (isinstance(values, list) and all(_is_point(v) for v in values) and isinstance(series.get("metric", {}), dict)):
-            raise _invalid("a series that is not {metric, values: [[time, \"number\"], ...]}")
+            raise invalid_answer("a series that is not {metric, values: [[time, \"number\"], ...]}")
     return result
 
 
@@ -334,12 +342,12 @@ class _HeadReader:
                 if interim is None:
                     break
                 if interim.group(1) == b"101":
-                    raise _invalid("HTTP 101: a protocol switch nobody asked for")
+                    raise invalid_answer("HTTP 101: a protocol switch nobody asked for")
                 while self._head_line(limit) not in _HEAD_ENDS:
                     pass
                 line = self._head_line(limit)
             else:
-                raise _invalid(f"more than {MAX_INTERIM} interim (1xx) responses before the answer")
+                raise invalid_answer(f"more than {MAX_INTERIM} interim (1xx) responses before the answer")
             self._status_next = False
         elif line in _HEAD_ENDS:
             self._in_head = False
@@ -357,7 +365,7 @@ class _HeadReader:
     def _piece(self) -> None:
         self._pieces += 1
         if self._pieces > self._limits.pieces:
-            raise _invalid(f"sent in more than {self._limits.pieces} pieces (reads and chunks); a real answer comes in a few")
+            raise invalid_answer(f"sent in more than {self._limits.pieces} pieces (reads and chunks); a real answer comes in a few")
 
     def read(self, size: int | None = -1) -> bytes:
         self._piece()
@@ -420,10 +428,35 @@ def transport_failure(exc: BaseException, authority: str, limits: ReadLimits, *,
     if isinstance(root, (TimeoutError, urllib3.exceptions.TimeoutError)):
         return _timeout(limits)
     if truncated or isinstance(root, http.client.IncompleteRead):
-        return _invalid("the body ended before its length or its last chunk (truncated)")
+        return invalid_answer("the body ended before its length or its last chunk (truncated)")
     if isinstance(root, (http.client.HTTPException, urllib3.exceptions.HTTPError)):
-        return _invalid(f"not HTTP/1.x as http.client reads it: {type(root).__name__}")
+        return invalid_answer(f"not HTTP/1.x as http.client reads it: {type(root).__name__}")
     return PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"the connection to {authority} broke: {type(root).__name__}")
+
+
+def capped_body(answer: urllib3.BaseHTTPResponse, *, cap_bytes: int) -> bytes | None:
+    """Read the body of a 200 `answer` a piece at a time, refused as soon as it passes `cap_bytes` (never read whole).
+
+    `answer` is urllib3's, unread (preload_content=False). A 3xx is PrometheusRedirectRefused, its body and Location
+    unused; any other status than 200 is None, its body unread, for the caller to name from the code alone. A
+    content-encoding other than identity is invalid (identity was asked for), so nothing is ever decompressed and the cap
+    counts the body's own bytes; a Content-Length over the cap is refused before the body is read.
+    """
+    status = answer.status
+    if 300 <= status < 400:
+        raise PrometheusAnswerError(PrometheusFailure.REDIRECT_REFUSED, f"HTTP {status}: a redirect, which is never followed")
+    if status != 200:
+        return None
+    if answer.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+        raise invalid_answer("a compressed body (identity was asked for)")
+    if answer.length_remaining is not None and answer.length_remaining > cap_bytes:
+        raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap_bytes} bytes")
+    body = bytearray()
+    while data := answer.read1(_PIECE_BYTES, decode_content=False):
+        body += data
+        if len(body) > cap_bytes:
+            raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap_bytes} bytes")
+    return bytes(body)
 
 
 class BoundedPrometheus:
@@ -485,22 +518,11 @@ class BoundedPrometheus:
         return body
 
     def _body(self, answer: urllib3.BaseHTTPResponse) -> bytes:
-        """The body of a 200 answer, read a piece at a time and refused as soon as it passes the cap."""
-        if 300 <= answer.status < 400:
-            raise PrometheusAnswerError(PrometheusFailure.REDIRECT_REFUSED, f"HTTP {answer.status}: a redirect, which is never followed")
-        if answer.status != 200:
+        """The body of a 200 answer (`capped_body`); MetricsUnavailable naming the code of another status."""
+        body = capped_body(answer, cap_bytes=self.limits.answer_bytes)
+        if body is None:
             raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"HTTP {answer.status}")
-        if answer.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
-            raise _invalid("a compressed body (identity was asked for)")
-        cap = self.limits.answer_bytes
-        if answer.length_remaining is not None and answer.length_remaining > cap:
-            raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap} bytes")
-        body = bytearray()
-        while data := answer.read1(65536):
-            body += data
-            if len(body) > cap:
-                raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap} bytes")
-        return bytes(body)
+        return body
 
     def _connect(self, deadline: QueryDeadline) -> urllib3.connection.HTTPConnection:
         """urllib3's connection to a checked address of the URL's host (TLS verified for https), opened within the

@@ -10,10 +10,11 @@ What the library (0.7.2, prometheus_connect.py) leaves open, and where each boun
 - Retries: its constructor mounts `HTTPAdapter(max_retries=Retry(total=3, backoff 1 s, on 408/429/5xx))` at the URL.
   NoRetry: `BoundedAdapter` is mounted over it afterwards, at that prefix and every other, with `Retry(total=0)`.
 - Redirects: `Session.request` follows 30 by default. NoRedirect: the adapter refuses any 3xx before its body or its
-  Location is used (PrometheusRedirectRefused); the session's `max_redirects` is 0 besides.
+  Location is used (PrometheusRedirectRefused, by `capped_body`); the session's `max_redirects` is 0 besides.
 - The whole body: `response.json()` reads `.content` whole. StreamedCap: the adapter sends with `stream=True` and reads
-  the body itself a piece at a time, refused as soon as it passes `ReadLimits.answer_bytes`; the library's `.json()`
-  then parses only those bytes.
+  the body itself with the operator client's `capped_body`, a piece at a time, refused as soon as it passes
+  `ReadLimits.answer_bytes` (a compressed body refused, never decompressed); the library's `.json()` then parses only
+  those bytes.
 - NaN, Infinity, 1e999, nesting: `.json()` is plain `json.loads`. CheckedFirst: the adapter checks the body with the
   operator client's parser (`parse_matrix`: UTF-8, the depth pre-scan, NaN/Infinity/overflow refused, Prometheus's
   shape) before `.json()` sees it, and pins its encoding to UTF-8, so `.json()` reads the text that passed. Values stay
@@ -67,6 +68,8 @@ from servingtopology.operator.live.prometheus_http import (
     QueryDeadline,
     ReadLimits,
     _BoundedResponse,  # HeadReader: the operator client's reader of heads, reused (the module docstring says why)
+    capped_body,
+    invalid_answer,
     parse_matrix,
     transport_failure,
 )
@@ -76,7 +79,6 @@ __all__ = ["LibraryPrometheus", "BoundedAdapter", "system_cas", "RESOLVER_THREAD
 
 RESOLVER_THREADS = 2      # ResolveWithinDeadline: one CLI run asks one host, one query at a time
 _RESOLVERS = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="calibrate-resolve")
-_PIECE = 65536
 _MAX_ADDRESSES = 4
 _STATUS = re.compile(r"HTTP Status Code ([0-9]{3})\b")
 _READS: dict[str, Callable[..., list[dict[str, Any]]]] = {"query_range": parse_matrix}   # the endpoints read (CheckedFirst)
@@ -143,10 +145,6 @@ class _HTTPSPool(urllib3.HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 
-def _invalid(why: str) -> PrometheusAnswerError:
-    return PrometheusAnswerError(PrometheusFailure.INVALID, f"HTTP 200 with a body that is not Prometheus JSON ({why})")
-
-
 def _named(exc: BaseException, authority: str, limits: ReadLimits) -> PrometheusAnswerError:
     """The named failure of an error requests, urllib3 or http.client raised (NoServerText: its type, never its text)."""
     return transport_failure(exc, authority, limits, wrappers=_WRAPPERS,
@@ -208,24 +206,10 @@ class BoundedAdapter(requests.adapters.HTTPAdapter):
         return response
 
     def _body(self, response: requests.Response) -> bytes:
-        """The body of a 200, read a piece at a time and refused once past the cap (StreamedCap); b"" for another status
-        (NoServerText), a 3xx refused (NoRedirect)."""
-        status = response.status_code
-        if 300 <= status < 400:
-            raise PrometheusAnswerError(PrometheusFailure.REDIRECT_REFUSED, f"HTTP {status}: a redirect, which is never followed")
-        if status != 200:
-            return b""
-        if response.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
-            raise _invalid("a compressed body (identity was asked for)")
-        raw, cap = response.raw, self.limits.answer_bytes
-        if raw.length_remaining is not None and raw.length_remaining > cap:
-            raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap} bytes")
-        body = bytearray()
-        while data := raw.read1(_PIECE, decode_content=False):
-            body += data
-            if len(body) > cap:
-                raise PrometheusAnswerError(PrometheusFailure.TOO_LARGE, f"an answer over {cap} bytes")
-        return bytes(body)
+        """The body of a 200 (the operator client's `capped_body`: StreamedCap, a 3xx refused by NoRedirect); b"" for
+        another status, its body never read (NoServerText): the library raises on the status and range_query names it."""
+        body = capped_body(response.raw, cap_bytes=self.limits.answer_bytes)
+        return b"" if body is None else body
 
 
 def system_cas() -> str | bool:
@@ -269,7 +253,7 @@ class LibraryPrometheus:
         except (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
             raise _named(exc, self.url.authority, self.limits) from None
         if not isinstance(result, list):
-            raise _invalid("data.result is not a list")
+            raise invalid_answer("data.result is not a list")
         return result
 
     def close(self) -> None:

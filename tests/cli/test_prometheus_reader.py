@@ -163,6 +163,24 @@ def test_a_cut_or_truncated_answer_is_named_alike_by_both_clients(answer: Answer
             assert (caught.reason, str(caught)) == (reason, message)
 
 
+@pytest.mark.parametrize(("answer", "reason", "message"), [
+    # over the cap: by its Content-Length before a byte of the body is read, and without one as the read passes it
+    (endless_answer(total_bytes=2 << 20), PrometheusFailure.TOO_LARGE, "an answer over 1048576 bytes"),
+    (endless_answer(total_bytes=2 << 20, content_length=False), PrometheusFailure.TOO_LARGE, "an answer over 1048576 bytes"),
+    (json_answer(GOOD, extra_headers="Content-Encoding: gzip\r\n"), PrometheusFailure.INVALID,
+     "HTTP 200 with a body that is not Prometheus JSON (a compressed body (identity was asked for))"),
+    (redirect_answer("http://127.0.0.1:9/steal", status=307), PrometheusFailure.REDIRECT_REFUSED,
+     "HTTP 307: a redirect, which is never followed"),
+    (json_answer(b"upstream secret-token-42 failed", status=503), PrometheusFailure.UNAVAILABLE, "HTTP 503"),
+])
+def test_a_body_refused_by_status_encoding_or_size_is_named_alike_by_both_clients(answer: Answer, reason: PrometheusFailure,
+                                                                                 message: str) -> None:
+    with HostileServer(answer) as prom:
+        for caught in (refusal(prom.url), operator_refusal(prom.url)):
+            assert (caught.reason, str(caught)) == (reason, message)
+        assert len(prom.heads) == 2, "each client asked once"
+
+
 # --- NoRedirect, NoRetry, OneUrl --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
