@@ -112,9 +112,13 @@ def test_a_resolver_that_hangs_ends_at_the_querys_deadline() -> None:
         time.sleep(3.0)
         return []
     started = time.monotonic()
-    caught = refusal("http://prometheus-operated.ml.svc:9090", limits=ReadLimits(query_s=0.3), resolve=hanging)
-    assert caught.reason is PrometheusFailure.TIMEOUT and "not resolved" in str(caught)
-    assert time.monotonic() - started < 2.0      # was: getaddrinfo ran outside the deadline, for as long as it took
+    caught = refusal("http://prometheus-operated.ml.svc:9090", limits=ReadLimits(query_s=0.5), resolve=hanging)
+    # Normally the resolver's wait is what ends it ("not resolved"); on a loaded machine the half second can pass before
+    # the resolve starts (the query's timer starts first, as the command line's does), and the query's own deadline ends
+    # it: both are the query's one deadline, never the 3 s hang (the command line's copy of this test says the same).
+    assert caught.reason is PrometheusFailure.TIMEOUT
+    assert "not resolved within 0.5 s" in str(caught) or str(caught) == "no whole answer within 0.5 s"
+    assert time.monotonic() - started < 2.5      # was: getaddrinfo ran outside the deadline, for as long as it took
 
 
 # --- ResolvedAddressChecked -------------------------------------------------------------------------------------------
