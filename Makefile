@@ -95,7 +95,7 @@ bench: $(STAMP)
 # families of silicon_calibration.csv, ACCURACY_EVALS loss evaluations a fold, and the all-row fit likewise from defaults
 # (it predicts Qwen3-32B and MiniMax-M2.5, which no fit saw), then lomo_decisions.py on the three shared files with those
 # parameters; it also judges each fold's CPU seconds (<= 60) and all of them (<= 900). 800 evaluations: the held-out
-# figures of 2,000 within about a point at 40 % of the CPU (benchmarks/README.md, "Folds from defaults in 800
+# figures of 2,000 within about a point at 47 % of the CPU (benchmarks/README.md, "Folds from defaults in 800
 # evaluations"). ACCURACY_SET: the step model's switches, set in every fit and every prediction; by default the shipped
 # fit's (planner/data/perf_params.json: the measured all-reduce on). An ablation: ACCURACY_SET="--set measured_allreduce=1
 # --set measured_moe=1", or "--set measured_allreduce=0".
