@@ -303,7 +303,10 @@ def assemble_folds(m: Measurements, base: PerfParams, records: Sequence[dict]) -
     if missing:
         raise SystemExit(f"--lomo-from: no fold recorded for {missing}")
     first = records[0]
+    # Records from before the search was named ran the compass search ("pattern").
+    searches = sorted({s for r in records for s in (r["search"] if isinstance(r.get("search"), list) else [r.get("search", "pattern")])})
     return {"evals_per_fold": sorted({f["evals"] for f in folds}), "start_step": first["start_step"], "start": first.get("start", ""),
+            "search": searches[0] if len(searches) == 1 else searches,
             "folds": sorted(folds, key=lambda f: f["models"]), "cpu_s": round(sum(f["cpu_s"] for f in folds), 1),
             # A record that was itself assembled keeps the commands that ran its folds.
             "commands": [c for r in records for c in (r.get("commands") or [r.get("command")])]} | _pooled(m, results)

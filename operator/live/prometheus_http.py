@@ -379,7 +379,7 @@ class _HeadReader:
         return getattr(self._fp, name)
 
 
-class _BoundedResponse(http.client.HTTPResponse):
+class BoundedResponse(http.client.HTTPResponse):
     """http.client's response, read through a `_HeadReader`."""
 
     def __init__(self, sock: socket.socket, *, method: str | None = None, limits: ReadLimits) -> None:
@@ -518,7 +518,7 @@ class BoundedPrometheus:
         return body
 
     def _body(self, answer: urllib3.BaseHTTPResponse) -> bytes:
-        """The body of a 200 answer (`capped_body`); MetricsUnavailable naming the code of another status."""
+        """The body of a 200 answer (`capped_body`); another status is an unavailable answer naming its code."""
         body = capped_body(answer, cap_bytes=self.limits.answer_bytes)
         if body is None:
             raise PrometheusAnswerError(PrometheusFailure.UNAVAILABLE, f"HTTP {answer.status}")
@@ -546,7 +546,7 @@ class BoundedPrometheus:
                     ssl_context=self._tls or ssl.create_default_context(), cert_reqs=ssl.CERT_REQUIRED)
             else:
                 conn = urllib3.connection.HTTPConnection(address, self.url.port, timeout=deadline.left_s())
-            conn.response_class = functools.partial(_BoundedResponse, limits=self.limits)   # type: ignore[assignment]
+            conn.response_class = functools.partial(BoundedResponse, limits=self.limits)   # type: ignore[assignment]
             try:
                 conn.connect()
                 return conn

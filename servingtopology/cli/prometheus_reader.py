@@ -29,7 +29,7 @@ What the library (0.7.2, prometheus_connect.py) leaves open, and where each boun
   connection, a TLS or resolve failure reads the same here as in the operator's conditions.
 - http.client's heads: it skips any number of `100 Continue` and reads 100 header lines of 64 KiB; neither requests
   nor urllib3 bounds them. HeadReader: the connections read their answers through the operator client's `_HeadReader`
-  (its `_BoundedResponse`), the one piece that is not the library's; tests/cli/test_prometheus_reader.py shows plain
+  (its `BoundedResponse`), the one piece that is not the library's; tests/cli/test_prometheus_reader.py shows plain
   requests reading 90 KiB of headers and 50 interim heads.
 - The environment: `trust_env` is off, so no proxy from HTTP(S)_PROXY, no .netrc credentials and no REQUESTS_CA_BUNDLE
   apply: only the checked URL's host and port are connected to (OneUrl: the adapter refuses any other), verified
@@ -63,11 +63,11 @@ from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from servingtopology.operator.live.prometheus_http import (
+    BoundedResponse,  # HeadReader: the operator client's reader of heads, reused (the module docstring says why)
     PrometheusAnswerError,
     PrometheusFailure,
     QueryDeadline,
     ReadLimits,
-    _BoundedResponse,  # HeadReader: the operator client's reader of heads, reused (the module docstring says why)
     capped_body,
     invalid_answer,
     parse_matrix,
@@ -116,7 +116,7 @@ def _before_answer(conn: urllib3.connection.HTTPConnection) -> None:
     exchange = _exchange()
     if conn.sock is not None:
         exchange.watch(conn.sock)
-    conn.response_class = functools.partial(_BoundedResponse, limits=exchange.limits)  # type: ignore[assignment]
+    conn.response_class = functools.partial(BoundedResponse, limits=exchange.limits)  # type: ignore[assignment]
 
 
 class _HTTPConnection(urllib3.connection.HTTPConnection):

@@ -85,6 +85,10 @@ def test_a_resumed_fold_starts_from_its_own_parameters_and_the_longest_fold_is_r
     # Assembled again from the assembled record (to score it anew), the commands that ran the folds stay recorded.
     again = fit_perf.assemble_folds(m, PerfParams(), [dict(pooled, command="c")])
     assert again["commands"] == ["a", "b"] and again["folds"] == pooled["folds"]
+    # The search that ran the folds is recorded too: one name when every record agrees, each name when they differ.
+    assert pooled["search"] == again["search"] == "pattern"
+    mixed = fit_perf.assemble_folds(m, PerfParams(), [dict(first, command="a"), dict(more, command="b", search="hooke-jeeves")])
+    assert mixed["search"] == ["hooke-jeeves", "pattern"]
 
 
 def test_a_fold_never_fits_the_fp8_share_or_prompt_collisions_it_cannot_pin(monkeypatch):
