@@ -1,4 +1,4 @@
-"""Leave-one-model-out accuracy and decision quality on every shared measurement (issue #24).
+"""Leave-one-model-out accuracy and decision quality on every shared measurement (issues #24 and #35).
 
 Reads shared/groundtruth/silicon_calibration.csv, silicon_qwen3_32b.csv and silicon_minimax_m25.csv (vLLM and SGLang
 rows) and predicts each model family's rows with parameters fitted without that family:
@@ -15,7 +15,7 @@ GPUs; ties averaged), with median and worst regrets. Broken down by engine, rele
 Layouts of equal GPU count within one release (issue #35: plain TP, TP·EP, DP attention, PD) are compared pair by
 pair (`scores.equal_gpu_pairs`): the predicted ratio of their TPOT and of their tokens/s per GPU against the measured
 ratio, and the order of the pairs whose measured figures differ by more than 5 %; by family and by the kinds compared.
-Exits 1 when a target of the issue is missed (`--no-fail` prints only).
+Exits 1 when a target of issue #35 is missed (TARGETS; `--no-fail` prints only).
 
     .venv/bin/python benchmarks/lomo_decisions.py [--json] [--no-fail] [--files silicon_minimax_m25.csv]
 """
@@ -42,8 +42,24 @@ SHARED = ROOT.parent / "shared" / "groundtruth"
 FILES = ("silicon_calibration.csv", "silicon_qwen3_32b.csv")  # shared_lomo_predictions' rows (error bars, calibration)
 SCORED_FILES = (*FILES, "silicon_minimax_m25.csv")  # this script's rows
 # Issue #24's "done when", on leave-one-model-out vLLM + SGLang rows.
+# Issue #35's "done when", every line a figure can judge (the replays are judged by replay_accuracy.py):
+#   - TTFT, TPOT and end-to-end median APE over every held-out row;
+#   - on every one-release group the pick never below the rules (#35 replaced #24's margin of 0.03, which the shared
+#     rows could not show when most groups compare TP degrees only: a margin is asked on the equal-GPU groups instead);
+#   - layouts at equal GPU count: the predicted ratio of TPOT and of tokens/s per GPU within 5 % of the measured ratio
+#     in the median, the order right in ≥ 95 % of the pairs differing by more than 5 %, and the pick within 5 % of the
+#     best ≥ 0.10 more often than the rules (which tie there);
+#   - MiniMax-M2.5 alone (no fit saw it) at or under BLIS's held-out 17.6 % TTFT and 7.1 % TPOT (where it is scored).
 TARGETS = {"ttft_median_ape": 15.0, "tpot_median_ape": 7.0, "e2e_median_ape": 6.0,
-           "tokens_per_gpu_margin_over_rule": 0.03, "tpot_margin_over_rule": 0.03}
+           "tokens_per_gpu_margin_over_rule": 0.0, "tpot_margin_over_rule": 0.0,
+           "equal_gpu_tpot_ratio_error_pct": 5.0, "equal_gpu_tokens_per_gpu_ratio_error_pct": 5.0,
+           "equal_gpu_order_right": 0.95,
+           "equal_gpu_tokens_per_gpu_margin_over_rule": 0.10, "equal_gpu_tpot_margin_over_rule": 0.10}
+MINIMAX = "MiniMax-M2.5"
+MINIMAX_TARGETS = {"minimax_ttft_median_ape": 17.6, "minimax_tpot_median_ape": 7.1}
+# The targets a figure must reach or pass (the others are ceilings).
+AT_LEAST = {"tokens_per_gpu_margin_over_rule", "tpot_margin_over_rule", "equal_gpu_order_right",
+            "equal_gpu_tokens_per_gpu_margin_over_rule", "equal_gpu_tpot_margin_over_rule"}
 # Issue #35 item 4, judged where --folds gives refitted folds (make accuracy): the CPU seconds of the slowest fold and of
 # all folds together, as fit_perf.py recorded them (process time, not wall time: a fold waiting for a core is not charged).
 FOLD_CPU_TARGETS = {"fold_cpu_s_max": 60.0, "folds_cpu_s_total": 900.0}
@@ -169,13 +185,23 @@ def main(argv: list[str] | None = None) -> int:
            "e2e_median_ape": overall["e2e"]["median_ape"],
            "tokens_per_gpu_margin_over_rule": dq["tokens_per_gpu"]["margin_over_rule"],
            "tpot_margin_over_rule": dq["tpot"]["margin_over_rule"]}
+    eq = overall["ranking"]["equal_gpu"]
+    got |= {"equal_gpu_tpot_ratio_error_pct": eq["tpot_ratio_error_pct"],
+            "equal_gpu_tokens_per_gpu_ratio_error_pct": eq["tokens_per_gpu_ratio_error_pct"],
+            "equal_gpu_order_right": eq["order_right"],
+            "equal_gpu_tokens_per_gpu_margin_over_rule": eq["decision_quality"]["tokens_per_gpu"]["margin_over_rule"],
+            "equal_gpu_tpot_margin_over_rule": eq["decision_quality"]["tpot"]["margin_over_rule"]}
     targets = dict(TARGETS)
+    minimax = out["breakdowns"]["family"].get(MINIMAX)
+    if minimax and minimax["rows"]:
+        got |= {"minimax_ttft_median_ape": minimax["ttft"], "minimax_tpot_median_ape": minimax["tpot"]}
+        targets |= MINIMAX_TARGETS
     if records:
         fold_cpu = [float(f["cpu_s"]) for r in records for f in (r.get("leave_one_model_out") or {}).get("folds") or []]
         if fold_cpu:
             got |= {"fold_cpu_s_max": max(fold_cpu), "folds_cpu_s_total": round(sum(fold_cpu), 1)}
             targets |= FOLD_CPU_TARGETS
-    missed = [k for k, t in targets.items() if got[k] is None or (got[k] < t if "margin" in k else got[k] > t)]
+    missed = [k for k, t in targets.items() if got[k] is None or (got[k] < t if k in AT_LEAST else got[k] > t)]
     if args.json:
         print(json.dumps(out | {"targets": targets, "got": got, "missed": missed, "cpu_s": round(cpu, 2)}))
     else:
@@ -196,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  groups that mix releases, reported not targeted: {overall['ranking']['cross_release_groups']}; over all "
               f"{mixed['groups']} groups: tok/GPU {mixed['tokens_per_gpu']['within_5pct']} (rule {mixed['tokens_per_gpu']['rule_within_5pct']}), "
               f"TPOT {mixed['tpot']['within_5pct']} (rule {mixed['tpot']['rule_within_5pct']})")
-        eq = overall["ranking"]["equal_gpu"]
         print(f"  equal-GPU layouts within one release: {eq['groups']} groups, {eq['pairs']} pairs; median |predicted ratio / "
               f"measured ratio − 1| (%), order right on pairs differing > 5 % (TPOT {eq['order_right_tpot']}, tok/GPU "
               f"{eq['order_right_tokens_per_gpu']})")
@@ -212,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{edq['tokens_per_gpu']['rule_within_5pct']}), TPOT {edq['tpot']['within_5pct']} (rule {edq['tpot']['rule_within_5pct']})")
         for k, t in targets.items():
             ok = k not in missed
-            print(f"  {k:34s} {got[k]!s:>8s}  target {'≥' if 'margin' in k else '≤'} {t}  {'met' if ok else 'NOT met'}")
+            print(f"  {k:41s} {got[k]!s:>8s}  target {'≥' if k in AT_LEAST else '≤'} {t}  {'met' if ok else 'NOT met'}")
     return 1 if missed and not args.no_fail else 0
 
 

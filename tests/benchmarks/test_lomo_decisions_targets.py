@@ -1,0 +1,43 @@
+"""benchmarks/lomo_decisions.py judges every line of issue #35's "done when" that a figure can show."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.groundtruth import GROUNDTRUTH
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import lomo_decisions
+
+
+@pytest.fixture(autouse=True)
+def _shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lomo_decisions, "SHARED", GROUNDTRUTH)
+
+
+def _judged(capsys: pytest.CaptureFixture[str], *files: str) -> tuple[int, dict]:
+    rc = lomo_decisions.main(["--json", "--files", *files])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_the_equal_gpu_and_minimax_lines_are_judged_where_minimax_is_scored(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _judged(capsys, "silicon_minimax_m25.csv")
+    eq = out["overall"]["ranking"]["equal_gpu"]
+    assert out["got"]["equal_gpu_order_right"] == eq["order_right"] and out["targets"]["equal_gpu_order_right"] == 0.95
+    assert out["got"]["equal_gpu_tpot_ratio_error_pct"] == eq["tpot_ratio_error_pct"]
+    assert out["targets"]["equal_gpu_tokens_per_gpu_margin_over_rule"] == 0.10
+    family = out["breakdowns"]["family"]["MiniMax-M2.5"]
+    assert out["got"]["minimax_tpot_median_ape"] == family["tpot"] and out["targets"]["minimax_tpot_median_ape"] == 7.1
+    # A floor is missed below it, a ceiling above it; a miss makes the exit code 1.
+    for k, t in out["targets"].items():
+        below = out["got"][k] < t
+        assert (k in out["missed"]) == (below if k in lomo_decisions.AT_LEAST else out["got"][k] > t), k
+    assert rc == (1 if out["missed"] else 0)
+
+
+def test_without_minimax_rows_its_lines_are_not_judged(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = _judged(capsys, "silicon_qwen3_32b.csv")
+    assert "minimax_ttft_median_ape" not in out["targets"] and "minimax_ttft_median_ape" not in out["got"]
+    assert out["targets"]["tpot_margin_over_rule"] == 0.0
