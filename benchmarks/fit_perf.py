@@ -127,11 +127,12 @@ def _pins(specs: list[str]) -> dict[str, float]:
     return _name_values(specs, list(BOUNDS), "--fix")
 
 
-SWITCHES = ("measured_allreduce", "measured_moe")
+# Settings a fit holds as given: the step model's switches and its values declared from measured kernels.
+SWITCHES = ("measured_allreduce", "measured_moe", "moe_layer_latency_s")
 
 
 def _switches(specs: list[str]) -> dict[str, float]:
-    """`NAME=VALUE` settings of the step model's switches (not fitted; recorded with the parameters)."""
+    """`NAME=VALUE` settings of the step model's switches and declared values (not fitted; recorded with the parameters)."""
     return _name_values(specs, SWITCHES, "--set")
 
 

@@ -128,6 +128,11 @@ class PerfParams:
     # (planner/engines/kernels.py `nccl_s`) wherever a table covers the GPU and the group; 0: the fitted exchange
     # (a2a_latency_s, link_eff) everywhere. A switch, not fitted.
     measured_exchange: float = 1.0
+    # Fixed cost of one MoE layer's routed experts on the roofline (where no measured table prices the layer): the fused
+    # MoE kernel's routing, alignment and launches, which a layer pays whatever the tokens. Declared from the measured
+    # fused-MoE tables (tools/moe_latency.py: every table of aiconfigurator-core 0.12.0 fitted as t0 + bytes / (eta · HBM)
+    # at 1–64 tokens; t0 of one layer 16–45 µs); 0: the term is off (the shipped fit predates it).
+    moe_layer_latency_s: float = 0.0
     source: str = "defaults (unfitted)"
     # A deployment fit applied to these parameters (planner.perf.deployment_fit.with_factors), carried with them so that
     # every prediction given them is the corrected one: `step_scales`, the factor of each step-term group (`STEP_TERMS`)
@@ -197,7 +202,7 @@ STEP_TERMS: dict[str, tuple[str, ...]] = {
     "weights": ("lin_mem_s", "moe_mem_s"),
     "attention": ("attn_pair_s", "attn_ctx_s", "attn_mixed_ctx_s", "attn_capped_pair_s", "attn_capped_ctx_s", "attn_seq_s"),
     "communication": ("a2a_s_per_token", "a2a_fixed_s", "tp_s_per_token", "tp_fixed_s", "handoff_s_per_token", "handoff_fixed_s"),
-    "overhead": ("layer_fixed_s", "step_fixed_s", "per_seq_s", "seq_serial_s"),
+    "overhead": ("layer_fixed_s", "moe_fixed_s", "step_fixed_s", "per_seq_s", "seq_serial_s"),
 }
 
 
@@ -488,6 +493,9 @@ class StepCoefficients:
     # tables, which route every token over all experts and time one rank's E / ep of them (expert_map); 1 / ep for
     # SGLang's, which time one EP rank computing its dispatched tokens × top-k pairs.
     moe_table_share: Any = 1.0
+    # The roofline's fixed cost of all the stage's MoE layers per step (PerfParams.moe_layer_latency_s · MoE layers / pp;
+    # a measured table's time holds its own).
+    moe_fixed_s: Any = 0.0
     # CPU time per scheduled sequence per step on the step's critical path, in the rank's own engine process (PerfParams.seq_serial_s)
     seq_serial_s: Any = 0.0
     # False for a dense model: every expert and exchange term is exactly zero, so `token_terms` skips them (the same sum).
@@ -717,6 +725,7 @@ class StepGeometry:
     group_link: Any
     group_link_fitted: Any
     a2a_fixed_layers: Any
+    moe_layers: Any  # MoE layers of the stage (0 for a dense model)
     group_exchange: Any
     x_fixed: Any
     x_tok: Any
@@ -806,8 +815,9 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         a2a_bytes = moe_layers * model.hidden_size * (3.0 * remote + gathered)
         a2a_fixed_layers = np.where(dp > 1, moe_layers * 2.0, zero)
         local = model.num_experts / ep
+        stage_moe_layers = moe_layers + zero
     else:  # every expert term folds to exactly 0 (0 / a finite peak, 0 · a finite latency)
-        moe_flops = moe_bytes = a2a_bytes = a2a_fixed_layers = zero
+        moe_flops = moe_bytes = a2a_bytes = a2a_fixed_layers = stage_moe_layers = zero
         moe_inter = 1.0
         local = zero
     ep_z = _max_normal_z(ep) if model.is_moe else zero
@@ -873,7 +883,7 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         lin_kind=lin_kind, lin_width=lin_width, hbm=hbm,
         moe_flops=moe_flops, moe_bytes=moe_bytes, moe_inter=moe_inter, moe_peak=moe_peak, moe_best=moe_best, moe_kind=moe_kind,
         moe_width=moe_width, a2a_bytes=a2a_bytes, group_link=group_link, group_link_fitted=group_link_fitted,
-        a2a_fixed_layers=a2a_fixed_layers, group_exchange=_exchange_geometry(gpu, group), x_fixed=x_fixed, x_tok=x_tok,
+        a2a_fixed_layers=a2a_fixed_layers, moe_layers=stage_moe_layers, group_exchange=_exchange_geometry(gpu, group), x_fixed=x_fixed, x_tok=x_tok,
         pair_flops=pair_flops, pair_peak=pair_peak, capped_pair_flops=capped_pair_flops, peak16=peak16,
         read_ctx=read.per_context_token, read_capped=read.capped_per_token, read_seq=read.per_sequence,
         mla_ctx_flops=mla_ctx_flops, mla_capped_flops=mla_capped_flops, mixed_reread=mixed_reread, mixed_heads=mixed_heads,
@@ -933,6 +943,7 @@ def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None
         attn_seq_s=attn_seq_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * g.layers,
         pp=g.pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
+        moe_fixed_s=g.moe_layers * p.moe_layer_latency_s,
         seq_serial_s=serial,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=g.moe_log_curve, moe_table_share=g.moe_table_share,
         moe=g.moe,
@@ -1051,10 +1062,13 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     t_moe = (t_moe_c**k + t_moe_m**k) ** (1.0 / k)
     if c.moe_log_curve is not None:
         # Measured where a table covers it, at the tokens the table counts (`moe_table_share` of the tokens every DP rank
-        # routes), scaled by this step's rank over the table's own rank, both by the roofline (`table_rank_scale`).
+        # routes), scaled by this step's rank over the table's own rank, both by the roofline (`table_rank_scale`); the
+        # table's time holds the layers' fixed cost, the roofline's adds it.
         measured = _moe_table_s(c.moe_log_curve, routed * c.moe_table_share) * table_rank_scale(c, routed, t_moe, maximum=maximum,
                                                                                                   minimum=minimum)
-        t_moe = np.where(np.isfinite(measured), measured, t_moe)
+        t_moe = np.where(np.isfinite(measured), measured, t_moe + c.moe_fixed_s)
+    else:
+        t_moe = t_moe + c.moe_fixed_s
     exchanged = micro if moe_tokens is None else routed / c.dp  # the exchange's bytes: a rank's share of the gathered tokens
     if own is not None:
         exchanged = np.where(own, micro, exchanged)

@@ -180,3 +180,28 @@ def test_the_measured_moe_term_rescales_the_tables_rank_to_the_busiest_rank():
     # Against plain TP4 the EP rank is still the slower one, as measured (4-5 % at 16-64 clients).
     tp4, _ = token_terms(step_coefficients(mm, gpu, params=ON, **(kw | {"moe_ep": 1.0})), 16.0)
     assert float(measured) > float(tp4)
+
+
+# ---------------------------------------------------------------- the roofline's fixed MoE cost (declared; off as shipped)
+def test_the_declared_moe_layer_latency_adds_once_per_moe_layer_on_the_roofline_and_never_to_a_measured_table():
+    model = _minimax()
+    tokens = np.array([1.0, 16.0, 256.0])
+
+    def moe_step(params: PerfParams, pp: int = 1) -> np.ndarray:
+        c = step_coefficients(model, resolve_gpu("b200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO,
+                              engine=Engine.VLLM, tp=4, pp=pp, dp=1, params=params, release="0.19.0")
+        return np.asarray(token_terms(c, tokens)[0])
+
+    off = replace(PerfParams(), measured_allreduce=0.0)
+    on = replace(off, moe_layer_latency_s=30e-6)
+    assert off.moe_layer_latency_s == 0.0  # the default adds nothing
+    # Every MoE layer of the stage pays it once a step, whatever the tokens; a stage holds 1/pp of the layers.
+    assert moe_step(on) - moe_step(off) == pytest.approx(np.full(3, model.num_moe_layers * 30e-6), rel=1e-9)
+    assert moe_step(on, pp=2) - moe_step(off, pp=2) == pytest.approx(np.full(3, model.num_moe_layers / 2 * 30e-6), rel=1e-9)
+    # Where vLLM 0.19.0's B200 table prices the layer, its measured time already holds the fixed cost.
+    assert moe_step(replace(on, measured_moe=1.0)) == pytest.approx(moe_step(replace(off, measured_moe=1.0)), rel=1e-12)
+    # A dense model has no MoE layer to pay it.
+    dense = resolve_model("meta-llama/Llama-3.1-70B")
+    c_off, c_on = (step_coefficients(dense, resolve_gpu("h100_sxm"), precision=Precision.BF16, kv_dtype=KvDtype.AUTO,
+                                     engine=Engine.VLLM, tp=4, pp=1, dp=1, params=p) for p in (off, on))
+    assert np.asarray(token_terms(c_on, tokens)[0]) == pytest.approx(np.asarray(token_terms(c_off, tokens)[0]), rel=0, abs=0)
