@@ -35,6 +35,7 @@ from .processes import Child, Supervisor, free_port, http_ok, wait_until
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+NODE_MONITOR_GRACE_S = 600   # see the controller-manager's flags in LocalCluster.start
 # kwok gives pods addresses from a /16 of 127.0.0.0/8: every one of them is a loopback address on Linux, so the
 # emulator serves each engine pod's /metrics at the pod's own IP and port, where Prometheus' Kubernetes discovery
 # points (as it would at a real engine). Each session claims its own /16 (`claim_pod_cidr`): two sessions on one
@@ -200,6 +201,12 @@ class LocalCluster:
             f"--service-account-private-key-file={self.pki.sa_key}", f"--root-ca-file={self.pki.ca_crt}",
             "--secure-port=0", "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
             "--concurrent-gc-syncs=20", "-v=1",
+            # A fake node whose lease renewal lags past the grace period (the default 50 s; kwok renews from a
+            # process that shares two cores with two clusters under load) is marked Unknown, and the node-lifecycle
+            # controller sets every pod on it Ready=False. A kubelet would report them Ready again on its next status
+            # sync; kwok's pod stages never do (kubernetes-sigs/kwok#1464), so those pods would stay unready for
+            # good while `kubectl get pods` still shows their containers 1/1. No scenario here takes a node away.
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s",
         ])
         scheduler = self.supervisor.start("kube-scheduler", [
             str(self.binaries / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",

@@ -122,8 +122,21 @@ def _dump(cluster: LocalCluster, namespace: str) -> None:
     """Prints what a failed scenario left behind, for the CI log, and where the rest of its worker's logs are."""
     print(f"\n===== worker {_worker()}: every process's log in {cluster.supervisor.log_dir} =====")
     print(f"\n===== namespace {namespace} =====")
-    for what in ("servingtopologies", "deployments,services,pods", "events"):
+    for what in ("servingtopologies", "deployments,replicasets,services,pods", "events"):
         print(cluster.kubectl("get", what, "-n", namespace, "-o", "wide", check=False).stdout)
+    # A pod's Ready condition (what a Deployment counts), which `kubectl get pods`' READY column (containers) hides,
+    # and each node's Ready condition and taints: a node marked Unknown leaves its pods unready.
+    print(cluster.kubectl("get", "pods", "-n", namespace, "-o", "custom-columns=POD:.metadata.name,"
+                          "READY:.status.conditions[?(@.type=='Ready')].status,"
+                          "SINCE:.status.conditions[?(@.type=='Ready')].lastTransitionTime", check=False).stdout)
+    print(cluster.kubectl("get", "nodes", "-o", "custom-columns=NODE:.metadata.name,"
+                          "READY:.status.conditions[?(@.type=='Ready')].status,"
+                          "SINCE:.status.conditions[?(@.type=='Ready')].lastTransitionTime,TAINTS:.spec.taints[*].key",
+                          check=False).stdout)
+    for component in ("kube-controller-manager", "kwok"):
+        path = cluster.supervisor.log_dir / f"{component}.log"
+        print(f"===== {component} log (tail) =====")
+        print(path.read_text(errors="replace")[-2000:] if path.exists() else "(none)")
     print("===== operator log (tail) =====")
     path = cluster.supervisor.log_dir / "operator.log"
     print(path.read_text(errors="replace")[-6000:] if path.exists() else "(none)")
