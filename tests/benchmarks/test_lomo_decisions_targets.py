@@ -30,11 +30,19 @@ def test_the_equal_gpu_and_minimax_lines_are_judged_where_minimax_is_scored(caps
     assert out["targets"]["equal_gpu_tokens_per_gpu_margin_over_rule"] == 0.10
     family = out["breakdowns"]["family"]["MiniMax-M2.5"]
     assert out["got"]["minimax_tpot_median_ape"] == family["tpot"] and out["targets"]["minimax_tpot_median_ape"] == 7.1
-    # A floor is missed below it, a ceiling above it; a miss makes the exit code 1.
-    for k, t in out["targets"].items():
-        below = out["got"][k] < t
-        assert (k in out["missed"]) == (below if k in lomo_decisions.AT_LEAST else out["got"][k] > t), k
+    assert out["missed"] == lomo_decisions.missed_targets(out["got"], out["targets"])
     assert rc == (1 if out["missed"] else 0)
+
+
+def test_a_floor_is_missed_below_it_a_ceiling_above_it_and_a_figure_not_computed_always() -> None:
+    targets = {"equal_gpu_order_right": 0.95, "tpot_margin_over_rule": 0.0, "equal_gpu_tpot_ratio_error_pct": 5.0,
+               "minimax_tpot_median_ape": 7.1}
+    assert lomo_decisions.missed_targets({"equal_gpu_order_right": 0.90, "tpot_margin_over_rule": 0.0,
+                                          "equal_gpu_tpot_ratio_error_pct": 4.47, "minimax_tpot_median_ape": 10.98},
+                                         targets) == ["equal_gpu_order_right", "minimax_tpot_median_ape"]
+    assert lomo_decisions.missed_targets({"equal_gpu_order_right": 0.95, "tpot_margin_over_rule": -0.001,
+                                          "equal_gpu_tpot_ratio_error_pct": None, "minimax_tpot_median_ape": 7.1},
+                                         targets) == ["tpot_margin_over_rule", "equal_gpu_tpot_ratio_error_pct"]
 
 
 def test_without_minimax_rows_its_lines_are_not_judged(capsys: pytest.CaptureFixture[str]) -> None:
