@@ -128,7 +128,7 @@ def _pins(specs: list[str]) -> dict[str, float]:
 
 
 # Settings a fit holds as given: the step model's switches and its values declared from measured kernels.
-SWITCHES = ("measured_allreduce", "measured_moe", "moe_layer_latency_s")
+SWITCHES = ("measured_allreduce", "measured_moe", "measured_gemm", "moe_layer_latency_s")
 
 
 def _switches(specs: list[str]) -> dict[str, float]:
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-defaults", action="store_true", help="start from PerfParams() instead of the current fit")
     ap.add_argument("--dry-run", action="store_true", help="print the fit, do not write the data file")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="set a switch of the step model that is not fitted (measured_allreduce=1, measured_moe=1: the measured "
+                    help="set a switch of the step model that is not fitted (measured_allreduce=1, measured_moe=1, measured_gemm=1: the measured "
                          "kernel tables) in the fit and every fold")
     ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
                     help="hold a parameter at VALUE instead of fitting it (repeatable)")

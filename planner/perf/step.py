@@ -22,11 +22,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from servingtopology.planner.arch import ModuleGroup
 from servingtopology.planner.engines import kernels
 from servingtopology.planner.hardware import Gpu, Link, Precision, gpu_catalog
 from servingtopology.planner.layout import Engine, KvDtype, Parallelism
 from servingtopology.planner.model.catalog import ModelArch
-from servingtopology.planner.perf.memory import attention_read_bytes, expert_weight_bytes, kv_bytes_per_token, linear_weight_bytes
+from servingtopology.planner.perf.memory import attention_read_bytes, expert_weight_bytes, group_bytes_per_param, kv_bytes_per_token, linear_weight_bytes
 
 __all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "scaled_terms", "STEP_TERMS", "NOT_FITTED",
            "StepGeometry", "step_geometry", "fold_coefficients", "concat_geometry",
@@ -133,6 +134,12 @@ class PerfParams:
     # fused-MoE tables (tools/moe_latency.py: every table of aiconfigurator-core 0.12.0 fitted as t0 + bytes / (eta · HBM)
     # at 1–64 tokens; t0 of one layer 16–45 µs); 0: the term is off (the shipped fit predates it).
     moe_layer_latency_s: float = 0.0
+    # 1: a step's dense linear layers (attention projections, dense and shared-expert FFNs, routers, LM head) cost what the
+    # engine's GEMM tables measured at each layer's shape and weight format on this GPU (kernels.gemm_time_s, the nearest
+    # measured release), summed per step and interpolated in the step's tokens (`measured_dense_curve`), in place of the
+    # fitted roofline (gemm_eff_max and the format scales, gemm_half_tokens, narrow_width_cols, mem_eff, roofline_sharpness);
+    # 0: the roofline everywhere. A switch, not fitted: the ablation in benchmarks/README flips it.
+    measured_gemm: float = 0.0
     source: str = "defaults (unfitted)"
     # A deployment fit applied to these parameters (planner.perf.deployment_fit.with_factors), carried with them so that
     # every prediction given them is the corrected one: `step_scales`, the factor of each step-term group (`STEP_TERMS`)
@@ -221,8 +228,10 @@ def _apply_term_scales(c: StepCoefficients, scales: Mapping[str, float]) -> Step
         if f != 1.0:
             for name in STEP_TERMS[term]:
                 changed[name] = getattr(c, name) * f
-    if "gemm" in scales and scales["gemm"] != 1.0 and c.moe_log_curve is not None:
-        changed["moe_log_curve"] = c.moe_log_curve + math.log(scales["gemm"])
+    if "gemm" in scales and scales["gemm"] != 1.0:
+        for name in ("moe_log_curve", "lin_log_curve"):
+            if getattr(c, name) is not None:
+                changed[name] = getattr(c, name) + math.log(scales["gemm"])
     return replace(c, **changed) if changed else c
 
 
@@ -393,10 +402,12 @@ ROOFLINE_PREFIX = "roofline: "  # a switched-on measured term that no table may 
 
 
 def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None, *,
-                   model: ModelArch | None = None, moe_precision: Precision | None = None, dp: int = 1, moe_ep: int = 1) -> dict[str, str]:
+                   model: ModelArch | None = None, moe_precision: Precision | None = None, dp: int = 1, moe_ep: int = 1,
+                   precision: Precision | None = None) -> dict[str, str]:
     """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline.
     `model` (with its experts' precision and the instance's dp and EP degree) adds the MoE term: where `measured_moe` is on
-    and no table may time it, its value is `ROOFLINE_PREFIX` and the reason (the release rule, the kernel the engine runs)."""
+    and no table may time it, its value is `ROOFLINE_PREFIX` and the reason (the release rule, the kernel the engine runs).
+    `model` with the dense weights' `precision` (the experts' where not given) adds the dense GEMM term (`measured_gemm`)."""
     p = params or perf_params()
     out: dict[str, str] = {}
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
@@ -411,6 +422,9 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
         _, _, source = _measured_exchange_line(fabric_table_gpu(gpu.id), int(dp), int(hidden))
         if source:
             out["dp_exchange"] = source
+    if p.measured_gemm >= 0.5 and model is not None:
+        _, source, reason = measured_dense_curve(model, gpu, engine, release, precision or moe_precision or Precision.BF16, tp)
+        out["gemm"] = source or f"{ROOFLINE_PREFIX}{reason}"
     if p.measured_moe >= 0.5 and model is not None and model.is_moe:
         group = tp * dp
         ep = min(moe_ep, group)
@@ -501,6 +515,9 @@ class StepCoefficients:
     # False for a dense model: every expert and exchange term is exactly zero, so `token_terms` skips them (the same sum).
     # A flag per candidate where the geometries of several models were concatenated (`concat_geometry`).
     moe: Any = True
+    # ln(seconds) of the stage's dense linear layers at 2^i tokens per candidate, measured (`measured_dense_curve`); NaN
+    # where no table covers the candidate. None: the roofline everywhere.
+    lin_log_curve: Any = None
 
 
 # Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
@@ -602,6 +619,141 @@ def _moe_table_s(curve: Any, tokens: Any) -> Any:
     return np.where(inside, np.exp(lo * (1.0 - frac) + hi * frac), np.nan)
 
 
+def _gemm_table_dtype(model: ModelArch, group: ModuleGroup, precision: Precision) -> str | None:
+    """The GEMM tables' dtype of `group`'s weights served at `precision` (the format `memory.group_bytes_per_param` prices):
+    BF16 where the group stays in 16 bits; FP8 block-scaled where the checkpoint stores the group so, else per-tensor FP8
+    (vLLM's online FP8, ModelOpt); NVFP4. None where no table times the format (MXFP4 or INT4 dense weights)."""
+    if group_bytes_per_param(model, group, precision) >= 2.0:
+        return "bfloat16"
+    ck = model.checkpoint
+    stored = ck is not None and ck.covers(group) and ck.precision is precision
+    if precision is Precision.FP8:
+        return "fp8_block" if stored and ck is not None and ck.bytes_per_param > 1.0 else "fp8"
+    if precision is Precision.FP4 and (not stored or (ck is not None and ck.method == "nvfp4")):
+        return "nvfp4"
+    return None
+
+
+def dense_gemm_shapes(model: ModelArch, precision: Precision, tp: float) -> tuple[tuple[tuple[str, float, float, float], ...], str]:
+    """The GEMMs of one step's dense linear layers on one GPU of a TP group of `tp`, each as (the tables' dtype, n, k, calls
+    per step over the whole model): n the GPU's output columns, k its inputs, every one at the step's tokens. Empty, with
+    the reason, where a layer kind is not enumerated here (linear-attention mixers, indexers, per-layer head counts,
+    compressed or shared KV projections) or a format has no table; the roofline prices those models' linear layers.
+
+    Attention (GQA): the fused q/k/v projection (KV heads replicated where TP exceeds them, as vLLM does) and the output
+    projection. MLA: the fused q_a and kv_a down-projections, replicated on every rank, then q_b, kv_b and o, sharded.
+    Gated FFNs (dense layers, shared experts): the fused gate/up and the down projection. The router (BF16, replicated)
+    and the LM head, at every token of the step as the roofline counts them."""
+    if (model.linear_mixer_params or model.num_indexer_layers or model.query_heads_total or model.kv_reuse_drops_kv_proj
+            or model.compressed_kv_values_per_token or (model.q_lora_rank and not model.is_mla)):
+        return (), "this model's linear layers are not enumerated as GEMMs here"
+    h = float(model.hidden_size)
+    t = float(tp)
+    shapes: list[tuple[ModuleGroup | None, float, float, float]] = []
+    attn = float(model.num_attention_layers)
+    heads = max(model.num_heads / t, 1.0)
+    if model.is_mla:
+        qk = float(model.qk_nope_head_dim + model.qk_rope_head_dim)
+        if model.q_lora_rank:
+            shapes += [(ModuleGroup.ATTENTION, float(model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim), h, attn),
+                       (ModuleGroup.ATTENTION, heads * qk, float(model.q_lora_rank), attn)]
+        else:
+            shapes += [(ModuleGroup.ATTENTION, heads * qk, h, attn),
+                       (ModuleGroup.ATTENTION, float(model.kv_lora_rank + model.qk_rope_head_dim), h, attn)]
+        shapes += [(ModuleGroup.ATTENTION, heads * (model.qk_nope_head_dim + model.v_head_dim), float(model.kv_lora_rank), attn),
+                   (ModuleGroup.ATTENTION, h, heads * model.v_head_dim, attn)]
+    else:
+        q_cols = heads * model.head_dim * (2 if model.attn_output_gate else 1)
+        kv_cols = 2.0 * model.head_dim * max(model.num_kv_heads / t, 1.0)
+        shapes += [(ModuleGroup.ATTENTION, q_cols + kv_cols, h, attn), (ModuleGroup.ATTENTION, h, heads * model.head_dim, attn)]
+    gate = model.ffn_matrices - 1.0  # the fused gate/up projection's width in FFN widths (1: a plain up projection)
+    ffns: tuple[tuple[ModuleGroup, int, int], ...] = (
+        (ModuleGroup.DENSE_FFN, model.intermediate_size, model.num_dense_layers),
+        (ModuleGroup.SHARED_EXPERTS, model.shared_expert_intermediate_size or model.num_shared_experts * model.moe_intermediate_size,
+         model.num_moe_layers))
+    for ffn, width, layers in ffns:
+        if width and layers:
+            shapes += [(ffn, gate * width / t, h, float(layers)), (ffn, h, width / t, float(layers))]
+    if model.num_moe_layers:
+        shapes.append((None, float(model.num_experts), h, float(model.num_moe_layers)))  # the router, BF16 on every rank
+    shapes.append((ModuleGroup.LM_HEAD, model.vocab_size / t, h, 1.0))
+    out = []
+    for group, n, k, calls in shapes:
+        dtype = "bfloat16" if group is None else _gemm_table_dtype(model, group, precision)
+        if dtype is None:
+            return (), f"no GEMM table times {group.value if group else 'router'} weights in this format"
+        out.append((dtype, n, k, calls))
+    return tuple(out), ""
+
+
+GEMM_TABLE_MAX_N = 65536.0  # the widest n the GEMM tables measured (kernels.gemm_time_s)
+# Which table times an engine's GEMMs of a format where its own table for that format does not time the kernel a serving
+# step runs. vLLM 0.24.0's block-FP8 GEMM tables are flat in m at 58–62 µs (H100, H200) and 170–280 µs (B200) from 1 to
+# 256 tokens, whatever the shape (2048 × 3072 as 7168 × 8192), 7–30× its per-tensor FP8 table at decode sizes: a fixed
+# cost per call that a CUDA-graph step does not pay (MiniMax-M2.5's block-FP8 rows on B200 TP4 measure a whole decode
+# step of 9.5 ms, where 124 such calls would take 21 ms). SGLang's tables time both formats on the same GPUs, and there
+# block-FP8 runs at 0.8–1.3× per-tensor FP8 (the same FP8 tensor-core work, scales on 128 × 128 blocks): vLLM's
+# block-FP8 GEMMs take its per-tensor FP8 table.
+GEMM_TABLE_DTYPE = {("vllm", "fp8_block"): "fp8"}
+
+
+@cache
+def _dense_curve_scalar(gpu_id: str, engine: str, release: str, shapes: tuple[tuple[str, float, float, float], ...]) -> tuple[tuple[float, ...], str, str]:
+    """ln(seconds) of all of `shapes` at 2^i tokens from the engine's GEMM tables, its source, and why no table covered them
+    ("" when one did). Past the largest measured m of a release (SGLang 0.5.6.post2's H100 tables stop at 8,192) a GEMM is
+    compute-bound: its time grows in proportion to m from the last measured point."""
+    tokens = np.exp2(np.arange(MOE_GRID, dtype=float))
+    total = np.zeros(MOE_GRID)
+    source = ""
+    for dtype, n_all, k, calls in shapes:
+        # Wider than the tables (the LM head of a 128k–200k vocabulary on one GPU): as column blocks of at most 65,536.
+        pieces = math.ceil(n_all / GEMM_TABLE_MAX_N)
+        n = n_all / pieces
+        dtype = GEMM_TABLE_DTYPE.get((engine, dtype), dtype)
+        got = kernels.gemm_time_s(gpu_id, engine, release or None, dtype=dtype, m=tokens, n=n, k=k)
+        finite = np.isfinite(got.time_s)
+        if got.source is None or not finite[0]:
+            return tuple([math.nan] * MOE_GRID), "", f"no {engine} {dtype} GEMM table on {gpu_id} measured n={n:g}, k={k:g}"
+        last = MOE_GRID - 1 if finite.all() else int(np.argmin(finite)) - 1  # the last of the measured run from m = 1
+        times = np.where(np.arange(MOE_GRID) <= last, got.time_s, got.time_s[last] * tokens / tokens[last])
+        total = total + calls * pieces * times
+        source = source or f"{got.source.describe()} GEMMs, {dtype}"
+    return tuple(float(v) for v in np.log(total)), source, ""
+
+
+def measured_dense_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, precision: Precision,
+                         tp: Any) -> tuple[Any, str, str]:
+    """ln(seconds) of a step's dense linear layers (`dense_gemm_shapes`, the whole model) at 2^i tokens per candidate (rows
+    of NaN where no table covers them), the source of the first covered row ("" when none), and why the first uncovered
+    one has no table."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    tp_arr = np.asarray(tp, dtype=float)
+    curve = np.full((*tp_arr.shape, MOE_GRID), np.nan)
+    if name is None:
+        return curve, "", "no measured tables of this engine"
+    source = reason = ""
+    for t in sorted({float(v) for v in tp_arr.ravel()}):
+        shapes, why = dense_gemm_shapes(model, precision, t)
+        if not shapes:
+            reason = reason or why
+            continue
+        values, where, why = _dense_curve_scalar(gpu.id, name, release or "", shapes)
+        if where:
+            source = source or where
+            curve[tp_arr == t] = np.asarray(values)
+        else:
+            reason = reason or why
+    return curve, source, reason
+
+
+def _dense_table_s(curve: Any, tokens: Any) -> Any:
+    """The dense curve at `tokens` (`_moe_table_s`'s interpolation); past its last grid point (32,768 tokens) in proportion
+    to the tokens, as a compute-bound GEMM grows."""
+    top = 2.0 ** (MOE_GRID - 1)
+    t = np.asarray(tokens, dtype=float)
+    return _moe_table_s(curve, np.minimum(t, top)) * np.maximum(t / top, 1.0)
+
+
 def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
                       tp: Any, pp: Any, dp: Any, moe_ep: Any = 1, moe_precision: Precision | None = None,
                       overhead_scale: float | None = None, params: PerfParams | None = None,
@@ -620,7 +772,8 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     tables_for = kernel_engine if kernel_engine is not None else (engine if overhead_scale is None else None)
     g = step_geometry(model, gpu, precision=precision, kv_dtype=kv_dtype, engine=engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep,
                       moe_precision=moe_precision, release=release, tables_for=tables_for, table_allreduce=p.measured_allreduce >= 0.5,
-                      table_exchange=p.measured_exchange >= 0.5, table_moe=p.measured_moe >= 0.5)
+                      table_exchange=p.measured_exchange >= 0.5, table_moe=p.measured_moe >= 0.5,
+                      table_gemm=p.measured_gemm >= 0.5)
     return fold_coefficients(g, p, overhead_scale)
 
 
@@ -702,6 +855,7 @@ class StepGeometry:
     moe_log_curve: Any
     moe_table_share: Any
     moe: Any
+    lin_log_curve: Any
     # Dense linear layers: 2 · params / pp / tp, weight bytes / pp / tp, hidden / tp; the GEMM peak (`_gemm_geometry`).
     lin_flops: Any
     lin_bytes: Any
@@ -769,7 +923,7 @@ class StepGeometry:
 def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine, tp: Any, pp: Any, dp: Any,
                   moe_ep: Any = 1, moe_precision: Precision | None = None, release: str | None = None, tables_for: Engine | None = None,
                   table_allreduce: bool = False, table_exchange: bool = True, table_moe: bool = False,
-                  release_recorded: bool = True) -> StepGeometry:
+                  release_recorded: bool = True, table_gemm: bool = False) -> StepGeometry:
     """The parameter-free part of `step_coefficients` (same arguments; `tables_for`: whose measured kernel tables price the
     terms they cover, None for none; `table_*`: the `measured_*` switches of PerfParams). `release_recorded` False: a
     measured row whose engine release nobody recorded; release None then stands for the newest measured release
@@ -875,10 +1029,17 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         if np.isfinite(curve).any():
             # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
             moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
+    lin_curve = None
+    if table_gemm:
+        curve, _, _ = measured_dense_curve(model, gpu, tables_for, release, precision, tp)
+        if np.isfinite(curve).any():
+            # A stage holds 1/pp of the layers; rows broadcast to the candidates' shape.
+            lin_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
     table_share = (1.0 + zero) if tables_for is Engine.VLLM else 1.0 / np.maximum(ep, 1)
     return StepGeometry(
         local_experts=local, ep_z=ep_z, dp=dp, experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), pp=pp,
         attn_cap_tokens=min(read.cap_tokens, 1e15), moe_log_curve=moe_curve, moe_table_share=table_share, moe=model.is_moe,
+        lin_log_curve=lin_curve,
         lin_flops=lin_flops, lin_bytes=lin_bytes, hidden_per_tp=model.hidden_size / tp, lin_peak=lin_peak, lin_best=lin_best,
         lin_kind=lin_kind, lin_width=lin_width, hbm=hbm,
         moe_flops=moe_flops, moe_bytes=moe_bytes, moe_inter=moe_inter, moe_peak=moe_peak, moe_best=moe_best, moe_kind=moe_kind,
@@ -946,7 +1107,7 @@ def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None
         moe_fixed_s=g.moe_layers * p.moe_layer_latency_s,
         seq_serial_s=serial,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=g.moe_log_curve, moe_table_share=g.moe_table_share,
-        moe=g.moe,
+        moe=g.moe, lin_log_curve=g.lin_log_curve,
     )
     return _apply_term_scales(coeffs, dict(p.step_scales)) if p.step_scales else coeffs
 
@@ -956,8 +1117,8 @@ def concat_geometry(parts: Sequence[tuple[StepGeometry, int]]) -> StepGeometry:
     every candidate's coefficients are the floats its own geometry folds to (the fold is elementwise)."""
     values: dict[str, Any] = {}
     for f in fields(StepGeometry):
-        if f.name == "moe_log_curve":
-            curves = [(g.moe_log_curve, n) for g, n in parts]
+        if f.name in ("moe_log_curve", "lin_log_curve"):
+            curves = [(getattr(g, f.name), n) for g, n in parts]
             if all(c is None for c, _ in curves):
                 values[f.name] = None
             else:
@@ -1040,6 +1201,9 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     k = c.sharp
     t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
     t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
+    if c.lin_log_curve is not None:  # measured where a GEMM table covers the candidate's layers
+        measured_lin = _dense_table_s(c.lin_log_curve, micro)
+        t_linear = np.where(np.isfinite(measured_lin), measured_lin, t_linear)
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     one_kind = isinstance(c.moe, (bool, np.bool_))  # else a flag per candidate (geometries of several models concatenated)
     if one_kind and not c.moe:
