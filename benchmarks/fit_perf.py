@@ -128,7 +128,7 @@ def _pins(specs: list[str]) -> dict[str, float]:
 
 
 # Settings a fit holds as given: the step model's switches and its values declared from measured kernels.
-SWITCHES = ("measured_allreduce", "measured_moe", "measured_gemm", "moe_layer_latency_s")
+SWITCHES = ("measured_allreduce", "measured_moe", "measured_gemm", "measured_decode_attention", "moe_layer_latency_s")
 
 
 def _switches(specs: list[str]) -> dict[str, float]:

@@ -11,7 +11,7 @@ No row's inputs are filled from measured outcomes (twins are matched on inputs o
 Prints TTFT, TPOT and end-to-end (TTFT + (osl − 1)·TPOT) median absolute percentage errors, and decision quality:
 within each benchmark group of one engine release, the share of groups whose predicted best topology measured
 within 5 % of the measured best, for tokens/s per GPU and for TPOT, beside the trivial rules (fewest GPUs; most
-GPUs; ties averaged), with median and worst regrets. Broken down by engine, release, layout kind and client bucket.
+GPUs; ties averaged), with median and worst regrets. Broken down by engine, release, layout kind, client bucket, family and GPU.
 Layouts of equal GPU count within one release (issue #35: plain TP, TP·EP, DP attention, PD) are compared pair by
 pair (`scores.equal_gpu_pairs`): the predicted ratio of their TPOT and of their tokens/s per GPU against the measured
 ratio, and the order of the pairs whose measured figures differ by more than 5 %; by family and by the kinds compared.
@@ -123,6 +123,7 @@ BREAKDOWNS: dict[str, Callable[[BenchmarkCase], str]] = {
     "layout": layout_kind,
     "clients": client_bucket,
     "family": lambda c: c.model_path.split("/")[-1].replace("-NVFP4", "").replace("-FP8", "").replace("-Instruct", ""),
+    "gpu": lambda c: c.system,
 }
 
 

@@ -493,15 +493,15 @@ def _topo_arrays(topo: Sequence[Topology]) -> tuple[Any, Any, Any, Any]:
 
 
 def _geometry(model: ModelArch, gpu: Gpu, case: BenchmarkCase, d: _EngineDefaults, topo: Sequence[Topology],
-              switches: tuple[bool, bool, bool, bool]) -> StepGeometry:
+              switches: tuple[bool, bool, bool, bool, bool]) -> StepGeometry:
     """What `step_coefficients` folds for these topologies that no fitted parameter changes (`switches`: measured
-    all-reduce, exchange, MoE and dense GEMM tables)."""
+    all-reduce, exchange, MoE, dense GEMM and decode-attention tables)."""
     tp, pp, dp, ep = _topo_arrays(topo)
     return step_geometry(model, gpu, precision=case.precision, kv_dtype=d.kv_dtype, engine=d.engine, tp=tp, pp=pp, dp=dp, moe_ep=ep,
                          moe_precision=case.moe_precision, release=case.engine_release or None,
                          tables_for=d.engine if d.overhead_scale is None else None, table_allreduce=switches[0],
                          table_exchange=switches[1], table_moe=switches[2], release_recorded=bool(case.engine_release),
-                         table_gemm=switches[3])
+                         table_gemm=switches[3], table_decode_attention=switches[4])
 
 
 def _stepper(coeffs: StepCoefficients) -> Any:
@@ -624,8 +624,9 @@ class PreparedCases:
     skips: dict[int, Skip]
     groups: list[_Group]
     _parts: list[_Part] = dataclasses.field(default_factory=list)
-    # (aggregated or prefill, decode) geometry of each part under the measured-table switches (all-reduce, exchange, MoE, GEMM)
-    _geometry: dict[tuple[bool, bool, bool, bool], list[tuple[StepGeometry, StepGeometry | None]]] = dataclasses.field(default_factory=dict)
+    # (aggregated or prefill, decode) geometry of each part under the measured-table switches (all-reduce, exchange, MoE, GEMM,
+    # decode attention)
+    _geometry: dict[tuple[bool, bool, bool, bool, bool], list[tuple[StepGeometry, StepGeometry | None]]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for mode in ("agg", "disagg"):
@@ -634,7 +635,8 @@ class PreparedCases:
                 self._parts.append(_part(gs))
 
     def _geometries(self, p: PerfParams) -> list[tuple[StepGeometry, StepGeometry | None]]:
-        key = (p.measured_allreduce >= 0.5, p.measured_exchange >= 0.5, p.measured_moe >= 0.5, p.measured_gemm >= 0.5)
+        key = (p.measured_allreduce >= 0.5, p.measured_exchange >= 0.5, p.measured_moe >= 0.5, p.measured_gemm >= 0.5,
+               p.measured_decode_attention >= 0.5)
         if key not in self._geometry:
             def geo(gs: list[_Group], decode: bool) -> StepGeometry:
                 return concat_geometry([(_geometry(g.model, g.gpu, g.first, g.defaults, g.decode if decode else g.topo, key), len(g.idx))

@@ -140,6 +140,12 @@ class PerfParams:
     # fitted roofline (gemm_eff_max and the format scales, gemm_half_tokens, narrow_width_cols, mem_eff, roofline_sharpness);
     # 0: the roofline everywhere. A switch, not fitted: the ablation in benchmarks/README flips it.
     measured_gemm: float = 0.0
+    # 1: a decode step's attention over the full-attention layers (GQA/MHA, not MLA, windows or indexers) costs what the
+    # engine's decode-attention tables measured at the layer's head counts, head size and KV dtype
+    # (kernels.generation_attention_s): per layer a fixed cost at the step's decode batch plus a cost per cached token
+    # read (`measured_decode_attention`), in place of the roofline's context read at `attn_decode_mem_eff`; 0: the
+    # roofline everywhere. A switch, not fitted.
+    measured_decode_attention: float = 0.0
     source: str = "defaults (unfitted)"
     # A deployment fit applied to these parameters (planner.perf.deployment_fit.with_factors), carried with them so that
     # every prediction given them is the corrected one: `step_scales`, the factor of each step-term group (`STEP_TERMS`)
@@ -228,6 +234,8 @@ def _apply_term_scales(c: StepCoefficients, scales: Mapping[str, float]) -> Step
         if f != 1.0:
             for name in STEP_TERMS[term]:
                 changed[name] = getattr(c, name) * f
+    if "attention" in scales and scales["attention"] != 1.0 and c.dec_attn_curve is not None:
+        changed["dec_attn_curve"] = c.dec_attn_curve * scales["attention"]
     if "gemm" in scales and scales["gemm"] != 1.0:
         for name in ("moe_log_curve", "lin_log_curve"):
             if getattr(c, name) is not None:
@@ -403,7 +411,7 @@ ROOFLINE_PREFIX = "roofline: "  # a switched-on measured term that no table may 
 
 def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int, hidden: int, params: PerfParams | None = None, *,
                    model: ModelArch | None = None, moe_precision: Precision | None = None, dp: int = 1, moe_ep: int = 1,
-                   precision: Precision | None = None) -> dict[str, str]:
+                   precision: Precision | None = None, kv_dtype: KvDtype | None = None) -> dict[str, str]:
     """Which step terms of one instance come from measured kernel tables, with their source; the rest are roofline.
     `model` (with its experts' precision and the instance's dp and EP degree) adds the MoE term: where `measured_moe` is on
     and no table may time it, its value is `ROOFLINE_PREFIX` and the reason (the release rule, the kernel the engine runs).
@@ -425,6 +433,9 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
     if p.measured_gemm >= 0.5 and model is not None:
         _, source, reason = measured_dense_curve(model, gpu, engine, release, precision or moe_precision or Precision.BF16, tp)
         out["gemm"] = source or f"{ROOFLINE_PREFIX}{reason}"
+    if p.measured_decode_attention >= 0.5 and model is not None:
+        _, source, reason = measured_decode_attention(model, gpu, engine, release, kv_dtype or KvDtype.AUTO, tp)
+        out["decode_attention"] = source or f"{ROOFLINE_PREFIX}{reason}"
     if p.measured_moe >= 0.5 and model is not None and model.is_moe:
         group = tp * dp
         ep = min(moe_ep, group)
@@ -518,6 +529,9 @@ class StepCoefficients:
     # ln(seconds) of the stage's dense linear layers at 2^i tokens per candidate, measured (`measured_dense_curve`); NaN
     # where no table covers the candidate. None: the roofline everywhere.
     lin_log_curve: Any = None
+    # The stage's full-attention decode time per candidate at 2^i decode sequences (`measured_decode_attention`): [..., 0, i]
+    # the fixed seconds, [..., 1, i] seconds per cached token read; NaN where no table covers it. None: the roofline.
+    dec_attn_curve: Any = None
 
 
 # Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
@@ -754,6 +768,85 @@ def _dense_table_s(curve: Any, tokens: Any) -> Any:
     return _moe_table_s(curve, np.minimum(t, top)) * np.maximum(t / top, 1.0)
 
 
+ATTN_GRID = 12  # decode batch sizes 1, 2, 4, …, 2,048 at which the measured decode attention is kept (the tables' batch axis)
+_KV_TABLE_DTYPE = {KvDtype.AUTO: "bfloat16", KvDtype.BF16: "bfloat16", KvDtype.FP8: "fp8"}
+
+
+@cache
+def _decode_attention_scalar(gpu_id: str, engine: str, release: str, kv_dtype: str, head_dim: int, kv_heads: int,
+                             heads: float) -> tuple[tuple[float, ...], tuple[float, ...], str, str]:
+    """One layer's decode attention from the tables at 2^i sequences: the chord through the shortest and the longest cache
+    measured at that batch (the tables stop near 2^21 cached tokens), as the fixed seconds and the seconds per cached
+    token; its source, and why none covered it ("" when one did). Exact at both ends; between them small batches run up
+    to ~10 % above the chord (their time is concave in the cache length)."""
+    batch = np.exp2(np.arange(ATTN_GRID, dtype=float))
+    kv_len = np.exp2(np.arange(1, 13, dtype=float))  # 2 … 4,096, the tables' grid
+    got = kernels.generation_attention_s(gpu_id, engine, release or None, kv_dtype=kv_dtype, head_dim=head_dim, kv_heads=kv_heads,
+                                         heads=heads, batch=batch[:, None], kv_len=kv_len[None, :])
+    t = got.time_s
+    if got.source is None or not np.isfinite(t[:, :2]).all():
+        none = tuple([math.nan] * ATTN_GRID)
+        return none, none, "", (f"no {engine} decode-attention table on {gpu_id} measured head size {head_dim}, {kv_heads} KV and "
+                                f"{heads:g} query heads a GPU, {kv_dtype} cache")
+    floor, slope = np.full(ATTN_GRID, np.nan), np.full(ATTN_GRID, np.nan)
+    for i in range(ATTN_GRID):
+        hi = np.flatnonzero(np.isfinite(t[i]))[-1]
+        per_token = max((t[i, hi] - t[i, 0]) / (batch[i] * (kv_len[hi] - kv_len[0])), 0.0)
+        slope[i] = per_token
+        floor[i] = max(t[i, 0] - per_token * batch[i] * kv_len[0], 0.0)
+    return tuple(float(v) for v in floor), tuple(float(v) for v in slope), f"{got.source.describe()} decode attention, {kv_dtype}", ""
+
+
+def measured_decode_attention(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, kv_dtype: KvDtype,
+                              tp: Any) -> tuple[Any, str, str]:
+    """The full-attention layers' decode attention of the whole model at 2^i sequences per candidate, [..., 0, :] fixed
+    seconds and [..., 1, :] seconds per cached token (NaN where not covered), the source of the first covered candidate,
+    and why the first uncovered one has no table. MLA, sliding-window, indexed and fixed-state layers keep the roofline."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    tp_arr = np.asarray(tp, dtype=float)
+    curve = np.full((*tp_arr.shape, 2, ATTN_GRID), np.nan)
+    if name is None:
+        return curve, "", "no measured tables of this engine"
+    layers = 0 if (model.is_mla or model.has_indexer) else model.num_full_attention_layers
+    if not layers:
+        return curve, "", "no full-attention GQA layers (MLA, windows and indexers keep the roofline)"
+    source = reason = ""
+    for t in sorted({float(v) for v in tp_arr.ravel()}):
+        kv_heads = max(model.num_kv_heads // int(t), 1) if model.num_kv_heads >= t else 1
+        floor, slope, where, why = _decode_attention_scalar(gpu.id, name, release or "", _KV_TABLE_DTYPE[kv_dtype], model.head_dim,
+                                                            kv_heads, max(model.num_heads / t, 1.0))
+        if where:
+            source = source or where
+            curve[tp_arr == t] = np.array([floor, slope]) * layers
+        else:
+            reason = reason or why
+    return curve, source, reason
+
+
+def _decode_attention_table_s(curve: Any, sequences: Any, context_tokens: Any) -> Any:
+    """Decode attention of `sequences` reading `context_tokens` cached tokens in all: the fixed cost and the cost per token
+    interpolated linearly in log2(sequences); past 2,048 sequences the fixed cost in proportion; 0 without sequences."""
+    top = ATTN_GRID - 1
+    seqs = np.asarray(sequences, dtype=float)
+    pos = np.log2(np.maximum(seqs, 1.0))
+    beyond = np.maximum(seqs / 2.0**top, 1.0)
+    pos = np.minimum(pos, top - 1e-9)
+    i = np.floor(pos).astype(np.int64)
+    frac = pos - i
+    c = np.asarray(curve, dtype=float)
+    floor_c, slope_c = c[..., 0, :], c[..., 1, :]
+    if c.ndim == 2:
+        f = floor_c[i] * (1.0 - frac) + floor_c[i + 1] * frac
+        s = slope_c[i] * (1.0 - frac) + slope_c[i + 1] * frac
+    else:
+        i_b = np.broadcast_to(i, floor_c.shape[:-1])
+        at = np.arange(i_b.size).reshape(i_b.shape) * ATTN_GRID + i_b
+        frac = np.broadcast_to(frac, floor_c.shape[:-1])
+        f = floor_c.ravel()[at] * (1.0 - frac) + floor_c.ravel()[at + 1] * frac
+        s = slope_c.ravel()[at] * (1.0 - frac) + slope_c.ravel()[at + 1] * frac
+    return np.where(seqs > 0, f * beyond + s * np.asarray(context_tokens, dtype=float), 0.0)
+
+
 def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
                       tp: Any, pp: Any, dp: Any, moe_ep: Any = 1, moe_precision: Precision | None = None,
                       overhead_scale: float | None = None, params: PerfParams | None = None,
@@ -773,7 +866,7 @@ def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dt
     g = step_geometry(model, gpu, precision=precision, kv_dtype=kv_dtype, engine=engine, tp=tp, pp=pp, dp=dp, moe_ep=moe_ep,
                       moe_precision=moe_precision, release=release, tables_for=tables_for, table_allreduce=p.measured_allreduce >= 0.5,
                       table_exchange=p.measured_exchange >= 0.5, table_moe=p.measured_moe >= 0.5,
-                      table_gemm=p.measured_gemm >= 0.5)
+                      table_gemm=p.measured_gemm >= 0.5, table_decode_attention=p.measured_decode_attention >= 0.5)
     return fold_coefficients(g, p, overhead_scale)
 
 
@@ -856,6 +949,7 @@ class StepGeometry:
     moe_table_share: Any
     moe: Any
     lin_log_curve: Any
+    dec_attn_curve: Any
     # Dense linear layers: 2 · params / pp / tp, weight bytes / pp / tp, hidden / tp; the GEMM peak (`_gemm_geometry`).
     lin_flops: Any
     lin_bytes: Any
@@ -923,7 +1017,7 @@ class StepGeometry:
 def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine, tp: Any, pp: Any, dp: Any,
                   moe_ep: Any = 1, moe_precision: Precision | None = None, release: str | None = None, tables_for: Engine | None = None,
                   table_allreduce: bool = False, table_exchange: bool = True, table_moe: bool = False,
-                  release_recorded: bool = True, table_gemm: bool = False) -> StepGeometry:
+                  release_recorded: bool = True, table_gemm: bool = False, table_decode_attention: bool = False) -> StepGeometry:
     """The parameter-free part of `step_coefficients` (same arguments; `tables_for`: whose measured kernel tables price the
     terms they cover, None for none; `table_*`: the `measured_*` switches of PerfParams). `release_recorded` False: a
     measured row whose engine release nobody recorded; release None then stands for the newest measured release
@@ -1035,11 +1129,17 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         if np.isfinite(curve).any():
             # A stage holds 1/pp of the layers; rows broadcast to the candidates' shape.
             lin_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
+    attn_curve = None
+    if table_decode_attention:
+        curve, _, _ = measured_decode_attention(model, gpu, tables_for, release, kv_dtype, tp)
+        if np.isfinite(curve).any():
+            # A stage holds 1/pp of the layers; rows broadcast to the candidates' shape.
+            attn_curve = curve / np.asarray(pp, dtype=float)[..., None, None] + 0.0 * np.asarray(group, dtype=float)[..., None, None]
     table_share = (1.0 + zero) if tables_for is Engine.VLLM else 1.0 / np.maximum(ep, 1)
     return StepGeometry(
         local_experts=local, ep_z=ep_z, dp=dp, experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), pp=pp,
         attn_cap_tokens=min(read.cap_tokens, 1e15), moe_log_curve=moe_curve, moe_table_share=table_share, moe=model.is_moe,
-        lin_log_curve=lin_curve,
+        lin_log_curve=lin_curve, dec_attn_curve=attn_curve,
         lin_flops=lin_flops, lin_bytes=lin_bytes, hidden_per_tp=model.hidden_size / tp, lin_peak=lin_peak, lin_best=lin_best,
         lin_kind=lin_kind, lin_width=lin_width, hbm=hbm,
         moe_flops=moe_flops, moe_bytes=moe_bytes, moe_inter=moe_inter, moe_peak=moe_peak, moe_best=moe_best, moe_kind=moe_kind,
@@ -1107,9 +1207,13 @@ def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None
         moe_fixed_s=g.moe_layers * p.moe_layer_latency_s,
         seq_serial_s=serial,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=g.moe_log_curve, moe_table_share=g.moe_table_share,
-        moe=g.moe, lin_log_curve=g.lin_log_curve,
+        moe=g.moe, lin_log_curve=g.lin_log_curve, dec_attn_curve=g.dec_attn_curve,
     )
     return _apply_term_scales(coeffs, dict(p.step_scales)) if p.step_scales else coeffs
+
+
+# The geometry's measured curves and the shape of one candidate's curve (the others are one value per candidate).
+CURVES = {"moe_log_curve": (MOE_GRID,), "lin_log_curve": (MOE_GRID,), "dec_attn_curve": (2, ATTN_GRID)}
 
 
 def concat_geometry(parts: Sequence[tuple[StepGeometry, int]]) -> StepGeometry:
@@ -1117,12 +1221,13 @@ def concat_geometry(parts: Sequence[tuple[StepGeometry, int]]) -> StepGeometry:
     every candidate's coefficients are the floats its own geometry folds to (the fold is elementwise)."""
     values: dict[str, Any] = {}
     for f in fields(StepGeometry):
-        if f.name in ("moe_log_curve", "lin_log_curve"):
+        if f.name in CURVES:
             curves = [(getattr(g, f.name), n) for g, n in parts]
+            tail = CURVES[f.name]
             if all(c is None for c, _ in curves):
                 values[f.name] = None
             else:
-                values[f.name] = np.concatenate([np.full((n, MOE_GRID), np.nan) if c is None else np.broadcast_to(c, (n, MOE_GRID))
+                values[f.name] = np.concatenate([np.full((n, *tail), np.nan) if c is None else np.broadcast_to(c, (n, *tail))
                                                  for c, n in curves])
         else:
             values[f.name] = np.concatenate([np.broadcast_to(np.asarray(getattr(g, f.name)), (n,)) for g, n in parts])
@@ -1248,6 +1353,10 @@ def step_from_token_terms(c: StepCoefficients, base: Any, handoff: Any, prefill_
     """`evaluate_step_s` given `token_terms` of the step's tokens: attention, fixed costs and the scheduler's CPU."""
     mixed = (prefill_tokens > 0) * 1.0  # 1 when the step carries a prefill chunk
     t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
+    if c.dec_attn_curve is not None:  # the full-attention layers' decode measured where a table covers the candidate
+        measured = _decode_attention_table_s(c.dec_attn_curve, decode_tokens / c.pp, decode_context_tokens / c.pp)
+        t_attn = np.where(np.isfinite(measured), c.attn_pair_s * prefill_pairs / c.pp + measured
+                          + mixed * c.attn_mixed_ctx_s * decode_context_tokens / c.pp, t_attn)
     t_attn = t_attn + (c.attn_capped_pair_s * minimum(prefill_pairs, c.attn_cap_tokens * prefill_tokens)
                        + c.attn_capped_ctx_s * minimum(decode_context_tokens, c.attn_cap_tokens * decode_tokens)
                        + c.attn_seq_s * decode_tokens) / c.pp
@@ -1352,7 +1461,7 @@ class InstancePerf:
         d, ctx = float(decoding_tokens), float(context_tokens)
         tokens = 0.0 + d
         terms = self._terms.get(tokens)
-        if terms is None:
+        if terms is None or self._coeffs is None or self._coeffs.dec_attn_curve is not None:
             return self._step_s(0.0, 0.0, d, ctx)
         z_pairs, k_ctx, z_capped_pairs, capped_ctx_s, cap, seq_s, pp, layer_fixed_s, per_seq_s, step_fixed_s, mixed, serial_s = self._decode
         capped = cap * d
@@ -1375,6 +1484,10 @@ class InstancePerf:
             if len(self._terms) >= TOKEN_TERMS_ENTRIES:
                 self._terms.clear()
             terms = self._terms[tokens] = token_terms(c, tokens, maximum=_fmax, minimum=_fmin)
+        if c.dec_attn_curve is not None:  # the measured decode attention: the general formula on floats
+            value = float(step_from_token_terms(c, terms[0], terms[1], prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens,
+                                                maximum=_fmax, minimum=_fmin))
+            return value if math.isfinite(value) else float("inf")
         # step_from_token_terms(c, terms[0], terms[1], ..., _fmax, _fmin) written out: the same operations in the same order
         # (so the same float), without its three min/max calls
         mixed = (prefill_tokens > 0) * 1.0

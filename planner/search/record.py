@@ -79,7 +79,7 @@ def step_terms_line(problem: Problem, layout: Layout) -> str:
         ep = par.moe_ep
         for term, source in measured_terms(problem.gpu, problem.engine, problem.engine_version, par.tp, problem.model.hidden_size,
                                            model=problem.model, precision=problem.precision, moe_precision=problem.precision,
-                                           dp=par.dp, moe_ep=ep).items():
+                                           dp=par.dp, moe_ep=ep, kv_dtype=role.knobs.kv_dtype).items():
             measured.setdefault(term, source)
     kept = {term: source.removeprefix(ROOFLINE_PREFIX) for term, source in measured.items() if source.startswith(ROOFLINE_PREFIX)}
     measured = {term: source for term, source in measured.items() if term not in kept}

@@ -13,7 +13,7 @@ from servingtopology.planner.fidelity.benchmark_cases import Prediction, parse_r
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.model.catalog import resolve_model
-from servingtopology.planner.perf.step import PerfParams, StepCoefficients, concat_geometry, fold_coefficients, step_geometry
+from servingtopology.planner.perf.step import CURVES, PerfParams, StepCoefficients, concat_geometry, fold_coefficients, step_geometry
 from tests.planner.model_configs import load
 
 from .test_benchmark_cases import AGG, DISAGG
@@ -25,7 +25,8 @@ FITTED = PerfParams(gemm_half_tokens=15.5, fp4_eff_scale=0.69, moe_eff_scale=0.2
                     narrow_width_cols=66.0, link_eff=0.51, allreduce_latency_s=1e-6, allreduce_peer_latency_s=3.7e-7,
                     a2a_latency_s=5.3e-5, layer_overhead_s=6.7e-5, step_overhead_s=2.2e-4, sglang_overhead_scale=6.0,
                     trtllm_overhead_scale=2.6, queue_factor=3.2, result_delay_steps=4.4)
-SWITCHES = [FITTED, replace(FITTED, measured_moe=1.0, measured_allreduce=1.0, measured_gemm=1.0), replace(FITTED, measured_exchange=0.0)]
+SWITCHES = [FITTED, replace(FITTED, measured_moe=1.0, measured_allreduce=1.0, measured_gemm=1.0, measured_decode_attention=1.0),
+            replace(FITTED, measured_exchange=0.0)]
 
 # (model, GPU, precision, MoE precision, engine, tables) covering dense, MoE, MLA, a sparse-attention indexer, sliding
 # windows, NVLink, PCIe with and without peer-to-peer, and groups beyond one node.
@@ -47,7 +48,8 @@ EP = np.array([1.0, 8.0, 1.0, 16.0, 1.0, 4.0])
 def _geometry(model, gpu, precision, moe_precision, engine, tables, p):
     return step_geometry(model, resolve_gpu(gpu), precision=precision, kv_dtype=KvDtype.AUTO, engine=engine, tp=TP, pp=PP, dp=DP,
                          moe_ep=EP, moe_precision=moe_precision, tables_for=tables, table_allreduce=p.measured_allreduce >= 0.5,
-                         table_exchange=p.measured_exchange >= 0.5, table_moe=p.measured_moe >= 0.5, table_gemm=p.measured_gemm >= 0.5)
+                         table_exchange=p.measured_exchange >= 0.5, table_moe=p.measured_moe >= 0.5, table_gemm=p.measured_gemm >= 0.5,
+                         table_decode_attention=p.measured_decode_attention >= 0.5)
 
 
 def _same(a, b) -> bool:
@@ -66,8 +68,9 @@ def test_geometries_folded_together_give_each_instances_own_coefficients_bit_for
         rows = slice(i * len(TP), (i + 1) * len(TP))
         for f in fields(StepCoefficients):
             got, want = getattr(together, f.name), getattr(alone, f.name)
-            if f.name in ("moe_log_curve", "lin_log_curve"):
-                want = np.full((len(TP), 16), np.nan) if want is None else np.broadcast_to(want, (len(TP), 16))
+            if f.name in CURVES:
+                shape = (len(TP), *CURVES[f.name])
+                want = np.full(shape, np.nan) if want is None else np.broadcast_to(want, shape)
                 assert got is None or _same(want, got[rows]), f.name
             else:
                 assert _same(want, np.broadcast_to(got, (len(TP) * len(INSTANCES),))[rows]), (INSTANCES[i][0].name, f.name)
