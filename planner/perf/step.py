@@ -847,6 +847,22 @@ def _decode_attention_table_s(curve: Any, sequences: Any, context_tokens: Any) -
     return np.where(seqs > 0, f * beyond + s * np.asarray(context_tokens, dtype=float), 0.0)
 
 
+def _decode_attention_float(floor: Sequence[float], slope: Sequence[float], sequences: float, context_tokens: float) -> float:
+    """`_decode_attention_table_s` of one instance's curve on floats: the same operations in the same order."""
+    if not sequences > 0:
+        return 0.0
+    top = ATTN_GRID - 1
+    pos = math.log2(sequences if sequences > 1.0 else 1.0)
+    beyond = sequences / 2.0**top
+    beyond = beyond if beyond > 1.0 else 1.0
+    pos = pos if pos < top - 1e-9 else top - 1e-9
+    i = int(pos)  # pos >= 0: the floor
+    frac = pos - i
+    f = floor[i] * (1.0 - frac) + floor[i + 1] * frac
+    s = slope[i] * (1.0 - frac) + slope[i + 1] * frac
+    return f * beyond + s * context_tokens
+
+
 def step_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype: KvDtype, engine: Engine,
                       tp: Any, pp: Any, dp: Any, moe_ep: Any = 1, moe_precision: Precision | None = None,
                       overhead_scale: float | None = None, params: PerfParams | None = None,
@@ -1434,6 +1450,9 @@ class InstancePerf:
     _terms: dict[float, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
     # `step_from_token_terms`' constants of a pure decode step (no prefill tokens or pairs), folded once (`decode_s`)
     _decode: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+    # The measured decode attention's fixed seconds and seconds per cached token at 2^i sequences (`measured_decode_attention`),
+    # as floats; None where the roofline prices it
+    _dec_attn: tuple[tuple[float, ...], tuple[float, ...]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         par = self.parallelism
@@ -1443,6 +1462,9 @@ class InstancePerf:
         scalar = StepCoefficients(**{f.name: _scalar(getattr(c, f.name)) for f in fields(StepCoefficients)})
         object.__setattr__(self, "_coeffs", scalar)
         c = scalar
+        if c.dec_attn_curve is not None:
+            curve = np.asarray(c.dec_attn_curve, dtype=float)
+            object.__setattr__(self, "_dec_attn", (tuple(float(v) for v in curve[0]), tuple(float(v) for v in curve[1])))
         # the terms of step_from_token_terms that a pure decode step (prefill_tokens = prefill_pairs = 0.0, so mixed = 0.0)
         # multiplies by zero, evaluated here with the same operations: decode_s's floats are _step_s's, bit for bit
         mixed = (0.0 > 0) * 1.0
@@ -1461,7 +1483,7 @@ class InstancePerf:
         d, ctx = float(decoding_tokens), float(context_tokens)
         tokens = 0.0 + d
         terms = self._terms.get(tokens)
-        if terms is None or self._coeffs is None or self._coeffs.dec_attn_curve is not None:
+        if terms is None or self._dec_attn is not None:
             return self._step_s(0.0, 0.0, d, ctx)
         z_pairs, k_ctx, z_capped_pairs, capped_ctx_s, cap, seq_s, pp, layer_fixed_s, per_seq_s, step_fixed_s, mixed, serial_s = self._decode
         capped = cap * d
@@ -1484,14 +1506,15 @@ class InstancePerf:
             if len(self._terms) >= TOKEN_TERMS_ENTRIES:
                 self._terms.clear()
             terms = self._terms[tokens] = token_terms(c, tokens, maximum=_fmax, minimum=_fmin)
-        if c.dec_attn_curve is not None:  # the measured decode attention: the general formula on floats
-            value = float(step_from_token_terms(c, terms[0], terms[1], prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens,
-                                                maximum=_fmax, minimum=_fmin))
-            return value if math.isfinite(value) else float("inf")
         # step_from_token_terms(c, terms[0], terms[1], ..., _fmax, _fmin) written out: the same operations in the same order
         # (so the same float), without its three min/max calls
         mixed = (prefill_tokens > 0) * 1.0
         t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
+        dec = self._dec_attn
+        if dec is not None:  # step_from_token_terms' measured decode attention, on floats
+            t_attn = (c.attn_pair_s * prefill_pairs / c.pp + _decode_attention_float(dec[0], dec[1], decode_tokens / c.pp,
+                                                                                     decode_context_tokens / c.pp)
+                      + mixed * c.attn_mixed_ctx_s * decode_context_tokens / c.pp)
         cap_pairs = c.attn_cap_tokens * prefill_tokens
         cap_ctx = c.attn_cap_tokens * decode_tokens
         t_attn = t_attn + (c.attn_capped_pair_s * (prefill_pairs if prefill_pairs < cap_pairs else cap_pairs)
