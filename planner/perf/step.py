@@ -812,7 +812,7 @@ def measured_decode_attention(model: ModelArch, gpu: Gpu, engine: Engine | None,
         return curve, "", "no full-attention GQA layers (MLA, windows and indexers keep the roofline)"
     source = reason = ""
     for t in sorted({float(v) for v in tp_arr.ravel()}):
-        kv_heads = max(model.num_kv_heads // int(t), 1) if model.num_kv_heads >= t else 1
+        kv_heads = max(model.num_kv_heads // int(t), 1)  # replicated where TP exceeds them: one a GPU
         floor, slope, where, why = _decode_attention_scalar(gpu.id, name, release or "", _KV_TABLE_DTYPE[kv_dtype], model.head_dim,
                                                             kv_heads, max(model.num_heads / t, 1.0))
         if where:
@@ -943,6 +943,16 @@ def _gemm_fold(peak: Any, best: Any, kind: Any, p: PerfParams) -> Any:
     """`_compute_peak(gpu, precision) * _gemm_eff(p, gpu, precision)` from `_gemm_geometry`."""
     scale = np.where(kind == 1.0, p.fp8_eff_scale, np.where(kind == 2.0, p.fp4_eff_scale, 1.0))
     return peak * (np.where(np.isnan(best), p.gemm_eff_max, best) * scale)
+
+
+def _stage_curve(curve: Any, pp: Any, group: Any, *, grid_axes: int, log: bool) -> Any:
+    """A measured whole-model curve (its last `grid_axes` axes the grid) as one pipeline stage's, 1/pp of the layers, its
+    rows broadcast to the candidates' shape; `log`: the curve holds ln(seconds). None where no candidate is covered."""
+    if not np.isfinite(curve).any():
+        return None
+    grid = (...,) + (None,) * grid_axes
+    stages = np.asarray(pp, dtype=float)[grid]
+    return (curve - np.log(stages) if log else curve / stages) + 0.0 * np.asarray(group, dtype=float)[grid]
 
 
 @dataclass(frozen=True, slots=True)
@@ -1135,22 +1145,12 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         x_tok = np.where(np.isfinite(x_t), model.num_moe_layers * frac * np.nan_to_num(x_t), np.nan)
     moe_curve = None
     if table_moe and model.is_moe and release_recorded:
-        curve, _, _ = measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)
-        if np.isfinite(curve).any():
-            # A stage holds 1/pp of the MoE layers; rows broadcast to the candidates' shape.
-            moe_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
-    lin_curve = None
+        moe_curve = _stage_curve(measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)[0], pp, group, grid_axes=1, log=True)
+    lin_curve = attn_curve = None
     if table_gemm:
-        curve, _, _ = measured_dense_curve(model, gpu, tables_for, release, precision, tp)
-        if np.isfinite(curve).any():
-            # A stage holds 1/pp of the layers; rows broadcast to the candidates' shape.
-            lin_curve = curve - np.log(np.asarray(pp, dtype=float))[..., None] + 0.0 * np.asarray(group, dtype=float)[..., None]
-    attn_curve = None
+        lin_curve = _stage_curve(measured_dense_curve(model, gpu, tables_for, release, precision, tp)[0], pp, group, grid_axes=1, log=True)
     if table_decode_attention:
-        curve, _, _ = measured_decode_attention(model, gpu, tables_for, release, kv_dtype, tp)
-        if np.isfinite(curve).any():
-            # A stage holds 1/pp of the layers; rows broadcast to the candidates' shape.
-            attn_curve = curve / np.asarray(pp, dtype=float)[..., None, None] + 0.0 * np.asarray(group, dtype=float)[..., None, None]
+        attn_curve = _stage_curve(measured_decode_attention(model, gpu, tables_for, release, kv_dtype, tp)[0], pp, group, grid_axes=2, log=False)
     table_share = (1.0 + zero) if tables_for is Engine.VLLM else 1.0 / np.maximum(ep, 1)
     return StepGeometry(
         local_experts=local, ep_z=ep_z, dp=dp, experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), pp=pp,
