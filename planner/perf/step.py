@@ -235,11 +235,11 @@ def _apply_term_scales(c: StepCoefficients, scales: Mapping[str, float]) -> Step
             for name in STEP_TERMS[term]:
                 changed[name] = getattr(c, name) * f
     if "attention" in scales and scales["attention"] != 1.0 and c.dec_attn_curve is not None:
-        changed["dec_attn_curve"] = c.dec_attn_curve * scales["attention"]
+        changed["dec_attn_curve"] = _curve_map(c.dec_attn_curve, lambda v: v * scales["attention"])
     if "gemm" in scales and scales["gemm"] != 1.0:
         for name in ("moe_log_curve", "lin_log_curve"):
             if getattr(c, name) is not None:
-                changed[name] = getattr(c, name) + math.log(scales["gemm"])
+                changed[name] = _curve_map(getattr(c, name), lambda v: v + math.log(scales["gemm"]))
     return replace(c, **changed) if changed else c
 
 
@@ -477,6 +477,82 @@ def _narrow_cols(p: PerfParams, precision: Precision) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class CurveRows:
+    """Measured curves kept once per distinct shape: `rows` (the distinct shapes × the curve's grid) and each candidate's
+    row in `index` (an integer array of the candidates' shape). The funnel's millions of candidates share a few dozen
+    (TP, PP, EP) shapes, so a candidate costs one index rather than a curve of 16–24 floats; a candidate's value is
+    `rows[index]` exactly (`dense`), so every interpolation gives the floats the dense curve gives."""
+
+    rows: Any
+    index: Any
+
+    def dense(self) -> Any:
+        """The curve of every candidate, (*candidates, *grid)."""
+        return self.rows[self.index]
+
+    def with_rows(self, rows: Any) -> CurveRows:
+        return CurveRows(rows, self.index)
+
+
+def _distinct(*keys: Any) -> tuple[list[tuple[float, ...]], Any]:
+    """The distinct combinations of the broadcast `keys` (each an array of small values per candidate), in sorted order,
+    and each candidate's position among them (an int array of the broadcast shape)."""
+    arrays = np.broadcast_arrays(*(np.asarray(k, dtype=float) for k in keys))
+    code = np.zeros(arrays[0].shape, dtype=np.int64)
+    values: list[Any] = []
+    for a in arrays:
+        v, inverse = _small_unique(a)
+        code = code * len(v) + inverse
+        values.append(v)
+    used, index = _small_unique(code)
+    combos = []
+    for c in used.tolist():
+        combo = []
+        for v in reversed(values):
+            c, at = divmod(c, len(v))
+            combo.append(float(v[at]))
+        combos.append(tuple(reversed(combo)))
+    return combos, index.reshape(code.shape)
+
+
+def _small_unique(a: Any) -> tuple[Any, Any]:
+    """`np.unique(a, return_inverse=True)` (the inverse in `a`'s shape), by a lookup table where `a` holds small
+    non-negative integers (layout degrees, row numbers): linear in the candidates rather than a sort."""
+    a = np.asarray(a)
+    if a.size and a.min() >= 0 and a.max() < 1 << 20 and (a.dtype.kind in "iu" or bool((a == np.floor(a)).all())):
+        ints = a.astype(np.int64)
+        present = np.zeros(int(ints.max()) + 1, dtype=bool)
+        present[ints] = True
+        at = np.cumsum(present) - 1
+        return np.flatnonzero(present).astype(a.dtype), at[ints]
+    v, inverse = np.unique(a, return_inverse=True)
+    return v, inverse.reshape(a.shape)
+
+
+def _curve_points(curve: Any, i: Any) -> tuple[Any, Any]:
+    """A curve's values at grid points `i` and `i + 1` of its last axis, per candidate (broadcast with `i`): a 1-D curve
+    (one instance), `CurveRows`, or a dense array (*candidates, grid)."""
+    if isinstance(curve, CurveRows):
+        rows = np.ascontiguousarray(curve.rows)
+        i_b, index = np.broadcast_arrays(i, curve.index)
+        at = index * rows.shape[-1] + i_b
+        flat = rows.ravel()
+        return flat[at], flat[at + 1]
+    c = np.asarray(curve, dtype=float)
+    if c.ndim == 1:
+        return c[i], c[i + 1]
+    i_b = np.broadcast_to(i, c.shape[:-1])
+    at = np.arange(i_b.size).reshape(i_b.shape) * c.shape[-1] + i_b  # each row's point, in the flattened curve
+    flat = c.ravel()
+    return flat[at], flat[at + 1]
+
+
+def _curve_map(curve: Any, fn: Callable[[Any], Any]) -> Any:
+    """`fn` applied to every value of a curve (`CurveRows` or an array)."""
+    return curve.with_rows(fn(curve.rows)) if isinstance(curve, CurveRows) else fn(curve)
+
+
+@dataclass(frozen=True, slots=True)
 class StepCoefficients:
     """Per-instance constants of the step-time formula (floats or arrays, one per candidate).
 
@@ -589,12 +665,13 @@ def _moe_curve_scalar(gpu_id: str, engine: str, release: str, variants: tuple[tu
 
 
 def measured_moe_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, mp: Precision, moe_tp: Any,
-                       moe_ep: Any) -> tuple[Any, str, str]:
-    """ln(seconds) of all of a stage's MoE layers at 2^i tokens per candidate (rows of NaN where not covered), the
+                       moe_ep: Any) -> tuple[CurveRows, str, str]:
+    """ln(seconds) of all of the model's MoE layers at 2^i tokens per candidate (rows of NaN where not covered), the
     source of the first covered row ("" when none), and why the first uncovered one has no table."""
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
-    tp_arr, ep_arr = np.broadcast_arrays(np.asarray(moe_tp, dtype=float), np.asarray(moe_ep, dtype=float))
-    curve = np.full((*tp_arr.shape, MOE_GRID), np.nan)
+    shapes, index = _distinct(moe_tp, moe_ep)
+    rows = np.full((len(shapes), MOE_GRID), np.nan)
+    curve = CurveRows(rows, index)
     if name is None or not model.is_moe:
         return curve, "", "no measured tables of this engine"
     variants, why = moe_kernel_variants(model, gpu, name, mp)
@@ -602,12 +679,12 @@ def measured_moe_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, releas
         return curve, "", why
     source = reason = ""
     layers = float(model.num_moe_layers)
-    for mt, me in sorted({(float(a), float(b)) for a, b in zip(tp_arr.ravel(), ep_arr.ravel(), strict=True)}):
+    for row, (mt, me) in enumerate(shapes):
         config = (model.hidden_size, model.moe_intermediate_size, model.experts_per_token, model.num_experts, int(mt), int(me))
         values, where, why = _moe_curve_scalar(gpu.id, name, release or "", variants, config)
         if where:
             source = source or where
-            curve[(tp_arr == mt) & (ep_arr == me)] = np.asarray(values) + math.log(layers)
+            rows[row] = np.asarray(values) + math.log(layers)
         else:
             reason = reason or why
     return curve, source, reason
@@ -620,16 +697,7 @@ def _moe_table_s(curve: Any, tokens: Any) -> Any:
     pos = np.minimum(pos, MOE_GRID - 1 - 1e-9)
     i = np.floor(pos).astype(np.int64)
     frac = pos - i
-    c = np.asarray(curve, dtype=float)
-    if c.ndim == 1:
-        lo, hi = c[i], c[i + 1]
-    else:
-        i_b = np.broadcast_to(i, c.shape[:-1])
-        at = np.arange(i_b.size).reshape(i_b.shape) * c.shape[-1] + i_b  # each row's point, in the flattened curve
-        flat = c.ravel()
-        lo, hi = flat[at], flat[at + 1]
-        frac = np.broadcast_to(frac, c.shape[:-1])
-        inside = np.broadcast_to(inside, c.shape[:-1])
+    lo, hi = _curve_points(curve, i)
     return np.where(inside, np.exp(lo * (1.0 - frac) + hi * frac), np.nan)
 
 
@@ -736,17 +804,18 @@ def _dense_curve_scalar(gpu_id: str, engine: str, release: str, shapes: tuple[tu
 
 
 def measured_dense_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, precision: Precision,
-                         tp: Any) -> tuple[Any, str, str]:
+                         tp: Any) -> tuple[CurveRows, str, str]:
     """ln(seconds) of a step's dense linear layers (`dense_gemm_shapes`, the whole model) at 2^i tokens per candidate (rows
     of NaN where no table covers them), the source of the first covered row ("" when none), and why the first uncovered
     one has no table."""
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
-    tp_arr = np.asarray(tp, dtype=float)
-    curve = np.full((*tp_arr.shape, MOE_GRID), np.nan)
+    tps, index = _distinct(tp)
+    rows = np.full((len(tps), MOE_GRID), np.nan)
+    curve = CurveRows(rows, index)
     if name is None:
         return curve, "", "no measured tables of this engine"
     source = reason = ""
-    for t in sorted({float(v) for v in tp_arr.ravel()}):
+    for row, (t,) in enumerate(tps):
         shapes, why = dense_gemm_shapes(model, precision, t)
         if not shapes:
             reason = reason or why
@@ -754,7 +823,7 @@ def measured_dense_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, rele
         values, where, why = _dense_curve_scalar(gpu.id, name, release or "", shapes)
         if where:
             source = source or where
-            curve[tp_arr == t] = np.asarray(values)
+            rows[row] = np.asarray(values)
         else:
             reason = reason or why
     return curve, source, reason
@@ -798,26 +867,27 @@ def _decode_attention_scalar(gpu_id: str, engine: str, release: str, kv_dtype: s
 
 
 def measured_decode_attention(model: ModelArch, gpu: Gpu, engine: Engine | None, release: str | None, kv_dtype: KvDtype,
-                              tp: Any) -> tuple[Any, str, str]:
+                              tp: Any) -> tuple[CurveRows, str, str]:
     """The full-attention layers' decode attention of the whole model at 2^i sequences per candidate, [..., 0, :] fixed
     seconds and [..., 1, :] seconds per cached token (NaN where not covered), the source of the first covered candidate,
     and why the first uncovered one has no table. MLA, sliding-window, indexed and fixed-state layers keep the roofline."""
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
-    tp_arr = np.asarray(tp, dtype=float)
-    curve = np.full((*tp_arr.shape, 2, ATTN_GRID), np.nan)
+    tps, index = _distinct(tp)
+    rows = np.full((len(tps), 2, ATTN_GRID), np.nan)
+    curve = CurveRows(rows, index)
     if name is None:
         return curve, "", "no measured tables of this engine"
     layers = 0 if (model.is_mla or model.has_indexer) else model.num_full_attention_layers
     if not layers:
         return curve, "", "no full-attention GQA layers (MLA, windows and indexers keep the roofline)"
     source = reason = ""
-    for t in sorted({float(v) for v in tp_arr.ravel()}):
+    for row, (t,) in enumerate(tps):
         kv_heads = max(model.num_kv_heads // int(t), 1)  # replicated where TP exceeds them: one a GPU
         floor, slope, where, why = _decode_attention_scalar(gpu.id, name, release or "", _KV_TABLE_DTYPE[kv_dtype], model.head_dim,
                                                             kv_heads, max(model.num_heads / t, 1.0))
         if where:
             source = source or where
-            curve[tp_arr == t] = np.array([floor, slope]) * layers
+            rows[row] = np.array([floor, slope]) * layers
         else:
             reason = reason or why
     return curve, source, reason
@@ -833,17 +903,18 @@ def _decode_attention_table_s(curve: Any, sequences: Any, context_tokens: Any) -
     pos = np.minimum(pos, top - 1e-9)
     i = np.floor(pos).astype(np.int64)
     frac = pos - i
-    c = np.asarray(curve, dtype=float)
-    floor_c, slope_c = c[..., 0, :], c[..., 1, :]
-    if c.ndim == 2:
-        f = floor_c[i] * (1.0 - frac) + floor_c[i + 1] * frac
-        s = slope_c[i] * (1.0 - frac) + slope_c[i + 1] * frac
+    if isinstance(curve, CurveRows):  # one gather: a row's floors then its slopes
+        rows = np.ascontiguousarray(curve.rows)
+        i_b, index = np.broadcast_arrays(i, curve.index)
+        at = index * (2 * ATTN_GRID) + i_b
+        flat = rows.ravel()
+        f_lo, f_hi, s_lo, s_hi = flat[at], flat[at + 1], flat[at + ATTN_GRID], flat[at + ATTN_GRID + 1]
     else:
-        i_b = np.broadcast_to(i, floor_c.shape[:-1])
-        at = np.arange(i_b.size).reshape(i_b.shape) * ATTN_GRID + i_b
-        frac = np.broadcast_to(frac, floor_c.shape[:-1])
-        f = floor_c.ravel()[at] * (1.0 - frac) + floor_c.ravel()[at + 1] * frac
-        s = slope_c.ravel()[at] * (1.0 - frac) + slope_c.ravel()[at + 1] * frac
+        c = np.asarray(curve, dtype=float)
+        f_lo, f_hi = _curve_points(c[..., 0, :], i)
+        s_lo, s_hi = _curve_points(c[..., 1, :], i)
+    f = f_lo * (1.0 - frac) + f_hi * frac
+    s = s_lo * (1.0 - frac) + s_hi * frac
     return np.where(seqs > 0, f * beyond + s * np.asarray(context_tokens, dtype=float), 0.0)
 
 
@@ -945,14 +1016,16 @@ def _gemm_fold(peak: Any, best: Any, kind: Any, p: PerfParams) -> Any:
     return peak * (np.where(np.isnan(best), p.gemm_eff_max, best) * scale)
 
 
-def _stage_curve(curve: Any, pp: Any, group: Any, *, grid_axes: int, log: bool) -> Any:
-    """A measured whole-model curve (its last `grid_axes` axes the grid) as one pipeline stage's, 1/pp of the layers, its
-    rows broadcast to the candidates' shape; `log`: the curve holds ln(seconds). None where no candidate is covered."""
-    if not np.isfinite(curve).any():
+def _stage_curve(curve: CurveRows, pp: Any, group: Any, *, log: bool) -> CurveRows | None:
+    """A measured whole-model curve as one pipeline stage's, 1/pp of the layers, a row per distinct (curve, pp) and an
+    index of the candidates' shape (that of `group`); `log`: the curve holds ln(seconds). None where no candidate is
+    covered."""
+    if not np.isfinite(curve.rows).any():
         return None
-    grid = (...,) + (None,) * grid_axes
-    stages = np.asarray(pp, dtype=float)[grid]
-    return (curve - np.log(stages) if log else curve / stages) + 0.0 * np.asarray(group, dtype=float)[grid]
+    index, stages, _ = np.broadcast_arrays(curve.index, np.asarray(pp, dtype=float), np.asarray(group, dtype=float))
+    pairs, at = _distinct(index, stages)
+    rows = np.stack([curve.rows[int(row)] - np.log(p) if log else curve.rows[int(row)] / p for row, p in pairs])
+    return CurveRows(rows, at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1145,12 +1218,12 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         x_tok = np.where(np.isfinite(x_t), model.num_moe_layers * frac * np.nan_to_num(x_t), np.nan)
     moe_curve = None
     if table_moe and model.is_moe and release_recorded:
-        moe_curve = _stage_curve(measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)[0], pp, group, grid_axes=1, log=True)
+        moe_curve = _stage_curve(measured_moe_curve(model, gpu, tables_for, release, mp, moe_tp, ep)[0], pp, group, log=True)
     lin_curve = attn_curve = None
     if table_gemm:
-        lin_curve = _stage_curve(measured_dense_curve(model, gpu, tables_for, release, precision, tp)[0], pp, group, grid_axes=1, log=True)
+        lin_curve = _stage_curve(measured_dense_curve(model, gpu, tables_for, release, precision, tp)[0], pp, group, log=True)
     if table_decode_attention:
-        attn_curve = _stage_curve(measured_decode_attention(model, gpu, tables_for, release, kv_dtype, tp)[0], pp, group, grid_axes=2, log=False)
+        attn_curve = _stage_curve(measured_decode_attention(model, gpu, tables_for, release, kv_dtype, tp)[0], pp, group, log=False)
     table_share = (1.0 + zero) if tables_for is Engine.VLLM else 1.0 / np.maximum(ep, 1)
     return StepGeometry(
         local_experts=local, ep_z=ep_z, dp=dp, experts=float(max(model.num_experts, 1)), topk=float(model.experts_per_token), pp=pp,
@@ -1239,12 +1312,16 @@ def concat_geometry(parts: Sequence[tuple[StepGeometry, int]]) -> StepGeometry:
     for f in fields(StepGeometry):
         if f.name in CURVES:
             curves = [(getattr(g, f.name), n) for g, n in parts]
-            tail = CURVES[f.name]
             if all(c is None for c, _ in curves):
                 values[f.name] = None
-            else:
-                values[f.name] = np.concatenate([np.full((n, *tail), np.nan) if c is None else np.broadcast_to(c, (n, *tail))
-                                                 for c, n in curves])
+                continue
+            rows, index, offset = [], [], 0
+            for c, n in curves:
+                part = CurveRows(np.full((1, *CURVES[f.name]), np.nan), np.zeros((), dtype=np.int64)) if c is None else c
+                rows.append(part.rows)
+                index.append(np.broadcast_to(part.index, (n,)) + offset)
+                offset += len(part.rows)
+            values[f.name] = CurveRows(np.concatenate(rows), np.concatenate(index))
         else:
             values[f.name] = np.concatenate([np.broadcast_to(np.asarray(getattr(g, f.name)), (n,)) for g, n in parts])
     return StepGeometry(**values)
@@ -1320,11 +1397,15 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     prefill chunk on one rank runs eagerly: the others route only their own decodes)."""
     micro = maximum(tokens / c.pp, 1.0)
     k = c.sharp
-    t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
-    t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
-    if c.lin_log_curve is not None:  # measured where a GEMM table covers the candidate's layers
-        measured_lin = _dense_table_s(c.lin_log_curve, micro)
-        t_linear = np.where(np.isfinite(measured_lin), measured_lin, t_linear)
+    measured_lin = None if c.lin_log_curve is None else _dense_table_s(c.lin_log_curve, micro)
+    covered = None if measured_lin is None else np.isfinite(measured_lin)
+    if covered is not None and covered.all():  # measured where a GEMM table covers the candidate's layers
+        t_linear = measured_lin
+    else:
+        t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
+        t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
+        if covered is not None:
+            t_linear = np.where(covered, measured_lin, t_linear)
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     one_kind = isinstance(c.moe, (bool, np.bool_))  # else a flag per candidate (geometries of several models concatenated)
     if one_kind and not c.moe:
@@ -1368,11 +1449,15 @@ def step_from_token_terms(c: StepCoefficients, base: Any, handoff: Any, prefill_
                           minimum: Callable[[Any, Any], Any] = np.minimum) -> Any:
     """`evaluate_step_s` given `token_terms` of the step's tokens: attention, fixed costs and the scheduler's CPU."""
     mixed = (prefill_tokens > 0) * 1.0  # 1 when the step carries a prefill chunk
-    t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
-    if c.dec_attn_curve is not None:  # the full-attention layers' decode measured where a table covers the candidate
+    if c.dec_attn_curve is None:
+        t_attn = c.attn_pair_s * prefill_pairs / c.pp + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp
+    else:  # the full-attention layers' decode measured where a table covers the candidate
         measured = _decode_attention_table_s(c.dec_attn_curve, decode_tokens / c.pp, decode_context_tokens / c.pp)
-        t_attn = np.where(np.isfinite(measured), c.attn_pair_s * prefill_pairs / c.pp + measured
-                          + mixed * c.attn_mixed_ctx_s * decode_context_tokens / c.pp, t_attn)
+        t_attn = (c.attn_pair_s * prefill_pairs / c.pp + measured + mixed * c.attn_mixed_ctx_s * decode_context_tokens / c.pp)
+        covered = np.isfinite(measured)
+        if not covered.all():
+            t_attn = np.where(covered, t_attn, c.attn_pair_s * prefill_pairs / c.pp
+                              + (c.attn_ctx_s + mixed * c.attn_mixed_ctx_s) * decode_context_tokens / c.pp)
     t_attn = t_attn + (c.attn_capped_pair_s * minimum(prefill_pairs, c.attn_cap_tokens * prefill_tokens)
                        + c.attn_capped_ctx_s * minimum(decode_context_tokens, c.attn_cap_tokens * decode_tokens)
                        + c.attn_seq_s * decode_tokens) / c.pp
@@ -1424,9 +1509,11 @@ def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any,
 
 
 def _scalar(x: Any) -> Any:
-    """A one-instance coefficient as a float (the measured MoE curve stays a 1-D array; None and flags stay as they are)."""
+    """A one-instance coefficient as a float (a measured curve as its one row, an array; None and flags stay as they are)."""
     if x is None or isinstance(x, bool):
         return x
+    if isinstance(x, CurveRows):
+        return np.asarray(x.rows[int(np.ravel(x.index)[0])], dtype=float)
     return float(x) if np.ndim(x) == 0 else x
 
 

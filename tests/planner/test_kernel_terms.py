@@ -93,7 +93,7 @@ def test_the_measured_moe_term_reads_the_fused_moe_table_at_the_tokens_each_gpu_
     on = replace(PerfParams(), measured_moe=1.0)
     c = step_coefficients(ds, resolve_gpu("h200_sxm"), precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG,
                           tp=np.array([8.0, 1.0]), pp=1.0, dp=np.array([1.0, 8.0]), moe_ep=np.array([1.0, 8.0]), params=on, release="0.5.10")
-    assert c.moe_log_curve is not None and np.isfinite(c.moe_log_curve[:, :12]).all()  # 1 … 2,048 tokens measured
+    assert c.moe_log_curve is not None and np.isfinite(c.moe_log_curve.dense()[:, :12]).all()  # 1 … 2,048 tokens measured
     # TP8 experts at 64 tokens: the table's TP8 row at 64 tokens, times the MoE layers.
     one_layer = kernels.moe_s("h200_sxm", "sglang", "0.5.10", dtype="fp8_block", hidden=ds.hidden_size, inter=ds.moe_intermediate_size,
                               topk=ds.experts_per_token, experts=ds.num_experts, moe_tp=8, moe_ep=1, tokens=np.array([64.0]))
