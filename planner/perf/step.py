@@ -132,19 +132,19 @@ class PerfParams:
     # Fixed cost of one MoE layer's routed experts on the roofline (where no measured table prices the layer): the fused
     # MoE kernel's routing, alignment and launches, which a layer pays whatever the tokens. Declared from the measured
     # fused-MoE tables (tools/moe_latency.py: every table of aiconfigurator-core 0.12.0 fitted as t0 + bytes / (eta · HBM)
-    # at 1–64 tokens; t0 of one layer 16–45 µs); 0: the term is off (the shipped fit predates it).
+    # at 1–64 tokens; t0 of one layer 16–45 µs); 0: the term is off. The shipped fit declares 30 µs (benchmarks/README).
     moe_layer_latency_s: float = 0.0
     # 1: a step's dense linear layers (attention projections, dense and shared-expert FFNs, routers, LM head) cost what the
     # engine's GEMM tables measured at each layer's shape and weight format on this GPU (kernels.gemm_time_s, the nearest
     # measured release), summed per step and interpolated in the step's tokens (`measured_dense_curve`), in place of the
     # fitted roofline (gemm_eff_max and the format scales, gemm_half_tokens, narrow_width_cols, mem_eff, roofline_sharpness);
-    # 0: the roofline everywhere. A switch, not fitted: the ablation in benchmarks/README flips it.
+    # 0: the roofline everywhere. A switch, not fitted (on in the shipped fit): the ablation in benchmarks/README flips it.
     measured_gemm: float = 0.0
     # 1: a decode step's attention over the full-attention layers (GQA/MHA, not MLA, windows or indexers) costs what the
     # engine's decode-attention tables measured at the layer's head counts, head size and KV dtype
     # (kernels.generation_attention_s): per layer a fixed cost at the step's decode batch plus a cost per cached token
     # read (`measured_decode_attention`), in place of the roofline's context read at `attn_decode_mem_eff`; 0: the
-    # roofline everywhere. A switch, not fitted.
+    # roofline everywhere. A switch, not fitted (on in the shipped fit).
     measured_decode_attention: float = 0.0
     source: str = "defaults (unfitted)"
     # A deployment fit applied to these parameters (planner.perf.deployment_fit.with_factors), carried with them so that
@@ -221,7 +221,8 @@ STEP_TERMS: dict[str, tuple[str, ...]] = {
 
 def scaled_terms(params: PerfParams, scales: Mapping[str, float]) -> PerfParams:
     """`params` with the step model's term groups (`STEP_TERMS`) multiplied by `scales` (1 = as modelled), in place of any
-    scales they carried. The measured MoE curve (`measured_moe`) is scaled with "gemm"."""
+    scales they carried. The measured GEMM and MoE curves take "gemm" and "weights" by the roofline's split of their term
+    (`_measured_rescale`); the measured decode attention takes "attention"."""
     unknown = set(scales) - set(STEP_TERMS)
     if unknown:
         raise ValueError(f"unknown step terms {sorted(unknown)}; known: {sorted(STEP_TERMS)}")
@@ -236,10 +237,11 @@ def _apply_term_scales(c: StepCoefficients, scales: Mapping[str, float]) -> Step
                 changed[name] = getattr(c, name) * f
     if "attention" in scales and scales["attention"] != 1.0 and c.dec_attn_curve is not None:
         changed["dec_attn_curve"] = _curve_map(c.dec_attn_curve, lambda v: v * scales["attention"])
-    if "gemm" in scales and scales["gemm"] != 1.0:
-        for name in ("moe_log_curve", "lin_log_curve"):
-            if getattr(c, name) is not None:
-                changed[name] = _curve_map(getattr(c, name), lambda v: v + math.log(scales["gemm"]))
+    # The measured GEMM and MoE curves take "gemm" and "weights" as the roofline's split of the same term would
+    # (`_measured_rescale`, in `token_terms`): a kernel time mixes compute and weight streaming.
+    if scales.get("gemm", 1.0) != 1.0 or scales.get("weights", 1.0) != 1.0:
+        changed["gemm_scale"] = float(scales.get("gemm", 1.0))
+        changed["weights_scale"] = float(scales.get("weights", 1.0))
     return replace(c, **changed) if changed else c
 
 
@@ -608,6 +610,9 @@ class StepCoefficients:
     # The stage's full-attention decode time per candidate at 2^i decode sequences (`measured_decode_attention`): [..., 0, i]
     # the fixed seconds, [..., 1, i] seconds per cached token read; NaN where no table covers it. None: the roofline.
     dec_attn_curve: Any = None
+    # A deployment's "gemm" and "weights" factors (STEP_TERMS), kept for the measured GEMM and MoE curves (`token_terms`).
+    gemm_scale: float = 1.0
+    weights_scale: float = 1.0
 
 
 # Token counts (per GPU, before top-k routing) at which the measured MoE curve is kept: 1, 2, 4, …, 32,768.
@@ -1384,6 +1389,16 @@ def table_rank_scale(c: StepCoefficients, routed: Any, t_moe: Any, *, maximum: C
     return t_moe / maximum(t_table, 1e-30)
 
 
+def _measured_rescale(c: StepCoefficients, t_scaled: Any, compute_s: Any, weights_s: Any) -> Any:
+    """The factor a deployment's "gemm" and "weights" scales make of a measured kernel time: the roofline of the same term
+    with its scaled compute and weight-streaming parts over the roofline without the scales. Where the roofline puts a step
+    in weight streaming (a decode step's GEMMs) "weights" moves the measured time, where in compute "gemm" does; equal
+    scales move it by exactly that factor."""
+    k = c.sharp
+    unscaled = ((compute_s / c.gemm_scale) ** k + (weights_s / c.weights_scale) ** k) ** (1.0 / k)
+    return t_scaled / unscaled
+
+
 def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any], Any] = np.maximum,
                 minimum: Callable[[Any, Any], Any] = np.minimum, moe_tokens: Any = None) -> tuple[Any, Any]:
     """The part of `evaluate_step_s` that depends on the step's token count only: the stage's linear, expert and
@@ -1397,14 +1412,17 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
     prefill chunk on one rank runs eagerly: the others route only their own decodes)."""
     micro = maximum(tokens / c.pp, 1.0)
     k = c.sharp
+    rescaled = c.gemm_scale != 1.0 or c.weights_scale != 1.0
     measured_lin = None if c.lin_log_curve is None else _dense_table_s(c.lin_log_curve, micro)
     covered = None if measured_lin is None else np.isfinite(measured_lin)
-    if covered is not None and covered.all():  # measured where a GEMM table covers the candidate's layers
+    if covered is not None and covered.all() and not rescaled:  # measured where a GEMM table covers the candidate's layers
         t_linear = measured_lin
     else:
         t_lin_c = c.lin_flop_s * (micro + c.gemm_half_tokens)
         t_linear = (t_lin_c**k + c.lin_mem_s**k) ** (1.0 / k)
         if covered is not None:
+            if rescaled:
+                measured_lin = measured_lin * _measured_rescale(c, t_linear, t_lin_c, c.lin_mem_s)
             t_linear = np.where(covered, measured_lin, t_linear)
     handoff = (c.pp - 1) * (c.handoff_s_per_token * micro + c.handoff_fixed_s)
     one_kind = isinstance(c.moe, (bool, np.bool_))  # else a flag per candidate (geometries of several models concatenated)
@@ -1432,6 +1450,8 @@ def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any
         # table's time holds the layers' fixed cost, the roofline's adds it.
         measured = _moe_table_s(c.moe_log_curve, routed * c.moe_table_share) * table_rank_scale(c, routed, t_moe, maximum=maximum,
                                                                                                   minimum=minimum)
+        if rescaled:
+            measured = measured * _measured_rescale(c, t_moe, t_moe_c, t_moe_m)
         t_moe = np.where(np.isfinite(measured), measured, t_moe + c.moe_fixed_s)
     else:
         t_moe = t_moe + c.moe_fixed_s

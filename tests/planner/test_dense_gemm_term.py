@@ -98,3 +98,20 @@ def test_steps_past_the_measured_tokens_grow_in_proportion():
     steps = [float(evaluate_step_s(on, prefill_tokens=t, prefill_pairs=t * t / 2, decode_tokens=0.0, decode_context_tokens=0.0))
              for t in (1024.0, 4096.0)]
     assert math.isfinite(steps[0]) and steps[1] > steps[0]
+
+
+def test_a_deployments_gemm_and_weights_factors_move_the_measured_layers_as_they_move_the_rooflines():
+    # A measured GEMM time mixes compute and weight streaming: "weights" moves a decode step's layers (weight-bound), "gemm"
+    # a long prefill's (compute-bound), and the same factor on both moves every step by exactly that factor.
+    on = _coeffs(LLAMA70, "h200_sxm", ON)
+
+    def scaled(**f):
+        return _coeffs(LLAMA70, "h200_sxm", replace(ON, step_scales=tuple(f.items())))
+
+    for tokens in (1.0, 8192.0):
+        assert _linear(scaled(gemm=1.3, weights=1.3), tokens) == pytest.approx(1.3 * _linear(on, tokens), rel=1e-9)
+    decode, prefill = 1.0, 16384.0
+    assert _linear(scaled(weights=2.0), decode) / _linear(on, decode) > 1.8
+    assert _linear(scaled(weights=2.0), prefill) / _linear(on, prefill) < 1.35
+    assert _linear(scaled(gemm=2.0), prefill) / _linear(on, prefill) > 1.8
+    assert _linear(scaled(gemm=2.0), decode) / _linear(on, decode) < 1.35

@@ -72,10 +72,11 @@ def test_an_impossible_slo_reports_how_far_the_closest_miss_was():
 
 
 def test_long_prompts_at_a_tight_tpot_move_the_choice_to_pd():
-    # 16k-token prompts interleaved with decodes stall them; a tight TPOT needs decodes kept apart.
+    # 16k-token prompts interleaved with decodes stall them; a tight TPOT needs decodes kept apart. (At 30 ms the
+    # measured GEMMs' faster decode steps let 3×TP8 replicas meet it; 25 ms moves the choice to PD.)
     p = _problem(model="llama-3.1-70b", hardware={"gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": 32},
                  workload={"arrivalRate": 2, "inputTokens": 16000, "outputTokens": 300},
-                 slo={"ttftMs": {"p95": 4000}, "tpotMs": {"p95": 30}})
+                 slo={"ttftMs": {"p95": 4000}, "tpotMs": {"p95": 25}})
     d = decide(p)
     assert d.best.layout.kind is LayoutKind.PD
 

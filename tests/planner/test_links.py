@@ -60,10 +60,11 @@ def test_nvlink_allreduce_latency_grows_with_the_gpus_it_spans():
     for n in (2, 4, 8):
         assert float(allreduce_s(h100, n, 8)) == pytest.approx(p.allreduce_latency_s + p.allreduce_peer_latency_s * (n - 2), rel=1e-3)
     assert float(allreduce_s(h100, 2, 8)) < float(allreduce_s(h100, 4, 8)) < float(allreduce_s(h100, 8, 8))
-    # Across 8 GPUs NVLink's fitted latency stays well under the PCIe card's custom all-reduce: 9.6 against 25.2 µs under
-    # the measured all-reduce fit, whose peer term (1.4 µs a GPU beyond two) prices only what no measured table covers
-    # (vLLM 0.19.0's table: 5.0 µs on 8 H100s, planner/perf/step._measured_allreduce_line).
-    assert float(allreduce_s(h100, 8, 8)) < float(allreduce_s(PRO6000, 8, 8)) / 2
+    # Across 8 GPUs NVLink's fitted latency stays under the PCIe card's custom all-reduce: 21.0 against 25.2 µs under the
+    # measured-terms fit. The fitted latency prices only what no measured table covers: NVLink GPUs without tables (B300,
+    # GB200, GB300) and pipeline hand-offs. Where a table covers the GPU the engine's own is used (vLLM 0.19.0: 5.0 µs on
+    # 8 H100s, planner/perf/step._measured_allreduce_line); the fit put it at 9.6 µs before the GEMMs were measured.
+    assert float(allreduce_s(h100, 8, 8)) < float(allreduce_s(PRO6000, 8, 8))
 
 
 def _tp2_step(gpu, **batch):
@@ -75,8 +76,10 @@ def test_tensor_parallel_steps_over_pcie_cost_more_than_over_nvlink():
     bridged = replace(PRO6000, nvlink_gbps=450.0)
     decode = {"prefill_tokens": 0.0, "prefill_pairs": 0.0, "decode_tokens": 32.0, "decode_context_tokens": 32 * 2000.0}
     prefill = {"prefill_tokens": 8192.0, "prefill_pairs": 8192.0 * 4096, "decode_tokens": 0.0, "decode_context_tokens": 0.0}
-    # Decode: 2 all-reduces per layer at the custom all-reduce's 7.5 µs instead of NVLink's few µs.
-    assert _tp2_step(PRO6000, **decode) > _tp2_step(bridged, **decode) * 1.03
+    # Decode: each all-reduce's activations cross PCIe at 40 GB/s instead of NVLink's hundreds. Its fixed cost is the
+    # PCIe card's custom all-reduce (7.5 µs on two) against the fitted NVLink latency of GPUs no table covers (13 µs
+    # under the measured-terms fit), so the decode step is only a little slower (1.3 %).
+    assert _tp2_step(PRO6000, **decode) > _tp2_step(bridged, **decode)
     # Prefill: 8192 tokens × 2 bytes × hidden per all-reduce at 40 GB/s instead of NVLink's hundreds.
     assert _tp2_step(PRO6000, **prefill) > _tp2_step(bridged, **prefill) * 1.1
     # Without peer-to-peer (RTX 4090) each small all-reduce bounces through host memory: slower than the PRO 6000's.

@@ -115,7 +115,7 @@ def test_a_problems_factors_apply_once_and_only_in_their_own_thread():
     assert perf_params() == base
     assert seen == [analytic_point(PROBLEM, LAYOUT)]   # the other thread saw the model's own figures
     slow = analytic_point(replace(PROBLEM, factors=factors), LAYOUT)
-    assert slow[1] > seen[0][1] * 1.2
+    assert slow[1] > seen[0][1] * 1.1   # weight streaming is most of the measured GEMMs' decode time, not all the step's
     with pytest.raises(ValueError, match="unknown calibration terms"), problem_factors((("nic", 1.2),)):
         pass
 

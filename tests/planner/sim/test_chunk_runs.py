@@ -48,7 +48,7 @@ CASES: dict[str, Callable[[int], SimResult]] = {
     # PD: prefill ranks holding KV for transfer (released mid-run), decode ranks receiving it
     "pd-dp4-dp2": lambda seed: simulate(Layout.pd(RoleLayout(1, Parallelism(tp=2, dp=4), KNOBS), RoleLayout(1, Parallelism(tp=2, dp=2), KNOBS)),
                                         model=resolve_model("llama-3.1-70b"), gpu=H100, engine=Engine.SGLANG,
-                                        workload=_open(24_000, 200, 1.0), num_requests=60, seed=seed),
+                                        workload=_open(40_000, 200, 1.0), num_requests=60, seed=seed),
 }
 
 
