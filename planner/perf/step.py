@@ -1560,6 +1560,8 @@ class InstancePerf:
     # The measured decode attention's fixed seconds and seconds per cached token at 2^i sequences (`measured_decode_attention`),
     # as floats; None where the roofline prices it
     _dec_attn: tuple[tuple[float, ...], tuple[float, ...]] | None = field(default=None, init=False, repr=False, compare=False)
+    # `mixed * attn_mixed_ctx_s` of a pure decode step (mixed = 0.0), the factor of its context term beside the measured attention
+    _dec_mixed: float = field(default=0.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         par = self.parallelism
@@ -1572,6 +1574,7 @@ class InstancePerf:
         if c.dec_attn_curve is not None:
             curve = np.asarray(c.dec_attn_curve, dtype=float)
             object.__setattr__(self, "_dec_attn", (tuple(float(v) for v in curve[0]), tuple(float(v) for v in curve[1])))
+            object.__setattr__(self, "_dec_mixed", (0.0 > 0) * 1.0 * c.attn_mixed_ctx_s)
         # the terms of step_from_token_terms that a pure decode step (prefill_tokens = prefill_pairs = 0.0, so mixed = 0.0)
         # multiplies by zero, evaluated here with the same operations: decode_s's floats are _step_s's, bit for bit
         mixed = (0.0 > 0) * 1.0
@@ -1590,11 +1593,15 @@ class InstancePerf:
         d, ctx = float(decoding_tokens), float(context_tokens)
         tokens = 0.0 + d
         terms = self._terms.get(tokens)
-        if terms is None or self._dec_attn is not None:
+        if terms is None:
             return self._step_s(0.0, 0.0, d, ctx)
         z_pairs, k_ctx, z_capped_pairs, capped_ctx_s, cap, seq_s, pp, layer_fixed_s, per_seq_s, step_fixed_s, mixed, serial_s = self._decode
         capped = cap * d
-        t_attn = z_pairs + k_ctx * ctx / pp
+        dec = self._dec_attn
+        if dec is None:
+            t_attn = z_pairs + k_ctx * ctx / pp
+        else:  # _step_s's measured decode attention with prefill_pairs = mixed = 0.0
+            t_attn = z_pairs + _decode_attention_float(dec[0], dec[1], d / pp, ctx / pp) + self._dec_mixed * ctx / pp
         t_attn = t_attn + (z_capped_pairs + capped_ctx_s * (ctx if ctx < capped else capped) + seq_s * d) / pp  # _fmin
         stage = terms[0] + t_attn + layer_fixed_s
         busy = pp * stage + terms[1]
