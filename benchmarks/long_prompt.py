@@ -65,7 +65,7 @@ def _operator(spec: dict[str, Any], *, pinned: bool) -> tuple[str, float, float,
     t0 = time.perf_counter()
     try:
         decision = worker.plan(problem, wait_s=None)
-        outcome = f"planned {decision.best.layout.label} ({decision.best.prediction.source})"
+        outcome = f"planned {decision.best.layout.label_for(problem.engine)} ({decision.best.prediction.source})"
     except PlanBudgetExceeded as exc:
         outcome = f"PlanBudgetExceeded: {exc}"
     finally:
