@@ -496,10 +496,18 @@ class CurveRows:
         return CurveRows(rows, self.index)
 
 
+SMALL_DISTINCT = 512  # up to this many candidates `_distinct` sorts them in Python (fewer numpy calls than the lookup tables)
+
+
 def _distinct(*keys: Any) -> tuple[list[tuple[float, ...]], Any]:
     """The distinct combinations of the broadcast `keys` (each an array of small values per candidate), in sorted order,
     and each candidate's position among them (an int array of the broadcast shape)."""
     arrays = np.broadcast_arrays(*(np.asarray(k, dtype=float) for k in keys))
+    if arrays[0].size <= SMALL_DISTINCT:  # a few candidates (a pool member's funnel, one instance): in Python, the same answer
+        rows = list(zip(*(a.ravel().tolist() for a in arrays), strict=True))
+        combos = sorted(set(rows))
+        at = {c: i for i, c in enumerate(combos)}
+        return combos, np.array([at[r] for r in rows], dtype=np.int64).reshape(arrays[0].shape)
     code = np.zeros(arrays[0].shape, dtype=np.int64)
     values: list[Any] = []
     for a in arrays:
@@ -535,10 +543,8 @@ def _curve_points(curve: Any, i: Any) -> tuple[Any, Any]:
     """A curve's values at grid points `i` and `i + 1` of its last axis, per candidate (broadcast with `i`): a 1-D curve
     (one instance), `CurveRows`, or a dense array (*candidates, grid)."""
     if isinstance(curve, CurveRows):
-        rows = np.ascontiguousarray(curve.rows)
-        i_b, index = np.broadcast_arrays(i, curve.index)
-        at = index * rows.shape[-1] + i_b
-        flat = rows.ravel()
+        flat = curve.rows.ravel()
+        at = curve.index * curve.rows.shape[-1] + i  # broadcast: each candidate's point in its row
         return flat[at], flat[at + 1]
     c = np.asarray(curve, dtype=float)
     if c.ndim == 1:
@@ -908,11 +914,9 @@ def _decode_attention_table_s(curve: Any, sequences: Any, context_tokens: Any) -
     pos = np.minimum(pos, top - 1e-9)
     i = np.floor(pos).astype(np.int64)
     frac = pos - i
-    if isinstance(curve, CurveRows):  # one gather: a row's floors then its slopes
-        rows = np.ascontiguousarray(curve.rows)
-        i_b, index = np.broadcast_arrays(i, curve.index)
-        at = index * (2 * ATTN_GRID) + i_b
-        flat = rows.ravel()
+    if isinstance(curve, CurveRows):  # a row's floors then its slopes
+        flat = curve.rows.ravel()
+        at = curve.index * (2 * ATTN_GRID) + i
         f_lo, f_hi, s_lo, s_hi = flat[at], flat[at + 1], flat[at + ATTN_GRID], flat[at + ATTN_GRID + 1]
     else:
         c = np.asarray(curve, dtype=float)

@@ -173,3 +173,17 @@ def test_pattern_moves_follow_a_valley_that_crosses_the_coordinates():
     x, moved = fit_perf.pattern_search(f, x0, step=0.25, evals=60, pattern_moves=True)
     assert moved < 0.1 * plain < 0.1 * f(x0)  # 0.0005 against 0.021 of 0.8
     assert moved == f(x)  # the loss returned is the point's own
+
+
+def test_distinct_layout_shapes_are_the_same_whichever_way_they_are_found():
+    from servingtopology.planner.perf import step
+
+    rng = np.random.default_rng(3)
+    for n in (1, 7, step.SMALL_DISTINCT, step.SMALL_DISTINCT + 1, 5000):
+        tp = rng.choice([1.0, 2.0, 4.0, 8.0], n)
+        pp = rng.choice([1.0, 2.0, 4.0], n)
+        combos, index = step._distinct(tp, pp)
+        assert combos == sorted(set(zip(tp.tolist(), pp.tolist(), strict=True)))
+        assert [combos[i] for i in index.tolist()] == list(zip(tp.tolist(), pp.tolist(), strict=True))
+    combos, index = step._distinct(4.0)
+    assert combos == [(4.0,)] and index.shape == () and int(index) == 0
