@@ -32,7 +32,7 @@ from servingtopology.planner.perf.step import StepCoefficients, evaluate_step_s,
 from servingtopology.planner.workload import Workload
 
 __all__ = ["RoleEstimate", "LoadShape", "load_shape", "estimate_aggregated", "estimate_prefill", "estimate_decode",
-           "role_coefficients", "FIXED_POINT_ITERATIONS"]
+           "role_coefficients", "FIXED_POINT_ITERATIONS", "Unloaded", "aggregated_unloaded", "prefill_unloaded", "decode_unloaded"]
 
 FIXED_POINT_ITERATIONS = 8
 # Relative spread of per-request mean TPOT per unit of the normal quantile (chunked-prefill steps are
@@ -133,24 +133,46 @@ def _pairs(pf: Any, shape: LoadShape) -> Any:
     return pf * (cached + shape.computed_input_tokens / 2.0)
 
 
-def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
-                        rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any,
-                        max_num_batched_tokens: Any, pool_tokens: Any, moe_ep: Any = None,
-                        coefficients: StepCoefficients | None = None) -> RoleEstimate:
-    """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank; `moe_ep` as
-    `_coefficients` reads it."""
-    co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
-    max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
+@dataclass(frozen=True, slots=True)
+class Unloaded:
+    """What a role's estimate computes without the request rate: a bisection over the rate (predict.slo_capacity_rps)
+    computes it once per set of rows and passes it to every estimate, which then gives the same floats as computing it
+    itself. Per row."""
+
+    mu: Any         # requests/s one attention-DP rank completes at saturation
+    start: Any      # aggregated and decode: one decode's step, where the load's fixed point starts; prefill: the TTFT unloaded
+
+
+def aggregated_unloaded(co: StepCoefficients, *, engine: Engine, shape: LoadShape, dp: Any, max_num_seqs: Any,
+                        max_num_batched_tokens: Any, pool_tokens: Any) -> Unloaded:
+    """`estimate_aggregated`'s saturation and first step (its arguments as it reads them)."""
+    max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)
     ip, o, ctx_mean = shape.computed_input_tokens, shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
-    lam = rate_rps / (count * dp)
     b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
     # Saturation: decode batch at its cap, prefill tokens in proportion, inside the token budget.
     pf_sat = np.minimum(b_cap * ip / o, np.maximum(max_num_batched_tokens - b_cap, 1.0))
     t_sat = _f(co, pf_sat, _pairs(pf_sat, shape), b_cap, b_cap * ctx_mean)
     per_step = np.minimum(b_cap / o, pf_sat / ip)
-    mu = per_step / t_sat
+    return Unloaded(mu=per_step / t_sat, start=_f(co, 0.0, 0.0, 1.0, ctx_mean))
+
+
+def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
+                        rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any,
+                        max_num_batched_tokens: Any, pool_tokens: Any, moe_ep: Any = None,
+                        coefficients: StepCoefficients | None = None, unloaded: Unloaded | None = None) -> RoleEstimate:
+    """Replicas with chunked prefill: every array broadcasts; `pool_tokens` is per attention-DP rank; `moe_ep` as
+    `_coefficients` reads it; `unloaded` from `aggregated_unloaded` of the same rows (computed here when None)."""
+    co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
+    if unloaded is None:
+        unloaded = aggregated_unloaded(co, engine=engine, shape=shape, dp=dp, max_num_seqs=max_num_seqs,
+                                       max_num_batched_tokens=max_num_batched_tokens, pool_tokens=pool_tokens)
+    max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
+    ip, o, ctx_mean = shape.computed_input_tokens, shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
+    lam = rate_rps / (count * dp)
+    b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
+    mu = unloaded.mu
     # Load: fixed point of the mixed step time.
-    t = _f(co, 0.0, 0.0, 1.0, ctx_mean)
+    t = unloaded.start
     for _ in range(FIXED_POINT_ITERATIONS):
         b = np.minimum(lam * o * t, b_cap)
         pf = np.minimum(lam * ip * t, max_num_batched_tokens)
@@ -173,38 +195,56 @@ def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, eng
     return RoleEstimate(ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpot_mean, capacity_rps=mu * count * dp, utilisation=rho)
 
 
-def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
-                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any, moe_ep: Any = None,
-                     coefficients: StepCoefficients | None = None) -> RoleEstimate:
-    """Prefill-only instances of a PD layout: TTFT here excludes the KV transfer and the first decode step."""
-    co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
+def prefill_unloaded(co: StepCoefficients, *, engine: Engine, shape: LoadShape, dp: Any, max_num_batched_tokens: Any) -> Unloaded:
+    """`estimate_prefill`'s capacity and unloaded TTFT: prompts batched up to the token budget; the percentile's prompt
+    in chunks of the budget."""
     max_num_batched_tokens = chunk_tokens_per_rank(engine, max_num_batched_tokens, dp)   # SGLang: the server's chunk // attn DP
     ip = shape.computed_input_tokens
-    lam = rate_rps / (count * dp)
     batch = np.minimum(max_num_batched_tokens, np.maximum(ip, max_num_batched_tokens // max(ip, 1.0) * ip))
     t_batch = _f(co, batch, _pairs(batch, shape), 0.0, 0.0)
-    mu = batch / ip / t_batch
     iq = shape.input_tokens_at_ttft_pct
     chunk = np.minimum(iq, max_num_batched_tokens)
     t_chunk = _f(co, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), 0.0, 0.0)
-    ttft0 = np.ceil(iq / chunk) * t_chunk
+    return Unloaded(mu=batch / ip / t_batch, start=np.ceil(iq / chunk) * t_chunk)
+
+
+def estimate_prefill(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
+                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_batched_tokens: Any, moe_ep: Any = None,
+                     coefficients: StepCoefficients | None = None, unloaded: Unloaded | None = None) -> RoleEstimate:
+    """Prefill-only instances of a PD layout: TTFT here excludes the KV transfer and the first decode step; `unloaded`
+    from `prefill_unloaded` of the same rows (computed here when None)."""
+    co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
+    if unloaded is None:
+        unloaded = prefill_unloaded(co, engine=engine, shape=shape, dp=dp, max_num_batched_tokens=max_num_batched_tokens)
+    lam = rate_rps / (count * dp)
+    mu, ttft0 = unloaded.mu, unloaded.start
     rho = lam / mu
     ttft = ttft0 + _wait_quantile_s(rho, ttft0, shape.arrival_cv, shape.ttft_q)
     zero = 0.0 * ttft
     return RoleEstimate(ttft_s=ttft, tpot_s=zero, tpot_mean_s=zero, capacity_rps=mu * count * dp, utilisation=rho)
 
 
+def decode_unloaded(co: StepCoefficients, *, shape: LoadShape, max_num_seqs: Any, pool_tokens: Any) -> Unloaded:
+    """`estimate_decode`'s capacity (the batch at its cap) and one decode's step."""
+    o, ctx_mean = shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
+    b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
+    t_sat = _f(co, 0.0, 0.0, b_cap, b_cap * ctx_mean)
+    return Unloaded(mu=b_cap / o / t_sat, start=_f(co, 0.0, 0.0, 1.0, ctx_mean))
+
+
 def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any, moe_ep: Any = None,
-                    coefficients: StepCoefficients | None = None) -> RoleEstimate:
-    """Decode-only instances of a PD layout: `ttft_s` holds their first step (added to the prefill side)."""
+                    coefficients: StepCoefficients | None = None, unloaded: Unloaded | None = None) -> RoleEstimate:
+    """Decode-only instances of a PD layout: `ttft_s` holds their first step (added to the prefill side); `unloaded` from
+    `decode_unloaded` of the same rows (computed here when None)."""
     co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
+    if unloaded is None:
+        unloaded = decode_unloaded(co, shape=shape, max_num_seqs=max_num_seqs, pool_tokens=pool_tokens)
     o, ctx_mean = shape.output_tokens, shape.input_tokens + shape.output_tokens / 2.0
     lam = rate_rps / (count * dp)
     b_cap = np.maximum(np.minimum(max_num_seqs, pool_tokens / ctx_mean), 1e-9)
-    t_sat = _f(co, 0.0, 0.0, b_cap, b_cap * ctx_mean)
-    mu = b_cap / o / t_sat
-    t = _f(co, 0.0, 0.0, 1.0, ctx_mean)
+    mu = unloaded.mu
+    t = unloaded.start
     for _ in range(FIXED_POINT_ITERATIONS):
         b = np.maximum(np.minimum(lam * o * t, b_cap), 1.0)
         t = _f(co, 0.0, 0.0, b, b * ctx_mean)

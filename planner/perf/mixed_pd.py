@@ -24,7 +24,15 @@ import numpy as np
 from servingtopology.planner.engines.caps import pd_rule_violation, problem_caps
 from servingtopology.planner.hardware import Gpu, resolve_gpu
 from servingtopology.planner.layout import KvDtype, Layout, LayoutKind, Role
-from servingtopology.planner.perf.analytic import estimate_decode, estimate_prefill, load_shape, role_coefficients
+from servingtopology.planner.perf.analytic import (
+    Unloaded,
+    decode_unloaded,
+    estimate_decode,
+    estimate_prefill,
+    load_shape,
+    prefill_unloaded,
+    role_coefficients,
+)
 from servingtopology.planner.perf.memory import kv_bytes_per_token, kv_pool_tokens, transfer_floor_s
 from servingtopology.planner.perf.memory_fit import memory_refusal
 from servingtopology.planner.perf.predict import BISECTION_STEPS, front_end_s
@@ -162,6 +170,8 @@ class _Packed:
     pool: Any
     prefill_coefficients: StepCoefficients
     decode_coefficients: StepCoefficients
+    prefill_unloaded: Unloaded                 # each role's figures without the rate (analytic.Unloaded)
+    decode_unloaded: Unloaded
 
 
 def _pack(problem: Problem, layouts: Sequence[Layout], *, prefill_gpu: Gpu, decode_gpu: Gpu, decode_pool_tokens: Any) -> _Packed:
@@ -170,9 +180,11 @@ def _pack(problem: Problem, layouts: Sequence[Layout], *, prefill_gpu: Gpu, deco
     pool = decode_pool_tokens if decode_pool_tokens is not None else \
         np.array([_pool(problem, decode_gpu, lay, Role.DECODE) for lay in layouts], dtype=np.float64)
     m, pe, en = problem.model, problem.precision, problem.engine
-    return _Packed(kv, p, d, pool, role_coefficients(m, prefill_gpu, precision=pe, engine=en, kv=kv, tp=p["tp"], pp=p["pp"], dp=p["dp"],
-                                                      moe_ep=p["ep"]),
-                   role_coefficients(m, decode_gpu, precision=pe, engine=en, kv=kv, tp=d["tp"], pp=d["pp"], dp=d["dp"], moe_ep=d["ep"]))
+    shape = load_shape(problem.workload, ttft_percentile=problem.slo.ttft_percentile, tpot_percentile=problem.slo.tpot_percentile)
+    pc = role_coefficients(m, prefill_gpu, precision=pe, engine=en, kv=kv, tp=p["tp"], pp=p["pp"], dp=p["dp"], moe_ep=p["ep"])
+    dc = role_coefficients(m, decode_gpu, precision=pe, engine=en, kv=kv, tp=d["tp"], pp=d["pp"], dp=d["dp"], moe_ep=d["ep"])
+    return _Packed(kv, p, d, pool, pc, dc, prefill_unloaded(pc, engine=en, shape=shape, dp=p["dp"], max_num_batched_tokens=p["mnbt"]),
+                   decode_unloaded(dc, shape=shape, max_num_seqs=d["mns"], pool_tokens=pool))
 
 
 def mixed_figures(problem: Problem, layouts: Sequence[Layout], rates_rps: Any, *, prefill_gpu: Gpu, decode_gpu: Gpu,
@@ -189,9 +201,11 @@ def _figures(problem: Problem, packed: _Packed, rates_rps: Any, *, prefill_gpu: 
     kv, p, d, pool = packed.kv, packed.prefill, packed.decode, packed.pool
     m, pe, en = problem.model, problem.precision, problem.engine
     ep = estimate_prefill(m, prefill_gpu, precision=pe, engine=en, kv=kv, shape=shape, rate_rps=rate, tp=p["tp"], pp=p["pp"], dp=p["dp"],
-                          count=p["count"], max_num_batched_tokens=p["mnbt"], coefficients=packed.prefill_coefficients)
+                          count=p["count"], max_num_batched_tokens=p["mnbt"], coefficients=packed.prefill_coefficients,
+                          unloaded=packed.prefill_unloaded)
     ed = estimate_decode(m, decode_gpu, precision=pe, engine=en, kv=kv, shape=shape, rate_rps=rate, tp=d["tp"], pp=d["pp"], dp=d["dp"],
-                         count=d["count"], max_num_seqs=d["mns"], pool_tokens=pool, coefficients=packed.decode_coefficients)
+                         count=d["count"], max_num_seqs=d["mns"], pool_tokens=pool, coefficients=packed.decode_coefficients,
+                         unloaded=packed.decode_unloaded)
     transfer = float(kv_link_transfer_s(problem, shape.input_tokens, link_gbit=link_gbit))
     link = p["count"] / transfer   # one transfer at a time per prefill instance (the simulator's FIFO link)
     ttft = ep.ttft_s + transfer + ed.ttft_s + front_end_s(problem, disaggregated=True)

@@ -18,10 +18,14 @@ import numpy.typing as npt
 from servingtopology.planner.layout import EngineKnobs, KvDtype, Layout, LayoutKind, Parallelism, Role
 from servingtopology.planner.perf.analytic import (
     LoadShape,
+    Unloaded,
+    aggregated_unloaded,
+    decode_unloaded,
     estimate_aggregated,
     estimate_decode,
     estimate_prefill,
     load_shape,
+    prefill_unloaded,
     role_coefficients,
 )
 from servingtopology.planner.perf.memory import kv_pool_tokens, max_request_tokens
@@ -76,6 +80,7 @@ class _Group:
     pool: FloatArray
     transfer_s: FloatArray
     coefficients: dict[Role, StepCoefficients]    # folded once per pack, for every rate the figures are asked at
+    unloaded: dict[Role, Unloaded]                # each role's figures without the rate, once per pack likewise
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +121,16 @@ def _pack(problem: Problem, layouts: Sequence[Layout]) -> _Packed:
             transfer = np.array([moved[same] for same in same_node], dtype=np.float64)
         co = {role: role_coefficients(problem.model, problem.gpu, precision=problem.precision, engine=problem.engine, kv=kv, tp=a["tp"],
                                       pp=a["pp"], dp=a["dp"], moe_ep=a["ep"]) for role, a in roles.items()}
-        groups.append(_Group(kind, kv, np.asarray(idx, dtype=np.int64), roles, pool, transfer, co))
+        if kind is LayoutKind.REPLICAS:
+            a = roles[Role.AGGREGATED]
+            unloaded = {Role.AGGREGATED: aggregated_unloaded(co[Role.AGGREGATED], engine=problem.engine, shape=shape, dp=a["dp"],
+                                                             max_num_seqs=a["mns"], max_num_batched_tokens=a["mnbt"], pool_tokens=pool)}
+        else:
+            p, d = roles[Role.PREFILL], roles[Role.DECODE]
+            unloaded = {Role.PREFILL: prefill_unloaded(co[Role.PREFILL], engine=problem.engine, shape=shape, dp=p["dp"],
+                                                       max_num_batched_tokens=p["mnbt"]),
+                        Role.DECODE: decode_unloaded(co[Role.DECODE], shape=shape, max_num_seqs=d["mns"], pool_tokens=pool)}
+        groups.append(_Group(kind, kv, np.asarray(idx, dtype=np.int64), roles, pool, transfer, co, unloaded))
     return _Packed(shape, tuple(groups), len(layouts))
 
 
@@ -137,15 +151,16 @@ def _figures(problem: Problem, packed: _Packed, rates: FloatArray) -> Figures:
             a = grp.roles[Role.AGGREGATED]
             e = estimate_aggregated(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=a["tp"], pp=a["pp"],
                                     dp=a["dp"], count=a["count"], max_num_seqs=a["mns"], max_num_batched_tokens=a["mnbt"], pool_tokens=grp.pool,
-                                    coefficients=grp.coefficients[Role.AGGREGATED])
+                                    coefficients=grp.coefficients[Role.AGGREGATED], unloaded=grp.unloaded[Role.AGGREGATED])
             cols = (e.ttft_s + front_end_s(problem, disaggregated=False), e.tpot_s, e.tpot_mean_s, e.capacity_rps)
         else:
             p, d = grp.roles[Role.PREFILL], grp.roles[Role.DECODE]
             ep = estimate_prefill(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=p["tp"], pp=p["pp"],
-                                  dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"], coefficients=grp.coefficients[Role.PREFILL])
+                                  dp=p["dp"], count=p["count"], max_num_batched_tokens=p["mnbt"], coefficients=grp.coefficients[Role.PREFILL],
+                                  unloaded=grp.unloaded[Role.PREFILL])
             ed = estimate_decode(m, g, precision=pe, engine=sh, kv=grp.kv, shape=packed.shape, rate_rps=rate, tp=d["tp"], pp=d["pp"],
                                  dp=d["dp"], count=d["count"], max_num_seqs=d["mns"], pool_tokens=grp.pool,
-                                 coefficients=grp.coefficients[Role.DECODE])
+                                 coefficients=grp.coefficients[Role.DECODE], unloaded=grp.unloaded[Role.DECODE])
             ttft = ep.ttft_s + grp.transfer_s + ed.ttft_s + front_end_s(problem, disaggregated=True)
             cols = (ttft, ed.tpot_s, ed.tpot_mean_s, np.minimum(ep.capacity_rps, ed.capacity_rps))
         for o, v in zip(out, (*cols, grp.pool), strict=True):

@@ -292,8 +292,10 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
     bounded = problem.max_kinds_per_member is not None
     zk = [(mi, ki) for mi in range(nm) for ki in range(nk) if bounded and uses[f.member == mi, ki].any()]
     # columns: x (n options), s (nm: member met), g (nm: member goodput), y (nm: member capacity under PerPodSplit),
-    # z (one per (member, kind) it may use, only under max_kinds_per_member: the member uses the kind)
-    nc = n + 3 * nm + len(zk)
+    # z (one per (member, kind) it may use, only under max_kinds_per_member: the member uses the kind), p (nm: the pods of
+    # the member's chosen options, Σ_j n_j x_j, so each PerPodSplit row names it once instead of every option again)
+    nc = n + 3 * nm + len(zk) + nm
+    ps = n + 3 * nm + len(zk)
     xs, ss, gs = slice(0, n), slice(n, n + nm), slice(n + nm, n + 2 * nm)
     rows: list[tuple[IntArray, FloatArray]] = []     # each row's non-zeros: one dense row at a time, never the matrix
     lo: list[float] = []
@@ -322,10 +324,14 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
         r[xs] = -f.cap * mine
         r[y] = 1.0
         row(at=r, upper=0.0)
-        for i in np.flatnonzero(mine):        # PerPodSplit: y ≤ r_i · Σ_j n_j x_j when option i is chosen
+        r = np.zeros(nc)                      # p = Σ_j n_j x_j over the member's options
+        r[xs] = -f.pods * mine
+        r[ps + mi] = 1.0
+        row(at=r, lower=0.0, upper=0.0)
+        for i in np.flatnonzero(mine):        # PerPodSplit: y ≤ r_i · p when option i is chosen
             r = np.zeros(nc)
-            r[xs] = -(f.cap[i] / f.pods[i]) * f.pods * mine
-            r[i] += top[mi]
+            r[i] = top[mi]
+            r[ps + mi] = -(f.cap[i] / f.pods[i])
             r[y] = 1.0
             row(at=r, upper=float(top[mi]))
         r = np.zeros(nc)                      # goodput ≤ capacity
@@ -357,8 +363,9 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
         assert problem.budget_per_hour is not None
         row((xs, f.cost), upper=float(problem.budget_per_hour))
     col_lo = np.zeros(nc)
-    col_hi = np.concatenate([np.ones(n + nm), f.load, top, np.ones(len(zk))])
-    integer = np.concatenate([np.ones(n + nm, dtype=bool), np.zeros(2 * nm, dtype=bool), np.ones(len(zk), dtype=bool)])
+    pods_hi = np.array([float(np.sort(f.pods[f.member == mi])[::-1][:MAX_PARTS].sum()) for mi in range(nm)])
+    col_hi = np.concatenate([np.ones(n + nm), f.load, top, np.ones(len(zk)), pods_hi])
+    integer = np.concatenate([np.ones(n + nm, dtype=bool), np.zeros(2 * nm, dtype=bool), np.ones(len(zk), dtype=bool), np.zeros(nm, dtype=bool)])
     met_c = np.zeros(nc)
     met_c[ss] = f.weight
     good_c = np.zeros(nc)
