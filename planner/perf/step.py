@@ -790,6 +790,19 @@ GEMM_TABLE_MAX_N = 65536.0  # the widest n the GEMM tables measured (kernels.gem
 GEMM_TABLE_DTYPE = {("vllm", "fp8_block"): "fp8"}
 
 
+def padded_envelope(times: Any) -> Any:
+    """A GEMM's measured times at rising m made non-decreasing: each point the least time measured at that m or any larger.
+
+    Any kernel that multiplies m' rows multiplies m ≤ m' rows padded to m', in the same time, and an engine does pad: vLLM
+    runs a decode step as the CUDA graph captured at the next size up. The GEMM tables are not monotone in m: vLLM 0.24.0's
+    B200 per-tensor FP8 GEMM of n 8,192 × k 3,072 reads 25.7, 10.0, 17.2, 10.1, 17.5, 10.7, 17.5, 10.9 µs at m = 1 … 128,
+    every even power of two 1.6–2.6× the odd one beside it; Llama-3.1-8B, Qwen3-8B and Llama-3.1-70B on H100, H200, B200 and
+    A100 under vLLM and SGLang at TP 1–8 each have such a dip, 1–26 % of the step's GEMM time. Read as measured, a TP1 rank of MiniMax-M2.5 paid 3.5 ms for
+    its dense GEMMs at one token and 1.8 ms at two, which priced attention-DP layouts against TP at the dips."""
+    t = np.asarray(times, dtype=float)
+    return np.fmin.accumulate(t[::-1])[::-1]
+
+
 @cache
 def _dense_curve_scalar(gpu_id: str, engine: str, release: str, shapes: tuple[tuple[str, float, float, float], ...]) -> tuple[tuple[float, ...], str, str]:
     """ln(seconds) of all of `shapes` at 2^i tokens from the engine's GEMM tables, its source, and why no table covered them
@@ -809,7 +822,7 @@ def _dense_curve_scalar(gpu_id: str, engine: str, release: str, shapes: tuple[tu
             return tuple([math.nan] * MOE_GRID), "", f"no {engine} {dtype} GEMM table on {gpu_id} measured n={n:g}, k={k:g}"
         last = MOE_GRID - 1 if finite.all() else int(np.argmin(finite)) - 1  # the last of the measured run from m = 1
         times = np.where(np.arange(MOE_GRID) <= last, got.time_s, got.time_s[last] * tokens / tokens[last])
-        total = total + calls * pieces * times
+        total = total + calls * pieces * padded_envelope(times)
         source = source or f"{got.source.describe()} GEMMs, {dtype}"
     return tuple(float(v) for v in np.log(total)), source, ""
 

@@ -58,7 +58,7 @@ def test_a_pinned_layout_over_its_capacity_says_it_misses_on_plans_summary_line(
 @pytest.mark.parametrize("rate, layout, said", [
     (10, "1xTP1", "1×TP1 meets p95 TTFT "),                             # met, and under its capacity: no basis
     (30, "1xTP1", "1×TP1 misses the SLOs at 30 req/s: "),               # missed, over it
-    (40, "2xTP1", "above the analytical SLO capacity of 37.8 req/s"),   # the simulated run meets it past the capacity (to 41.6)
+    (40, "2xTP1", "above the analytical SLO capacity of 37.5 req/s"),   # the simulated run meets it past the capacity (to 41.6)
 ])
 def test_plan_its_record_and_compare_state_one_verdict_sentence(tmp_path, capsys, rate, layout, said):
     # plan's summary worded the verdict itself ('1×TP1 on 1 GPU: misses the SLOs: p95 TTFT …' beside the record's '1×TP1
@@ -83,7 +83,7 @@ def test_plan_its_record_and_compare_state_one_verdict_sentence(tmp_path, capsys
 
 
 def test_compare_above_the_slo_capacity_names_what_its_met_verdict_rests_on(tmp_path, capsys):
-    # A few percent past 2×TP1's analytical SLO capacity at p95 TPOT 20 ms (37.8 req/s under the measured-terms fit; the
+    # A few percent past 2×TP1's analytical SLO capacity at p95 TPOT 20 ms (37.5 req/s under the measured-terms fit with padded GEMMs; the
     # TPOT SLO binds below the throughput the analytical model carries, where compare still simulates) its simulated run
     # still meets the SLOs: the verdict rests on the run, and says so.
     spec = _spec(tmp_path, 30)

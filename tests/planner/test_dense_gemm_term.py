@@ -13,7 +13,15 @@ from servingtopology.planner.engines import kernels
 from servingtopology.planner.hardware import Precision, resolve_gpu
 from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.model.catalog import resolve_model
-from servingtopology.planner.perf.step import PerfParams, dense_gemm_shapes, evaluate_step_s, measured_terms, step_coefficients, token_terms
+from servingtopology.planner.perf.step import (
+    PerfParams,
+    dense_gemm_shapes,
+    evaluate_step_s,
+    measured_terms,
+    padded_envelope,
+    step_coefficients,
+    token_terms,
+)
 
 LLAMA70 = resolve_model("meta-llama/Llama-3.1-70B")
 ON = replace(PerfParams(), measured_gemm=1.0)
@@ -42,12 +50,16 @@ def test_a_llama_layer_is_its_four_projections_and_the_lm_head():
 def test_the_step_prices_the_layers_from_the_table_at_its_tokens():
     on = _coeffs(LLAMA70, "h200_sxm", ON)
     shapes, _ = dense_gemm_shapes(LLAMA70, Precision.FP8, 8)
-    for tokens in (1.0, 4.0, 256.0, 8192.0):  # grid points: the interpolation returns the tables' own sum
+    grid = 2.0 ** np.arange(16)
+    for tokens in (1.0, 4.0, 256.0, 8192.0):  # grid points: the interpolation returns the tables' own sum, each GEMM padded
         want = 0.0
         for dtype, n, k, calls in shapes:
             pieces = math.ceil(n / 65536)
-            got = kernels.gemm_time_s("h200_sxm", "vllm", "0.18.0", dtype=dtype, m=np.array([tokens]), n=n / pieces, k=k)
-            want += calls * pieces * float(got.time_s[0])
+            got = kernels.gemm_time_s("h200_sxm", "vllm", "0.18.0", dtype=dtype, m=grid, n=n / pieces, k=k)
+            # the least time measured at these tokens or more (padded_envelope); past the table's last m in proportion
+            measured = got.time_s[np.isfinite(got.time_s)]
+            later = measured[int(np.log2(tokens)):]
+            want += calls * pieces * float(later.min() if len(later) else measured[-1] * tokens / grid[len(measured) - 1])
         comm = on.tp_s_per_token * tokens + on.tp_fixed_s  # a dense model's token terms: linear time + the TP all-reduce
         assert float(token_terms(on, tokens)[0]) - comm == pytest.approx(want, rel=1e-9)
     # The tables' small-batch floors lie above the roofline's stream of the weights; large batches near it.
@@ -115,3 +127,27 @@ def test_a_deployments_gemm_and_weights_factors_move_the_measured_layers_as_they
     assert _linear(scaled(weights=2.0), prefill) / _linear(on, prefill) < 1.35
     assert _linear(scaled(gemm=2.0), prefill) / _linear(on, prefill) > 1.8
     assert _linear(scaled(gemm=2.0), decode) / _linear(on, decode) < 1.35
+
+
+def test_a_gemm_is_never_priced_above_what_padding_it_to_more_tokens_would_cost():
+    # vLLM 0.24.0's B200 per-tensor FP8 table for n 8,192 × k 3,072 zig-zags at small m (25.7, 10.0, 17.2, 10.1 µs at 1, 2,
+    # 4, 8 tokens): a kernel for 2 rows runs 1 row padded, so one token costs what two do.
+    grid = 2.0 ** np.arange(16)
+    raw = kernels.gemm_time_s("b200_sxm", "vllm", "0.19.0", dtype="fp8", m=grid, n=8192.0, k=3072.0).time_s
+    assert raw[0] > 2.0 * raw[1]
+    env = padded_envelope(raw)
+    assert env[0] == raw[1] and env[2] == raw[3]
+    assert (np.diff(env) >= 0).all() and (env <= raw).all()
+    rising = np.array([1.0, 2.0, 2.0, 5.0])
+    assert padded_envelope(rising).tolist() == rising.tolist()
+    # The step's dense curve is non-decreasing in its tokens wherever a table covers it, though the tables' own sum for
+    # Llama-3.1-70B's TP4 rank on B200 is not.
+    raw_sum = np.zeros(12)
+    for dtype, n, k, calls in dense_gemm_shapes(LLAMA70, Precision.FP8, 4)[0]:
+        pieces = math.ceil(n / 65536)
+        raw_sum += calls * pieces * kernels.gemm_time_s("b200_sxm", "vllm", "0.19.0", dtype=dtype, m=grid[:12], n=n / pieces, k=k).time_s
+    assert (np.diff(raw_sum) < 0).any()
+    for tp in (1.0, 4.0, 8.0):
+        c = _coeffs(LLAMA70, "b200_sxm", ON, tp=tp, release="0.19.0")
+        linear = [_linear(c, t) for t in grid[:12]]
+        assert (np.diff(linear) >= 0).all()
