@@ -54,6 +54,10 @@ MAX_PARTS = 2                 # parts (option groups) one member may span behind
 # the greedy (1 CPU s, within 2.1 % of its LP bound there) answers instead.
 EXACT_MAX_OPTIONS = 2_500
 NODE_LIMIT = 200
+# Member selections (≤ MAX_PARTS options each) up to which the exact solve takes one column per selection
+# (`_milp_selections`): 40 members × 3 kinds hold ~68,000 and solve at the root in ~3 CPU s; past the bound (members of
+# hundreds of options each) the option model `_milp` solves instead.
+EXACT_MAX_SELECTIONS = 150_000
 GREEDY_FLOORS_MISSED = "milp (the greedy could not place the floors)"
 MIP_FEASIBILITY = 1e-6       # HiGHS's default mip_feasibility_tolerance
 LEX_TOLERANCE = 1e-7          # relative slack when a level's optimum is fixed for the next level
@@ -120,6 +124,7 @@ class PoolProblem:
     budget_per_hour: float | None = None
     exact_max_options: int = EXACT_MAX_OPTIONS
     node_limit: int = NODE_LIMIT
+    exact_max_selections: int = EXACT_MAX_SELECTIONS   # the members' selections together up to which the exact solve has a column each
     max_kinds_per_member: int | None = None   # GPU kinds one member's parts may use together (None: no bound)
 
 
@@ -372,6 +377,19 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
     good_c[gs] = 1.0
     cost_c = np.zeros(nc)
     cost_c[xs] = f.cost
+    x, lines, gap = _solve_levels(problem, rows, lo, hi, nc, col_lo, col_hi, integer, (met_c, good_c, cost_c), relax=relax)
+    if x is None:
+        return None, lines, gap
+    return np.round(x[xs]) if not relax else x[xs], lines, gap
+
+
+def _solve_levels(problem: PoolProblem, rows: list[tuple[IntArray, FloatArray]], lo: list[float], hi: list[float], nc: int,
+                  col_lo: FloatArray, col_hi: FloatArray, integer: npt.NDArray[np.bool_],
+                  objectives: tuple[FloatArray, FloatArray, FloatArray], *, relax: bool) -> tuple[FloatArray | None, list[str], float]:
+    """The lexicographic levels in turn over a model's rows (each level's optimum fixed, with the solver's slack, before
+    the next): the last solution, a line per level and the last level's gap. `objectives`: the met weight, goodput and
+    $/hour coefficients per column."""
+    met_c, good_c, cost_c = objectives
     levels = [("members met (priority-weighted)", met_c, True), ("goodput req/s", good_c, True), ("$/hour", cost_c, False)]
     if problem.objective is PoolObjective.MAX_GOODPUT:
         levels[0], levels[1] = levels[1], levels[0]
@@ -392,14 +410,74 @@ def _milp(problem: PoolProblem, f: _Flat, *, relax: bool = False) -> tuple[Float
         # optimum can stand that much above what the integer selection really gives: fixing it without that slack per
         # term cut the true optimum off the next level (goodput 1.5000008 fixed, the selection meeting more members lost).
         tol = LEX_TOLERANCE * scale + MIP_FEASIBILITY * int(np.count_nonzero(c))
-        if maximize:
-            row(at=c.copy(), lower=res.objective - tol)
-        else:
-            row(at=c.copy(), upper=res.objective + tol)
+        nz = np.flatnonzero(c)
+        rows.append((nz, c[nz]))
+        lo.append(res.objective - tol if maximize else -math.inf)
+        hi.append(math.inf if maximize else res.objective + tol)
         if res.status is MilpStatus.NODE_LIMIT or relax:
             break
     assert x is not None
-    return np.round(x[xs]) if not relax else x[xs], lines, gap
+    return x, lines, gap
+
+
+# ---------------------------------------------------------------- exact: a member's whole selections as columns
+def _milp_selections(problem: PoolProblem, f: _Flat) -> tuple[FloatArray | None, list[str], float] | None:
+    """The same levels over one binary column per member selection (`_member_sets`: ≤ MAX_PARTS options of different
+    groups, its PerPodSplit capacity, cost and GPUs): a multiple-choice knapsack, each member taking at most one
+    selection, under one row per GPU kind. Capacity, goodput and met are each selection's constants, so no big-M row
+    is needed and the LP relaxation is tight: at 40 members × 3 kinds (68,000 selections) every level closes at the root,
+    where `_milp`'s big-M rows left the $/hour level at its node limit (0.27 % gap). None where the members have more than
+    `problem.exact_max_selections` selections together (`_milp` then)."""
+    nm, nk = len(f.load), len(f.counts)
+    sets = [_member_sets(f, mi, problem.max_kinds_per_member) for mi in range(nm)]
+    if sum(len(cap) - 1 for _, cap, _, _ in sets) > problem.exact_max_selections:
+        return None
+    pick = np.concatenate([p[1:] for p, _, _, _ in sets])   # row 0 of each member's: the empty selection
+    cap = np.concatenate([c[1:] for _, c, _, _ in sets])
+    cost = np.concatenate([c[1:] for _, _, c, _ in sets])
+    gpus = np.concatenate([g[1:] for _, _, _, g in sets])
+    start = np.r_[0, np.cumsum([len(c) - 1 for _, c, _, _ in sets])].astype(np.int64)
+    owner = np.repeat(np.arange(nm), np.diff(start))
+    ns = len(cap)
+    nc = ns + nm                     # columns: z (one per selection), s (nm: member met)
+    rows: list[tuple[IntArray, FloatArray]] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row(cols: IntArray, values: FloatArray, *, lower: float = -math.inf, upper: float = math.inf) -> None:
+        rows.append((cols.astype(np.int64), values.astype(np.float64)))
+        lo.append(lower)
+        hi.append(upper)
+
+    for mi in range(nm):
+        mine = np.arange(start[mi], start[mi + 1], dtype=np.int64)
+        row(mine, np.ones(len(mine)), upper=1.0)                            # at most one selection
+        meets = mine[cap[mine] >= f.load[mi] - 1e-9]                       # met ⇒ a selection carrying the load
+        row(np.r_[meets, ns + mi], np.r_[-np.ones(len(meets)), 1.0], upper=0.0)
+        if f.floor[mi] > 0:                                                 # the floor: a selection holding it
+            holds = mine[cap[mine] >= f.floor[mi] - 1e-9]
+            row(holds, np.ones(len(holds)), lower=1.0)
+    for ki in range(nk):
+        nz = np.flatnonzero(gpus[:, ki])
+        row(nz, gpus[nz, ki].astype(np.float64), upper=float(f.counts[ki]))
+    if problem.objective is PoolObjective.MAX_GOODPUT:
+        assert problem.budget_per_hour is not None
+        nz = np.flatnonzero(cost)
+        row(nz, cost[nz], upper=float(problem.budget_per_hour))
+    met_c = np.zeros(nc)
+    met_c[ns:] = f.weight
+    good_c = np.zeros(nc)
+    good_c[:ns] = np.minimum(cap, f.load[owner])
+    cost_c = np.zeros(nc)
+    cost_c[:ns] = cost
+    z, lines, gap = _solve_levels(problem, rows, lo, hi, nc, np.zeros(nc), np.ones(nc), np.ones(nc, dtype=bool),
+                                  (met_c, good_c, cost_c), relax=False)
+    if z is None:
+        return None, lines, gap
+    x = np.zeros(len(f.cap))
+    for s in np.flatnonzero(np.round(z[:ns]) > 0.5):
+        x[[i for i in pick[s] if i >= 0]] = 1.0
+    return x, lines, gap
 
 
 # ---------------------------------------------------------------- greedy
@@ -548,7 +626,7 @@ def plan_pool(problem: PoolProblem) -> PoolDecision:
     n = len(f.cap)
     x: FloatArray | None
     if n <= problem.exact_max_options:
-        x, lines, gap = _milp(problem, f)
+        x, lines, gap = _milp_selections(problem, f) or _milp(problem, f)
         method = "milp"
         if x is None and lines and lines[0].endswith(MilpStatus.INFEASIBLE.value):
             raise _floors_error(problem, f)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -112,6 +113,19 @@ def test_the_pool_planner_objective_equals_a_brute_force_search(problem: PoolPro
     assert d.solver.method == "milp"
     for k in problem.kinds:   # never over the inventory, idle is what is left
         assert d.used[k.name] + d.idle[k.name] == k.count and d.idle[k.name] >= 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(pools())
+def test_the_option_model_the_exact_solve_falls_back_to_equals_the_brute_force_too(problem: PoolProblem) -> None:
+    # Past exact_max_selections (members of hundreds of options) the exact solve is the option model's big-M rows.
+    best = brute_force(problem)
+    if best is None:
+        return
+    d = plan_pool(replace(problem, exact_max_selections=0))
+    got = objective_values(problem, np.array([a.capacity_rps for a in d.members]), d.cost_per_hour)
+    assert got == pytest.approx(best, abs=1e-6)
+    assert d.solver.method == "milp"
 
 
 def _option(group: str, gpus: dict[str, int], cap: float) -> MemberOption:
