@@ -49,3 +49,22 @@ def test_every_estimate_gives_the_same_floats_with_its_unloaded_part_passed_in(m
                 a, b = np.asarray(getattr(own, field)), np.asarray(getattr(given, field))
                 assert np.isfinite(a).all()
                 assert a.tobytes() == b.tobytes(), (field, rate)
+
+
+def test_a_small_row_set_is_folded_once_per_model_gpu_and_parameters_and_a_large_one_every_time() -> None:
+    from dataclasses import replace
+
+    from servingtopology.planner.perf.step import perf_params, pinned_params
+
+    m, gpu = resolve_model("meta-llama/Llama-3.1-70B"), resolve_gpu("h100_sxm")
+    kw = {"precision": Precision.BF16, "engine": Engine.VLLM, "kv": KvDtype.AUTO}
+    one = role_coefficients(m, gpu, tp=np.array([4.0]), pp=np.array([1.0]), dp=np.array([1.0]), **kw)
+    assert role_coefficients(m, gpu, tp=np.array([4.0]), pp=np.array([1.0]), dp=np.array([1.0]), **kw) is one
+    other = role_coefficients(m, gpu, tp=np.array([8.0]), pp=np.array([1.0]), dp=np.array([1.0]), **kw)
+    assert other is not one and other.tp_fixed_s != one.tp_fixed_s
+    with pinned_params(replace(perf_params(), step_overhead_s=perf_params().step_overhead_s * 2.0 + 1e-3)):   # other parameters: folded anew
+        slower = role_coefficients(m, gpu, tp=np.array([4.0]), pp=np.array([1.0]), dp=np.array([1.0]), **kw)
+        assert slower is not one and float(np.max(slower.step_fixed_s)) > float(np.max(one.step_fixed_s))
+    many = np.full(1000, 4.0)
+    ones = np.ones(1000)
+    assert role_coefficients(m, gpu, tp=many, pp=ones, dp=ones, **kw) is not role_coefficients(m, gpu, tp=many, pp=ones, dp=ones, **kw)
