@@ -25,7 +25,8 @@ from servingtopology.planner.engines.caps import release_key
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Engine
 
-__all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_HUGE_GPU_GIB", "VLLM_HUGE_GPU_SINCE", "VLLM_LARGE_GPU_GIB", "max_running",
+__all__ = ["SGLANG_AUTO_MEM_FRACTION_SINCE", "VLLM_GRAPH_TOKENS_MAX", "cuda_graph_tokens",
+           "VLLM_HUGE_GPU_GIB", "VLLM_HUGE_GPU_SINCE", "VLLM_LARGE_GPU_GIB", "max_running",
            "vllm_batch_defaults", "vllm_large_gpu", "memory_fraction", "sglang_chunked_prefill_size", "sglang_mem_fraction", "token_budget"]
 
 VLLM_LARGE_GPU_GIB = 70.0
@@ -81,6 +82,21 @@ def token_budget(engine: Engine, gpu: Gpu, dp: Any = 1, *, release: str = "") ->
     if engine is Engine.SGLANG:
         return np.maximum(sglang_chunked_prefill_size(gpu) / dp, 1024.0)
     return float(vllm_batch_defaults(gpu, release)[0]) + 0.0 * dp
+
+
+# vLLM's largest CUDA-graph batch when not stated: min(2 × max_num_seqs, 512, max_num_batched_tokens) tokens
+# (vllm/config/vllm.py `_set_cudagraph_sizes`: `max_cudagraph_capture_size` defaults to min(max_num_seqs × 2, 512), then
+# capped by max_num_batched_tokens; `cudagraph_dispatcher` runs a step of more tokens eagerly).
+VLLM_GRAPH_TOKENS_MAX = 512
+
+
+def cuda_graph_tokens(engine: Engine, max_num_seqs: Any, max_num_batched_tokens: Any) -> Any:
+    """The most tokens a step of one rank runs as a CUDA graph (arrays allowed): vLLM's default capture bound; SGLang 0
+    (its attention-DP gather does not follow the graph: planner.perf.step.attention_dp_moe_tokens)."""
+    if engine is Engine.SGLANG:
+        return 0.0 * np.asarray(max_num_seqs, dtype=float)
+    return np.minimum(np.minimum(2.0 * np.asarray(max_num_seqs, dtype=float), float(VLLM_GRAPH_TOKENS_MAX)),
+                      np.asarray(max_num_batched_tokens, dtype=float))
 
 
 def max_running(engine: Engine, gpu: Gpu, *, release: str = "") -> int:

@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from servingtopology.planner.engines.caps import chunk_tokens_per_rank
+from servingtopology.planner.engines.defaults import cuda_graph_tokens
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.model.catalog import ModelArch
-from servingtopology.planner.perf.step import PerfParams, StepCoefficients, evaluate_step_s, perf_params, step_coefficients
+from servingtopology.planner.perf.step import PerfParams, StepCoefficients, attention_dp_moe_tokens, evaluate_step_s, perf_params, step_coefficients
 from servingtopology.planner.workload import Workload
 
 __all__ = ["RoleEstimate", "LoadShape", "load_shape", "estimate_aggregated", "estimate_prefill", "estimate_decode",
@@ -137,9 +138,22 @@ def role_coefficients(model: ModelArch, gpu: Gpu, *, precision: Precision, engin
     return _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep)
 
 
-def _f(co: StepCoefficients, pf: Any, pairs: Any, dec: Any, ctx: Any) -> Any:
-    """perf.step_time_s on folded coefficients (the same arithmetic)."""
-    return evaluate_step_s(co, prefill_tokens=np.asarray(pf, dtype=float), prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx)
+def _f(co: StepCoefficients, pf: Any, pairs: Any, dec: Any, ctx: Any, moe: Any = None) -> Any:
+    """perf.step_time_s on folded coefficients (the same arithmetic); `moe` as `evaluate_step_s`'s `moe_tokens`."""
+    return evaluate_step_s(co, prefill_tokens=np.asarray(pf, dtype=float), prefill_pairs=pairs, decode_tokens=dec, decode_context_tokens=ctx,
+                           moe_tokens=moe)
+
+
+def _one_rank_moe_tokens(co: StepCoefficients, engine: Engine, dp: Any, largest: Any, total: Any, graph_tokens: Any) -> Any:
+    """The experts' tokens of a step in which one attention-DP rank carries a prompt chunk (`largest` tokens) and the
+    ranks together `total` (step.attention_dp_moe_tokens; NaN where the engine pads every rank to the largest). None where
+    no row of `co` is a MoE model under attention DP: the step model's default, at no cost."""
+    dp_arr = np.asarray(dp, dtype=float)
+    if not np.any(np.asarray(co.moe)) or not np.any(dp_arr > 1.0):
+        return None
+    shape = np.broadcast_shapes(np.shape(largest), np.shape(total), dp_arr.shape, np.shape(co.dp))
+    got = attention_dp_moe_tokens(total, largest, dp_arr, sglang=engine is Engine.SGLANG, extend=True, graph_tokens=graph_tokens)
+    return np.broadcast_to(np.asarray(got, dtype=float), shape).copy()
 
 
 def _wait_quantile_s(rho: Any, service_s: Any, cv: float, q: float) -> Any:
@@ -209,7 +223,10 @@ def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, eng
     iq = shape.input_tokens_at_ttft_pct
     chunk = np.minimum(iq, room)
     n_chunks = np.ceil(iq / chunk)
-    t_chunk = _f(co, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), b, b * ctx_mean)
+    # The new prompt's chunk rides on one attention-DP rank beside the others' decodes: their experts route what the
+    # engine gathers (`_one_rank_moe_tokens`), not every rank padded to the chunk's step.
+    moe = _one_rank_moe_tokens(co, engine, dp, chunk + b, chunk + dp * b, cuda_graph_tokens(engine, max_num_seqs, max_num_batched_tokens))
+    t_chunk = _f(co, chunk, chunk * (shape.input_tokens - ip + iq / 2.0), b, b * ctx_mean, moe)
     ttft0 = n_chunks * t_chunk + t / 2.0
     # Requests wait for a step with room: the prefill budget and the decode slots are the servers.
     rho_wait = np.maximum(lam * ip * t / room, b / b_cap)

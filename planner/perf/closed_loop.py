@@ -14,7 +14,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from servingtopology.planner.perf.step import PerfParams, perf_params
+from servingtopology.planner.engines.defaults import cuda_graph_tokens
+from servingtopology.planner.layout import Engine
+from servingtopology.planner.perf.step import PerfParams, attention_dp_moe_tokens, perf_params
 
 __all__ = ["BatchStepTime", "ClosedLoopResult", "aggregated", "disaggregated"]
 
@@ -113,6 +115,7 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     lockstep_dp = mixed & (bool(np.any(r > 1.0)) if dp_lockstep is None else np.asarray(dp_lockstep, dtype=bool))
     any_lockstep_dp = bool(np.any(lockstep_dp))
     burst = colliding * np.minimum(isl, budget)  # the prompt tokens that collide in one step (b-independent)
+    graph = cuda_graph_tokens(Engine.VLLM, max_running, budget)  # mixed batches' lockstep: vLLM's rule of the DP gather
     delay_steps = 0.5 * (recv - 1.0) + p.result_delay_steps  # steps an arrival waits for intake and its result
 
     def state(b: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
@@ -126,9 +129,11 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
         # Mixed batches carry the decodes beside the prefill chunk; otherwise (SGLang) a prefill batch pauses decoding.
         # Attention-DP ranks step in lockstep: a step in which any of the r ranks carries a prefill chunk takes that
         # rank's time on every rank (1 − (1 − f)^r of the steps, not f), and its experts see the chunk beside the
-        # other ranks' own decodes (a prefill step runs eagerly, unpadded: q + d + (r − 1)·d tokens gathered; NaN where
-        # not modelled: the tokens of the rank's own step, `step`'s default).
-        gathered = {"moe_tokens": np.where(lockstep_dp, q + d + (r - 1.0) * d, np.nan)} if any_lockstep_dp else {}
+        # other ranks' own decodes: a step over vLLM's CUDA-graph bound runs eagerly, unpadded, q + d + (r − 1)·d tokens
+        # gathered; one inside it pads every rank to the largest (step.attention_dp_moe_tokens; NaN where not modelled or
+        # padded: `step`'s default).
+        gathered = {"moe_tokens": np.where(lockstep_dp, attention_dp_moe_tokens(q + d + (r - 1.0) * d, q + d, r, sglang=False, extend=True,
+                                                                                  graph_tokens=graph), np.nan)} if any_lockstep_dp else {}
         t_p = step(prefill_tokens=q, prefill_pairs=pairs, decode_tokens=np.where(mixed, d, 0.0 * d),
                    decode_context_tokens=np.where(mixed, d * ctx, 0.0 * d), **gathered)
         fm = np.minimum(f, 1.0)
@@ -213,6 +218,9 @@ def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, cl
     For a decode batch b per rank: TPOT = decode step(b), throughput X = R_d·b/((osl − 1)·TPOT), each prefill
     rank sees X/R_p requests per second and queues them (M/D/1 wait); the loop balances when
     X·(TTFT + (osl − 1)·TPOT) = N.
+
+    A prefill instance's ranks are priced alike (every rank carrying the chunk, as at saturation): the mean-field view,
+    which cannot say which ranks are busy (the simulator applies the engine's gather, step.attention_dp_moe_tokens).
     """
     p = params or perf_params()
     clients = np.asarray(clients, dtype=float)

@@ -1416,6 +1416,25 @@ def _measured_rescale(c: StepCoefficients, t_scaled: Any, compute_s: Any, weight
     return t_scaled / unscaled
 
 
+def attention_dp_moe_tokens(total: Any, largest: Any, ranks: Any, *, sglang: Any, extend: Any, graph_tokens: Any) -> Any:
+    """The tokens every attention-DP rank's experts route in one step where the engine does not pad the ranks' batches to
+    the largest rank's; NaN where it does (`token_terms`' default: `ranks` × the largest rank's tokens). Arrays broadcast.
+
+    `total`: the ranks' scheduled tokens summed; `largest`: the largest rank's; `extend`: whether any rank carries a prompt
+    chunk; `graph_tokens`: the most tokens a rank runs as a CUDA graph (planner.engines.defaults.cuda_graph_tokens).
+      - SGLang (srt/layers/dp_attention.py, `DpPaddingMode.get_dp_padding_mode`): a step with a prompt chunk on any rank
+        gathers the ranks' tokens unpadded (SUM_LEN); a decode step pads every rank to the largest (MAX_LEN) unless that
+        gathers at least twice the sum (sum × 2 <= largest × ranks: SUM_LEN).
+      - vLLM (v1/worker/dp_utils.py, `_synchronize_dp_ranks`): the ranks are padded to the largest only when every rank runs
+        the step as a CUDA graph (the synchronized mode is the ranks' minimum); a step of more than `graph_tokens` tokens on
+        any rank runs eagerly, and its experts see each rank's own tokens, all-gathered.
+    """
+    total, largest, ranks = (np.asarray(v, dtype=float) for v in (total, largest, ranks))
+    sum_len = np.where(np.asarray(sglang, dtype=bool), np.asarray(extend, dtype=bool) | (2.0 * total <= largest * ranks),
+                       largest > np.asarray(graph_tokens, dtype=float))
+    return np.where(sum_len & (ranks > 1.0), total, np.nan)
+
+
 def token_terms(c: StepCoefficients, tokens: Any, *, maximum: Callable[[Any, Any], Any] = np.maximum,
                 minimum: Callable[[Any, Any], Any] = np.minimum, moe_tokens: Any = None) -> tuple[Any, Any]:
     """The part of `evaluate_step_s` that depends on the step's token count only: the stage's linear, expert and
@@ -1571,7 +1590,7 @@ class InstancePerf:
     moe_ep: int | None = None
     _coeffs: StepCoefficients | None = field(default=None, init=False, repr=False, compare=False)
     # token count -> `token_terms` (the pow-heavy part of a step, the same floats for every batch of that many tokens)
-    _terms: dict[float, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _terms: dict[Any, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
     # `step_from_token_terms`' constants of a pure decode step (no prefill tokens or pairs), folded once (`decode_s`)
     _decode: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
     # The measured decode attention's fixed seconds and seconds per cached token at 2^i sequences (`measured_decode_attention`),
@@ -1601,8 +1620,17 @@ class InstancePerf:
             c.pp, c.layer_fixed_s, c.per_seq_s, c.step_fixed_s, mixed, c.seq_serial_s))
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
-                    decode_context_tokens: float) -> float:
-        return self._step_s(float(prefill_tokens), float(prefill_pairs), float(decode_tokens), float(decode_context_tokens))
+                    decode_context_tokens: float, moe_tokens: float | None = None) -> float:
+        """`moe_tokens`: the tokens every attention-DP rank's experts route this step where the ranks are not padded to the
+        largest rank's batch (`attention_dp_moe_tokens`); None: they are (the default of `token_terms`)."""
+        return self._step_s(float(prefill_tokens), float(prefill_pairs), float(decode_tokens), float(decode_context_tokens),
+                            None if moe_tokens is None else float(moe_tokens))
+
+    @property
+    def gathers_experts(self) -> bool:
+        """Whether the ranks' gathered tokens can price a step differently from the padded default: a MoE model under
+        attention DP (the simulator passes `moe_tokens` only then)."""
+        return bool(self.model.is_moe) and self.parallelism.dp > 1
 
     def decode_s(self, decoding_tokens: float, context_tokens: float) -> float:
         """`step_time_s` of a pure decode step (the simulator's decode-burst probes): `_step_s(0.0, 0.0, d, context)` with the
@@ -1627,16 +1655,18 @@ class InstancePerf:
         value = float((busy if busy > cpu else cpu) + step_fixed_s + serial_s * seqs)  # _fmax
         return value if math.isfinite(value) else float("inf")
 
-    def _step_s(self, prefill_tokens: float, prefill_pairs: float, decode_tokens: float, decode_context_tokens: float) -> float:
+    def _step_s(self, prefill_tokens: float, prefill_pairs: float, decode_tokens: float, decode_context_tokens: float,
+                moe_tokens: float | None = None) -> float:
         """`evaluate_step_s` on floats, its token-count part remembered (the same arithmetic, so the same float)."""
         c = self._coeffs
         assert c is not None
         tokens = prefill_tokens + decode_tokens
-        terms = self._terms.get(tokens)
+        key: Any = tokens if moe_tokens is None else (tokens, moe_tokens)
+        terms = self._terms.get(key)
         if terms is None:
             if len(self._terms) >= TOKEN_TERMS_ENTRIES:
                 self._terms.clear()
-            terms = self._terms[tokens] = token_terms(c, tokens, maximum=_fmax, minimum=_fmin)
+            terms = self._terms[key] = token_terms(c, tokens, maximum=_fmax, minimum=_fmin, moe_tokens=moe_tokens)
         # step_from_token_terms(c, terms[0], terms[1], ..., _fmax, _fmin) written out: the same operations in the same order
         # (so the same float), without its three min/max calls
         mixed = (prefill_tokens > 0) * 1.0

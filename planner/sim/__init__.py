@@ -49,14 +49,24 @@ class RememberedSteps:
 
     def __init__(self, model: StepTimeModel) -> None:
         self.model = model
-        self._seen: dict[tuple[float, float, float, float], float] = {}
+        self._seen: dict[tuple[float, ...], float] = {}  # a batch (4 floats), or a batch and its gathered expert tokens (5)
         self._decode: Callable[[float, float], float] | None = getattr(model, "decode_s", None)  # InstancePerf's, same floats
         # a decode burst's probes (its first, middle and last steps' contexts) are rarely asked twice: the model's own
         # decode_s answers them, without the memo's key and insert (the same floats)
         self.decode_probe: Callable[[float, float], float] = self._decode if self._decode is not None else self.decode_s
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
-                    decode_context_tokens: float) -> float:
+                    decode_context_tokens: float, moe_tokens: float | None = None) -> float:
+        if moe_tokens is not None:  # the attention-DP ranks' gathered tokens (InstancePerf.gathers_experts), a key of its own
+            key5 = (prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens, moe_tokens)
+            t = self._seen.get(key5)
+            if t is None:
+                if len(self._seen) >= MEMO_ENTRIES:
+                    self._seen.clear()
+                t = self._seen[key5] = self.model.step_time_s(  # type: ignore[call-arg]
+                    prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
+                    decode_context_tokens=decode_context_tokens, moe_tokens=moe_tokens)
+            return t
         key = (prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens)
         t = self._seen.get(key)
         if t is None:
@@ -65,6 +75,11 @@ class RememberedSteps:
             t = self._seen[key] = self.model.step_time_s(prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs,
                                                          decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
         return t
+
+    @property
+    def gathers_experts(self) -> bool:
+        """The model's own (InstancePerf.gathers_experts); False for a model that does not say."""
+        return bool(getattr(self.model, "gathers_experts", False))
 
     def batch_s(self, batch: tuple[float, float, float, float]) -> float:
         """`step_time_s` of a `StepBatch` (prefill tokens, prefill pairs, decode tokens, decode context), which is its own key."""

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from servingtopology.planner.engines.defaults import cuda_graph_tokens
 from servingtopology.planner.layout import Engine, Role, RoleLayout
-from servingtopology.planner.perf.step import StepTimeModel
+from servingtopology.planner.perf.step import StepTimeModel, attention_dp_moe_tokens
 from servingtopology.planner.sim.kvcache import KvPool
 from servingtopology.planner.sim.ledger import Ledger
 from servingtopology.planner.sim.rank import Rank, StepBatch, StepOutcome
@@ -53,6 +54,7 @@ class _ChunkRun:
     steps: int
     prefill: list[tuple[Rank, int, int]]             # (rank, slot, chunk)
     decode: list[tuple[Rank, SglangPolicy, I64, int, int, I64]]  # (rank, policy, slots, decoding, Σ nkv, blocks after j steps)
+    gathered: dict[str, float]                       # every step's `moe_tokens` (the same batches each step), or empty
     done: int = 0
     open: bool = True                                # False once anything outside the run touched the instance
 
@@ -112,6 +114,10 @@ class Instance:
             VllmPolicy(knobs) if engine is Engine.VLLM else SglangPolicy(knobs, attn_dp=role_layout.parallelism.dp) for _ in self.ranks
         ]
         self._vllm = engine is Engine.VLLM  # VllmPolicy ranks (their after_decode_steps does nothing)
+        # Attention-DP ranks of a MoE model: the tokens their experts route in a step follow the engine's gather
+        # (`attention_dp_moe_tokens`), not always every rank padded to the largest rank's batch
+        self._gather = len(self.ranks) > 1 and bool(getattr(model, "gathers_experts", False))
+        self._graph_tokens = float(cuda_graph_tokens(engine, knobs.max_num_seqs, knobs.max_num_batched_tokens))
         self.busy = False
         self.end_s = 0.0
         self.version = 0
@@ -154,6 +160,15 @@ class Instance:
         self.ranks[r].ready[slot] = True
 
     # ---- segments ------------------------------------------------------------------------------------
+    def _moe_tokens(self, tokens: list[float], extend: bool) -> float | None:
+        """The tokens every rank's experts route in a step whose ranks schedule `tokens` (a rank with nothing scheduled: 0),
+        where the engine does not pad them to the largest rank's batch; None where it does (the step model's default)."""
+        if not self._gather:
+            return None
+        got = float(attention_dp_moe_tokens(sum(tokens), max(tokens), len(self.ranks), sglang=not self._vllm, extend=extend,
+                                            graph_tokens=self._graph_tokens))
+        return None if math.isnan(got) else got
+
     def plan(self, now_s: float, *, horizon_s: float = float("inf")) -> float | None:
         """Start the next segment at now_s; return its end, or None when there is nothing to run."""
         if len(self.ranks) == 1:
@@ -176,7 +191,9 @@ class Instance:
         active = [i for i, st in enumerate(states) if st[1] > 0 or self.ranks[i].running or self.ranks[i].waiting]
         if active and all(limits[i][0] >= 2 for i in active):
             steps = min(limits[i][0] for i in active)
-            each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps) for i in active]
+            moe = self._moe_tokens([float(st[1]) for st in states], False)
+            probe = None if moe is None else self._gathered_probe(moe)
+            each = [_burst_times(self.model, decoding=states[i][1], context0=states[i][2], steps=steps, probe=probe) for i in active]
             times = each[0] if len(each) == 1 else np.max(each, axis=0)
             return self._start_burst(now_s, horizon_s, active, [states[i][0] for i in active], [states[i][1] for i in active],
                                      times, steps, any(limits[i][1] for i in active))
@@ -187,8 +204,12 @@ class Instance:
             if any(not p.batch.empty for p in planned) or not any(r.running or r.waiting for r in self.ranks):
                 break
             planned = [pol.schedule(rank, now_s) for pol, rank in zip(self.policies, self.ranks, strict=True)]
+        moe = self._moe_tokens([p.batch.prefill_tokens + p.batch.decode_tokens for p in planned],
+                               any(p.batch.prefill_tokens > 0 for p in planned)) if self._gather else None
+        gathered = {} if moe is None else {"moe_tokens": moe}
         durations = [self.model.step_time_s(prefill_tokens=p.batch.prefill_tokens, prefill_pairs=p.batch.prefill_pairs,
-                                            decode_tokens=p.batch.decode_tokens, decode_context_tokens=p.batch.decode_context_tokens)
+                                            decode_tokens=p.batch.decode_tokens, decode_context_tokens=p.batch.decode_context_tokens,
+                                            **gathered)
                      for p in planned if not p.batch.empty]
         if not durations:
             self.busy = False
@@ -198,6 +219,15 @@ class Instance:
         self._finish_single(planned, end, duration)
         self.busy, self.end_s = True, end
         return end
+
+    def _gathered_probe(self, moe: float) -> Callable[[float, float], float]:
+        """A decode burst's probe with the ranks' gathered expert tokens (`_moe_tokens`) priced in."""
+        step_time_s = self.model.step_time_s
+
+        def probe(d: float, context: float) -> float:
+            return step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=d, decode_context_tokens=context,
+                               moe_tokens=moe)  # type: ignore[call-arg]
+        return probe
 
     def _start_run(self, states: list[tuple[I64, int, int]]) -> bool:
         """ChunkRunAdvance: whether the next steps are a chunk run of at least 2 steps (then it is set up).
@@ -232,7 +262,8 @@ class Instance:
             slack = rank.blk[slots] - rank.nkv[slots]   # page 1: a token a block
             grown = decoding * j if not slack.any() else np.maximum(j[:, None] - slack[None, :], 0).sum(axis=1)
             decode[i] = (rank, pol, slots, decoding, context, grown)
-        self._run = _ChunkRun(steps, prefill, decode)
+        moe = self._moe_tokens([float(chunk) for _, _, chunk in prefill] + [float(d) for _, _, _, d, _, _ in decode], True)
+        self._run = _ChunkRun(steps, prefill, decode, {} if moe is None else {"moe_tokens": moe})
         return True
 
     def _run_step(self, now_s: float) -> float:
@@ -241,18 +272,19 @@ class Instance:
         assert run is not None
         step_time_s = self.model.step_time_s
         durations = []
+        gathered = run.gathered
         for rank, slot, chunk in run.prefill:
             context = int(rank.nkv[slot])
             ok = rank.grow(slot, chunk)
             assert ok, "chunk run over the pool"
             c = float(chunk)
             durations.append(step_time_s(prefill_tokens=c, prefill_pairs=c * (float(context) + c / 2.0), decode_tokens=0.0,
-                                         decode_context_tokens=0.0))   # batch_of's floats
+                                         decode_context_tokens=0.0, **gathered))   # batch_of's floats
             rank.nkv[slot] = context + chunk
         run.done += 1
         for _, _, _, decoding, context, _ in run.decode:
             durations.append(step_time_s(prefill_tokens=0.0, prefill_pairs=0.0, decode_tokens=float(decoding),
-                                         decode_context_tokens=float(context + decoding * run.done)))
+                                         decode_context_tokens=float(context + decoding * run.done), **gathered))
         duration = max(durations)
         end = now_s + duration
         for rank, pol, _, decoding, _, _ in run.decode:
