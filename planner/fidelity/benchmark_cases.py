@@ -23,7 +23,7 @@ import numpy as np
 from servingtopology.planner.engines.caps import release_key
 from servingtopology.planner.engines.defaults import max_running, memory_fraction, sglang_mem_fraction, token_budget
 from servingtopology.planner.hardware import Gpu, Precision
-from servingtopology.planner.layout import Engine, KvDtype
+from servingtopology.planner.layout import Engine, EngineKnobs, KvDtype
 from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.closed_loop import aggregated, disaggregated
 from servingtopology.planner.perf.memory import fixed_bytes_per_seq, kv_bytes_per_token, kv_pool_bytes, weight_bytes_per_gpu
@@ -536,17 +536,39 @@ class _Group:
     same_node: bool = True
 
 
-def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch, gpu: Gpu) -> _Group:
-    sub = [cases[i] for i in idx]
-    first = sub[0]
-    d = _defaults(first.backend, PerfParams())
-    if first.backend == "vllm":   # vLLM's own defaults on this GPU at the row's release: the one home, not a restatement
-        d = dataclasses.replace(d, max_running=max_running(Engine.VLLM, gpu, release=first.engine_release),
+def _launch_defaults(case: BenchmarkCase, gpu: Gpu) -> _EngineDefaults:
+    """The parameter-free engine flags a row's server ran with: the engine's defaults on the GPU at the row's release, then
+    its harness's launch script (`_recipe`)."""
+    d = _defaults(case.backend, PerfParams())
+    if case.backend == "vllm":   # vLLM's own defaults on this GPU at the row's release: the one home, not a restatement
+        d = dataclasses.replace(d, max_running=max_running(Engine.VLLM, gpu, release=case.engine_release),
                                 memory_fraction=memory_fraction(Engine.VLLM, gpu))
-    recipe = _recipe(first)  # one per group: prepare_cases keys the groups by it
+    recipe = _recipe(case)
     if recipe is not None:
         d = dataclasses.replace(d, kv_dtype=recipe.kv_dtype or d.kv_dtype, memory_fraction=recipe.memory_fraction or d.memory_fraction,
                                 max_running=recipe.max_num_seqs or d.max_running)
+    return d
+
+
+def simulator_knobs(case: BenchmarkCase, gpu: Gpu) -> EngineKnobs:
+    """An aggregated vLLM row's server flags as the simulator's knobs: the sequence cap, memory fraction and KV dtype
+    `_group` prices (`_launch_defaults`), the token budget of the row's release or its launch script, prefix caching off
+    (the harnesses draw random prompts)."""
+    if case.backend != "vllm" or case.agg is None:
+        raise ValueError(f"{case.row_id}: only an aggregated vLLM row has simulator knobs here")
+    d = _launch_defaults(case, gpu)
+    recipe = _recipe(case)
+    budget = recipe.budget_per_isl * case.isl if recipe is not None and recipe.budget_per_isl is not None else \
+        float(np.asarray(_token_budget(case.backend, gpu, float(case.agg.dp), case.engine_release)).reshape(-1)[0])
+    return EngineKnobs(max_num_seqs=int(d.max_running), max_num_batched_tokens=int(budget), memory_fraction=d.memory_fraction,
+                       kv_dtype=d.kv_dtype, enable_prefix_caching=False)
+
+
+def _group(idx: Sequence[int], cases: Sequence[BenchmarkCase], model: ModelArch, gpu: Gpu) -> _Group:
+    sub = [cases[i] for i in idx]
+    first = sub[0]
+    d = _launch_defaults(first, gpu)  # one per group: prepare_cases keys the groups by the launch script (`_recipe`)
+    recipe = _recipe(first)
     # Mean lengths the harness drew (the labelled ones where it ran fixed lengths).
     isl, osl = _arr(sub, lambda c: c.harness.mean_length(c.isl)), _arr(sub, lambda c: c.harness.mean_length(c.osl))
     conc = _arr(sub, lambda c: c.concurrency)

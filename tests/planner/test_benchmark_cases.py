@@ -319,3 +319,23 @@ def test_an_fp8_kv_cache_admits_the_clients_a_bf16_one_queues():
     with_script, with_defaults = predict_all([script, default], {script.model_path: model}, {"b300_sxm": gpu})
     assert isinstance(with_script, Prediction) and isinstance(with_defaults, Prediction)
     assert with_defaults.ttft_ms > 3 * with_script.ttft_ms
+
+
+def test_the_simulator_takes_a_rows_launch_flags_as_the_estimator_prices_them():
+    from servingtopology.planner.fidelity.benchmark_cases import simulator_knobs
+    from servingtopology.planner.layout import KvDtype
+
+    plain = simulator_knobs(parse_row(AGG), resolve_gpu("h200_sxm"))
+    assert plain.kv_dtype is KvDtype.AUTO and not plain.enable_prefix_caching
+    # InferenceX's MiniMax-M2.5 script from vLLM 0.19.0 on B200: FP8 KV, 0.90 of memory, a budget of twice the input length
+    row = dict(AGG, model_path="MiniMaxAI/MiniMax-M2.5", system="b200_sxm", backend_version="0.19.0",
+               silicon_data_source="source_file=2026-04-10.csv; model=minimax; silicon_concurrency=64")
+    case = parse_row(row)
+    assert case.harness is INFERENCEX and case.engine_release == "0.19.0"
+    knobs = simulator_knobs(case, resolve_gpu("b200_sxm"))
+    assert (knobs.kv_dtype, knobs.memory_fraction, knobs.max_num_batched_tokens) == (KvDtype.FP8, 0.90, 2 * 1024)
+    # and its H100 script caps the running sequences at 256
+    h100 = simulator_knobs(parse_row(dict(row, system="h100_sxm", backend_version="0.18.0")), resolve_gpu("h100_sxm"))
+    assert h100.max_num_seqs == 256
+    with pytest.raises(ValueError, match="aggregated vLLM"):
+        simulator_knobs(parse_row(DISAGG), resolve_gpu("b200_sxm"))
