@@ -12,6 +12,8 @@ Prints TTFT, TPOT and end-to-end (TTFT + (osl − 1)·TPOT) median absolute perc
 within each benchmark group of one engine release, the share of groups whose predicted best topology measured
 within 5 % of the measured best, for tokens/s per GPU and for TPOT, beside the trivial rules (fewest GPUs; most
 GPUs; ties averaged), with median and worst regrets. Broken down by engine, release, layout kind, client bucket, family and GPU.
+A run exported twice (SOURCES.md: "Duplicate rows exist"; some under two model labels) counts in the judged figures as
+often as it appears; the line "each run once" beside them counts it once (`run_key`), reported and not judged.
 Layouts of equal GPU count within one release (issue #35: plain TP, TP·EP, DP attention, PD) are compared pair by
 pair (`scores.equal_gpu_pairs`): the predicted ratio of their TPOT and of their tokens/s per GPU against the measured
 ratio, and the order of the pairs whose measured figures differ by more than 5 %; by family and by the kinds compared.
@@ -112,6 +114,26 @@ def shared_lomo_predictions(shared: Path) -> tuple[Measurements, list[Prediction
     return m, results, used
 
 
+def run_key(c: BenchmarkCase) -> tuple[Any, ...]:
+    """What identifies one measured run: its inputs and both its figures to the thousandth of a millisecond, not the model's
+    label (silicon_calibration.csv holds runs exported twice, some under DeepSeek-R1 and DeepSeek-V3 both; SOURCES.md:
+    "Duplicate rows exist"). Two separate runs never read the same TTFT and TPOT to a microsecond."""
+    return (c.backend, c.mode, c.system, c.engine_release, c.precision, c.moe_precision, c.topology_label, c.isl, c.osl,
+            c.concurrency, round(c.ttft_ms, 3), round(c.tpot_ms, 3))
+
+
+def distinct_runs(cases: list[BenchmarkCase]) -> list[int]:
+    """The position of each run's first row (`run_key`)."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for i, c in enumerate(cases):
+        k = run_key(c)
+        if k not in seen:
+            seen.add(k)
+            out.append(i)
+    return out
+
+
 def client_bucket(c: BenchmarkCase) -> str:
     n = c.concurrency
     return "1-16" if n <= 16 else "17-64" if n <= 64 else "65-256" if n <= 256 else ">256"
@@ -185,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             idx = [i for i, c in enumerate(m.cases) if key(c) == k]
             block = summarize([m.cases[i] for i in idx], [results[i] for i in idx])
             out["breakdowns"][name][k] = figures(block) | {"equal_gpu": block["ranking"]["equal_gpu"]}
+    first = distinct_runs(m.cases)
+    out["distinct_runs"] = figures(summarize([m.cases[i] for i in first], [results[i] for i in first]))  # reported, not judged
     cpu = time.process_time() - t0
     dq = overall["ranking"]["decision_quality"]
     got = {"ttft_median_ape": overall["ttft"]["median_ape"], "tpot_median_ape": overall["tpot"]["median_ape"],
@@ -215,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  predicted {overall['predicted']} of {overall['rows']}; skipped {overall['skipped']['by_reason']}")
         print(f"  {'':34s} {'rows':>5s} {'TTFT%':>6s} {'TPOT%':>6s} {'e2e%':>6s}  {'grps':>4s}  tok/GPU pick/rule  TPOT pick/rule")
         print(_line("overall (within one release)", figures(overall)))
+        print(_line("each run once (not judged)", out["distinct_runs"]))
         for name, block in out["breakdowns"].items():
             print(f"  by {name}:")
             for k, f in block.items():

@@ -49,3 +49,19 @@ def test_without_minimax_rows_its_lines_are_not_judged(capsys: pytest.CaptureFix
     _, out = _judged(capsys, "silicon_qwen3_32b.csv")
     assert "minimax_ttft_median_ape" not in out["targets"] and "minimax_ttft_median_ape" not in out["got"]
     assert out["targets"]["tpot_margin_over_rule"] == 0.0
+
+
+def test_a_run_exported_twice_counts_once_in_the_reported_line_and_as_often_as_it_appears_in_the_judged_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from servingtopology.planner.fidelity.benchmark_cases import parse_row
+    from tests.planner.test_benchmark_cases import AGG
+
+    a = parse_row(AGG)
+    twin = dataclasses.replace(a, row_id="b", model_path="other/label")           # the same run under another label
+    other = dataclasses.replace(a, row_id="c", ttft_ms=a.ttft_ms + 0.01)           # another run
+    assert lomo_decisions.distinct_runs([a, twin, other, a]) == [0, 2]
+    _, out = _judged(capsys, "silicon_calibration.csv")
+    assert out["distinct_runs"]["rows"] < out["overall"]["predicted"]
+    assert "distinct_runs" not in {k for k in out["targets"]}
