@@ -57,23 +57,17 @@ class RememberedSteps:
 
     def step_time_s(self, *, prefill_tokens: float, prefill_pairs: float, decode_tokens: float,
                     decode_context_tokens: float, moe_tokens: float | None = None) -> float:
-        if moe_tokens is not None:  # the attention-DP ranks' gathered tokens (InstancePerf.gathers_experts), a key of its own
-            key5 = (prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens, moe_tokens)
-            t = self._seen.get(key5)
-            if t is None:
-                if len(self._seen) >= MEMO_ENTRIES:
-                    self._seen.clear()
-                t = self._seen[key5] = self.model.step_time_s(  # type: ignore[call-arg]
-                    prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs, decode_tokens=decode_tokens,
-                    decode_context_tokens=decode_context_tokens, moe_tokens=moe_tokens)
-            return t
-        key = (prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens)
+        # `moe_tokens`: the attention-DP ranks' gathered tokens (InstancePerf.gathers_experts), a fifth float of the key
+        key: tuple[float, ...] = (prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens) if moe_tokens is None else \
+            (prefill_tokens, prefill_pairs, decode_tokens, decode_context_tokens, moe_tokens)
         t = self._seen.get(key)
         if t is None:
             if len(self._seen) >= MEMO_ENTRIES:
                 self._seen.clear()
+            gathered = {} if moe_tokens is None else {"moe_tokens": moe_tokens}
             t = self._seen[key] = self.model.step_time_s(prefill_tokens=prefill_tokens, prefill_pairs=prefill_pairs,
-                                                         decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens)
+                                                         decode_tokens=decode_tokens, decode_context_tokens=decode_context_tokens,
+                                                         **gathered)
         return t
 
     @property
