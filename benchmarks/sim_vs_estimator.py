@@ -8,10 +8,12 @@ closed-loop clients sending `requests_per_client` requests each, lengths drawn a
 uniform integers in [int(0.8·L), L], input and output apart; otherwise L). Rows of one configuration are simulated once.
 
 Printed, by layout kind and client bucket: the median |simulated / estimated − 1| of TPOT and TTFT, and each against the
-measurement. The simulator's TTFT is the engine's plus the front end (`perf.request_overhead_s`, as a plan adds it);
-the estimator's also counts `result_delay_steps` mean steps between a token's compute and its delivery, which no plan
-adds: printed beside it is the simulator's TTFT with those steps added (its mean TPOT as the step), the gap that term is.
-Judged: the TPOT agreement (median at most 5 %): the two must price the same steps alike. Exits 1 past it.
+measurement. The simulator's TTFT is a client's, as a plan counts it: the engine's plus the front end
+(`perf.request_overhead_s`) and the first token's delivery (`perf.delivery_s`: `result_delay_steps` mean steps, the run's
+mean TPOT the step), the terms the estimator counts too; printed beside it is the engine's alone (without the delivery),
+the figure the engine's own TTFT metric is compared with.
+Judged: the TPOT agreement (median at most 5 %), the two must price the same steps alike, and the TTFT agreement
+(median at most 15 %), a plan's TTFT and `validate`'s must count the same terms. Exits 1 past either.
 
     .venv/bin/python benchmarks/sim_vs_estimator.py [--max-rows N] [--json]
 """
@@ -35,11 +37,12 @@ from servingtopology.cli.validate import load_measurements
 from servingtopology.planner.fidelity.benchmark_cases import BenchmarkCase, Prediction, predict_all, simulator_knobs
 from servingtopology.planner.fidelity.scores import layout_kind
 from servingtopology.planner.layout import Engine, Layout, Parallelism
-from servingtopology.planner.perf.step import perf_params, request_overhead_s
+from servingtopology.planner.perf.step import delivery_s, perf_params, request_overhead_s
 from servingtopology.planner.sim import RequestSet, simulate
 
 FILES = ("silicon_minimax_m25.csv", "silicon_qwen3_32b.csv")
 TPOT_AGREEMENT_PCT = 5.0
+TTFT_AGREEMENT_PCT = 15.0   # a client's TTFT as both count it (11.2 % when the plans began to count the delivery, stop 55)
 
 
 def harness_requests(case: BenchmarkCase, rng: np.random.Generator) -> RequestSet:
@@ -76,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     models = {k: v for m in parts for k, v in m.models.items()}
     gpus = {k: v for m in parts for k, v in m.gpus.items()}
     estimates = predict_all(cases, models, gpus, params=perf_params())
-    delay = perf_params().result_delay_steps
     rng = np.random.default_rng(0)
     simulated: dict[tuple[Any, ...], tuple[float, float]] = {}
     rows: list[dict[str, Any]] = []
@@ -95,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                          precision=c.precision).summary()
             front = float(request_overhead_s(Engine.VLLM, float(np.mean(requests.prompt_tokens))))
             simulated[key] = (s.ttft_ms.mean + front * 1e3, s.tpot_ms.mean)
-        ttft, tpot = simulated[key]
-        rows.append({"kind": layout_kind(c), "clients": client_bucket(c), "sim_ttft": ttft, "sim_tpot": tpot,
-                     "sim_ttft_delivered": ttft + delay * tpot, "est_ttft": e.ttft_ms, "est_tpot": e.tpot_ms,
+        engine_ttft, tpot = simulated[key]
+        rows.append({"kind": layout_kind(c), "clients": client_bucket(c), "sim_ttft": engine_ttft + float(delivery_s(tpot)),
+                     "sim_tpot": tpot, "sim_ttft_engine": engine_ttft, "est_ttft": e.ttft_ms, "est_tpot": e.tpot_ms,
                      "ttft": c.ttft_ms, "tpot": c.tpot_ms})
     cpu = time.process_time() - t0
 
@@ -105,34 +107,39 @@ def main(argv: list[str] | None = None) -> int:
         def ape(a: str, b: str) -> float | None:
             return _med([abs(r[a] / r[b] - 1.0) for r in rs])
         return {"rows": len(rs), "tpot_sim_vs_est": ape("sim_tpot", "est_tpot"), "ttft_sim_vs_est": ape("sim_ttft", "est_ttft"),
-                "ttft_delivered_vs_est": ape("sim_ttft_delivered", "est_ttft"), "tpot_sim_vs_measured": ape("sim_tpot", "tpot"),
+                "ttft_engine_vs_est": ape("sim_ttft_engine", "est_ttft"), "tpot_sim_vs_measured": ape("sim_tpot", "tpot"),
                 "tpot_est_vs_measured": ape("est_tpot", "tpot"), "ttft_sim_vs_measured": ape("sim_ttft", "ttft"),
-                "ttft_delivered_vs_measured": ape("sim_ttft_delivered", "ttft"), "ttft_est_vs_measured": ape("est_ttft", "ttft")}
+                "ttft_engine_vs_measured": ape("sim_ttft_engine", "ttft"), "ttft_est_vs_measured": ape("est_ttft", "ttft")}
 
     out = {"overall": block(rows), "configurations": len(simulated), "cpu_s": round(cpu, 1),
            "by_kind": {k: block([r for r in rows if r["kind"] == k]) for k in sorted({r["kind"] for r in rows})},
            "by_clients": {k: block([r for r in rows if r["clients"] == k]) for k in sorted({r["clients"] for r in rows})}}
     agreement = out["overall"]["tpot_sim_vs_est"]
-    ok = agreement is not None and agreement <= TPOT_AGREEMENT_PCT
+    ttft_agreement = out["overall"]["ttft_sim_vs_est"]
+    ok_tpot = agreement is not None and agreement <= TPOT_AGREEMENT_PCT
+    ok_ttft = ttft_agreement is not None and ttft_agreement <= TTFT_AGREEMENT_PCT
+    ok = ok_tpot and ok_ttft
     if args.json:
-        print(json.dumps(out | {"target_tpot_sim_vs_est_pct": TPOT_AGREEMENT_PCT, "met": ok}))
+        print(json.dumps(out | {"target_tpot_sim_vs_est_pct": TPOT_AGREEMENT_PCT, "target_ttft_sim_vs_est_pct": TTFT_AGREEMENT_PCT,
+                                "met": ok}))
     else:
         print(f"aggregated vLLM rows of {', '.join(FILES)}, shipped parameters (held out), {len(rows)} rows, "
               f"{len(simulated)} configurations simulated ({cpu:.0f} CPU s); median |ratio − 1| %")
-        print(f"  {'':16s} {'rows':>5s}  {'TPOT sim/est':>12s} {'TTFT sim/est':>12s} {'+delay/est':>10s}   "
-              f"{'TPOT sim/meas':>13s} {'est/meas':>8s}   {'TTFT sim/meas':>13s} {'+delay':>6s} {'est/meas':>8s}")
+        print(f"  {'':16s} {'rows':>5s}  {'TPOT sim/est':>12s} {'TTFT sim/est':>12s} {'engine/est':>10s}   "
+              f"{'TPOT sim/meas':>13s} {'est/meas':>8s}   {'TTFT sim/meas':>13s} {'engine':>6s} {'est/meas':>8s}")
 
         def line(name: str, b: dict[str, Any]) -> str:
             def v(x: float | None) -> str:
                 return "-" if x is None else f"{x:.1f}"
             return (f"  {name:16s} {b['rows']:5d}  {v(b['tpot_sim_vs_est']):>12s} {v(b['ttft_sim_vs_est']):>12s} "
-                    f"{v(b['ttft_delivered_vs_est']):>10s}   {v(b['tpot_sim_vs_measured']):>13s} {v(b['tpot_est_vs_measured']):>8s}   "
-                    f"{v(b['ttft_sim_vs_measured']):>13s} {v(b['ttft_delivered_vs_measured']):>6s} {v(b['ttft_est_vs_measured']):>8s}")
+                    f"{v(b['ttft_engine_vs_est']):>10s}   {v(b['tpot_sim_vs_measured']):>13s} {v(b['tpot_est_vs_measured']):>8s}   "
+                    f"{v(b['ttft_sim_vs_measured']):>13s} {v(b['ttft_engine_vs_measured']):>6s} {v(b['ttft_est_vs_measured']):>8s}")
         print(line("overall", out["overall"]))
         for group in ("by_kind", "by_clients"):
             for k, b in out[group].items():
                 print(line(k, b))
-        print(f"  TPOT agreement {agreement} %: target ≤ {TPOT_AGREEMENT_PCT:g} %, {'met' if ok else 'NOT met'}")
+        print(f"  TPOT agreement {agreement} %: target ≤ {TPOT_AGREEMENT_PCT:g} %, {'met' if ok_tpot else 'NOT met'}")
+        print(f"  TTFT agreement {ttft_agreement} %: target ≤ {TTFT_AGREEMENT_PCT:g} %, {'met' if ok_ttft else 'NOT met'}")
     return 0 if ok else 1
 
 

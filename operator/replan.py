@@ -264,8 +264,13 @@ def observed_status(obs: Observation, *, at: str, raw: Candidate | None, ttft_pe
     model's error against them (observed/predicted − 1)."""
     w, slo = obs.workload.workload, obs.slo
     p = raw.prediction if raw is not None else None
-    ttft_err = slo.ttft_ms / p.ttft_ms - 1.0 if p is not None and slo.ttft_ms is not None and p.ttft_ms > 0 else None
-    tpot_err = slo.tpot_ms / p.tpot_ms - 1.0 if p is not None and slo.tpot_ms is not None and p.tpot_ms > 0 else None
+    # The engine's TTFT histogram does not count the first token's delivery to the client: the prediction beside it is
+    # the engine's TTFT (Prediction.engine_ttft_ms, what the live calibration fits too). Both errors are of the figures
+    # shown, as rounded, so a reader dividing them gets the error printed.
+    p_ttft = round(p.engine_ttft_ms, 1) if p is not None else None
+    p_tpot = round(p.tpot_ms, 2) if p is not None else None
+    ttft_err = round(slo.ttft_ms, 1) / p_ttft - 1.0 if p_ttft is not None and slo.ttft_ms is not None and p_ttft > 0 else None
+    tpot_err = round(slo.tpot_ms, 2) / p_tpot - 1.0 if p_tpot is not None and slo.tpot_ms is not None and p_tpot > 0 else None
     return ObservedStatus(at=at, arrivalRateRps=round(w.arrival_rate_rps or 0.0, 4), inputTokensMean=round(w.input_tokens.expected_tokens, 1),
                           outputTokensMean=round(w.output_tokens.expected_tokens, 1), prefixHitRate=round(w.prefix_share, 4),
                           ttftMs=None if slo.ttft_ms is None else round(slo.ttft_ms, 1),
@@ -273,8 +278,7 @@ def observed_status(obs: Observation, *, at: str, raw: Candidate | None, ttft_pe
                           tpotMs=None if slo.tpot_ms is None else round(slo.tpot_ms, 2),
                           tpotPercentile=None if slo.tpot_ms is None else tpot_percentile,
                           ttftError=None if ttft_err is None else round(ttft_err, 4), tpotError=None if tpot_err is None else round(tpot_err, 4),
-                          predictedTtftMs=None if p is None else round(p.ttft_ms, 1),
-                          predictedTpotMs=None if p is None else round(p.tpot_ms, 2))
+                          predictedTtftMs=p_ttft, predictedTpotMs=p_tpot)
 
 
 METRICS_GRACE_MIN_S = 60.0   # Prometheus has to discover new pods and scrape them twice before a rate() exists

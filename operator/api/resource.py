@@ -906,7 +906,9 @@ class ObservedStatus(_Api):
     ttftError: float | None = Field(default=None, description="observed/predicted - 1")
     tpotError: float | None = Field(default=None, description="observed/predicted - 1")
     predictedTtftMs: float | None = Field(default=None, description="the running layout's TTFT predicted at the observed workload "
-                                          "(uncalibrated): what ttftError compares the measurement with")
+                                          "(uncalibrated) as the engine's TTFT metric counts it, without the first token's "
+                                          "delivery to the client that a plan's TTFT includes: what ttftError compares the "
+                                          "measurement with")
     predictedTpotMs: float | None = Field(default=None, description="the running layout's TPOT predicted at the observed workload "
                                           "(uncalibrated): what tpotError compares the measurement with")
 

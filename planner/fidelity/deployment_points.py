@@ -4,8 +4,9 @@ A point measured by a closed-loop client (N concurrent clients, `load_kind` "con
 closed-loop estimator of planner.fidelity.benchmark_cases (the one `servingtopology validate` scores); a point at a request rate
 ("rate") by the simulator on Poisson arrivals at that rate, or on the recorded requests when the caller has them (a
 recorded run folder). TTFT measured at the client (a benchmark client: vLLM's `vllm bench serve`, guidellm) includes
-the request's overhead off the engine's step loop (perf.request_overhead_s); the simulator's TTFT is the engine's,
-so it is added there; a recorded engine run (requests.jsonl timestamps) is compared without it. Pure.
+the request's overhead off the engine's step loop (perf.request_overhead_s) and the steps before the first token
+reaches it (perf.delivery_s); the simulator's TTFT is the engine's, so both are added there; a recorded engine
+run (requests.jsonl timestamps) is compared without them. Pure.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role
 from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.deployment_fit import Point, Predictor, with_factors
-from servingtopology.planner.perf.step import request_overhead_s
+from servingtopology.planner.perf.step import delivery_s, request_overhead_s
 from servingtopology.planner.sim import RequestSet, simulate
 
 __all__ = ["PointFn", "closed_loop_fn", "simulated_fn", "poisson_requests", "predictor", "point_fn"]
@@ -72,11 +73,13 @@ def simulated_fn(requests: RequestSet, *, model: ModelArch, gpu: Gpu, engine: En
         ttft, tpot = res.ttft_ms, res.tpot_ms
         if idx is not None:
             ttft, tpot = ttft[idx], tpot[idx]
-        extra = 0.0
+        extra, mean_tpot = 0.0, float(np.nanmean(tpot))
         if client_side:
+            pd = layout.kind is LayoutKind.PD
             extra = float(np.mean(request_overhead_s(engine, requests.prompt_tokens if idx is None else requests.prompt_tokens[idx],
-                                                     disaggregated=layout.kind is LayoutKind.PD))) * 1e3
-        return float(np.nanmean(ttft)) + extra, float(np.nanmean(tpot))
+                                                     disaggregated=pd))) * 1e3
+            extra += float(delivery_s(mean_tpot if np.isfinite(mean_tpot) else 0.0, disaggregated=pd))
+        return float(np.nanmean(ttft)) + extra, mean_tpot
     return fn
 
 

@@ -38,7 +38,7 @@ from servingtopology.planner.perf.deployment_fit import (
     fit,
 )
 from servingtopology.planner.perf.deployment_fit import problem_factors as apply_factors
-from servingtopology.planner.perf.predict import predict_figures
+from servingtopology.planner.perf.predict import delivery_ms, predict_figures
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.workload import Workload
 
@@ -124,10 +124,13 @@ def _pct(log_error: float) -> str:
 
 
 def analytic_point(problem: Problem, layout: Layout) -> tuple[float, float]:
-    """The analytical TTFT and TPOT (ms, at the SLO percentiles) of `layout` at the problem's load, with its factors."""
+    """The analytical TTFT and TPOT (ms, at the SLO percentiles) of `layout` at the problem's load, with its factors, as
+    the engine's own metrics count them: its TTFT histogram is observed before the first token's delivery to the client
+    (`Prediction.engine_ttft_ms`, the figure status.observed sets beside the measured one)."""
     with apply_factors(problem.factors):
         f = predict_figures(problem, [layout], [float(problem.workload.arrival_rate_rps or 0.0)])
-    return float(f.ttft_s[0]) * 1e3, float(f.tpot_s[0]) * 1e3
+        ttft_ms = float(f.ttft_s[0]) * 1e3 - delivery_ms(layout, float(f.tpot_mean_s[0]))
+    return ttft_ms, float(f.tpot_s[0]) * 1e3
 
 
 def add_point(cal: LiveCalibration, point: LivePoint) -> LiveCalibration:

@@ -29,7 +29,15 @@ from servingtopology.planner.engines.defaults import cuda_graph_tokens
 from servingtopology.planner.hardware import Gpu, Precision
 from servingtopology.planner.layout import Engine, KvDtype
 from servingtopology.planner.model.catalog import ModelArch
-from servingtopology.planner.perf.step import PerfParams, StepCoefficients, attention_dp_moe_tokens, evaluate_step_s, perf_params, step_coefficients
+from servingtopology.planner.perf.step import (
+    PerfParams,
+    StepCoefficients,
+    attention_dp_moe_tokens,
+    delivery_s,
+    evaluate_step_s,
+    perf_params,
+    step_coefficients,
+)
 from servingtopology.planner.workload import Workload
 
 __all__ = ["RoleEstimate", "LoadShape", "load_shape", "estimate_aggregated", "estimate_prefill", "estimate_decode",
@@ -233,6 +241,8 @@ def estimate_aggregated(model: ModelArch, gpu: Gpu, *, precision: Precision, eng
     ttft = ttft0 + _wait_quantile_s(np.maximum(rho_wait, rho * (rho >= 1.0)), t, shape.arrival_cv, shape.ttft_q)
     tpot_mean = np.maximum(t, t_dec)
     tpot = tpot_mean + (tpot_mean - t_dec + tpot_mean * TPOT_SPREAD_PER_Z) * max(shape.z_tpot, 0.0)
+    # The client has the first token `delivery_s` after the step that computed it (a mean step's multiple).
+    ttft = ttft + delivery_s(tpot_mean)
     return RoleEstimate(ttft_s=ttft, tpot_s=tpot, tpot_mean_s=tpot_mean, capacity_rps=mu * count * dp, utilisation=rho)
 
 
@@ -276,8 +286,9 @@ def decode_unloaded(co: StepCoefficients, *, shape: LoadShape, max_num_seqs: Any
 def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine: Engine, kv: KvDtype, shape: LoadShape,
                     rate_rps: Any, tp: Any, pp: Any, dp: Any, count: Any, max_num_seqs: Any, pool_tokens: Any, moe_ep: Any = None,
                     coefficients: StepCoefficients | None = None, unloaded: Unloaded | None = None) -> RoleEstimate:
-    """Decode-only instances of a PD layout: `ttft_s` holds their first step (added to the prefill side); `unloaded` from
-    `decode_unloaded` of the same rows (computed here when None)."""
+    """Decode-only instances of a PD layout: `ttft_s` holds their first step and the steps before its token reaches
+    the client (`delivery_s`; added to the prefill side); `unloaded` from `decode_unloaded` of the same rows
+    (computed here when None)."""
     co = _coefficients(_Ctx(model, gpu, precision, engine), kv, tp, pp, dp, moe_ep) if coefficients is None else coefficients
     if unloaded is None:
         unloaded = decode_unloaded(co, shape=shape, max_num_seqs=max_num_seqs, pool_tokens=pool_tokens)
@@ -290,6 +301,8 @@ def estimate_decode(model: ModelArch, gpu: Gpu, *, precision: Precision, engine:
         b = np.maximum(np.minimum(lam * o * t, b_cap), 1.0)
         t = _f(co, 0.0, 0.0, b, b * ctx_mean)
     tpot = t * (1.0 + TPOT_SPREAD_PER_Z * max(shape.z_tpot, 0.0))
-    return RoleEstimate(ttft_s=t, tpot_s=tpot, tpot_mean_s=t, capacity_rps=mu * count * dp, utilisation=lam / mu)
+    # The first decode step, and the steps before the client has its token: admission into the batch and delivery.
+    first = t + delivery_s(t, disaggregated=True)
+    return RoleEstimate(ttft_s=first, tpot_s=tpot, tpot_mean_s=t, capacity_rps=mu * count * dp, utilisation=lam / mu)
 
 

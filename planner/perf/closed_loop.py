@@ -16,7 +16,7 @@ import numpy as np
 
 from servingtopology.planner.engines.defaults import cuda_graph_tokens
 from servingtopology.planner.layout import Engine
-from servingtopology.planner.perf.step import PerfParams, attention_dp_moe_tokens, perf_params
+from servingtopology.planner.perf.step import PerfParams, attention_dp_moe_tokens, delivery_steps, perf_params
 
 __all__ = ["BatchStepTime", "ClosedLoopResult", "aggregated", "disaggregated"]
 
@@ -116,7 +116,7 @@ def aggregated(step: BatchStepTime, *, clients_per_rank: Any, isl: Any, osl: Any
     any_lockstep_dp = bool(np.any(lockstep_dp))
     burst = colliding * np.minimum(isl, budget)  # the prompt tokens that collide in one step (b-independent)
     graph = cuda_graph_tokens(Engine.VLLM, max_running, budget)  # mixed batches' lockstep: vLLM's rule of the DP gather
-    delay_steps = 0.5 * (recv - 1.0) + p.result_delay_steps  # steps an arrival waits for intake and its result
+    delay_steps = delivery_steps(recv_interval=recv, params=p)  # steps an arrival waits for intake and its result
 
     def state(b: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
         d = b * n_d / life
@@ -244,7 +244,7 @@ def disaggregated(prefill_step: BatchStepTime, decode_step: BatchStepTime, *, cl
         x = r_d * b / (n_d * t_d)
         rho = x / r_p * s_batch
         w = p.queue_factor * np.minimum(rho, _RHO_MAX) / (2.0 * (1.0 - np.minimum(rho, _RHO_MAX))) * s1
-        ttft = ttft_overhead_s + w + s1 + transfer_s + (0.5 + p.pd_admission_steps + p.result_delay_steps) * t_d
+        ttft = ttft_overhead_s + w + s1 + transfer_s + (0.5 + delivery_steps(disaggregated=True, params=p)) * t_d
         return t_d, x, rho, ttft
 
     def excess(b: Any) -> Any:

@@ -54,7 +54,7 @@ class MixedRefusal:
 
 @dataclass(frozen=True, slots=True)
 class MixedFigures:
-    """Per layout (arrays): client TTFT and TPOT at the SLO percentiles (s), capacity (req/s) and what bounds it."""
+    """Per layout (arrays): client TTFT and TPOT at the SLO percentiles (s), capacity (req/s) and what bounds it, the mean TPOT."""
 
     ttft_s: Any
     tpot_s: Any
@@ -62,6 +62,7 @@ class MixedFigures:
     prefill_rps: Any
     decode_rps: Any
     link_rps: Any
+    tpot_mean_s: Any   # the decode role's mean TPOT (its mean step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,7 @@ def _figures(problem: Problem, packed: _Packed, rates_rps: Any, *, prefill_gpu: 
     link = p["count"] / transfer   # one transfer at a time per prefill instance (the simulator's FIFO link)
     ttft = ep.ttft_s + transfer + ed.ttft_s + front_end_s(problem, disaggregated=True)
     cap = np.minimum(np.minimum(ep.capacity_rps, ed.capacity_rps), link)
-    return MixedFigures(ttft, ed.tpot_s, cap, ep.capacity_rps, ed.capacity_rps, link)
+    return MixedFigures(ttft, ed.tpot_s, cap, ep.capacity_rps, ed.capacity_rps, link, ed.tpot_mean_s)
 
 
 def mixed_slo_capacity_rps(problem: Problem, layouts: Sequence[Layout], *, prefill_gpu: Gpu, decode_gpu: Gpu, link_gbit: float) -> Any:

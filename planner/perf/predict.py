@@ -8,6 +8,7 @@ Uses the analytical estimates of `analytic`; the simulator refines the top K sep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +30,11 @@ from servingtopology.planner.perf.analytic import (
     role_coefficients,
 )
 from servingtopology.planner.perf.memory import kv_pool_tokens, max_request_tokens
-from servingtopology.planner.perf.step import StepCoefficients, kv_transfer_s, request_overhead_s
+from servingtopology.planner.perf.step import StepCoefficients, delivery_s, kv_transfer_s, request_overhead_s
 from servingtopology.planner.problem import Prediction, Problem
 from servingtopology.planner.slo import meets_slo_and_load, meets_slo_ms
 
-__all__ = ["Figures", "predict_figures", "slo_capacity_rps", "to_prediction", "front_end_s", "BISECTION_STEPS"]
+__all__ = ["Figures", "delivery_ms", "predict_figures", "slo_capacity_rps", "to_prediction", "front_end_s", "BISECTION_STEPS"]
 
 BISECTION_STEPS = 16
 FloatArray = npt.NDArray[np.float64]
@@ -196,6 +197,14 @@ def slo_capacity_rps(problem: Problem, layouts: Sequence[Layout], *, margin: flo
     return np.where(ok_low, lo, 0.0)
 
 
+def delivery_ms(layout: Layout, tpot_mean_s: float) -> float:
+    """The delivery part (ms) of a layout's TTFT at its mean TPOT (perf.step.delivery_s; the estimates and the simulator's
+    figures add it alike): Prediction.delivery_ms. 0 where the mean TPOT is not finite."""
+    if not math.isfinite(tpot_mean_s):
+        return 0.0
+    return float(delivery_s(tpot_mean_s, disaggregated=layout.kind is LayoutKind.PD)) * 1e3
+
+
 def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: float, tpot_mean_s: float, capacity_rps: float,
                   slo_capacity_rps: float, pool_tokens: int, source: str = "analytical") -> Prediction:
     """Assemble a Prediction at the problem's load from figures."""
@@ -221,4 +230,5 @@ def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: fl
         max_request_tokens=longest,
         meets_slo=bool(meets),
         source=source,
+        delivery_ms=delivery_ms(layout, tpot_mean_s),
     )

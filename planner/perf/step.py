@@ -29,7 +29,7 @@ from servingtopology.planner.layout import Engine, KvDtype, Parallelism
 from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.memory import attention_read_bytes, expert_weight_bytes, group_bytes_per_param, kv_bytes_per_token, linear_weight_bytes
 
-__all__ = ["StepTimeModel", "PerfParams", "perf_params", "pinned_params", "scaled_terms", "STEP_TERMS", "NOT_FITTED",
+__all__ = ["delivery_steps", "delivery_s", "StepTimeModel", "PerfParams", "perf_params", "pinned_params", "scaled_terms", "STEP_TERMS", "NOT_FITTED",
            "StepGeometry", "step_geometry", "fold_coefficients", "concat_geometry",
            "load_params", "fit_record", "InstancePerf", "step_time_s",
            "kv_transfer_s", "StepCoefficients",
@@ -1554,6 +1554,27 @@ def request_overhead_s(engine: Engine, input_tokens: Any, *, disaggregated: bool
     else:
         base, per_token = p.ttft_overhead_s, p.ttft_s_per_input_token
     return base + per_token * input_tokens + (p.disagg_ttft_overhead_s if disaggregated else 0.0)
+
+
+def delivery_steps(*, disaggregated: Any = False, recv_interval: Any = 1.0, params: PerfParams | None = None) -> Any:
+    """Engine steps a first token waits after the step that computes it (or, on PD, after its prefill) before the
+    client has it: half of SGLang's intake interval (`--scheduler-recv-interval`: an arrival waits for the next
+    intake), `result_delay_steps` of output processing overlapped with the following steps, and on PD
+    `pd_admission_steps` before the transferred request joins the decode batch. Times the mean step of the instance
+    that delivers it, the result is part of a client's TTFT: the benchmark estimator (planner.perf.closed_loop), the
+    analytical estimate (planner.perf.analytic) and the simulator's figures (planner.sim.stage) count it alike."""
+    p = params or perf_params()
+    recv = np.maximum(np.asarray(recv_interval, dtype=float), 1.0)
+    return 0.5 * (recv - 1.0) + p.result_delay_steps + np.where(disaggregated, p.pd_admission_steps, 0.0)
+
+
+def delivery_s(mean_step_s: Any, *, disaggregated: Any = False, params: PerfParams | None = None) -> Any:
+    """The part of a client's TTFT after the engine's first token: `delivery_steps` (at the default intake) times the
+    delivering instance's mean step, its mean TPOT. Plans count it (`estimate_aggregated`, `estimate_decode`, the
+    simulator's `slo_figures`, a benchmark client's simulated point); the engine's own TTFT histogram, which vLLM
+    observes when the front end receives the step's outputs, does not, so the live comparisons leave it out
+    (`Prediction.engine_ttft_ms`, `live.calibration.analytic_point`)."""
+    return delivery_steps(disaggregated=disaggregated, params=params) * mean_step_s
 
 
 def kv_transfer_s(model: ModelArch, gpu: Gpu, *, kv_dtype: KvDtype, tokens: Any, same_node: bool, params: PerfParams | None = None) -> Any:

@@ -22,7 +22,7 @@ from servingtopology.planner.perf.deployment_fit import problem_factors
 from servingtopology.planner.perf.memory import kv_bytes_per_token, weight_bytes_total
 from servingtopology.planner.perf.memory_fit import Longest, memory_refusal
 from servingtopology.planner.perf.mixed_pd import MixedKinds, mixed_figures, mixed_kinds, mixed_refusal, mixed_slo_capacity_rps
-from servingtopology.planner.perf.predict import predict_figures, slo_capacity_rps, to_prediction
+from servingtopology.planner.perf.predict import delivery_ms, predict_figures, slo_capacity_rps, to_prediction
 from servingtopology.planner.problem import Candidate, Decision, FunnelStage, PdRatio, Problem
 from servingtopology.planner.search.advice import infeasible_advice
 from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress, Stage, Survivor, no_clock, run_funnel
@@ -114,7 +114,7 @@ def envelope_point(problem: Problem, layout: Layout, capacity_rps: float) -> tup
         if kinds is not None:
             mf = mixed_figures(problem, [layout], rate, prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu,
                                link_gbit=kinds.link_gbit)
-            ttft, tpot_mean = float(mf.ttft_s[0]), float(mf.tpot_s[0])
+            ttft, tpot_mean = float(mf.ttft_s[0]), float(mf.tpot_mean_s[0])
         else:
             f = predict_figures(problem, [layout], rate)
             ttft, tpot_mean = float(f.ttft_s[0]), float(f.tpot_mean_s[0])
@@ -128,8 +128,7 @@ def _predict_mixed(problem: Problem, layout: Layout, kinds: MixedKinds, *, simul
     kw = dict(prefill_gpu=kinds.prefill_gpu, decode_gpu=kinds.decode_gpu, link_gbit=kinds.link_gbit)
     f = mixed_figures(problem, [layout], [rate], **kw)   # type: ignore[arg-type]
     cap = float(mixed_slo_capacity_rps(problem, [layout], **kw)[0])   # type: ignore[arg-type]
-    ttft, tpot, source = float(f.ttft_s[0]), float(f.tpot_s[0]), "analytical"
-    tpm = tpot
+    ttft, tpot, tpm, source = float(f.ttft_s[0]), float(f.tpot_s[0]), float(f.tpot_mean_s[0]), "analytical"
     if simulate is not None and np.isfinite(ttft) and rate < float(f.capacity_rps[0]):
         sim = simulate(problem, layout)
         ttft, tpot, tpm, source = sim.ttft_s, sim.tpot_s, sim.tpot_mean_s, "simulated"
@@ -232,7 +231,7 @@ def _simulate_top(problem: Problem, ranked: list[Candidate], simulate: Simulate 
         sim = simulate(problem, c.layout)
         ttft, tpot = sim.ttft_s, sim.tpot_s
         pred = replace(c.prediction, ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, tokens_per_s_per_user=1.0 / max(sim.tpot_mean_s, 1e-9),
-                       source="simulated")
+                       source="simulated", delivery_ms=delivery_ms(c.layout, sim.tpot_mean_s))
         meets = bool(meets_slo_ms(problem.slo, ttft_ms=pred.ttft_ms, tpot_ms=pred.tpot_ms))
         pred = replace(pred, meets_slo=meets, goodput_rps=pred.goodput_rps if meets else 0.0)
         rejected += not meets

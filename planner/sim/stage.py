@@ -7,13 +7,14 @@ operator and `simulate` alike: OneSimulatedFigure). Pure, deterministic under th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
 from servingtopology.planner.perf.mixed_pd import kv_link_transfer_s, kv_pool_of, mixed_kinds
 from servingtopology.planner.perf.predict import front_end_s
-from servingtopology.planner.perf.step import InstancePerf
+from servingtopology.planner.perf.step import InstancePerf, delivery_s
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import SimFigures
 from servingtopology.planner.search.stage6_size import stage6_requests
@@ -60,15 +61,22 @@ def warmup_of(problem: Problem, num_requests: int) -> int:
 
 def slo_figures(problem: Problem, layout: Layout, summary: SimSummary) -> SimFigures:
     """A run's figures at the SLO's percentiles (s): TTFT as a client sees it (the engines' plus the front end,
-    predict.front_end_s, as the analytical figure counts it), TPOT, and the mean TPOT. Unfinished requests (still queued
-    when the run ends) count as infinitely late, so an overloaded layout fails its SLO."""
+    predict.front_end_s, and the delivery steps, perf.delivery_s, as the analytical figure counts them), TPOT,
+    and the mean TPOT. Unfinished requests (still queued when the run ends) count as infinitely late, so an overloaded
+    layout fails its SLO."""
     if summary.unfinished > 0 or summary.finished == 0:
         inf = float("inf")
         return SimFigures(ttft_s=inf, tpot_s=inf, tpot_mean_s=inf)
     slo = problem.slo
-    overhead = front_end_s(problem, disaggregated=layout.kind is LayoutKind.PD)
+    pd = layout.kind is LayoutKind.PD
+    tpot_mean_s = summary.tpot_ms.mean / 1e3
+    # The engine's TTFT is the step that computed the first token (on PD, the first decode step); the client has it
+    # `delivery_s` later: that many mean steps (as the analytical estimate counts them).
+    # (No request decoded a second token, no step to count: none added.)
+    step_s = tpot_mean_s if math.isfinite(tpot_mean_s) else 0.0
+    overhead = front_end_s(problem, disaggregated=pd) + float(delivery_s(step_s, disaggregated=pd))
     return SimFigures(ttft_s=summary.ttft_ms.at(slo.ttft_percentile) / 1e3 + overhead, tpot_s=summary.tpot_ms.at(slo.tpot_percentile) / 1e3,
-                      tpot_mean_s=summary.tpot_ms.mean / 1e3)
+                      tpot_mean_s=tpot_mean_s)
 
 
 def stage6_figures(problem: Problem, layout: Layout, *, num_requests: int | None = None, seed: int | None = None,

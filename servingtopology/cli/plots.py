@@ -171,7 +171,9 @@ def off_frontier_note(decision: Decision, problem: Problem, chosen: Point, front
     if any(p.label == chosen.label and p.per_gpu_tok_s == chosen.per_gpu_tok_s for p in frontier):
         return None
     if problem.pinned is not None and decision.best.layout == problem.pinned:
-        return "set by the spec, not chosen by the objective: drawn where its predicted figures put it"
+        # A pin that misses the SLOs is off the frontier of those that meet them without another point over it.
+        misses = "" if decision.best.prediction.meets_slo else ", and misses the SLOs at the planned load"
+        return f"set by the spec, not chosen by the objective{misses}: drawn where its predicted figures put it"
     over = [p for p in frontier if p.per_gpu_tok_s >= chosen.per_gpu_tok_s and p.per_user_tok_s >= chosen.per_user_tok_s]
     if not over:
         return None

@@ -30,7 +30,9 @@ def _golden_calibration():
 
 def test_the_pinned_cases_include_pd_choices_of_several_ratios():
     # The agreement below means something only if PD is chosen, at more than one ratio.
-    assert len(PD_CASES) >= 6 and {"wide-70b-32", "pd-long-prompts"} <= set(PD_CASES)
+    assert len(PD_CASES) >= 6 and {"wide-70b-32-ttft-2s", "wide-70b-40-ttft-2s", "pd-long-prompts"} <= set(PD_CASES)
+    ratios = {json.loads(_GOLDEN[n]["best"])["prefill"]["count"] / json.loads(_GOLDEN[n]["best"])["decode"]["count"] for n in PD_CASES}
+    assert len(ratios) >= 3
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=DISAGREE[n])) if n in DISAGREE else n
