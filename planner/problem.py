@@ -86,7 +86,7 @@ class Prediction:
     meets_slo: bool
     source: str = "analytical"       # "analytical" or "simulated"
     # Of ttft_ms, the steps between the engine's first token and the client's (perf.step.delivery_s): the engine's own
-    # TTFT histogram does not count them, so what is compared with it is `engine_ttft_ms`.
+    # TTFT histogram is taken before most of them, so what is compared with it is `engine_ttft_ms` (the client's less them).
     delivery_ms: float = 0.0
 
     @property

@@ -125,7 +125,7 @@ def _pct(log_error: float) -> str:
 
 def analytic_point(problem: Problem, layout: Layout) -> tuple[float, float]:
     """The analytical TTFT and TPOT (ms, at the SLO percentiles) of `layout` at the problem's load, with its factors, as
-    the engine's own metrics count them: its TTFT histogram is observed before the first token's delivery to the client
+    the engine's own metrics count them: its TTFT histogram is taken before the first token's delivery to the client
     (`Prediction.engine_ttft_ms`, the figure status.observed sets beside the measured one)."""
     with apply_factors(problem.factors):
         f = predict_figures(problem, [layout], [float(problem.workload.arrival_rate_rps or 0.0)])

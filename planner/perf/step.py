@@ -1571,9 +1571,11 @@ def delivery_steps(*, disaggregated: Any = False, recv_interval: Any = 1.0, para
 def delivery_s(mean_step_s: Any, *, disaggregated: Any = False, params: PerfParams | None = None) -> Any:
     """The part of a client's TTFT after the engine's first token: `delivery_steps` (at the default intake) times the
     delivering instance's mean step, its mean TPOT. Plans count it (`estimate_aggregated`, `estimate_decode`, the
-    simulator's `slo_figures`, a benchmark client's simulated point); the engine's own TTFT histogram, which vLLM
-    observes when the front end receives the step's outputs, does not, so the live comparisons leave it out
-    (`Prediction.engine_ttft_ms`, `live.calibration.analytic_point`)."""
+    simulator's `slo_figures`, a benchmark client's simulated point). The engine's own TTFT histogram is taken part
+    of the way: vLLM observes it when the front end's output loop receives a step's outputs (v1/metrics/stats.py,
+    IterationStats: that moment less the arrival), before detokenizing and streaming. The fitted steps are not split
+    at that point, so the live comparisons leave them all out (`Prediction.engine_ttft_ms`,
+    `live.calibration.analytic_point`) and the live fit's request-overhead factor takes what the engine's figure holds."""
     return delivery_steps(disaggregated=disaggregated, params=params) * mean_step_s
 
 
