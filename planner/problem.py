@@ -88,6 +88,8 @@ class Prediction:
     # Of ttft_ms, the steps between the engine's first token and the client's (perf.step.delivery_s): the engine's own
     # TTFT histogram is taken before most of them, so what is compared with it is `engine_ttft_ms` (the client's less them).
     delivery_ms: float = 0.0
+    # Of ttft_ms, the front end's part (perf.predict.front_end_s: HTTP, tokenizer, the hand-off to the scheduler).
+    front_end_ms: float = 0.0
 
     @property
     def engine_ttft_ms(self) -> float:

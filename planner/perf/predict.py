@@ -231,4 +231,5 @@ def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: fl
         meets_slo=bool(meets),
         source=source,
         delivery_ms=delivery_ms(layout, tpot_mean_s),
+        front_end_ms=front_end_s(problem, disaggregated=layout.kind is LayoutKind.PD) * 1e3,
     )

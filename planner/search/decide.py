@@ -29,7 +29,7 @@ from servingtopology.planner.search.funnel import MEMORY_STAGE, Clock, Progress,
 from servingtopology.planner.search.pd_ratio import RANK_TOLERANCE, choose_pd_ratio
 from servingtopology.planner.search.stage6_size import stage6_requests
 from servingtopology.planner.search.tables import layout_rejection
-from servingtopology.planner.search.verdict import carries_text, verdict_text
+from servingtopology.planner.search.verdict import carries_text, ttft_parts_text, verdict_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN, meets_slo_ms
 from servingtopology.planner.workload import Objective
 
@@ -51,6 +51,9 @@ Simulate = Callable[[Problem, Layout], SimFigures]
 def _reasons_for(problem: Problem, best: Candidate, alternatives: tuple[Candidate, ...]) -> tuple[str, ...]:
     p = best.prediction
     out = [verdict_text(problem, best.layout, p), carries_text(problem, best.layout, p)]
+    parts = ttft_parts_text(problem, best.layout, p)
+    if parts is not None:
+        out.append(parts)
     for alt in alternatives[:3]:
         out.append(f"{alt.layout.label_for(problem.engine)}: {alt.why}")
     return tuple(out)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 
 from servingtopology.planner.figure_text import UNBOUNDED, gpus_text, ms_text, per_gpu_text, rps_text
-from servingtopology.planner.layout import Layout
+from servingtopology.planner.layout import Layout, LayoutKind
+from servingtopology.planner.perf.step import delivery_steps
 from servingtopology.planner.problem import Prediction, Problem
 from servingtopology.planner.search.limits import idle_miss
 
-__all__ = ["basis_text", "carries_text", "verdict_text"]
+__all__ = ["basis_text", "carries_text", "ttft_parts_text", "verdict_text"]
 
 
 def verdict_text(problem: Problem, layout: Layout, p: Prediction) -> str:
@@ -34,6 +35,22 @@ def verdict_text(problem: Problem, layout: Layout, p: Prediction) -> str:
             out += f" ({p.source}: requests do not finish at this load, so no percentile is finite)"
     basis = basis_text(problem, p)
     return f"{out} ({basis})" if basis else out
+
+
+def ttft_parts_text(problem: Problem, layout: Layout, p: Prediction) -> str | None:
+    """What the predicted TTFT is made of, as a client reads it: `p95 TTFT 165 ms = the engine's 102 ms + the front end's
+    32 ms + the first token's delivery 31 ms (4.2 mean steps, ...)`.
+    None where the TTFT is not finite or carries no parts (a prediction made before they were kept)."""
+    if not math.isfinite(p.ttft_ms) or (p.delivery_ms <= 0 and p.front_end_ms <= 0):
+        return None
+    engine = p.ttft_ms - p.front_end_ms - p.delivery_ms
+    pd = layout.kind is LayoutKind.PD
+    what = "the first token's admission to the decode batch and delivery" if pd else "the first token's delivery"
+    steps = float(delivery_steps(disaggregated=pd))
+    step = f"{steps:.1f} mean {'decode ' if pd else ''}steps"
+    return (f"p{problem.slo.ttft_percentile:g} TTFT {ms_text(p.ttft_ms)} ms = the engine's {ms_text(engine)} ms + the front end's "
+            f"{ms_text(p.front_end_ms)} ms + {what} {ms_text(p.delivery_ms)} ms ({step}, fitted on client-timed benchmarks; "
+            f"status sets the engine's own TTFT metric beside the rest)")
 
 
 def carries_text(problem: Problem, layout: Layout, p: Prediction) -> str:

@@ -37,7 +37,7 @@ from servingtopology.planner.search.advice import InfeasibleAdvice
 from servingtopology.planner.search.decide import Simulate, decide
 from servingtopology.planner.search.record import engine_label, render_record
 from servingtopology.planner.search.record_facts import MeasuredBaseline, RecordFacts, baseline_from_observed, facts_json, record_facts
-from servingtopology.planner.search.verdict import carries_text, verdict_text
+from servingtopology.planner.search.verdict import carries_text, ttft_parts_text, verdict_text
 from servingtopology.planner.slo import LOAD_MARGIN, SLO_MARGIN
 from servingtopology.spec import PlanSpec, SpecError, read_model_identity, read_spec_data
 
@@ -372,6 +372,9 @@ def _print_summary(problem: Problem, d: Decision, facts: RecordFacts) -> None:
     # The verdict and what the layout carries, in the record's own sentences (planner.search.verdict): a pin that misses
     # says so, and where the simulated run and the analytical SLO capacity disagree, which one the verdict rests on.
     print(f"{word}: {verdict_text(problem, best.layout, p)}\n  {carries_text(problem, best.layout, p)}")
+    parts = ttft_parts_text(problem, best.layout, p)
+    if parts is not None:
+        print(f"  {parts}")
     b = facts.binding
     if b is not None:
         print(f"Binding SLO: {b.slo} " + (f"(what stops it just past {rps_text(b.at_rps)} req/s)" if b.at_rps > 0

@@ -92,3 +92,22 @@ def test_the_live_comparisons_set_the_engine_metric_beside_the_engines_part():
     assert status.predictedTtftMs == round(cand.prediction.engine_ttft_ms, 1)
     # the error is of the figures shown (to 1e-4, as status rounds it)
     assert status.ttftError is not None and math.isclose(status.ttftError, round(0.8 * ttft_ms, 1) / status.predictedTtftMs - 1.0, abs_tol=5e-5)
+
+
+@pytest.mark.parametrize("layout", [REPLICAS, PD], ids=["replicas", "pd"])
+def test_the_decision_says_what_its_ttft_is_made_of(layout):
+    from servingtopology.planner.perf.predict import front_end_s
+    from servingtopology.planner.search.decide import decide
+
+    problem = _problem(layout)
+    d = decide(problem)
+    p = d.best.prediction
+    pd = d.best.layout.kind is LayoutKind.PD
+    assert p.front_end_ms == pytest.approx(front_end_s(problem, disaggregated=pd) * 1e3)
+    parts = [r for r in d.reasons if r.startswith("p95 TTFT ")]
+    assert len(parts) == 1, d.reasons
+    engine = p.ttft_ms - p.front_end_ms - p.delivery_ms
+    assert engine > 0 and p.delivery_ms > 0 and p.front_end_ms > 0
+    said = parts[0]
+    assert f"{float(delivery_steps(disaggregated=pd)):.1f} mean {'decode ' if pd else ''}steps" in said
+    assert ("admission to the decode batch" in said) == pd
