@@ -264,8 +264,8 @@ def observed_status(obs: Observation, *, at: str, raw: Candidate | None, ttft_pe
     model's error against them (observed/predicted − 1)."""
     w, slo = obs.workload.workload, obs.slo
     p = raw.prediction if raw is not None else None
-    # The engine's TTFT histogram does not count the first token's delivery to the client: the prediction beside it is
-    # the engine's TTFT (Prediction.engine_ttft_ms, what the live calibration fits too). Both errors are of the figures
+    # The engine's TTFT histogram is taken before (most of) the first token's delivery to the client: the prediction
+    # beside it is the engine's TTFT (Prediction.engine_ttft_ms, what the live calibration fits too). Both errors are of the figures
     # shown, as rounded, so a reader dividing them gets the error printed.
     p_ttft = round(p.engine_ttft_ms, 1) if p is not None else None
     p_tpot = round(p.tpot_ms, 2) if p is not None else None
