@@ -5,7 +5,7 @@ closed-loop estimator of planner.fidelity.benchmark_cases (the one `servingtopol
 ("rate") by the simulator on Poisson arrivals at that rate, or on the recorded requests when the caller has them (a
 recorded run folder). TTFT measured at the client (a benchmark client: vLLM's `vllm bench serve`, guidellm) includes
 the request's overhead off the engine's step loop (perf.request_overhead_s) and the steps before the first token
-reaches it (perf.delivery_s); the simulator's TTFT is the engine's, so both are added there; a recorded engine
+reaches it (perf.delivery_s, predict.delivery_ms); the simulator's TTFT is the engine's, so both are added there; a recorded engine
 run (requests.jsonl timestamps) is compared without them. Pure.
 """
 
@@ -21,7 +21,8 @@ from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Engine, Layout, LayoutKind, Role
 from servingtopology.planner.model.catalog import ModelArch
 from servingtopology.planner.perf.deployment_fit import Point, Predictor, with_factors
-from servingtopology.planner.perf.step import delivery_s, request_overhead_s
+from servingtopology.planner.perf.predict import delivery_ms
+from servingtopology.planner.perf.step import request_overhead_s
 from servingtopology.planner.sim import RequestSet, simulate
 
 __all__ = ["PointFn", "closed_loop_fn", "simulated_fn", "poisson_requests", "predictor", "point_fn"]
@@ -78,7 +79,7 @@ def simulated_fn(requests: RequestSet, *, model: ModelArch, gpu: Gpu, engine: En
             pd = layout.kind is LayoutKind.PD
             extra = float(np.mean(request_overhead_s(engine, requests.prompt_tokens if idx is None else requests.prompt_tokens[idx],
                                                      disaggregated=pd))) * 1e3
-            extra += float(delivery_s(mean_tpot if np.isfinite(mean_tpot) else 0.0, disaggregated=pd))
+            extra += delivery_ms(layout, mean_tpot / 1e3)
         return float(np.nanmean(ttft)) + extra, mean_tpot
     return fn
 

@@ -34,7 +34,7 @@ from servingtopology.planner.perf.step import StepCoefficients, delivery_s, kv_t
 from servingtopology.planner.problem import Prediction, Problem
 from servingtopology.planner.slo import meets_slo_and_load, meets_slo_ms
 
-__all__ = ["Figures", "delivery_ms", "predict_figures", "slo_capacity_rps", "to_prediction", "front_end_s", "BISECTION_STEPS"]
+__all__ = ["Figures", "delivery_ms", "layout_delivery_s", "predict_figures", "slo_capacity_rps", "to_prediction", "front_end_s", "BISECTION_STEPS"]
 
 BISECTION_STEPS = 16
 FloatArray = npt.NDArray[np.float64]
@@ -197,12 +197,17 @@ def slo_capacity_rps(problem: Problem, layouts: Sequence[Layout], *, margin: flo
     return np.where(ok_low, lo, 0.0)
 
 
-def delivery_ms(layout: Layout, tpot_mean_s: float) -> float:
-    """The delivery part (ms) of a layout's TTFT at its mean TPOT (perf.step.delivery_s; the estimates and the simulator's
-    figures add it alike): Prediction.delivery_ms. 0 where the mean TPOT is not finite."""
+def layout_delivery_s(layout: Layout, tpot_mean_s: float) -> float:
+    """The delivery part (s) of a layout's TTFT at its mean TPOT (perf.step.delivery_s, for the layout's kind; the
+    estimates and the simulator's figures add it alike). 0 where the mean TPOT is not finite (no step to count)."""
     if not math.isfinite(tpot_mean_s):
         return 0.0
-    return float(delivery_s(tpot_mean_s, disaggregated=layout.kind is LayoutKind.PD)) * 1e3
+    return float(delivery_s(tpot_mean_s, disaggregated=layout.kind is LayoutKind.PD))
+
+
+def delivery_ms(layout: Layout, tpot_mean_s: float) -> float:
+    """`layout_delivery_s` in ms: Prediction.delivery_ms."""
+    return layout_delivery_s(layout, tpot_mean_s) * 1e3
 
 
 def to_prediction(problem: Problem, layout: Layout, *, ttft_s: float, tpot_s: float, tpot_mean_s: float, capacity_rps: float,

@@ -7,14 +7,13 @@ operator and `simulate` alike: OneSimulatedFigure). Pure, deterministic under th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from servingtopology.planner.hardware import Gpu
 from servingtopology.planner.layout import Layout, LayoutKind, Role, RoleLayout
 from servingtopology.planner.perf.mixed_pd import kv_link_transfer_s, kv_pool_of, mixed_kinds
-from servingtopology.planner.perf.predict import front_end_s
-from servingtopology.planner.perf.step import InstancePerf, delivery_s
+from servingtopology.planner.perf.predict import front_end_s, layout_delivery_s
+from servingtopology.planner.perf.step import InstancePerf
 from servingtopology.planner.problem import Problem
 from servingtopology.planner.search.decide import SimFigures
 from servingtopology.planner.search.stage6_size import stage6_requests
@@ -68,13 +67,10 @@ def slo_figures(problem: Problem, layout: Layout, summary: SimSummary) -> SimFig
         inf = float("inf")
         return SimFigures(ttft_s=inf, tpot_s=inf, tpot_mean_s=inf)
     slo = problem.slo
-    pd = layout.kind is LayoutKind.PD
     tpot_mean_s = summary.tpot_ms.mean / 1e3
     # The engine's TTFT is the step that computed the first token (on PD, the first decode step); the client has it
     # `delivery_s` later: that many mean steps (as the analytical estimate counts them).
-    # (No request decoded a second token, no step to count: none added.)
-    step_s = tpot_mean_s if math.isfinite(tpot_mean_s) else 0.0
-    overhead = front_end_s(problem, disaggregated=pd) + float(delivery_s(step_s, disaggregated=pd))
+    overhead = front_end_s(problem, disaggregated=layout.kind is LayoutKind.PD) + layout_delivery_s(layout, tpot_mean_s)
     return SimFigures(ttft_s=summary.ttft_ms.at(slo.ttft_percentile) / 1e3 + overhead, tpot_s=summary.tpot_ms.at(slo.tpot_percentile) / 1e3,
                       tpot_mean_s=tpot_mean_s)
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from servingtopology.operator.replan import observed_status
+from servingtopology.planner.figure_text import ms_text
 from servingtopology.planner.layout import Layout, LayoutKind
 from servingtopology.planner.live.calibration import analytic_point
 from servingtopology.planner.live.observe import MetricSample, observe
@@ -111,3 +112,22 @@ def test_the_decision_says_what_its_ttft_is_made_of(layout):
     said = parts[0]
     assert f"{float(delivery_steps(disaggregated=pd)):.1f} mean {'decode ' if pd else ''}steps" in said
     assert ("admission to the decode batch" in said) == pd
+    # the sentence's figures are the prediction's: the parts add up to the TTFT it states
+    assert said.startswith(f"p95 TTFT {ms_text(p.ttft_ms)} ms = the engine's {ms_text(engine)} ms + the front end's "
+                           f"{ms_text(p.front_end_ms)} ms + ") and f" {ms_text(p.delivery_ms)} ms (" in said
+
+
+def test_plan_prints_the_ttft_parts_its_json_reasons_give(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from servingtopology.cli.main import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "layout": REPLICAS}))
+    assert main(["plan", str(spec), "--no-progress", "--json"]) == 0
+    reasons = [r for r in json.loads(capsys.readouterr().out)["reasons"] if r.startswith("p95 TTFT ")]
+    assert main(["plan", str(spec), "--no-progress"]) == 0
+    printed = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("p95 TTFT ")]
+    assert len(reasons) == 1 and printed == reasons
