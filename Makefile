@@ -96,11 +96,12 @@ bench: $(STAMP)
 # (it predicts Qwen3-32B and MiniMax-M2.5, which no fit saw), then lomo_decisions.py on the three shared files with those
 # parameters; it also judges each fold's CPU seconds (<= 60) and all of them (<= 900). 800 evaluations: the held-out
 # figures of 2,000 within about a point at 47 % of the CPU (benchmarks/README.md, "Folds from defaults in 800
-# evaluations"). ACCURACY_SET: the step model's switches, set in every fit and every prediction; by default the shipped
-# fit's (planner/data/perf_params.json: the measured all-reduce on). An ablation: ACCURACY_SET="--set measured_allreduce=1
-# --set measured_moe=1", or "--set measured_allreduce=0".
+# evaluations"). The step model's switches and declared values are the shipped fit's (planner/data/perf_params.json, read
+# by fit_perf.py's shipped_switches and by lomo_decisions.py), so the folds are fitted under the model they are scored
+# with; ACCURACY_SET changes them in every fit and every prediction, an ablation: ACCURACY_SET="--set measured_moe=1",
+# "--set moe_latency_by_format=0" or "--set measured_allreduce=0".
 ACCURACY_EVALS ?= 800
-ACCURACY_SET ?= --set measured_allreduce=1
+ACCURACY_SET ?=
 accuracy: $(STAMP)
 	mkdir -p build/accuracy
 	$(BIN)/python benchmarks/fit_perf.py --from-defaults --evals $(ACCURACY_EVALS) --restarts 1 --fix gemm_eff_max=0.8 --rank-weight 0.5 \

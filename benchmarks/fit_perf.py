@@ -128,7 +128,15 @@ def _pins(specs: list[str]) -> dict[str, float]:
 
 
 # Settings a fit holds as given: the step model's switches and its values declared from measured kernels.
-SWITCHES = ("measured_allreduce", "measured_moe", "measured_gemm", "measured_decode_attention", "moe_layer_latency_s")
+SWITCHES = ("measured_allreduce", "measured_moe", "measured_gemm", "measured_decode_attention", "moe_layer_latency_s",
+            "moe_latency_by_format")
+
+
+def shipped_switches() -> dict[str, float]:
+    """The shipped fit's switches and declared values (planner/data/perf_params.json): the step model a fit from defaults
+    fits unless `--set` says otherwise, so its folds are fitted under the model `lomo_decisions.py` scores them with."""
+    shipped = perf_params()
+    return {name: float(getattr(shipped, name)) for name in SWITCHES}
 
 
 def _switches(specs: list[str]) -> dict[str, float]:
@@ -465,7 +473,8 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", type=Path, default=SHARED / "silicon_calibration.csv")
+    ap.add_argument("--csv", type=Path, nargs="+", default=[SHARED / "silicon_calibration.csv"],
+                    help="the measurements to fit (several: their rows pooled, each family still its own fold with --lomo)")
     ap.add_argument("--model-dir", type=Path, default=SHARED / "models")
     ap.add_argument("--evals", type=int, default=1200, help="loss evaluations per Nelder–Mead restart")
     ap.add_argument("--restarts", type=int, default=2)
@@ -473,7 +482,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="start from the start parameters scattered by ×exp(N(0, 0.2)) (a restart away from a local minimum)")
     ap.add_argument("--method", choices=("nelder-mead", "pattern", "hooke-jeeves"), default="pattern",
                     help="search method (hooke-jeeves: the compass search with pattern moves)")
-    ap.add_argument("--from-defaults", action="store_true", help="start from PerfParams() instead of the current fit")
+    ap.add_argument("--from-defaults", action="store_true",
+                    help="start from PerfParams() instead of the current fit (the shipped fit's switches and declared values kept: "
+                         "shipped_switches; --set changes them)")
     ap.add_argument("--dry-run", action="store_true", help="print the fit, do not write the data file")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="set a switch of the step model that is not fitted (measured_allreduce=1, measured_moe=1, measured_gemm=1: the measured "
@@ -504,11 +515,12 @@ def main(argv: list[str] | None = None) -> int:
                          "do not depend on this fit) instead of running them")
     args = ap.parse_args(argv)
 
-    m = load_measurements(args.csv, model_dir=args.model_dir)
+    m = Measurements.merged([load_measurements(f, model_dir=args.model_dir) for f in args.csv])
+    names_of_data = [f.name for f in args.csv]
     pins = _pins(args.fix)
     switches = _switches(args.set)
     start = load_params(json.loads(args.start.read_text())) if args.start else perf_params()
-    base = replace(PerfParams() if args.from_defaults else start, **DECLARED, **pins, **switches)
+    base = replace(replace(PerfParams(), **shipped_switches()) if args.from_defaults else start, **DECLARED, **pins, **switches)
     names = [n for n in BOUNDS if n not in pins]
     x = _from_params(base, names)
     if args.perturb is not None:
@@ -566,8 +578,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: TTFT median APE {s['ttft']['median_ape']} %, TPOT median APE {s['tpot']['median_ape']} %, "
               f"top-1 {s['ranking']['top1_agreement']}, skipped {s['skipped']['count']}")
     record = {
-        "source": f"benchmarks/fit_perf.py on {args.csv.name} (ai-dynamo/aiconfigurator @ 095f58a51c4c silicon_sample.csv subset)",
-        "data_file": str(args.csv.name),
+        "source": f"benchmarks/fit_perf.py on {', '.join(names_of_data)} (ai-dynamo/aiconfigurator @ 095f58a51c4c "
+                  f"silicon_sample.csv subset{'s' if len(names_of_data) > 1 else ''})",
+        "data_file": names_of_data[0] if len(names_of_data) == 1 else names_of_data,
         "commit": _commit(),
         "fitted_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "rows_used": len(m.cases),

@@ -28,7 +28,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -73,13 +72,13 @@ def missed_targets(got: dict[str, Any], targets: dict[str, float]) -> list[str]:
 
 
 def _merge(parts: list[Measurements]) -> Measurements:
-    cases = [c for m in parts for c in m.cases]
-    models = {k: v for m in parts for k, v in m.models.items()}
-    gpus = {k: v for m in parts for k, v in m.gpus.items()}
-    skipped: Counter[str] = Counter()
-    for m in parts:
-        skipped.update(m.skipped_at_parse)
-    return Measurements(cases, models, gpus, skipped)
+    return Measurements.merged(parts)
+
+
+def fitted_files(record: dict[str, Any]) -> set[str]:
+    """The shared files a fit record's parameters saw (`data_file`: one name, or a list where it was fitted on several)."""
+    files = record.get("data_file")
+    return set(files) if isinstance(files, list) else {files} if files else set()
 
 
 def lomo_predictions(m: Measurements, fitted_models: set[str], overrides: dict[str, float] | None = None,
@@ -107,8 +106,8 @@ def shared_lomo_predictions(shared: Path) -> tuple[Measurements, list[Prediction
     (lomo_predictions): the rows, their predictions and the fold each used. Read by interval_coverage.py and
     calibration_accuracy.py."""
     parts = [load_measurements(shared / f, model_dir=shared / "models", backends=("vllm", "sglang")) for f in FILES]
-    fitted_file = fit_record().get("data_file")
-    fitted = {c.model_path for f, part in zip(FILES, parts, strict=True) if f == fitted_file for c in part.cases}
+    seen = fitted_files(fit_record())
+    fitted = {c.model_path for f, part in zip(FILES, parts, strict=True) if f in seen for c in part.cases}
     m = _merge(parts)
     results, used = lomo_predictions(m, fitted)
     return m, results, used
@@ -188,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.process_time()
     files = tuple(args.files)
     parts = [load_measurements(SHARED / f, model_dir=SHARED / "models", backends=("vllm", "sglang")) for f in files]
-    fitted_file = fit_record().get("data_file")
-    fitted = {c.model_path for f, part in zip(files, parts, strict=True) if f == fitted_file for c in part.cases}
+    seen = fitted_files(fit_record())
+    fitted = {c.model_path for f, part in zip(files, parts, strict=True) if f in seen for c in part.cases}
     m = _merge(parts)
     overrides = {k: float(v) for k, v in (a.split("=", 1) for a in args.set)}
     records = [json.loads(f.read_text()) for f in args.folds] if args.folds else None

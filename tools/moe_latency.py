@@ -11,17 +11,22 @@ where bytes(tokens) streams the experts the timed rank computes (its even share 
 until all E / EP are hit) at the format's bytes per weight (block scales included). t0 is what a layer pays whatever
 the tokens (routing, alignment, launches); eta the share of HBM bandwidth its expert GEMMs reach. Prints the medians and
 10th-90th percentiles per (GPU, engine, format): the source of `PerfParams.moe_layer_latency_s` (benchmarks/README.md,
-"A fixed cost per MoE layer").
+"A fixed cost per MoE layer"). `--write` records the medians the step model reads in planner/data/moe_latency.json: t0 of
+every configuration of each engine and format pooled over the GPUs and releases measured, and of every table together
+(the step model charges a MoE layer `moe_layer_latency_s` times its format's t0 over the all-table t0), with the kernel
+tables' source and the sha256 of their index.
 
-    .venv/bin/python tools/moe_latency.py [--json]
+    .venv/bin/python tools/moe_latency.py [--json | --write]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -56,11 +61,41 @@ def fits() -> dict[tuple[str, str, str], list[tuple[float, float]]]:
     return out
 
 
+DATA = Path(__file__).resolve().parents[1] / "planner" / "data"
+
+
+def latency_record(found: dict[tuple[str, str, str], list[tuple[float, float]]]) -> dict:
+    """What planner/data/moe_latency.json holds: the median t0 (µs, to 0.1) of each engine's formats pooled over GPUs and
+    releases, and of every measured configuration, with the tables' provenance."""
+    pooled: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (_, engine, dtype), values in found.items():
+        pooled[engine][dtype].extend(t0 for t0, _ in values)
+    every = [t0 for values in found.values() for t0, _ in values]
+    index = DATA / "kernels" / "index.json"
+    return {
+        "generated_by": "tools/moe_latency.py --write",
+        "what": "median fixed cost (t0, µs) of one fused-MoE layer, t(tokens) = t0 + bytes / (eta · HBM) fitted to every measured "
+                "configuration at 1-64 tokens; by engine and expert format, pooled over the GPUs and releases measured",
+        "kernel_tables": json.loads(index.read_text())["source"],
+        "kernel_index_sha256": hashlib.sha256(index.read_bytes()).hexdigest(),
+        "all_t0_us": round(float(np.median(every)) * 1e6, 1),
+        "configurations": len(every),
+        "t0_us": {engine: {dtype: round(float(np.median(v)) * 1e6, 1) for dtype, v in sorted(formats.items())}
+                  for engine, formats in sorted(pooled.items())},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="write planner/data/moe_latency.json (the step model's per-format fixed cost)")
     args = ap.parse_args(argv)
     found = fits()
+    if args.write:
+        path = DATA / "moe_latency.json"
+        path.write_text(json.dumps(latency_record(found), indent=1) + "\n")
+        print(f"wrote {path}")
+        return 0
     rows = []
     for (gpu, engine, dtype), values in sorted(found.items()):
         a = np.array(values)

@@ -132,8 +132,13 @@ class PerfParams:
     # Fixed cost of one MoE layer's routed experts on the roofline (where no measured table prices the layer): the fused
     # MoE kernel's routing, alignment and launches, which a layer pays whatever the tokens. Declared from the measured
     # fused-MoE tables (tools/moe_latency.py: every table of aiconfigurator-core 0.12.0 fitted as t0 + bytes / (eta · HBM)
-    # at 1–64 tokens; t0 of one layer 16–45 µs); 0: the term is off. The shipped fit declares 30 µs (benchmarks/README).
+    # at 1–64 tokens; t0 of one layer 16–45 µs); 0: the term is off. The shipped fit declares 30 µs (benchmarks/README), every
+    # table's median; a layer pays it times its engine's measured t0 for the experts' format over that median
+    # (`moe_latency_scale`: vLLM block FP8 1.31, NVFP4 0.66, ...) where `moe_latency_by_format` is on.
     moe_layer_latency_s: float = 0.0
+    # 1: a MoE layer's fixed cost is its format's (`moe_latency_scale`); 0: every format pays `moe_layer_latency_s` (the
+    # ablation). A switch, not fitted.
+    moe_latency_by_format: float = 1.0
     # 1: a step's dense linear layers (attention projections, dense and shared-expert FFNs, routers, LM head) cost what the
     # engine's GEMM tables measured at each layer's shape and weight format on this GPU (kernels.gemm_time_s, the nearest
     # measured release), summed per step and interpolated in the step's tokens (`measured_dense_curve`), in place of the
@@ -701,6 +706,46 @@ def measured_moe_curve(model: ModelArch, gpu: Gpu, engine: Engine | None, releas
     return curve, source, reason
 
 
+@cache
+def _moe_latency_record() -> Mapping[str, Any]:
+    """planner/data/moe_latency.json (tools/moe_latency.py --write): the fused-MoE tables' fixed cost by engine and format."""
+    record: Mapping[str, Any] = json.loads(resources.files("servingtopology.planner").joinpath("data/moe_latency.json").read_text())
+    return record
+
+
+def moe_format(model: ModelArch, mp: Precision) -> str | None:
+    """The measured tables' format of the routed experts served at `mp` (`_gemm_table_dtype`'s rule for the experts): BF16;
+    FP8 block-scaled where the checkpoint stores the experts so, else per-tensor FP8; NVFP4; INT4 weight-only. None for an
+    MXFP4 checkpoint, whose expert kernel vLLM chooses by GPU and release (`VLLM_MXFP4_KERNEL`; the 0.19.0 tables time
+    another), and for a format no table times."""
+    ck = model.checkpoint
+    stored = ck is not None and ck.covers(ModuleGroup.ROUTED_EXPERTS) and ck.precision is mp
+    if mp is Precision.BF16:
+        return "bfloat16"
+    if mp is Precision.FP8:
+        return "fp8_block" if stored and ck is not None and ck.bytes_per_param > 1.0 else "fp8"
+    if mp is Precision.FP4:
+        return None if stored and ck is not None and ck.method == "mxfp4" else "nvfp4"
+    if mp is Precision.INT4:
+        return "int4_wo"
+    return None
+
+
+def moe_latency_scale(model: ModelArch, mp: Precision, engine: Engine | None) -> float:
+    """A MoE layer's fixed cost over `PerfParams.moe_layer_latency_s` (declared as every measured table's median t0): the
+    median t0 of `engine`'s measured fused-MoE kernels in the experts' format (`moe_format`), pooled over the GPUs and
+    releases measured, over the all-table median. 1 where the engine has no tables (TensorRT-LLM here) or none times the
+    format. The formats' kernels differ in what they pay whatever the tokens: vLLM's block-FP8 layer 38.9 µs (activation
+    quantisation per token group, scales per 128 × 128 block), its NVFP4 19.7, BF16 29.7; SGLang's 33.1, 17.1, 28.3."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    fmt = moe_format(model, mp)
+    if name is None or fmt is None:
+        return 1.0
+    record = _moe_latency_record()
+    t0 = record["t0_us"].get(name, {}).get(fmt)
+    return 1.0 if t0 is None else float(t0) / float(record["all_t0_us"])
+
+
 def _moe_table_s(curve: Any, tokens: Any) -> Any:
     """exp of the curve interpolated linearly in log2(tokens) (NaN outside the measured grid or the table)."""
     pos = np.log2(np.maximum(np.asarray(tokens, dtype=float), 1.0))
@@ -1095,6 +1140,7 @@ class StepGeometry:
     group_link_fitted: Any
     a2a_fixed_layers: Any
     moe_layers: Any  # MoE layers of the stage (0 for a dense model)
+    moe_latency_scale: Any  # a MoE layer's fixed cost over `moe_layer_latency_s` (`moe_latency_scale`)
     group_exchange: Any
     x_fixed: Any
     x_tok: Any
@@ -1255,7 +1301,9 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         lin_kind=lin_kind, lin_width=lin_width, hbm=hbm,
         moe_flops=moe_flops, moe_bytes=moe_bytes, moe_inter=moe_inter, moe_peak=moe_peak, moe_best=moe_best, moe_kind=moe_kind,
         moe_width=moe_width, a2a_bytes=a2a_bytes, group_link=group_link, group_link_fitted=group_link_fitted,
-        a2a_fixed_layers=a2a_fixed_layers, moe_layers=stage_moe_layers, group_exchange=_exchange_geometry(gpu, group), x_fixed=x_fixed, x_tok=x_tok,
+        a2a_fixed_layers=a2a_fixed_layers, moe_layers=stage_moe_layers,
+        moe_latency_scale=moe_latency_scale(model, mp, tables_for) if model.is_moe else 1.0, group_exchange=_exchange_geometry(gpu, group),
+        x_fixed=x_fixed, x_tok=x_tok,
         pair_flops=pair_flops, pair_peak=pair_peak, capped_pair_flops=capped_pair_flops, peak16=peak16,
         read_ctx=read.per_context_token, read_capped=read.capped_per_token, read_seq=read.per_sequence,
         mla_ctx_flops=mla_ctx_flops, mla_capped_flops=mla_capped_flops, mixed_reread=mixed_reread, mixed_heads=mixed_heads,
@@ -1315,7 +1363,7 @@ def fold_coefficients(g: StepGeometry, p: PerfParams, overhead_scale: Any = None
         attn_seq_s=attn_seq_s, tp_s_per_token=tp_tok, tp_fixed_s=tp_fixed,
         handoff_s_per_token=handoff_tok, handoff_fixed_s=handoff_fixed, layer_fixed_s=p.layer_overhead_s * g.layers,
         pp=g.pp, step_fixed_s=p.step_overhead_s * scale, per_seq_s=p.per_seq_overhead_s * scale,
-        moe_fixed_s=g.moe_layers * p.moe_layer_latency_s,
+        moe_fixed_s=g.moe_layers * (g.moe_latency_scale if p.moe_latency_by_format >= 0.5 else 1.0) * p.moe_layer_latency_s,
         seq_serial_s=serial,
         gemm_half_tokens=p.gemm_half_tokens, sharp=p.roofline_sharpness, moe_log_curve=g.moe_log_curve, moe_table_share=g.moe_table_share,
         moe=g.moe, lin_log_curve=g.lin_log_curve, dec_attn_curve=g.dec_attn_curve,

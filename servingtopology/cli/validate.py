@@ -61,6 +61,18 @@ class Measurements:
         return Measurements([c for c in self.cases if c.backend in backends], self.models, self.gpus, skipped,
                             {b: self.skipped_by_backend.get(b, Counter()) for b in backends})
 
+    @staticmethod
+    def merged(parts: Sequence[Measurements]) -> Measurements:
+        """Several files' rows as one set, in the order given (their models, GPUs and parse-time skips pooled)."""
+        skipped: Counter[str] = Counter()
+        by_backend: dict[str, Counter[str]] = {}
+        for m in parts:
+            skipped.update(m.skipped_at_parse)
+            for b, c in m.skipped_by_backend.items():
+                by_backend.setdefault(b, Counter()).update(c)
+        return Measurements([c for m in parts for c in m.cases], {k: v for m in parts for k, v in m.models.items()},
+                            {k: v for m in parts for k, v in m.gpus.items()}, skipped, by_backend)
+
 
 def _config_paths(path: str, model_dir: Path) -> list[Path]:
     """Where a row's model config may be under --model-dir: <org>/<name>/config.json, <name>/config.json,

@@ -115,3 +115,23 @@ def test_a_fold_never_fits_the_fp8_share_or_prompt_collisions_it_cannot_pin(monk
                                        resume=[drifted], loss_args={"rank_weight": 0.5, "step_weight": 0.0, "ttft_weight": 1.5})
     assert seen and set(seen) == {(declared.fp8_eff_scale, 0.0)}
     assert set(out["folds"][0]["params"]) == {"step_overhead_s"}
+
+
+def test_several_files_pool_their_rows_and_a_record_names_every_file_it_saw():
+    """`fit_perf.py --csv A B` fits the rows of both (Measurements.merged), and lomo_decisions counts every family of every
+    file the record names as seen by the shipped fit (so each needs its own fold)."""
+    import lomo_decisions
+
+    m = _measurements()
+    a = Measurements(m.cases[:2], {k: v for k, v in m.models.items() if "Llama-3.1-70B" in k}, m.gpus, Counter({"bad row": 1}),
+                     {"vllm": Counter({"bad row": 1})})
+    b = Measurements(m.cases[2:], {"deepseek-ai/DeepSeek-V3": m.models["deepseek-ai/DeepSeek-V3"]}, m.gpus, Counter({"bad row": 2}),
+                     {"vllm": Counter({"bad row": 2}), "sglang": Counter({"other": 1})})
+    both = Measurements.merged([a, b])
+    assert [c.row_id for c in both.cases] == [c.row_id for c in m.cases]
+    assert set(both.models) == set(m.models)
+    assert both.skipped_at_parse == Counter({"bad row": 3})
+    assert both.skipped_by_backend == {"vllm": Counter({"bad row": 3}), "sglang": Counter({"other": 1})}
+    assert lomo_decisions.fitted_files({"data_file": "x.csv"}) == {"x.csv"}
+    assert lomo_decisions.fitted_files({"data_file": ["x.csv", "y.csv"]}) == {"x.csv", "y.csv"}
+    assert lomo_decisions.fitted_files({}) == set()

@@ -19,7 +19,9 @@ from servingtopology.planner.perf.step import (
     ROOFLINE_PREFIX,
     PerfParams,
     measured_terms,
+    moe_format,
     moe_kernel_variants,
+    moe_latency_scale,
     step_coefficients,
     step_geometry,
     token_terms,
@@ -192,7 +194,7 @@ def test_the_declared_moe_layer_latency_adds_once_per_moe_layer_on_the_roofline_
                               engine=Engine.VLLM, tp=4, pp=pp, dp=1, params=params, release="0.19.0")
         return np.asarray(token_terms(c, tokens)[0])
 
-    off = replace(PerfParams(), measured_allreduce=0.0)
+    off = replace(PerfParams(), measured_allreduce=0.0, moe_latency_by_format=0.0)  # every format the declared latency
     on = replace(off, moe_layer_latency_s=30e-6)
     assert off.moe_layer_latency_s == 0.0  # the default adds nothing
     # Every MoE layer of the stage pays it once a step, whatever the tokens; a stage holds 1/pp of the layers.
@@ -205,3 +207,46 @@ def test_the_declared_moe_layer_latency_adds_once_per_moe_layer_on_the_roofline_
     c_off, c_on = (step_coefficients(dense, resolve_gpu("h100_sxm"), precision=Precision.BF16, kv_dtype=KvDtype.AUTO,
                                      engine=Engine.VLLM, tp=4, pp=1, dp=1, params=p) for p in (off, on))
     assert np.asarray(token_terms(c_on, tokens)[0]) == pytest.approx(np.asarray(token_terms(c_off, tokens)[0]), rel=0, abs=0)
+
+
+# ---------------------------------------------------------------- the fixed cost by the experts' format
+def _moe_fixed_s(model, precision: Precision, engine: Engine, params: PerfParams, **kw) -> float:
+    c = step_coefficients(model, resolve_gpu("b200_sxm"), precision=precision, kv_dtype=KvDtype.AUTO, engine=engine, tp=4, pp=1,
+                          dp=1, params=params, release="0.19.0", **kw)
+    return float(c.moe_fixed_s)
+
+
+def test_a_moe_layers_fixed_cost_is_its_formats_as_the_engines_tables_measured_it():
+    """planner/data/moe_latency.json: vLLM's block-FP8 layer pays 38.9 µs whatever the tokens, its NVFP4 layer 19.7, SGLang's
+    33.1 and 17.1, against 29.8 for every table together; the declared 30 µs is scaled by that ratio."""
+    model = _minimax()  # experts stored block-scaled FP8
+    on = replace(PerfParams(), moe_layer_latency_s=30e-6)
+    layers = model.num_moe_layers
+    assert moe_format(model, Precision.FP8) == "fp8_block" and moe_format(model, Precision.FP4) == "nvfp4"
+    assert moe_format(GPT_OSS, Precision.FP4) is None  # MXFP4: the kernel vLLM runs depends on the GPU and release
+    assert moe_format(replace(model, checkpoint=None), Precision.FP8) == "fp8"  # BF16 weights quantised online: per-tensor
+    for precision, engine, t0_us in ((Precision.FP8, Engine.VLLM, 38.9), (Precision.FP4, Engine.VLLM, 19.7),
+                                     (Precision.FP8, Engine.SGLANG, 33.1), (Precision.FP4, Engine.SGLANG, 17.1)):
+        assert moe_latency_scale(model, precision, engine) == pytest.approx(t0_us / 29.8)
+        assert _moe_fixed_s(model, precision, engine, on) == pytest.approx(layers * 30e-6 * t0_us / 29.8, rel=1e-12)
+        # The ablation: every format the declared latency.
+        assert _moe_fixed_s(model, precision, engine, replace(on, moe_latency_by_format=0.0)) == pytest.approx(layers * 30e-6, rel=1e-12)
+    # No tables of the engine (TensorRT-LLM, priced by its overhead scale) or of the format: the declared latency as it is.
+    assert moe_latency_scale(model, Precision.FP8, None) == 1.0
+    assert _moe_fixed_s(model, Precision.FP8, Engine.VLLM, on, overhead_scale=1.0) == pytest.approx(layers * 30e-6, rel=1e-12)
+    assert moe_latency_scale(GPT_OSS, Precision.FP4, Engine.VLLM) == 1.0
+
+
+def test_the_per_format_fixed_costs_are_what_tools_moe_latency_computes_from_the_shipped_tables():
+    """One truth: planner/data/moe_latency.json is tools/moe_latency.py's output on the kernel tables the planner ships (the
+    tables' index hashed into it), not a copy that could drift from them."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("moe_latency_tool", root / "tools" / "moe_latency.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert json.loads((root / "planner" / "data" / "moe_latency.json").read_text()) == tool.latency_record(tool.fits())
