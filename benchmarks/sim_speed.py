@@ -6,7 +6,8 @@
    about 7,300 preemptions; the case where per-step costs show.
 3. Replay of the 300-request RTX 4090 vLLM run (shared/groundtruth); target well under a second.
 4. A 4-replica open-loop run and a PD run, for scale.
-Target (issue 15): at least 10 M simulated tokens per CPU-second in every case. CPU time is the figure
+Target (issue #39, raised from issue 15's 10 M): at least 25 M simulated tokens per CPU-second in every case, each case's
+median run; every case's rate is printed, and how many cases are under the target. CPU time is the figure
 to compare: these machines are shared, and wall time counts the neighbours.
 
 Each case runs at least --repeats times (default 5) and until it has used --min-cpu-s CPU seconds (default 1.0; the
@@ -59,7 +60,7 @@ def measure(name: str, run: Callable[[], SimResult], *, repeats: int, min_cpu_s:
     return rate
 
 
-TARGET_M_TOKENS_PER_CPU_S = 10.0
+TARGET_M_TOKENS_PER_CPU_S = 25.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     pd = Layout.pd(RoleLayout(2, Parallelism(tp=4), knobs), RoleLayout(2, Parallelism(tp=4), knobs))
     rates.append(measure("5k open loop, 2P2D@TP4 Llama-3.1-70B, SGLang",
                          lambda: simulate(pd, model=llama70b, gpu=gpu, engine=Engine.SGLANG, workload=w, num_requests=5000, seed=1), **each))
-    print(f"slowest case: {min(rates):.2f} M simulated tokens per CPU-second, the median run's (target 10)")
+    print(f"slowest case: {min(rates):.2f} M simulated tokens per CPU-second, the median run's (target {TARGET_M_TOKENS_PER_CPU_S:g}); "
+          f"{sum(r < TARGET_M_TOKENS_PER_CPU_S for r in rates)} of {len(rates)} cases under it")
     if min(rates) < TARGET_M_TOKENS_PER_CPU_S:
         print(f"FAIL: the slowest case is under {TARGET_M_TOKENS_PER_CPU_S:g} M simulated tokens per CPU-second "
               "(CPU seconds differ up to 4x between machines of this kind: compare runs on one machine)", file=sys.stderr)
