@@ -448,7 +448,28 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
         ep = min(moe_ep, group)
         _, source, reason = measured_moe_curve(model, gpu, engine, release, moe_precision or Precision.BF16, group // max(ep, 1), ep)
         out["moe"] = source or f"{ROOFLINE_PREFIX}{reason}"
+    # The roofline's MoE layers pay a fixed cost from the tables by format (a measured MoE table holds its own).
+    if model is not None and out.get("moe", ROOFLINE_PREFIX).startswith(ROOFLINE_PREFIX):
+        fixed = moe_fixed_source(model, moe_precision or Precision.BF16, engine, p)
+        if fixed:
+            out["moe_fixed"] = fixed
     return out
+
+
+def moe_fixed_source(model: ModelArch, mp: Precision, engine: Engine | None, params: PerfParams) -> str:
+    """Where the roofline's fixed cost of a MoE layer comes from (`moe_latency_scale`), "" where it is not measured: a dense
+    model, the latency off or not by format, no table of the engine or the format."""
+    name = KERNEL_ENGINES.get(engine) if engine is not None else None
+    fmt = moe_format(model, mp)
+    if not model.is_moe or params.moe_layer_latency_s <= 0.0 or params.moe_latency_by_format < 0.5 or name is None or fmt is None:
+        return ""
+    record = _moe_latency_record()
+    t0 = record["t0_us"].get(name, {}).get(fmt)
+    if t0 is None:
+        return ""
+    tables = record["kernel_tables"]
+    return (f"{name} {fmt} fused-MoE layers' median fixed cost {float(t0):g} µs, over every table's {float(record['all_t0_us']):g} µs, "
+            f"times {params.moe_layer_latency_s * 1e6:g} µs a layer ({tables['distribution']} {tables['version']} tables)")
 
 
 def allreduce_s(gpu: Gpu, group: Any, nbytes: Any, params: PerfParams | None = None) -> Any:

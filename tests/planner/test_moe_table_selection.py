@@ -250,3 +250,24 @@ def test_the_per_format_fixed_costs_are_what_tools_moe_latency_computes_from_the
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     assert json.loads((root / "planner" / "data" / "moe_latency.json").read_text()) == tool.latency_record(tool.fits())
+
+
+def test_the_record_names_where_a_moe_layers_fixed_cost_comes_from():
+    """measured_terms (the record's "Step time" line) names the format's measured fixed cost where the roofline prices the
+    layer, and nothing where a MoE table does (it holds its own), for a dense model, with the switch off or under MXFP4."""
+    model = _minimax()
+    shipped = replace(PerfParams(), moe_layer_latency_s=30e-6)
+
+    def terms(params: PerfParams, m=model, precision: Precision = Precision.FP8) -> dict[str, str]:
+        return measured_terms(resolve_gpu("b200_sxm"), Engine.VLLM, "0.19.0", 4, m.hidden_size, params, model=m,
+                              moe_precision=precision, precision=precision)
+
+    assert terms(shipped)["moe_fixed"] == ("vllm fp8_block fused-MoE layers' median fixed cost 38.9 µs, over every table's 29.8 µs, "
+                                           "times 30 µs a layer (aiconfigurator-core 0.12.0 tables)")
+    assert "nvfp4 fused-MoE layers' median fixed cost 19.7 µs" in terms(shipped, precision=Precision.FP4)["moe_fixed"]
+    assert "moe_fixed" not in terms(replace(shipped, moe_latency_by_format=0.0))
+    assert "moe_fixed" not in terms(replace(shipped, moe_layer_latency_s=0.0))
+    assert "moe_fixed" not in terms(shipped, m=resolve_model("meta-llama/Llama-3.1-70B"))
+    assert "moe_fixed" not in terms(shipped, m=GPT_OSS, precision=Precision.FP4)
+    priced = terms(replace(shipped, measured_moe=1.0))  # vLLM 0.19.0's B200 block-FP8 table prices MiniMax-M2.5's layers
+    assert not priced["moe"].startswith(ROOFLINE_PREFIX) and "moe_fixed" not in priced
