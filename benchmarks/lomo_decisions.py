@@ -71,10 +71,6 @@ def missed_targets(got: dict[str, Any], targets: dict[str, float]) -> list[str]:
     return [k for k, t in targets.items() if got[k] is None or (got[k] < t if k in AT_LEAST else got[k] > t)]
 
 
-def _merge(parts: list[Measurements]) -> Measurements:
-    return Measurements.merged(parts)
-
-
 def fitted_files(record: dict[str, Any]) -> set[str]:
     """The shared files a fit record's parameters saw (`data_file`: one name, or a list where it was fitted on several)."""
     files = record.get("data_file")
@@ -108,7 +104,7 @@ def shared_lomo_predictions(shared: Path) -> tuple[Measurements, list[Prediction
     parts = [load_measurements(shared / f, model_dir=shared / "models", backends=("vllm", "sglang")) for f in FILES]
     seen = fitted_files(fit_record())
     fitted = {c.model_path for f, part in zip(FILES, parts, strict=True) if f in seen for c in part.cases}
-    m = _merge(parts)
+    m = Measurements.merged(parts)
     results, used = lomo_predictions(m, fitted)
     return m, results, used
 
@@ -189,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = [load_measurements(SHARED / f, model_dir=SHARED / "models", backends=("vllm", "sglang")) for f in files]
     seen = fitted_files(fit_record())
     fitted = {c.model_path for f, part in zip(files, parts, strict=True) if f in seen for c in part.cases}
-    m = _merge(parts)
+    m = Measurements.merged(parts)
     overrides = {k: float(v) for k, v in (a.split("=", 1) for a in args.set)}
     records = [json.loads(f.read_text()) for f in args.folds] if args.folds else None
     if args.params is not None:

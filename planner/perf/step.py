@@ -459,16 +459,12 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
 def moe_fixed_source(model: ModelArch, mp: Precision, engine: Engine | None, params: PerfParams) -> str:
     """Where the roofline's fixed cost of a MoE layer comes from (`moe_latency_scale`), "" where it is not measured: a dense
     model, the latency off or not by format, no table of the engine or the format."""
-    name = KERNEL_ENGINES.get(engine) if engine is not None else None
-    fmt = moe_format(model, mp)
-    if not model.is_moe or params.moe_layer_latency_s <= 0.0 or params.moe_latency_by_format < 0.5 or name is None or fmt is None:
+    found = _format_t0_us(model, mp, engine)
+    if not model.is_moe or params.moe_layer_latency_s <= 0.0 or params.moe_latency_by_format < 0.5 or found is None:
         return ""
-    record = _moe_latency_record()
-    t0 = record["t0_us"].get(name, {}).get(fmt)
-    if t0 is None:
-        return ""
-    tables = record["kernel_tables"]
-    return (f"{name} {fmt} fused-MoE layers' median fixed cost {float(t0):g} µs, over every table's {float(record['all_t0_us']):g} µs, "
+    name, fmt, t0, every = found
+    tables = _moe_latency_record()["kernel_tables"]
+    return (f"{name} {fmt} fused-MoE layers' median fixed cost {t0:g} µs, over every table's {every:g} µs, "
             f"times {params.moe_layer_latency_s * 1e6:g} µs a layer ({tables['distribution']} {tables['version']} tables)")
 
 
@@ -758,13 +754,20 @@ def moe_latency_scale(model: ModelArch, mp: Precision, engine: Engine | None) ->
     releases measured, over the all-table median. 1 where the engine has no tables (TensorRT-LLM here) or none times the
     format. The formats' kernels differ in what they pay whatever the tokens: vLLM's block-FP8 layer 38.9 µs (activation
     quantisation per token group, scales per 128 × 128 block), its NVFP4 19.7, BF16 29.7; SGLang's 33.1, 17.1, 28.3."""
+    found = _format_t0_us(model, mp, engine)
+    return 1.0 if found is None else found[2] / found[3]
+
+
+def _format_t0_us(model: ModelArch, mp: Precision, engine: Engine | None) -> tuple[str, str, float, float] | None:
+    """(engine, format, its median t0 in µs, every table's) from planner/data/moe_latency.json; None where the engine has no
+    tables or none times the experts' format (`moe_format`). What `moe_latency_scale` charges and `moe_fixed_source` says."""
     name = KERNEL_ENGINES.get(engine) if engine is not None else None
     fmt = moe_format(model, mp)
     if name is None or fmt is None:
-        return 1.0
+        return None
     record = _moe_latency_record()
     t0 = record["t0_us"].get(name, {}).get(fmt)
-    return 1.0 if t0 is None else float(t0) / float(record["all_t0_us"])
+    return None if t0 is None else (name, fmt, float(t0), float(record["all_t0_us"]))
 
 
 def _moe_table_s(curve: Any, tokens: Any) -> Any:
