@@ -297,7 +297,7 @@ def engine_args_of(bp: Blueprint) -> Callable[[Role, RoleLayout], tuple[int, tup
         nodes = role_nodes(bp, rl)
         cmd = engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role, par=rl.parallelism,
                              knobs=rl.knobs, precision=bp.precision, extra_args=engine_extra_args(bp, role), nodes=nodes,
-                             transfer_backend=bp.transfer_backend, version=bp.engine_version)
+                             transfer_backend=bp.transfer_backend, version=bp.engine_version, gpu=rl.gpu or bp.gpu_id)
         return nodes, (*cmd.command, *cmd.args)
     return args_of
 

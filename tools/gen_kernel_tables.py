@@ -20,7 +20,10 @@ What is kept (latencies in the parquet are milliseconds; the grids hold seconds)
   MoE EP), balanced routing (a dtype measured only under skewed routing keeps its mildest skew), and the kernels
   that timed each configuration;
 - allreduce: the engine's custom all-reduce by (CUDA graph or eager; GPUs, message bytes);
-- nccl: NCCL collectives by (op; GPUs, message bytes), half precision.
+- nccl: NCCL collectives by (op; GPUs, message bytes), half precision;
+- deepep_ll / deepep_normal: SGLang's DeepEP expert all-to-all, one MoE layer's dispatch plus combine, by (top-k,
+  experts; hidden size, tokens a rank sends), low-latency kernels (decode) and normal kernels (prefill) at DeepEP's
+  default 20 SMs (`Buffer.num_sms`, deepseek-ai/DeepEP deep_ep/buffer.py); measured on one node (NVLink only).
 Values are stored as uint16 codes of ln(seconds) (step 1/2048: 0.05 % relative), 65535 where not measured.
 
     python tools/gen_kernel_tables.py            # the Makefile's kernel-tables target runs it in its own venv
@@ -46,8 +49,10 @@ OUT = ROOT / "planner" / "data" / "kernels"
 DIST, VERSION = "aiconfigurator-core", "0.12.0"
 
 # The wheel's GPU folders covered, and the planner's GPU id for each (planner/data/gpus.toml).
-# B300, GB200, GB300, L40S and RTX PRO 6000 are in the wheel too (~0.5 MB each here): add them when a plan needs them.
-GPUS: dict[str, str] = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200_sxm", "a100_sxm": "a100_sxm"}
+# GB200 and GB300 (NVL72 racks) came with the DeepEP tables: wide expert parallelism runs there. B300, L40S and RTX PRO
+# 6000 are in the wheel too (~0.5 MB each here): add them when a plan needs them.
+GPUS: dict[str, str] = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200_sxm", "a100_sxm": "a100_sxm",
+                        "gb200": "gb200", "gb300": "gb300"}
 ENGINES = ("vllm", "sglang", "nccl")
 # (op folder, file stem) -> the table kind it feeds.
 FILES: dict[tuple[str, str], str] = {
@@ -62,7 +67,10 @@ FILES: dict[tuple[str, str], str] = {
     ("moe", "moe"): "moe",
     ("comm", "custom_allreduce"): "allreduce",
     ("comm", "nccl"): "nccl",
+    ("comm", "wideep_deepep_ll"): "deepep_ll",
+    ("comm", "wideep_deepep_normal"): "deepep_normal",
 }
+DEEPEP_SMS = 20  # DeepEP's default SMs for the normal kernels (deep_ep/buffer.py, Buffer.num_sms)
 MEMBER = re.compile(r"^aiconfigurator_core/systems/data/(?P<gpu>[^/]+)/(?P<op>[^/]+)/(?P<engine>[^/]+)/(?P<version>[^/]+)/"
                     r"(?P<stem>[^/]+)_perf\.parquet$")
 # GEMM rows per (dtype, n, k) run over 74 m values (each power step and the step after it); these are kept.
@@ -216,6 +224,8 @@ def build_tables(kind: str, df: Any, w: Writer, *, source: str) -> None:
             values, sec = grid(part, ["num_gpus", "message_bytes"])
             w.add(kind, {"backend": "graph" if graph else "eager", "dtype": str(dtype)}, [("gpus", "exact"), ("message_bytes", "log")],
                   values, sec, source=source, kernels=part["kernel_source"].unique().tolist())
+    elif kind in ("deepep_ll", "deepep_normal"):
+        _deepep(kind, df, w, source=source)
     elif kind == "nccl":
         df = df[df["nccl_dtype"] == "half"].copy()
         df["message_bytes"] = df["message_size"] * 2
@@ -225,6 +235,22 @@ def build_tables(kind: str, df: Any, w: Writer, *, source: str) -> None:
             values, sec = grid(med, ["num_gpus", "message_bytes"])
             w.add(kind, {"op": str(op), "dtype": "half"}, [("gpus", "exact"), ("message_bytes", "log")], values, sec,
                   source=source, kernels=part["kernel_source"].unique().tolist())
+
+
+def _deepep(kind: str, df: Any, w: Writer, *, source: str) -> None:
+    """One MoE layer's DeepEP dispatch plus combine (µs in the parquet) on a (top-k, experts; hidden, tokens) grid."""
+    df = df.copy()
+    if kind == "deepep_ll":
+        df["latency"] = (df["dispatch_avg_t_us"] + df["combine_avg_t_us"]) / 1e3
+    else:
+        df = df[(df["dispatch_sms"] == DEEPEP_SMS) & (df["combine_sms"] == DEEPEP_SMS)]
+        df["latency"] = (df["dispatch_transmit_us"] + df["dispatch_notify_us"] + df["combine_transmit_us"] + df["combine_notify_us"]) / 1e3
+    df = df.rename(columns={"num_topk": "topk", "num_experts": "experts", "hidden_size": "hidden", "num_token": "tokens"})
+    axes = [("topk", "exact"), ("experts", "exact"), ("hidden", "log"), ("tokens", "log")]
+    values, sec = grid(df, [a for a, _ in axes])
+    w.add(kind, {"mode": "low_latency" if kind == "deepep_ll" else "normal"}, axes, values, sec, source=source,
+          kernels=df["kernel_source"].unique().tolist(),
+          note="one node; dispatch + combine of one MoE layer" + ("" if kind == "deepep_ll" else f", {DEEPEP_SMS} SMs"))
 
 
 def generate(wheel: Path, out: Path) -> list[dict[str, Any]]:

@@ -418,7 +418,7 @@ def _command(bp: Blueprint, role: Role, rl: RoleLayout, nodes: int) -> EngineCom
     return engine_command(engine=bp.engine, model=bp.model, served_name=bp.served_model_name, role=role,
                           par=rl.parallelism, knobs=rl.knobs, precision=bp.precision,
                           extra_args=engine_extra_args(bp, role), nodes=nodes, transfer_backend=bp.transfer_backend,
-                          version=bp.engine_version)
+                          version=bp.engine_version, gpu=rl.gpu or bp.gpu_id)
 
 
 def build_deployment(bp: Blueprint, role: Role) -> dict[str, Any]:

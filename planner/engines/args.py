@@ -10,18 +10,41 @@ parsers in the conformance tests. Pure string building; it does not know about p
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import numpy as np
+
+from servingtopology.planner.engines import kernels
 from servingtopology.planner.engines.caps import EngineCaps, load_caps, resolve_version, running_requests_flag
 from servingtopology.planner.hardware import Precision
 from servingtopology.planner.layout import Engine, KvDtype, Layout, LayoutKind, Role, RoleLayout
 
-__all__ = ["engine_args", "kv_transfer_config", "layout_engine_args"]
+__all__ = ["deepep_measured", "engine_args", "kv_transfer_config", "layout_engine_args", "sglang_deepep"]
 
 _VLLM_KV = {KvDtype.AUTO: "auto", KvDtype.BF16: "bfloat16", KvDtype.FP8: "fp8"}
 _SGLANG_KV = {KvDtype.AUTO: "auto", KvDtype.BF16: "bfloat16", KvDtype.FP8: "fp8_e4m3"}
 # Weight quantisation flags when the checkpoint is not already quantised (engines auto-detect otherwise).
 _VLLM_QUANT = {Precision.FP8: "fp8"}
 _SGLANG_QUANT = {Precision.FP8: "fp8"}
+
+
+def deepep_measured(gpu: str) -> bool:
+    """Whether DeepEP's kernels were measured running on this GPU kind (`kernels.deepep_s`' tables: H100, H200, B200,
+    GB200, GB300). Elsewhere it is not known to run (DeepEP targets NVLink-connected Hopper and Blackwell GPUs), so
+    SGLang keeps its default exchange there."""
+    return any(g == gpu and e == "sglang" and "deepep_ll" in kinds for g, e, _, kinds in kernels.coverage())
+
+
+def sglang_deepep(tp: Any, dp: Any, ep: Any, gpu: str) -> Any:
+    """Where SGLang exchanges an expert-parallel MoE layer's tokens through DeepEP (`--moe-a2a-backend deepep`, the
+    all-to-all of its PD and large-scale EP recipes, shared/reference/engines.md section 2.2): attention DP with the
+    experts spread over every GPU of the stage (DeepEP takes the EP size from the TP size, so a partial `--ep-size`
+    keeps the default exchange), on a GPU kind DeepEP was measured on (`deepep_measured`). One rule for the arguments
+    `engine_args` renders and the exchange the step model prices (planner.perf.step.measured_exchange); elementwise
+    over arrays of candidates."""
+    tp, dp, ep = (np.asarray(x, dtype=float) for x in (tp, dp, ep))
+    out = (dp > 1) & (ep > 1) & (ep >= tp * dp) & deepep_measured(gpu)
+    return bool(out) if out.ndim == 0 else out
 
 
 def kv_transfer_config(caps: EngineCaps, role: Role) -> str:
@@ -38,9 +61,10 @@ def kv_transfer_config(caps: EngineCaps, role: Role) -> str:
 
 
 def engine_args(engine: Engine, role: Role, layout_role: RoleLayout, *, precision: Precision, moe: bool = False,
-                version: str = "") -> list[str]:
+                version: str = "", gpu: str = "") -> list[str]:
     """Arguments (without the model) that make an engine instance of this role match the plan, spelled for
-    `version` (empty: the newest covered release)."""
+    `version` (empty: the newest covered release). `gpu`: the catalog id of the GPU kind the role runs on (the role's
+    own where it names one; empty: not known, so nothing that depends on it, such as SGLang's DeepEP, is rendered)."""
     caps = load_caps(engine.value, version or resolve_version(engine))
     par, k = layout_role.parallelism, layout_role.knobs
     if engine is Engine.VLLM:
@@ -66,6 +90,8 @@ def engine_args(engine: Engine, role: Role, layout_role: RoleLayout, *, precisio
         args += ["--attn-dp-size", str(par.dp)] if caps.has("--attn-dp-size") else ["--dp-size", str(par.dp), "--enable-dp-attention"]
     if par.ep and moe:
         args += ["--ep-size", str(par.moe_ep)]
+        if sglang_deepep(par.tp, par.dp, par.moe_ep, layout_role.gpu or gpu) and "deepep" in caps.choices("--moe-a2a-backend"):
+            args += ["--moe-a2a-backend", "deepep"]
     if par.pp > 1:
         args += ["--pp-size", str(par.pp)]
     # Both are server-wide: SGLang divides them by --attn-dp-size per rank. --max-running-requests gives each rank the
@@ -82,7 +108,7 @@ def engine_args(engine: Engine, role: Role, layout_role: RoleLayout, *, precisio
     return args
 
 
-def layout_engine_args(engine: Engine, layout: Layout, *, moe: bool = False, version: str = "") -> dict[Role, list[str]]:
-    """Arguments per role of a layout."""
+def layout_engine_args(engine: Engine, layout: Layout, *, moe: bool = False, version: str = "", gpu: str = "") -> dict[Role, list[str]]:
+    """Arguments per role of a layout (`gpu`: the problem's GPU kind, for roles that name none)."""
     roles = (Role.AGGREGATED,) if layout.kind is LayoutKind.REPLICAS else (Role.PREFILL, Role.DECODE)
-    return {r: engine_args(engine, r, layout.roles[r], precision=layout.precision, moe=moe, version=version) for r in roles}
+    return {r: engine_args(engine, r, layout.roles[r], precision=layout.precision, moe=moe, version=version, gpu=gpu) for r in roles}

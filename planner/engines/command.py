@@ -69,10 +69,10 @@ class EngineCommand:
 
 
 def _role_args(*, engine: Engine, model: str, served_name: str, role: Role, par: Parallelism, knobs: EngineKnobs,
-               precision: Precision, transfer_backend: str, version: str) -> list[str]:
+               precision: Precision, transfer_backend: str, version: str, gpu: str = "") -> list[str]:
     """The planner's engine arguments (planner/engines/args.py) wrapped with what a pod needs: the model,
     the listening address, the served name, SGLang's metrics switch and PD bootstrap port."""
-    plan_args = engine_args(engine, role, RoleLayout(1, par, knobs), precision=precision, moe=par.ep, version=version)
+    plan_args = engine_args(engine, role, RoleLayout(1, par, knobs), precision=precision, moe=par.ep, version=version, gpu=gpu)
     if engine is Engine.VLLM:
         head = [model, "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", served_name]
         return head + plan_args
@@ -111,10 +111,11 @@ def _ray_command(base: list[str], extra_args: tuple[str, ...]) -> EngineCommand:
 
 def engine_command(*, engine: Engine, model: str, served_name: str, role: Role, par: Parallelism,
                    knobs: EngineKnobs, precision: Precision, extra_args: tuple[str, ...] = (),
-                   nodes: int = 1, transfer_backend: str = "nixl", version: str = "") -> EngineCommand:
+                   nodes: int = 1, transfer_backend: str = "nixl", version: str = "", gpu: str = "") -> EngineCommand:
     """Build the engine container's command and arguments for one role of one release (empty `version`: the
     newest covered).
 
+    `gpu`: the catalog id of the role's GPU kind (planner.engines.args.engine_args).
     `nodes` > 1 adds the multi-node rendezvous (leader in `args`, workers in `worker_args`), in the form the
     release supports. `extra_args` come last, so a user's flag overrides the generated one (both engines use
     argparse, where the last occurrence wins).
@@ -122,7 +123,7 @@ def engine_command(*, engine: Engine, model: str, served_name: str, role: Role, 
     version = version or resolve_version(engine)
     command = ("vllm", "serve") if engine is Engine.VLLM else ("python3", "-m", "sglang.launch_server")
     base = _role_args(engine=engine, model=model, served_name=served_name, role=role, par=par, knobs=knobs,
-                      precision=precision, transfer_backend=transfer_backend, version=version)
+                      precision=precision, transfer_backend=transfer_backend, version=version, gpu=gpu)
     if nodes <= 1:
         return EngineCommand(command, (*base, *extra_args))
     if engine is Engine.VLLM and load_caps(engine.value, version).multinode_style == "ray":

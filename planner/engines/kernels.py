@@ -65,6 +65,8 @@ class KernelOp(enum.StrEnum):
     MOE = "moe"
     ALLREDUCE = "allreduce"
     NCCL = "nccl"
+    DEEPEP_LL = "deepep_ll"
+    DEEPEP_NORMAL = "deepep_normal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,3 +500,13 @@ def nccl_s(gpu: str, *, op: str, gpus: ArrayLike, message_bytes: ArrayLike, nccl
     """Time of one NCCL collective ("all_reduce", "all_gather", "reduce_scatter", "alltoall") of `message_bytes`
     (half precision) over `gpus` GPUs of one node; the newest measured NCCL when `nccl_version` is None."""
     return _lookup(gpu, "nccl", nccl_version, KernelOp.NCCL, [gpus, message_bytes], {"op": op})
+
+
+def deepep_s(gpu: str, version: str | None, *, low_latency: bool, topk: int, experts: int, hidden: ArrayLike,
+             tokens: ArrayLike) -> KernelTimes:
+    """Time of one MoE layer's DeepEP dispatch plus combine in SGLang (its `deepep` all-to-all backend) with `tokens`
+    tokens a rank sends, each to its `topk` of `experts` experts: the low-latency kernels (decode, 1–1,024 tokens) or the
+    normal ones (prefill, 1–131,072 tokens, at DeepEP's default 20 SMs). Measured on one node; NaN off the grid (a
+    (top-k, experts) pair not measured, a hidden size outside the measured ones)."""
+    kind = KernelOp.DEEPEP_LL if low_latency else KernelOp.DEEPEP_NORMAL
+    return _lookup(gpu, "sglang", version, kind, [float(topk), float(experts), hidden, tokens], {})

@@ -24,6 +24,7 @@ import numpy as np
 
 from servingtopology.planner.arch import ModuleGroup
 from servingtopology.planner.engines import kernels
+from servingtopology.planner.engines.args import sglang_deepep
 from servingtopology.planner.hardware import Gpu, Link, Precision, gpu_catalog
 from servingtopology.planner.layout import Engine, KvDtype, Parallelism
 from servingtopology.planner.model.catalog import ModelArch
@@ -370,14 +371,35 @@ def measured_allreduce(gpu: Gpu, engine: Engine | None, release: str | None, tp:
 
 # The NCCL collectives of one MoE layer's exchange under attention DP, in the order a step runs them.
 _EXCHANGE_OPS = ("all_gather", "reduce_scatter")
+# Tokens a rank sends through which SGLang's DeepEP line is drawn: the low-latency kernels' measured range.
+_DEEPEP_LINE_TOKENS = (1.0, 1024.0)
 
 
 @cache
-def _measured_exchange_line(gpu_id: str, dp: int, hidden: int) -> tuple[float, float, str]:
-    """(fixed s, s per token of one rank, source) of one MoE layer's exchange over `dp` attention-DP ranks: an all-gather
-    of every rank's BF16 activations (dp × tokens × hidden × 2 bytes gathered, each rank padded to the largest rank's
-    tokens) and a reduce-scatter of the experts' outputs, from NCCL's measured tables at 1 and 2,048 tokens a rank;
-    NaN where no table covers them."""
+def _measured_exchange_line(gpu_id: str, dp: int, hidden: int, engine: str = "", release: str = "", topk: int = 0,
+                            experts: int = 0) -> tuple[float, float, str]:
+    """(fixed s, s per token of one rank, source) of one MoE layer's exchange over `dp` attention-DP ranks whose experts
+    are expert-parallel; NaN where no table covers it.
+
+    SGLang where it runs DeepEP (`engine` "sglang"; planner.engines.args.sglang_deepep: attention DP with the experts
+    over every GPU of the stage): DeepEP's dispatch and combine, the low-latency kernels
+    it runs for decode batches, from the measured table of the nearest release at 1 and 1,024 tokens a rank. The table
+    was measured on one node (a GB200/GB300 tray, an HGX board); it prices any EP width inside the NVLink domain, since
+    a rank sends the same bytes however many ranks hold the experts (each token to the ranks of its top-k). The
+    prefill of a disaggregated prefill instance runs DeepEP's normal kernels, whose per-token cost the same line meets
+    within 15 % at 8,192 tokens (B200, GB300: 0.21–0.27 against 0.24 µs a token of DeepSeek-V3's shape); their larger
+    fixed cost (80 against 35 µs a layer) is not charged, and is small beside a prefill chunk's GEMMs.
+    Else (vLLM's `allgather_reducescatter` all-to-all backend; SGLang's default exchange): an all-gather of every rank's BF16 activations (dp ×
+    tokens × hidden × 2 bytes gathered, each rank padded to the largest rank's tokens) and a reduce-scatter of the
+    experts' outputs, from NCCL's measured tables at 1 and 2,048 tokens a rank."""
+    if engine == "sglang":
+        got = kernels.deepep_s(gpu_id, release or None, low_latency=True, topk=topk, experts=experts,
+                               hidden=float(hidden), tokens=np.array(_DEEPEP_LINE_TOKENS))
+        if got.source is None or not np.isfinite(got.time_s).all():
+            return math.nan, math.nan, ""
+        t_lo, t_hi = (float(x) for x in got.time_s)
+        return (t_lo, max(t_hi - t_lo, 0.0) / (_DEEPEP_LINE_TOKENS[1] - _DEEPEP_LINE_TOKENS[0]),
+                f"DeepEP low-latency dispatch + combine, {got.source.describe()}")
     per_rank = np.array([t * dp * hidden * 2.0 for t in _AR_LINE_TOKENS])
     total = np.zeros(2)
     source = ""
@@ -391,25 +413,32 @@ def _measured_exchange_line(gpu_id: str, dp: int, hidden: int) -> tuple[float, f
     return t_lo, max(t_hi - t_lo, 0.0) / (_AR_LINE_TOKENS[1] - _AR_LINE_TOKENS[0]), source
 
 
-def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any, hidden: int) -> tuple[Any, Any]:
-    """Measured (fixed, per-token) time of one MoE layer's attention-DP exchange per candidate; NaN where no table covers
-    it: an engine without tables, no attention DP, experts not expert-parallel, an instance beyond one node or off NVLink,
-    a GPU NCCL was not measured on.
+def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any, hidden: int, *, release: str | None = None,
+                      topk: int = 0, experts: int = 0) -> tuple[Any, Any]:
+    """Measured (fixed, per-token) time of one MoE layer's attention-DP exchange per candidate (`_measured_exchange_line`);
+    NaN where no table covers it: an engine without tables, no attention DP, experts not expert-parallel, an instance
+    beyond one NVLink domain (a node; an NVL72 rack) or off NVLink, a GPU the exchange was not measured on, a routing
+    shape (top-k of `experts`) DeepEP's table lacks.
 
-    Only DP with EP: that exchange is the all-gather and reduce-scatter (vLLM's `allgather_reducescatter` all-to-all
-    backend). DP without EP shards every expert over the tp × dp GPUs and exchanges otherwise (each rank's tokens sent to
-    all, the outputs all-reduced), which these two tables do not time; it keeps the fitted exchange."""
+    Only DP with EP: DP without EP shards every expert over the tp × dp GPUs and exchanges otherwise (each rank's tokens
+    sent to all, the outputs all-reduced), which these tables do not time; it keeps the fitted exchange."""
     t_arr, d_arr, e_arr = np.broadcast_arrays(np.asarray(tp, dtype=float), np.asarray(dp, dtype=float), np.asarray(ep, dtype=float))
     fixed, per_tok = np.full(t_arr.shape, np.nan), np.full(t_arr.shape, np.nan)
     if engine not in KERNEL_ENGINES or gpu.scaleup_link is not Link.NVLINK:
         return fixed, per_tok
+    deepep = sglang_deepep(t_arr, d_arr, e_arr, gpu.id) if engine is Engine.SGLANG else np.zeros(t_arr.shape, dtype=bool)
     for d in np.unique(d_arr):
         if d < 2:
             continue
-        f, t, _ = _measured_exchange_line(fabric_table_gpu(gpu.id), int(d), int(hidden))
         inside = (d_arr == d) & (e_arr > 1) & (t_arr * d_arr <= gpu.gpus_per_node)
-        fixed = np.where(inside, f, fixed)
-        per_tok = np.where(inside, t, per_tok)
+        for uses_deepep in (False, True):
+            these = inside & (deepep == uses_deepep)
+            if not these.any():
+                continue
+            f, t, _ = _measured_exchange_line(fabric_table_gpu(gpu.id), int(d), int(hidden), "sglang" if uses_deepep else "",
+                                              release or "", int(topk), int(experts))
+            fixed = np.where(these, f, fixed)
+            per_tok = np.where(these, t, per_tok)
     return fixed, per_tok
 
 
@@ -434,7 +463,9 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
             out["tp_allreduce"] = source
     if p.measured_exchange >= 0.5 and model is not None and model.is_moe and dp >= 2 and moe_ep >= 2 \
             and tp * dp <= gpu.gpus_per_node and gpu.scaleup_link is Link.NVLINK:
-        _, _, source = _measured_exchange_line(fabric_table_gpu(gpu.id), int(dp), int(hidden))
+        deepep = engine is Engine.SGLANG and sglang_deepep(tp, dp, moe_ep, gpu.id)
+        _, _, source = _measured_exchange_line(fabric_table_gpu(gpu.id), int(dp), int(hidden), "sglang" if deepep else "", release or "",
+                                               int(model.experts_per_token), int(model.num_experts))
         if source:
             out["dp_exchange"] = source
     if p.measured_gemm >= 0.5 and model is not None:
@@ -752,8 +783,9 @@ def moe_latency_scale(model: ModelArch, mp: Precision, engine: Engine | None) ->
     """A MoE layer's fixed cost over `PerfParams.moe_layer_latency_s` (declared as every measured table's median t0): the
     median t0 of `engine`'s measured fused-MoE kernels in the experts' format (`moe_format`), pooled over the GPUs and
     releases measured, over the all-table median. 1 where the engine has no tables (TensorRT-LLM here) or none times the
-    format. The formats' kernels differ in what they pay whatever the tokens: vLLM's block-FP8 layer 38.9 µs (activation
-    quantisation per token group, scales per 128 × 128 block), its NVFP4 19.7, BF16 29.7; SGLang's 33.1, 17.1, 28.3."""
+    format. The formats' kernels differ in what they pay whatever the tokens: vLLM's block-FP8 layer 36.2 µs (activation
+    quantisation per token group, scales per 128 × 128 block), its NVFP4 17.9, BF16 27.7; SGLang's 31.0, 16.5, 25.9;
+    every table 26.8 µs (H100, H200, B200, A100, GB200, GB300)."""
     found = _format_t0_us(model, mp, engine)
     return 1.0 if found is None else found[2] / found[3]
 
@@ -1303,9 +1335,10 @@ def step_geometry(model: ModelArch, gpu: Gpu, *, precision: Precision, kv_dtype:
         m_tok = np.where(np.isfinite(m_t), reduces * np.nan_to_num(m_t), np.nan)
     pp_link, pp_link_fitted = _link_geometry(gpu, tp * dp * pp)
     if table_exchange and model.is_moe:
-        # Measured where NCCL's tables cover the group: each DP rank's tokens (padded to the largest rank's) gathered to
-        # every expert rank and the outputs reduce-scattered back, per MoE layer, in place of the fitted exchange.
-        x_f, x_t = measured_exchange(gpu, tables_for, tp, dp, ep, model.hidden_size)
+        # Measured where the engine's exchange is timed for the group (`measured_exchange`: SGLang's DeepEP all-to-all,
+        # vLLM's all-gather and reduce-scatter over NCCL), per MoE layer, in place of the fitted exchange.
+        x_f, x_t = measured_exchange(gpu, tables_for, tp, dp, ep, model.hidden_size, release=release, topk=model.experts_per_token,
+                                     experts=model.num_experts)
         x_fixed = np.where(np.isfinite(x_f), model.num_moe_layers * frac * np.nan_to_num(x_f), np.nan)
         x_tok = np.where(np.isfinite(x_t), model.num_moe_layers * frac * np.nan_to_num(x_t), np.nan)
     moe_curve = None

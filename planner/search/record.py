@@ -202,7 +202,8 @@ def render_record(problem: Problem, decision: Decision, *, planner_version: str 
                   f"balanced at {r.balanced:.2f} prefill per decode). The {chosen_word.lower()} layout runs "
                   f"{best.layout.roles[Role.PREFILL].count}:{best.layout.roles[Role.DECODE].count}."]
     lines += ["", "Engine arguments:", ""]
-    for role, args in layout_engine_args(problem.engine, best.layout, moe=m.is_moe, version=problem.engine_version).items():
+    for role, args in layout_engine_args(problem.engine, best.layout, moe=m.is_moe, version=problem.engine_version,
+                                          gpu=problem.gpu.id).items():
         lines.append(f"- {role.value} × {best.layout.roles[role].count}: `{shlex.join(args)}`")
     if decision.current is not None:
         c = decision.current

@@ -99,7 +99,7 @@ def candidate_json(problem: Problem, c: Candidate, spec: PlanSpec | None = None)
             "kv_pool_tokens": p.kv_pool_tokens, "max_request_tokens": p.max_request_tokens, "meets_slo": p.meets_slo, "source": p.source,
         },
         "engine_args": {r.value: a for r, a in layout_engine_args(problem.engine, c.layout, moe=problem.model.is_moe,
-                                                                  version=problem.engine_version).items()},
+                                                                  version=problem.engine_version, gpu=problem.gpu.id).items()},
         "why": c.why,
     }
     if spec is not None:

@@ -82,8 +82,8 @@ def test_layers_without_a_table_keep_the_roofline_and_say_why():
     ds = resolve_model("deepseek-ai/DeepSeek-R1")  # MLA
     assert _decode_step(ON, ds, seqs=8.0, context=8000.0) == _decode_step(OFF, ds, seqs=8.0, context=8000.0)
     assert measured_terms(H200, Engine.VLLM, "0.18.0", 8, ds.hidden_size, ON, model=ds)["decode_attention"].startswith("roofline: ")
-    gb200 = resolve_gpu("gb200")  # no tables for this GPU
-    assert _decode_step(ON, gpu=gb200, seqs=8.0, context=8000.0) == _decode_step(OFF, gpu=gb200, seqs=8.0, context=8000.0)
+    mi300x = resolve_gpu("mi300x")  # no tables for this GPU
+    assert _decode_step(ON, gpu=mi300x, seqs=8.0, context=8000.0) == _decode_step(OFF, gpu=mi300x, seqs=8.0, context=8000.0)
     terms = measured_terms(H200, Engine.VLLM, "0.18.0", 8, LLAMA70.hidden_size, ON, model=LLAMA70, kv_dtype=KvDtype.FP8)
     assert terms["decode_attention"].startswith("vllm 0.24.0 on h200_sxm (nearest measured release to 0.18.0) decode attention, fp8")
     assert "decode_attention" not in measured_terms(H200, Engine.VLLM, "0.18.0", 8, LLAMA70.hidden_size, OFF, model=LLAMA70)

@@ -38,7 +38,7 @@ def test_the_measured_allreduce_prices_each_tp_group_from_the_table():
 
 
 def test_without_tables_the_roofline_line_stays():
-    on, off = _coeffs("gb200", ON), _coeffs("gb200", OFF)  # no GB200 tables
+    on, off = _coeffs("mi300x", ON), _coeffs("mi300x", OFF)  # no MI300X tables
     assert np.array_equal(on.tp_fixed_s, off.tp_fixed_s) and np.array_equal(on.tp_s_per_token, off.tp_s_per_token)
     # TensorRT-LLM rows (an engine given only by its overhead scale) keep the roofline on a covered GPU too.
     trt_on, trt_off = _coeffs("h100_sxm", ON, overhead_scale=2.0), _coeffs("h100_sxm", OFF, overhead_scale=2.0)
@@ -58,7 +58,7 @@ def test_measured_terms_name_their_table_and_the_nearest_release():
     terms = measured_terms(resolve_gpu("h200_sxm"), Engine.SGLANG, "0.5.1.post1", 4, LLAMA70.hidden_size, params=ON)
     assert "tp_allreduce" in terms and "sglang" in terms["tp_allreduce"] and "nearest measured release to 0.5.1.post1" in terms["tp_allreduce"]
     assert measured_terms(resolve_gpu("h200_sxm"), Engine.SGLANG, None, 4, LLAMA70.hidden_size, params=OFF) == {}
-    assert measured_terms(resolve_gpu("gb200"), Engine.VLLM, None, 4, LLAMA70.hidden_size, params=ON) == {}
+    assert measured_terms(resolve_gpu("mi300x"), Engine.VLLM, None, 4, LLAMA70.hidden_size, params=ON) == {}
 
 
 def test_the_decision_record_names_the_measured_terms_of_the_chosen_layout():
@@ -108,7 +108,7 @@ def test_moe_tables_stay_off_without_the_switch_and_for_dense_models_and_uncover
     kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.VLLM, tp=8.0, pp=1.0, dp=1.0)
     assert step_coefficients(ds, resolve_gpu("h200_sxm"), params=OFF, **kw).moe_log_curve is None
     assert step_coefficients(LLAMA70, resolve_gpu("h200_sxm"), params=replace(OFF, measured_moe=1.0), **kw).moe_log_curve is None
-    assert step_coefficients(ds, resolve_gpu("gb200"), params=replace(OFF, measured_moe=1.0), **kw).moe_log_curve is None
+    assert step_coefficients(ds, resolve_gpu("mi300x"), params=replace(OFF, measured_moe=1.0), **kw).moe_log_curve is None
     terms = measured_terms(resolve_gpu("h200_sxm"), Engine.VLLM, None, 8, ds.hidden_size, params=replace(OFF, measured_moe=1.0),
                            model=ds, moe_precision=Precision.FP8)
     assert "moe" in terms and "fp8_block" in terms["moe"]
@@ -192,7 +192,7 @@ def test_the_dp_exchange_of_an_expert_parallel_layer_is_nccls_all_gather_and_red
 
 
 @pytest.mark.parametrize(("gpu", "dp", "ep"), [
-    ("gb200", 4.0, 4.0),      # NCCL was not measured on it nor on another GPU of its 72-GPU NVLink domain
+    ("mi300x", 4.0, 4.0),     # NCCL was not measured on it nor on another GPU of its fabric
     ("h200_sxm", 4.0, 1.0),   # DP without EP: experts sharded over every GPU, another exchange
     ("h200_sxm", 1.0, 4.0),   # EP under TP attention: no exchange of its own
 ])
@@ -209,7 +209,8 @@ def test_the_fitted_exchange_stays_where_no_nccl_table_times_it(gpu, dp, ep):
     ("b300_sxm", "b200_sxm"),  # never measured; B200's NVLink 5 switch tray: 900 GB/s a direction, 8 GPUs a node
     ("b200_sxm", "b200_sxm"),  # measured itself
     ("h100_sxm", "h100_sxm"),
-    ("gb200", "gb200"),        # a 72-GPU NVLink domain: no measured GPU shares that fabric
+    ("gb200", "gb200"),        # a 72-GPU NVLink domain, measured itself
+    ("mi300x", "mi300x"),      # Infinity Fabric at 448 GB/s: no measured GPU shares that fabric
     ("l40s", "l40s"),          # PCIe: no NVLink fabric to share
 ])
 def test_communication_tables_of_an_unmeasured_gpu_are_its_nvlink_fabrics(gpu, twin):
@@ -231,3 +232,77 @@ def test_a_b300s_dp_exchange_and_all_reduce_are_b200s_measured_ones():
         == float(step_coefficients(mm, resolve_gpu("b200_sxm"), params=on, **tp_kw).tp_fixed_s)
     terms = measured_terms(resolve_gpu("b300_sxm"), Engine.VLLM, "0.19.0", 4, mm.hidden_size, on)
     assert terms["tp_allreduce"].endswith("on b200_sxm")
+
+
+def test_sglangs_dp_exchange_under_expert_parallelism_is_deepeps_low_latency_all_to_all():
+    # SGLang's wide-EP decode (DeepSeek on GB300, attention DP 32 with EP 32 in one NVL72 rack): per MoE layer DeepEP's
+    # low-latency dispatch and combine, a line through the measured table at 1 and 1,024 tokens a rank. The fitted
+    # exchange (here 1 ms a call, twice a layer) is not used. vLLM keeps NCCL's all-gather and reduce-scatter, measured on
+    # GB300 over the 4 GPUs of a tray.
+    ds = _deepseek()
+    gpu = resolve_gpu("gb300")
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG, tp=1.0, pp=1.0, dp=32.0, moe_ep=32.0,
+              release="0.5.8.post1")
+    on = step_coefficients(ds, gpu, params=replace(PerfParams(), a2a_latency_s=1e-3), **kw)
+    off = step_coefficients(ds, gpu, params=replace(PerfParams(), a2a_latency_s=1e-3, measured_exchange=0.0), **kw)
+    t = kernels.deepep_s("gb300", "0.5.8.post1", low_latency=True, topk=ds.experts_per_token, experts=ds.num_experts,
+                         hidden=float(ds.hidden_size), tokens=np.array([1.0, 1024.0]))
+    assert t.source is not None and t.source.version == "0.5.12"  # the nearest measured release
+    lo, hi = (float(x) for x in t.time_s)
+    assert 20e-6 < lo < hi < 1e-3  # tens of µs at one token, a few hundred at 1,024
+    assert float(on.a2a_fixed_s) == pytest.approx(ds.num_moe_layers * lo, rel=1e-9)
+    assert float(on.a2a_s_per_token) == pytest.approx(ds.num_moe_layers * (hi - lo) / 1023.0, rel=1e-9)
+    assert float(off.a2a_fixed_s) == pytest.approx(ds.num_moe_layers * 2.0 * 1e-3, rel=1e-9)
+    terms = measured_terms(gpu, Engine.SGLANG, "0.5.8.post1", 1, ds.hidden_size, model=ds, dp=32, moe_ep=32)
+    assert terms["dp_exchange"] == "DeepEP low-latency dispatch + combine, sglang 0.5.12 on gb300 (nearest measured release to 0.5.8.post1)"
+    assert measured_terms(gpu, Engine.VLLM, None, 1, ds.hidden_size, model=ds, dp=4, moe_ep=4)["dp_exchange"].startswith("nccl")
+    assert "dp_exchange" not in measured_terms(gpu, Engine.VLLM, None, 1, ds.hidden_size, model=ds, dp=32, moe_ep=32)
+
+
+def test_deepeps_table_covers_measured_routing_shapes_only_and_grows_with_tokens():
+    ll = kernels.deepep_s("b200_sxm", None, low_latency=True, topk=8, experts=256, hidden=7168.0, tokens=np.array([1.0, 64.0, 1024.0]))
+    normal = kernels.deepep_s("b200_sxm", None, low_latency=False, topk=8, experts=256, hidden=7168.0, tokens=np.array([1.0, 8192.0]))
+    assert np.all(np.diff(ll.time_s) > 0) and np.all(np.diff(normal.time_s) > 0)
+    assert float(normal.time_s[0]) > float(ll.time_s[0])  # the normal kernels' fixed cost is the larger
+    # A hidden size between measured ones interpolates (MiniMax-M2.5's 3,072 between 2,048 and 4,096, top-8 of 256) ...
+    mid = kernels.deepep_s("gb300", None, low_latency=True, topk=8, experts=256, hidden=np.array([2048.0, 3072.0, 4096.0]), tokens=64.0)
+    assert mid.time_s[0] < mid.time_s[1] < mid.time_s[2]
+    # ... a routing shape never measured (gpt-oss-120b: top-4 of 128) is not priced, so the fitted exchange stays.
+    gpt = resolve_model("openai/gpt-oss-120b")
+    assert math.isnan(float(kernels.deepep_s("gb300", None, low_latency=True, topk=4, experts=128, hidden=2880.0, tokens=8.0).time_s))
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, engine=Engine.SGLANG, tp=1.0, pp=1.0, dp=4.0, moe_ep=4.0)
+    on = step_coefficients(gpt, resolve_gpu("gb300"), params=PerfParams(), **kw)
+    off = step_coefficients(gpt, resolve_gpu("gb300"), params=replace(PerfParams(), measured_exchange=0.0), **kw)
+    assert float(on.a2a_fixed_s) == float(off.a2a_fixed_s)
+
+
+def test_sglang_keeps_its_default_exchange_where_deepep_cannot_run_and_renders_deepep_where_it_prices_it():
+    # DeepEP takes the EP size from the TP size: experts over 2 of 4 attention-DP GPUs (--ep-size 2) keep SGLang's default
+    # exchange, priced like vLLM's all-gather and reduce-scatter from NCCL; over all 4, DeepEP. The arguments the operator
+    # renders say the same (`sglang_deepep`, one rule).
+    from servingtopology.planner.engines.args import engine_args, sglang_deepep
+    from servingtopology.planner.layout import Parallelism, Role, RoleLayout
+
+    ds = _deepseek()
+    gpu = resolve_gpu("h200_sxm")
+    kw = dict(precision=Precision.FP8, kv_dtype=KvDtype.AUTO, tp=1.0, pp=1.0, dp=4.0)
+    partial = step_coefficients(ds, gpu, engine=Engine.SGLANG, moe_ep=2.0, params=PerfParams(), **kw)
+    vllm_partial = step_coefficients(ds, gpu, engine=Engine.VLLM, moe_ep=2.0, params=PerfParams(), **kw)
+    full = step_coefficients(ds, gpu, engine=Engine.SGLANG, moe_ep=4.0, params=PerfParams(), **kw)
+    assert float(partial.a2a_fixed_s) == float(vllm_partial.a2a_fixed_s)
+    assert float(full.a2a_fixed_s) != float(partial.a2a_fixed_s)
+    assert sglang_deepep(1, 4, 4, "h200_sxm") and not sglang_deepep(1, 4, 2, "h200_sxm") and not sglang_deepep(4, 1, 4, "h200_sxm")
+    assert list(sglang_deepep(np.array([1.0, 1.0]), np.array([4.0, 4.0]), np.array([4.0, 2.0]), "h200_sxm")) == [True, False]
+    # A GPU kind DeepEP was never measured on (A100) keeps the default exchange, in the arguments and in the price.
+    assert not sglang_deepep(1, 4, 4, "a100_sxm")
+    a100 = [step_coefficients(ds, resolve_gpu("a100_sxm"), engine=e, moe_ep=4.0, params=PerfParams(), **kw) for e in (Engine.SGLANG, Engine.VLLM)]
+    assert float(a100[0].a2a_fixed_s) == float(a100[1].a2a_fixed_s)
+
+    def args(par, gpu="h200_sxm"):
+        return engine_args(Engine.SGLANG, Role.DECODE, RoleLayout(1, par), precision=Precision.FP8, moe=True, gpu=gpu)
+    full_args = args(Parallelism.with_ep(tp=1, dp=4, ep=4))
+    assert full_args[full_args.index("--moe-a2a-backend") + 1] == "deepep"
+    assert "--moe-a2a-backend" not in args(Parallelism.with_ep(tp=1, dp=4, ep=2))
+    assert "--moe-a2a-backend" not in args(Parallelism.with_ep(tp=4, ep=4))  # EP under TP attention: no exchange of its own
+    assert "--moe-a2a-backend" not in args(Parallelism.with_ep(tp=1, dp=4, ep=4), gpu="a100_sxm")
+    assert "--moe-a2a-backend" not in args(Parallelism.with_ep(tp=1, dp=4, ep=4), gpu="")  # GPU kind not known
