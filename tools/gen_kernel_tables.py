@@ -49,10 +49,11 @@ OUT = ROOT / "planner" / "data" / "kernels"
 DIST, VERSION = "aiconfigurator-core", "0.12.0"
 
 # The wheel's GPU folders covered, and the planner's GPU id for each (planner/data/gpus.toml).
-# GB200 and GB300 (NVL72 racks) came with the DeepEP tables: wide expert parallelism runs there. B300, L40S and RTX PRO
-# 6000 are in the wheel too (~0.5 MB each here): add them when a plan needs them.
+# GB200 and GB300 (NVL72 racks) came with the DeepEP tables: wide expert parallelism runs there; B300 with them (its own
+# GEMM, attention, MoE and collectives in place of B200's). L40S and RTX PRO 6000 are in the wheel too (~0.5 MB each
+# here): add them when a plan needs them.
 GPUS: dict[str, str] = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200_sxm", "a100_sxm": "a100_sxm",
-                        "gb200": "gb200", "gb300": "gb300"}
+                        "gb200": "gb200", "gb300": "gb300", "b300_sxm": "b300_sxm"}
 ENGINES = ("vllm", "sglang", "nccl")
 # (op folder, file stem) -> the table kind it feeds.
 FILES: dict[tuple[str, str], str] = {

@@ -323,9 +323,10 @@ def fabric_table_gpu(gpu_id: str) -> str:
 
     Itself where any table measured it; else the measured GPU of the same scale-up fabric: NVLink at the same per-GPU
     bandwidth through a switch of the same node size (gpus.toml). A small collective's time is the fabric's (the
-    switch's hops, the peers' flags, the link's bytes), not the compute die's: B300 runs B200's NVLink 5 switch tray
-    (900 GB/s a direction, 8 GPUs a node) and was never measured, so it takes B200's tables. None matching: the GPU's
-    own id (no table; the caller keeps the fitted terms)."""
+    switch's hops, the peers' flags, the link's bytes), not the compute die's: the A100-40GB runs the A100-80GB's NVLink
+    switch board (300 GB/s a direction, 8 GPUs a node) and was never measured, so it takes the A100-80GB's tables (B300
+    took B200's so until its own were generated). None matching: the GPU's own id (no table; the caller keeps the
+    fitted terms)."""
     measured = {row[0] for row in kernels.coverage()}
     if gpu_id in measured:
         return gpu_id
@@ -783,9 +784,9 @@ def moe_latency_scale(model: ModelArch, mp: Precision, engine: Engine | None) ->
     """A MoE layer's fixed cost over `PerfParams.moe_layer_latency_s` (declared as every measured table's median t0): the
     median t0 of `engine`'s measured fused-MoE kernels in the experts' format (`moe_format`), pooled over the GPUs and
     releases measured, over the all-table median. 1 where the engine has no tables (TensorRT-LLM here) or none times the
-    format. The formats' kernels differ in what they pay whatever the tokens: vLLM's block-FP8 layer 36.2 µs (activation
-    quantisation per token group, scales per 128 × 128 block), its NVFP4 17.9, BF16 27.7; SGLang's 31.0, 16.5, 25.9;
-    every table 26.8 µs (H100, H200, B200, A100, GB200, GB300)."""
+    format. The formats' kernels differ in what they pay whatever the tokens: vLLM's block-FP8 layer 35.1 µs (activation
+    quantisation per token group, scales per 128 × 128 block), its NVFP4 17.5, BF16 26.9; SGLang's 30.3, 16.4, 24.9;
+    every table 25.6 µs (H100, H200, B200, B300, A100, GB200, GB300)."""
     found = _format_t0_us(model, mp, engine)
     return 1.0 if found is None else found[2] / found[3]
 

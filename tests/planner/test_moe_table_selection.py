@@ -217,19 +217,19 @@ def _moe_fixed_s(model, precision: Precision, engine: Engine, params: PerfParams
 
 
 def test_a_moe_layers_fixed_cost_is_its_formats_as_the_engines_tables_measured_it():
-    """planner/data/moe_latency.json: vLLM's block-FP8 layer pays 36.2 µs whatever the tokens, its NVFP4 layer 17.9, SGLang's
-    31.0 and 16.5, against 26.8 for every table together (GB200 and GB300 among them since stop 57); the declared 30 µs
-    is scaled by that ratio."""
+    """planner/data/moe_latency.json: vLLM's block-FP8 layer pays 35.1 µs whatever the tokens, its NVFP4 layer 17.5, SGLang's
+    30.3 and 16.4, against 25.6 for every table together (B300, GB200 and GB300 among them since stop 57); the declared
+    30 µs is scaled by that ratio."""
     model = _minimax()  # experts stored block-scaled FP8
     on = replace(PerfParams(), moe_layer_latency_s=30e-6)
     layers = model.num_moe_layers
     assert moe_format(model, Precision.FP8) == "fp8_block" and moe_format(model, Precision.FP4) == "nvfp4"
     assert moe_format(GPT_OSS, Precision.FP4) is None  # MXFP4: the kernel vLLM runs depends on the GPU and release
     assert moe_format(replace(model, checkpoint=None), Precision.FP8) == "fp8"  # BF16 weights quantised online: per-tensor
-    for precision, engine, t0_us in ((Precision.FP8, Engine.VLLM, 36.2), (Precision.FP4, Engine.VLLM, 17.9),
-                                     (Precision.FP8, Engine.SGLANG, 31.0), (Precision.FP4, Engine.SGLANG, 16.5)):
-        assert moe_latency_scale(model, precision, engine) == pytest.approx(t0_us / 26.8)
-        assert _moe_fixed_s(model, precision, engine, on) == pytest.approx(layers * 30e-6 * t0_us / 26.8, rel=1e-12)
+    for precision, engine, t0_us in ((Precision.FP8, Engine.VLLM, 35.1), (Precision.FP4, Engine.VLLM, 17.5),
+                                     (Precision.FP8, Engine.SGLANG, 30.3), (Precision.FP4, Engine.SGLANG, 16.4)):
+        assert moe_latency_scale(model, precision, engine) == pytest.approx(t0_us / 25.6)
+        assert _moe_fixed_s(model, precision, engine, on) == pytest.approx(layers * 30e-6 * t0_us / 25.6, rel=1e-12)
         # The ablation: every format the declared latency.
         assert _moe_fixed_s(model, precision, engine, replace(on, moe_latency_by_format=0.0)) == pytest.approx(layers * 30e-6, rel=1e-12)
     # No tables of the engine (TensorRT-LLM, priced by its overhead scale) or of the format: the declared latency as it is.
@@ -263,9 +263,9 @@ def test_the_record_names_where_a_moe_layers_fixed_cost_comes_from():
         return measured_terms(resolve_gpu("b200_sxm"), Engine.VLLM, "0.19.0", 4, m.hidden_size, params, model=m,
                               moe_precision=precision, precision=precision)
 
-    assert terms(shipped)["moe_fixed"] == ("vllm fp8_block fused-MoE layers' median fixed cost 36.2 µs, over every table's 26.8 µs, "
+    assert terms(shipped)["moe_fixed"] == ("vllm fp8_block fused-MoE layers' median fixed cost 35.1 µs, over every table's 25.6 µs, "
                                            "times 30 µs a layer (aiconfigurator-core 0.12.0 tables)")
-    assert "nvfp4 fused-MoE layers' median fixed cost 17.9 µs" in terms(shipped, precision=Precision.FP4)["moe_fixed"]
+    assert "nvfp4 fused-MoE layers' median fixed cost 17.5 µs" in terms(shipped, precision=Precision.FP4)["moe_fixed"]
     assert "moe_fixed" not in terms(replace(shipped, moe_latency_by_format=0.0))
     assert "moe_fixed" not in terms(replace(shipped, moe_layer_latency_s=0.0))
     assert "moe_fixed" not in terms(shipped, m=resolve_model("meta-llama/Llama-3.1-70B"))
