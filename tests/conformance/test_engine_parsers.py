@@ -115,6 +115,10 @@ def generated() -> Iterator[Line]:
                                                    RoleLayout(1, Parallelism(tp=8))), moe)
             for name, (layout, model) in layouts.items():
                 yield from lines_of(_bp(engine, version, layout, model=model), f"{engine.value} {version} {name}")
+            # On a GPU kind DeepEP was measured on, SGLang's attention DP with the experts over the whole stage adds
+            # --moe-a2a-backend deepep (planner.engines.args.sglang_deepep); the blueprint names its GPU kind.
+            yield from lines_of(_bp(engine, version, Layout.replicas(1, Parallelism(tp=2, dp=4, ep=True)), model=moe, gpu_id="h200_sxm"),
+                                f"{engine.value} {version} DP4·EP TP2 on H200")
             # A multimodal model served text-only: the user's flag the planner honours (planner.model.towers.LANGUAGE_ONLY_FLAGS)
             # where the release's parser has it.
             for flag in LANGUAGE_ONLY_FLAGS.get(engine.value, ()):
