@@ -9,6 +9,7 @@ parsers in the conformance tests. Pure string building; it does not know about p
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -28,9 +29,10 @@ _VLLM_QUANT = {Precision.FP8: "fp8"}
 _SGLANG_QUANT = {Precision.FP8: "fp8"}
 
 
+@functools.cache
 def deepep_measured(gpu: str) -> bool:
     """Whether DeepEP's kernels were measured running on this GPU kind (`kernels.deepep_s`' tables: H100, H200, B200,
-    GB200, GB300). Elsewhere it is not known to run (DeepEP targets NVLink-connected Hopper and Blackwell GPUs), so
+    B300, GB200, GB300). Elsewhere it is not known to run (DeepEP targets NVLink-connected Hopper and Blackwell GPUs), so
     SGLang keeps its default exchange there."""
     return any(g == gpu and e == "sglang" and "deepep_ll" in kinds for g, e, _, kinds in kernels.coverage())
 

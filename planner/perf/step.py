@@ -377,13 +377,12 @@ _DEEPEP_LINE_TOKENS = (1.0, 1024.0)
 
 
 @cache
-def _measured_exchange_line(gpu_id: str, dp: int, hidden: int, engine: str = "", release: str = "", topk: int = 0,
+def _measured_exchange_line(gpu_id: str, dp: int, hidden: int, deepep: bool = False, release: str = "", topk: int = 0,
                             experts: int = 0) -> tuple[float, float, str]:
     """(fixed s, s per token of one rank, source) of one MoE layer's exchange over `dp` attention-DP ranks whose experts
     are expert-parallel; NaN where no table covers it.
 
-    SGLang where it runs DeepEP (`engine` "sglang"; planner.engines.args.sglang_deepep: attention DP with the experts
-    over every GPU of the stage): DeepEP's dispatch and combine, the low-latency kernels
+    `deepep` (SGLang where it runs DeepEP, `_uses_deepep`): DeepEP's dispatch and combine, the low-latency kernels
     it runs for decode batches, from the measured table of the nearest release at 1 and 1,024 tokens a rank. The table
     was measured on one node (a GB200/GB300 tray, an HGX board); it prices any EP width inside the NVLink domain, since
     a rank sends the same bytes however many ranks hold the experts (each token to the ranks of its top-k). The
@@ -393,7 +392,7 @@ def _measured_exchange_line(gpu_id: str, dp: int, hidden: int, engine: str = "",
     Else (vLLM's `allgather_reducescatter` all-to-all backend; SGLang's default exchange): an all-gather of every rank's BF16 activations (dp ×
     tokens × hidden × 2 bytes gathered, each rank padded to the largest rank's tokens) and a reduce-scatter of the
     experts' outputs, from NCCL's measured tables at 1 and 2,048 tokens a rank."""
-    if engine == "sglang":
+    if deepep:
         got = kernels.deepep_s(gpu_id, release or None, low_latency=True, topk=topk, experts=experts,
                                hidden=float(hidden), tokens=np.array(_DEEPEP_LINE_TOKENS))
         if got.source is None or not np.isfinite(got.time_s).all():
@@ -414,6 +413,12 @@ def _measured_exchange_line(gpu_id: str, dp: int, hidden: int, engine: str = "",
     return t_lo, max(t_hi - t_lo, 0.0) / (_AR_LINE_TOKENS[1] - _AR_LINE_TOKENS[0]), source
 
 
+def _uses_deepep(engine: Engine | None, tp: Any, dp: Any, ep: Any, gpu: Gpu) -> Any:
+    """Whether the instance's exchange is DeepEP's: SGLang where `planner.engines.args.sglang_deepep` says it runs it (the
+    rule the rendered `--moe-a2a-backend deepep` follows); elementwise like it."""
+    return np.logical_and(sglang_deepep(tp, dp, ep, gpu.id), engine is Engine.SGLANG)
+
+
 def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any, hidden: int, *, release: str | None = None,
                       topk: int = 0, experts: int = 0) -> tuple[Any, Any]:
     """Measured (fixed, per-token) time of one MoE layer's attention-DP exchange per candidate (`_measured_exchange_line`);
@@ -427,7 +432,7 @@ def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any
     fixed, per_tok = np.full(t_arr.shape, np.nan), np.full(t_arr.shape, np.nan)
     if engine not in KERNEL_ENGINES or gpu.scaleup_link is not Link.NVLINK:
         return fixed, per_tok
-    deepep = sglang_deepep(t_arr, d_arr, e_arr, gpu.id) if engine is Engine.SGLANG else np.zeros(t_arr.shape, dtype=bool)
+    deepep = np.broadcast_to(_uses_deepep(engine, t_arr, d_arr, e_arr, gpu), t_arr.shape)
     for d in np.unique(d_arr):
         if d < 2:
             continue
@@ -436,8 +441,8 @@ def measured_exchange(gpu: Gpu, engine: Engine | None, tp: Any, dp: Any, ep: Any
             these = inside & (deepep == uses_deepep)
             if not these.any():
                 continue
-            f, t, _ = _measured_exchange_line(fabric_table_gpu(gpu.id), int(d), int(hidden), "sglang" if uses_deepep else "",
-                                              release or "", int(topk), int(experts))
+            f, t, _ = _measured_exchange_line(fabric_table_gpu(gpu.id), int(d), int(hidden), uses_deepep, release or "", int(topk),
+                                              int(experts))
             fixed = np.where(these, f, fixed)
             per_tok = np.where(these, t, per_tok)
     return fixed, per_tok
@@ -464,9 +469,8 @@ def measured_terms(gpu: Gpu, engine: Engine | None, release: str | None, tp: int
             out["tp_allreduce"] = source
     if p.measured_exchange >= 0.5 and model is not None and model.is_moe and dp >= 2 and moe_ep >= 2 \
             and tp * dp <= gpu.gpus_per_node and gpu.scaleup_link is Link.NVLINK:
-        deepep = engine is Engine.SGLANG and sglang_deepep(tp, dp, moe_ep, gpu.id)
-        _, _, source = _measured_exchange_line(fabric_table_gpu(gpu.id), int(dp), int(hidden), "sglang" if deepep else "", release or "",
-                                               int(model.experts_per_token), int(model.num_experts))
+        _, _, source = _measured_exchange_line(fabric_table_gpu(gpu.id), int(dp), int(hidden), bool(_uses_deepep(engine, tp, dp, moe_ep, gpu)),
+                                               release or "", int(model.experts_per_token), int(model.num_experts))
         if source:
             out["dp_exchange"] = source
     if p.measured_gemm >= 0.5 and model is not None:
